@@ -1,0 +1,122 @@
+"""Built-in lists every tier applies unless a policy sets ``[filesystem] defaults = false``.
+
+Entries ending in ``/`` are directories; the rest are files.  The distinction
+matters only for paths that do not exist yet, where the mask has to be made
+with the right shape.
+"""
+
+from __future__ import annotations
+
+POLICY_FILENAME = "corral.toml"
+OUTPUT_LIMIT = 64 << 20  # bytes of stdout+stderr kept per run by default
+
+# The launcher's environment is not inherited: only these names, plus what the
+# policy lists under [env].
+BASE_ENV = ("PATH", "HOME", "LANG", "TERM", "TZ", "USER")
+FALLBACK_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# Secrets under the user's home (and a few host-wide ones).  Masked even where
+# the path does not exist yet, so a key written there after launch stays hidden.
+READ_DENY_HOME = (
+    # keys and cloud credentials
+    "~/.ssh/",
+    "~/.aws/",
+    "~/.azure/",
+    "~/.config/gcloud/",
+    "~/.oci/",
+    "~/.config/doctl/",
+    "~/.kube/",
+    "~/.docker/",
+    "~/.gnupg/",
+    "~/.password-store/",
+    "~/.local/share/keyrings/",
+    "~/.vault-token",
+    "~/.terraform.d/",
+    "~/.s3cfg",
+    "~/.boto",
+    "~/.config/rclone/",
+    # forges, package registries and their tokens
+    "~/.netrc",
+    "~/.git-credentials",
+    "~/.config/git/credentials",
+    "~/.config/gh/",
+    "~/.config/hub",
+    "~/.config/glab-cli/",
+    "~/.npmrc",
+    "~/.yarnrc.yml",
+    "~/.pypirc",
+    "~/.config/pip/",
+    "~/.gem/credentials",
+    "~/.cargo/credentials",
+    "~/.cargo/credentials.toml",
+    "~/.m2/settings.xml",
+    "~/.m2/settings-security.xml",
+    "~/.gradle/gradle.properties",
+    "~/.nuget/NuGet/NuGet.Config",
+    "~/.config/composer/auth.json",
+    # databases
+    "~/.pgpass",
+    "~/.my.cnf",
+    # other agents' and tools' tokens
+    "~/.config/anthropic/",
+    "~/.claude/",
+    "~/.claude.json",
+    "~/.codex/",
+    "~/.config/op/",
+    "~/.ngrok2/",
+    "~/.config/ngrok/",
+    # browser profiles hold session cookies
+    "~/.mozilla/",
+    "~/.config/google-chrome/",
+    "~/.config/chromium/",
+    # shell history often holds pasted tokens
+    "~/.bash_history",
+    "~/.zsh_history",
+    "~/.python_history",
+    "~/.psql_history",
+    "~/.mysql_history",
+    "~/.node_repl_history",
+    "~/.lesshst",
+    # host-wide secrets that root inside a user namespace could otherwise read
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/shadow-",
+    "/etc/gshadow-",
+    "/etc/ssh/ssh_host_rsa_key",
+    "/etc/ssh/ssh_host_ecdsa_key",
+    "/etc/ssh/ssh_host_ed25519_key",
+    "/etc/ssh/ssh_host_dsa_key",
+)
+
+# Secrets inside the workspace, found by name at launch (nested directories too).
+READ_DENY_WORKSPACE_NAMES = (".env", ".envrc.local", ".netrc", ".npmrc", ".pypirc")
+# ``.env.<anything>`` is a secret too, except these templates that are meant to be read.
+ENV_TEMPLATES = (".env.example", ".env.sample", ".env.template", ".env.dist", ".env.defaults")
+
+# Relative to the workspace root.  Every git directory found in the workspace
+# (nested repositories and submodules under .git/modules included) also gets
+# GITDIR_WRITE_DENY.  Writing
+# any of these would let the sandbox run code later, outside the sandbox.
+WRITE_DENY_WORKSPACE = (
+    ".vscode/",
+    ".idea/",
+    ".devcontainer/",
+    ".envrc",
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".profile",
+    ".zshrc",
+    ".zshenv",
+    ".zprofile",
+    ".zlogin",
+)
+
+GITDIR_WRITE_DENY = ("hooks/", "config", "config.worktree")
+
+# Directories the workspace scan does not descend into: huge, and not where a
+# repository or a secret file is expected.
+SCAN_SKIP_DIRS = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox", "target"})
+SCAN_MAX_DEPTH = 6
+SCAN_MAX_ENTRIES = 20000

@@ -1,0 +1,50 @@
+"""corral's own exit codes and the one exception type that carries them.
+
+The command's exit code passes through unchanged and a signal becomes 128+N, so
+corral's own codes sit where ordinary programs rarely land and never on 126/127
+(the shell's "cannot execute" and "not found").
+"""
+
+from __future__ import annotations
+
+EXIT_USAGE = 2  # bad flag, bad policy file (the issue fixes this one at 2)
+EXIT_REFUSED = 122  # the tier, or a limit, cannot be enforced on this host
+EXIT_INTERNAL = 123  # a bug in corral: please report it
+EXIT_TIMEOUT = 124  # the wall-clock timeout fired (same code as coreutils timeout)
+EXIT_SETUP = 125  # the sandbox could not be set up (same code as docker/podman)
+
+EXIT_CODES: dict[int, str] = {
+    EXIT_USAGE: "bad command line or bad policy file",
+    EXIT_REFUSED: "refused: the tier or a requested limit is not available on this host",
+    EXIT_INTERNAL: "internal error in corral",
+    EXIT_TIMEOUT: "the command hit its wall-clock timeout and was killed with its whole tree",
+    EXIT_SETUP: "the sandbox could not be set up",
+}
+
+
+class CorralError(Exception):
+    """An error a person can act on: one line of text and an exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+class PolicyError(CorralError):
+    """A policy file or flag is wrong; the message names file, line and key."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EXIT_USAGE)
+
+
+class RefusedError(CorralError):
+    """The requested protection cannot be given here; never silently weakened."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EXIT_REFUSED)
+
+
+class SetupError(CorralError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EXIT_SETUP)

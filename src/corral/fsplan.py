@@ -1,0 +1,373 @@
+"""Where a policy's filesystem rules become mounts.
+
+:func:`plan_filesystem` turns a :class:`~corral.policy.Policy` into an ordered
+list of :class:`Mount` operations that every mount-namespace tier can replay
+(bubblewrap argv today, container flags later).  It inspects the host
+filesystem (stat, list, read /proc/net/unix) but changes nothing.
+
+The rules, in the order the mounts are laid:
+
+1. the host's ``/`` read-only; a fresh ``/dev`` and ``/proc``; private tmpfs on
+   ``/tmp``, ``/var/tmp``, ``/run`` and ``/dev/shm`` (these are also where host
+   daemons keep their unix sockets, so hiding them closes most sockets at once);
+2. *shadows*: a read-deny path that does not exist yet cannot get a mount point
+   without creating it on the host, so its nearest existing ancestor is rebuilt
+   as a read-only snapshot (a tmpfs holding binds of the entries it has now).
+   Whatever the host creates there later, the secret included, stays invisible;
+3. the workspace and other writable paths, read-write;
+4. write-deny paths that exist, bound read-only over themselves; read-deny
+   paths that exist, replaced by an empty mode-000 directory or file; host unix
+   sockets still visible (from /proc/net/unix), replaced by an empty file;
+5. shadows remounted read-only.
+
+A write-deny path that does not exist and lies in a writable area cannot be
+mounted over without creating it on the host; it goes into ``quarantine``:
+after the run, anything the sandbox created there is moved out of the
+workspace and reported as a denial.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from corral import defaults
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.policy import Policy
+
+# Replaced by private tmpfs in every run (see rule 1).
+PRIVATE_TMP = ("/tmp", "/var/tmp", "/run", "/dev/shm")
+NEVER_SHADOW = frozenset({"/", "/usr", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/proc", "/sys"})
+
+
+class Mount:
+    """One mount operation.  ``kind`` is one of:
+
+    ro-bind, bind, tmpfs, dev, proc, symlink (src is the link text),
+    mask-dir, mask-file (empty, mode 000, read-only), remount-ro.
+    """
+
+    __slots__ = ("dest", "kind", "src", "why")
+
+    def __init__(self, kind: str, dest: str, src: str | None = None, why: str = "") -> None:
+        self.kind = kind
+        self.dest = dest
+        self.src = src
+        self.why = why
+
+    def __repr__(self) -> str:
+        src = f" {self.src}" if self.src and self.src != self.dest else ""
+        return f"{self.kind}{src} {self.dest}" + (f"  # {self.why}" if self.why else "")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mount) and (self.kind, self.dest, self.src) == (
+            other.kind,
+            other.dest,
+            other.src,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.dest, self.src))
+
+
+class FsPlan:
+    __slots__ = ("mounts", "notes", "quarantine", "writable")
+
+    def __init__(self) -> None:
+        self.mounts: list[Mount] = []
+        self.quarantine: list[str] = []  # absolute paths checked after the run
+        self.writable: list[str] = []
+        self.notes: list[str] = []
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _depth(path: str) -> int:
+    return path.rstrip("/").count("/")
+
+
+def _lkind(path: str) -> str:
+    """dir, file, socket, link or missing (does not follow a final symlink)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "missing"
+    if stat.S_ISLNK(mode):
+        return "link"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "file"
+
+
+def _kind(path: str) -> str:
+    """Like _lkind but follows symlinks (a dangling link counts as missing)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "missing"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "file"
+
+
+def host_unix_sockets(proc_net_unix: str = "/proc/net/unix") -> list[str]:
+    """Paths of unix sockets bound on the host (abstract ones are per network namespace)."""
+    try:
+        with open(proc_net_unix, encoding="utf-8", errors="replace") as fh:
+            next(fh, None)
+            found = set()
+            for line in fh:
+                parts = line.split(None, 7)
+                if len(parts) == 8 and parts[7].startswith("/"):
+                    found.add(parts[7].rstrip("\n"))
+    except OSError:
+        return []
+    return sorted(found)
+
+
+class WorkspaceScan:
+    """What a bounded walk of the workspace found: git dirs and secret files."""
+
+    __slots__ = ("complete", "git_dirs", "secret_files")
+
+    def __init__(self) -> None:
+        self.git_dirs: list[str] = []
+        self.secret_files: list[str] = []
+        self.complete = True
+
+
+def _is_secret_name(name: str) -> bool:
+    if name in defaults.READ_DENY_WORKSPACE_NAMES:
+        return True
+    return name.startswith(".env.") and name not in defaults.ENV_TEMPLATES
+
+
+def scan_workspace(root: str) -> WorkspaceScan:
+    """Find repositories (their git dirs) and secret files, bounded in depth and size."""
+    scan = WorkspaceScan()
+    budget = defaults.SCAN_MAX_ENTRIES
+    stack: list[tuple[str, int]] = [(root, 0)]
+    while stack:
+        path, depth = stack.pop()
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            continue
+        budget -= len(entries)
+        if budget < 0:
+            scan.complete = False
+            break
+        for entry in entries:
+            name = entry.name
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if name == ".git":
+                if is_dir:
+                    scan.git_dirs.append(entry.path)
+                    scan.git_dirs.extend(_submodule_git_dirs(os.path.join(entry.path, "modules")))
+                continue
+            if is_dir:
+                if name not in defaults.SCAN_SKIP_DIRS and depth < defaults.SCAN_MAX_DEPTH:
+                    stack.append((entry.path, depth + 1))
+            elif _is_secret_name(name):
+                scan.secret_files.append(entry.path)
+    return scan
+
+
+def _submodule_git_dirs(modules: str) -> list[str]:
+    """Submodules keep their git dirs (hooks, config) under .git/modules/, nested."""
+    found: list[str] = []
+    stack = [modules]
+    while stack:
+        path = stack.pop()
+        try:
+            entries = [e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for entry in entries:
+            if os.path.isfile(os.path.join(entry.path, "HEAD")):
+                found.append(entry.path)
+                stack.append(os.path.join(entry.path, "modules"))
+            else:
+                stack.append(entry.path)
+    return found
+
+
+def _hooks_path(git_dir: str) -> str | None:
+    """A repository can move its hooks (core.hooksPath); those must be protected too."""
+    try:
+        with open(os.path.join(git_dir, "config"), encoding="utf-8", errors="replace") as fh:
+            section = ""
+            for raw in fh:
+                line = raw.strip()
+                if line.startswith("["):
+                    section = line.strip("[]").strip().lower()
+                elif section == "core" and "=" in line:
+                    key, _, value = line.partition("=")
+                    if key.strip().lower() == "hookspath":
+                        value = value.split("#", 1)[0].strip().strip('"')
+                        if not value:
+                            return None
+                        repo = os.path.dirname(git_dir)
+                        return os.path.normpath(os.path.join(repo, os.path.expanduser(value)))
+    except OSError:
+        return None
+    return None
+
+
+def plan_filesystem(policy: Policy) -> FsPlan:
+    plan = FsPlan()
+    writable = []
+    for path in policy.writable_paths():
+        real = os.path.realpath(path)
+        if _kind(real) != "dir":
+            from corral.errors import PolicyError
+
+            raise PolicyError(f"writable path {path} does not exist or is not a directory")
+        writable.append(real)
+    plan.writable = writable
+
+    def in_writable(path: str) -> bool:
+        return any(_inside(path, w) for w in writable)
+
+    def in_private_tmp(path: str) -> bool:
+        return any(_inside(path, t) for t in PRIVATE_TMP) and not in_writable(path)
+
+    # 1. base
+    base = [
+        Mount("ro-bind", "/", "/", "host filesystem, read-only"),
+        Mount("dev", "/dev", why="minimal /dev: no raw devices"),
+        Mount("proc", "/proc", why="own /proc: host processes invisible"),
+    ]
+    for tmp in PRIVATE_TMP:
+        if os.path.isdir(tmp):
+            base.append(Mount("tmpfs", tmp, why="private scratch; hides host sockets"))
+
+    shadows: set[str] = set()
+    masks: dict[str, Mount] = {}
+
+    def add_mask(path: str, is_dir: bool, why: str) -> None:
+        if in_private_tmp(path):
+            return  # already hidden by a private tmpfs
+        masks[path] = Mount("mask-dir" if is_dir else "mask-file", path, why=why)
+
+    def add_read_deny(entry: str, why: str) -> None:
+        is_dir_entry = entry.endswith("/")
+        path = entry.rstrip("/") or "/"
+        targets = {path}
+        real = os.path.realpath(path)
+        if real != path:
+            targets.add(real)
+        for target in targets:
+            kind = _kind(target)
+            if kind != "missing":
+                add_mask(target, kind == "dir", why)
+                continue
+            if in_writable(target) or in_private_tmp(target):
+                continue  # only the sandbox itself could create it there
+            ancestor = os.path.dirname(target)
+            while ancestor != "/" and _kind(ancestor) == "missing":
+                ancestor = os.path.dirname(ancestor)
+            if ancestor in NEVER_SHADOW or in_writable(ancestor):
+                plan.notes.append(
+                    f"{target} ({'dir' if is_dir_entry else 'file'}) is missing "
+                    f"and {ancestor} cannot be snapshotted; not masked"
+                )
+                continue
+            shadows.add(os.path.realpath(ancestor))
+
+    # 2. read-deny
+    for entry in policy.read_deny_paths():
+        add_read_deny(entry, "read-deny")
+
+    # 3./4. workspace scan: nested repositories and secret files
+    scan = scan_workspace(policy.workspace)
+    if not scan.complete:
+        plan.notes.append(
+            f"workspace scan stopped after {defaults.SCAN_MAX_ENTRIES} entries; "
+            "deeper repositories and .env files were not masked"
+        )
+    for secret in scan.secret_files:
+        add_mask(secret, False, "secret file in workspace")
+
+    ro_binds: dict[str, Mount] = {}
+
+    def add_write_deny(path: str, is_dir: bool, why: str) -> None:
+        kind = _lkind(path)
+        if kind == "link":
+            real = os.path.realpath(path)
+            if not in_writable(real):
+                return  # points outside the writable area, already read-only
+            path, kind = real, _kind(real)
+        if kind == "missing":
+            if in_writable(path):
+                plan.quarantine.append(path)
+            return
+        if in_writable(path) and path not in masks:
+            ro_binds[path] = Mount("ro-bind", path, path, why)
+
+    for pattern in policy.write_deny_patterns():
+        target = policy.expand(pattern)
+        add_write_deny(target, pattern.endswith("/"), "write-deny")
+    for git_dir in scan.git_dirs:
+        for name in defaults.GITDIR_WRITE_DENY:
+            add_write_deny(
+                os.path.join(git_dir, name.rstrip("/")),
+                name.endswith("/"),
+                "git hooks/config run code outside the sandbox",
+            )
+        hooks = _hooks_path(git_dir)
+        if hooks:
+            add_write_deny(hooks, True, "core.hooksPath")
+
+    # Host unix sockets that are still visible after the private tmpfs.
+    for sock in host_unix_sockets():
+        if not in_private_tmp(sock) and _lkind(sock) == "socket":
+            add_mask(sock, False, "host unix socket")
+
+    # Lay out: base, shadows, writable, masks, remount.
+    plan.mounts.extend(base)
+    for root in sorted(shadows, key=lambda p: (_depth(p), p)):
+        plan.mounts.extend(_shadow(root))
+    for path in sorted(writable, key=lambda p: (_depth(p), p)):
+        plan.mounts.append(Mount("bind", path, path, "writable"))
+    masked_dirs = [m.dest for m in masks.values() if m.kind == "mask-dir"]
+    protect = [
+        m
+        for m in [*ro_binds.values(), *masks.values()]
+        if not any(m.dest != d and _inside(m.dest, d) for d in masked_dirs)
+    ]
+    plan.mounts.extend(sorted(protect, key=lambda m: (_depth(m.dest), m.dest)))
+    for root in sorted(shadows, key=lambda p: (-_depth(p), p)):
+        plan.mounts.append(Mount("remount-ro", root, why="snapshot stays read-only"))
+    return plan
+
+
+def _shadow(root: str) -> list[Mount]:
+    mounts = [Mount("tmpfs", root, why="snapshot: hides paths created after launch")]
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return mounts
+    for entry in entries:
+        path = entry.path
+        try:
+            if entry.is_symlink():
+                mounts.append(Mount("symlink", path, os.readlink(path)))
+            elif stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                continue  # sockets are a door out; they are not carried into snapshots
+            else:
+                mounts.append(Mount("ro-bind", path, path))
+        except OSError:
+            continue
+    return mounts

@@ -1,0 +1,386 @@
+"""The thin layer that runs a :class:`~corral.tiers.base.Plan`.
+
+Everything with side effects lives here: cgroups, file descriptors, the fork,
+the output pump with its bound, the timeout, signals, and the cleanup that
+must happen even when corral itself is killed (a small guardian process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import time
+
+from corral.errors import EXIT_TIMEOUT, SetupError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from corral.cgroups import CgroupRun
+    from corral.tiers.base import Plan
+
+CHUNK = 65536
+EXIT_GRACE = 0.2  # seconds to drain pipes after the command exits (tier none)
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class RunResult:
+    __slots__ = (
+        "denials",
+        "duration",
+        "exit_code",
+        "limits_hit",
+        "output_bytes",
+        "signal",
+        "timed_out",
+        "truncated",
+    )
+
+    def __init__(self) -> None:
+        self.exit_code = 0
+        self.timed_out = False
+        self.truncated = False
+        self.duration = 0.0
+        self.output_bytes = 0  # bytes the command wrote, kept or not
+        self.limits_hit: list[str] = []
+        self.denials: list[str] = []
+        self.signal: int | None = None  # a signal corral received and acted on
+
+
+def new_run_id() -> str:
+    return f"{int(time.time() * 1000):x}-{os.urandom(3).hex()}"
+
+
+def _status_value(text: str, key: str) -> int | None:
+    """Pull an integer out of bwrap's JSON status stream without importing json."""
+    marker = f'"{key}":'
+    at = text.find(marker)
+    if at < 0:
+        return None
+    digits = text[at + len(marker) :].lstrip().split(",", 1)[0].split("}", 1)[0].strip()
+    return int(digits) if digits.lstrip("-").isdigit() else None
+
+
+def _move_fds_into_place(wanted: dict[int, int]) -> None:
+    """In the child: make fd ``target`` refer to ``source`` for each pair, then close the rest."""
+    import fcntl
+
+    high = {t: fcntl.fcntl(s, fcntl.F_DUPFD, 100) for t, s in wanted.items()}
+    for target, source in high.items():
+        os.dup2(source, target, inheritable=True)
+    keep = max([2, *wanted])
+    os.closerange(keep + 1, 65536)
+
+
+class _Guardian:
+    """A forked process that cleans up if corral dies before it can.
+
+    It waits on a pipe: corral writes one byte when it has cleaned up itself;
+    end-of-file without that byte means corral was killed, so the guardian
+    kills what is left in the cgroup, removes it, and quarantines.
+    """
+
+    def __init__(self, cleanup: Callable[[], None]) -> None:
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # guardian
+            try:
+                os.setsid()  # survives a kill of corral's process group
+                for sig in FORWARDED_SIGNALS:
+                    signal.signal(sig, signal.SIG_IGN)
+                null = os.open(os.devnull, os.O_RDWR)
+                _move_fds_into_place({0: null, 1: null, 2: null, 3: rfd})
+                if os.read(3, 1) != b"k":
+                    cleanup()
+            finally:
+                os._exit(0)
+        os.close(rfd)
+        self.pid = pid
+        self.wfd = wfd
+
+    def release(self) -> None:
+        os.write(self.wfd, b"k")
+        os.close(self.wfd)
+        os.waitpid(self.pid, 0)
+
+
+def quarantine(paths: list[str], run_id: str) -> list[str]:
+    """Move anything created at a write-deny path out of the workspace; say what moved."""
+    moved = []
+    for path in paths:
+        if not os.path.lexists(path):
+            continue
+        from corral import runlog
+
+        dest = os.path.join(runlog.state_dir(), "quarantine", run_id, path.lstrip("/"))
+        try:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            import shutil
+
+            shutil.move(path, dest)
+            moved.append(f"write-deny: {path} was created inside the sandbox; moved to {dest}")
+        except OSError as exc:
+            moved.append(
+                f"write-deny: {path} was created inside the sandbox; could not move it away: {exc}"
+            )
+    return moved
+
+
+def run(
+    plan: Plan,
+    run_id: str,
+    out_fd: int = 1,
+    err_fd: int = 2,
+    in_fd: int = 0,
+    on_output: Callable[[int, bytes], None] | None = None,
+) -> RunResult:
+    """Launch ``plan`` and pump its output until it ends; the caller handles errors."""
+    result = RunResult()
+    cg: CgroupRun | None = None
+    if plan.cgroup is not None:
+        from corral.cgroups import CgroupRun
+
+        cg = CgroupRun(plan.cgroup, run_id)
+        cg.create()
+
+    def emergency_cleanup() -> None:
+        time.sleep(0.05)  # let die-with-parent take the sandbox down first
+        if cg is not None:
+            cg.remove()
+        quarantine(plan.quarantine, run_id)
+
+    guardian = _Guardian(emergency_cleanup) if (cg is not None or plan.quarantine) else None
+    start = time.monotonic()
+    try:
+        _launch_and_pump(plan, result, cg, out_fd, err_fd, in_fd, on_output)
+    finally:
+        result.duration = time.monotonic() - start
+        if cg is not None:
+            result.limits_hit = cg.limits_hit()
+            cg.remove()
+        result.denials += quarantine(plan.quarantine, run_id)
+        if guardian is not None:
+            guardian.release()
+    if result.timed_out:
+        result.limits_hit.append("timeout")
+    return result
+
+
+def _launch_and_pump(
+    plan: Plan,
+    result: RunResult,
+    cg: CgroupRun | None,
+    out_fd: int,
+    err_fd: int,
+    in_fd: int,
+    on_output: Callable[[int, bytes], None] | None,
+) -> None:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    child_fds: dict[int, int] = {0: in_fd, 1: out_w, 2: err_w}
+    parent_only = [out_r, err_r]
+    to_close = [out_w, err_w]
+    status_r = -1
+    for number, what in plan.fds.items():
+        if what == "status":
+            status_r, status_w = os.pipe()
+            child_fds[number] = status_w
+            parent_only.append(status_r)
+            to_close.append(status_w)
+        elif what == "seccomp":
+            from corral import seccomp
+
+            program = seccomp.compile_filter(plan.seccomp, seccomp.native_arch())
+            sec_r, sec_w = os.pipe()
+            os.write(sec_w, program)  # well under a pipe's 64 KiB buffer
+            os.close(sec_w)
+            child_fds[number] = sec_r
+            to_close.append(sec_r)
+        elif what == "empty":
+            null = os.open(os.devnull, os.O_RDONLY)
+            child_fds[number] = null
+            to_close.append(null)
+
+    procs_files = cg.procs_files() if cg is not None else []
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+
+    old_handlers = {sig: signal.signal(sig, on_signal) for sig in FORWARDED_SIGNALS}
+    old_wakeup = signal.set_wakeup_fd(wake_w)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: join the cgroup, arrange fds, exec
+            try:
+                for sig in FORWARDED_SIGNALS:
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.set_wakeup_fd(-1)
+                os.setsid()  # its own process group: a timeout kills it whole
+                for procs in procs_files:
+                    with open(procs, "w", encoding="ascii") as fh:
+                        fh.write(str(os.getpid()))
+                os.chdir(plan.cwd)
+                _move_fds_into_place(child_fds)
+                os.execvpe(plan.argv[0], plan.argv, plan.env)
+            except OSError as exc:
+                os.write(2, f"corral: cannot start {plan.argv[0]}: {exc.strerror}\n".encode())
+                os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+            finally:
+                os._exit(125)
+        for fd in to_close:
+            os.close(fd)
+        _pump(
+            plan, result, pid, out_r, err_r, status_r, wake_r, received, out_fd, err_fd, on_output
+        )
+    finally:
+        signal.set_wakeup_fd(old_wakeup)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        for fd in (*parent_only, wake_r, wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _pump(
+    plan: Plan,
+    result: RunResult,
+    pid: int,
+    out_r: int,
+    err_r: int,
+    status_r: int,
+    wake_r: int,
+    received: list[int],
+    out_fd: int,
+    err_fd: int,
+    on_output: Callable[[int, bytes], None] | None,
+) -> None:
+    limit = plan.policy.limits.output
+    timeout = plan.policy.limits.timeout
+    deadline = time.monotonic() + timeout if timeout else None
+    kept = 0
+    status_text = ""
+    started = status_r < 0  # without a status pipe there is no setup phase to watch
+    held_err = b""  # stderr held back until setup is known to have succeeded
+    killed = False
+    exited_at: float | None = None
+    pidfd = os.pidfd_open(pid)
+    poller = select.poll()
+    open_fds = {out_r: out_fd, err_r: err_fd}
+    for fd in (out_r, err_r, wake_r, pidfd):
+        poller.register(fd, select.POLLIN)
+    if status_r >= 0:
+        poller.register(status_r, select.POLLIN)
+
+    def kill() -> None:
+        nonlocal killed
+        if not killed:
+            killed = True
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def emit(target: int, data: bytes) -> None:
+        nonlocal kept
+        result.output_bytes += len(data)
+        room = limit - kept
+        if room <= 0:
+            result.truncated = True
+            return
+        if len(data) > room:
+            data = data[:room]
+            result.truncated = True
+        kept += len(data)
+        if on_output is not None:
+            on_output(target, data)
+        else:
+            _write_all(target, data)
+
+    while open_fds or exited_at is None:
+        now = time.monotonic()
+        wait: float | None = None
+        if deadline is not None:
+            wait = max(0.0, deadline - now)
+        if exited_at is not None:
+            grace = max(0.0, exited_at + EXIT_GRACE - now)
+            wait = grace if wait is None else min(wait, grace)
+        events = poller.poll(None if wait is None else wait * 1000)
+        if received and not killed:
+            result.signal = received[0]
+            kill()
+        if deadline is not None and time.monotonic() >= deadline and not killed:
+            result.timed_out = True
+            kill()
+        if not events and exited_at is not None:
+            break  # the command is gone and its pipes went quiet (e.g. a daemon kept them)
+        for fd, _mask in events:
+            if fd == wake_r:
+                os.read(wake_r, 512)
+            elif fd == pidfd:
+                exited_at = time.monotonic()
+                poller.unregister(pidfd)
+            elif fd == status_r:
+                chunk = os.read(status_r, CHUNK)
+                if not chunk:
+                    poller.unregister(status_r)
+                    status_r = -1
+                    continue
+                status_text += chunk.decode("utf-8", "replace")
+                if not started and _status_value(status_text, "child-pid") is not None:
+                    started = True
+                    if held_err:
+                        emit(err_fd, held_err)
+                        held_err = b""
+            else:
+                chunk = os.read(fd, CHUNK)
+                if not chunk:
+                    poller.unregister(fd)
+                    del open_fds[fd]
+                elif fd == err_r and not started:
+                    held_err += chunk[: max(0, limit - len(held_err))]
+                else:
+                    emit(open_fds[fd], chunk)
+    os.close(pidfd)
+    if status_r >= 0:  # collect the final exit-code record
+        try:
+            os.set_blocking(status_r, False)
+            while chunk := os.read(status_r, CHUNK):
+                status_text += chunk.decode("utf-8", "replace")
+        except (BlockingIOError, OSError):
+            pass
+    if exited_at is None or killed:
+        kill()
+    _, wait_status = os.waitpid(pid, 0)
+    if not started and not killed:
+        message = held_err.decode("utf-8", "replace").strip().replace("\n", "; ")
+        raise SetupError(
+            f"the {plan.tier} sandbox could not be set up: {message or 'no reason given'}"
+        )
+    if held_err:
+        emit(err_fd, held_err)
+    code = _status_value(status_text, "exit-code")
+    if code is None:
+        code = os.waitstatus_to_exitcode(wait_status)
+        code = 128 - code if code < 0 else code
+    if result.timed_out:
+        code = EXIT_TIMEOUT
+    elif result.signal is not None:
+        code = 128 + result.signal
+    result.exit_code = code
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BrokenPipeError:
+            return  # the reader went away; keep draining the sandbox regardless
+        except BlockingIOError:
+            select.select([], [fd], [])
+            continue
+        view = view[n:]

@@ -1,0 +1,402 @@
+"""The one policy model every tier reads, loaded and validated at the edge.
+
+A policy comes from built-in defaults, then a TOML file (``corral.toml`` in the
+workspace or ``--policy FILE``), then command-line flags.  Tiers never look at
+TOML or flags: they receive a validated :class:`Policy`.
+
+This module sits on the CLI's hot path, so it avoids ``dataclasses``,
+``typing`` and ``re`` at import time (each costs milliseconds); ``tomllib`` is
+imported only when a policy file exists.
+"""
+
+from __future__ import annotations
+
+import os
+
+from corral import defaults
+from corral.errors import PolicyError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+NETWORK_MODES = ("none", "proxy")
+TIER_NAMES_HINT = "auto, namespace, none, ..."  # full list lives in corral.tiers
+
+
+class FilesystemPolicy:
+    __slots__ = ("read_deny", "use_defaults", "writable", "write_deny")
+
+    def __init__(self) -> None:
+        self.writable: list[str] = []  # beyond the workspace
+        self.read_deny: list[str] = []  # added to the defaults
+        self.write_deny: list[str] = []  # added to the defaults
+        self.use_defaults = True  # the built-in secret and write-deny lists
+
+
+class EnvPolicy:
+    __slots__ = ("pass_names", "set_values")
+
+    def __init__(self) -> None:
+        self.pass_names: list[str] = []  # names copied from the launcher's environment
+        self.set_values: dict[str, str] = {}  # fixed values from the policy itself
+
+
+class Limits:
+    __slots__ = ("cpus", "memory", "output", "pids", "timeout")
+
+    def __init__(self) -> None:
+        self.timeout: float | None = None  # seconds of wall clock
+        self.memory: int | None = None  # bytes
+        self.pids: int | None = None
+        self.cpus: float | None = None
+        self.output: int = defaults.OUTPUT_LIMIT  # bytes of stdout+stderr kept
+
+
+class NetworkPolicy:
+    __slots__ = ("allow", "deny", "mode")
+
+    def __init__(self) -> None:
+        self.mode = "none"
+        self.allow: list[str] = []
+        self.deny: list[str] = []
+
+
+class Policy:
+    """Everything a tier needs to know, with paths already absolute."""
+
+    __slots__ = ("env", "filesystem", "limits", "network", "source", "tier", "workspace")
+
+    def __init__(self, workspace: str) -> None:
+        self.workspace = workspace
+        self.tier = "auto"
+        self.source: str | None = None  # the policy file, if one was read
+        self.filesystem = FilesystemPolicy()
+        self.env = EnvPolicy()
+        self.limits = Limits()
+        self.network = NetworkPolicy()
+
+    # -- derived views -------------------------------------------------------
+
+    def home(self) -> str:
+        return os.path.expanduser("~")
+
+    def expand(self, path: str) -> str:
+        """Make a policy path absolute: ``~`` is the user's home, relative is the workspace."""
+        if path.startswith("~"):
+            path = os.path.expanduser(path)
+        if not os.path.isabs(path):
+            path = os.path.join(self.workspace, path)
+        return os.path.normpath(path)
+
+    def writable_paths(self) -> list[str]:
+        return [self.workspace, *(self.expand(p) for p in self.filesystem.writable)]
+
+    def read_deny_paths(self) -> list[str]:
+        """Absolute read-deny paths; entries ending in ``/`` stay marked as directories."""
+        items = list(defaults.READ_DENY_HOME) if self.filesystem.use_defaults else []
+        items += self.filesystem.read_deny
+        return _expand_keep_slash(self, items)
+
+    def write_deny_patterns(self) -> list[str]:
+        """Write-deny names relative to every repository/workspace root, plus absolutes."""
+        items = list(defaults.WRITE_DENY_WORKSPACE) if self.filesystem.use_defaults else []
+        if self.source and _inside(self.source, self.workspace):
+            items.append(os.path.relpath(self.source, self.workspace))
+        elif self.filesystem.use_defaults:
+            items.append(defaults.POLICY_FILENAME)
+        items += self.filesystem.write_deny
+        return items
+
+    def to_dict(self) -> dict[str, object]:
+        """A canonical view, used for the digest in the activity log and for ``--explain``."""
+        lim = self.limits
+        return {
+            "workspace": self.workspace,
+            "tier": self.tier,
+            "filesystem": {
+                "writable": list(self.filesystem.writable),
+                "read_deny": list(self.filesystem.read_deny),
+                "write_deny": list(self.filesystem.write_deny),
+                "defaults": self.filesystem.use_defaults,
+            },
+            "env": {"pass": list(self.env.pass_names), "set": sorted(self.env.set_values)},
+            "limits": {
+                "timeout": lim.timeout,
+                "memory": lim.memory,
+                "pids": lim.pids,
+                "cpus": lim.cpus,
+                "output": lim.output,
+            },
+            "network": {
+                "mode": self.network.mode,
+                "allow": list(self.network.allow),
+                "deny": list(self.network.deny),
+            },
+        }
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _expand_keep_slash(policy: Policy, items: Iterable[str]) -> list[str]:
+    out = []
+    for item in items:
+        full = policy.expand(item)
+        out.append(full + "/" if item.endswith("/") and full != "/" else full)
+    return out
+
+
+# -- value parsers (shared by the TOML loader and the flags) -------------------
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "h": 3600.0}
+
+
+def parse_size(value: object) -> int:
+    """``512M``, ``1.5G``, ``100k``, ``4096``: binary multiples; raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 512M")
+    if isinstance(value, int):
+        number, unit = float(value), ""
+    elif isinstance(value, str):
+        text = value.strip().lower().removesuffix("ib").removesuffix("b")
+        digits = text.rstrip("kmgt")
+        unit = text[len(digits) :]
+        try:
+            number = float(digits)
+        except ValueError:
+            raise ValueError(f"bad size {value!r}: use a number with K, M, G or T") from None
+    else:
+        raise ValueError("expected a size such as 512M")
+    if unit not in _SIZE_UNITS or number < 0 or number != number:
+        raise ValueError(f"bad size {value!r}: use a number with K, M, G or T")
+    return int(number * _SIZE_UNITS[unit])
+
+
+def parse_duration(value: object) -> float:
+    """``30``, ``30s``, ``500ms``, ``5m``, ``1h`` → seconds; raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 30s")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        digits = text.rstrip("smh")
+        unit = text[len(digits) :]
+        if unit not in _TIME_UNITS:
+            raise ValueError(f"bad duration {value!r}: use s, ms, m or h")
+        try:
+            seconds = float(digits) * _TIME_UNITS[unit]
+        except ValueError:
+            raise ValueError(f"bad duration {value!r}: use s, ms, m or h") from None
+    else:
+        raise ValueError("expected a duration such as 30s")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"bad duration {value!r}: must be more than zero")
+    return seconds
+
+
+def parse_cpus(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError("expected a number of CPUs such as 1.5")
+    try:
+        cpus = float(value)
+    except ValueError:
+        raise ValueError(f"bad cpus {value!r}: expected a number such as 1.5") from None
+    if not 0.01 <= cpus <= 4096:
+        raise ValueError(f"bad cpus {value!r}: must be between 0.01 and 4096")
+    return cpus
+
+
+def parse_pids(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError("expected a whole number of processes")
+    try:
+        pids = int(value)
+    except ValueError:
+        raise ValueError(f"bad pids {value!r}: expected a whole number") from None
+    if pids < 1:
+        raise ValueError("pids must be at least 1")
+    return pids
+
+
+def check_env_name(name: object) -> str:
+    if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+        raise ValueError(f"bad environment variable name {name!r}")
+    return name
+
+
+# -- the TOML loader -------------------------------------------------------------
+
+
+def _expect_str(v: object) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"expected a string, got {type(v).__name__}")
+    return v
+
+
+def _expect_str_list(v: object) -> list[str]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ValueError("expected a list of strings")
+    return list(v)
+
+
+def _expect_bool(v: object) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {type(v).__name__}")
+    return v
+
+
+def _expect_env_names(v: object) -> list[str]:
+    return [check_env_name(x) for x in _expect_str_list(v)]
+
+
+def _expect_env_map(v: object) -> dict[str, str]:
+    if not isinstance(v, dict):
+        raise ValueError('expected a table of NAME = "value"')
+    out = {}
+    for k, val in v.items():
+        check_env_name(k)
+        if not isinstance(val, str):
+            raise ValueError(f"value of {k} must be a string")
+        out[k] = val
+    return out
+
+
+def _expect_mode(v: object) -> str:
+    mode = _expect_str(v)
+    if mode not in NETWORK_MODES:
+        raise ValueError(f"mode must be one of {', '.join(NETWORK_MODES)}; got {mode!r}")
+    return mode
+
+
+def _set(attr_path: str, parse: Callable[[object], object]) -> Callable[[Policy, object], None]:
+    section, _, attr = attr_path.rpartition(".")
+
+    def apply(policy: Policy, raw: object) -> None:
+        target: object = getattr(policy, section) if section else policy
+        setattr(target, attr, parse(raw))
+
+    return apply
+
+
+# TOML key -> how to parse it and where it lands.  An unknown key is an error.
+SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
+    "": {"tier": _set("tier", _expect_str)},
+    "filesystem": {
+        "writable": _set("filesystem.writable", _expect_str_list),
+        "read_deny": _set("filesystem.read_deny", _expect_str_list),
+        "write_deny": _set("filesystem.write_deny", _expect_str_list),
+        "defaults": _set("filesystem.use_defaults", _expect_bool),
+    },
+    "env": {
+        "pass": _set("env.pass_names", _expect_env_names),
+        "set": _set("env.set_values", _expect_env_map),
+    },
+    "limits": {
+        "timeout": _set("limits.timeout", parse_duration),
+        "memory": _set("limits.memory", parse_size),
+        "pids": _set("limits.pids", parse_pids),
+        "cpus": _set("limits.cpus", parse_cpus),
+        "output": _set("limits.output", parse_size),
+    },
+    "network": {
+        "mode": _set("network.mode", _expect_mode),
+        "allow": _set("network.allow", _expect_str_list),
+        "deny": _set("network.deny", _expect_str_list),
+    },
+}
+
+
+def _key_line(lines: list[str], section: str, key: str) -> int:
+    """The 1-based line where ``key`` is set inside ``[section]`` (0 if not found).
+
+    tomllib reports no positions for values, so we find the line ourselves; this
+    only has to be good enough to point a person at the right place.
+    """
+    current = ""
+    for number, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if line.startswith("[") and not line.startswith("[["):
+            current = line.strip("[] \t").split("#", 1)[0].strip().strip("[] ")
+            if not key and current == section:
+                return number
+            continue
+        if current != section or not key:
+            continue
+        name = line.split("=", 1)[0].strip().strip("\"'")
+        if "=" in line and name == key:
+            return number
+    return 0
+
+
+def load_file(path: str, policy: Policy) -> None:
+    """Apply a TOML policy file on top of ``policy``; PolicyError names file, line, key."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read policy file: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+        data = tomllib.loads(text)
+    except UnicodeDecodeError:
+        raise PolicyError(f"{path}: policy file is not UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{path}: invalid TOML: {exc}") from None
+    lines = text.splitlines()
+    policy.source = os.path.abspath(path)
+
+    def where(section: str, key: str) -> str:
+        line = _key_line(lines, section, key)
+        dotted = f"{section}.{key}" if section and key else section or key
+        return f"{path}:{line}: {dotted}" if line else f"{path}: {dotted}"
+
+    for top_key, value in data.items():
+        if isinstance(value, dict):
+            if top_key not in SCHEMA or not top_key:
+                known = ", ".join(f"[{s}]" for s in SCHEMA if s)
+                raise PolicyError(f"{where(top_key, '')}: unknown section (known: {known})")
+            fields = SCHEMA[top_key]
+            for key, item in value.items():
+                _apply_one(policy, fields, top_key, key, item, where)
+        else:
+            _apply_one(policy, SCHEMA[""], "", top_key, value, where)
+
+
+def _apply_one(
+    policy: Policy,
+    fields: dict[str, Callable[[Policy, object], None]],
+    section: str,
+    key: str,
+    value: object,
+    where: Callable[[str, str], str],
+) -> None:
+    if key not in fields:
+        known = ", ".join(fields)
+        raise PolicyError(f"{where(section, key)}: unknown key (known here: {known})")
+    try:
+        fields[key](policy, value)
+    except ValueError as exc:
+        raise PolicyError(f"{where(section, key)}: {exc}") from None
+
+
+def find_policy_file(workspace: str) -> str | None:
+    candidate = os.path.join(workspace, defaults.POLICY_FILENAME)
+    return candidate if os.path.isfile(candidate) else None
+
+
+def load(workspace: str | None = None, path: str | None = None) -> Policy:
+    """Defaults, then ``path`` (or the workspace's corral.toml if present)."""
+    ws = os.path.realpath(workspace or os.getcwd())
+    if ws == "/":
+        raise PolicyError("the workspace cannot be / (it would make the whole disk writable)")
+    policy = Policy(ws)
+    chosen = path if path is not None else find_policy_file(ws)
+    if chosen is not None:
+        load_file(chosen, policy)
+    return policy

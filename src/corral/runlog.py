@@ -1,0 +1,99 @@
+"""The activity log: one JSON line per run under the XDG state directory.
+
+Writing is on the hot path, so the encoder here is a small one of our own
+(``json`` pulls in ``re``); reading (``corral log``) uses the standard module.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
+def state_dir() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return os.path.join(base, "corral")
+
+
+def default_path() -> str:
+    return os.path.join(state_dir(), "runs.jsonl")
+
+
+def iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+def _string(text: str) -> str:
+    out = text.replace("\\", "\\\\").replace('"', '\\"')
+    if any(ord(c) < 0x20 or 0xD800 <= ord(c) <= 0xDFFF or c == "\x7f" for c in out):
+        out = "".join(
+            f"\\u{ord(c):04x}" if ord(c) < 0x20 or 0xD800 <= ord(c) <= 0xDFFF or c == "\x7f" else c
+            for c in out
+        )
+    return f'"{out}"'
+
+
+def dumps(value: object) -> str:
+    """JSON for str, int, float, bool, None, list/tuple and dict with str keys."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if value == value and abs(value) != float("inf") else "null"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(dumps(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_string(str(k))}:{dumps(v)}" for k, v in value.items()) + "}"
+    return _string(str(value))
+
+
+def digest(value: object) -> str:
+    """sha256 of the canonical JSON of ``value`` (the policy), short form."""
+    try:  # the builtin module is much cheaper to import than hashlib
+        from _sha256 import sha256  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        from hashlib import sha256
+    return str(sha256(dumps(value).encode()).hexdigest()[:16])
+
+
+def append(record: dict[str, object], path: str | None = None) -> None:
+    target = path or default_path()
+    line = (dumps(record) + "\n").encode("utf-8", "backslashreplace")
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, line)  # one write with O_APPEND: concurrent runs do not interleave
+    finally:
+        os.close(fd)
+
+
+def read(path: str | None = None) -> Iterator[dict[str, object]]:
+    import json
+
+    try:
+        with open(path or default_path(), encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict):
+                    yield record
+    except FileNotFoundError:
+        return

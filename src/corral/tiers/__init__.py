@@ -1,0 +1,64 @@
+"""Every tier corral knows, in one table; modules are imported only when used."""
+
+from __future__ import annotations
+
+import importlib
+
+from corral.errors import RefusedError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.tiers.base import Health, Tier
+
+# name -> (module, class).  Order is the order `corral doctor` prints.
+REGISTRY: dict[str, tuple[str, str]] = {
+    "microvm": ("corral.tiers.planned", "MicroVMTier"),
+    "firecracker": ("corral.tiers.planned", "FirecrackerTier"),
+    "gvisor": ("corral.tiers.planned", "GVisorTier"),
+    "container": ("corral.tiers.planned", "ContainerTier"),
+    "namespace": ("corral.tiers.namespace", "NamespaceTier"),
+    "landlock": ("corral.tiers.planned", "LandlockTier"),
+    "seatbelt": ("corral.tiers.planned", "SeatbeltTier"),
+    "ray": ("corral.tiers.planned", "RayTier"),
+    "kubernetes": ("corral.tiers.planned", "KubernetesTier"),
+    "none": ("corral.tiers.none", "NoneTier"),
+}
+
+# Tiers that can run a command today, strongest first: what `auto` considers.
+AUTO_ORDER = ("namespace",)
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get(name: str) -> Tier:
+    try:
+        module, cls = REGISTRY[name]
+    except KeyError:
+        from corral.errors import CorralError
+
+        raise CorralError(f"unknown tier {name!r} (known: auto, {', '.join(REGISTRY)})") from None
+    tier: Tier = getattr(importlib.import_module(module), cls)()
+    return tier
+
+
+def select(name: str) -> tuple[Tier, Health]:
+    """The tier to run on, or RefusedError with the reason.  Never a silent downgrade."""
+    if name != "auto":
+        tier = get(name)
+        health = tier.health()
+        if not health.available:
+            raise RefusedError(f"tier {name} is not available here: {health.reason}")
+        return tier, health
+    reasons = []
+    for candidate in AUTO_ORDER:
+        tier = get(candidate)
+        health = tier.health()
+        if health.available:
+            return tier, health
+        reasons.append(f"{candidate}: {health.reason}")
+    raise RefusedError(
+        "no sandbox tier is available here (" + "; ".join(reasons) + "). "
+        "corral does not fall back to running unconfined; use --tier none to do that knowingly"
+    )

@@ -1,0 +1,107 @@
+"""The interface every tier implements, and the plan it returns.
+
+A tier is a name, a strength, ``health()`` (can it run here, and if not, exactly
+why) and a pure ``plan(policy, command)``: what would be launched, with which
+mounts, syscall rules and limits.  Launching a plan is the launcher's job
+(:mod:`corral.launch`), so plans can be unit-tested without running anything.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.cgroups import CgroupPlan
+    from corral.fsplan import Mount
+    from corral.policy import Policy
+    from corral.seccomp import SyscallRule
+
+
+class Health:
+    __slots__ = ("available", "details", "reason")
+
+    def __init__(self, available: bool, reason: str, details: dict[str, object] | None = None):
+        self.available = available
+        self.reason = reason  # one line a person can act on
+        self.details = details or {}
+
+    def to_dict(self) -> dict[str, object]:
+        return {"available": self.available, "reason": self.reason, **self.details}
+
+
+class Plan:
+    """What a tier will launch.  Environment *values* live only in ``env``.
+
+    ``fds`` maps a file-descriptor number used in ``argv`` to what the launcher
+    must put there: ``"status"`` (a pipe bwrap reports to), ``"seccomp"`` (the
+    compiled filter) or ``"empty"`` (an empty file's content, for masks).
+    """
+
+    __slots__ = (
+        "argv",
+        "cgroup",
+        "cwd",
+        "env",
+        "fds",
+        "mounts",
+        "notes",
+        "policy",
+        "quarantine",
+        "seccomp",
+        "tier",
+        "warning",
+    )
+
+    def __init__(self, tier: str, policy: Policy) -> None:
+        self.tier = tier
+        self.policy = policy
+        self.argv: list[str] = []
+        self.env: dict[str, str] = {}
+        self.cwd = policy.workspace
+        self.mounts: list[Mount] = []
+        self.seccomp: tuple[SyscallRule, ...] = ()
+        self.cgroup: CgroupPlan | None = None
+        self.fds: dict[int, str] = {}
+        self.quarantine: list[str] = []
+        self.notes: list[str] = []
+        self.warning: str | None = None  # printed on stderr every run (tier none)
+
+    def describe(self) -> str:
+        """A human-readable account of the plan; never prints environment values."""
+        lines = [f"tier: {self.tier}", f"workspace: {self.policy.workspace}", f"cwd: {self.cwd}"]
+        lines.append("env: " + " ".join(sorted(self.env)))
+        lim = self.policy.limits
+        lines.append(
+            f"limits: timeout={lim.timeout} memory={lim.memory} pids={lim.pids} "
+            f"cpus={lim.cpus} output={lim.output}"
+        )
+        if self.cgroup is not None:
+            lines.append(f"cgroup: {self.cgroup.describe()}")
+        lines.append("mounts:")
+        lines.extend(f"  {m!r}" for m in self.mounts)
+        if self.seccomp:
+            lines.append("seccomp (errno unless allowed):")
+            lines.extend(
+                f"  {r.name}{' when ' + repr(r.when) if r.when else ''}: {r.why}"
+                for r in self.seccomp
+            )
+        if self.quarantine:
+            lines.append("quarantined after the run if created:")
+            lines.extend(f"  {p}" for p in self.quarantine)
+        lines.extend(f"note: {n}" for n in self.notes)
+        lines.append("argv: " + " ".join(self.argv))
+        return "\n".join(lines)
+
+
+class Tier:
+    """Base class: subclasses set ``name``, ``strength`` and ``summary``."""
+
+    name = ""
+    strength = 0  # auto picks the highest available; 0 means never picked by auto
+    summary = ""
+
+    def health(self, probe: bool = False) -> Health:
+        """Can this tier run here?  ``probe`` may launch a tiny test sandbox (doctor)."""
+        raise NotImplementedError
+
+    def plan(self, policy: Policy, command: list[str]) -> Plan:
+        raise NotImplementedError(f"tier {self.name} cannot run commands yet")

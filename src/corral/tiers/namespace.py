@@ -1,0 +1,158 @@
+"""The namespace tier: bubblewrap with every namespace, a seccomp filter and cgroup limits.
+
+``plan()`` maps the policy onto bwrap's argv; nothing here launches anything
+except ``health(probe=True)``, which runs one tiny sandbox to prove user
+namespaces really work on this host.
+"""
+
+from __future__ import annotations
+
+import os
+
+from corral import environ, fsplan
+from corral.tiers.base import Health, Plan, Tier
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.fsplan import Mount
+    from corral.policy import Policy
+
+FD_STATUS = 3  # bwrap's --json-status-fd: tells setup failure from the command's exit
+FD_SECCOMP = 4  # the compiled filter
+FD_EMPTY = 5  # first of one /dev/null fd per file mask: bwrap consumes each data fd
+
+# Namespaces and hardening that do not depend on the policy.
+HARDENING = (
+    "--unshare-user",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-net",
+    "--unshare-cgroup",
+    "--disable-userns",  # no nested user namespaces, enforced by bwrap in the kernel
+    "--die-with-parent",  # corral killed -> everything inside killed
+    "--new-session",  # setsid: no TIOCSTI into the caller's terminal (CVE-2017-5226)
+    "--cap-drop",
+    "ALL",
+    "--hostname",
+    "corral",
+)
+
+
+def find_bwrap() -> str | None:
+    for d in [*os.environ.get("PATH", "").split(":"), "/usr/bin", "/bin"]:
+        candidate = os.path.join(d or ".", "bwrap")
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def mount_args(mounts: list[Mount]) -> tuple[list[str], list[int]]:
+    """bwrap arguments for each mount operation, in order, and the empty-data fds they use."""
+    args: list[str] = []
+    empty_fds: list[int] = []
+    for m in mounts:
+        if m.kind == "ro-bind":
+            args += ["--ro-bind", m.src or m.dest, m.dest]
+        elif m.kind == "bind":
+            args += ["--bind", m.src or m.dest, m.dest]
+        elif m.kind == "tmpfs":
+            args += ["--tmpfs", m.dest]
+        elif m.kind == "dev":
+            args += ["--dev", m.dest]
+        elif m.kind == "proc":
+            args += ["--proc", m.dest]
+        elif m.kind == "symlink":
+            args += ["--symlink", m.src or "", m.dest]
+        elif m.kind == "mask-dir":
+            args += ["--perms", "0000", "--tmpfs", m.dest, "--remount-ro", m.dest]
+        elif m.kind == "mask-file":
+            fd = FD_EMPTY + len(empty_fds)
+            empty_fds.append(fd)
+            args += ["--perms", "0000", "--ro-bind-data", str(fd), m.dest]
+        elif m.kind == "remount-ro":
+            args += ["--remount-ro", m.dest]
+        else:  # a new kind must be taught here before it can be used
+            raise ValueError(f"unknown mount kind {m.kind!r}")
+    return args, empty_fds
+
+
+class NamespaceTier(Tier):
+    name = "namespace"
+    strength = 50
+    summary = "bubblewrap: user, pid, ipc, uts, net, cgroup namespaces + seccomp + cgroups"
+
+    def health(self, probe: bool = False) -> Health:
+        bwrap = find_bwrap()
+        if bwrap is None:
+            return Health(
+                False, "bwrap not found on PATH (Debian/Ubuntu: apt-get install bubblewrap)"
+            )
+        try:
+            with open("/proc/sys/user/max_user_namespaces", encoding="ascii") as fh:
+                if int(fh.read().strip() or "0") == 0:
+                    return Health(
+                        False,
+                        "user namespaces are disabled (/proc/sys/user/max_user_namespaces is 0)",
+                    )
+        except (OSError, ValueError):
+            pass
+        try:
+            with open("/proc/sys/kernel/unprivileged_userns_clone", encoding="ascii") as fh:
+                if fh.read().strip() == "0" and os.geteuid() != 0:
+                    return Health(
+                        False,
+                        "unprivileged user namespaces are disabled "
+                        "(kernel.unprivileged_userns_clone = 0)",
+                    )
+        except OSError:
+            pass
+        details: dict[str, object] = {"bwrap": bwrap}
+        if probe:
+            import subprocess
+
+            try:
+                out = subprocess.run(
+                    [bwrap, *HARDENING, "--ro-bind", "/", "/", "--proc", "/proc", "true"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                    env={},
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return Health(False, f"bwrap probe failed: {exc}", details)
+            if out.returncode != 0:
+                msg = out.stderr.strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+                return Health(False, f"bwrap cannot create namespaces here: {msg[0]}", details)
+        return Health(True, f"bwrap at {bwrap}", details)
+
+    def plan(self, policy: Policy, command: list[str]) -> Plan:
+        from corral import cgroups, seccomp
+
+        plan = Plan(self.name, policy)
+        fs = fsplan.plan_filesystem(policy)
+        plan.mounts = fs.mounts
+        plan.quarantine = fs.quarantine
+        plan.notes = fs.notes
+        plan.env = environ.sandbox_env(policy)
+        plan.cwd = environ.sandbox_cwd(policy, fs.writable)
+        plan.seccomp = seccomp.default_deny_rules()
+        plan.cgroup = cgroups.plan_cgroup(policy.limits, cgroups.detect())
+        plan.fds = {FD_STATUS: "status", FD_SECCOMP: "seccomp"}
+        mounts, empty_fds = mount_args(fs.mounts)
+        plan.fds.update(dict.fromkeys(empty_fds, "empty"))
+        bwrap = find_bwrap() or "bwrap"
+        plan.argv = [
+            bwrap,
+            *HARDENING,
+            "--json-status-fd",
+            str(FD_STATUS),
+            "--seccomp",
+            str(FD_SECCOMP),
+            *mounts,
+            "--chdir",
+            plan.cwd,
+            "--",
+            *command,
+        ]
+        return plan

@@ -1,0 +1,35 @@
+"""The unconfined tier: runs the command directly.  Only when asked for by name."""
+
+from __future__ import annotations
+
+from corral import environ
+from corral.tiers.base import Health, Plan, Tier
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.policy import Policy
+
+WARNING = (
+    "corral: WARNING: tier none: running UNCONFINED (no filesystem, network, "
+    "secret or syscall protection; only the environment is filtered and limits applied)"
+)
+
+
+class NoneTier(Tier):
+    name = "none"
+    strength = 0
+    summary = "no sandbox: the command runs directly, as if corral were not there"
+
+    def health(self, probe: bool = False) -> Health:
+        return Health(True, "always available; gives no protection (only when named)")
+
+    def plan(self, policy: Policy, command: list[str]) -> Plan:
+        from corral import cgroups
+
+        plan = Plan(self.name, policy)
+        plan.env = environ.sandbox_env(policy)
+        plan.cwd = environ.sandbox_cwd(policy, [policy.workspace])
+        plan.cgroup = cgroups.plan_cgroup(policy.limits, cgroups.detect())
+        plan.argv = list(command)
+        plan.warning = WARNING
+        return plan

@@ -1,0 +1,137 @@
+"""Tiers corral knows but cannot run commands on yet.
+
+Each one still reports what this host has for it, so ``corral doctor`` tells a
+person both "not built yet" and what would be missing once it is.  Asking for
+one with ``--tier`` is refused with that reason; nothing falls back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from corral.tiers.base import Health, Tier
+
+
+def _which(*names: str) -> str | None:
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+class _Planned(Tier):
+    issue = ""
+
+    def host_facts(self) -> str:
+        return ""
+
+    def health(self, probe: bool = False) -> Health:
+        facts = self.host_facts()
+        reason = f"not built yet in this version of corral (planned: {self.issue})"
+        return Health(False, f"{reason}; host: {facts}" if facts else reason)
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 when Landlock is unavailable."""
+    import ctypes
+
+    nr = {"x86_64": 444, "aarch64": 444}.get(os.uname().machine)
+    if nr is None:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    abi = int(libc.syscall(nr, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+    return max(abi, 0)
+
+
+class LandlockTier(_Planned):
+    name = "landlock"
+    strength = 40
+    summary = "Landlock + seccomp: no user namespaces needed"
+    issue = "Landlock + seccomp tier"
+
+    def host_facts(self) -> str:
+        abi = landlock_abi()
+        return f"kernel Landlock ABI {abi}" if abi else "kernel has no Landlock"
+
+
+class ContainerTier(_Planned):
+    name = "container"
+    strength = 60
+    summary = "podman or docker with a hardened envelope"
+    issue = "container tier"
+
+    def host_facts(self) -> str:
+        engines = [f"{n} at {p}" for n in ("podman", "docker") if (p := _which(n))]
+        return ", ".join(engines) if engines else "neither podman nor docker on PATH"
+
+
+class GVisorTier(_Planned):
+    name = "gvisor"
+    strength = 80
+    summary = "container tier with gVisor (runsc) as the OCI runtime"
+    issue = "container tier, runsc runtime"
+
+    def host_facts(self) -> str:
+        runsc = _which("runsc")
+        return f"runsc at {runsc}" if runsc else "runsc not on PATH"
+
+
+class MicroVMTier(_Planned):
+    name = "microvm"
+    strength = 90
+    summary = "QEMU microvm guest kernel per sandbox"
+    issue = "microVM tier"
+
+    def host_facts(self) -> str:
+        qemu = _which("qemu-system-x86_64", "qemu-system-aarch64")
+        kvm = "/dev/kvm present" if os.path.exists("/dev/kvm") else "no /dev/kvm (TCG only)"
+        return f"{'qemu at ' + qemu if qemu else 'qemu-system not on PATH'}, {kvm}"
+
+
+class FirecrackerTier(_Planned):
+    name = "firecracker"
+    strength = 95
+    summary = "Firecracker microVM"
+    issue = "microVM tier"
+
+    def host_facts(self) -> str:
+        fc = _which("firecracker")
+        return f"firecracker at {fc}" if fc else "no firecracker binary on PATH"
+
+
+class SeatbeltTier(_Planned):
+    name = "seatbelt"
+    strength = 45
+    summary = "macOS sandbox-exec profile"
+    issue = "seatbelt profile"
+
+    def health(self, probe: bool = False) -> Health:
+        if sys.platform != "darwin":
+            return Health(False, "macOS only (sandbox-exec); this host is " + sys.platform)
+        return super().health(probe)
+
+
+class RayTier(_Planned):
+    name = "ray"
+    strength = 0
+    summary = "run sandboxes on a Ray cluster"
+    issue = "Ray backend"
+
+    def host_facts(self) -> str:
+        import importlib.util
+
+        return "ray installed" if importlib.util.find_spec("ray") else "ray not installed"
+
+
+class KubernetesTier(_Planned):
+    name = "kubernetes"
+    strength = 0
+    summary = "run sandboxes as Kubernetes pods"
+    issue = "Kubernetes backend"
+
+    def host_facts(self) -> str:
+        kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+        return "kubeconfig found" if os.path.exists(kubeconfig) else "no kubeconfig"
