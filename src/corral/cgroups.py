@@ -125,12 +125,11 @@ def plan_cgroup(limits: Limits, host: CgroupHost) -> CgroupPlan | None:
         return plan
     missing = [c for c in need if c not in host.v1 or not os.access(host.v1[c], os.W_OK)]
     if missing:
+        lacking = ", ".join(c for c in need if c not in host.v2_controllers)
         where = (
             "no cgroup v2 delegation"
             if not host.v2_controllers
-            else (
-                f"cgroup v2 at {host.v2_base} lacks {', '.join(c for c in need if c not in host.v2_controllers)}"
-            )
+            else f"cgroup v2 at {host.v2_base} lacks {lacking}"
         )
         raise RefusedError(
             f"cannot enforce the {', '.join(missing)} limit here: {where}, and the cgroup v1 "
@@ -189,9 +188,9 @@ class CgroupRun:
                 self.dirs.append(path)
             for _, parent, name, value in self.plan.settings:
                 target = os.path.join(parent, self.name, name)
-                if name.endswith("memsw.limit_in_bytes") or name == "memory.swap.max":
-                    if not os.path.exists(target):
-                        continue  # no swap accounting on this host: nothing to escape into
+                swap = name.endswith("memsw.limit_in_bytes") or name == "memory.swap.max"
+                if swap and not os.path.exists(target):
+                    continue  # no swap accounting on this host: nothing to escape into
                 _write(target, value)
         except OSError as exc:
             self.remove()
@@ -224,9 +223,12 @@ class CgroupRun:
                     fail = _read(os.path.join(path, "memory.failcnt")).strip()
                     if _counter(oom, "oom_kill") or (fail.isdigit() and int(fail) > 0):
                         hit.append("memory")
-            elif ctl == "pids" and "pids" not in hit:
-                if _counter(_read(os.path.join(path, "pids.events")), "max"):
-                    hit.append("pids")
+            elif (
+                ctl == "pids"
+                and "pids" not in hit
+                and _counter(_read(os.path.join(path, "pids.events")), "max")
+            ):
+                hit.append("pids")
         return hit
 
     def pids(self) -> list[int]:
