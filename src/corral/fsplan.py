@@ -289,6 +289,10 @@ def plan_filesystem(policy: Policy) -> FsPlan:
     # 2. read-deny
     for entry in policy.read_deny_paths():
         add_read_deny(entry, "read-deny")
+    # corral's own activity log and quarantine: history of other runs
+    from corral import runlog
+
+    add_read_deny(runlog.state_dir() + "/", "corral's own state")
 
     # 3./4. workspace scan: nested repositories and secret files
     scan = scan_workspace(policy.workspace)

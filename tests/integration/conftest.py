@@ -1,0 +1,167 @@
+"""Fixtures that drive the real ``corral`` CLI, as root and as an unprivileged user.
+
+Everything a test creates lives under one directory outside /tmp: the sandbox
+replaces /tmp with a private tmpfs, so a fake home under /tmp would be hidden
+for the wrong reason and a deny test could pass without corral doing anything.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import corral
+
+TEST_USER = "corral-test"
+ROOT_BASE = Path("/var/lib/corral-tests")
+SRC = Path(corral.__file__).resolve().parent.parent  # the directory holding `corral/`
+
+
+def _ensure_user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(TEST_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER],
+            check=True,
+        )
+        return pwd.getpwnam(TEST_USER)
+
+
+class Corral:
+    """Runs ``python -m corral`` as a given user with a controlled environment."""
+
+    def __init__(self, who: str, base: Path, home: Path, state: Path) -> None:
+        self.who = who
+        self.base = base
+        self.home = home
+        self.state = state
+        if who == "user":
+            info = _ensure_user()
+            self.uid, self.gid = info.pw_uid, info.pw_gid
+            # The user cannot read root's interpreter or checkout: give it a copy of
+            # the source and the system Python.
+            self.python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
+            self.pythonpath = str(base / "src")
+            shutil.copytree(SRC / "corral", base / "src" / "corral")
+        else:
+            self.uid, self.gid = os.getuid(), os.getgid()
+            self.python = sys.executable
+            self.pythonpath = str(SRC)
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(self.home),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": self.pythonpath,
+            "XDG_STATE_HOME": str(self.state),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        if extra:
+            env.update(extra)
+        return env
+
+    def argv(self, args: list[str]) -> list[str]:
+        cmd = [self.python, "-m", "corral", *args]
+        if self.who == "user":
+            return [
+                "setpriv",
+                f"--reuid={self.uid}",
+                f"--regid={self.gid}",
+                "--clear-groups",
+                "--",
+                *cmd,
+            ]
+        return cmd
+
+    def run(
+        self,
+        args: list[str],
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        timeout: float = 60,
+        input: bytes | None = None,
+    ) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            self.argv(args),
+            cwd=cwd,
+            env=self.env(env),
+            capture_output=True,
+            timeout=timeout,
+            input=input,
+        )
+
+    def popen(
+        self, args: list[str], cwd: Path, env: dict[str, str] | None = None, **kw: object
+    ) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.argv(args), cwd=cwd, env=self.env(env), **kw)  # type: ignore[call-overload, no-any-return]
+
+    def chown(self, *paths: Path) -> None:
+        for p in paths:
+            for root, dirs, files in os.walk(p):
+                for name in [*dirs, *files]:
+                    os.lchown(os.path.join(root, name), self.uid, self.gid)
+            os.lchown(p, self.uid, self.gid)
+
+
+USERS = ["root", "user"]
+
+
+@pytest.fixture(params=USERS)
+def who(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    if os.geteuid() != 0:
+        if name == "root":
+            pytest.skip("the root variant needs the tests to run as root")
+    elif name == "user" and not shutil.which("setpriv"):
+        pytest.skip("setpriv (util-linux) is needed to run as an unprivileged user")
+    return name
+
+
+@pytest.fixture
+def sandbox(who: str) -> Iterator[tuple[Corral, Path]]:
+    """A Corral runner and a fresh workspace, both owned by the user under test."""
+    if os.geteuid() == 0:
+        ROOT_BASE.mkdir(parents=True, exist_ok=True)
+        os.chmod(ROOT_BASE, 0o755)
+        base = ROOT_BASE / uuid.uuid4().hex[:12]
+    else:
+        base = Path(os.environ.get("CORRAL_TEST_BASE", str(Path.home()))) / (
+            ".corral-tests-" + uuid.uuid4().hex[:12]
+        )
+    base.mkdir(parents=True)
+    os.chmod(base, 0o755)
+    home, state, ws = base / "home", base / "state", base / "ws"
+    for d in (home, state, ws):
+        d.mkdir()
+    runner = Corral(who, base, home, state)
+    if who == "user":
+        runner.chown(home, state, ws)
+    try:
+        yield runner, ws
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def wait_for(predicate: object, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if callable(predicate) and predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def pids_matching(pattern: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]

@@ -1,0 +1,271 @@
+"""Filesystem confinement on real bwrap: every deny has an allow twin in the same run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from conftest import Corral
+
+# Secrets under the home directory that the default policy must hide.
+SECRET_FILES = [
+    ".ssh/id_ed25519",
+    ".aws/credentials",
+    ".azure/accessTokens.json",
+    ".config/gcloud/credentials.db",
+    ".gnupg/private-keys-v1.d/key.key",
+    ".netrc",
+    ".git-credentials",
+    ".docker/config.json",
+    ".kube/config",
+    ".config/gh/hosts.yml",
+    ".npmrc",
+    ".pypirc",
+    ".password-store/bank.gpg",
+]
+
+
+def sh(
+    c: Corral, ws: Path, script: str, *flags: str, **kw: object
+) -> subprocess.CompletedProcess[bytes]:
+    return c.run(["run", "-q", *flags, "--", "sh", "-c", script], cwd=ws, **kw)  # type: ignore[arg-type]
+
+
+def test_workspace_is_writable_and_outside_is_not(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    outside = c.base / "outside"
+    outside.mkdir()
+    c.chown(outside)
+    r = sh(
+        c,
+        ws,
+        f"""
+        echo ok > inside.txt && echo inside=ok
+        echo x > {outside}/abs.txt 2>/dev/null && echo abs=WROTE || echo abs=denied
+        echo x > ../outside/dotdot.txt 2>/dev/null && echo dotdot=WROTE || echo dotdot=denied
+        echo x > /etc/corral-test 2>/dev/null && echo etc=WROTE || echo etc=denied
+        echo x > $HOME/home.txt 2>/dev/null && echo home=WROTE || echo home=denied
+        echo x > /tmp/scratch && echo tmp=ok
+    """,
+    )
+    out = r.stdout.decode()
+    assert r.returncode == 0, r.stderr
+    assert "inside=ok" in out and "tmp=ok" in out
+    for key in ("abs", "dotdot", "etc", "home"):
+        assert f"{key}=denied" in out, out
+    assert (ws / "inside.txt").read_text() == "ok\n"
+    assert list(outside.iterdir()) == []
+    assert not Path("/etc/corral-test").exists()
+    assert not (c.home / "home.txt").exists()
+    # the private /tmp did not reach the host
+    assert not Path("/tmp/scratch").exists() or Path("/tmp/scratch").read_text() != "x\n"
+
+
+def test_symlink_out_of_workspace_is_read_only(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    outside = c.base / "outside"
+    outside.mkdir()
+    (outside / "target.txt").write_text("original\n")
+    c.chown(outside)
+    os.symlink(outside, ws / "link_dir")
+    os.symlink(outside / "target.txt", ws / "link_file")
+    os.symlink(ws / "real.txt", ws / "link_inside")
+    c.chown(ws)
+    r = sh(
+        c,
+        ws,
+        """
+        echo evil > link_dir/new.txt 2>/dev/null && echo dir=WROTE || echo dir=denied
+        echo evil > link_file 2>/dev/null && echo file=WROTE || echo file=denied
+        echo good > link_inside && echo inside=ok
+        cat link_file
+    """,
+    )
+    out = r.stdout.decode()
+    assert "dir=denied" in out and "file=denied" in out and "inside=ok" in out, out
+    assert "original" in out  # reading through the link is allowed
+    assert (outside / "target.txt").read_text() == "original\n"
+    assert not (outside / "new.txt").exists()
+    assert (ws / "real.txt").read_text() == "good\n"
+
+
+def test_hard_link_to_outside_file_is_refused(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    outside = c.base / "outside"
+    outside.mkdir()
+    (outside / "target.txt").write_text("original\n")
+    (ws / "a.txt").write_text("a\n")
+    c.chown(outside, ws)
+    r = sh(
+        c,
+        ws,
+        f"""
+        ln {outside}/target.txt hl.txt 2>/dev/null && echo out=LINKED || echo out=denied
+        ln a.txt b.txt && echo in=ok
+    """,
+    )
+    out = r.stdout.decode()
+    assert "out=denied" in out and "in=ok" in out, out
+    assert not (ws / "hl.txt").exists()
+    assert (ws / "b.txt").read_text() == "a\n"
+    assert (outside / "target.txt").read_text() == "original\n"
+
+
+def test_default_secrets_are_unreadable(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    for rel in SECRET_FILES:
+        p = c.home / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"CANARY-{rel}\n")
+    (c.home / "notes.txt").write_text("public-notes\n")
+    (c.home / ".config" / "app.conf").write_text("public-config\n")
+    c.chown(c.home)
+    script = "; ".join(f"cat $HOME/{rel} 2>&1" for rel in SECRET_FILES)
+    script += "; echo LS:$(ls -A $HOME/.ssh $HOME/.aws 2>/dev/null):LS"
+    script += "; cat $HOME/notes.txt $HOME/.config/app.conf"
+    r = sh(c, ws, script)
+    out = r.stdout.decode()
+    assert "CANARY" not in out, out
+    assert "LS::LS" in out  # not even the names of keys
+    assert "public-notes" in out and "public-config" in out  # allow twin
+
+
+def test_secret_created_after_launch_stays_hidden(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    (c.home / "notes.txt").write_text("public-notes\n")
+    c.chown(c.home)
+    proc = c.popen(
+        [
+            "run",
+            "-q",
+            "--",
+            "sh",
+            "-c",
+            "cat $HOME/notes.txt; while [ ! -e ready ]; do sleep 0.05; done; "
+            "cat $HOME/.aws/credentials $HOME/.ssh/id_rsa 2>&1; ls $HOME; echo done",
+        ],
+        cwd=ws,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(0.5)  # the sandbox is up and reading notes
+    (c.home / ".aws").mkdir()
+    (c.home / ".aws" / "credentials").write_text("CANARY-late-aws\n")
+    (c.home / ".ssh").mkdir()
+    (c.home / ".ssh" / "id_rsa").write_text("CANARY-late-ssh\n")
+    (ws / "ready").write_text("")
+    out, err = proc.communicate(timeout=30)
+    text = out.decode()
+    assert proc.returncode == 0, err
+    assert "done" in text and "public-notes" in text  # allow twin
+    assert "CANARY" not in text, text
+
+
+def test_nested_repo_hooks_and_config_are_read_only(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    for repo in (ws, ws / "vendor" / "lib"):
+        (repo / ".git" / "hooks").mkdir(parents=True)
+        (repo / ".git" / "config").write_text("[core]\n")
+        (repo / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (ws / ".vscode").mkdir()
+    (ws / ".vscode" / "settings.json").write_text("{}\n")
+    (ws / "corral.toml").write_text("[limits]\ntimeout = 30\n")
+    c.chown(ws)
+    r = sh(
+        c,
+        ws,
+        """
+        for f in .git/hooks/pre-commit vendor/lib/.git/hooks/post-checkout .vscode/tasks.json; do
+            echo 'touch /pwned' > $f 2>/dev/null && echo "$f=WROTE" || echo "$f=denied"
+        done
+        for f in .git/config vendor/lib/.git/config corral.toml; do
+            echo '[evil]' >> $f 2>/dev/null && echo "$f=WROTE" || echo "$f=denied"
+        done
+        cat .git/config corral.toml >/dev/null && echo read=ok
+        echo ref > .git/HEAD && echo githead=ok
+        echo code > vendor/lib/main.c && echo code=ok
+    """,
+    )
+    out = r.stdout.decode()
+    assert "WROTE" not in out, out
+    assert "read=ok" in out and "githead=ok" in out and "code=ok" in out, out
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists()
+    assert (ws / ".git" / "config").read_text() == "[core]\n"
+    assert (ws / "corral.toml").read_text() == "[limits]\ntimeout = 30\n"
+    assert (ws / "vendor" / "lib" / "main.c").read_text() == "code\n"
+
+
+def test_missing_write_deny_path_is_quarantined(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    r = sh(c, ws, "mkdir .vscode && echo '{}' > .vscode/tasks.json && mkdir src && echo x > src/a")
+    assert r.returncode == 0, r.stderr
+    assert not (ws / ".vscode").exists()
+    assert (ws / "src" / "a").read_text() == "x\n"  # allow twin
+    assert b"denied: write-deny" in r.stderr and b".vscode" in r.stderr
+    moved = list((c.state / "corral" / "quarantine").rglob("tasks.json"))
+    assert len(moved) == 1
+
+
+def test_workspace_secret_files_are_masked(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    (ws / ".env").write_text("CANARY-dotenv\n")
+    (ws / "svc").mkdir()
+    (ws / "svc" / ".env.production").write_text("CANARY-prod\n")
+    (ws / ".env.example").write_text("EXAMPLE=1\n")
+    c.chown(ws)
+    r = sh(c, ws, "cat .env svc/.env.production .env.example 2>&1")
+    out = r.stdout.decode()
+    assert "CANARY" not in out
+    assert "EXAMPLE=1" in out
+    assert (ws / ".env").read_text() == "CANARY-dotenv\n"  # untouched on the host
+
+
+def test_corral_state_is_hidden(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    (c.state / "other.txt").write_text("public-state\n")
+    c.chown(c.state)
+    first = sh(c, ws, "echo first-run")
+    assert first.returncode == 0
+    assert b"first-run" in (c.state / "corral" / "runs.jsonl").read_bytes()
+    r = sh(c, ws, f"cat {c.state}/corral/runs.jsonl 2>&1; cat {c.state}/other.txt")
+    assert b"first-run" not in r.stdout  # the log of other runs is not readable
+    assert b"public-state" in r.stdout
+
+
+def test_proc_and_dev_are_private(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    r = sh(
+        c,
+        ws,
+        """
+        ls /dev | tr '\\n' ' '; echo
+        head -c 4 /dev/urandom | wc -c
+        cat /dev/sda 2>/dev/null && echo sda=READ || echo sda=denied
+    """,
+    )
+    out = r.stdout.decode()
+    assert "sda=denied" in out
+    assert "4" in out.splitlines()[1]  # allow twin: /dev/urandom works
+    assert "sda " not in out.splitlines()[0] and "kvm" not in out.splitlines()[0]
+
+
+def test_concurrent_runs_share_nothing(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    results: list[subprocess.CompletedProcess[bytes]] = []
+
+    def one(i: int) -> None:
+        results.append(
+            sh(c, ws, f"echo {i} > /tmp/mine; sleep 0.2; cat /tmp/mine; echo {i} > out{i}")
+        )
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.returncode == 0 for r in results)
+    assert sorted(int(r.stdout.split()[0]) for r in results) == [0, 1, 2, 3]
+    assert all((ws / f"out{i}").exists() for i in range(4))

@@ -1,0 +1,266 @@
+"""Processes, environment, exit codes, timeouts, output bounds and leftovers on real bwrap."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import Corral, pids_matching, wait_for
+
+
+def sh(
+    c: Corral, ws: Path, script: str, *flags: str, **kw: object
+) -> subprocess.CompletedProcess[bytes]:
+    return c.run(["run", "-q", *flags, "--", "sh", "-c", script], cwd=ws, **kw)  # type: ignore[arg-type]
+
+
+def test_environment_is_not_inherited(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    env = {"AWS_SECRET_ACCESS_KEY": "CANARY-aws", "MY_TOKEN": "CANARY-token", "WANTED": "passed-ok"}
+    r = c.run(["run", "-q", "--env", "WANTED", "--", "env"], cwd=ws, env=env)
+    out = r.stdout.decode()
+    assert r.returncode == 0, r.stderr
+    assert "CANARY" not in out
+    assert "WANTED=passed-ok" in out  # allow twin: a named variable passes
+    names = {line.split("=", 1)[0] for line in out.splitlines() if "=" in line}
+    allowed = {"PATH", "HOME", "LANG", "TERM", "TZ", "USER", "WANTED", "CORRAL_SANDBOX", "PWD"}
+    assert names <= allowed, names
+
+
+def test_environment_values_never_in_argv(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    canary = "CANARY-" + uuid.uuid4().hex
+    proc = c.popen(
+        ["run", "-q", "--env", "PASSME", "--", "sh", "-c", "echo $PASSME; sleep 30"],
+        cwd=ws,
+        env={"PASSME": canary},
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip().decode() == canary  # allow twin: the value arrived
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if canary.encode() in cmdline:
+                found.append(pid)
+    proc.kill()
+    proc.wait()
+    assert not found
+
+
+def test_host_processes_are_invisible_and_unkillable(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    host = subprocess.Popen(["sleep", "300"])
+    try:
+        r = sh(
+            c,
+            ws,
+            f"""
+            ps -eo comm | grep -c '^sleep$' | tr -d '\\n'; echo " visible"
+            ls /proc | grep -c '^{host.pid}$' | tr -d '\\n'; echo " procdir"
+            kill -9 {host.pid} 2>/dev/null && echo kill=SENT || echo kill=denied
+            sleep 5 & kill $! && echo own=killed
+            ps -eo pid | wc -l
+        """,
+        )
+        out = r.stdout.decode()
+        assert "0 visible" in out and "0 procdir" in out, out
+        assert "kill=denied" in out and "own=killed" in out, out
+        assert host.poll() is None  # still alive
+    finally:
+        host.kill()
+        host.wait()
+
+
+def test_exit_codes_pass_through(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    assert sh(c, ws, "exit 0").returncode == 0
+    assert sh(c, ws, "exit 3").returncode == 3
+    assert sh(c, ws, "exit 127").returncode == 127
+    assert sh(c, ws, "kill -TERM $$").returncode == 128 + signal.SIGTERM
+    assert sh(c, ws, "kill -KILL $$").returncode == 128 + signal.SIGKILL
+    missing = c.run(["run", "-q", "--", "/no/such/program"], cwd=ws)
+    assert missing.returncode in (126, 127, 1), missing.stderr  # bwrap: execvp failed
+
+
+def test_timeout_kills_the_whole_tree(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    marker = f"31{uuid.uuid4().int % 1000:03d}"
+    t0 = time.monotonic()
+    r = sh(
+        c,
+        ws,
+        f"sleep {marker} & (sleep {marker}; true) & setsid sleep {marker} & echo started; wait",
+        "--timeout",
+        "1",
+    )
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 124, r.stderr
+    assert b"started" in r.stdout  # output before the timeout is kept
+    assert b"timed out" in r.stderr
+    assert elapsed < 10
+    assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5)
+    # allow twin: the same tree with short sleeps finishes normally
+    ok = sh(c, ws, "sleep 0.1 & (sleep 0.1; true) & wait; echo fine", "--timeout", "20")
+    assert ok.returncode == 0 and b"fine" in ok.stdout
+
+
+def test_output_flood_is_bounded(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    r = sh(c, ws, "head -c 20000000 /dev/zero; echo tail >&2", "--output-limit", "1M")
+    assert r.returncode == 0
+    assert len(r.stdout) + len(r.stderr.split(b"corral:")[0]) <= 1 << 20
+    assert len(r.stdout) == 1 << 20  # kept up to the bound
+    assert b"output truncated" in r.stderr
+    small = sh(c, ws, "echo hello", "--output-limit", "1M")  # allow twin
+    assert small.stdout == b"hello\n" and b"truncated" not in small.stderr
+
+
+def test_killing_corral_leaves_nothing_behind(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    marker = f"32{uuid.uuid4().int % 1000:03d}"
+    flags = ["--pids", "100"] if c.who == "root" else []
+    proc = c.popen(
+        [
+            "run",
+            "-q",
+            *flags,
+            "--",
+            "sh",
+            "-c",
+            f"mkdir .vscode; sleep {marker} & setsid sleep {marker} & echo up; wait",
+        ],
+        cwd=ws,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"up\n"
+    assert wait_for(lambda: len(pids_matching(f"sleep {marker}")) >= 2, 5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5), "sandbox outlived corral"
+    assert wait_for(lambda: not pids_matching("corral run"), 5), "a corral helper stayed"
+    assert wait_for(lambda: not _corral_cgroups(), 5), _corral_cgroups()
+    assert wait_for(lambda: not (ws / ".vscode").exists(), 5)  # quarantined by the guardian
+    # allow twin: the same command, not killed, completes
+    ok = sh(c, ws, "sleep 0.1 & echo up; wait", *flags)
+    assert ok.returncode == 0 and ok.stdout == b"up\n"
+
+
+def _corral_cgroups() -> list[str]:
+    found = []
+    for root, dirs, _files in os.walk("/sys/fs/cgroup"):
+        found += [os.path.join(root, d) for d in dirs if d.startswith("corral-")]
+    return found
+
+
+def test_signal_to_corral_kills_sandbox(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    marker = f"33{uuid.uuid4().int % 1000:03d}"
+    proc = c.popen(
+        ["run", "-q", "--", "sh", "-c", f"sleep {marker} & echo up; wait"],
+        cwd=ws,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"up\n"
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+    assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5)
+
+
+def test_tier_messages(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    auto = c.run(["run", "--", "true"], cwd=ws)
+    assert auto.returncode == 0
+    assert auto.stderr.decode().strip() == "corral: tier namespace (auto: strongest available here)"
+    quiet = c.run(["run", "-q", "--", "true"], cwd=ws)
+    assert quiet.stderr == b""
+    for _ in range(2):  # every time, and -q does not silence it
+        none = c.run(
+            ["run", "-q", "--tier", "none", "--", "sh", "-c", "echo $CORRAL_SANDBOX"], cwd=ws
+        )
+        assert none.returncode == 0
+        assert b"UNCONFINED" in none.stderr
+    refused = c.run(["run", "--tier", "container", "--", "true"], cwd=ws)
+    assert refused.returncode == 122
+    assert refused.stderr.decode().count("\n") == 1 and b"not available" in refused.stderr
+
+
+def test_limits(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    if c.who == "user":
+        # cgroup v1 here is not delegated to users: the limit must be refused, not ignored
+        r = sh(c, ws, "true", "--memory", "64M")
+        if r.returncode == 122:
+            assert b"cannot enforce the memory limit" in r.stderr
+            return
+    mem = c.run(
+        [
+            "run",
+            "-q",
+            "--memory",
+            "64M",
+            "--",
+            sys.executable if c.who == "root" else "python3",
+            "-c",
+            "b = bytearray(300 << 20); print('allocated')",
+        ],
+        cwd=ws,
+    )
+    assert mem.returncode == 137 and b"allocated" not in mem.stdout
+    assert b"limit hit: memory" in mem.stderr
+    small = c.run(
+        [
+            "run",
+            "-q",
+            "--memory",
+            "64M",
+            "--",
+            "python3",
+            "-c",
+            "b = bytearray(8 << 20); print('allocated')",
+        ],
+        cwd=ws,
+    )
+    assert small.returncode == 0 and b"allocated" in small.stdout
+    pids = sh(c, ws, "for i in $(seq 40); do sleep 1 & done; wait; echo done", "--pids", "16")
+    assert b"limit hit: pids" in pids.stderr
+    few = sh(c, ws, "for i in $(seq 4); do sleep 0.1 & done; wait; echo done", "--pids", "16")
+    assert few.returncode == 0 and b"done" in few.stdout
+    cpu = c.run(
+        [
+            "run",
+            "-q",
+            "--cpus",
+            "0.2",
+            "--",
+            "python3",
+            "-c",
+            "import time,os\nt=time.time()\nwhile time.time()-t<1: pass\n"
+            "print(round(os.times().user+os.times().system,2))",
+        ],
+        cwd=ws,
+    )
+    assert cpu.returncode == 0
+    assert float(cpu.stdout) < 0.6  # about 0.2 of a CPU over one second
+
+
+@pytest.mark.parametrize("flag", ["--memory", "--pids", "--cpus"])
+def test_bad_limit_values_are_usage_errors(sandbox: tuple[Corral, Path], flag: str) -> None:
+    c, ws = sandbox
+    r = c.run(["run", flag, "lots", "--", "true"], cwd=ws)
+    assert r.returncode == 2
+    assert r.stderr.count(b"\n") == 1 and r.stderr.startswith(b"corral: ")
