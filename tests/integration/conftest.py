@@ -101,6 +101,12 @@ class Corral:
             input=input,
         )
 
+    def sh(
+        self, ws: Path, script: str, *flags: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[bytes]:
+        """``corral run -q FLAGS -- sh -c SCRIPT`` in ``ws``."""
+        return self.run(["run", "-q", *flags, "--", "sh", "-c", script], cwd=ws, env=env)
+
     def popen(
         self, args: list[str], cwd: Path, env: dict[str, str] | None = None, **kw: object
     ) -> subprocess.Popen[bytes]:

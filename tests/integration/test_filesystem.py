@@ -126,7 +126,7 @@ def test_default_secrets_are_unreadable(sandbox: tuple[Corral, Path]) -> None:
     script = "; ".join(f"cat $HOME/{rel} 2>&1" for rel in SECRET_FILES)
     script += "; echo LS:$(ls -A $HOME/.ssh $HOME/.aws 2>/dev/null):LS"
     script += "; cat $HOME/notes.txt $HOME/.config/app.conf"
-    r = sh(c, ws, script)
+    r = c.sh(ws, script)
     out = r.stdout.decode()
     assert "CANARY" not in out, out
     assert "LS::LS" in out  # not even the names of keys
@@ -200,7 +200,7 @@ def test_nested_repo_hooks_and_config_are_read_only(sandbox: tuple[Corral, Path]
 
 def test_missing_write_deny_path_is_quarantined(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
-    r = sh(c, ws, "mkdir .vscode && echo '{}' > .vscode/tasks.json && mkdir src && echo x > src/a")
+    r = c.sh(ws, "mkdir .vscode && echo '{}' > .vscode/tasks.json && mkdir src && echo x > src/a")
     assert r.returncode == 0, r.stderr
     assert not (ws / ".vscode").exists()
     assert (ws / "src" / "a").read_text() == "x\n"  # allow twin
@@ -216,7 +216,7 @@ def test_workspace_secret_files_are_masked(sandbox: tuple[Corral, Path]) -> None
     (ws / "svc" / ".env.production").write_text("CANARY-prod\n")
     (ws / ".env.example").write_text("EXAMPLE=1\n")
     c.chown(ws)
-    r = sh(c, ws, "cat .env svc/.env.production .env.example 2>&1")
+    r = c.sh(ws, "cat .env svc/.env.production .env.example 2>&1")
     out = r.stdout.decode()
     assert "CANARY" not in out
     assert "EXAMPLE=1" in out
@@ -227,10 +227,10 @@ def test_corral_state_is_hidden(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     (c.state / "other.txt").write_text("public-state\n")
     c.chown(c.state)
-    first = sh(c, ws, "echo first-run")
+    first = c.sh(ws, "echo first-run")
     assert first.returncode == 0
     assert b"first-run" in (c.state / "corral" / "runs.jsonl").read_bytes()
-    r = sh(c, ws, f"cat {c.state}/corral/runs.jsonl 2>&1; cat {c.state}/other.txt")
+    r = c.sh(ws, f"cat {c.state}/corral/runs.jsonl 2>&1; cat {c.state}/other.txt")
     assert b"first-run" not in r.stdout  # the log of other runs is not readable
     assert b"public-state" in r.stdout
 
@@ -258,7 +258,7 @@ def test_concurrent_runs_share_nothing(sandbox: tuple[Corral, Path]) -> None:
 
     def one(i: int) -> None:
         results.append(
-            sh(c, ws, f"echo {i} > /tmp/mine; sleep 0.2; cat /tmp/mine; echo {i} > out{i}")
+            c.sh(ws, f"echo {i} > /tmp/mine; sleep 0.2; cat /tmp/mine; echo {i} > out{i}")
         )
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]

@@ -84,11 +84,11 @@ def test_host_processes_are_invisible_and_unkillable(sandbox: tuple[Corral, Path
 
 def test_exit_codes_pass_through(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
-    assert sh(c, ws, "exit 0").returncode == 0
-    assert sh(c, ws, "exit 3").returncode == 3
-    assert sh(c, ws, "exit 127").returncode == 127
-    assert sh(c, ws, "kill -TERM $$").returncode == 128 + signal.SIGTERM
-    assert sh(c, ws, "kill -KILL $$").returncode == 128 + signal.SIGKILL
+    assert c.sh(ws, "exit 0").returncode == 0
+    assert c.sh(ws, "exit 3").returncode == 3
+    assert c.sh(ws, "exit 127").returncode == 127
+    assert c.sh(ws, "kill -TERM $$").returncode == 128 + signal.SIGTERM
+    assert c.sh(ws, "kill -KILL $$").returncode == 128 + signal.SIGKILL
     missing = c.run(["run", "-q", "--", "/no/such/program"], cwd=ws)
     assert missing.returncode in (126, 127, 1), missing.stderr  # bwrap: execvp failed
 
@@ -111,18 +111,18 @@ def test_timeout_kills_the_whole_tree(sandbox: tuple[Corral, Path]) -> None:
     assert elapsed < 10
     assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5)
     # allow twin: the same tree with short sleeps finishes normally
-    ok = sh(c, ws, "sleep 0.1 & (sleep 0.1; true) & wait; echo fine", "--timeout", "20")
+    ok = c.sh(ws, "sleep 0.1 & (sleep 0.1; true) & wait; echo fine", "--timeout", "20")
     assert ok.returncode == 0 and b"fine" in ok.stdout
 
 
 def test_output_flood_is_bounded(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
-    r = sh(c, ws, "head -c 20000000 /dev/zero; echo tail >&2", "--output-limit", "1M")
+    r = c.sh(ws, "head -c 20000000 /dev/zero; echo tail >&2", "--output-limit", "1M")
     assert r.returncode == 0
     assert len(r.stdout) + len(r.stderr.split(b"corral:")[0]) <= 1 << 20
     assert len(r.stdout) == 1 << 20  # kept up to the bound
     assert b"output truncated" in r.stderr
-    small = sh(c, ws, "echo hello", "--output-limit", "1M")  # allow twin
+    small = c.sh(ws, "echo hello", "--output-limit", "1M")  # allow twin
     assert small.stdout == b"hello\n" and b"truncated" not in small.stderr
 
 
@@ -154,7 +154,7 @@ def test_killing_corral_leaves_nothing_behind(sandbox: tuple[Corral, Path]) -> N
     assert wait_for(lambda: not _corral_cgroups(), 5), _corral_cgroups()
     assert wait_for(lambda: not (ws / ".vscode").exists(), 5)  # quarantined by the guardian
     # allow twin: the same command, not killed, completes
-    ok = sh(c, ws, "sleep 0.1 & echo up; wait", *flags)
+    ok = c.sh(ws, "sleep 0.1 & echo up; wait", *flags)
     assert ok.returncode == 0 and ok.stdout == b"up\n"
 
 
@@ -203,7 +203,7 @@ def test_limits(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     if c.who == "user":
         # cgroup v1 here is not delegated to users: the limit must be refused, not ignored
-        r = sh(c, ws, "true", "--memory", "64M")
+        r = c.sh(ws, "true", "--memory", "64M")
         if r.returncode == 122:
             assert b"cannot enforce the memory limit" in r.stderr
             return
@@ -236,9 +236,9 @@ def test_limits(sandbox: tuple[Corral, Path]) -> None:
         cwd=ws,
     )
     assert small.returncode == 0 and b"allocated" in small.stdout
-    pids = sh(c, ws, "for i in $(seq 40); do sleep 1 & done; wait; echo done", "--pids", "16")
+    pids = c.sh(ws, "for i in $(seq 40); do sleep 1 & done; wait; echo done", "--pids", "16")
     assert b"limit hit: pids" in pids.stderr
-    few = sh(c, ws, "for i in $(seq 4); do sleep 0.1 & done; wait; echo done", "--pids", "16")
+    few = c.sh(ws, "for i in $(seq 4); do sleep 0.1 & done; wait; echo done", "--pids", "16")
     assert few.returncode == 0 and b"done" in few.stdout
     cpu = c.run(
         [
