@@ -261,13 +261,16 @@ def plan_filesystem(policy: Policy) -> FsPlan:
             return  # already hidden by a private tmpfs
         masks[path] = Mount("mask-dir" if is_dir else "mask-file", path, why=why)
 
+    home = os.path.realpath(policy.home())
+
     def add_read_deny(entry: str, why: str) -> None:
         is_dir_entry = entry.endswith("/")
         path = entry.rstrip("/") or "/"
         targets = {path}
-        real = os.path.realpath(path)
-        if real != path:
-            targets.add(real)
+        if os.path.lexists(path):  # realpath costs a syscall per component: only when needed
+            real = os.path.realpath(path)
+            if real != path:
+                targets.add(real)
         for target in targets:
             kind = _kind(target)
             if kind != "missing":
@@ -275,6 +278,8 @@ def plan_filesystem(policy: Policy) -> FsPlan:
                 continue
             if in_writable(target) or in_private_tmp(target):
                 continue  # only the sandbox itself could create it there
+            if not _inside(target, home):
+                continue  # host-wide files (/etc/shadow) appear only with the system
             ancestor = os.path.dirname(target)
             while ancestor != "/" and _kind(ancestor) == "missing":
                 ancestor = os.path.dirname(ancestor)

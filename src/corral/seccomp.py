@@ -24,11 +24,17 @@ seccomp action cache can emulate, so syscalls without rules get cached as
 from __future__ import annotations
 
 import errno as _errno
-import platform
+import os
 import struct
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+
+# ``dataclasses``, ``typing`` and ``platform`` cost ~15 ms to import and this
+# module is on the hot path of every run, so the classes below are written out.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Literal
+
+    Op = Literal["eq", "ne", "bits_set", "not_in"]
 
 __all__ = [
     "SUPPORTED_ARCHES",
@@ -200,7 +206,6 @@ def _check_u32(value: int, what: str) -> None:
         raise ValueError(f"{what}={value:#x} does not fit in 32 bits")
 
 
-@dataclass(frozen=True)
 class ArgCond:
     """A test on the LOW 32 bits of syscall argument ``index`` (0..5).
 
@@ -215,12 +220,30 @@ class ArgCond:
     (arg & value) != 0; ``not_in`` arg not in values.
     """
 
-    index: int
-    op: Literal["eq", "ne", "bits_set", "not_in"]
-    value: int = 0
-    values: tuple[int, ...] = ()
+    __slots__ = ("index", "op", "value", "values")
 
-    def __post_init__(self) -> None:
+    def __init__(self, index: int, op: Op, value: int = 0, values: tuple[int, ...] = ()) -> None:
+        self.index = index
+        self.op = op
+        self.value = value
+        self.values = tuple(values)
+        self._validate()
+
+    def _key(self) -> tuple[int, str, int, tuple[int, ...]]:
+        return (self.index, self.op, self.value, self.values)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ArgCond) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"ArgCond(index={self.index}, op={self.op!r}, value={self.value}, values={self.values})"
+        )
+
+    def _validate(self) -> None:
         if not 0 <= self.index <= 5:
             raise ValueError(f"argument index {self.index} out of range 0..5")
         if self.op not in _OPS:
@@ -239,16 +262,33 @@ class ArgCond:
                 raise ValueError("bits_set with an empty mask can never match")
 
 
-@dataclass(frozen=True)
 class SyscallRule:
     """Return ``-errno`` from syscall ``name`` when every condition holds."""
 
-    name: str
-    errno: int
-    when: tuple[ArgCond, ...] = ()
-    why: str = ""
+    __slots__ = ("errno", "name", "when", "why")
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self, name: str, errno: int, when: tuple[ArgCond, ...] = (), why: str = ""
+    ) -> None:
+        self.name = name
+        self.errno = errno
+        self.when = tuple(when)
+        self.why = why
+        self._validate()
+
+    def _key(self) -> tuple[str, int, tuple[ArgCond, ...], str]:
+        return (self.name, self.errno, self.when, self.why)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SyscallRule) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"SyscallRule({self.name!r}, errno={self.errno}, when={self.when!r})"
+
+    def _validate(self) -> None:
         if not 0 <= self.errno <= _MAX_ERRNO:
             raise ValueError(f"errno {self.errno} out of range 0..{_MAX_ERRNO}")
 
@@ -256,9 +296,9 @@ class SyscallRule:
 # --- arch / syscall lookup ----------------------------------------------------
 
 
-def native_arch() -> str:
-    """Return the running machine's arch in SUPPORTED_ARCHES spelling."""
-    machine = platform.machine().lower()
+def native_arch(machine: str | None = None) -> str:
+    """Return the running (or given) machine's arch in SUPPORTED_ARCHES spelling."""
+    machine = (os.uname().machine if machine is None else machine).lower()
     arch = _ARCH_ALIASES.get(machine)
     if arch is None:
         raise ValueError(f"unsupported machine {machine!r} for seccomp filters")

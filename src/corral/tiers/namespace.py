@@ -65,7 +65,9 @@ def mount_args(mounts: list[Mount]) -> tuple[list[str], list[int]]:
         elif m.kind == "symlink":
             args += ["--symlink", m.src or "", m.dest]
         elif m.kind == "mask-dir":
-            args += ["--perms", "0000", "--tmpfs", m.dest, "--remount-ro", m.dest]
+            # An empty, private, mode-000 tmpfs: nothing in it to read, and anything
+            # written there vanishes with the sandbox, so no remount is needed.
+            args += ["--perms", "0000", "--tmpfs", m.dest]
         elif m.kind == "mask-file":
             fd = FD_EMPTY + len(empty_fds)
             empty_fds.append(fd)

@@ -1,0 +1,1 @@
+"""Benchmarks for corral: run by hand, never collected as tests."""
