@@ -120,7 +120,7 @@ def plan_cgroup(limits: Limits, host: CgroupHost) -> CgroupPlan | None:
         if limits.pids is not None:
             plan.settings.append(("pids", base, "pids.max", str(limits.pids)))
         if limits.cpus is not None:
-            quota = max(1000, int(limits.cpus * CPU_PERIOD_US))
+            quota = max(1000, round(limits.cpus * CPU_PERIOD_US))
             plan.settings.append(("cpu", base, "cpu.max", f"{quota} {CPU_PERIOD_US}"))
         return plan
     missing = [c for c in need if c not in host.v1 or not os.access(host.v1[c], os.W_OK)]
@@ -147,20 +147,25 @@ def plan_cgroup(limits: Limits, host: CgroupHost) -> CgroupPlan | None:
     if limits.pids is not None:
         plan.settings.append(("pids", host.v1["pids"], "pids.max", str(limits.pids)))
     if limits.cpus is not None:
-        quota = max(1000, int(limits.cpus * CPU_PERIOD_US))
+        quota = max(1000, round(limits.cpus * CPU_PERIOD_US))
         plan.settings.append(("cpu", host.v1["cpu"], "cpu.cfs_period_us", str(CPU_PERIOD_US)))
         plan.settings.append(("cpu", host.v1["cpu"], "cpu.cfs_quota_us", str(quota)))
     return plan
 
 
+def plan_for(limits: Limits) -> CgroupPlan | None:
+    """plan_cgroup on this host; reads /proc only when a limit asks for a cgroup."""
+    return plan_cgroup(limits, detect()) if wanted(limits) else None
+
+
 def _write(path: str, value: str) -> None:
-    with open(path, "w", encoding="ascii") as fh:
+    with open(path, "w", encoding="utf-8") as fh:
         fh.write(value)
 
 
 def _read(path: str) -> str:
     try:
-        with open(path, encoding="ascii") as fh:
+        with open(path, encoding="utf-8") as fh:
             return fh.read()
     except OSError:
         return ""

@@ -275,8 +275,11 @@ def cmd_log(args: list[str]) -> int:
     try:
         count = int(str(opts.get("n", 20)))
     except ValueError:
-        raise CorralError("-n needs a whole number") from None
-    records = list(runlog.read(str(opts["log"]) if opts.get("log") else None))[-count:]
+        count = -1
+    if count < 0:
+        raise CorralError("-n needs a whole number, 0 or more")
+    records = list(runlog.read(str(opts["log"]) if opts.get("log") else None))
+    records = records[-count:] if count else []
     if opts.get("json"):
         import json
 
@@ -295,10 +298,11 @@ def cmd_log(args: list[str]) -> int:
             extra += f"  error: {r['error']}"
         duration = r.get("duration")
         dur = f"{duration:.3f}s" if isinstance(duration, int | float) else "-"
-        print(
-            f"{r.get('start', '?')}  {r.get('run_id', '?')}  {r.get('tier', '?'):<9}  "
-            f"exit {r.get('exit', '?'):<3}  {dur:>8}  {command[:80]}{extra}"
+        start, run_id, tier, code = (
+            str(r.get(k) if r.get(k) is not None else "?")
+            for k in ("start", "run_id", "tier", "exit")
         )
+        print(f"{start}  {run_id}  {tier:<9}  exit {code:<3}  {dur:>8}  {command[:80]}{extra}")
     return 0
 
 

@@ -15,8 +15,9 @@ OUTPUT_LIMIT = 64 << 20  # bytes of stdout+stderr kept per run by default
 BASE_ENV = ("PATH", "HOME", "LANG", "TERM", "TZ", "USER")
 FALLBACK_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-# Secrets under the user's home (and a few host-wide ones).  Masked even where
-# the path does not exist yet, so a key written there after launch stays hidden.
+# Secrets under the user's home.  Masked even where the path does not exist
+# yet, so a key written there after launch stays hidden.  Everything here lives
+# directly in ~ or ~/.config, so one snapshot of each covers all missing ones.
 READ_DENY_HOME = (
     # keys and cloud credentials
     "~/.ssh/",
@@ -29,7 +30,6 @@ READ_DENY_HOME = (
     "~/.docker/",
     "~/.gnupg/",
     "~/.password-store/",
-    "~/.local/share/keyrings/",
     "~/.vault-token",
     "~/.terraform.d/",
     "~/.s3cfg",
@@ -46,13 +46,6 @@ READ_DENY_HOME = (
     "~/.yarnrc.yml",
     "~/.pypirc",
     "~/.config/pip/",
-    "~/.gem/credentials",
-    "~/.cargo/credentials",
-    "~/.cargo/credentials.toml",
-    "~/.m2/settings.xml",
-    "~/.m2/settings-security.xml",
-    "~/.gradle/gradle.properties",
-    "~/.nuget/NuGet/NuGet.Config",
     "~/.config/composer/auth.json",
     # databases
     "~/.pgpass",
@@ -77,7 +70,22 @@ READ_DENY_HOME = (
     "~/.mysql_history",
     "~/.node_repl_history",
     "~/.lesshst",
-    # host-wide secrets that root inside a user namespace could otherwise read
+)
+
+# Masked when they exist at launch.  These live deeper in directories that
+# would each need a snapshot of their own to cover a missing file, which costs
+# a bind per entry on every run; they are created by deliberate logins, not
+# in the middle of an agent's run.  Also host-wide secrets that root inside a
+# user namespace could otherwise read.
+READ_DENY_IF_PRESENT = (
+    "~/.gem/credentials",
+    "~/.cargo/credentials",
+    "~/.cargo/credentials.toml",
+    "~/.m2/settings.xml",
+    "~/.m2/settings-security.xml",
+    "~/.gradle/gradle.properties",
+    "~/.nuget/NuGet/NuGet.Config",
+    "~/.local/share/keyrings/",
     "/etc/shadow",
     "/etc/gshadow",
     "/etc/shadow-",

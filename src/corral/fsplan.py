@@ -203,8 +203,9 @@ def _submodule_git_dirs(modules: str) -> list[str]:
     return found
 
 
-def _hooks_path(git_dir: str) -> str | None:
-    """A repository can move its hooks (core.hooksPath); those must be protected too."""
+def _core_settings(git_dir: str) -> dict[str, str]:
+    """The ``[core]`` keys of a git dir's config, lower-cased (enough for what we need)."""
+    found: dict[str, str] = {}
     try:
         with open(os.path.join(git_dir, "config"), encoding="utf-8", errors="replace") as fh:
             section = ""
@@ -214,15 +215,31 @@ def _hooks_path(git_dir: str) -> str | None:
                     section = line.strip("[]").strip().lower()
                 elif section == "core" and "=" in line:
                     key, _, value = line.partition("=")
-                    if key.strip().lower() == "hookspath":
-                        value = value.split("#", 1)[0].strip().strip('"')
-                        if not value:
-                            return None
-                        repo = os.path.dirname(git_dir)
-                        return os.path.normpath(os.path.join(repo, os.path.expanduser(value)))
+                    found[key.strip().lower()] = value.split("#", 1)[0].strip().strip('"')
     except OSError:
+        pass
+    return found
+
+
+def _hooks_path(git_dir: str) -> str | None:
+    """A repository can move its hooks (core.hooksPath); those must be protected too.
+
+    A relative hooksPath is relative to the working tree: the directory holding
+    ``.git``, or for a submodule's git dir under .git/modules, its core.worktree.
+    """
+    core = _core_settings(git_dir)
+    value = core.get("hookspath")
+    if not value:
         return None
-    return None
+    value = os.path.expanduser(value)
+    if os.path.isabs(value):
+        return os.path.normpath(value)
+    worktree = core.get("worktree")
+    if worktree:
+        tree = os.path.normpath(os.path.join(git_dir, worktree))
+    else:
+        tree = os.path.dirname(git_dir)
+    return os.path.normpath(os.path.join(tree, value))
 
 
 def plan_filesystem(policy: Policy) -> FsPlan:
@@ -261,9 +278,7 @@ def plan_filesystem(policy: Policy) -> FsPlan:
             return  # already hidden by a private tmpfs
         masks[path] = Mount("mask-dir" if is_dir else "mask-file", path, why=why)
 
-    home = os.path.realpath(policy.home())
-
-    def add_read_deny(entry: str, why: str) -> None:
+    def add_read_deny(entry: str, why: str, if_present: bool = False) -> None:
         is_dir_entry = entry.endswith("/")
         path = entry.rstrip("/") or "/"
         targets = {path}
@@ -278,8 +293,8 @@ def plan_filesystem(policy: Policy) -> FsPlan:
                 continue
             if in_writable(target) or in_private_tmp(target):
                 continue  # only the sandbox itself could create it there
-            if not _inside(target, home):
-                continue  # host-wide files (/etc/shadow) appear only with the system
+            if if_present:
+                continue
             ancestor = os.path.dirname(target)
             while ancestor != "/" and _kind(ancestor) == "missing":
                 ancestor = os.path.dirname(ancestor)
@@ -294,6 +309,8 @@ def plan_filesystem(policy: Policy) -> FsPlan:
     # 2. read-deny
     for entry in policy.read_deny_paths():
         add_read_deny(entry, "read-deny")
+    for entry in policy.read_deny_if_present():
+        add_read_deny(entry, "read-deny (when present)", if_present=True)
     # corral's own activity log and quarantine: history of other runs
     from corral import runlog
 
@@ -344,13 +361,15 @@ def plan_filesystem(policy: Policy) -> FsPlan:
         if not in_private_tmp(sock) and _lkind(sock) == "socket":
             add_mask(sock, False, "host unix socket")
 
-    # Lay out: base, shadows, writable, masks, remount.
+    # Lay out: base, shadows, writable, masks, remount.  A snapshot inside a
+    # masked directory is pointless and would fail: the mask hides it anyway.
+    masked_dirs = [m.dest for m in masks.values() if m.kind == "mask-dir"]
+    shadows = {r for r in shadows if not any(_inside(r, d) for d in masked_dirs)}
     plan.mounts.extend(base)
     for root in sorted(shadows, key=lambda p: (_depth(p), p)):
         plan.mounts.extend(_shadow(root))
     for path in sorted(writable, key=lambda p: (_depth(p), p)):
         plan.mounts.append(Mount("bind", path, path, "writable"))
-    masked_dirs = [m.dest for m in masks.values() if m.kind == "mask-dir"]
     protect = [
         m
         for m in [*ro_binds.values(), *masks.values()]

@@ -98,13 +98,19 @@ class Policy:
         items += self.filesystem.read_deny
         return _expand_keep_slash(self, items)
 
+    def read_deny_if_present(self) -> list[str]:
+        """Built-in read-deny paths that are masked only when they exist at launch."""
+        items = list(defaults.READ_DENY_IF_PRESENT) if self.filesystem.use_defaults else []
+        return _expand_keep_slash(self, items)
+
     def write_deny_patterns(self) -> list[str]:
         """Write-deny names relative to every repository/workspace root, plus absolutes."""
         items = list(defaults.WRITE_DENY_WORKSPACE) if self.filesystem.use_defaults else []
+        # The policy must never be editable by what it confines, defaults or not:
+        # the workspace's corral.toml is what the next plain `corral run` loads.
+        items.append(defaults.POLICY_FILENAME)
         if self.source and _inside(self.source, self.workspace):
             items.append(os.path.relpath(self.source, self.workspace))
-        elif self.filesystem.use_defaults:
-            items.append(defaults.POLICY_FILENAME)
         items += self.filesystem.write_deny
         return items
 
@@ -159,6 +165,8 @@ def parse_size(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError("expected a size such as 512M")
     if isinstance(value, int):
+        if not 0 <= value < 2**63:
+            raise ValueError(f"bad size {value!r}: out of range")
         number, unit = float(value), ""
     elif isinstance(value, str):
         text = value.strip().lower().removesuffix("ib").removesuffix("b")
@@ -170,7 +178,7 @@ def parse_size(value: object) -> int:
             raise ValueError(f"bad size {value!r}: use a number with K, M, G or T") from None
     else:
         raise ValueError("expected a size such as 512M")
-    if unit not in _SIZE_UNITS or number < 0 or number != number:
+    if unit not in _SIZE_UNITS or not 0 <= number < 2**63 / _SIZE_UNITS[unit]:
         raise ValueError(f"bad size {value!r}: use a number with K, M, G or T")
     return int(number * _SIZE_UNITS[unit])
 
@@ -180,7 +188,10 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 30s")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ValueError(f"bad duration {value!r}: out of range") from None
     elif isinstance(value, str):
         text = value.strip().lower()
         digits = text.rstrip("smh")
@@ -193,7 +204,7 @@ def parse_duration(value: object) -> float:
             raise ValueError(f"bad duration {value!r}: use s, ms, m or h") from None
     else:
         raise ValueError("expected a duration such as 30s")
-    if not seconds > 0 or seconds == float("inf"):
+    if not 0 < seconds < 10**9:
         raise ValueError(f"bad duration {value!r}: must be more than zero")
     return seconds
 
@@ -203,7 +214,7 @@ def parse_cpus(value: object) -> float:
         raise ValueError("expected a number of CPUs such as 1.5")
     try:
         cpus = float(value)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise ValueError(f"bad cpus {value!r}: expected a number such as 1.5") from None
     if not 0.01 <= cpus <= 4096:
         raise ValueError(f"bad cpus {value!r}: must be between 0.01 and 4096")
@@ -310,24 +321,32 @@ SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
 }
 
 
-def _key_line(lines: list[str], section: str, key: str) -> int:
-    """The 1-based line where ``key`` is set inside ``[section]`` (0 if not found).
+def _dotted(text: str) -> str:
+    """``[ env . "set" ]`` or ``limits . memory`` -> ``env.set`` / ``limits.memory``."""
+    return ".".join(part.strip().strip("\"'") for part in text.split("."))
 
-    tomllib reports no positions for values, so we find the line ourselves; this
-    only has to be good enough to point a person at the right place.
+
+def _key_line(lines: list[str], section: str, key: str) -> int:
+    """The 1-based line where ``section.key`` is set (0 if not found).
+
+    tomllib reports no positions for values, so we find the line ourselves,
+    following table headers (``[env.set]``) and dotted keys (``limits.memory =``);
+    this only has to be good enough to point a person at the right place.
     """
-    current = ""
+    target = f"{section}.{key}" if section and key else section or key
+    header = ""
     for number, raw in enumerate(lines, 1):
-        line = raw.strip()
+        line = raw.split("#", 1)[0].strip()
         if line.startswith("[") and not line.startswith("[["):
-            current = line.strip("[] \t").split("#", 1)[0].strip().strip("[] ")
-            if not key and current == section:
+            header = _dotted(line.strip("[] \t"))
+            if header == target or header.startswith(target + "."):
                 return number
             continue
-        if current != section or not key:
+        if "=" not in line:
             continue
-        name = line.split("=", 1)[0].strip().strip("\"'")
-        if "=" in line and name == key:
+        name = _dotted(line.split("=", 1)[0])
+        full = f"{header}.{name}" if header else name
+        if full == target or full.startswith(target + "."):
             return number
     return 0
 
@@ -349,7 +368,7 @@ def load_file(path: str, policy: Policy) -> None:
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"{path}: invalid TOML: {exc}") from None
     lines = text.splitlines()
-    policy.source = os.path.abspath(path)
+    policy.source = os.path.realpath(path)
 
     def where(section: str, key: str) -> str:
         line = _key_line(lines, section, key)

@@ -87,7 +87,7 @@ def read(path: str | None = None) -> Iterator[dict[str, object]]:
     import json
 
     try:
-        with open(path or default_path(), encoding="utf-8") as fh:
+        with open(path or default_path(), encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 try:
                     record = json.loads(line)

@@ -40,6 +40,7 @@ class Plan:
         "argv",
         "cgroup",
         "cwd",
+        "cwd_in_argv",
         "env",
         "fds",
         "mounts",
@@ -57,6 +58,7 @@ class Plan:
         self.argv: list[str] = []
         self.env: dict[str, str] = {}
         self.cwd = policy.workspace
+        self.cwd_in_argv = False  # True when argv itself changes to cwd (bwrap --chdir)
         self.mounts: list[Mount] = []
         self.seccomp: tuple[SyscallRule, ...] = ()
         self.cgroup: CgroupPlan | None = None

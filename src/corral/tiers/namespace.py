@@ -41,7 +41,9 @@ HARDENING = (
 
 def find_bwrap() -> str | None:
     for d in [*os.environ.get("PATH", "").split(":"), "/usr/bin", "/bin"]:
-        candidate = os.path.join(d or ".", "bwrap")
+        if not os.path.isabs(d):
+            continue  # "" or "." would run a bwrap planted in the (writable) workspace
+        candidate = os.path.join(d, "bwrap")
         if os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -91,7 +93,7 @@ class NamespaceTier(Tier):
                 False, "bwrap not found on PATH (Debian/Ubuntu: apt-get install bubblewrap)"
             )
         try:
-            with open("/proc/sys/user/max_user_namespaces", encoding="ascii") as fh:
+            with open("/proc/sys/user/max_user_namespaces", encoding="utf-8") as fh:
                 if int(fh.read().strip() or "0") == 0:
                     return Health(
                         False,
@@ -100,7 +102,7 @@ class NamespaceTier(Tier):
         except (OSError, ValueError):
             pass
         try:
-            with open("/proc/sys/kernel/unprivileged_userns_clone", encoding="ascii") as fh:
+            with open("/proc/sys/kernel/unprivileged_userns_clone", encoding="utf-8") as fh:
                 if fh.read().strip() == "0" and os.geteuid() != 0:
                     return Health(
                         False,
@@ -138,8 +140,9 @@ class NamespaceTier(Tier):
         plan.notes = fs.notes
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
+        plan.cwd_in_argv = True
         plan.seccomp = seccomp.default_deny_rules()
-        plan.cgroup = cgroups.plan_cgroup(policy.limits, cgroups.detect())
+        plan.cgroup = cgroups.plan_for(policy.limits)
         plan.fds = {FD_STATUS: "status", FD_SECCOMP: "seccomp"}
         mounts, empty_fds = mount_args(fs.mounts)
         plan.fds.update(dict.fromkeys(empty_fds, "empty"))

@@ -29,7 +29,7 @@ class NoneTier(Tier):
         plan = Plan(self.name, policy)
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, [policy.workspace])
-        plan.cgroup = cgroups.plan_cgroup(policy.limits, cgroups.detect())
+        plan.cgroup = cgroups.plan_for(policy.limits)
         plan.argv = list(command)
         plan.warning = WARNING
         return plan

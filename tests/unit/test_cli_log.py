@@ -1,0 +1,66 @@
+"""Tests for `corral log` on hand-written activity logs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from corral import cli, runlog
+
+RECORDS: list[dict[str, object]] = [
+    {
+        "run_id": f"r{i}",
+        "start": f"2024-01-01T00:00:0{i}.000Z",
+        "tier": "namespace",
+        "exit": i,
+        "duration": 0.25,
+        "argv": ["echo", str(i)],
+    }
+    for i in range(5)
+]
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    path = tmp_path / "runs.jsonl"
+    for record in RECORDS:
+        runlog.append(record, str(path))
+    return path
+
+
+def test_log_text_last_n(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["log", "--log", str(log), "-n", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert "r3" in lines[0] and "echo 3" in lines[0] and "0.250s" in lines[0]
+    assert "r4" in lines[1]
+
+
+def test_log_json(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["log", "--json", "--log", str(log)]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == RECORDS
+
+
+def test_log_extras(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "runs.jsonl"
+    runlog.append(
+        {"run_id": "x", "limits_hit": ["memory"], "denials": ["a", "b"], "error": "boom"},
+        str(path),
+    )
+    assert cli.main(["log", "--log", str(path)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "limits: memory" in line and "denials: 2" in line and "error: boom" in line
+
+
+def test_log_n_zero_prints_nothing(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["log", "--log", str(log), "-n", "0"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_log_tolerates_null_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "runs.jsonl"
+    path.write_text('{"run_id": "x", "tier": null, "exit": null}\n')
+    assert cli.main(["log", "--log", str(path)]) == 0
+    assert "x" in capsys.readouterr().out

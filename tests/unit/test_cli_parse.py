@@ -1,0 +1,280 @@
+"""Tests for the corral command line: the option parser and main()'s errors and exit codes.
+
+Nothing here launches a sandbox: every run either fails before launching or uses --explain.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from corral import cli, tiers
+from corral.errors import EXIT_REFUSED, EXIT_USAGE, CorralError
+from corral.tiers.base import Health
+from corral.tiers.namespace import NamespaceTier
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A clean workspace as cwd, and a home and state dir that are not the real ones."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("CORRAL_DEBUG", raising=False)
+    monkeypatch.chdir(ws)
+    return ws
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = cli.main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_error_line(err: str, fragment: str = "") -> None:
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("corral: ")
+    assert "Traceback" not in err
+    assert fragment in lines[0]
+
+
+# -- parse() --------------------------------------------------------------------------
+
+
+def test_parse_values_flags_and_repeats() -> None:
+    opts, command = cli.parse(
+        [
+            "--tier",
+            "none",
+            "--memory=1G",
+            "--writable",
+            "a",
+            "--writable=b=c",
+            "-q",
+            "--explain",
+            "--env",
+            "CI",
+            "--",
+            "cmd",
+            "--tier",
+        ],
+        cli.RUN_OPTIONS,
+        positional=True,
+    )
+    assert opts == {
+        "tier": "none",
+        "memory": "1G",
+        "writable": ["a", "b=c"],
+        "quiet": True,
+        "explain": True,
+        "env": ["CI"],
+    }
+    assert command == ["cmd", "--tier"]
+
+
+def test_parse_stops_at_first_positional() -> None:
+    opts, command = cli.parse(["--timeout", "5s", "ls", "-la", "--", "x"], cli.RUN_OPTIONS, True)
+    assert opts == {"timeout": "5s"}
+    assert command == ["ls", "-la", "--", "x"]
+    _, command = cli.parse(["-", "rest"], cli.RUN_OPTIONS, True)
+    assert command == ["-", "rest"]
+
+
+def test_parse_value_may_look_like_an_option() -> None:
+    opts, command = cli.parse(["--log", "--explain", "true"], cli.RUN_OPTIONS, True)
+    assert opts == {"log": "--explain"}
+    assert command == ["true"]
+
+
+def test_parse_empty_and_last_value_wins() -> None:
+    assert cli.parse([], cli.RUN_OPTIONS, True) == ({}, [])
+    assert cli.parse(["--"], cli.RUN_OPTIONS, True) == ({}, [])
+    opts, _ = cli.parse(["--tier", "a", "--tier=b", "--tier="], cli.RUN_OPTIONS, True)
+    assert opts == {"tier": ""}
+
+
+@pytest.mark.parametrize(
+    ("args", "positional", "fragment"),
+    [
+        (["--nope"], True, "unknown option --nope"),
+        (["--nope=1"], True, "unknown option --nope"),
+        (["-x"], True, "unknown option -x"),
+        (["--tier"], True, "needs a value"),
+        (["--quiet", "--memory"], True, "needs a value"),
+        (["--explain=yes"], True, "takes no value"),
+        (["stray"], False, "unexpected argument"),
+    ],
+)
+def test_parse_errors(args: list[str], positional: bool, fragment: str) -> None:
+    with pytest.raises(CorralError) as info:
+        cli.parse(args, cli.RUN_OPTIONS, positional)
+    assert info.value.code == EXIT_USAGE
+    assert fragment in info.value.message
+
+
+# -- main(): usage errors are one line and exit 2 -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["frobnicate"], "unknown command"),
+        (["run", "--bogus", "--", "true"], "unknown option --bogus"),
+        (["run"], "nothing to run"),
+        (["run", "--quiet", "--"], "nothing to run"),
+        (["run", "--memory", "lots", "--", "true"], "--memory"),
+        (["run", "--memory=12Q", "true"], "bad size"),
+        (["run", "--timeout", "0", "--", "true"], "--timeout"),
+        (["run", "--cpus", "many", "--", "true"], "--cpus"),
+        (["run", "--pids", "-1", "--", "true"], "--pids"),
+        (["run", "--output-limit", "x", "--", "true"], "--output-limit"),
+        (["run", "--env", "A=B", "--", "true"], "--env"),
+        (["run", "--tier", "nosuchtier", "--", "true"], "unknown tier 'nosuchtier'"),
+        (["run", "--workspace", "/", "--", "true"], "workspace cannot be /"),
+        (["run", "--tier"], "needs a value"),
+        (["doctor", "extra"], "unexpected argument"),
+        (["doctor", "--tier", "x"], "unknown option"),
+        (["log", "-n", "many"], "-n needs a whole number"),
+    ],
+)
+def test_main_usage_errors(
+    args: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_main(args, capsys)
+    assert code == EXIT_USAGE
+    assert out == ""
+    assert_one_error_line(err, fragment)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[limits\n", "[limits]\nmemory = 'lots'\n", "colour = 1\n", "[nope]\n"],
+)
+def test_main_bad_policy_file(
+    tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text(text)
+    code, _, err = run_main(["run", "--policy", str(broken), "--", "true"], capsys)
+    assert code == EXIT_USAGE
+    assert_one_error_line(err, str(broken))
+
+
+def test_main_bad_workspace_corral_toml(isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (isolated / "corral.toml").write_text("[limits]\ncpus = 0\n")
+    code, _, err = run_main(["run", "--", "true"], capsys)
+    assert code == EXIT_USAGE
+    assert_one_error_line(err, "corral.toml:2: limits.cpus")
+
+
+@pytest.mark.parametrize("flag", ["--memory", "--output-limit"])
+def test_main_infinite_size_is_usage_error(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(["run", flag, "inf", "--", "true"], capsys)
+    assert code == EXIT_USAGE
+    assert_one_error_line(err, flag)
+
+
+def test_main_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (["--help"], ["-h"], ["help"]):
+        code, out, err = run_main(args, capsys)
+        assert code == 0
+        assert out.startswith("usage: corral run")
+        assert err == ""
+    code, out, _ = run_main([], capsys)
+    assert code == EXIT_USAGE
+    assert out.startswith("usage:")
+    code, out, _ = run_main(["--version"], capsys)
+    assert code == 0
+    assert out.startswith("corral ")
+
+
+def test_main_planned_tier_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main(["run", "--tier", "landlock", "--", "true"], capsys)
+    assert code == EXIT_REFUSED == 122
+    assert out == ""
+    assert_one_error_line(err, "tier landlock is not available")
+
+
+def test_main_auto_refuses_without_a_tier(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(NamespaceTier, "health", lambda self, probe=False: Health(False, "nope"))
+    code, _, err = run_main(["run", "--", "true"], capsys)
+    assert code == EXIT_REFUSED
+    assert_one_error_line(err, "no sandbox tier is available")
+
+
+@pytest.mark.parametrize("tier", ["auto", "namespace", "none"])
+def test_explain_prints_plan_and_runs_nothing(
+    tier: str,
+    isolated: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(NamespaceTier, "health", lambda self, probe=False: Health(True, "test"))
+    marker = isolated / "marker"
+    code, out, err = run_main(
+        ["run", "--tier", tier, "--explain", "--", "touch", str(marker)], capsys
+    )
+    assert code == 0
+    assert err == ""
+    expected = "none" if tier == "none" else "namespace"
+    assert out.startswith(f"tier: {expected}\n")
+    assert f"workspace: {isolated}" in out
+    assert "argv: " in out
+    assert str(marker) in out
+    assert not marker.exists()
+    assert not (tmp_path / "state").exists()  # not even a log entry
+
+
+# -- doctor ------------------------------------------------------------------------------
+
+
+def test_doctor_json_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main(["doctor", "--json"], capsys)
+    assert code == 0
+    assert err == ""
+    data = json.loads(out)
+    assert [t["name"] for t in data["tiers"]] == list(tiers.REGISTRY)
+    for row in data["tiers"]:
+        assert isinstance(row["available"], bool)
+        assert isinstance(row["reason"], str) and row["reason"]
+        assert isinstance(row["summary"], str)
+    by_name = {t["name"]: t for t in data["tiers"]}
+    assert by_name["none"]["available"] is True
+    assert by_name["landlock"]["available"] is False
+    assert data["auto"] in (None, *tiers.AUTO_ORDER)
+    if data["auto"]:
+        assert by_name[data["auto"]]["available"] is True
+
+
+def test_doctor_text_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main(["doctor"], capsys)
+    assert code == 0
+    assert err == ""
+    lines = out.splitlines()
+    assert len(lines) == len(tiers.REGISTRY) + 1
+    for name, line in zip(tiers.REGISTRY, lines, strict=False):
+        assert line.split()[0] == name
+        assert line.split()[1] in ("available", "unavailable")
+    assert lines[-1].startswith("auto -> ")
+
+
+def test_doctor_survives_a_broken_health_check(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def boom(self: NamespaceTier, probe: bool = False) -> Health:
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(NamespaceTier, "health", boom)
+    code, out, _ = run_main(["doctor", "--json"], capsys)
+    assert code == 0
+    row = next(t for t in json.loads(out)["tiers"] if t["name"] == "namespace")
+    assert row["available"] is False
+    assert "kaboom" in row["reason"]

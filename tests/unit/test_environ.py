@@ -1,0 +1,110 @@
+"""Tests for corral.environ: what reaches the sandbox's environment, and its cwd."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from corral import defaults, environ
+from corral.policy import Policy
+
+HOST_ENV = {
+    "PATH": "/opt/bin:/usr/bin",
+    "HOME": "/home/someone",
+    "LANG": "C.UTF-8",
+    "TERM": "xterm",
+    "USER": "someone",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret-value",
+    "GITHUB_TOKEN": "ghp_secret",
+    "ANTHROPIC_API_KEY": "sk-ant-secret",
+    "SSH_AUTH_SOCK": "/run/user/1000/ssh-agent",
+    "LD_PRELOAD": "/tmp/evil.so",
+    "CI": "true",
+    "GOPATH": "/home/someone/go",
+}
+
+
+def test_only_base_names_pass_by_default(tmp_path: Path) -> None:
+    env = environ.sandbox_env(Policy(str(tmp_path)), HOST_ENV)
+    allowed = {*defaults.BASE_ENV, "CORRAL_SANDBOX"}
+    assert set(env) <= allowed
+    assert env["PATH"] == "/opt/bin:/usr/bin"
+    assert env["HOME"] == "/home/someone"
+    assert env["USER"] == "someone"
+    assert env["CORRAL_SANDBOX"] == "1"
+    assert "TZ" not in env  # absent on the host, so absent here
+    for secret in ("AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "ANTHROPIC_API_KEY"):
+        assert secret not in env
+    assert "SSH_AUTH_SOCK" not in env and "LD_PRELOAD" not in env
+    values = set(env.values())
+    assert not values & {"aws-secret-value", "ghp_secret", "sk-ant-secret"}
+
+
+def test_policy_pass_and_set(tmp_path: Path) -> None:
+    pol = Policy(str(tmp_path))
+    pol.env.pass_names = ["CI", "GOPATH", "NOT_ON_HOST"]
+    pol.env.set_values = {"GREETING": "hello", "LANG": "fr_FR.UTF-8"}
+    env = environ.sandbox_env(pol, HOST_ENV)
+    assert env["CI"] == "true"
+    assert env["GOPATH"] == "/home/someone/go"
+    assert "NOT_ON_HOST" not in env
+    assert env["GREETING"] == "hello"
+    assert env["LANG"] == "fr_FR.UTF-8"  # a set value wins over a passed one
+    assert set(env) == {*defaults.BASE_ENV, "CI", "GOPATH", "GREETING", "CORRAL_SANDBOX"} - {"TZ"}
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+
+
+def test_set_value_cannot_unset_sandbox_marker(tmp_path: Path) -> None:
+    pol = Policy(str(tmp_path))
+    pol.env.set_values = {"CORRAL_SANDBOX": "0"}
+    assert environ.sandbox_env(pol, {})["CORRAL_SANDBOX"] == "1"
+
+
+def test_fallbacks_for_empty_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    env = environ.sandbox_env(Policy(str(tmp_path)), {})
+    assert env == {
+        "PATH": defaults.FALLBACK_PATH,
+        "HOME": str(tmp_path / "home"),
+        "CORRAL_SANDBOX": "1",
+    }
+
+
+def test_defaults_to_os_environ(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_TEST_SECRET", "do-not-leak")
+    monkeypatch.setenv("TERM", "vt100")
+    env = environ.sandbox_env(Policy(str(tmp_path)))
+    assert "CORRAL_TEST_SECRET" not in env
+    assert env["TERM"] == "vt100"
+
+
+def test_cwd_inside_writable_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sub = tmp_path / "ws" / "pkg"
+    sub.mkdir(parents=True)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    pol = Policy(str(tmp_path / "ws"))
+    monkeypatch.chdir(sub)
+    assert environ.sandbox_cwd(pol, [str(tmp_path / "ws")]) == str(sub)
+    monkeypatch.chdir(extra)
+    assert environ.sandbox_cwd(pol, [str(tmp_path / "ws"), str(extra)]) == str(extra)
+
+
+def test_cwd_outside_writable_is_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws-sibling").mkdir()
+    pol = Policy(str(tmp_path / "ws"))
+    monkeypatch.chdir(tmp_path / "ws-sibling")  # shares a prefix, is not inside
+    assert environ.sandbox_cwd(pol, [str(tmp_path / "ws")]) == str(tmp_path / "ws")
+    monkeypatch.chdir(tmp_path)
+    assert environ.sandbox_cwd(pol, [str(tmp_path / "ws")]) == str(tmp_path / "ws")
+
+
+def test_cwd_through_symlink_is_resolved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "ws")
+    monkeypatch.chdir(tmp_path / "alias")
+    pol = Policy(os.path.realpath(tmp_path / "ws"))
+    assert environ.sandbox_cwd(pol, [pol.workspace]) == pol.workspace

@@ -1,0 +1,379 @@
+"""Tests for corral.fsplan.plan_filesystem on fake homes and workspaces under tmp_path.
+
+tmp_path lives under /tmp, which the plan treats as private (hidden by a tmpfs),
+so most tests point PRIVATE_TMP elsewhere to see the masks they are about.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral import fsplan
+from corral.errors import PolicyError
+from corral.fsplan import FsPlan, Mount, plan_filesystem
+from corral.policy import Policy
+
+REAL_PRIVATE_TMP = fsplan.PRIVATE_TMP
+
+
+class Layout:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.home = root / "home"
+        self.ws = root / "ws"
+        self.state = root / "state"
+
+
+@pytest.fixture
+def lay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Layout]:
+    layout = Layout(Path(os.path.realpath(tmp_path)))
+    layout.home.mkdir()
+    layout.ws.mkdir()
+    (layout.state / "corral").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(layout.home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(layout.state))
+    monkeypatch.setattr(fsplan, "host_unix_sockets", lambda *_: [])
+    monkeypatch.setattr(fsplan, "PRIVATE_TMP", (str(layout.root / "private-tmp"),))
+    yield layout
+
+
+def policy_for(lay: Layout, read_deny: list[str] | None = None) -> Policy:
+    """A policy on lay.ws; with ``read_deny`` the built-in lists are off (hermetic)."""
+    pol = Policy(str(lay.ws))
+    if read_deny is not None:
+        pol.filesystem.use_defaults = False
+        pol.filesystem.read_deny = read_deny
+    return pol
+
+
+def index(plan: FsPlan, mount: Mount) -> int:
+    return plan.mounts.index(mount)
+
+
+def dests(plan: FsPlan, kind: str) -> list[str]:
+    return [m.dest for m in plan.mounts if m.kind == kind]
+
+
+def bind_socket(path: Path) -> None:
+    """Create a unix socket file at ``path`` (relative bind keeps under the 108-byte limit)."""
+    here = os.getcwd()
+    os.chdir(path.parent)
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(path.name)
+    finally:
+        os.chdir(here)
+
+
+# -- base and order ------------------------------------------------------------------
+
+
+def test_base_mounts_come_first(lay: Layout, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fsplan, "PRIVATE_TMP", REAL_PRIVATE_TMP)
+    plan = plan_filesystem(policy_for(lay))
+    expected = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev"), Mount("proc", "/proc")]
+    expected += [Mount("tmpfs", t) for t in REAL_PRIVATE_TMP if os.path.isdir(t)]
+    assert plan.mounts[: len(expected)] == expected
+    assert Mount("tmpfs", "/tmp") in expected
+    assert plan.writable == [str(lay.ws)]
+    # The fake home lives under the private /tmp: nothing there needs a mask or a shadow.
+    assert not any(m.dest.startswith(str(lay.home)) for m in plan.mounts)
+
+
+def test_workspace_bound_read_write_after_shadows(lay: Layout) -> None:
+    extra = lay.root / "extra"
+    extra.mkdir()
+    pol = policy_for(lay, ["~/.aws/"])
+    pol.filesystem.writable = [str(extra)]
+    plan = plan_filesystem(pol)
+    ws_bind = index(plan, Mount("bind", str(lay.ws), str(lay.ws)))
+    extra_bind = index(plan, Mount("bind", str(extra), str(extra)))
+    shadow = index(plan, Mount("tmpfs", str(lay.home)))
+    assert shadow < ws_bind
+    assert shadow < extra_bind
+    assert sorted(plan.writable) == sorted([str(lay.ws), str(extra)])
+    assert dests(plan, "bind") == sorted([str(lay.ws), str(extra)], key=lambda p: (p.count("/"), p))
+
+
+def test_existing_secrets_become_masks(lay: Layout) -> None:
+    (lay.home / ".ssh").mkdir()
+    (lay.home / ".ssh" / "id_ed25519").write_text("key")
+    (lay.home / ".netrc").write_text("machine x password y")
+    plan = plan_filesystem(policy_for(lay))
+    assert Mount("mask-dir", str(lay.home / ".ssh")) in plan.mounts
+    assert Mount("mask-file", str(lay.home / ".netrc")) in plan.mounts
+    # nothing is laid inside a masked directory
+    assert not any(m.dest.startswith(str(lay.home / ".ssh") + "/") for m in plan.mounts)
+    # corral's own state (activity log, quarantine) is hidden too
+    assert Mount("mask-dir", str(lay.state / "corral")) in plan.mounts
+
+
+def test_missing_secret_shadows_home(lay: Layout) -> None:
+    (lay.home / ".ssh").mkdir()
+    (lay.home / ".bashrc").write_text("")
+    (lay.home / "link").symlink_to("somewhere/else")
+    bind_socket(lay.home / "agent.sock")
+    home = str(lay.home)
+    plan = plan_filesystem(policy_for(lay, ["~/.aws/", "~/.ssh/"]))
+    start = index(plan, Mount("tmpfs", home))
+    assert plan.mounts[start : start + 4] == [
+        Mount("tmpfs", home),
+        Mount("ro-bind", f"{home}/.bashrc", f"{home}/.bashrc"),
+        Mount("ro-bind", f"{home}/.ssh", f"{home}/.ssh"),
+        Mount("symlink", f"{home}/link", "somewhere/else"),
+    ]
+    assert not any(m.dest == f"{home}/agent.sock" for m in plan.mounts)
+    assert not any(m.dest == f"{home}/.aws" for m in plan.mounts)
+    # the mask of the existing ~/.ssh comes after its ro-bind in the snapshot
+    assert index(plan, Mount("mask-dir", f"{home}/.ssh")) > start + 2
+    # and the snapshot is remounted read-only last
+    remount = index(plan, Mount("remount-ro", home))
+    assert remount > index(plan, Mount("mask-dir", f"{home}/.ssh"))
+    assert all(m.kind == "remount-ro" for m in plan.mounts[remount:])
+    assert dests(plan, "remount-ro") == [home]
+
+
+def test_missing_nested_secret_shadows_nearest_ancestor(lay: Layout) -> None:
+    (lay.home / ".config").mkdir()
+    plan = plan_filesystem(policy_for(lay, ["~/.config/gcloud/"]))
+    assert dests(plan, "tmpfs") == [str(lay.home / ".config")]
+    assert dests(plan, "remount-ro") == [str(lay.home / ".config")]
+
+
+def test_default_lists_shadow_home_when_a_secret_is_missing(lay: Layout) -> None:
+    plan = plan_filesystem(policy_for(lay))
+    assert Mount("tmpfs", str(lay.home)) in plan.mounts
+    assert Mount("remount-ro", str(lay.home)) in plan.mounts
+
+
+def test_missing_host_wide_secret_is_left_alone(lay: Layout) -> None:
+    plan = plan_filesystem(policy_for(lay, ["/etc/corral-test-no-such-dir/secret"]))
+    assert dests(plan, "tmpfs") == []
+    assert not any("corral-test-no-such-dir" in m.dest for m in plan.mounts)
+
+
+def test_missing_secret_under_never_shadow_is_a_note(
+    lay: Layout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", "/usr")  # a home that must never be snapshotted
+    plan = plan_filesystem(policy_for(lay, ["~/corral-test-no-such-dir/secret"]))
+    assert dests(plan, "tmpfs") == []
+    assert any("/usr/corral-test-no-such-dir/secret" in n for n in plan.notes)
+
+
+def test_missing_secret_inside_workspace_needs_no_shadow(lay: Layout) -> None:
+    plan = plan_filesystem(policy_for(lay, ["secrets/"]))
+    assert dests(plan, "tmpfs") == []
+    assert not any(m.dest == str(lay.ws / "secrets") for m in plan.mounts)
+
+
+def test_masks_follow_binds_sorted_by_depth(lay: Layout) -> None:
+    (lay.home / ".ssh").mkdir()
+    (lay.home / ".netrc").write_text("")
+    (lay.home / ".config" / "gh").mkdir(parents=True)
+    (lay.ws / ".env").write_text("A=1")
+    (lay.ws / "deep" / "er").mkdir(parents=True)
+    (lay.ws / "deep" / "er" / ".env.local").write_text("A=1")
+    (lay.ws / ".git" / "hooks").mkdir(parents=True)
+    (lay.ws / ".git" / "config").write_text("")
+    plan = plan_filesystem(policy_for(lay, ["~/.ssh/", "~/.netrc", "~/.config/gh/"]))
+    last_bind = max(i for i, m in enumerate(plan.mounts) if m.kind == "bind")
+    protect = [m for m in plan.mounts if m.kind.startswith("mask") or m.why.startswith("git")]
+    assert len(protect) >= 7
+    assert all(index(plan, m) > last_bind for m in protect)
+    first = min(index(plan, m) for m in protect)
+    section = plan.mounts[first : first + len(protect)]
+    assert sorted(section, key=lambda m: (m.dest.count("/"), m.dest)) == section
+
+
+def test_no_mask_nested_in_a_mask_dir(lay: Layout) -> None:
+    (lay.home / ".ssh").mkdir()
+    (lay.home / ".ssh" / "id_rsa").write_text("")
+    (lay.home / ".ssh" / "keys").mkdir()
+    plan = plan_filesystem(policy_for(lay, ["~/.ssh/", "~/.ssh/id_rsa", "~/.ssh/keys/"]))
+    assert [m for m in plan.mounts if m.kind.startswith("mask")] == [
+        Mount("mask-dir", str(lay.home / ".ssh")),
+        Mount("mask-dir", str(lay.state / "corral")),
+    ]
+
+
+def test_no_mount_inside_a_mask_dir_after_it(lay: Layout) -> None:
+    (lay.home / ".config" / "git").mkdir(parents=True)
+    plan = plan_filesystem(policy_for(lay, ["~/.config/", "~/.config/git/credentials"]))
+    for i, mask in enumerate(plan.mounts):
+        if mask.kind != "mask-dir":
+            continue
+        inside = [m for m in plan.mounts[i + 1 :] if m.dest.startswith(mask.dest + "/")]
+        assert inside == [], f"{inside} laid after {mask}"
+
+
+# -- the workspace -------------------------------------------------------------------
+
+
+def test_git_dirs_are_read_only(lay: Layout) -> None:
+    ws = lay.ws
+    for git in (ws / ".git", ws / "sub" / ".git"):
+        (git / "hooks").mkdir(parents=True)
+        (git / "config").write_text("[core]\n\tbare = false\n")
+        (git / "HEAD").write_text("ref: refs/heads/main\n")
+    module = ws / ".git" / "modules" / "x"
+    (module / "hooks").mkdir(parents=True)
+    (module / "HEAD").write_text("ref: refs/heads/main\n")
+    (module / "config").write_text("")
+    nested_name = ws / ".git" / "modules" / "libs" / "y"  # submodule at path libs/y
+    nested_name.mkdir(parents=True)
+    (nested_name / "HEAD").write_text("x\n")
+    (nested_name / "config").write_text("")
+    plan = plan_filesystem(policy_for(lay, []))
+    ro = set(dests(plan, "ro-bind"))
+    for path in (
+        ws / ".git" / "hooks",
+        ws / ".git" / "config",
+        ws / "sub" / ".git" / "hooks",
+        ws / "sub" / ".git" / "config",
+        module / "hooks",
+        module / "config",
+        nested_name / "config",
+    ):
+        assert str(path) in ro, path
+    assert Mount("ro-bind", str(module / "hooks"), str(module / "hooks")) in plan.mounts
+    # missing ones cannot be mounted over without creating them: quarantined instead
+    assert str(nested_name / "hooks") in plan.quarantine
+    assert str(ws / ".git" / "config.worktree") in plan.quarantine
+    assert str(ws / ".git" / "HEAD") not in ro
+
+
+def test_gitfile_is_not_a_git_dir(lay: Layout) -> None:
+    (lay.ws / "wt").mkdir()
+    (lay.ws / "wt" / ".git").write_text("gitdir: /elsewhere\n")
+    scan = fsplan.scan_workspace(str(lay.ws))
+    assert scan.git_dirs == []
+
+
+@pytest.mark.parametrize("value", [".githooks", '".githooks"  # moved'])
+def test_core_hooks_path_is_protected(lay: Layout, value: str) -> None:
+    git = lay.ws / ".git"
+    (git / "hooks").mkdir(parents=True)
+    (git / "config").write_text(f"[user]\n\tname = x\n[core]\n\thooksPath = {value}\n")
+    (lay.ws / ".githooks").mkdir()
+    plan = plan_filesystem(policy_for(lay, []))
+    hooks = str(lay.ws / ".githooks")
+    assert Mount("ro-bind", hooks, hooks) in plan.mounts
+
+
+def test_missing_core_hooks_path_is_quarantined(lay: Layout) -> None:
+    git = lay.ws / ".git"
+    git.mkdir()
+    (git / "config").write_text("[core]\nHooksPath = tools/hooks\n")
+    plan = plan_filesystem(policy_for(lay, []))
+    assert str(lay.ws / "tools" / "hooks") in plan.quarantine
+
+
+def test_hooks_path_only_in_core_section(lay: Layout) -> None:
+    git = lay.ws / ".git"
+    git.mkdir()
+    (git / "config").write_text("[alias]\nhooksPath = nope\n")
+    assert fsplan._hooks_path(str(git)) is None
+
+
+def test_missing_write_deny_is_quarantined_not_mounted(lay: Layout) -> None:
+    (lay.ws / ".idea").mkdir()
+    (lay.ws / ".envrc").write_text("")
+    plan = plan_filesystem(policy_for(lay))
+    vscode = str(lay.ws / ".vscode")
+    assert vscode in plan.quarantine
+    assert str(lay.ws / "corral.toml") in plan.quarantine
+    assert not any(m.dest == vscode for m in plan.mounts)
+    assert Mount("ro-bind", str(lay.ws / ".idea"), str(lay.ws / ".idea")) in plan.mounts
+    assert Mount("ro-bind", str(lay.ws / ".envrc"), str(lay.ws / ".envrc")) in plan.mounts
+
+
+def test_write_deny_symlink_out_of_workspace_needs_nothing(lay: Layout) -> None:
+    outside = lay.root / "outside"
+    outside.mkdir()
+    (lay.ws / ".vscode").symlink_to(outside)
+    plan = plan_filesystem(policy_for(lay, []))
+    assert not any(m.dest in (str(outside), str(lay.ws / ".vscode")) for m in plan.mounts)
+    assert str(lay.ws / ".vscode") not in plan.quarantine
+
+
+def test_env_files_in_workspace_are_masked(lay: Layout) -> None:
+    ws = lay.ws
+    (ws / "a" / "b").mkdir(parents=True)
+    (ws / "node_modules").mkdir()
+    secrets = [ws / ".env", ws / ".env.local", ws / "a" / ".env", ws / "a" / "b" / ".env.prod"]
+    secrets += [ws / "a" / ".npmrc"]
+    templates = [ws / ".env.example", ws / "a" / ".env.sample", ws / ".env.template"]
+    for path in [*secrets, *templates, ws / "node_modules" / ".env", ws / "env"]:
+        path.write_text("TOKEN=x\n")
+    plan = plan_filesystem(policy_for(lay, []))
+    masks = set(dests(plan, "mask-file"))
+    for path in secrets:
+        assert str(path) in masks, path
+    for path in templates:
+        assert str(path) not in masks, path
+    assert str(ws / "env") not in masks
+    assert str(ws / "node_modules" / ".env") not in masks  # skipped directory
+
+
+def test_writable_path_must_exist(lay: Layout) -> None:
+    pol = policy_for(lay, [])
+    pol.filesystem.writable = ["does-not-exist"]
+    with pytest.raises(PolicyError, match="does-not-exist"):
+        plan_filesystem(pol)
+    (lay.ws / "file").write_text("")
+    pol.filesystem.writable = ["file"]
+    with pytest.raises(PolicyError, match="not a directory"):
+        plan_filesystem(pol)
+
+
+# -- host unix sockets -------------------------------------------------------------------
+
+
+def test_visible_host_socket_is_masked(lay: Layout, monkeypatch: pytest.MonkeyPatch) -> None:
+    (lay.root / "run").mkdir()
+    sock = lay.root / "run" / "d.sock"
+    bind_socket(sock)
+    private = lay.root / "private-tmp"
+    private.mkdir()
+    hidden = private / "x.sock"
+    bind_socket(hidden)
+    (lay.root / "plain").write_text("")
+    fake = [str(sock), str(hidden), str(lay.root / "gone.sock"), str(lay.root / "plain")]
+    monkeypatch.setattr(fsplan, "host_unix_sockets", lambda *_: fake)
+    plan = plan_filesystem(policy_for(lay, []))
+    assert Mount("mask-file", str(sock)) in plan.mounts
+    assert dests(plan, "mask-file") == [str(sock)]
+
+
+def test_host_unix_sockets_parses_proc_net_unix(tmp_path: Path) -> None:
+    table = tmp_path / "unix"
+    table.write_text(
+        "Num       RefCount Protocol Flags    Type St Inode Path\n"
+        "0000: 00000002 00000000 00010000 0001 01 1001 /run/b.sock\n"
+        "0000: 00000002 00000000 00010000 0001 01 1002 @abstract\n"
+        "0000: 00000002 00000000 00000000 0002 01 1003\n"
+        "0000: 00000002 00000000 00010000 0001 01 1004 /var/with space.sock\n"
+        "0000: 00000002 00000000 00010000 0001 01 1005 /run/a.sock\n"
+        "0000: 00000002 00000000 00010000 0001 01 1006 /run/a.sock\n"
+    )
+    assert fsplan.host_unix_sockets(str(table)) == [
+        "/run/a.sock",
+        "/run/b.sock",
+        "/var/with space.sock",
+    ]
+    assert fsplan.host_unix_sockets(str(tmp_path / "missing")) == []
+
+
+def test_mount_repr_and_equality() -> None:
+    a = Mount("ro-bind", "/x", "/x", "why")
+    assert a == Mount("ro-bind", "/x", "/x")
+    assert hash(a) == hash(Mount("ro-bind", "/x", "/x"))
+    assert a != Mount("bind", "/x", "/x")
+    assert repr(a) == "ro-bind /x  # why"
+    assert repr(Mount("symlink", "/l", "t")) == "symlink t /l"

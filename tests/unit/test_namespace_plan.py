@@ -1,0 +1,173 @@
+"""Tests for the namespace tier's plan: bwrap argv, mount arguments, fds, no secrets in argv."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from corral import fsplan
+from corral.fsplan import Mount
+from corral.policy import Policy
+from corral.tiers import namespace
+from corral.tiers.base import Plan
+from corral.tiers.namespace import FD_EMPTY, FD_SECCOMP, FD_STATUS, NamespaceTier, mount_args
+
+SET_VALUE = "set-value-7d1c0e9b"
+PASSED_VALUE = "passed-value-52aa41f3"
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = Path(os.path.realpath(tmp_path))
+    (root / "home").mkdir()
+    (root / "ws").mkdir()
+    monkeypatch.setenv("HOME", str(root / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(root / "state"))
+    monkeypatch.setattr(fsplan, "host_unix_sockets", lambda *_: [])
+    monkeypatch.chdir(root / "ws")
+    return root / "ws"
+
+
+def make_plan(ws: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> Plan:
+    monkeypatch.setenv("CORRAL_TEST_PASSED", PASSED_VALUE)
+    pol = Policy(str(ws))
+    pol.env.set_values = {"CORRAL_TEST_SET": SET_VALUE}
+    pol.env.pass_names = ["CORRAL_TEST_PASSED"]
+    return NamespaceTier().plan(pol, command)
+
+
+def test_argv_has_every_hardening_flag(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = make_plan(workspace, monkeypatch, ["true"])
+    argv = plan.argv
+    assert os.path.basename(argv[0]) == "bwrap"
+    sep = argv.index("--")
+    options = argv[1:sep]
+    for flag in (
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-net",
+        "--unshare-cgroup",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+    ):
+        assert flag in options, flag
+    assert options[options.index("--cap-drop") + 1] == "ALL"
+    assert options[options.index("--json-status-fd") + 1] == str(FD_STATUS) == "3"
+    assert options[options.index("--seccomp") + 1] == str(FD_SECCOMP) == "4"
+    assert options[options.index("--chdir") + 1] == str(workspace)
+    assert argv[sep:] == ["--", "true"]
+    assert plan.tier == "namespace"
+    assert plan.cgroup is None  # no limits asked for
+    assert plan.seccomp
+
+
+def test_command_follows_separator_verbatim(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    command = ["sh", "-c", "echo --unshare-net", "--", "-x"]
+    plan = make_plan(workspace, monkeypatch, command)
+    assert plan.argv[plan.argv.index("--") + 1 :] == command
+
+
+def test_mount_args_for_every_kind() -> None:
+    mounts = [
+        Mount("ro-bind", "/", "/"),
+        Mount("dev", "/dev"),
+        Mount("proc", "/proc"),
+        Mount("tmpfs", "/tmp"),
+        Mount("bind", "/ws", "/ws"),
+        Mount("ro-bind", "/ws/.git/hooks"),  # src defaults to dest
+        Mount("symlink", "/home/u/link", "target"),
+        Mount("mask-dir", "/home/u/.ssh"),
+        Mount("mask-file", "/home/u/.netrc"),
+        Mount("mask-file", "/ws/.env"),
+        Mount("remount-ro", "/home/u"),
+    ]
+    args, fds = mount_args(mounts)
+    assert fds == [FD_EMPTY, FD_EMPTY + 1]
+    text = " ".join(args)
+    assert text.startswith(
+        "--ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --bind /ws /ws "
+        "--ro-bind /ws/.git/hooks /ws/.git/hooks --symlink target /home/u/link "
+        "--perms 0000 --tmpfs /home/u/.ssh "
+    )
+    assert f"--perms 0000 --ro-bind-data {FD_EMPTY} /home/u/.netrc" in text
+    assert f"--perms 0000 --ro-bind-data {FD_EMPTY + 1} /ws/.env" in text
+    assert text.endswith("--remount-ro /home/u")
+    assert text.index("/home/u/.netrc") < text.index("/ws/.env") < text.index("--remount-ro")
+
+
+def test_unknown_mount_kind_raises() -> None:
+    with pytest.raises(ValueError, match="overlay"):
+        mount_args([Mount("overlay", "/x")])
+
+
+def test_one_fd_per_mask_file(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (".env", ".env.local", ".npmrc"):
+        (workspace / name).write_text("TOKEN=x\n")
+    plan = make_plan(workspace, monkeypatch, ["true"])
+    mask_files = [m for m in plan.mounts if m.kind == "mask-file"]
+    assert len(mask_files) >= 3
+    empty = sorted(fd for fd, what in plan.fds.items() if what == "empty")
+    assert empty == list(range(FD_EMPTY, FD_EMPTY + len(mask_files)))
+    assert plan.fds[FD_STATUS] == "status"
+    assert plan.fds[FD_SECCOMP] == "seccomp"
+    argv = plan.argv
+    used = [int(argv[i + 1]) for i, a in enumerate(argv) if a == "--ro-bind-data"]
+    assert used == empty  # each fd consumed exactly once, in order
+    for mount in mask_files:
+        at = argv.index(mount.dest)
+        assert argv[at - 4 : at - 1] == ["--perms", "0000", "--ro-bind-data"]
+        assert plan.fds[int(argv[at - 1])] == "empty"
+
+
+def test_no_environment_value_in_argv(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = make_plan(workspace, monkeypatch, ["env"])
+    assert plan.env["CORRAL_TEST_SET"] == SET_VALUE
+    assert plan.env["CORRAL_TEST_PASSED"] == PASSED_VALUE
+    joined = " ".join(plan.argv)
+    assert SET_VALUE not in joined
+    assert PASSED_VALUE not in joined
+    assert "CORRAL_TEST_SET" not in joined  # not even as --setenv NAME
+
+
+def test_describe_names_env_but_not_values(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = make_plan(workspace, monkeypatch, ["true"])
+    text = plan.describe()
+    env_line = next(line for line in text.splitlines() if line.startswith("env: "))
+    assert "CORRAL_TEST_SET" in env_line.split()
+    assert "CORRAL_TEST_PASSED" in env_line.split()
+    assert SET_VALUE not in text
+    assert PASSED_VALUE not in text
+    assert "tier: namespace" in text
+    assert "mounts:" in text
+    assert f"workspace: {workspace}" in text
+
+
+def test_find_bwrap_prefers_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(stat.S_IRWXU)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    assert namespace.find_bwrap() == str(fake)
+
+
+def test_find_bwrap_ignores_relative_path_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planted = tmp_path / "bwrap"
+    planted.write_text("#!/bin/sh\n")
+    planted.chmod(stat.S_IRWXU)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", ":/nonexistent-corral-bin")
+    found = namespace.find_bwrap()
+    assert found is None or os.path.isabs(found)

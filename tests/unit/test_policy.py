@@ -1,0 +1,406 @@
+"""Tests for corral.policy: defaults, the TOML loader, its errors and the value parsers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from corral import defaults, policy
+from corral.errors import EXIT_USAGE, PolicyError
+from corral.policy import Policy
+
+FULL_POLICY = """\
+# a complete corral.toml
+tier = "namespace"
+
+[filesystem]
+writable = ["build", "~/cache"]
+read_deny = ["secrets/", "~/private.txt"]
+write_deny = ["Makefile"]
+defaults = false
+
+[env]
+pass = ["CI", "GOPATH"]
+
+[env.set]
+GREETING = "hello"
+
+[limits]
+timeout = "5m"
+memory = "512M"
+pids = 64
+cpus = 1.5
+output = "1M"
+
+[network]
+mode = "proxy"
+allow = ["pypi.org"]
+deny = ["example.com"]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "corral.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def load_error(path: Path, workspace: Path) -> PolicyError:
+    with pytest.raises(PolicyError) as info:
+        policy.load_file(str(path), Policy(str(workspace)))
+    return info.value
+
+
+# -- defaults -----------------------------------------------------------------
+
+
+def test_defaults_workspace_is_realpath_of_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.chdir(link)
+    pol = policy.load()
+    assert pol.workspace == os.path.realpath(real)
+    assert pol.tier == "auto"
+    assert pol.network.mode == "none"
+    assert pol.network.allow == [] and pol.network.deny == []
+    assert pol.limits.output == defaults.OUTPUT_LIMIT
+    assert pol.limits.timeout is None and pol.limits.memory is None
+    assert pol.limits.pids is None and pol.limits.cpus is None
+    assert pol.source is None
+    assert pol.filesystem.use_defaults is True
+    assert pol.env.pass_names == [] and pol.env.set_values == {}
+
+
+def test_explicit_workspace_is_resolved(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    pol = policy.load(str(tmp_path / "ws" / ".." / "ws"))
+    assert pol.workspace == os.path.realpath(tmp_path / "ws")
+
+
+def test_workspace_root_is_refused() -> None:
+    with pytest.raises(PolicyError) as info:
+        policy.load("/")
+    assert info.value.code == EXIT_USAGE
+    assert "/" in info.value.message
+
+
+def test_workspace_corral_toml_is_found(tmp_path: Path) -> None:
+    write(tmp_path, 'tier = "none"\n')
+    pol = policy.load(str(tmp_path))
+    assert pol.tier == "none"
+    assert pol.source == str(tmp_path / "corral.toml")
+
+
+def test_full_policy_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    path = write(tmp_path, FULL_POLICY)
+    pol = policy.load(str(tmp_path), str(path))
+    assert pol.tier == "namespace"
+    assert pol.source == str(path)
+    assert pol.filesystem.writable == ["build", "~/cache"]
+    assert pol.filesystem.read_deny == ["secrets/", "~/private.txt"]
+    assert pol.filesystem.write_deny == ["Makefile"]
+    assert pol.filesystem.use_defaults is False
+    assert pol.env.pass_names == ["CI", "GOPATH"]
+    assert pol.env.set_values == {"GREETING": "hello"}
+    assert pol.limits.timeout == 300.0
+    assert pol.limits.memory == 512 << 20
+    assert pol.limits.pids == 64
+    assert pol.limits.cpus == 1.5
+    assert pol.limits.output == 1 << 20
+    assert pol.network.mode == "proxy"
+    assert pol.network.allow == ["pypi.org"]
+    assert pol.network.deny == ["example.com"]
+    assert pol.writable_paths() == [
+        str(tmp_path),
+        str(tmp_path / "build"),
+        str(tmp_path / "home" / "cache"),
+    ]
+    assert pol.read_deny_paths() == [
+        str(tmp_path / "secrets") + "/",
+        str(tmp_path / "home" / "private.txt"),
+    ]
+    canonical = pol.to_dict()
+    env = canonical["env"]
+    assert isinstance(env, dict)
+    assert env["set"] == ["GREETING"]  # names only: values never reach the digest or --explain
+    assert "hello" not in repr(canonical)
+
+
+# -- error paths: file, line and dotted key -------------------------------------
+
+ERROR_CASES = [
+    # (toml text, line, dotted key, a fragment of the reason)
+    ('tier = "none"\ncolour = "red"\n', 2, "colour", "unknown key"),
+    ("[limits]\nmemory = 1\nspeed = 3\n", 3, "limits.speed", "unknown key"),
+    ("\n[filesytem]\nwritable = []\n", 2, "filesytem", "unknown section"),
+    ('[filesystem]\nwritable = "build"\n', 2, "filesystem.writable", "list of strings"),
+    ("[filesystem]\nread_deny = [1, 2]\n", 2, "filesystem.read_deny", "list of strings"),
+    ('[network]\nallow = "x"\n', 2, "network.allow", "list of strings"),
+    ("[filesystem]\n\ndefaults = 1\n", 3, "filesystem.defaults", "true or false"),
+    ("tier = 5\n", 1, "tier", "string"),
+    ('[limits]\nmemory = "12Q"\n', 2, "limits.memory", "bad size"),
+    ('[limits]\nmemory = "-1M"\n', 2, "limits.memory", "bad size"),
+    ('[limits]\n# comment\noutput = "abc"\n', 3, "limits.output", "bad size"),
+    ('[limits]\ntimeout = "10x"\n', 2, "limits.timeout", "bad duration"),
+    ("[limits]\ntimeout = 0\n", 2, "limits.timeout", "more than zero"),
+    ('[limits]\npids = "many"\n', 2, "limits.pids", "bad pids"),
+    ("[limits]\ncpus = 0\n", 2, "limits.cpus", "between"),
+    ('[network]\nmode = "open"\n', 2, "network.mode", "mode must be one of"),
+    ('[env]\npass = ["A=B"]\n', 2, "env.pass", "bad environment variable name"),
+    ("[env]\nset = 3\n", 2, "env.set", "table"),
+    ('[limits] # the limits\nmemory = "1Z"\n', 2, "limits.memory", "bad size"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "dotted", "reason"), ERROR_CASES)
+def test_error_names_file_line_and_key(
+    tmp_path: Path, text: str, line: int, dotted: str, reason: str
+) -> None:
+    path = write(tmp_path, text)
+    err = load_error(path, tmp_path)
+    assert err.code == EXIT_USAGE
+    assert f"{path}:{line}: {dotted}:" in err.message
+    assert reason in err.message
+    assert "\n" not in err.message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[limits\nmemory = 1\n",
+        'tier = "none"\ntier = "auto"\n',
+        'tier = "unterminated\n',
+    ],
+)
+def test_invalid_toml_names_file_and_position(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, text)
+    err = load_error(path, tmp_path)
+    assert err.code == EXIT_USAGE
+    assert err.message.startswith(f"{path}: invalid TOML")
+    assert "line" in err.message
+
+
+def test_not_utf8_and_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_bytes(b'tier = "\xff"\n')
+    assert load_error(path, tmp_path).message == f"{path}: policy file is not UTF-8"
+    missing = tmp_path / "missing.toml"
+    assert str(missing) in load_error(missing, tmp_path).message
+
+
+def test_explicit_policy_error_from_load(tmp_path: Path) -> None:
+    path = write(tmp_path, "[limits]\nmemory = 'lots'\n", "p.toml")
+    with pytest.raises(PolicyError) as info:
+        policy.load(str(tmp_path), str(path))
+    assert f"{path}:2: limits.memory" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "dotted"),
+    [
+        ("[env]\npass = []\n\n[env.set]\nA = 1\n", 4, "env.set"),  # the table's header
+        ('tier = "none"\nlimits.memory = "12Q"\n', 2, "limits.memory"),
+        ("[filesystem.extra]\nx = 1\n", 1, "filesystem.extra"),
+    ],
+)
+def test_error_line_for_subtables_and_dotted_keys(
+    tmp_path: Path, text: str, line: int, dotted: str
+) -> None:
+    path = write(tmp_path, text)
+    assert f"{path}:{line}: {dotted}" in load_error(path, tmp_path).message
+
+
+# -- value parsers ---------------------------------------------------------------
+
+M = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("512M", 512 * M),
+        ("512m", 512 * M),
+        ("512MB", 512 * M),
+        ("512MiB", 512 * M),
+        ("1.5G", 3 << 29),
+        ("100k", 100 << 10),
+        ("2T", 2 << 40),
+        ("4096", 4096),
+        ("4096b", 4096),
+        (" 64M ", 64 * M),
+        ("0", 0),
+        (4096, 4096),
+    ],
+)
+def test_parse_size_good(value: object, expected: int) -> None:
+    assert policy.parse_size(value) == expected
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["12Q", "-1M", "abc", "", "M", "1kk", "nan", "1..5M", True, 1.5, None, ["1M"]],
+)
+def test_parse_size_bad(value: object) -> None:
+    with pytest.raises(ValueError):
+        policy.parse_size(value)
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", 10**400])
+def test_parse_size_overflow_is_value_error(value: object) -> None:
+    with pytest.raises(ValueError):
+        policy.parse_size(value)
+
+
+@pytest.mark.parametrize("parser", [policy.parse_duration, policy.parse_cpus])
+def test_huge_integer_is_value_error(parser: object) -> None:
+    assert callable(parser)
+    with pytest.raises(ValueError):
+        parser(10**400)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("30", 30.0),
+        ("30s", 30.0),
+        ("500ms", 0.5),
+        ("5m", 300.0),
+        ("1h", 3600.0),
+        ("1.5m", 90.0),
+        (" 2S ", 2.0),
+        (30, 30.0),
+        (0.25, 0.25),
+    ],
+)
+def test_parse_duration_good(value: object, expected: float) -> None:
+    assert policy.parse_duration(value) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", "s", "10x", "10d", "-5s", "0", "0ms", "abc", "inf", "nan", "5hs", True, None, [1]],
+)
+def test_parse_duration_bad(value: object) -> None:
+    with pytest.raises(ValueError):
+        policy.parse_duration(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("1.5", 1.5), (2, 2.0), (0.5, 0.5), ("0.01", 0.01), (4096, 4096.0)]
+)
+def test_parse_cpus_good(value: object, expected: float) -> None:
+    assert policy.parse_cpus(value) == expected
+
+
+@pytest.mark.parametrize("value", ["0", 0, -1, "lots", 5000, "nan", "inf", True, None])
+def test_parse_cpus_bad(value: object) -> None:
+    with pytest.raises(ValueError):
+        policy.parse_cpus(value)
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", 1), (64, 64), (" 8 ", 8)])
+def test_parse_pids_good(value: object, expected: int) -> None:
+    assert policy.parse_pids(value) == expected
+
+
+@pytest.mark.parametrize("value", ["0", 0, -3, "1.5", 1.5, "many", "", True, None])
+def test_parse_pids_bad(value: object) -> None:
+    with pytest.raises(ValueError):
+        policy.parse_pids(value)
+
+
+@pytest.mark.parametrize("name", ["", "A=B", "A\0B", 5, None])
+def test_check_env_name_bad(name: object) -> None:
+    with pytest.raises(ValueError):
+        policy.check_env_name(name)
+
+
+# -- derived views -----------------------------------------------------------------
+
+
+def test_expand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    pol = Policy(str(tmp_path / "ws"))
+    assert pol.home() == str(home)
+    assert pol.expand("~") == str(home)
+    assert pol.expand("~/.ssh") == str(home / ".ssh")
+    assert pol.expand("~/a/../b") == str(home / "b")
+    assert pol.expand("build") == str(tmp_path / "ws" / "build")
+    assert pol.expand("./build/") == str(tmp_path / "ws" / "build")
+    assert pol.expand("../sibling") == str(tmp_path / "sibling")
+    assert pol.expand("/etc//passwd") == "/etc/passwd"
+
+
+def test_read_deny_paths_keep_trailing_slash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    pol = Policy(str(tmp_path / "ws"))
+    pol.filesystem.read_deny = ["secrets/", "key.pem", "/"]
+    paths = pol.read_deny_paths()
+    assert str(home / ".ssh") + "/" in paths
+    assert str(home / ".netrc") in paths
+    assert "/etc/shadow" in pol.read_deny_if_present()
+    assert str(tmp_path / "ws" / "secrets") + "/" in paths
+    assert str(tmp_path / "ws" / "key.pem") in paths
+    assert "/" in paths  # never "//"
+    assert len(paths) == len(defaults.READ_DENY_HOME) + 3
+    pol.filesystem.use_defaults = False
+    assert pol.read_deny_paths() == [
+        str(tmp_path / "ws" / "secrets") + "/",
+        str(tmp_path / "ws" / "key.pem"),
+        "/",
+    ]
+
+
+def test_write_deny_patterns_default(tmp_path: Path) -> None:
+    pol = Policy(str(tmp_path))
+    patterns = pol.write_deny_patterns()
+    assert defaults.POLICY_FILENAME in patterns
+    assert ".vscode/" in patterns
+    assert ".envrc" in patterns
+    pol.filesystem.write_deny = ["Makefile"]
+    assert pol.write_deny_patterns()[-1] == "Makefile"
+
+
+def test_write_deny_patterns_protect_policy_file_in_workspace(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    path = write(tmp_path / "conf", 'tier = "none"\n', "agent.toml")
+    pol = policy.load(str(tmp_path), str(path))
+    assert os.path.join("conf", "agent.toml") in pol.write_deny_patterns()
+
+
+def test_write_deny_patterns_policy_file_outside_workspace(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    path = write(tmp_path, 'tier = "none"\n', "outside.toml")
+    pol = policy.load(str(tmp_path / "ws"), str(path))
+    patterns = pol.write_deny_patterns()
+    assert defaults.POLICY_FILENAME in patterns
+    assert not any("outside.toml" in p for p in patterns)
+
+
+def test_write_deny_keeps_corral_toml_with_policy_in_workspace(tmp_path: Path) -> None:
+    path = write(tmp_path, 'tier = "none"\n', "agent.toml")
+    pol = policy.load(str(tmp_path), str(path))
+    patterns = pol.write_deny_patterns()
+    assert "agent.toml" in patterns
+    assert defaults.POLICY_FILENAME in patterns
+
+
+def test_write_deny_policy_file_via_symlinked_workspace(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    path = write(real, 'tier = "none"\n', "agent.toml")
+    pol = policy.load(str(link), str(link / path.name))
+    assert "agent.toml" in pol.write_deny_patterns()
