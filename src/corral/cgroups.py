@@ -8,7 +8,6 @@ is refused (:class:`~corral.errors.RefusedError`), never silently dropped.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 from corral.errors import RefusedError
@@ -245,11 +244,15 @@ class CgroupRun:
     def kill_all(self) -> None:
         if self.plan.version == "v2":
             for d in self.dirs:
-                with contextlib.suppress(OSError):
+                try:
                     _write(os.path.join(d, "cgroup.kill"), "1")
+                except OSError:
+                    pass
         for pid in self.pids():
-            with contextlib.suppress(OSError):
+            try:
                 os.kill(pid, 9)
+            except OSError:
+                pass
 
     def remove(self) -> None:
         """Kill what is left and remove the directories; retries while the kernel reaps."""

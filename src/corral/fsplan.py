@@ -278,33 +278,43 @@ def plan_filesystem(policy: Policy) -> FsPlan:
             return  # already hidden by a private tmpfs
         masks[path] = Mount("mask-dir" if is_dir else "mask-file", path, why=why)
 
+    listings: dict[str, frozenset[str]] = {}
+
+    def present(path: str) -> bool:
+        """lexists() answered from one listing per parent: most secrets are absent, and
+        one readdir of ~ is cheaper than a failed lstat per candidate."""
+        parent, name = os.path.split(path)
+        names = listings.get(parent)
+        if names is None:
+            try:
+                names = frozenset(os.listdir(parent))
+            except OSError:
+                names = frozenset()
+            listings[parent] = names
+        return name in names
+
     def add_read_deny(entry: str, why: str, if_present: bool = False) -> None:
         is_dir_entry = entry.endswith("/")
         path = entry.rstrip("/") or "/"
-        targets = {path}
-        if os.path.lexists(path):  # realpath costs a syscall per component: only when needed
-            real = os.path.realpath(path)
-            if real != path:
-                targets.add(real)
-        for target in targets:
-            kind = _kind(target)
-            if kind != "missing":
-                add_mask(target, kind == "dir", why)
-                continue
-            if in_writable(target) or in_private_tmp(target):
-                continue  # only the sandbox itself could create it there
-            if if_present:
-                continue
-            ancestor = os.path.dirname(target)
-            while ancestor != "/" and _kind(ancestor) == "missing":
-                ancestor = os.path.dirname(ancestor)
-            if ancestor in NEVER_SHADOW or in_writable(ancestor):
-                plan.notes.append(
-                    f"{target} ({'dir' if is_dir_entry else 'file'}) is missing "
-                    f"and {ancestor} cannot be snapshotted; not masked"
-                )
-                continue
-            shadows.add(os.path.realpath(ancestor))
+        if present(path):
+            targets = {path, os.path.realpath(path)}
+            for target in targets:
+                kind = _kind(target)
+                if kind != "missing":
+                    add_mask(target, kind == "dir", why)
+            return
+        if if_present or in_writable(path) or in_private_tmp(path):
+            return  # only the sandbox itself could create it in a writable place
+        ancestor = os.path.dirname(path)
+        while ancestor != "/" and not present(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        if ancestor in NEVER_SHADOW or in_writable(ancestor):
+            plan.notes.append(
+                f"{path} ({'dir' if is_dir_entry else 'file'}) is missing "
+                f"and {ancestor} cannot be snapshotted; not masked"
+            )
+            return
+        shadows.add(os.path.realpath(ancestor))
 
     # 2. read-deny
     for entry in policy.read_deny_paths():

@@ -105,9 +105,19 @@ class _Guardian:
         self.wfd = wfd
 
     def release(self) -> None:
+        """Tell the guardian all is clean; it exits on its own.
+
+        Not waited for here (that costs a scheduling round trip on every run);
+        :meth:`reap` collects it later, or init does once corral exits.
+        """
         os.write(self.wfd, b"k")
         os.close(self.wfd)
-        os.waitpid(self.pid, 0)
+
+    def reap(self) -> None:
+        try:
+            os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
 
 
 def quarantine(paths: list[str], run_id: str) -> list[str]:
