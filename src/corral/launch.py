@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 CHUNK = 65536
 EXIT_GRACE = 0.2  # seconds to drain pipes after the command exits (tier none)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Python ignores these and an ignored signal survives exec: give the command the
+# defaults any shell would (a pipeline reader that exits kills `yes` with SIGPIPE).
+RESET_SIGNALS = (*FORWARDED_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ)
 
 
 class RunResult:
@@ -254,7 +257,7 @@ def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) ->
     if pid:
         return pid
     try:
-        for sig in FORWARDED_SIGNALS:
+        for sig in RESET_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
         os.setsid()  # its own process group: a timeout kills it whole
@@ -285,7 +288,7 @@ def _spawn(plan: Plan, child_fds: dict[int, int]) -> int:
             plan.env,
             file_actions=actions,
             setsid=True,
-            setsigdef=FORWARDED_SIGNALS,
+            setsigdef=RESET_SIGNALS,
         )
     finally:
         for fd in high.values():
@@ -333,6 +336,8 @@ def _pump(
             except OSError:
                 pass
 
+    broken: set[int] = set()  # our own outputs whose reader went away
+
     def emit(target: int, data: bytes) -> None:
         nonlocal kept
         result.output_bytes += len(data)
@@ -346,8 +351,8 @@ def _pump(
         kept += len(data)
         if on_output is not None:
             on_output(target, data)
-        else:
-            _write_all(target, data)
+        elif not _write_all(target, data):
+            broken.add(target)
 
     while open_fds or exited_at is None:
         now = time.monotonic()
@@ -395,6 +400,15 @@ def _pump(
                     if fd == err_r and watch_setup:
                         err_tail = (err_tail + chunk)[-4096:]
                     emit(open_fds[fd], chunk)
+                    if open_fds[fd] in broken:
+                        # like a pipeline: the command's next write gets EPIPE/SIGPIPE
+                        # (dup2 over the read end, not close: the number stays ours
+                        # until the launcher's final cleanup closes it)
+                        poller.unregister(fd)
+                        del open_fds[fd]
+                        null = os.open(os.devnull, os.O_RDONLY)
+                        os.dup2(null, fd, inheritable=False)
+                        os.close(null)
     os.close(pidfd)
     if status_r >= 0:  # collect the final exit-code record
         try:
@@ -430,14 +444,16 @@ def _pump(
     result.exit_code = code
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes) -> bool:
+    """Write everything; False if the reader went away."""
     view = memoryview(data)
     while view:
         try:
             n = os.write(fd, view)
         except BrokenPipeError:
-            return  # the reader went away; keep draining the sandbox regardless
+            return False
         except BlockingIOError:
             select.select([], [fd], [])
             continue
         view = view[n:]
+    return True
