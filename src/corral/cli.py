@@ -14,12 +14,15 @@ from corral.errors import EXIT_CODES, EXIT_INTERNAL, EXIT_USAGE, CorralError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from corral.launch import RunResult
+    from corral.net.door import Door
     from corral.policy import Policy
 
 USAGE = """\
 usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
        corral doctor [--json] [--probe]             which tiers can run here, and why not
        corral log [-n N] [--json] [--log FILE]      the last runs
+       corral log --net [--run ID] [--host H] [--decision allow|deny]
+       corral proxy serve [--policy FILE] [--listen HOST:PORT] [--allow HOST...]
        corral --version
 
 run options:
@@ -35,6 +38,11 @@ run options:
   --read-deny PATH     another unreadable path (repeatable)
   --write-deny PATH    another read-only path inside a writable one (repeatable)
   --env NAME           pass this variable from the environment (repeatable)
+  --network MODE       none (default: no network) or proxy (only through corral's proxy)
+  --allow HOST         allow a destination through the proxy; implies --network proxy
+                       (example.org, *.example.org, host:443, 10.0.0.0/8, [::1]:8080)
+  --deny HOST          deny a destination (deny wins over allow)
+  --net-log FILE       network audit log (default: $XDG_STATE_HOME/corral/net.jsonl)
   --log FILE           activity log (default: $XDG_STATE_HOME/corral/runs.jsonl)
   --explain            print the plan (mounts, syscall rules, limits) and do not run
   -q, --quiet          no informational lines on stderr (warnings still print)
@@ -56,6 +64,10 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "--read-deny": ("read_deny", "list"),
     "--write-deny": ("write_deny", "list"),
     "--env": ("env", "list"),
+    "--allow": ("allow", "list"),
+    "--deny": ("deny", "list"),
+    "--network": ("network", "value"),
+    "--net-log": ("net_log", "value"),
     "--log": ("log", "value"),
     "--explain": ("explain", "flag"),
     "-q": ("quiet", "flag"),
@@ -66,6 +78,21 @@ LOG_OPTIONS = {
     "--json": ("json", "flag"),
     "-n": ("n", "value"),
     "--log": ("log", "value"),
+    "--net": ("net", "flag"),
+    "--net-log": ("net_log", "value"),
+    "--run": ("run", "value"),
+    "--host": ("host", "value"),
+    "--decision": ("decision", "value"),
+}
+SERVE_OPTIONS = {
+    "--policy": ("policy", "value"),
+    "--workspace": ("workspace", "value"),
+    "--listen": ("listen", "value"),
+    "--door": ("door", "value"),
+    "--allow": ("allow", "list"),
+    "--deny": ("deny", "list"),
+    "--net-log": ("net_log", "value"),
+    "-q": ("quiet", "flag"),
 }
 
 
@@ -144,6 +171,17 @@ def build_policy(opts: dict[str, object]) -> Policy:
                 raise CorralError(f"--env: {exc}") from None
     if "tier" in opts:
         policy.tier = str(opts["tier"])
+    for attr in ("allow", "deny"):
+        extra = opts.get(attr)
+        if isinstance(extra, list):
+            getattr(policy.network, attr).extend(extra)
+    if opts.get("allow"):
+        policy.network.mode = "proxy"
+    if "network" in opts:
+        if opts["network"] not in pol.NETWORK_MODES:
+            raise CorralError(f"--network: expected one of {', '.join(pol.NETWORK_MODES)}")
+        policy.network.mode = str(opts["network"])
+    pol.check_network(policy)
     return policy
 
 
@@ -152,27 +190,55 @@ def cmd_run(args: list[str]) -> int:
     if not command:
         raise CorralError("nothing to run: corral run [OPTIONS] -- COMMAND [ARG...]")
     policy = build_policy(opts)
-    from corral import tiers
+    from corral import launch, tiers
 
     tier, _health = tiers.select(policy.tier)
-    plan = tier.plan(policy, command)
+    run_id = launch.new_run_id()
     if opts.get("explain"):
-        print(plan.describe())
+        door_path = "/DOOR" if policy.network.mode == "proxy" else None
+        print(tier.plan(policy, command, door=door_path).describe())
         return 0
+    door = None
+    if policy.network.mode == "proxy" and tier.name != "none":
+        from corral.net.door import Door
+
+        net_log = opts.get("net_log")
+        door = Door(policy, run_id, str(net_log) if net_log else _default_net_log())
+        door.open()
+    try:
+        return _run_plan(opts, policy, tier.name, command, run_id, door)
+    finally:
+        if door is not None:
+            door.close()
+
+
+def _default_net_log() -> str:
+    from corral.net.audit import default_path
+
+    return default_path()
+
+
+def _run_plan(
+    opts: dict[str, object],
+    policy: Policy,
+    tier_name: str,
+    command: list[str],
+    run_id: str,
+    door: Door | None,
+) -> int:
+    import time
+
+    from corral import launch, runlog, tiers
+
+    plan = tiers.get(tier_name).plan(policy, command, door=door.path if door else None)
     quiet = bool(opts.get("quiet"))
     if plan.warning:
         _err(plan.warning)
     elif policy.tier == "auto" and not quiet:
-        _err(f"corral: tier {tier.name} (auto: strongest available here)")
+        _err(f"corral: tier {tier_name} (auto: strongest available here)")
     for note in plan.notes:
         if not quiet:
             _err(f"corral: note: {note}")
-
-    import time
-
-    from corral import launch, runlog
-
-    run_id = launch.new_run_id()
     started = time.time()
     log_path = opts.get("log")
     record: dict[str, object] = {
@@ -183,6 +249,7 @@ def cmd_run(args: list[str]) -> int:
         "policy_file": policy.source,
         "workspace": policy.workspace,
         "argv": command,
+        "network": policy.network.mode,
     }
     try:
         result = launch.run(plan, run_id)
@@ -190,6 +257,12 @@ def cmd_run(args: list[str]) -> int:
         record.update(end=runlog.iso(time.time()), exit=exc.code, error=exc.message)
         _log(record, log_path)
         raise
+    if door is not None:
+        from corral.net.audit import summary_line
+
+        tally = door.close()
+        if tally:
+            result.denials.append(summary_line(tally))
     record.update(
         end=runlog.iso(time.time()),
         exit=result.exit_code,
@@ -225,7 +298,7 @@ def _report(result: RunResult, policy: Policy) -> None:
         if hit != "timeout":
             _err(f"corral: limit hit: {hit}")
     for denial in result.denials:
-        _err(f"corral: denied: {denial}")
+        _err(f"corral: {denial}")
     if result.signal is not None:
         _err(f"corral: received signal {result.signal}; killed the sandbox")
 
@@ -278,6 +351,8 @@ def cmd_log(args: list[str]) -> int:
         count = -1
     if count < 0:
         raise CorralError("-n needs a whole number, 0 or more")
+    if opts.get("net"):
+        return _log_net(opts, count)
     records = list(runlog.read(str(opts["log"]) if opts.get("log") else None))
     records = records[-count:] if count else []
     if opts.get("json"):
@@ -306,6 +381,102 @@ def cmd_log(args: list[str]) -> int:
     return 0
 
 
+def _log_net(opts: dict[str, object], count: int) -> int:
+    from corral import runlog
+    from corral.net.audit import default_path
+
+    path = str(opts["net_log"]) if opts.get("net_log") else default_path()
+    decision = opts.get("decision")
+    if decision not in (None, "allow", "deny"):
+        raise CorralError("--decision: expected allow or deny")
+    records = [
+        r
+        for r in runlog.read(path)
+        if (not opts.get("run") or str(r.get("run_id", "")).startswith(str(opts["run"])))
+        and (not opts.get("host") or r.get("host") == opts["host"])
+        and (decision is None or r.get("decision") == decision)
+    ]
+    records = records[-count:] if count else []
+    if opts.get("json"):
+        import json
+
+        for record in records:
+            print(json.dumps(record))
+        return 0
+    for r in records:
+        what = f"{r.get('method') or ''} {r.get('path') or ''}".strip() or str(r.get("scheme"))
+        print(
+            f"{r.get('time', '?')}  {r.get('run_id', '?')}  {r.get('decision', '?'):<5}  "
+            f"{r.get('host')}:{r.get('port')}  {what[:60]}  rule={r.get('rule')}  "
+            f"status={r.get('status')}  up={r.get('bytes_up')} down={r.get('bytes_down')}"
+        )
+    return 0
+
+
+def cmd_proxy(args: list[str]) -> int:
+    if not args or args[0] != "serve":
+        raise CorralError("usage: corral proxy serve [--listen HOST:PORT] [--door PATH] ...")
+    opts, _ = parse(args[1:], SERVE_OPTIONS, positional=False)
+    policy = build_policy({**opts, "network": "proxy"})
+    import asyncio
+    import socket
+
+    from corral.launch import new_run_id
+    from corral.net.audit import Audit, default_path
+    from corral.net.hooks import Chain, HostRulesHook
+    from corral.net.proxy import Proxy
+    from corral.net.rules import HostRules
+
+    chain = Chain([HostRulesHook(HostRules.parse(policy.network.allow, policy.network.deny))])
+    audit = Audit(str(opts["net_log"]) if opts.get("net_log") else default_path())
+    run_id = "serve-" + new_run_id()
+    listen = str(opts.get("listen") or ("" if opts.get("door") else "127.0.0.1:3128"))
+
+    async def serve() -> None:
+        proxy = Proxy(chain, audit)
+        servers = []
+        if listen:
+            host, _, port = listen.rpartition(":")
+            try:
+                servers.append(
+                    await proxy.serve_tcp(host.strip("[]") or "127.0.0.1", int(port), run_id)
+                )
+            except (OSError, ValueError) as exc:
+                raise CorralError(f"--listen {listen}: {exc}") from None
+            _err(f"corral: proxy on {listen} (HTTP and SOCKS5), run id {run_id}")
+        if opts.get("door"):
+            path = str(opts["door"])
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.bind(path)
+            except OSError as exc:
+                raise CorralError(f"--door {path}: {exc.strerror}") from None
+            sock.listen(1024)
+            servers.append(await proxy.serve_unix(sock, run_id))
+            _err(f"corral: proxy door at {path}, run id {run_id}")
+        import signal
+
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            if opts.get("door"):
+                try:
+                    os.unlink(str(opts["door"]))
+                except OSError:
+                    pass
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        audit.close()
+    return 0
+
+
 def _err(line: str) -> None:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
@@ -322,9 +493,11 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"corral {__version__}")
             return 0
-        commands = {"run": cmd_run, "doctor": cmd_doctor, "log": cmd_log}
+        commands = {"run": cmd_run, "doctor": cmd_doctor, "log": cmd_log, "proxy": cmd_proxy}
         if args[0] not in commands:
-            raise CorralError(f"unknown command {args[0]!r} (run, doctor, log; see corral --help)")
+            raise CorralError(
+                f"unknown command {args[0]!r} (run, doctor, log, proxy; see corral --help)"
+            )
         return commands[args[0]](args[1:])
     except CorralError as exc:
         _err(f"corral: {exc.message}")

@@ -137,11 +137,9 @@ def quarantine(paths: list[str], run_id: str) -> list[str]:
             import shutil
 
             shutil.move(path, dest)
-            moved.append(f"write-deny: {path} was created inside the sandbox; moved to {dest}")
+            moved.append(f"denied write: {path} (write-deny) was created; moved to {dest}")
         except OSError as exc:
-            moved.append(
-                f"write-deny: {path} was created inside the sandbox; could not move it away: {exc}"
-            )
+            moved.append(f"denied write: {path} (write-deny) was created; could not move it: {exc}")
     return moved
 
 

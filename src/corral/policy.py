@@ -276,6 +276,16 @@ def _expect_env_map(v: object) -> dict[str, str]:
     return out
 
 
+def _expect_rules(v: object) -> list[str]:
+    entries = _expect_str_list(v)
+    if entries:
+        from corral.net.rules import Rule
+
+        for entry in entries:
+            Rule(entry)  # ValueError names the entry
+    return entries
+
+
 def _expect_mode(v: object) -> str:
     mode = _expect_str(v)
     if mode not in NETWORK_MODES:
@@ -315,8 +325,8 @@ SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
     },
     "network": {
         "mode": _set("network.mode", _expect_mode),
-        "allow": _set("network.allow", _expect_str_list),
-        "deny": _set("network.deny", _expect_str_list),
+        "allow": _set("network.allow", _expect_rules),
+        "deny": _set("network.deny", _expect_rules),
     },
 }
 
@@ -404,6 +414,26 @@ def _apply_one(
         raise PolicyError(f"{where(section, key)}: {exc}") from None
 
 
+def check_network(policy: Policy) -> None:
+    """Network rules parse, and make sense together; PolicyError otherwise."""
+    net = policy.network
+    if not net.allow and not net.deny:
+        return
+    from corral.net.rules import Rule
+
+    for key in ("allow", "deny"):
+        for entry in getattr(net, key):
+            try:
+                Rule(entry)
+            except ValueError as exc:
+                where = f"{policy.source}: network.{key}" if policy.source else f"--{key}"
+                raise PolicyError(f"{where}: {exc}") from None
+    if net.mode == "none" and net.allow:
+        raise PolicyError(
+            'network.allow has no effect with mode = "none": set [network] mode = "proxy"'
+        )
+
+
 def find_policy_file(workspace: str) -> str | None:
     candidate = os.path.join(workspace, defaults.POLICY_FILENAME)
     return candidate if os.path.isfile(candidate) else None
@@ -418,4 +448,9 @@ def load(workspace: str | None = None, path: str | None = None) -> Policy:
     chosen = path if path is not None else find_policy_file(ws)
     if chosen is not None:
         load_file(chosen, policy)
+        if policy.network.mode == "none" and policy.network.allow:
+            raise PolicyError(
+                f'{chosen}: network.allow has no effect with mode = "none": '
+                'set [network] mode = "proxy"'
+            )
     return policy

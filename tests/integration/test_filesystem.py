@@ -204,7 +204,7 @@ def test_missing_write_deny_path_is_quarantined(sandbox: tuple[Corral, Path]) ->
     assert r.returncode == 0, r.stderr
     assert not (ws / ".vscode").exists()
     assert (ws / "src" / "a").read_text() == "x\n"  # allow twin
-    assert b"denied: write-deny" in r.stderr and b".vscode" in r.stderr
+    assert b"corral: denied write:" in r.stderr and b".vscode" in r.stderr
     moved = list((c.state / "corral" / "quarantine").rglob("tasks.json"))
     assert len(moved) == 1
 

@@ -105,5 +105,7 @@ class Tier:
         """Can this tier run here?  ``probe`` may launch a tiny test sandbox (doctor)."""
         raise NotImplementedError
 
-    def plan(self, policy: Policy, command: list[str]) -> Plan:
+    def plan(self, policy: Policy, command: list[str], door: str | None = None) -> Plan:
+        """What would run ``command`` under ``policy``.  ``door`` is the host path of
+        the proxy's unix socket when ``policy.network.mode`` is "proxy"."""
         raise NotImplementedError(f"tier {self.name} cannot run commands yet")

@@ -81,10 +81,51 @@ def mount_args(mounts: list[Mount]) -> tuple[list[str], list[int]]:
     return args, empty_fds
 
 
+def inside_python() -> str:
+    """A Python the sandbox can see for the relay: this one unless it lives in a
+    directory the sandbox replaces with a private tmpfs."""
+    import sys
+
+    real = os.path.realpath(sys.executable)
+    if not any(real.startswith(t + "/") for t in fsplan.PRIVATE_TMP):
+        return real
+    return "/usr/bin/python3"
+
+
 class NamespaceTier(Tier):
     name = "namespace"
     strength = 50
     summary = "bubblewrap: user, pid, ipc, uts, net, cgroup namespaces + seccomp + cgroups"
+
+    def _through_door(
+        self, plan: Plan, policy: Policy, command: list[str], door: str | None
+    ) -> list[str]:
+        """Bind the door and the relay in; the relay becomes the first process."""
+        from corral.fsplan import Mount
+        from corral.net import door as doors
+
+        if door is None:
+            raise ValueError("network mode proxy needs the door's path")
+        plan.mounts = [
+            *plan.mounts,
+            Mount("ro-bind", doors.SANDBOX_DOOR, door, "the one way out: corral's proxy"),
+            Mount("ro-bind", doors.SANDBOX_RELAY, doors.relay_script(), "relay to the door"),
+        ]
+        plan.env.update(doors.proxy_env())
+        return [
+            inside_python(),
+            "-I",
+            "-S",
+            doors.SANDBOX_RELAY,
+            "--door",
+            doors.SANDBOX_DOOR,
+            "--http",
+            str(doors.HTTP_PORT),
+            "--socks",
+            str(doors.SOCKS_PORT),
+            "--",
+            *command,
+        ]
 
     def health(self, probe: bool = False) -> Health:
         bwrap = find_bwrap()
@@ -130,7 +171,7 @@ class NamespaceTier(Tier):
                 return Health(False, f"bwrap cannot create namespaces here: {msg[0]}", details)
         return Health(True, f"bwrap at {bwrap}", details)
 
-    def plan(self, policy: Policy, command: list[str]) -> Plan:
+    def plan(self, policy: Policy, command: list[str], door: str | None = None) -> Plan:
         from corral import cgroups, seccomp
 
         plan = Plan(self.name, policy)
@@ -144,7 +185,9 @@ class NamespaceTier(Tier):
         plan.seccomp = seccomp.default_deny_rules()
         plan.cgroup = cgroups.plan_for(policy.limits)
         plan.fds = {FD_STATUS: "status", FD_SECCOMP: "seccomp"}
-        mounts, empty_fds = mount_args(fs.mounts)
+        if policy.network.mode == "proxy":
+            command = self._through_door(plan, policy, command, door)
+        mounts, empty_fds = mount_args(plan.mounts)
         plan.fds.update(dict.fromkeys(empty_fds, "empty"))
         bwrap = find_bwrap() or "bwrap"
         plan.argv = [

@@ -23,7 +23,7 @@ class NoneTier(Tier):
     def health(self, probe: bool = False) -> Health:
         return Health(True, "always available; gives no protection (only when named)")
 
-    def plan(self, policy: Policy, command: list[str]) -> Plan:
+    def plan(self, policy: Policy, command: list[str], door: str | None = None) -> Plan:
         from corral import cgroups
 
         plan = Plan(self.name, policy)

@@ -1,0 +1,167 @@
+"""The door: one unix socket per run, served by a proxy process forked for it.
+
+The parent (corral) binds and listens on the socket *before* forking, so the
+door accepts connections from the moment the sandbox starts.  The proxy
+process holds the read end of a "life" pipe: when corral closes it (the run
+ended) or dies (the kernel closes it), the proxy writes its tally of denials
+back, removes the socket and its directory, and exits.  So the door never
+outlives the run, and if the proxy dies first, the socket has no listener and
+the sandbox simply has no network.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.policy import Policy
+
+# Where the door and the relay appear inside a sandbox (a private tmpfs).
+SANDBOX_DOOR = "/run/corral/door.sock"
+SANDBOX_RELAY = "/run/corral/relay.py"
+HTTP_PORT = 3128
+SOCKS_PORT = 1080
+
+
+def relay_script() -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
+
+
+def proxy_env() -> dict[str, str]:
+    """What tools read to find a proxy, pointed at the relay inside the sandbox."""
+    http = f"http://127.0.0.1:{HTTP_PORT}"
+    socks = f"socks5h://127.0.0.1:{SOCKS_PORT}"
+    env = {}
+    for name in ("HTTP_PROXY", "HTTPS_PROXY"):
+        env[name] = env[name.lower()] = http
+    env["ALL_PROXY"] = env["all_proxy"] = socks
+    env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
+    for name in (
+        "npm_config_proxy",
+        "npm_config_https_proxy",
+        "YARN_HTTP_PROXY",
+        "YARN_HTTPS_PROXY",
+        "PIP_PROXY",
+    ):
+        env[name] = http
+    return env
+
+
+class Door:
+    def __init__(self, policy: Policy, run_id: str, audit_path: str | None) -> None:
+        self.policy = policy
+        self.run_id = run_id
+        self.audit_path = audit_path
+        self.dir = tempfile.mkdtemp(prefix="corral-door-")  # 0700, owned by us
+        self.path = os.path.join(self.dir, "door.sock")
+        self.pid = 0
+        self._life_w = -1
+        self._tally_r = -1
+
+    def open(self) -> None:
+        from corral.net.hooks import Chain, HostRulesHook
+        from corral.net.rules import HostRules
+
+        # Parse before forking so a bad rule is an error here, not a dead proxy.
+        chain = Chain(
+            [HostRulesHook(HostRules.parse(self.policy.network.allow, self.policy.network.deny))]
+        )
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(self.path)
+        sock.listen(1024)
+        life_r, life_w = os.pipe()
+        tally_r, tally_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the proxy process
+            code = 0
+            try:
+                os.close(life_w)
+                os.close(tally_r)
+                _serve(chain, sock, self.run_id, self.audit_path, life_r, tally_w, self)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        sock.close()
+        os.close(life_r)
+        os.close(tally_w)
+        self.pid, self._life_w, self._tally_r = pid, life_w, tally_r
+
+    def close(self) -> dict[str, int]:
+        """Stop the proxy; return {"host:port": denied count}.  Idempotent."""
+        tally: dict[str, int] = {}
+        if self._life_w >= 0:
+            os.close(self._life_w)
+            self._life_w = -1
+            data = b""
+            while chunk := os.read(self._tally_r, 65536):
+                data += chunk
+            os.close(self._tally_r)
+            self._tally_r = -1
+            for line in data.decode("utf-8", "replace").splitlines():
+                dest, _, count = line.rpartition(" ")
+                if dest and count.isdigit():
+                    tally[dest] = int(count)
+            os.waitpid(self.pid, 0)
+        self.remove_files()
+        return tally
+
+    def remove_files(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        try:
+            os.rmdir(self.dir)
+        except FileNotFoundError:
+            pass
+
+
+def _serve(
+    chain: object,
+    sock: socket.socket,
+    run_id: str,
+    audit_path: str | None,
+    life_r: int,
+    tally_w: int,
+    door: Door,
+) -> None:
+    import asyncio
+    import signal
+
+    from corral.net.audit import Audit
+    from corral.net.hooks import Chain
+    from corral.net.proxy import Proxy
+
+    assert isinstance(chain, Chain)
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # corral decides when the proxy stops
+    audit = Audit(audit_path)
+
+    async def main() -> None:
+        proxy = Proxy(chain, audit)
+        server = await proxy.serve_unix(sock, run_id)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def life_ended() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        loop.add_reader(life_r, life_ended)
+        await done
+        server.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        door.remove_files()
+        report = "".join(f"{dest} {n}\n" for dest, n in audit.denied.items())
+        try:
+            os.write(tally_w, report.encode())
+        except OSError:
+            pass
+        audit.close()

@@ -1,0 +1,91 @@
+"""The decision chain of the proxy: small hooks, composed, deny wins.
+
+The proxy core never grows per rule type.  A rule is a :class:`Hook` with up to
+three callbacks; each returns a :class:`~corral.net.rules.Verdict` to take part
+in the decision or ``None`` to stay out of it.  Composition: any deny denies
+(the first one is reported); otherwise any allow allows; otherwise deny.
+"""
+
+from __future__ import annotations
+
+from corral.net.rules import HostRules, Verdict
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.net.http1 import Message
+
+
+class Destination:
+    """Where a sandboxed client wants to go, and how it asked."""
+
+    __slots__ = ("host", "method", "path", "port", "run_id", "scheme")
+
+    def __init__(self, run_id: str, scheme: str, host: str, port: int) -> None:
+        self.run_id = run_id
+        self.scheme = scheme  # "http", "connect" or "socks5"
+        self.host = host
+        self.port = port
+        self.method = ""
+        self.path = ""
+
+
+class Hook:
+    name = "hook"
+
+    def on_connect(self, dest: Destination) -> Verdict | None:
+        """Before any DNS lookup, for every request, tunnel and SOCKS connection."""
+        return None
+
+    def on_resolved(self, dest: Destination, address: str) -> Verdict | None:
+        """For each address the destination resolved to, before connecting."""
+        return None
+
+    def on_request(self, dest: Destination, request: Message) -> Verdict | None:
+        """For each plain-HTTP request (method and path are visible)."""
+        return None
+
+
+class HostRulesHook(Hook):
+    """``[network] allow`` / ``deny`` by host, port and address, with rebinding checks."""
+
+    name = "hosts"
+
+    def __init__(self, rules: HostRules) -> None:
+        self.rules = rules
+
+    def on_connect(self, dest: Destination) -> Verdict | None:
+        return self.rules.check(dest.host, dest.port)
+
+    def on_resolved(self, dest: Destination, address: str) -> Verdict | None:
+        return self.rules.check_resolved(dest.host, dest.port, address)
+
+
+def combine(verdicts: list[Verdict | None]) -> Verdict:
+    allowed: Verdict | None = None
+    for verdict in verdicts:
+        if verdict is None:
+            continue
+        if not verdict.allowed:
+            return verdict
+        allowed = allowed or verdict
+    return allowed or Verdict(False, "default", "no rule allows this destination")
+
+
+class Chain:
+    def __init__(self, hooks: list[Hook]) -> None:
+        self.hooks = hooks
+
+    def connect(self, dest: Destination) -> Verdict:
+        return combine([h.on_connect(dest) for h in self.hooks])
+
+    def resolved(self, dest: Destination, address: str) -> Verdict:
+        verdicts = [h.on_resolved(dest, address) for h in self.hooks]
+        if all(v is None for v in verdicts):
+            return Verdict(True, "resolved")
+        return combine(verdicts)
+
+    def request(self, dest: Destination, request: Message) -> Verdict | None:
+        verdicts = [h.on_request(dest, request) for h in self.hooks]
+        if all(v is None for v in verdicts):
+            return None
+        return combine(verdicts)

@@ -1,0 +1,466 @@
+"""corral's governing proxy: HTTP/1.1 forwarding, CONNECT tunnels and SOCKS5.
+
+Every connection arrives through a door (a unix socket bound into one
+sandbox, or a TCP listener for ``corral proxy serve``) that is tagged with the
+run it belongs to.  The first byte tells the protocol: 0x05 is SOCKS5,
+anything else is HTTP.  Each request or tunnel is decided by the hook chain
+(:mod:`corral.net.hooks`), connected only to an address the chain accepted
+after DNS, and written to the audit log when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import struct
+import time
+
+from corral.net import http1
+from corral.net.hooks import Chain, Destination
+from corral.net.http1 import HttpError
+from corral.net.rules import Verdict
+from corral.runlog import dumps
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.net.audit import Audit
+
+CONNECT_TIMEOUT = 10.0
+TUNNEL_CHUNK = 256 * 1024
+
+SOCKS_OK = 0x00
+SOCKS_FAILURE = 0x01
+SOCKS_NOT_ALLOWED = 0x02
+SOCKS_HOST_UNREACHABLE = 0x04
+SOCKS_REFUSED = 0x05
+SOCKS_CMD_UNSUPPORTED = 0x07
+SOCKS_ATYP_UNSUPPORTED = 0x08
+
+
+class Refused(Exception):
+    """The chain said no, or nothing it allowed could be reached."""
+
+    def __init__(self, verdict: Verdict, status: int = 403) -> None:
+        super().__init__(verdict.reason)
+        self.verdict = verdict
+        self.status = status
+
+
+class Upstream:
+    __slots__ = ("address", "host", "port", "reader", "verdict", "writer")
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        address: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        verdict: Verdict,
+    ) -> None:
+        self.verdict = verdict
+        self.host = host
+        self.port = port
+        self.address = address
+        self.reader = reader
+        self.writer = writer
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Proxy:
+    def __init__(self, chain: Chain, audit: Audit) -> None:
+        self.chain = chain
+        self.audit = audit
+
+    # -- doors -------------------------------------------------------------------
+
+    async def serve_unix(self, sock: socket.socket, run_id: str) -> asyncio.Server:
+        return await asyncio.start_unix_server(
+            lambda r, w: self.handle(r, w, run_id), sock=sock, limit=http1.MAX_HEAD
+        )
+
+    async def serve_tcp(self, host: str, port: int, run_id: str) -> asyncio.Server:
+        return await asyncio.start_server(
+            lambda r, w: self.handle(r, w, run_id),
+            host,
+            port,
+            limit=http1.MAX_HEAD,
+            reuse_address=True,
+        )
+
+    async def handle(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, run_id: str
+    ) -> None:
+        try:
+            first = await reader.read(1)
+            if not first:
+                return
+            if first == b"\x05":
+                await self.socks5(reader, writer, run_id)
+            else:
+                await self.http(reader, writer, run_id, first)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        except Exception as exc:  # one bad connection must never take the proxy down
+            self.audit.record({"run_id": run_id, "decision": "error", "reason": repr(exc)})
+        finally:
+            writer.close()
+
+    # -- decisions and upstream connections ---------------------------------------------
+
+    async def open_upstream(self, dest: Destination) -> Upstream:
+        verdict = self.chain.connect(dest)
+        if not verdict.allowed:
+            raise Refused(verdict)
+        loop = asyncio.get_running_loop()
+        literal = _literal(dest.host)
+        if literal is not None:
+            candidates = [literal]
+        else:
+            try:
+                infos = await loop.getaddrinfo(dest.host, dest.port, type=socket.SOCK_STREAM)
+            except socket.gaierror:
+                raise Refused(
+                    Verdict(False, verdict.rule, f"cannot resolve {dest.host}"), 502
+                ) from None
+            candidates = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        refusal: Verdict | None = None
+        error = ""
+        for address in candidates:
+            checked = self.chain.resolved(dest, address)
+            if not checked.allowed:
+                refusal = refusal or checked
+                continue
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(address, dest.port, limit=http1.MAX_HEAD),
+                    CONNECT_TIMEOUT,
+                )
+            except (OSError, TimeoutError) as exc:
+                error = f"{address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}"
+                continue
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return Upstream(dest.host, dest.port, address, reader, writer, verdict)
+        if refusal is not None and not error:
+            raise Refused(refusal)
+        raise Refused(Verdict(False, verdict.rule, f"cannot connect: {error or 'no address'}"), 502)
+
+    def log(
+        self,
+        dest: Destination,
+        verdict: Verdict,
+        status: int,
+        up: int,
+        down: int,
+        started: float,
+        address: str = "",
+    ) -> None:
+        self.audit.record(
+            {
+                "run_id": dest.run_id,
+                "scheme": dest.scheme,
+                "method": dest.method or None,
+                "path": dest.path or None,
+                "host": dest.host,
+                "port": dest.port,
+                "address": address or None,
+                "decision": verdict.decision,
+                "rule": verdict.rule,
+                "reason": verdict.reason or None,
+                "status": status,
+                "bytes_up": up,
+                "bytes_down": down,
+                "duration": round(time.monotonic() - started, 6),
+            }
+        )
+
+    # -- HTTP ------------------------------------------------------------------------
+
+    async def http(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        run_id: str,
+        first: bytes,
+    ) -> None:
+        upstream: Upstream | None = None
+        try:
+            while True:
+                try:
+                    head = await http1.read_head(reader, first)
+                    first = b""
+                    if head is None:
+                        return
+                    request = http1.parse_request(head)
+                except HttpError as exc:
+                    await _send_error(writer, exc.status, exc.message)
+                    return
+                if request.method == b"CONNECT":
+                    if upstream is not None:
+                        upstream.close()
+                        upstream = None
+                    await self.connect(reader, writer, request, run_id)
+                    return
+                keep, upstream = await self.forward(reader, writer, request, run_id, upstream)
+                if not keep:
+                    return
+        finally:
+            if upstream is not None:
+                upstream.close()
+
+    async def forward(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        request: http1.Message,
+        run_id: str,
+        upstream: Upstream | None,
+    ) -> tuple[bool, Upstream | None]:
+        """One request/response exchange; returns (keep the client connection, upstream)."""
+        started = time.monotonic()
+        try:
+            _, host, port, path = http1.split_absolute(request.target)
+            body_kind, body_len = http1.framing(request)
+        except HttpError as exc:
+            await _send_error(writer, exc.status, exc.message)
+            return False, upstream
+        dest = Destination(run_id, "http", host, port)
+        dest.method = request.method.decode("ascii", "replace")
+        dest.path = path.decode("utf-8", "replace")
+        verdict = self.chain.connect(dest)
+        extra = self.chain.request(dest, request) if verdict.allowed else None
+        if extra is not None and not extra.allowed:
+            verdict = extra
+        if not verdict.allowed:
+            self.log(dest, verdict, 403, 0, 0, started)
+            await _send_denial(writer, verdict, dest)
+            return body_kind == "none" and request.keep_alive(), upstream
+        if upstream is not None and (upstream.host, upstream.port) != (host, port):
+            upstream.close()
+            upstream = None
+        if upstream is None or upstream.reader.at_eof():
+            try:
+                upstream = await self.open_upstream(dest)
+            except Refused as exc:
+                self.log(dest, exc.verdict, exc.status, 0, 0, started)
+                if exc.status == 403:
+                    await _send_denial(writer, exc.verdict, dest)
+                else:
+                    await _send_error(writer, exc.status, exc.verdict.reason)
+                return False, None
+        headers = http1.forwardable(request, body_kind)
+        if not any(k == b"host" for k, _ in headers):
+            headers.insert(0, (b"host", request.target.split(b"/")[2]))
+        up = down = 0
+        status = 0
+        try:
+            head = http1.serialize_head(request.method + b" " + path + b" HTTP/1.1", headers)
+            upstream.writer.write(head)
+            up += len(head) + await http1.copy_body(reader, upstream.writer, body_kind, body_len)
+            response_head = await http1.read_head(upstream.reader)
+            if response_head is None:
+                raise HttpError(502, "upstream closed the connection without a response")
+            while True:
+                response = http1.parse_response(response_head)
+                status = response.status
+                kind, length = http1.framing(response, request.method)
+                first = response.version + b" " + str(status).encode() + b" " + response.reason
+                out = http1.serialize_head(first, http1.forwardable(response, kind))
+                writer.write(out)
+                down += len(out)
+                if 100 <= status < 200 and status != 101:
+                    response_head = await http1.read_head(upstream.reader)
+                    if response_head is None:
+                        raise HttpError(502, "upstream closed after an interim response")
+                    continue
+                break
+            down += await http1.copy_body(upstream.reader, writer, kind, length)
+        except HttpError as exc:
+            self.log(dest, verdict, exc.status, up, down, started, upstream.address)
+            upstream.close()
+            if not down:
+                await _send_error(writer, exc.status, exc.message)
+            return False, None
+        except (ConnectionError, asyncio.IncompleteReadError):
+            self.log(dest, verdict, status or 502, up, down, started, upstream.address)
+            upstream.close()
+            return False, None
+        self.log(dest, verdict, status, up, down, started, upstream.address)
+        reusable = kind != "close" and response.keep_alive()
+        if not reusable:
+            upstream.close()
+            upstream = None
+        return kind != "close" and request.keep_alive(), upstream
+
+    async def connect(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        request: http1.Message,
+        run_id: str,
+    ) -> None:
+        started = time.monotonic()
+        try:
+            host, port = http1.split_authority(request.target, 443)
+        except HttpError as exc:
+            await _send_error(writer, exc.status, exc.message)
+            return
+        dest = Destination(run_id, "connect", host, port)
+        try:
+            upstream = await self.open_upstream(dest)
+        except Refused as exc:
+            self.log(dest, exc.verdict, exc.status, 0, 0, started)
+            if exc.status == 403:
+                await _send_denial(writer, exc.verdict, dest)
+            else:
+                await _send_error(writer, exc.status, exc.verdict.reason)
+            return
+        writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        up, down = await tunnel(reader, writer, upstream.reader, upstream.writer)
+        self.log(dest, upstream.verdict, 200, up, down, started, upstream.address)
+
+    # -- SOCKS5 ----------------------------------------------------------------------
+
+    async def socks5(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, run_id: str
+    ) -> None:
+        started = time.monotonic()
+        count = (await reader.readexactly(1))[0]
+        methods = await reader.readexactly(count)
+        if 0 not in methods:
+            writer.write(b"\x05\xff")  # only "no authentication": the door already says who
+            return
+        writer.write(b"\x05\x00")
+        version, command, _, atyp = await reader.readexactly(4)
+        if version != 5:
+            return
+        if atyp == 1:
+            host = socket.inet_ntop(socket.AF_INET, await reader.readexactly(4))
+        elif atyp == 4:
+            host = socket.inet_ntop(socket.AF_INET6, await reader.readexactly(16))
+        elif atyp == 3:
+            size = (await reader.readexactly(1))[0]
+            host = (await reader.readexactly(size)).decode("utf-8", "replace")
+        else:
+            writer.write(_socks_reply(SOCKS_ATYP_UNSUPPORTED))
+            return
+        (port,) = struct.unpack("!H", await reader.readexactly(2))
+        dest = Destination(run_id, "socks5", host, port)
+        if command != 1:  # BIND and UDP ASSOCIATE: no way to govern them, so no
+            verdict = Verdict(False, "socks5", "only SOCKS5 CONNECT is supported")
+            self.log(dest, verdict, SOCKS_CMD_UNSUPPORTED, 0, 0, started)
+            writer.write(_socks_reply(SOCKS_CMD_UNSUPPORTED))
+            return
+        try:
+            upstream = await self.open_upstream(dest)
+        except Refused as exc:
+            code = SOCKS_NOT_ALLOWED if exc.status == 403 else SOCKS_HOST_UNREACHABLE
+            if "refused" in exc.verdict.reason.lower():
+                code = SOCKS_REFUSED
+            self.log(dest, exc.verdict, code, 0, 0, started)
+            writer.write(_socks_reply(code))
+            return
+        writer.write(_socks_reply(SOCKS_OK))
+        up, down = await tunnel(reader, writer, upstream.reader, upstream.writer)
+        self.log(dest, upstream.verdict, SOCKS_OK, up, down, started, upstream.address)
+
+
+def _socks_reply(code: int) -> bytes:
+    return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
+
+
+def _literal(host: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        return None
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
+    total = 0
+    try:
+        while data := await reader.read(TUNNEL_CHUNK):
+            writer.write(data)
+            total += len(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        pass
+    return total
+
+
+async def tunnel(
+    client_r: asyncio.StreamReader,
+    client_w: asyncio.StreamWriter,
+    server_r: asyncio.StreamReader,
+    server_w: asyncio.StreamWriter,
+) -> tuple[int, int]:
+    try:
+        up, down = await asyncio.gather(_pipe(client_r, server_w), _pipe(server_r, client_w))
+    finally:
+        server_w.close()
+    return up, down
+
+
+async def _send_error(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+    body = (message + "\n").encode()
+    writer.write(
+        http1.serialize_head(
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}".encode(),
+            [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        )
+        + body
+    )
+    try:
+        await writer.drain()
+    except ConnectionError:
+        pass
+
+
+async def _send_denial(writer: asyncio.StreamWriter, verdict: Verdict, dest: Destination) -> None:
+    body = (
+        dumps(
+            {
+                "decision": "deny",
+                "rule": verdict.rule,
+                "reason": verdict.reason,
+                "host": dest.host,
+                "port": dest.port,
+            }
+        )
+        + "\n"
+    ).encode()
+    writer.write(
+        http1.serialize_head(
+            b"HTTP/1.1 403 Forbidden",
+            [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"x-corral-decision", f"deny; rule={verdict.rule}".encode("ascii", "replace")),
+            ],
+        )
+        + body
+    )
+    try:
+        await writer.drain()
+    except ConnectionError:
+        pass
+
+
+_REASONS = {
+    400: "Bad Request",
+    403: "Forbidden",
+    431: "Request Header Fields Too Large",
+    502: "Bad Gateway",
+    505: "HTTP Version Not Supported",
+}

@@ -1,0 +1,135 @@
+"""The relay: the sandbox's first process when its network goes through corral.
+
+It runs *inside* the sandbox (``python -I -S relay.py --door PATH --http PORT
+--socks PORT -- COMMAND...``), using only the standard library because the
+sandbox sees no site-packages.  It binds the HTTP-proxy and SOCKS5 ports on
+the sandbox's own loopback, then starts the command.  Because the sockets
+listen before the command exists, the command's first connection waits in the
+backlog instead of being refused (a race that fails a peer's first requests).
+
+Each accepted connection is paired with a new connection to the door, a unix
+socket leading to the proxy on the host, and bytes are pumped both ways
+unchanged; the proxy tells HTTP from SOCKS5 by the first byte.  If the door
+is gone (the proxy died), the client's connection is closed: no network.
+
+The relay exits with the command's exit status.
+"""
+
+import os
+import signal
+import socket
+import sys
+import threading
+
+CHUNK = 256 * 1024
+
+
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while True:
+            data = src.recv(CHUNK)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    try:
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def serve(client: socket.socket, door: str) -> None:
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        upstream.connect(door)
+    except OSError:
+        client.close()  # fail closed: no proxy, no network
+        upstream.close()
+        return
+    back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+    back.start()
+    pump(client, upstream)
+    back.join()
+    client.close()
+    upstream.close()
+
+
+def accept_loop(listener: socket.socket, door: str) -> None:
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            continue
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=serve, args=(client, door), daemon=True).start()
+
+
+def listen(port: int) -> list[socket.socket]:
+    sockets = []
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            continue  # e.g. no IPv6 in this namespace
+        sock.listen(1024)
+        sockets.append(sock)
+    if not sockets:
+        raise SystemExit(f"corral-relay: cannot listen on loopback port {port}")
+    return sockets
+
+
+def parse(argv: list[str]) -> tuple[str, list[int], list[str]]:
+    door, ports = "", []
+    i = 0
+    while i < len(argv) and argv[i] != "--":
+        if argv[i] == "--door":
+            door = argv[i + 1]
+        elif argv[i] in ("--http", "--socks"):
+            ports.append(int(argv[i + 1]))
+        else:
+            raise SystemExit(f"corral-relay: unknown argument {argv[i]!r}")
+        i += 2
+    command = argv[i + 1 :]
+    if not door or not ports or not command:
+        raise SystemExit("usage: relay.py --door PATH --http PORT --socks PORT -- COMMAND...")
+    return door, ports, command
+
+
+def main(argv: list[str]) -> None:
+    door, ports, command = parse(argv)
+    listeners = [sock for port in ports for sock in listen(port)]
+    pid = os.fork()
+    if pid == 0:
+        for sock in listeners:
+            sock.close()
+        for ignored in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; commands don't
+            signal.signal(ignored, signal.SIG_DFL)
+        try:
+            os.execvp(command[0], command)
+        except OSError as exc:
+            sys.stderr.write(f"corral: cannot run {command[0]}: {exc.strerror}\n")
+            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+    for sock in listeners:
+        threading.Thread(target=accept_loop, args=(sock, door), daemon=True).start()
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):  # die the same way, so the exit code says 128+N
+        signum = os.WTERMSIG(status)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

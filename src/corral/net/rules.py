@@ -1,0 +1,235 @@
+"""Host, port and address rules of ``[network] allow`` / ``deny``: pure matching.
+
+Entry syntax (allow and deny alike):
+
+* ``example.org`` -- that host, any port; ``example.org:443`` -- that port only
+* ``*.example.org`` -- any subdomain (``a.example.org``, ``a.b.example.org``) but
+  **not** the apex ``example.org``: list both when both are meant
+* ``1.2.3.4``, ``[::1]``, ``::1`` -- an address; ``10.0.0.0/8``, ``fd00::/8`` -- a
+  network; each optionally with ``:port`` (IPv6 with a port needs brackets)
+* ``*`` -- anything; ports may be ranges: ``example.org:8000-8999``
+
+Deny wins over allow.  Anything not allowed is denied.  After an allowed *name*
+resolves, an address that is loopback, private, link-local, CGNAT, unspecified
+or a cloud metadata endpoint is refused unless an address or network rule
+allows it explicitly (DNS rebinding: a public name must not become a door into
+the host's own network).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# Cloud metadata endpoints that are not all in private ranges (Azure's is public).
+METADATA = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",
+        "169.254.170.2",
+        "168.63.129.16",
+        "100.100.100.200",
+        "fd00:ec2::254",
+    )
+)
+CGNAT = ipaddress.ip_network("100.64.0.0/10")
+
+
+class Verdict:
+    __slots__ = ("allowed", "reason", "rule")
+
+    def __init__(self, allowed: bool, rule: str, reason: str = "") -> None:
+        self.allowed = allowed
+        self.rule = rule  # the entry that decided, or "default" / "rebinding"
+        self.reason = reason
+
+    @property
+    def decision(self) -> str:
+        return "allow" if self.allowed else "deny"
+
+    def __repr__(self) -> str:
+        return f"Verdict({self.decision}, rule={self.rule!r}, reason={self.reason!r})"
+
+
+class Rule:
+    """One parsed entry."""
+
+    __slots__ = ("host", "network", "ports", "text", "wildcard")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.host: str | None = None  # exact name
+        self.wildcard: str | None = None  # suffix for *.name, "" for *
+        self.network: IPNetwork | None = None
+        self.ports: tuple[int, int] | None = None
+        _parse_into(self, text.strip())
+
+    def matches_port(self, port: int) -> bool:
+        return self.ports is None or self.ports[0] <= port <= self.ports[1]
+
+    def matches_name(self, host: str, port: int) -> bool:
+        if not self.matches_port(port):
+            return False
+        if self.wildcard is not None:
+            return self.wildcard == "" or host.endswith("." + self.wildcard)
+        return self.host is not None and host == self.host
+
+    def matches_address(self, addr: IPAddress, port: int) -> bool:
+        if not self.matches_port(port):
+            return False
+        if self.wildcard == "":
+            return True
+        return (
+            self.network is not None
+            and addr.version == self.network.version
+            and (addr in self.network)
+        )
+
+
+def _parse_ports(text: str, entry: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    try:
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise ValueError(f"bad port in {entry!r}") from None
+    if not 1 <= lo <= hi <= 65535:
+        raise ValueError(f"port out of range in {entry!r}")
+    return lo, hi
+
+
+def _parse_into(rule: Rule, entry: str) -> None:
+    if not entry:
+        raise ValueError("empty network rule")
+    host = entry
+    if entry.startswith("["):  # [v6] or [v6]:port
+        close = entry.find("]")
+        if close < 0:
+            raise ValueError(f"unclosed [ in {entry!r}")
+        host, rest = entry[1:close], entry[close + 1 :]
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError(f"bad network rule {entry!r}")
+            rule.ports = _parse_ports(rest[1:], entry)
+    elif entry.count(":") == 1:  # name:port or v4:port (bare IPv6 has several colons)
+        host, port = entry.split(":")
+        rule.ports = _parse_ports(port, entry)
+    if host == "*":
+        rule.wildcard = ""
+        return
+    if "/" in host or _is_ip(host):
+        try:
+            rule.network = ipaddress.ip_network(host, strict=False)
+        except ValueError:
+            raise ValueError(f"bad address or network in {entry!r}") from None
+        return
+    name = normalize_host(host)
+    if name.startswith("*."):
+        suffix = name[2:]
+        if not suffix or "*" in suffix:
+            raise ValueError(f"bad wildcard in {entry!r}: use *.example.org")
+        rule.wildcard = suffix
+        return
+    if "*" in name or not _valid_name(name):
+        raise ValueError(f"bad host name in {entry!r}")
+    rule.host = name
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _valid_name(name: str) -> bool:
+    if not name or len(name) > 253:
+        return False
+    allowed = set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
+    return all(label and len(label) <= 63 and set(label) <= allowed for label in name.split("."))
+
+
+def normalize_host(host: str) -> str:
+    """Lower-case, no trailing dot, IDNA for non-ASCII names."""
+    host = host.strip().rstrip(".").lower()
+    if host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return host
+
+
+def is_internal(addr: IPAddress) -> bool:
+    """Addresses a public name must not resolve to without an explicit rule."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return is_internal(addr.ipv4_mapped)
+    return (
+        addr in METADATA
+        or addr.is_loopback
+        or addr.is_private
+        or addr.is_link_local
+        or addr.is_unspecified
+        or addr.is_multicast
+        or addr.is_reserved
+        or (isinstance(addr, ipaddress.IPv4Address) and addr in CGNAT)
+    )
+
+
+class HostRules:
+    """The compiled allow and deny lists."""
+
+    def __init__(self, allow: list[Rule], deny: list[Rule]) -> None:
+        self.allow = allow
+        self.deny = deny
+
+    @classmethod
+    def parse(cls, allow: list[str], deny: list[str]) -> HostRules:
+        return cls([Rule(a) for a in allow], [Rule(d) for d in deny])
+
+    def check(self, host: str, port: int) -> Verdict:
+        """Decide on a destination as the client named it (before any DNS)."""
+        literal = _literal(host)
+        if literal is not None:
+            for rule in self.deny:
+                if rule.matches_address(literal, port):
+                    return Verdict(False, rule.text, "denied by rule")
+            for rule in self.allow:
+                if rule.matches_address(literal, port):
+                    return Verdict(True, rule.text)
+            return Verdict(False, "default", "address not in the allow list")
+        name = normalize_host(host)
+        for rule in self.deny:
+            if rule.matches_name(name, port):
+                return Verdict(False, rule.text, "denied by rule")
+        for rule in self.allow:
+            if rule.matches_name(name, port):
+                return Verdict(True, rule.text)
+        return Verdict(False, "default", "host not in the allow list")
+
+    def check_resolved(self, host: str, port: int, address: str) -> Verdict:
+        """Decide on one address an allowed name resolved to."""
+        addr = ipaddress.ip_address(address.split("%", 1)[0])
+        for rule in self.deny:
+            if rule.network is not None and rule.matches_address(addr, port):
+                return Verdict(False, rule.text, f"{host} resolved to a denied address {addr}")
+        if not is_internal(addr):
+            return Verdict(True, "resolved")
+        for rule in self.allow:
+            if rule.network is not None and rule.matches_address(addr, port):
+                return Verdict(True, rule.text)
+        return Verdict(
+            False,
+            "rebinding",
+            f"{host} resolved to internal address {addr}; allow {addr} explicitly to permit it",
+        )
+
+
+def _literal(host: str) -> IPAddress | None:
+    text = host.strip("[]").split("%", 1)[0]
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
