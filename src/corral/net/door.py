@@ -110,10 +110,11 @@ class Door:
         return tally
 
     def remove_files(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        for name in (self.path, os.path.join(self.dir, "proxy.pid")):
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                pass
         try:
             os.rmdir(self.dir)
         except FileNotFoundError:
@@ -140,6 +141,8 @@ def _serve(
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # corral decides when the proxy stops
     audit = Audit(audit_path)
+    with open(os.path.join(door.dir, "proxy.pid"), "w", encoding="utf-8") as fh:
+        fh.write(f"{os.getpid()}\n")  # who serves this door: for operators (and tests)
 
     async def main() -> None:
         proxy = Proxy(chain, audit)

@@ -1,0 +1,416 @@
+"""The network door on real bwrap, a real proxy and real origin servers on 127.0.0.1.
+
+Evidence is gathered outside the sandbox: each origin counts the requests it
+received, so a deny test passes only if nothing arrived, and its allow twin
+passes only if the same path works under the same policy.
+"""
+
+from __future__ import annotations
+
+import glob
+import http.server
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Corral, pids_matching, wait_for
+
+CURL = "curl -sS --noproxy '' --max-time 10"
+HTTP_PROXY = "-x http://127.0.0.1:3128"
+SOCKS_PROXY = "-x socks5h://127.0.0.1:1080"
+
+
+class Origin:
+    """A tiny HTTP/1.1 server that records what reached it."""
+
+    def __init__(self) -> None:
+        self.hits: list[tuple[str, str]] = []
+        origin = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _reply(self, body: bytes) -> None:
+                origin.hits.append((self.command, self.path))
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                self._reply(b"hello from origin\n")
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                self._reply(self.rfile.read(length))
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def origins() -> Iterator[tuple[Origin, Origin]]:
+    allowed, forbidden = Origin(), Origin()
+    try:
+        yield allowed, forbidden
+    finally:
+        allowed.close()
+        forbidden.close()
+
+
+def net_log(c: Corral) -> list[dict[str, object]]:
+    path = c.state / "corral" / "net.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_http_forwarding_allowed_and_denied(
+    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    c, ws = sandbox
+    ok, bad = origins
+    r = c.sh(
+        ws,
+        f"""
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/hello
+        {CURL} {HTTP_PROXY} -D - http://127.0.0.1:{bad.port}/secret
+    """,
+        "--allow",
+        f"127.0.0.1:{ok.port}",
+    )
+    out = r.stdout.decode()
+    assert "hello from origin" in out  # allow twin
+    assert "403 Forbidden" in out and "x-corral-decision: deny" in out.lower()
+    body = json.loads(out.strip().splitlines()[-1])
+    assert body["decision"] == "deny" and body["port"] == bad.port and body["rule"] == "default"
+    assert ok.hits == [("GET", "/hello")]
+    assert bad.hits == []  # evidence from outside: nothing reached the forbidden origin
+    assert b"network: denied 1 request: 127.0.0.1:" in r.stderr
+
+
+def test_connect_tunnel_allowed_and_denied(
+    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    c, ws = sandbox
+    ok, bad = origins
+    r = c.sh(
+        ws,
+        f"""
+        {CURL} {HTTP_PROXY} -p http://127.0.0.1:{ok.port}/tunnel
+        {CURL} {HTTP_PROXY} -p http://127.0.0.1:{bad.port}/tunnel || echo connect=denied
+    """,
+        "--allow",
+        f"127.0.0.1:{ok.port}",
+    )
+    out = r.stdout.decode()
+    assert "hello from origin" in out and "connect=denied" in out, (out, r.stderr)
+    assert ok.hits == [("GET", "/tunnel")] and bad.hits == []
+    schemes = {(e["scheme"], e["decision"]) for e in net_log(c)}
+    assert ("connect", "allow") in schemes and ("connect", "deny") in schemes
+
+
+def test_socks5_allowed_denied_and_udp_refused(
+    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    c, ws = sandbox
+    ok, bad = origins
+    (ws / "udp.py").write_text("""
+import socket
+s = socket.create_connection(("127.0.0.1", 1080), timeout=5)
+s.sendall(b"\\x05\\x01\\x00"); assert s.recv(2) == b"\\x05\\x00"
+s.sendall(b"\\x05\\x03\\x00\\x01" + bytes(4) + b"\\x00\\x00")
+print("udp-reply", s.recv(10)[1])
+""")
+    c.chown(ws / "udp.py")
+    r = c.sh(
+        ws,
+        f"""
+        {CURL} {SOCKS_PROXY} http://127.0.0.1:{ok.port}/socks
+        {CURL} {SOCKS_PROXY} http://127.0.0.1:{bad.port}/socks || echo socks=denied
+        python3 udp.py
+    """,
+        "--allow",
+        f"127.0.0.1:{ok.port}",
+    )
+    out = r.stdout.decode()
+    assert "hello from origin" in out and "socks=denied" in out, (out, r.stderr)
+    assert "udp-reply 7" in out  # command not supported
+    assert ok.hits == [("GET", "/socks")] and bad.hits == []
+    denied = [e for e in net_log(c) if e["decision"] == "deny" and e["scheme"] == "socks5"]
+    assert {e["status"] for e in denied} == {2, 7}  # not allowed by ruleset; unsupported
+
+
+def test_name_resolving_to_loopback_needs_the_address_allowed(
+    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    c, ws = sandbox
+    ok, _ = origins
+    url = f"http://localhost:{ok.port}/by-name"
+    denied = c.sh(ws, f"{CURL} {HTTP_PROXY} {url}", "--allow", f"localhost:{ok.port}")
+    assert json.loads(denied.stdout)["rule"] == "rebinding"
+    assert ok.hits == []
+    allowed = c.sh(
+        ws,
+        f"{CURL} {HTTP_PROXY} {url}",
+        "--allow",
+        f"localhost:{ok.port}",
+        "--allow",
+        f"127.0.0.1:{ok.port}",
+    )
+    assert b"hello from origin" in allowed.stdout
+    assert ok.hits == [("GET", "/by-name")]
+
+
+def test_wildcard_and_port_rules(
+    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    c, ws = sandbox
+    ok, bad = origins
+    r = c.sh(
+        ws,
+        f"""
+        {CURL} {HTTP_PROXY} http://api.example.org/ ; echo
+        {CURL} {HTTP_PROXY} http://example.org/ ; echo
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{bad.port}/ ; echo
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/port-ok ; echo
+    """,
+        "--allow",
+        "127.0.0.1",
+        "--deny",
+        f"127.0.0.1:{bad.port}",
+        "--deny",
+        "*.example.org",
+    )
+    lines = [
+        json.loads(x) if x.startswith("{") else x
+        for x in r.stdout.decode().splitlines()
+        if x.strip()
+    ]
+    assert lines[0]["rule"] == "*.example.org"  # the wildcard covers subdomains
+    assert lines[1]["rule"] == "default"  # ... but not the apex
+    assert lines[2]["rule"] == f"127.0.0.1:{bad.port}"  # deny wins over a broader allow
+    assert "hello from origin" in lines[3]  # allow twin: the broad allow works elsewhere
+    assert bad.hits == []
+
+
+def test_no_route_around_the_proxy(
+    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    c, ws = sandbox
+    ok, _ = origins
+    r = c.sh(
+        ws,
+        f"""
+        env -u http_proxy -u HTTP_PROXY -u ALL_PROXY -u all_proxy \
+            curl -sS --max-time 5 http://127.0.0.1:{ok.port}/direct || echo direct=failed
+        curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{ok.port}/np || echo noproxy=failed
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/via-proxy
+    """,
+        "--allow",
+        f"127.0.0.1:{ok.port}",
+    )
+    out = r.stdout.decode()
+    assert "direct=failed" in out and "noproxy=failed" in out
+    assert "hello from origin" in out  # allow twin in the same run
+    assert ok.hits == [("GET", "/via-proxy")]
+
+
+def test_mode_none_has_no_network_at_all(
+    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    c, ws = sandbox
+    ok, _ = origins
+    none = c.sh(ws, f"{CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/ || echo failed")
+    assert b"failed" in none.stdout and ok.hits == []
+    proxy = c.sh(
+        ws, f"{CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/", "--allow", f"127.0.0.1:{ok.port}"
+    )
+    assert b"hello from origin" in proxy.stdout  # allow twin
+
+
+def test_proxy_killed_mid_run_fails_closed(
+    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    c, ws = sandbox
+    ok, _ = origins
+    script = f"""
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/before && touch first-ok
+        while [ ! -e killed ]; do sleep 0.05; done
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/after || echo after=failed
+        echo x > still-writable && echo finished
+    """
+    proc = c.popen(
+        ["run", "-q", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script],
+        cwd=ws,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert wait_for(lambda: (ws / "first-ok").exists(), 20)
+        doors = [
+            d
+            for d in glob.glob("/tmp/corral-door-*")
+            if os.path.exists(os.path.join(d, "proxy.pid")) and os.stat(d).st_uid == c.uid
+        ]
+        pids = [int(Path(d, "proxy.pid").read_text()) for d in doors]
+        own = [p for p in pids if _parent(p) == proc.pid]
+        assert len(own) == 1, (pids, proc.pid)
+        os.kill(own[0], signal.SIGKILL)
+        (ws / "killed").write_text("")
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    text = out.decode()
+    assert "hello from origin" in text and "after=failed" in text and "finished" in text, text
+    assert proc.returncode == 0  # nothing else changed
+    assert ok.hits == [("GET", "/before")]
+    assert not any(os.path.exists(d) for d in doors)  # no socket file left behind
+    assert wait_for(lambda: not pids_matching("relay.py --door"), 5)
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def test_first_request_never_races_the_relay(
+    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    c, ws = sandbox
+    ok, _ = origins
+    failures = []
+    for i in range(100):
+        r = c.run(
+            [
+                "run",
+                "-q",
+                "--allow",
+                f"127.0.0.1:{ok.port}",
+                "--",
+                "curl",
+                "-sS",
+                "--noproxy",
+                "",
+                "-x",
+                "http://127.0.0.1:3128",
+                f"http://127.0.0.1:{ok.port}/race{i}",
+            ],
+            cwd=ws,
+        )
+        if r.returncode != 0 or b"hello from origin" not in r.stdout:
+            failures.append((i, r.returncode, r.stderr[-200:]))
+    assert failures == []
+    assert len(ok.hits) == 100
+
+
+def test_audit_lines_match_what_was_sent(
+    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    c, ws = sandbox
+    ok, bad = origins
+    payload = "x" * 5000
+    r = c.sh(
+        ws,
+        f"""
+        {CURL} {HTTP_PROXY} -o /dev/null --data-binary {payload} http://127.0.0.1:{ok.port}/echo
+        {CURL} {HTTP_PROXY} -o /dev/null http://127.0.0.1:{bad.port}/nope
+    """,
+        "--allow",
+        f"127.0.0.1:{ok.port}",
+    )
+    assert r.returncode == 0
+    run_id = json.loads(c.run(["log", "--json", "-n", "1"], cwd=ws).stdout)["run_id"]
+    entries = [e for e in net_log(c) if e["run_id"] == run_id]
+    assert len(entries) == 2
+    post, denied = entries
+    assert post["method"] == "POST" and post["path"] == "/echo" and post["status"] == 200
+    assert post["host"] == "127.0.0.1" and post["port"] == ok.port
+    assert post["address"] == "127.0.0.1" and post["decision"] == "allow"
+    assert 5000 < post["bytes_up"] < 6000 and 5000 < post["bytes_down"] < 6000  # type: ignore[operator]
+    assert denied["decision"] == "deny" and denied["status"] == 403 and denied["bytes_up"] == 0
+    for key in ("time", "scheme", "rule", "duration"):
+        assert key in post
+    listed = c.run(["log", "--net", "--run", run_id, "--decision", "deny", "--json"], cwd=ws)
+    only = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [e["path"] for e in only] == ["/nope"]
+
+
+def test_proxy_serve_standalone(
+    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    import socket
+
+    c, ws = sandbox
+    ok, bad = origins
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = c.popen(
+        ["proxy", "serve", "--listen", f"127.0.0.1:{port}", "--allow", f"127.0.0.1:{ok.port}"],
+        cwd=ws,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert wait_for(lambda: _listening(port), 10)
+        got = subprocess.run(
+            [
+                "curl",
+                "-sS",
+                "--noproxy",
+                "",
+                "-x",
+                f"http://127.0.0.1:{port}",
+                f"http://127.0.0.1:{ok.port}/serve",
+                f"http://127.0.0.1:{bad.port}/serve",
+            ],
+            capture_output=True,
+        )
+        assert b"hello from origin" in got.stdout and b'"decision":"deny"' in got.stdout
+        assert ok.hits == [("GET", "/serve")] and bad.hits == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_nothing_left_after_network_runs(
+    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    c, ws = sandbox
+    ok, _ = origins
+    before = set(glob.glob("/tmp/corral-door-*"))
+    r = c.sh(
+        ws,
+        f"sleep 30 & {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/; wait",
+        "--allow",
+        f"127.0.0.1:{ok.port}",
+        "--timeout",
+        "2",
+    )
+    assert r.returncode == 124 and b"hello from origin" in r.stdout
+    time.sleep(0.2)
+    assert set(glob.glob("/tmp/corral-door-*")) <= before
+    assert not pids_matching("relay.py --door")
