@@ -43,6 +43,7 @@ run options:
                        (example.org, *.example.org, host:443, 10.0.0.0/8, [::1]:8080)
   --deny HOST          deny a destination (deny wins over allow)
   --net-log FILE       network audit log (default: $XDG_STATE_HOME/corral/net.jsonl)
+  --transparent        (root) capture all TCP and DNS, for tools that ignore proxy variables
   --log FILE           activity log (default: $XDG_STATE_HOME/corral/runs.jsonl)
   --explain            print the plan (mounts, syscall rules, limits) and do not run
   -q, --quiet          no informational lines on stderr (warnings still print)
@@ -68,6 +69,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "--deny": ("deny", "list"),
     "--network": ("network", "value"),
     "--net-log": ("net_log", "value"),
+    "--transparent": ("transparent", "flag"),
     "--log": ("log", "value"),
     "--explain": ("explain", "flag"),
     "-q": ("quiet", "flag"),
@@ -175,7 +177,9 @@ def build_policy(opts: dict[str, object]) -> Policy:
         extra = opts.get(attr)
         if isinstance(extra, list):
             getattr(policy.network, attr).extend(extra)
-    if opts.get("allow"):
+    if opts.get("transparent"):
+        policy.network.transparent = True
+    if opts.get("allow") or policy.network.transparent:
         policy.network.mode = "proxy"
     if "network" in opts:
         if opts["network"] not in pol.NETWORK_MODES:
@@ -433,7 +437,7 @@ def cmd_proxy(args: list[str]) -> int:
     listen = str(opts.get("listen") or ("" if opts.get("door") else "127.0.0.1:3128"))
 
     async def serve() -> None:
-        proxy = Proxy(chain, audit)
+        proxy = Proxy(chain, audit, policy.network.hosts)
         servers = []
         if listen:
             host, _, port = listen.rpartition(":")

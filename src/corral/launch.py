@@ -229,7 +229,7 @@ def _launch_and_pump(
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in FORWARDED_SIGNALS}
     old_wakeup = signal.set_wakeup_fd(wake_w)
     try:
-        if procs_files or not plan.cwd_in_argv:
+        if procs_files or not plan.cwd_in_argv or plan.netns_rules is not None:
             pid = _fork_exec(plan, child_fds, procs_files)
         else:
             pid = _spawn(plan, child_fds)
@@ -262,6 +262,14 @@ def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) ->
         for procs in procs_files:
             with open(procs, "w", encoding="utf-8") as fh:
                 fh.write(str(os.getpid()))
+        if plan.netns_rules is not None:
+            from corral.net import transparent
+
+            try:
+                transparent.enter(plan.netns_rules)
+            except Exception as exc:
+                os.write(2, f"corral: transparent network setup failed: {exc}\n".encode())
+                os._exit(125)
         os.chdir(plan.cwd)
         _move_fds_into_place(child_fds)
         os.execvpe(plan.argv[0], plan.argv, plan.env)

@@ -54,12 +54,14 @@ class Limits:
 
 
 class NetworkPolicy:
-    __slots__ = ("allow", "deny", "mode")
+    __slots__ = ("allow", "deny", "hosts", "mode", "transparent")
 
     def __init__(self) -> None:
         self.mode = "none"
         self.allow: list[str] = []
         self.deny: list[str] = []
+        self.transparent = False  # capture all TCP/DNS, not only proxy-aware tools (root)
+        self.hosts: dict[str, str] = {}  # name -> address, used by the proxy instead of DNS
 
 
 class Policy:
@@ -138,6 +140,8 @@ class Policy:
                 "mode": self.network.mode,
                 "allow": list(self.network.allow),
                 "deny": list(self.network.deny),
+                "transparent": self.network.transparent,
+                "hosts": dict(sorted(self.network.hosts.items())),
             },
         }
 
@@ -286,6 +290,23 @@ def _expect_rules(v: object) -> list[str]:
     return entries
 
 
+def _expect_hosts(v: object) -> dict[str, str]:
+    if not isinstance(v, dict):
+        raise ValueError('expected a table of "name" = "address"')
+    import ipaddress
+
+    out = {}
+    for name, address in v.items():
+        if not isinstance(address, str):
+            raise ValueError(f"address of {name} must be a string")
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise ValueError(f"{name} = {address!r}: not an IP address") from None
+        out[name.lower().rstrip(".")] = address
+    return out
+
+
 def _expect_mode(v: object) -> str:
     mode = _expect_str(v)
     if mode not in NETWORK_MODES:
@@ -327,6 +348,8 @@ SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
         "mode": _set("network.mode", _expect_mode),
         "allow": _set("network.allow", _expect_rules),
         "deny": _set("network.deny", _expect_rules),
+        "transparent": _set("network.transparent", _expect_bool),
+        "hosts": _set("network.hosts", _expect_hosts),
     },
 }
 

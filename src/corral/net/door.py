@@ -145,7 +145,7 @@ def _serve(
         fh.write(f"{os.getpid()}\n")  # who serves this door: for operators (and tests)
 
     async def main() -> None:
-        proxy = Proxy(chain, audit)
+        proxy = Proxy(chain, audit, door.policy.network.hosts)
         server = await proxy.serve_unix(sock, run_id)
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()

@@ -44,6 +44,10 @@ class Hook:
         """For each plain-HTTP request (method and path are visible)."""
         return None
 
+    def on_dns(self, run_id: str, name: str) -> Verdict | None:
+        """Transparent mode: may ``name`` resolve at all (on some port)?"""
+        return None
+
 
 class HostRulesHook(Hook):
     """``[network] allow`` / ``deny`` by host, port and address, with rebinding checks."""
@@ -58,6 +62,9 @@ class HostRulesHook(Hook):
 
     def on_resolved(self, dest: Destination, address: str) -> Verdict | None:
         return self.rules.check_resolved(dest.host, dest.port, address)
+
+    def on_dns(self, run_id: str, name: str) -> Verdict | None:
+        return self.rules.check_name_any_port(name)
 
 
 def combine(verdicts: list[Verdict | None]) -> Verdict:
@@ -83,6 +90,9 @@ class Chain:
         if all(v is None for v in verdicts):
             return Verdict(True, "resolved")
         return combine(verdicts)
+
+    def dns(self, run_id: str, name: str) -> Verdict:
+        return combine([h.on_dns(run_id, name) for h in self.hooks])
 
     def request(self, dest: Destination, request: Message) -> Verdict | None:
         verdicts = [h.on_request(dest, request) for h in self.hooks]

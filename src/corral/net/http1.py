@@ -29,6 +29,9 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
+FRAMING = frozenset({b"content-length", b"host"})
+# Bytes never allowed in a header value or request target (bare CR/LF smuggling).
+CONTROL = (frozenset(range(0x20)) - {0x09}) | {0x7F}
 TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -77,6 +80,8 @@ def _parse_headers(lines: list[bytes], into: Message) -> None:
         name, sep, value = line.partition(b":")
         if not sep or not name or not set(name) <= TOKEN:
             raise HttpError(400, "malformed header line")
+        if not CONTROL.isdisjoint(value):
+            raise HttpError(400, "control character in a header value")
         into.headers.append((name.lower(), value.strip(b" \t")))
 
 
@@ -87,6 +92,8 @@ def parse_request(head: bytes) -> Message:
         raise HttpError(400, "malformed request line")
     msg = Message()
     msg.method, msg.target, msg.version = parts
+    if not CONTROL.isdisjoint(msg.target):
+        raise HttpError(400, "control character in the request target")
     if msg.version not in (b"HTTP/1.1", b"HTTP/1.0"):
         raise HttpError(505, "only HTTP/1.0 and HTTP/1.1 are supported")
     _parse_headers(lines[1:], msg)
@@ -117,7 +124,9 @@ def framing(msg: Message, request_method: bytes | None = None) -> tuple[str, int
         if cl:
             raise HttpError(400, "both Content-Length and Transfer-Encoding")
         codings = [c.strip().lower() for v in te for c in v.split(b",")]
-        if codings[-1:] != [b"chunked"] or codings.count(b"chunked") != 1:
+        # Only plain chunked: the proxy re-frames as exactly that, so any other
+        # coding would reach the receiver undeclared.
+        if codings != [b"chunked"]:
             raise HttpError(400 if request_method is None else 502, "unsupported Transfer-Encoding")
         return "chunked", 0
     if cl:
@@ -148,7 +157,9 @@ def forwardable(msg: Message, kind: str) -> list[tuple[bytes, bytes]]:
     they are, so a chunked message keeps ``Transfer-Encoding: chunked``.
     """
     named = {t.strip().lower() for v in msg.get_all(b"connection") for t in v.split(b",")}
-    drop = HOP_BY_HOP | named
+    # Connection may not remove what frames the message or names its target:
+    # "Connection: content-length" would otherwise smuggle the body as a request.
+    drop = HOP_BY_HOP | (named - FRAMING)
     kept = [(k, v) for k, v in msg.headers if k not in drop]
     if kind == "chunked":
         kept.append((b"transfer-encoding", b"chunked"))
@@ -205,14 +216,21 @@ async def copy_body(
                 not size_text
                 or len(size_text) > 16
                 or not all(c in b"0123456789abcdefABCDEF" for c in size_text)
+                or not CONTROL.isdisjoint(line[:-2])
             ):
                 raise HttpError(400, "bad chunk size")
             size = int(size_text, 16)
-            writer.write(line)
-            sent += len(line)
+            clean = b"%x\r\n" % size  # extensions are dropped: nothing to smuggle in them
+            writer.write(clean)
+            sent += len(clean)
             if size == 0:  # trailers until the empty line
                 while True:
-                    trailer = await reader.readuntil(b"\r\n")
+                    try:
+                        trailer = await reader.readuntil(b"\r\n")
+                    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                        raise HttpError(400, "bad chunked trailer") from None
+                    if not CONTROL.isdisjoint(trailer[:-2]):
+                        raise HttpError(400, "control character in a trailer")
                     writer.write(trailer)
                     sent += len(trailer)
                     if trailer == b"\r\n":
@@ -246,13 +264,15 @@ def split_authority(authority: bytes, default_port: int) -> tuple[str, int]:
         if close < 0:
             raise HttpError(400, "bad authority")
         host, rest = text[1:close], text[close + 1 :]
-        port_text = rest[1:] if rest.startswith(":") else ""
+        if rest and not rest.startswith(":"):
+            raise HttpError(400, "bad authority")
+        port_text = rest[1:]
     elif text.count(":") == 1:
         host, port_text = text.split(":")
     else:
         host, port_text = text, ""
-    if port_text:
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if port_text or text.endswith(":"):
+        if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
             raise HttpError(400, "bad port")
         port = int(port_text)
     else:
@@ -263,7 +283,7 @@ def split_authority(authority: bytes, default_port: int) -> tuple[str, int]:
 
 
 def split_absolute(target: bytes) -> tuple[str, str, int, bytes]:
-    """``http://host:port/path?q`` -> (scheme, host, port, b"/path?q")."""
+    """``http://host:port/path?q`` -> (authority, host, port, b"/path?q")."""
     scheme, sep, rest = target.partition(b"://")
     if not sep:
         raise HttpError(400, "a proxy request needs an absolute URL (http://host/path)")
@@ -279,4 +299,4 @@ def split_absolute(target: bytes) -> tuple[str, str, int, bytes]:
     host, port = split_authority(authority, 80)
     if not path.startswith(b"/"):
         path = b"/" + path
-    return scheme_text, host, port, path
+    return authority.decode("ascii", "replace"), host, port, path

@@ -16,7 +16,9 @@ import socket
 import struct
 import time
 
-from corral.net import http1
+from corral.net import dns as dnsmsg
+from corral.net import http1, sniff
+from corral.net.dns import FakePool
 from corral.net.hooks import Chain, Destination
 from corral.net.http1 import HttpError
 from corral.net.rules import Verdict
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
 CONNECT_TIMEOUT = 10.0
 TUNNEL_CHUNK = 256 * 1024
 
+TRANSPARENT = b"\xfe"  # door preamble from the relay: a captured connection (see relay.py)
+DNS = b"\xfd"  # door preamble from the relay: one DNS query
+
 SOCKS_OK = 0x00
 SOCKS_FAILURE = 0x01
 SOCKS_NOT_ALLOWED = 0x02
@@ -39,12 +44,17 @@ SOCKS_ATYP_UNSUPPORTED = 0x08
 
 
 class Refused(Exception):
-    """The chain said no, or nothing it allowed could be reached."""
+    """The chain said no (status 403), or nothing it allowed could be reached (502)."""
 
-    def __init__(self, verdict: Verdict, status: int = 403) -> None:
+    def __init__(self, verdict: Verdict, status: int = 403, refused: bool = False) -> None:
         super().__init__(verdict.reason)
         self.verdict = verdict
         self.status = status
+        self.refused = refused  # the destination actively refused the connection
+
+    @property
+    def decision(self) -> str:
+        return self.verdict.decision if self.status == 403 else "error"
 
 
 class Upstream:
@@ -70,10 +80,16 @@ class Upstream:
         self.writer.close()
 
 
+PEEK_LIMIT = 16 * 1024
+PEEK_TIMEOUT = 3.0  # a client that sends nothing first is decided by name/address alone
+
+
 class Proxy:
-    def __init__(self, chain: Chain, audit: Audit) -> None:
+    def __init__(self, chain: Chain, audit: Audit, pinned: dict[str, str] | None = None) -> None:
         self.chain = chain
         self.audit = audit
+        self.pinned = pinned or {}  # [network] hosts: name -> address, instead of DNS
+        self.pools: dict[str, FakePool] = {}  # run id -> transparent-mode stand-in names
 
     # -- doors -------------------------------------------------------------------
 
@@ -100,6 +116,10 @@ class Proxy:
                 return
             if first == b"\x05":
                 await self.socks5(reader, writer, run_id)
+            elif first == TRANSPARENT:
+                await self.captured(reader, writer, run_id)
+            elif first == DNS:
+                await self.dns(reader, writer, run_id)
             else:
                 await self.http(reader, writer, run_id, first)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
@@ -117,18 +137,22 @@ class Proxy:
             raise Refused(verdict)
         loop = asyncio.get_running_loop()
         literal = _literal(dest.host)
+        pinned = self.pinned.get(dest.host.lower().rstrip("."))
         if literal is not None:
             candidates = [literal]
+        elif pinned is not None:
+            candidates = [pinned]
         else:
             try:
                 infos = await loop.getaddrinfo(dest.host, dest.port, type=socket.SOCK_STREAM)
             except socket.gaierror:
                 raise Refused(
-                    Verdict(False, verdict.rule, f"cannot resolve {dest.host}"), 502
+                    Verdict(True, verdict.rule, f"cannot resolve {dest.host}"), 502
                 ) from None
             candidates = list(dict.fromkeys(str(info[4][0]) for info in infos))
         refusal: Verdict | None = None
         error = ""
+        refused = False
         for address in candidates:
             checked = self.chain.resolved(dest, address)
             if not checked.allowed:
@@ -141,6 +165,7 @@ class Proxy:
                 )
             except (OSError, TimeoutError) as exc:
                 error = f"{address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}"
+                refused = isinstance(exc, ConnectionRefusedError)
                 continue
             sock = writer.get_extra_info("socket")
             if sock is not None:
@@ -148,7 +173,9 @@ class Proxy:
             return Upstream(dest.host, dest.port, address, reader, writer, verdict)
         if refusal is not None and not error:
             raise Refused(refusal)
-        raise Refused(Verdict(False, verdict.rule, f"cannot connect: {error or 'no address'}"), 502)
+        raise Refused(
+            Verdict(True, verdict.rule, f"cannot connect: {error or 'no address'}"), 502, refused
+        )
 
     def log(
         self,
@@ -224,7 +251,7 @@ class Proxy:
         """One request/response exchange; returns (keep the client connection, upstream)."""
         started = time.monotonic()
         try:
-            _, host, port, path = http1.split_absolute(request.target)
+            authority, host, port, path = http1.split_absolute(request.target)
             body_kind, body_len = http1.framing(request)
         except HttpError as exc:
             await _send_error(writer, exc.status, exc.message)
@@ -253,9 +280,10 @@ class Proxy:
                 else:
                     await _send_error(writer, exc.status, exc.verdict.reason)
                 return False, None
-        headers = http1.forwardable(request, body_kind)
-        if not any(k == b"host" for k, _ in headers):
-            headers.insert(0, (b"host", request.target.split(b"/")[2]))
+        # RFC 9112 3.2.2: the target's authority replaces any Host the client sent,
+        # so the origin cannot be steered to a virtual host the policy never saw.
+        headers = [(k, v) for k, v in http1.forwardable(request, body_kind) if k != b"host"]
+        headers.insert(0, (b"host", authority.encode("ascii", "replace")))
         up = down = 0
         status = 0
         try:
@@ -360,7 +388,7 @@ class Proxy:
             upstream = await self.open_upstream(dest)
         except Refused as exc:
             code = SOCKS_NOT_ALLOWED if exc.status == 403 else SOCKS_HOST_UNREACHABLE
-            if "refused" in exc.verdict.reason.lower():
+            if exc.refused:
                 code = SOCKS_REFUSED
             self.log(dest, exc.verdict, code, 0, 0, started)
             writer.write(_socks_reply(code))
@@ -368,6 +396,88 @@ class Proxy:
         writer.write(_socks_reply(SOCKS_OK))
         up, down = await tunnel(reader, writer, upstream.reader, upstream.writer)
         self.log(dest, upstream.verdict, SOCKS_OK, up, down, started, upstream.address)
+
+    # -- transparent mode -----------------------------------------------------------------
+
+    def pool(self, run_id: str) -> FakePool:
+        return self.pools.setdefault(run_id, FakePool())
+
+    async def dns(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, run_id: str
+    ) -> None:
+        started = time.monotonic()
+        (size,) = struct.unpack("!H", await reader.readexactly(2))
+        packet = await reader.readexactly(size)
+        query = dnsmsg.parse_query(packet)
+        if query is None:
+            reply = dnsmsg.error_reply(packet, dnsmsg.RCODE_FORMERR)
+        else:
+            verdict = self.chain.dns(run_id, query.name)
+            if verdict.allowed:
+                address = self.pool(run_id).address_for(query.name)
+                reply = dnsmsg.answer(query, address)
+            else:
+                reply = dnsmsg.answer(query, None, dnsmsg.RCODE_NXDOMAIN)
+            dest = Destination(run_id, "dns", query.name, 53)
+            self.log(
+                dest,
+                verdict,
+                0 if verdict.allowed else dnsmsg.RCODE_NXDOMAIN,
+                len(packet),
+                len(reply),
+                started,
+            )
+        writer.write(struct.pack("!H", len(reply)) + reply)
+        await writer.drain()
+
+    async def captured(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, run_id: str
+    ) -> None:
+        """A connection the sandbox's nftables rules redirected: name it, decide, splice."""
+        started = time.monotonic()
+        line = await reader.readuntil(b"\n")
+        address, _, port_text = line.decode("ascii", "replace").strip().rpartition(" ")
+        port = int(port_text)
+        named = self.pool(run_id).name_for(address)
+        early = b""
+        try:
+            while len(early) < PEEK_LIMIT and not sniff.looks_complete(early):
+                chunk = await asyncio.wait_for(reader.read(PEEK_LIMIT), PEEK_TIMEOUT)
+                if not chunk:
+                    break
+                early += chunk
+        except TimeoutError:
+            pass  # a protocol where the server speaks first
+        claimed = sniff.tls_server_name(early) or sniff.http_host(early)
+        host = named or claimed or address
+        dest = Destination(run_id, "transparent", host, port)
+        if named and claimed and claimed.lower().rstrip(".") != named:
+            # The stand-in address was handed out for `named`; a different SNI or
+            # Host would be domain fronting through an allowed name.
+            verdict = Verdict(
+                False, "name-mismatch", f"connected to {named} but asked for {claimed}"
+            )
+            self.log(dest, verdict, 403, 0, 0, started)
+            return
+        if named is None and _in_pool(address):
+            verdict = Verdict(False, "default", "stand-in address from an earlier run")
+            self.log(dest, verdict, 403, 0, 0, started)
+            return
+        try:
+            upstream = await self.open_upstream(dest)
+        except Refused as exc:
+            self.log(dest, exc.verdict, exc.status, 0, 0, started)
+            return
+        upstream.writer.write(early)
+        up, down = await tunnel(reader, writer, upstream.reader, upstream.writer)
+        self.log(dest, upstream.verdict, 200, up + len(early), down, started, upstream.address)
+
+
+def _in_pool(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address) in dnsmsg.POOL
+    except ValueError:
+        return False
 
 
 def _socks_reply(code: int) -> bytes:

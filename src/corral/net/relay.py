@@ -18,10 +18,14 @@ The relay exits with the command's exit status.
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
 
 CHUNK = 256 * 1024
+SO_ORIGINAL_DST = 80  # netfilter: where a redirected connection was going
+TRANSPARENT = b"\xfe"  # door preamble: a captured connection, "ADDRESS PORT\n" follows
+DNS = b"\xfd"  # door preamble: one DNS query, 2-byte length + packet
 
 
 def pump(src: socket.socket, dst: socket.socket) -> None:
@@ -39,10 +43,24 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
         pass
 
 
-def serve(client: socket.socket, door: str) -> None:
+def original_destination(client: socket.socket) -> tuple[str, int]:
+    """Where a connection redirected by the sandbox's nftables rules was headed."""
+    if client.family == socket.AF_INET6:
+        raw = client.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+        port = struct.unpack("!H", raw[2:4])[0]
+        return socket.inet_ntop(socket.AF_INET6, raw[8:24]), port
+    raw = client.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    port = struct.unpack("!H", raw[2:4])[0]
+    return socket.inet_ntop(socket.AF_INET, raw[4:8]), port
+
+
+def serve(client: socket.socket, door: str, transparent: bool = False) -> None:
     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         upstream.connect(door)
+        if transparent:
+            address, port = original_destination(client)
+            upstream.sendall(TRANSPARENT + f"{address} {port}\n".encode())
     except OSError:
         client.close()  # fail closed: no proxy, no network
         upstream.close()
@@ -55,21 +73,46 @@ def serve(client: socket.socket, door: str) -> None:
     upstream.close()
 
 
-def accept_loop(listener: socket.socket, door: str) -> None:
+def accept_loop(listener: socket.socket, door: str, transparent: bool = False) -> None:
     while True:
         try:
             client, _ = listener.accept()
         except OSError:
             continue
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=serve, args=(client, door), daemon=True).start()
+        threading.Thread(target=serve, args=(client, door, transparent), daemon=True).start()
 
 
-def listen(port: int) -> list[socket.socket]:
+def dns_loop(sock: socket.socket, door: str) -> None:
+    """Each query goes to the proxy through the door; its answer comes back."""
+    while True:
+        try:
+            packet, peer = sock.recvfrom(4096)
+        except OSError:
+            continue
+        threading.Thread(target=dns_one, args=(sock, door, packet, peer), daemon=True).start()
+
+
+def dns_one(sock: socket.socket, door: str, packet: bytes, peer: tuple[str, int]) -> None:
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        upstream.settimeout(10)
+        upstream.connect(door)
+        upstream.sendall(DNS + struct.pack("!H", len(packet)) + packet)
+        head = upstream.recv(2, socket.MSG_WAITALL)
+        reply = upstream.recv(struct.unpack("!H", head)[0], socket.MSG_WAITALL)
+        sock.sendto(reply, peer)
+    except (OSError, struct.error):
+        pass  # no answer: the resolver times out, as with no network
+    finally:
+        upstream.close()
+
+
+def listen(port: int, kind: int = socket.SOCK_STREAM) -> list[socket.socket]:
     sockets = []
     for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
         try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock = socket.socket(family, kind)
         except OSError:
             continue
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -78,33 +121,40 @@ def listen(port: int) -> list[socket.socket]:
         except OSError:
             sock.close()
             continue  # e.g. no IPv6 in this namespace
-        sock.listen(1024)
+        if kind == socket.SOCK_STREAM:
+            sock.listen(1024)
         sockets.append(sock)
     if not sockets:
         raise SystemExit(f"corral-relay: cannot listen on loopback port {port}")
     return sockets
 
 
-def parse(argv: list[str]) -> tuple[str, list[int], list[str]]:
-    door, ports = "", []
+def parse(argv: list[str]) -> tuple[str, dict[str, int], list[str]]:
+    door, ports = "", {}
     i = 0
     while i < len(argv) and argv[i] != "--":
         if argv[i] == "--door":
             door = argv[i + 1]
-        elif argv[i] in ("--http", "--socks"):
-            ports.append(int(argv[i + 1]))
+        elif argv[i] in ("--http", "--socks", "--transparent", "--dns"):
+            ports[argv[i][2:]] = int(argv[i + 1])
         else:
             raise SystemExit(f"corral-relay: unknown argument {argv[i]!r}")
         i += 2
     command = argv[i + 1 :]
     if not door or not ports or not command:
-        raise SystemExit("usage: relay.py --door PATH --http PORT --socks PORT -- COMMAND...")
+        raise SystemExit(
+            "usage: relay.py --door PATH --http PORT --socks PORT "
+            "[--transparent PORT --dns PORT] -- COMMAND..."
+        )
     return door, ports, command
 
 
 def main(argv: list[str]) -> None:
     door, ports, command = parse(argv)
-    listeners = [sock for port in ports for sock in listen(port)]
+    proxies = [sock for k in ("http", "socks") if k in ports for sock in listen(ports[k])]
+    captured = listen(ports["transparent"]) if "transparent" in ports else []
+    resolvers = listen(ports["dns"], socket.SOCK_DGRAM) if "dns" in ports else []
+    listeners = proxies + captured + resolvers
     pid = os.fork()
     if pid == 0:
         for sock in listeners:
@@ -116,8 +166,12 @@ def main(argv: list[str]) -> None:
         except OSError as exc:
             sys.stderr.write(f"corral: cannot run {command[0]}: {exc.strerror}\n")
             os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
-    for sock in listeners:
+    for sock in proxies:
         threading.Thread(target=accept_loop, args=(sock, door), daemon=True).start()
+    for sock in captured:
+        threading.Thread(target=accept_loop, args=(sock, door, True), daemon=True).start()
+    for sock in resolvers:
+        threading.Thread(target=dns_loop, args=(sock, door), daemon=True).start()
     while True:
         try:
             _, status = os.waitpid(pid, 0)

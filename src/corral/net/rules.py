@@ -79,6 +79,7 @@ class Rule:
     def matches_address(self, addr: IPAddress, port: int) -> bool:
         if not self.matches_port(port):
             return False
+        addr = _unmapped(addr)
         if self.wildcard == "":
             return True
         return (
@@ -89,14 +90,17 @@ class Rule:
 
 
 def _parse_ports(text: str, entry: str) -> tuple[int, int]:
-    low, _, high = text.partition("-")
-    try:
-        lo, hi = int(low), int(high or low)
-    except ValueError:
-        raise ValueError(f"bad port in {entry!r}") from None
+    low, dash, high = text.partition("-")
+    if not _digits(low) or (dash and not _digits(high)):
+        raise ValueError(f"bad port in {entry!r}")
+    lo, hi = int(low), int(high or low)
     if not 1 <= lo <= hi <= 65535:
         raise ValueError(f"port out of range in {entry!r}")
     return lo, hi
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def _parse_into(rule: Rule, entry: str) -> None:
@@ -127,7 +131,7 @@ def _parse_into(rule: Rule, entry: str) -> None:
     name = normalize_host(host)
     if name.startswith("*."):
         suffix = name[2:]
-        if not suffix or "*" in suffix:
+        if not _valid_name(suffix):
             raise ValueError(f"bad wildcard in {entry!r}: use *.example.org")
         rule.wildcard = suffix
         return
@@ -148,7 +152,10 @@ def _valid_name(name: str) -> bool:
     if not name or len(name) > 253:
         return False
     allowed = set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
-    return all(label and len(label) <= 63 and set(label) <= allowed for label in name.split("."))
+    labels = name.split(".")
+    if labels[-1].isdigit():  # "999.1.1.1" is a broken address, not a name
+        return False
+    return all(label and len(label) <= 63 and set(label) <= allowed for label in labels)
 
 
 def normalize_host(host: str) -> str:
@@ -209,9 +216,21 @@ class HostRules:
                 return Verdict(True, rule.text)
         return Verdict(False, "default", "host not in the allow list")
 
+    def check_name_any_port(self, host: str) -> Verdict:
+        """May the name be used at all?  (DNS has no port: a rule for any port counts,
+        a deny counts only when it covers every port.)"""
+        name = normalize_host(host)
+        for rule in self.deny:
+            if rule.ports is None and rule.matches_name(name, 0):
+                return Verdict(False, rule.text, "denied by rule")
+        for rule in self.allow:
+            if rule.matches_name(name, rule.ports[0] if rule.ports else 0):
+                return Verdict(True, rule.text)
+        return Verdict(False, "default", "host not in the allow list")
+
     def check_resolved(self, host: str, port: int, address: str) -> Verdict:
         """Decide on one address an allowed name resolved to."""
-        addr = ipaddress.ip_address(address.split("%", 1)[0])
+        addr = _unmapped(ipaddress.ip_address(address.split("%", 1)[0]))
         for rule in self.deny:
             if rule.network is not None and rule.matches_address(addr, port):
                 return Verdict(False, rule.text, f"{host} resolved to a denied address {addr}")
@@ -230,6 +249,13 @@ class HostRules:
 def _literal(host: str) -> IPAddress | None:
     text = host.strip("[]").split("%", 1)[0]
     try:
-        return ipaddress.ip_address(text)
+        return _unmapped(ipaddress.ip_address(text))
     except ValueError:
         return None
+
+
+def _unmapped(addr: IPAddress) -> IPAddress:
+    """::ffff:1.2.3.4 is 1.2.3.4: IPv4 rules must see it as such."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr

@@ -44,6 +44,7 @@ class Plan:
         "env",
         "fds",
         "mounts",
+        "netns_rules",
         "notes",
         "policy",
         "quarantine",
@@ -59,6 +60,8 @@ class Plan:
         self.env: dict[str, str] = {}
         self.cwd = policy.workspace
         self.cwd_in_argv = False  # True when argv itself changes to cwd (bwrap --chdir)
+        # nftables rules for a network namespace the launcher creates (transparent mode)
+        self.netns_rules: str | None = None
         self.mounts: list[Mount] = []
         self.seccomp: tuple[SyscallRule, ...] = ()
         self.cgroup: CgroupPlan | None = None

@@ -111,8 +111,9 @@ class NamespaceTier(Tier):
             Mount("ro-bind", doors.SANDBOX_DOOR, door, "the one way out: corral's proxy"),
             Mount("ro-bind", doors.SANDBOX_RELAY, doors.relay_script(), "relay to the door"),
         ]
-        plan.env.update(doors.proxy_env())
-        return [
+        # the policy's own [env] values win over the proxy defaults
+        plan.env = {**doors.proxy_env(), **plan.env}
+        relay = [
             inside_python(),
             "-I",
             "-S",
@@ -123,9 +124,22 @@ class NamespaceTier(Tier):
             str(doors.HTTP_PORT),
             "--socks",
             str(doors.SOCKS_PORT),
-            "--",
-            *command,
         ]
+        if policy.network.transparent:
+            from corral.errors import RefusedError
+            from corral.net import transparent
+
+            why = transparent.unavailable()
+            if why:
+                raise RefusedError(why)
+            plan.netns_rules = transparent.ruleset()
+            relay += [
+                "--transparent",
+                str(transparent.TRANSPARENT_PORT),
+                "--dns",
+                str(transparent.DNS_PORT),
+            ]
+        return [*relay, "--", *command]
 
     def health(self, probe: bool = False) -> Health:
         bwrap = find_bwrap()
@@ -190,9 +204,12 @@ class NamespaceTier(Tier):
         mounts, empty_fds = mount_args(plan.mounts)
         plan.fds.update(dict.fromkeys(empty_fds, "empty"))
         bwrap = find_bwrap() or "bwrap"
+        hardening = list(HARDENING)
+        if plan.netns_rules is not None:  # the launcher provides the network namespace
+            hardening.remove("--unshare-net")
         plan.argv = [
             bwrap,
-            *HARDENING,
+            *hardening,
             "--json-status-fd",
             str(FD_STATUS),
             "--seccomp",
