@@ -47,13 +47,17 @@ def ruleset(tcp_port: int = TRANSPARENT_PORT, dns_port: int = DNS_PORT) -> str:
 """
 
 
+def nft_binary() -> str | None:
+    from shutil import which
+
+    return which("nft", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+
+
 def unavailable() -> str | None:
     """Why transparent mode cannot run here, or None."""
     if os.geteuid() != 0:
         return "transparent mode needs root (it sets nftables rules in the sandbox's namespace)"
-    from shutil import which
-
-    if which("nft") is None:
+    if nft_binary() is None:
         return "transparent mode needs the nft command (Debian: apt-get install nftables)"
     try:
         import pyroute2  # type: ignore[import-untyped, unused-ignore]  # noqa: F401
@@ -79,6 +83,8 @@ def enter(rules: str) -> None:
         # to redirected UDP (DNS) cannot be matched back to their socket
         ipr.route("add", dst="0.0.0.0/0", oif=lo, prefsrc="127.0.0.1")
         ipr.route("add", dst="::/0", oif=lo, family=10, prefsrc="::1")
-    done = subprocess.run(["nft", "-f", "-"], input=rules.encode(), capture_output=True)
+    done = subprocess.run(
+        [nft_binary() or "nft", "-f", "-"], input=rules.encode(), capture_output=True
+    )
     if done.returncode != 0:
         raise OSError(f"nft: {done.stderr.decode(errors='replace').strip()}")
