@@ -613,6 +613,7 @@ def _load_worker(job: LoadJob) -> tuple[int, int, str]:
 def _worker_init() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's clean-up handler
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
 
 def run_load(
@@ -624,10 +625,15 @@ def run_load(
     start_at = time.monotonic() + 0.2
     jobs = [LoadJob(mode, port, origin, via_proxy, n, start_at, duration) for n in per]
     pool = ctx.Pool(procs, initializer=_worker_init)
+    finished = False
     try:
         results = pool.map(_load_worker, jobs)
+        finished = True
     finally:
-        pool.close()
+        if finished:
+            pool.close()
+        else:
+            pool.terminate()
         pool.join()
     done = sum(r[0] for r in results)
     errors = sum(r[1] for r in results)
@@ -693,10 +699,15 @@ def run_bulk(port: int, origin: int, via_proxy: bool, procs: int, count: int) ->
     start_at = time.monotonic() + 0.2
     jobs = [BulkJob(port, origin, via_proxy, count, start_at) for _ in range(procs)]
     pool = ctx.Pool(procs, initializer=_worker_init)
+    finished = False
     try:
         results = pool.map(_bulk_worker, jobs)
+        finished = True
     finally:
-        pool.close()
+        if finished:
+            pool.close()
+        else:
+            pool.terminate()
         pool.join()
     elapsed = max(r[1] for r in results) - start_at
     return sum(r[0] for r in results) / elapsed / 1e6
