@@ -1271,6 +1271,9 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 0
+    except KeyboardInterrupt:
+        print("bench: interrupted; servers stopped", file=sys.stderr)
+        return 130
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(text, end="")

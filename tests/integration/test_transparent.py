@@ -67,16 +67,20 @@ def test_transparent_capture(sandbox: tuple[Corral, Path], origins: tuple[Origin
         pytest.fail("nft is missing: .ci/run installs nftables")
     (ws / "probe.py").write_text(PROBE)
     node = (
-        f"node -e 'fetch(\"http://{NAME}:{ok.port}/node\").then(r => r.text())"
-        ".then(t => console.log(\"node\", t.trim()))'"
-        if shutil.which("node") else "echo node hello from origin"
+        f'node -e \'fetch("http://{NAME}:{ok.port}/node").then(r => r.text())'
+        '.then(t => console.log("node", t.trim()))\''
+        if shutil.which("node")
+        else "echo node hello from origin"
     )
     # No proxy variables at all: only the capture can carry these requests.
-    r = c.sh(ws, f"""
+    r = c.sh(
+        ws,
+        f"""
         unset http_proxy HTTP_PROXY https_proxy HTTPS_PROXY ALL_PROXY all_proxy
         {node}
         python3 probe.py {ok.port}
-    """)
+    """,
+    )
     out = r.stdout.decode()
     assert r.returncode == 0, r.stderr
     assert "node hello from origin" in out  # allow twins
@@ -92,8 +96,13 @@ def test_transparent_capture(sandbox: tuple[Corral, Path], origins: tuple[Origin
     rules = {(e["scheme"], e["decision"], e["rule"]) for e in log}
     assert ("dns", "deny", "default") in rules
     assert ("transparent", "deny", "name-mismatch") in rules
-    assert any(e["scheme"] == "transparent" and e["host"] == "192.0.2.1"
-               and e["decision"] == "deny" and e["address"] is None for e in log)
+    assert any(
+        e["scheme"] == "transparent"
+        and e["host"] == "192.0.2.1"
+        and e["decision"] == "deny"
+        and e["address"] is None
+        for e in log
+    )
 
 
 def test_transparent_explain_shows_the_rules(sandbox: tuple[Corral, Path]) -> None:
