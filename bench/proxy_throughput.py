@@ -14,8 +14,8 @@ a 10 MB file):
    the proxy, ``CONNECT``, one small GET through the tunnel, close.  Direct:
    a new connection and one GET.  A load generator in this file (epoll, one
    process per CPU) drives it.
-3. MB/s (10**6 bytes) of a 10 MB body through a CONNECT tunnel, one client at a
-   time and four in parallel.
+3. MB/s (10**6 bytes) of 10 MB bodies, each through a new CONNECT tunnel, for
+   the same duration: one client, and four in parallel.
 4. latency of one small GET on a keep-alive connection (500 per loop), from
    inside a ``corral run`` sandbox through relay + door + proxy, next to the
    same loop on the host against the origin, ``corral proxy serve`` and squid.
@@ -646,8 +646,8 @@ class BulkJob:
     port: int
     origin: int
     via_proxy: bool
-    count: int
     start_at: float
+    duration: float
 
 
 def _read_head(s: socket.socket) -> tuple[bytes, bytes]:
@@ -662,14 +662,19 @@ def _read_head(s: socket.socket) -> tuple[bytes, bytes]:
 
 
 def _bulk_worker(job: BulkJob) -> tuple[int, float]:
-    """Fetch /10m ``count`` times (each through a new tunnel); (bytes, end time)."""
+    """Fetch /10m, each through a new tunnel, until the time is up.
+
+    Returns (bytes received, when the last body was complete); a body that
+    started in time is finished and counted.
+    """
     origin = f"127.0.0.1:{job.origin}"
     buf = bytearray(1 << 20)
     view = memoryview(buf)
     total = 0
     while time.monotonic() < job.start_at:
         time.sleep(0.001)
-    for _ in range(job.count):
+    end = job.start_at + job.duration
+    while not total or time.monotonic() < end:
         with socket.create_connection(("127.0.0.1", job.port)) as s:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if job.via_proxy:
@@ -693,11 +698,13 @@ def _bulk_worker(job: BulkJob) -> tuple[int, float]:
     return total, time.monotonic()
 
 
-def run_bulk(port: int, origin: int, via_proxy: bool, procs: int, count: int) -> float:
-    """MB/s (10**6 bytes) over all ``procs`` clients, each fetching ``count`` bodies."""
+def run_bulk(
+    port: int, origin: int, via_proxy: bool, procs: int, duration: float
+) -> tuple[float, float]:
+    """(MB/s, MB) over ``procs`` clients fetching 10 MB bodies for ``duration`` (MB: 10**6)."""
     ctx = multiprocessing.get_context("fork")
     start_at = time.monotonic() + 0.2
-    jobs = [BulkJob(port, origin, via_proxy, count, start_at) for _ in range(procs)]
+    jobs = [BulkJob(port, origin, via_proxy, start_at, duration) for _ in range(procs)]
     pool = ctx.Pool(procs, initializer=_worker_init)
     finished = False
     try:
@@ -710,7 +717,8 @@ def run_bulk(port: int, origin: int, via_proxy: bool, procs: int, count: int) ->
             pool.terminate()
         pool.join()
     elapsed = max(r[1] for r in results) - start_at
-    return sum(r[0] for r in results) / elapsed / 1e6
+    total = sum(r[0] for r in results) / 1e6
+    return total / elapsed, total
 
 
 def run_wrk(
@@ -765,6 +773,7 @@ class Row:
 @dataclass
 class Latency:
     samples: dict[str, list[int]] = field(default_factory=dict)
+    round_p50: dict[str, list[float]] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
 
 
@@ -781,8 +790,8 @@ class Bench:
         self.rows = [
             Row("keepalive", f"1. keep-alive GET 1 KB, {CONCURRENCY} conns", "req/s"),
             Row("tunnels", f"2. new CONNECT tunnel + 1 GET, {CONCURRENCY} clients", "tunnels/s"),
-            Row("bulk", f"3a. 10 MB via CONNECT, 1 client x {args.bulk_count}", "MB/s"),
-            Row("bulk4", f"3b. 10 MB via CONNECT, 4 clients x {args.bulk_count}", "MB/s"),
+            Row("bulk", "3a. 10 MB bodies via CONNECT, 1 client", "MB/s"),
+            Row("bulk4", "3b. 10 MB bodies via CONNECT, 4 clients", "MB/s"),
         ]
         self.latency = Latency()
         self.wrk = _sbin("wrk") if args.loadgen == "wrk" else None
@@ -844,8 +853,7 @@ class Bench:
                 cell.first_error = cell.first_error or first
             else:
                 procs = 1 if row.key == "bulk" else 4
-                value = run_bulk(port, origin, via, procs, self.args.bulk_count)
-                ops = procs * self.args.bulk_count * BIG / 1e6  # per MB
+                value, ops = run_bulk(port, origin, via, procs, duration)  # ops: MB
                 errs = 0
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             cell.errors += 1
@@ -906,6 +914,7 @@ class Bench:
                 self.latency.failures[name] = f"exit {proc.returncode}: {why}"
                 continue
             self.latency.samples.setdefault(name, []).extend(values)
+            self.latency.round_p50.setdefault(name, []).append(statistics.median(values))
 
     def run(self, corral: str, python: str) -> None:
         warm = min(1.0, self.args.duration)
@@ -1036,11 +1045,9 @@ def machine_line(srv: Servers) -> str:
     )
 
 
-def _fmt(value: float, unit: str) -> str:
-    if value != value:  # NaN
+def _fmt(value: float) -> str:
+    if value != value:  # NaN: no measurement
         return "—"
-    if unit == "MB/s":
-        return f"{value:,.0f}"
     return f"{value:,.0f}"
 
 
@@ -1067,10 +1074,10 @@ def report(bench: Bench, args: argparse.Namespace, started: float) -> str:
         else f"Python epoll load generator, {bench.procs} processes"
     )
     out.append(
-        f"{args.rounds} interleaved round(s), {args.duration:g} s per cell for rows 1-2, "
-        f"median over rounds; {time.monotonic() - started:.0f} s in all. Row 1: {gen}; "
-        f"row 2: Python epoll load generator, {bench.procs} "
-        f"processes; row 3: Python clients, a new tunnel per 10 MB body (MB = 10⁶ bytes). "
+        f"{args.rounds} interleaved round(s), {args.duration:g} s per cell, median over "
+        f"rounds; {time.monotonic() - started:.0f} s in all. Row 1: {gen}; row 2: Python "
+        f"epoll load generator, {bench.procs} processes; row 3: Python clients, a new "
+        "tunnel per 10 MB body (MB = 10⁶ bytes). "
         "corral: `corral proxy serve` (TCP listener, audit log to a file); squid: private "
         "instance, `cache deny all`, access log to a file, `workers 1`."
     )
@@ -1087,8 +1094,8 @@ def report(bench: Bench, args: argparse.Namespace, started: float) -> str:
         else:
             status = "no data"
         out.append(
-            f"| {row.title} | {row.unit} | {_fmt(med['direct'], row.unit)} | "
-            f"{_fmt(squid, row.unit)} | {_fmt(corral, row.unit)} | {_ratio(corral, squid)} | "
+            f"| {row.title} | {row.unit} | {_fmt(med['direct'])} | "
+            f"{_fmt(squid)} | {_fmt(corral)} | {_ratio(corral, squid)} | "
             f"{_ratio(corral, med['direct'])} | ≥ {GOAL_RATIO:.1f}x squid | {status} |"
         )
     lat = bench.latency.samples
@@ -1122,7 +1129,7 @@ def report(bench: Bench, args: argparse.Namespace, started: float) -> str:
     for row in bench.rows:
         for v in VARIANTS:
             cell = row.cells[v]
-            rounds = ", ".join(_fmt(x, row.unit) for x in cell.values) or "—"
+            rounds = ", ".join(_fmt(x) for x in cell.values) or "—"
             cpu = f"{statistics.median(cell.cpu_us_per_op):.1f}" if cell.cpu_us_per_op else "—"
             logged = f"{statistics.median(cell.logged):.3f}" if cell.logged else "—"
             out.append(f"| {row.title} | {v} | {rounds} | {cell.errors} | {cpu} | {logged} |")
@@ -1140,18 +1147,20 @@ def report(bench: Bench, args: argparse.Namespace, started: float) -> str:
         f"({args.lat_requests} per loop after {LAT_WARMUP} warm-up, "
         f"{args.rounds} round(s))",
         "",
-        "| path | p50 µs | p99 µs | mean µs | added p50 vs direct µs |",
-        "|---|---:|---:|---:|---:|",
+        "| path | p50 µs | p99 µs | mean µs | added p50 vs direct µs | p50 per round µs |",
+        "|---|---:|---:|---:|---:|---|",
     ]
     for name in (direct_name, squid_name, serve_name, door_name):
         values = lat.get(name)
         if not values:
-            out.append(f"| {name} | — | — | — | — ({bench.latency.failures.get(name, '')}) |")
+            failure = bench.latency.failures.get(name, "")
+            out.append(f"| {name} | — | — | — | — | {failure} |")
             continue
         extra = p50[name] - p50.get(direct_name, float("nan"))
+        per_round = ", ".join(f"{x:.0f}" for x in bench.latency.round_p50.get(name, []))
         out.append(
             f"| {name} | {p50[name]:.0f} | {_pct(values, 0.99):.0f} | "
-            f"{statistics.fmean(values):.0f} | {extra:+.0f} |"
+            f"{statistics.fmean(values):.0f} | {extra:+.0f} | {per_round} |"
         )
     if serve_name in p50 and door_name in p50 and direct_name in p50:
         out += [
@@ -1181,7 +1190,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=None, help="seconds per cell (default 5)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3)")
     p.add_argument("--quick", action="store_true", help="1 round of 2 s cells (~1 minute)")
-    p.add_argument("--bulk-count", type=int, default=None, help="10 MB bodies per client")
     p.add_argument("--lat-requests", type=int, default=LAT_REQUESTS)
     p.add_argument("--wrk-threads", type=int, default=1)
     p.add_argument("--corral", default=default_corral())
@@ -1216,8 +1224,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.duration = 2.0 if args.quick else 5.0
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
-    if args.bulk_count is None:
-        args.bulk_count = 5 if args.quick else 10
     return args
 
 
