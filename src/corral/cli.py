@@ -472,8 +472,10 @@ def cmd_proxy(args: list[str]) -> int:
                 except OSError:
                     pass
 
+    from corral.net.proxy import run_loop
+
     try:
-        asyncio.run(serve())
+        run_loop(serve())
     except KeyboardInterrupt:
         return 0
     finally:

@@ -158,8 +158,10 @@ def _serve(
         await done
         server.close()
 
+    from corral.net.proxy import run_loop
+
     try:
-        asyncio.run(main())
+        run_loop(main())
     finally:
         door.remove_files()
         report = "".join(f"{dest} {n}\n" for dest, n in audit.denied.items())

@@ -31,6 +31,8 @@ class Destination:
 
 class Hook:
     name = "hook"
+    # True when on_connect depends only on (host, port): the chain may cache it
+    connect_by_host_port = False
 
     def on_connect(self, dest: Destination) -> Verdict | None:
         """Before any DNS lookup, for every request, tunnel and SOCKS connection."""
@@ -53,6 +55,7 @@ class HostRulesHook(Hook):
     """``[network] allow`` / ``deny`` by host, port and address, with rebinding checks."""
 
     name = "hosts"
+    connect_by_host_port = True
 
     def __init__(self, rules: HostRules) -> None:
         self.rules = rules
@@ -79,11 +82,23 @@ def combine(verdicts: list[Verdict | None]) -> Verdict:
 
 
 class Chain:
+    CACHE_SIZE = 4096
+
     def __init__(self, hooks: list[Hook]) -> None:
         self.hooks = hooks
+        self._cacheable = all(h.connect_by_host_port for h in hooks)
+        self._cache: dict[tuple[str, int], Verdict] = {}
 
     def connect(self, dest: Destination) -> Verdict:
-        return combine([h.on_connect(dest) for h in self.hooks])
+        if not self._cacheable:
+            return combine([h.on_connect(dest) for h in self.hooks])
+        key = (dest.host, dest.port)
+        verdict = self._cache.get(key)
+        if verdict is None:  # keep-alive clients ask the same question thousands of times
+            if len(self._cache) >= self.CACHE_SIZE:
+                self._cache.clear()
+            verdict = self._cache[key] = combine([h.on_connect(dest) for h in self.hooks])
+        return verdict
 
     def resolved(self, dest: Destination, address: str) -> Verdict:
         verdicts = [h.on_resolved(dest, address) for h in self.hooks]

@@ -15,6 +15,7 @@ import ipaddress
 import socket
 import struct
 import time
+from typing import cast
 
 from corral.net import dns as dnsmsg
 from corral.net import http1, sniff
@@ -26,6 +27,8 @@ from corral.runlog import dumps
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from corral.net.audit import Audit
 
 CONNECT_TIMEOUT = 10.0
@@ -90,6 +93,7 @@ class Proxy:
         self.audit = audit
         self.pinned = pinned or {}  # [network] hosts: name -> address, instead of DNS
         self.pools: dict[str, FakePool] = {}  # run id -> transparent-mode stand-in names
+        self._flush_scheduled = False
 
     # -- doors -------------------------------------------------------------------
 
@@ -177,6 +181,10 @@ class Proxy:
             Verdict(True, verdict.rule, f"cannot connect: {error or 'no address'}"), 502, refused
         )
 
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self.audit.flush()
+
     def log(
         self,
         dest: Destination,
@@ -205,6 +213,9 @@ class Proxy:
                 "duration": round(time.monotonic() - started, 6),
             }
         )
+        if not self._flush_scheduled:  # lines buffered in the audit reach disk within 50 ms
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_later(0.05, self._flush)
 
     # -- HTTP ------------------------------------------------------------------------
 
@@ -473,6 +484,16 @@ class Proxy:
         self.log(dest, upstream.verdict, 200, up + len(early), down, started, upstream.address)
 
 
+def run_loop(main: Coroutine[object, object, None]) -> None:
+    """Run the proxy's event loop: uvloop when installed (several times faster)."""
+    try:
+        import uvloop  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
+
+
 def _in_pool(address: str) -> bool:
     try:
         return ipaddress.ip_address(address) in dnsmsg.POOL
@@ -491,18 +512,61 @@ def _literal(host: str) -> str | None:
         return None
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
-    total = 0
-    try:
-        while data := await reader.read(TUNNEL_CHUNK):
-            writer.write(data)
-            total += len(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError):
-        pass
-    return total
+class _Pump(asyncio.Protocol):
+    """One direction of a tunnel at the transport level: bytes received on this
+    side are written straight to the peer (no StreamReader copies, no task per
+    direction).  Back-pressure: when the peer's buffer fills, this side stops
+    reading until it drains."""
+
+    def __init__(
+        self, transport: asyncio.Transport, peer: asyncio.Transport, done: asyncio.Future[None]
+    ) -> None:
+        self.transport = transport
+        self.peer = peer
+        self.done = done
+        self.count = 0
+        self.eof = False
+        self.partner: _Pump | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.count += len(data)
+        self.peer.write(data)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self.peer.can_write_eof() and not self.peer.is_closing():
+            self.peer.write_eof()
+        if self.partner is not None and self.partner.eof:
+            self.finish()
+        return True  # keep the other direction open (half-close)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.finish()
+
+    # the *peer* pump gets these for writes into our transport; see tunnel()
+    def pause_writing(self) -> None:
+        if self.partner is not None:
+            self.partner.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.partner is not None and not self.partner.transport.is_closing():
+            self.partner.transport.resume_reading()
+
+    def finish(self) -> None:
+        for transport in (self.transport, self.peer):
+            transport.close()
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+def _take_buffered(reader: asyncio.StreamReader) -> bytes:
+    """What the stream layer already read but nobody consumed (e.g. a TLS
+    ClientHello sent right behind CONNECT).  asyncio has no public way to take
+    it over when the transport changes hands."""
+    buffer: bytearray = reader._buffer  # type: ignore[attr-defined]
+    data = bytes(buffer)
+    buffer.clear()
+    return data
 
 
 async def tunnel(
@@ -511,11 +575,35 @@ async def tunnel(
     server_r: asyncio.StreamReader,
     server_w: asyncio.StreamWriter,
 ) -> tuple[int, int]:
+    """Splice two connections until both sides are done; returns (bytes up, bytes down)."""
+    # uvloop's transports are not asyncio.Transport subclasses, but behave as one
+    client = cast("asyncio.Transport", client_w.transport)
+    server = cast("asyncio.Transport", server_w.transport)
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    up = _Pump(client, server, done)  # reads the client, writes the server
+    down = _Pump(server, client, done)
+    up.partner, down.partner = down, up
+    early_up, early_down = _take_buffered(client_r), _take_buffered(server_r)
+    client_eof, server_eof = client_r.at_eof(), server_r.at_eof()
+    client.set_protocol(up)
+    server.set_protocol(down)
     try:
-        up, down = await asyncio.gather(_pipe(client_r, server_w), _pipe(server_r, client_w))
+        if early_up:
+            up.data_received(early_up)
+        if early_down:
+            down.data_received(early_down)
+        if client_eof:
+            up.eof_received()
+        if server_eof:
+            down.eof_received()
+        for transport in (client, server):
+            if not transport.is_closing():
+                transport.resume_reading()
+        await done
     finally:
-        server_w.close()
-    return up, down
+        client.close()
+        server.close()
+    return up.count, down.count
 
 
 async def _send_error(writer: asyncio.StreamWriter, status: int, message: str) -> None:
