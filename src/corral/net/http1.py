@@ -32,6 +32,8 @@ HOP_BY_HOP = frozenset(
 FRAMING = frozenset({b"content-length", b"host"})
 # Bytes never allowed in a header value or request target (bare CR/LF smuggling).
 CONTROL = (frozenset(range(0x20)) - {0x09}) | {0x7F}
+CONTROL_BYTES = bytes(sorted(CONTROL))
+TOKEN_BYTES = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -78,9 +80,10 @@ def _parse_headers(lines: list[bytes], into: Message) -> None:
         if line[:1] in (b" ", b"\t"):
             raise HttpError(400, "folded header lines are not accepted")
         name, sep, value = line.partition(b":")
-        if not sep or not name or not set(name) <= TOKEN:
+        # bytes.translate(None, delete) runs in C: an empty result means "only these bytes"
+        if not sep or not name or name.translate(None, TOKEN_BYTES):
             raise HttpError(400, "malformed header line")
-        if not CONTROL.isdisjoint(value):
+        if len(value.translate(None, CONTROL_BYTES)) != len(value):
             raise HttpError(400, "control character in a header value")
         into.headers.append((name.lower(), value.strip(b" \t")))
 
@@ -188,19 +191,34 @@ async def read_head(reader: asyncio.StreamReader, prefix: bytes = b"") -> bytes 
 
 
 async def copy_body(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, kind: str, length: int
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    kind: str,
+    length: int,
+    head: bytes = b"",
 ) -> int:
-    """Forward a body framed as ``kind``; returns the bytes forwarded."""
+    """Write ``head``, then forward a body framed as ``kind``; returns the body bytes.
+
+    The head goes out with the first piece of the body: for the small bodies a
+    proxy mostly sees, one send instead of two.
+    """
     import asyncio
 
     sent = 0
+    if head and kind != "length":
+        writer.write(head)
+        head = b""
     if kind == "length":
         remaining = length
         while remaining:
             data = await reader.read(min(remaining, CHUNK))
             if not data:
                 raise HttpError(502, "body ended early")
-            writer.write(data)
+            if head:
+                writer.write(head + data)
+                head = b""
+            else:
+                writer.write(data)
             remaining -= len(data)
             sent += len(data)
             if writer.transport.get_write_buffer_size() > CHUNK:

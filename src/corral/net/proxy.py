@@ -299,8 +299,9 @@ class Proxy:
         status = 0
         try:
             head = http1.serialize_head(request.method + b" " + path + b" HTTP/1.1", headers)
-            upstream.writer.write(head)
-            up += len(head) + await http1.copy_body(reader, upstream.writer, body_kind, body_len)
+            up += len(head) + await http1.copy_body(
+                reader, upstream.writer, body_kind, body_len, head
+            )
             response_head = await http1.read_head(upstream.reader)
             if response_head is None:
                 raise HttpError(502, "upstream closed the connection without a response")
@@ -310,15 +311,15 @@ class Proxy:
                 kind, length = http1.framing(response, request.method)
                 first = response.version + b" " + str(status).encode() + b" " + response.reason
                 out = http1.serialize_head(first, http1.forwardable(response, kind))
-                writer.write(out)
                 down += len(out)
                 if 100 <= status < 200 and status != 101:
+                    writer.write(out)
                     response_head = await http1.read_head(upstream.reader)
                     if response_head is None:
                         raise HttpError(502, "upstream closed after an interim response")
                     continue
                 break
-            down += await http1.copy_body(upstream.reader, writer, kind, length)
+            down += await http1.copy_body(upstream.reader, writer, kind, length, out)
         except HttpError as exc:
             self.log(dest, verdict, exc.status, up, down, started, upstream.address)
             upstream.close()
