@@ -13,6 +13,8 @@ from corral.errors import EXIT_CODES, EXIT_INTERNAL, EXIT_USAGE, CorralError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
+
     from corral.launch import RunResult
     from corral.net.door import Door
     from corral.policy import Policy
@@ -22,7 +24,8 @@ usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
        corral doctor [--json] [--probe]             which tiers can run here, and why not
        corral log [-n N] [--json] [--log FILE]      the last runs
        corral log --net [--run ID] [--host H] [--decision allow|deny]
-       corral proxy serve [--policy FILE] [--listen HOST:PORT] [--allow HOST...]
+       corral proxy serve [--policy FILE] [--listen HOST:PORT] [--door PATH]
+                          [--allow HOST...] [--workers N]
        corral --version
 
 run options:
@@ -87,6 +90,7 @@ LOG_OPTIONS = {
     "--decision": ("decision", "value"),
 }
 SERVE_OPTIONS = {
+    "--workers": ("workers", "value"),
     "--policy": ("policy", "value"),
     "--workspace": ("workspace", "value"),
     "--listen": ("listen", "value"),
@@ -422,65 +426,106 @@ def cmd_proxy(args: list[str]) -> int:
         raise CorralError("usage: corral proxy serve [--listen HOST:PORT] [--door PATH] ...")
     opts, _ = parse(args[1:], SERVE_OPTIONS, positional=False)
     policy = build_policy({**opts, "network": "proxy"})
-    import asyncio
     import socket
 
     from corral.launch import new_run_id
-    from corral.net.audit import Audit, default_path
+    from corral.net.audit import default_path
+
+    run_id = "serve-" + new_run_id()
+    try:
+        workers = int(str(opts.get("workers") or min(4, os.cpu_count() or 1)))
+    except ValueError:
+        raise CorralError("--workers needs a whole number") from None
+    listen = str(opts.get("listen") or ("" if opts.get("door") else "127.0.0.1:3128"))
+    sockets: list[socket.socket] = []
+    if listen:
+        host, _, port = listen.rpartition(":")
+        try:
+            tcp = socket.create_server(
+                (host.strip("[]") or "127.0.0.1", int(port)), backlog=1024, reuse_port=False
+            )
+        except (OSError, ValueError) as exc:
+            raise CorralError(f"--listen {listen}: {exc}") from None
+        sockets.append(tcp)
+    door = str(opts["door"]) if opts.get("door") else None
+    if door:
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            unix.bind(door)
+        except OSError as exc:
+            raise CorralError(f"--door {door}: {exc.strerror}") from None
+        unix.listen(1024)
+        sockets.append(unix)
+    where = " and ".join(x for x in (listen, door) if x)
+    _err(f"corral: proxy on {where} (HTTP and SOCKS5), {workers} worker(s), run id {run_id}")
+    audit_path = str(opts["net_log"]) if opts.get("net_log") else default_path()
+    life_r, life_w = os.pipe()
+    children = []
+    for _ in range(workers - 1):
+        pid = os.fork()
+        if pid == 0:
+            os.close(life_w)
+            code = 0
+            try:
+                _proxy_worker(policy, sockets, run_id, audit_path, life_r)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        children.append(pid)
+    os.close(life_r)
+    try:
+        _proxy_worker(policy, sockets, run_id, audit_path, None)
+    finally:
+        os.close(life_w)  # the other workers see end-of-file and stop
+        for pid in children:
+            os.waitpid(pid, 0)
+        if door:
+            try:
+                os.unlink(door)
+            except OSError:
+                pass
+    return 0
+
+
+def _proxy_worker(
+    policy: Policy, sockets: list[socket.socket], run_id: str, audit_path: str, life_r: int | None
+) -> None:
+    """One proxy process serving pre-bound sockets until a signal (or, for the extra
+    workers, until the first worker closes the life pipe)."""
+    import asyncio
+    import signal
+    import socket
+
+    from corral.net.audit import Audit
     from corral.net.hooks import Chain, HostRulesHook
-    from corral.net.proxy import Proxy
+    from corral.net.proxy import Proxy, run_loop
     from corral.net.rules import HostRules
 
     chain = Chain([HostRulesHook(HostRules.parse(policy.network.allow, policy.network.deny))])
-    audit = Audit(str(opts["net_log"]) if opts.get("net_log") else default_path())
-    run_id = "serve-" + new_run_id()
-    listen = str(opts.get("listen") or ("" if opts.get("door") else "127.0.0.1:3128"))
+    audit = Audit(audit_path)
 
     async def serve() -> None:
         proxy = Proxy(chain, audit, policy.network.hosts)
-        servers = []
-        if listen:
-            host, _, port = listen.rpartition(":")
-            try:
-                servers.append(
-                    await proxy.serve_tcp(host.strip("[]") or "127.0.0.1", int(port), run_id)
-                )
-            except (OSError, ValueError) as exc:
-                raise CorralError(f"--listen {listen}: {exc}") from None
-            _err(f"corral: proxy on {listen} (HTTP and SOCKS5), run id {run_id}")
-        if opts.get("door"):
-            path = str(opts["door"])
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.bind(path)
-            except OSError as exc:
-                raise CorralError(f"--door {path}: {exc.strerror}") from None
-            sock.listen(1024)
-            servers.append(await proxy.serve_unix(sock, run_id))
-            _err(f"corral: proxy door at {path}, run id {run_id}")
-        import signal
-
+        for sock in sockets:
+            if sock.family == socket.AF_UNIX:
+                await proxy.serve_unix(sock, run_id)
+            else:
+                await proxy.serve_sock(sock, run_id)
         stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        try:
-            await stop.wait()
-        finally:
-            if opts.get("door"):
-                try:
-                    os.unlink(str(opts["door"]))
-                except OSError:
-                    pass
-
-    from corral.net.proxy import run_loop
+        loop = asyncio.get_running_loop()
+        if life_r is None:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+        else:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first worker decides
+            loop.add_reader(life_r, stop.set)
+        await stop.wait()
 
     try:
         run_loop(serve())
-    except KeyboardInterrupt:
-        return 0
     finally:
         audit.close()
-    return 0
 
 
 def _err(line: str) -> None:

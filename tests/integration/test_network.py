@@ -267,10 +267,11 @@ def test_proxy_killed_mid_run_fails_closed(
             for d in glob.glob("/tmp/corral-door-*")
             if os.path.exists(os.path.join(d, "proxy.pid")) and os.stat(d).st_uid == c.uid
         ]
-        pids = [int(Path(d, "proxy.pid").read_text()) for d in doors]
+        pids = [int(p) for d in doors for p in Path(d, "proxy.pid").read_text().split()]
         own = [p for p in pids if _parent(p) == proc.pid]
-        assert len(own) == 1, (pids, proc.pid)
-        os.kill(own[0], signal.SIGKILL)
+        assert own, (pids, proc.pid)
+        for pid in own:  # every worker of this run's proxy
+            os.kill(pid, signal.SIGKILL)
         (ws / "killed").write_text("")
         out, _ = proc.communicate(timeout=30)
     finally:

@@ -51,13 +51,18 @@ def proxy_env() -> dict[str, str]:
 
 
 class Door:
-    def __init__(self, policy: Policy, run_id: str, audit_path: str | None) -> None:
+    def __init__(
+        self, policy: Policy, run_id: str, audit_path: str | None, workers: int = 0
+    ) -> None:
         self.policy = policy
+        # Several processes accept on the one socket (more CPU for a busy sandbox);
+        # transparent mode keeps one, as its stand-in addresses live in memory.
+        self.workers = workers or (1 if policy.network.transparent else 2)
         self.run_id = run_id
         self.audit_path = audit_path
         self.dir = tempfile.mkdtemp(prefix="corral-door-")  # 0700, owned by us
         self.path = os.path.join(self.dir, "door.sock")
-        self.pid = 0
+        self.pids: list[int] = []
         self._life_w = -1
         self._tally_r = -1
 
@@ -74,21 +79,25 @@ class Door:
         sock.listen(1024)
         life_r, life_w = os.pipe()
         tally_r, tally_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the proxy process
-            code = 0
-            try:
-                os.close(life_w)
-                os.close(tally_r)
-                _serve(chain, sock, self.run_id, self.audit_path, life_r, tally_w, self)
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
+        for _ in range(self.workers):
+            pid = os.fork()
+            if pid == 0:  # a proxy process
+                code = 0
+                try:
+                    os.close(life_w)
+                    os.close(tally_r)
+                    _serve(chain, sock, self.run_id, self.audit_path, life_r, tally_w, self)
+                except BaseException:
+                    code = 1
+                finally:
+                    os._exit(code)
+            self.pids.append(pid)
+        with open(os.path.join(self.dir, "proxy.pid"), "w", encoding="utf-8") as fh:
+            fh.write("".join(f"{pid}\n" for pid in self.pids))  # for operators (and tests)
         sock.close()
         os.close(life_r)
         os.close(tally_w)
-        self.pid, self._life_w, self._tally_r = pid, life_w, tally_r
+        self._life_w, self._tally_r = life_w, tally_r
 
     def close(self) -> dict[str, int]:
         """Stop the proxy; return {"host:port": denied count}.  Idempotent."""
@@ -104,8 +113,9 @@ class Door:
             for line in data.decode("utf-8", "replace").splitlines():
                 dest, _, count = line.rpartition(" ")
                 if dest and count.isdigit():
-                    tally[dest] = int(count)
-            os.waitpid(self.pid, 0)
+                    tally[dest] = tally.get(dest, 0) + int(count)
+            for pid in self.pids:
+                os.waitpid(pid, 0)
         self.remove_files()
         return tally
 
@@ -141,8 +151,6 @@ def _serve(
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # corral decides when the proxy stops
     audit = Audit(audit_path)
-    with open(os.path.join(door.dir, "proxy.pid"), "w", encoding="utf-8") as fh:
-        fh.write(f"{os.getpid()}\n")  # who serves this door: for operators (and tests)
 
     async def main() -> None:
         proxy = Proxy(chain, audit, door.policy.network.hosts)

@@ -102,6 +102,12 @@ class Proxy:
             lambda r, w: self.handle(r, w, run_id), sock=sock, limit=http1.MAX_HEAD
         )
 
+    async def serve_sock(self, sock: socket.socket, run_id: str) -> asyncio.Server:
+        """Serve a TCP socket bound (and possibly shared with other workers) by the caller."""
+        return await asyncio.start_server(
+            lambda r, w: self.handle(r, w, run_id), sock=sock, limit=http1.MAX_HEAD
+        )
+
     async def serve_tcp(self, host: str, port: int, run_id: str) -> asyncio.Server:
         return await asyncio.start_server(
             lambda r, w: self.handle(r, w, run_id),
