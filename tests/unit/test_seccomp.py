@@ -203,11 +203,16 @@ def test_empty_rules_still_check_arch() -> None:
 # --- arch and ABI gate ---------------------------------------------------------
 
 
-@arches
-@pytest.mark.parametrize("foreign", [AUDIT_ARCH_I386, AUDIT_ARCH_ARM, *AUDIT_ARCH.values(), 0])
+@pytest.mark.parametrize(
+    ("arch", "foreign"),
+    [
+        (arch, foreign)
+        for arch in AUDIT_ARCH
+        for foreign in (AUDIT_ARCH_I386, AUDIT_ARCH_ARM, *AUDIT_ARCH.values(), 0)
+        if foreign != AUDIT_ARCH[arch]
+    ],
+)
 def test_wrong_arch_kills(arch: str, foreign: int) -> None:
-    if foreign == AUDIT_ARCH[arch]:
-        pytest.skip("same arch")
     prog = compile_filter(default_deny_rules(), arch)
     read_nr = syscall_number("read", arch)
     assert read_nr is not None
@@ -236,11 +241,16 @@ def test_every_default_rule_explains_itself() -> None:
         assert rule.why.strip(), rule.name
 
 
-@arches
-@pytest.mark.parametrize("rule", default_deny_rules(), ids=lambda r: r.name)
+@pytest.mark.parametrize(
+    ("arch", "rule"),
+    [
+        pytest.param(arch, rule, id=f"{arch}-{rule.name}")
+        for arch in AUDIT_ARCH
+        for rule in default_deny_rules()
+        if syscall_number(rule.name, arch) is not None  # e.g. no iopl on aarch64
+    ],
+)
 def test_each_default_rule_denies(arch: str, rule: SyscallRule) -> None:
-    if syscall_number(rule.name, arch) is None:
-        pytest.skip(f"{rule.name} does not exist on {arch}")
     assert call(arch, rule.name, *satisfying_args(rule)) == err(rule.errno)
 
 
