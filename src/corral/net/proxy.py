@@ -60,27 +60,50 @@ class Refused(Exception):
         return self.verdict.decision if self.status == 403 else "error"
 
 
-class Upstream:
-    __slots__ = ("address", "host", "port", "reader", "verdict", "writer")
+class _Holding(asyncio.Protocol):
+    """Holds what a tunnel's upstream sends before the tunnel takes it over."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        address: str,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        verdict: Verdict,
-    ) -> None:
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.eof = False
+        self.lost = False
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+
+
+class Upstream:
+    """A connection to a destination: streams for HTTP forwarding, or a bare
+    transport for tunnels (no StreamReader to create, copy through and discard)."""
+
+    __slots__ = ("address", "holding", "host", "port", "reader", "transport", "verdict", "writer")
+
+    def __init__(self, host: str, port: int, address: str, verdict: Verdict) -> None:
         self.verdict = verdict
         self.host = host
         self.port = port
         self.address = address
-        self.reader = reader
-        self.writer = writer
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.transport: asyncio.Transport | None = None
+        self.holding: _Holding | None = None
+
+    def streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        assert self.reader is not None and self.writer is not None, "opened without streams"
+        return self.reader, self.writer
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
+        if self.transport is not None:
+            self.transport.close()
 
 
 PEEK_LIMIT = 16 * 1024
@@ -141,7 +164,7 @@ class Proxy:
 
     # -- decisions and upstream connections ---------------------------------------------
 
-    async def open_upstream(self, dest: Destination) -> Upstream:
+    async def open_upstream(self, dest: Destination, streams: bool = True) -> Upstream:
         verdict = self.chain.connect(dest)
         if not verdict.allowed:
             raise Refused(verdict)
@@ -168,19 +191,26 @@ class Proxy:
             if not checked.allowed:
                 refusal = refusal or checked
                 continue
+            upstream = Upstream(dest.host, dest.port, address, verdict)
             try:
-                async with asyncio.timeout(CONNECT_TIMEOUT):  # no extra task, unlike wait_for
-                    reader, writer = await asyncio.open_connection(
-                        address, dest.port, limit=http1.MAX_HEAD
-                    )
+                # asyncio.timeout, not wait_for: no extra task per connection.  TCP_NODELAY
+                # is already set by asyncio and uvloop on TCP transports.
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    if streams:
+                        upstream.reader, upstream.writer = await asyncio.open_connection(
+                            address, dest.port, limit=http1.MAX_HEAD
+                        )
+                    else:
+                        transport, holding = await loop.create_connection(
+                            _Holding, address, dest.port
+                        )
+                        upstream.transport = transport
+                        upstream.holding = holding
             except (OSError, TimeoutError) as exc:
                 error = f"{address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}"
                 refused = isinstance(exc, ConnectionRefusedError)
                 continue
-            sock = writer.get_extra_info("socket")
-            if sock is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return Upstream(dest.host, dest.port, address, reader, writer, verdict)
+            return upstream
         if refusal is not None and not error:
             raise Refused(refusal)
         raise Refused(
@@ -287,7 +317,7 @@ class Proxy:
         if upstream is not None and (upstream.host, upstream.port) != (host, port):
             upstream.close()
             upstream = None
-        if upstream is None or upstream.reader.at_eof():
+        if upstream is None or upstream.streams()[0].at_eof():
             try:
                 upstream = await self.open_upstream(dest)
             except Refused as exc:
@@ -306,9 +336,9 @@ class Proxy:
         try:
             head = http1.serialize_head(request.method + b" " + path + b" HTTP/1.1", headers)
             up += len(head) + await http1.copy_body(
-                reader, upstream.writer, body_kind, body_len, head
+                reader, upstream.streams()[1], body_kind, body_len, head
             )
-            response_head = await http1.read_head(upstream.reader)
+            response_head = await http1.read_head(upstream.streams()[0])
             if response_head is None:
                 raise HttpError(502, "upstream closed the connection without a response")
             while True:
@@ -320,12 +350,12 @@ class Proxy:
                 down += len(out)
                 if 100 <= status < 200 and status != 101:
                     writer.write(out)
-                    response_head = await http1.read_head(upstream.reader)
+                    response_head = await http1.read_head(upstream.streams()[0])
                     if response_head is None:
                         raise HttpError(502, "upstream closed after an interim response")
                     continue
                 break
-            down += await http1.copy_body(upstream.reader, writer, kind, length, out)
+            down += await http1.copy_body(upstream.streams()[0], writer, kind, length, out)
         except HttpError as exc:
             self.log(dest, verdict, exc.status, up, down, started, upstream.address)
             upstream.close()
@@ -358,7 +388,7 @@ class Proxy:
             return
         dest = Destination(run_id, "connect", host, port)
         try:
-            upstream = await self.open_upstream(dest)
+            upstream = await self.open_upstream(dest, streams=False)
         except Refused as exc:
             self.log(dest, exc.verdict, exc.status, 0, 0, started)
             if exc.status == 403:
@@ -367,7 +397,7 @@ class Proxy:
                 await _send_error(writer, exc.status, exc.verdict.reason)
             return
         writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-        up, down = await tunnel(reader, writer, upstream.reader, upstream.writer)
+        up, down = await tunnel(reader, writer, upstream)
         self.log(dest, upstream.verdict, 200, up, down, started, upstream.address)
 
     # -- SOCKS5 ----------------------------------------------------------------------
@@ -403,7 +433,7 @@ class Proxy:
             writer.write(_socks_reply(SOCKS_CMD_UNSUPPORTED))
             return
         try:
-            upstream = await self.open_upstream(dest)
+            upstream = await self.open_upstream(dest, streams=False)
         except Refused as exc:
             code = SOCKS_NOT_ALLOWED if exc.status == 403 else SOCKS_HOST_UNREACHABLE
             if exc.refused:
@@ -412,7 +442,7 @@ class Proxy:
             writer.write(_socks_reply(code))
             return
         writer.write(_socks_reply(SOCKS_OK))
-        up, down = await tunnel(reader, writer, upstream.reader, upstream.writer)
+        up, down = await tunnel(reader, writer, upstream)
         self.log(dest, upstream.verdict, SOCKS_OK, up, down, started, upstream.address)
 
     # -- transparent mode -----------------------------------------------------------------
@@ -482,12 +512,11 @@ class Proxy:
             self.log(dest, verdict, 403, 0, 0, started)
             return
         try:
-            upstream = await self.open_upstream(dest)
+            upstream = await self.open_upstream(dest, streams=False)
         except Refused as exc:
             self.log(dest, exc.verdict, exc.status, 0, 0, started)
             return
-        upstream.writer.write(early)
-        up, down = await tunnel(reader, writer, upstream.reader, upstream.writer)
+        up, down = await tunnel(reader, writer, upstream, early)
         self.log(dest, upstream.verdict, 200, up + len(early), down, started, upstream.address)
 
 
@@ -579,19 +608,23 @@ def _take_buffered(reader: asyncio.StreamReader) -> bytes:
 async def tunnel(
     client_r: asyncio.StreamReader,
     client_w: asyncio.StreamWriter,
-    server_r: asyncio.StreamReader,
-    server_w: asyncio.StreamWriter,
+    upstream: Upstream,
+    first_up: bytes = b"",
 ) -> tuple[int, int]:
-    """Splice two connections until both sides are done; returns (bytes up, bytes down)."""
+    """Splice the client and a bare upstream transport until both sides are done;
+    returns (bytes up, bytes down).  ``first_up`` was read from the client already."""
     # uvloop's transports are not asyncio.Transport subclasses, but behave as one
     client = cast("asyncio.Transport", client_w.transport)
-    server = cast("asyncio.Transport", server_w.transport)
+    server = upstream.transport
+    holding = upstream.holding
+    assert server is not None and holding is not None, "tunnels use a bare transport"
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     up = _Pump(client, server, done)  # reads the client, writes the server
     down = _Pump(server, client, done)
     up.partner, down.partner = down, up
-    early_up, early_down = _take_buffered(client_r), _take_buffered(server_r)
-    client_eof, server_eof = client_r.at_eof(), server_r.at_eof()
+    early_up = first_up + _take_buffered(client_r)
+    early_down = bytes(holding.buffer)
+    client_eof = client_r.at_eof()
     client.set_protocol(up)
     server.set_protocol(down)
     try:
@@ -599,9 +632,11 @@ async def tunnel(
             up.data_received(early_up)
         if early_down:
             down.data_received(early_down)
+        if holding.lost:
+            down.finish()
         if client_eof:
             up.eof_received()
-        if server_eof:
+        if holding.eof:
             down.eof_received()
         for transport in (client, server):
             if not transport.is_closing():
