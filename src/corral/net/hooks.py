@@ -31,7 +31,8 @@ class Destination:
 
 class Hook:
     name = "hook"
-    # True when on_connect depends only on (host, port): the chain may cache it
+    # True when on_connect depends only on (host, port), and on_resolved only on
+    # (host, port, address): the chain may cache both
     connect_by_host_port = False
 
     def on_connect(self, dest: Destination) -> Verdict | None:
@@ -88,6 +89,7 @@ class Chain:
         self.hooks = hooks
         self._cacheable = all(h.connect_by_host_port for h in hooks)
         self._cache: dict[tuple[str, int], Verdict] = {}
+        self._resolved_cache: dict[tuple[str, int, str], Verdict] = {}
 
     def connect(self, dest: Destination) -> Verdict:
         if not self._cacheable:
@@ -101,10 +103,20 @@ class Chain:
         return verdict
 
     def resolved(self, dest: Destination, address: str) -> Verdict:
+        key = (dest.host, dest.port, address)
+        if self._cacheable:
+            cached = self._resolved_cache.get(key)
+            if cached is not None:
+                return cached
         verdicts = [h.on_resolved(dest, address) for h in self.hooks]
-        if all(v is None for v in verdicts):
-            return Verdict(True, "resolved")
-        return combine(verdicts)
+        verdict = (
+            Verdict(True, "resolved") if all(v is None for v in verdicts) else combine(verdicts)
+        )
+        if self._cacheable:
+            if len(self._resolved_cache) >= self.CACHE_SIZE:
+                self._resolved_cache.clear()
+            self._resolved_cache[key] = verdict
+        return verdict
 
     def dns(self, run_id: str, name: str) -> Verdict:
         return combine([h.on_dns(run_id, name) for h in self.hooks])
