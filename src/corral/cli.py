@@ -364,11 +364,7 @@ def cmd_log(args: list[str]) -> int:
     records = list(runlog.read(str(opts["log"]) if opts.get("log") else None))
     records = records[-count:] if count else []
     if opts.get("json"):
-        import json
-
-        for record in records:
-            print(json.dumps(record))
-        return 0
+        return _print_json_lines(records)
     for r in records:
         argv = r.get("argv")
         command = " ".join(str(a) for a in argv) if isinstance(argv, list) else ""
@@ -389,6 +385,14 @@ def cmd_log(args: list[str]) -> int:
     return 0
 
 
+def _print_json_lines(records: list[dict[str, object]]) -> int:
+    import json
+
+    for record in records:
+        print(json.dumps(record))
+    return 0
+
+
 def _log_net(opts: dict[str, object], count: int) -> int:
     from corral import runlog
     from corral.net.audit import default_path
@@ -406,11 +410,7 @@ def _log_net(opts: dict[str, object], count: int) -> int:
     ]
     records = records[-count:] if count else []
     if opts.get("json"):
-        import json
-
-        for record in records:
-            print(json.dumps(record))
-        return 0
+        return _print_json_lines(records)
     for r in records:
         what = f"{r.get('method') or ''} {r.get('path') or ''}".strip() or str(r.get("scheme"))
         print(

@@ -217,6 +217,16 @@ class Proxy:
             Verdict(True, verdict.rule, f"cannot connect: {error or 'no address'}"), 502, refused
         )
 
+    async def refuse_http(
+        self, writer: asyncio.StreamWriter, dest: Destination, exc: Refused, started: float
+    ) -> None:
+        """Audit a refusal and tell an HTTP client: 403 with the decision, or 502."""
+        self.log(dest, exc.verdict, exc.status, 0, 0, started)
+        if exc.status == 403:
+            await _send_denial(writer, exc.verdict, dest)
+        else:
+            await _send_error(writer, exc.status, exc.verdict.reason)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         self.audit.flush()
@@ -321,11 +331,7 @@ class Proxy:
             try:
                 upstream = await self.open_upstream(dest)
             except Refused as exc:
-                self.log(dest, exc.verdict, exc.status, 0, 0, started)
-                if exc.status == 403:
-                    await _send_denial(writer, exc.verdict, dest)
-                else:
-                    await _send_error(writer, exc.status, exc.verdict.reason)
+                await self.refuse_http(writer, dest, exc, started)
                 return False, None
         # RFC 9112 3.2.2: the target's authority replaces any Host the client sent,
         # so the origin cannot be steered to a virtual host the policy never saw.
@@ -390,11 +396,7 @@ class Proxy:
         try:
             upstream = await self.open_upstream(dest, streams=False)
         except Refused as exc:
-            self.log(dest, exc.verdict, exc.status, 0, 0, started)
-            if exc.status == 403:
-                await _send_denial(writer, exc.verdict, dest)
-            else:
-                await _send_error(writer, exc.status, exc.verdict.reason)
+            await self.refuse_http(writer, dest, exc, started)
             return
         writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         up, down = await tunnel(reader, writer, upstream)
