@@ -183,20 +183,10 @@ def run(
     return result
 
 
-def _launch_and_pump(
-    plan: Plan,
-    result: RunResult,
-    cg: CgroupRun | None,
-    out_fd: int,
-    err_fd: int,
-    in_fd: int,
-    on_output: Callable[[int, bytes], None] | None,
-) -> None:
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    child_fds: dict[int, int] = {0: in_fd, 1: out_w, 2: err_w}
-    parent_only = [out_r, err_r]
-    to_close = [out_w, err_w]
+def _plan_fds(
+    plan: Plan, child_fds: dict[int, int], parent_only: list[int], to_close: list[int]
+) -> int:
+    """Open what the plan's numbered fds must carry; returns the status pipe's read end."""
     status_r = -1
     for number, what in plan.fds.items():
         if what == "status":
@@ -217,6 +207,82 @@ def _launch_and_pump(
             null = os.open(os.devnull, os.O_RDONLY)
             child_fds[number] = null
             to_close.append(null)
+    return status_r
+
+
+class Started:
+    """A plan launched in the background (a long-lived sandbox)."""
+
+    def __init__(self, pid: int, status_r: int, cg: CgroupRun | None) -> None:
+        self.pid = pid
+        self.status_r = status_r
+        self.cg = cg
+
+    def wait_started(self, timeout: float = 30.0) -> None:
+        """Until bwrap reports its child, or raise SetupError with bwrap's words."""
+        text = ""
+        deadline = time.monotonic() + timeout
+        while '"child-pid"' not in text:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.status_r], [], [], left)[0]:
+                raise SetupError("the sandbox did not start in time")
+            chunk = os.read(self.status_r, 65536)
+            if not chunk:
+                raise SetupError("the sandbox could not be set up (see its stderr)")
+            text += chunk.decode("utf-8", "replace")
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        os.close(self.status_r)
+        if self.cg is not None:
+            self.cg.remove()
+
+
+def start(plan: Plan, run_id: str, stdio: dict[int, int]) -> Started:
+    """Launch ``plan`` with ``stdio`` (fd number -> our fd) and return at once."""
+    cg: CgroupRun | None = None
+    if plan.cgroup is not None:
+        from corral.cgroups import CgroupRun
+
+        cg = CgroupRun(plan.cgroup, run_id)
+        cg.create()
+    child_fds = dict(stdio)
+    parent_only: list[int] = []
+    to_close: list[int] = []
+    status_r = _plan_fds(plan, child_fds, parent_only, to_close)
+    try:
+        if cg is not None or not plan.cwd_in_argv or plan.netns_rules is not None:
+            pid = _fork_exec(plan, child_fds, cg.procs_files() if cg is not None else [])
+        else:
+            pid = _spawn(plan, child_fds)
+    finally:
+        for fd in to_close:
+            os.close(fd)
+    return Started(pid, status_r, cg)
+
+
+def _launch_and_pump(
+    plan: Plan,
+    result: RunResult,
+    cg: CgroupRun | None,
+    out_fd: int,
+    err_fd: int,
+    in_fd: int,
+    on_output: Callable[[int, bytes], None] | None,
+) -> None:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    child_fds: dict[int, int] = {0: in_fd, 1: out_w, 2: err_w}
+    parent_only = [out_r, err_r]
+    to_close = [out_w, err_w]
+    status_r = _plan_fds(plan, child_fds, parent_only, to_close)
 
     procs_files = cg.procs_files() if cg is not None else []
     wake_r, wake_w = os.pipe()

@@ -1,0 +1,259 @@
+"""The agent: the first process of a long-lived sandbox, serving its host over stdio.
+
+It runs *inside* the sandbox (``python -I -S agent.py``), standard library
+only, and speaks frames on fd 0 (requests) and fd 1 (replies and events):
+``!II`` (header length, payload length), a JSON header, then raw payload
+bytes.  Each ``exec`` forks a process in its own process group; its output
+comes back as ``out`` events while it runs, then one ``exit`` event.  File
+operations run here too, so they meet exactly the mounts and masks a command
+would: a read-deny mask, a read-only bind or a symlink out of the workspace
+stops the file API just as it stops ``cat``.
+
+Because the sandbox is already set up, an ``exec`` costs a fork and an exec,
+not a new sandbox.
+"""
+
+import json
+import os
+import signal
+import struct
+import sys
+import threading
+import time
+
+HEADER = struct.Struct("!II")
+CHUNK = 65536
+
+_write_lock = threading.Lock()
+_procs: dict[int, "Proc"] = {}
+_procs_lock = threading.Lock()
+_spawn_lock = threading.Lock()
+
+
+def send(header: dict[str, object], payload: bytes = b"") -> None:
+    data = json.dumps(header, separators=(",", ":")).encode()
+    with _write_lock:
+        os.write(1, HEADER.pack(len(data), len(payload)) + data + payload)
+
+
+def read_exact(n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = os.read(0, n - len(out))
+        if not chunk:
+            raise EOFError
+        out += chunk
+    return out
+
+
+class Proc:
+    def __init__(self, ident: int, msg: dict[str, object]) -> None:
+        self.id = ident
+        self.limit = int(str(msg.get("output_limit") or 0))
+        self.kept = 0
+        self.truncated = False
+        self.timed_out = False
+        argv = [str(a) for a in msg["argv"]]  # type: ignore[attr-defined]
+        env = {str(k): str(v) for k, v in dict(msg.get("env") or {}).items()}  # type: ignore[call-overload]
+        cwd = str(msg.get("cwd") or ".")
+        in_r, self.stdin_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        # posix_spawn (vfork underneath), not fork: this process has threads, and
+        # a fork of it costs milliseconds.  The child's cwd is ours at spawn time,
+        # hence the lock around chdir + spawn.
+        actions = [
+            (os.POSIX_SPAWN_DUP2, in_r, 0),
+            (os.POSIX_SPAWN_DUP2, out_w, 1),
+            (os.POSIX_SPAWN_DUP2, err_w, 2),
+        ]
+        with _spawn_lock:
+            try:
+                os.chdir(cwd)
+                self.pid = os.posix_spawnp(
+                    argv[0],
+                    argv,
+                    env,
+                    file_actions=actions,
+                    setsid=True,
+                    setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+                )
+            except OSError:
+                for fd in (in_r, out_w, err_w, out_r, err_r, self.stdin_w):
+                    os.close(fd)
+                raise
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        if not msg.get("stdin"):
+            os.close(self.stdin_w)
+            self.stdin_w = -1
+        send({"ev": "started", "id": ident, "pid": self.pid})
+        self.pumps = [
+            threading.Thread(target=self.pump, args=(out_r, 1), daemon=True),
+            threading.Thread(target=self.pump, args=(err_r, 2), daemon=True),
+        ]
+        for t in self.pumps:
+            t.start()
+        timeout = msg.get("timeout")
+        if timeout:
+            threading.Thread(target=self.watchdog, args=(float(str(timeout)),), daemon=True).start()
+        threading.Thread(target=self.wait, daemon=True).start()
+
+    def pump(self, fd: int, which: int) -> None:
+        while True:
+            try:
+                data = os.read(fd, CHUNK)
+            except OSError:
+                break
+            if not data:
+                break
+            if self.limit:
+                room = self.limit - self.kept
+                if room <= 0:
+                    self.truncated = True
+                    continue  # keep draining so the process never blocks on a full pipe
+                if len(data) > room:
+                    data = data[:room]
+                    self.truncated = True
+                self.kept += len(data)
+            send({"ev": "out", "id": self.id, "fd": which}, data)
+        os.close(fd)
+
+    def watchdog(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            with _procs_lock:
+                if self.id not in _procs:
+                    return
+        self.timed_out = True
+        self.kill(signal.SIGKILL)
+
+    def kill(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except OSError:
+            pass
+
+    def wait(self) -> None:
+        _, status = os.waitpid(self.pid, 0)
+        if self.timed_out:
+            self.kill(signal.SIGKILL)  # what the timeout left of the group
+        for t in self.pumps:
+            t.join(timeout=None if not self.timed_out else 1.0)
+        code = os.waitstatus_to_exitcode(status)
+        with _procs_lock:
+            _procs.pop(self.id, None)
+        if self.stdin_w >= 0:
+            try:
+                os.close(self.stdin_w)
+            except OSError:
+                pass
+        send(
+            {
+                "ev": "exit",
+                "id": self.id,
+                "code": 128 - code if code < 0 else code,
+                "timed_out": self.timed_out,
+                "truncated": self.truncated,
+            }
+        )
+
+
+def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:
+    op = msg["op"]
+    path = str(msg.get("path"))
+    try:
+        data = b""
+        reply: dict[str, object] = {"ev": "done", "id": ident}
+        if op == "read":
+            with open(path, "rb") as fh:
+                data = fh.read()
+        elif op == "write":
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            fd = os.open(path, flags, 0o644)
+            try:
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+        elif op == "list":
+            reply["entries"] = [
+                {
+                    "name": e.name,
+                    "dir": e.is_dir(follow_symlinks=False),
+                    "link": e.is_symlink(),
+                    "size": e.stat(follow_symlinks=False).st_size,
+                }
+                for e in sorted(os.scandir(path), key=lambda e: e.name)
+            ]
+        elif op == "exists":
+            reply["exists"] = os.path.lexists(path)
+        elif op == "remove":
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+        elif op == "mkdir":
+            os.makedirs(path, exist_ok=bool(msg.get("exist_ok", True)))
+        else:
+            reply = {"ev": "done", "id": ident, "error": f"unknown op {op}", "errno": 22}
+        send(reply, data)
+    except OSError as exc:
+        send(
+            {"ev": "done", "id": ident, "error": exc.strerror or str(exc), "errno": exc.errno or 0}
+        )
+
+
+def main() -> None:
+    send({"ev": "ready", "pid": os.getpid()})
+    while True:
+        try:
+            head_len, payload_len = HEADER.unpack(read_exact(HEADER.size))
+            msg = json.loads(read_exact(head_len))
+            payload = read_exact(payload_len) if payload_len else b""
+        except EOFError:
+            break
+        ident = int(msg.get("id", 0))
+        op = msg.get("op")
+        if op == "exec":
+            try:
+                proc = Proc(ident, msg)
+            except OSError as exc:  # as a shell would say it
+                code = 127 if isinstance(exc, FileNotFoundError) else 126
+                message = f"corral: cannot run {msg['argv'][0]}: {exc.strerror}\n"
+                send({"ev": "out", "id": ident, "fd": 2}, message.encode())
+                send({"ev": "exit", "id": ident, "code": code})
+                continue
+            with _procs_lock:
+                _procs[ident] = proc
+        elif op in ("stdin", "close_stdin", "kill"):
+            with _procs_lock:
+                target = _procs.get(ident)
+            if target is None:
+                continue
+            if op == "kill":
+                target.kill(int(msg.get("signal", signal.SIGKILL)))
+            elif target.stdin_w >= 0:
+                try:
+                    if op == "stdin":
+                        os.write(target.stdin_w, payload)
+                    else:
+                        os.close(target.stdin_w)
+                        target.stdin_w = -1
+                except OSError:
+                    pass
+        elif op == "shutdown":
+            break
+        else:
+            threading.Thread(target=file_op, args=(ident, msg, payload), daemon=True).start()
+    with _procs_lock:
+        for proc in _procs.values():
+            proc.kill(signal.SIGKILL)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.setswitchinterval(0.001)  # pump threads hand output over promptly
+    main()

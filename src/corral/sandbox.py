@@ -1,0 +1,520 @@
+"""Long-lived sandboxes for agent frameworks: set up once, then exec many times.
+
+    with Sandbox() as sb:                       # policy from the workspace's corral.toml
+        r = sb.exec("pytest -q", timeout=120, on_stdout=print)
+        server = sb.spawn("python3 -m http.server 8000")
+        sb.files.write("notes.txt", "hello")
+        server.kill()
+
+A :class:`Sandbox` is one sandbox of the policy's tier (today: namespace) whose
+first process is corral's agent (:mod:`corral.agent`).  Commands and file
+operations are requests to that agent over a socket pair, so each ``exec``
+costs a fork and an exec inside the already-built sandbox, and the file API
+meets exactly the mounts a command would.  The policy, limits and network
+door are the same as ``corral run``'s.
+
+The API is thread-safe: one reader thread dispatches the agent's frames to
+the callers waiting for them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+from corral.errors import CorralError
+
+HEADER = struct.Struct("!II")
+SANDBOX_AGENT = "/run/corral/agent.py"
+
+
+class SandboxError(CorralError):
+    """Base of the errors the Python API raises."""
+
+
+class SandboxClosed(SandboxError):
+    def __init__(self) -> None:
+        super().__init__("the sandbox is closed")
+
+
+class CwdOutsideSandbox(SandboxError):
+    pass
+
+
+class PathDenied(SandboxError, PermissionError):
+    """The policy forbids this file operation (read-deny, write-deny, read-only)."""
+
+
+class ExecResult:
+    __slots__ = ("duration", "exit_code", "stderr", "stdout", "timed_out", "truncated")
+
+    def __init__(self) -> None:
+        self.exit_code = -1
+        self.stdout = b""
+        self.stderr = b""
+        self.timed_out = False
+        self.truncated = False
+        self.duration = 0.0
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    def __repr__(self) -> str:
+        return (
+            f"ExecResult(exit_code={self.exit_code}, timed_out={self.timed_out}, "
+            f"truncated={self.truncated}, duration={self.duration:.3f})"
+        )
+
+
+class Process:
+    """A command started with :meth:`Sandbox.spawn`: running in the background."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        ident: int,
+        argv: list[str],
+        on_stdout: Callable[[bytes], None] | None,
+        on_stderr: Callable[[bytes], None] | None,
+    ) -> None:
+        self.sandbox = sandbox
+        self.id = ident
+        self.argv = argv
+        self.pid = 0  # inside the sandbox's pid namespace
+        self.result = ExecResult()
+        self._started = threading.Event()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._out = bytearray()
+        self._err = bytearray()
+        self._read_out = 0
+        self._read_err = 0
+        self._on = {1: on_stdout, 2: on_stderr}
+        self._began = time.monotonic()
+
+    # -- called by the reader thread
+    def _event(self, header: dict[str, object], payload: bytes) -> None:
+        ev = header.get("ev")
+        if ev == "started":
+            self.pid = int(str(header["pid"]))
+            self._started.set()
+        elif ev == "out":
+            which = int(str(header["fd"]))
+            with self._lock:
+                (self._out if which == 1 else self._err).extend(payload)
+            callback = self._on.get(which)
+            if callback is not None:
+                callback(payload)
+        elif ev == "exit":
+            r = self.result
+            r.exit_code = int(str(header["code"]))
+            r.timed_out = bool(header.get("timed_out"))
+            r.truncated = bool(header.get("truncated"))
+            r.duration = time.monotonic() - self._began
+            with self._lock:
+                r.stdout, r.stderr = bytes(self._out), bytes(self._err)
+            self._started.set()
+            self._done.set()
+
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.result.exit_code if self._done.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> ExecResult:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"process {self.id} still running after {timeout}s")
+        return self.result
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the process and its whole group."""
+        if self.running:
+            self.sandbox._send({"op": "kill", "id": self.id, "signal": int(sig)})
+
+    def write_stdin(self, data: bytes | str) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        self.sandbox._send({"op": "stdin", "id": self.id}, raw)
+
+    def close_stdin(self) -> None:
+        self.sandbox._send({"op": "close_stdin", "id": self.id})
+
+    def read_output(self) -> tuple[bytes, bytes]:
+        """What arrived on stdout and stderr since the last call."""
+        with self._lock:
+            out, err = bytes(self._out[self._read_out :]), bytes(self._err[self._read_err :])
+            self._read_out, self._read_err = len(self._out), len(self._err)
+        return out, err
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else f"exit {self.result.exit_code}"
+        return f"Process(id={self.id}, pid={self.pid}, {state}, argv={self.argv!r})"
+
+
+class Files:
+    """File operations inside the sandbox, under its policy (paths: workspace-relative)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sb = sandbox
+
+    def read(self, path: str) -> bytes:
+        return self.sb._file("read", path)[1]
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        return self.read(path).decode(encoding)
+
+    def write(self, path: str, data: bytes | str) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        self.sb._file("write", path, raw, writing=True)
+
+    def list(self, path: str = ".") -> list[dict[str, object]]:
+        entries = self.sb._file("list", path)[0].get("entries", [])
+        return list(entries) if isinstance(entries, list) else []
+
+    def exists(self, path: str) -> bool:
+        return bool(self.sb._file("exists", path)[0].get("exists"))
+
+    def remove(self, path: str) -> None:
+        self.sb._file("remove", path, writing=True)
+
+    def mkdir(self, path: str, exist_ok: bool = True) -> None:
+        self.sb._file("mkdir", path, writing=True, extra={"exist_ok": exist_ok})
+
+
+class Sandbox:
+    def __init__(
+        self, policy: object = None, tier: str = "auto", workspace: str | None = None
+    ) -> None:
+        from corral import launch, tiers
+        from corral import policy as pol
+        from corral.policy import Policy
+
+        if policy is None:
+            policy = pol.load(workspace)
+        if not isinstance(policy, Policy):
+            raise TypeError("policy must be a corral.policy.Policy (Policy.load(...))")
+        self.policy = policy
+        if tier != "auto":
+            policy.tier = tier
+        self.tier, _ = tiers.select(policy.tier)
+        if self.tier.name == "none":
+            raise SandboxError("a long-lived sandbox needs a real tier, not none")
+        self.run_id = launch.new_run_id()
+        self._door = None
+        if policy.network.mode == "proxy":
+            from corral.net.audit import default_path
+            from corral.net.door import Door
+
+            self._door = Door(policy, self.run_id, default_path())
+            self._door.open()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]]] = {}
+        self._procs: dict[int, Process] = {}
+        self.files = Files(self)
+        try:
+            self._start()
+        except BaseException:
+            if self._door is not None:
+                self._door.close()
+            raise
+
+    # -- life cycle ----------------------------------------------------------------
+
+    def _start(self) -> None:
+        from corral import launch
+        from corral.fsplan import Mount
+        from corral.tiers.namespace import inside_python
+
+        ours, theirs = socket.socketpair()
+        self._sock = ours
+        agent = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
+        command = [inside_python(), "-I", "-S", SANDBOX_AGENT]
+        plan = self.tier.plan(self.policy, command, door=self._door.path if self._door else None)
+        at = plan.argv.index("--chdir")
+        plan.argv[at:at] = ["--ro-bind", agent, SANDBOX_AGENT]
+        plan.mounts.append(Mount("ro-bind", SANDBOX_AGENT, agent, "the sandbox's agent"))
+        self.plan = plan
+        err_r, err_w = os.pipe()
+        try:
+            self._started = launch.start(
+                plan, self.run_id, {0: theirs.fileno(), 1: theirs.fileno(), 2: err_w}
+            )
+        finally:
+            theirs.close()
+            os.close(err_w)
+        self._stderr_r = err_r
+        try:
+            self._started.wait_started()
+            header, _ = self._recv()
+            if header.get("ev") != "ready":
+                raise SandboxError(f"unexpected first message from the agent: {header}")
+        except (SandboxError, OSError, EOFError) as exc:
+            detail = self._drain_stderr()
+            self._started.stop()
+            raise SandboxError(f"the sandbox did not start: {detail or exc}") from None
+        self._reader = threading.Thread(
+            target=self._read_loop, daemon=True, name=f"corral-{self.run_id}"
+        )
+        self._reader.start()
+
+    def _drain_stderr(self) -> str:
+        os.set_blocking(self._stderr_r, False)
+        try:
+            return os.read(self._stderr_r, 65536).decode("utf-8", "replace").strip()
+        except (BlockingIOError, OSError):
+            return ""
+
+    def close(self) -> None:
+        """Kill everything inside, remove the sandbox, its door and cgroup."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._raw_send({"op": "shutdown"})
+        except OSError:
+            pass
+        self._started.stop()
+        self._sock.close()
+        os.close(self._stderr_r)
+        for proc in list(self._procs.values()):
+            if proc.running:
+                proc.result.exit_code = 128 + signal.SIGKILL
+                proc._done.set()
+        if self._door is not None:
+            self._door.close()
+        from corral.launch import quarantine
+
+        quarantine(self.plan.quarantine, self.run_id)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:
+            pass
+
+    # -- the wire ------------------------------------------------------------------
+
+    def _raw_send(self, header: dict[str, object], payload: bytes = b"") -> None:
+        data = json.dumps(header, separators=(",", ":")).encode()
+        self._sock.sendall(HEADER.pack(len(data), len(payload)) + data + payload)
+
+    def _send(self, header: dict[str, object], payload: bytes = b"") -> None:
+        with self._lock:
+            if self._closed:
+                raise SandboxClosed()
+            self._raw_send(header, payload)
+
+    def _recv(self) -> tuple[dict[str, object], bytes]:
+        head = self._recv_exact(HEADER.size)
+        size, payload_size = HEADER.unpack(head)
+        header = json.loads(self._recv_exact(size))
+        payload = self._recv_exact(payload_size) if payload_size else b""
+        return header, payload
+
+    def _recv_exact(self, n: int) -> bytes:
+        data = bytearray()
+        while len(data) < n:
+            chunk = self._sock.recv(n - len(data))
+            if not chunk:
+                raise EOFError
+            data += chunk
+        return bytes(data)
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                header, payload = self._recv()
+            except (EOFError, OSError, ValueError):
+                break
+            ident = int(str(header.get("id", 0)))
+            proc = self._procs.get(ident)
+            if proc is not None:
+                proc._event(header, payload)
+                if header.get("ev") == "exit":
+                    self._procs.pop(ident, None)
+                continue
+            waiter = self._waiting.pop(ident, None)
+            if waiter is not None:
+                waiter.put((header, payload))
+        # the agent is gone: nobody will answer the callers still waiting
+        for waiter in list(self._waiting.values()):
+            waiter.put(({"ev": "done", "error": "the sandbox is gone", "errno": 0}, b""))
+        for proc in list(self._procs.values()):
+            proc._event({"ev": "exit", "code": 128 + signal.SIGKILL}, b"")
+
+    def _new_id(self) -> int:
+        with self._lock:
+            self._next_id += 1
+            return self._next_id
+
+    # -- commands ------------------------------------------------------------------
+
+    def _argv(self, command: str | list[str]) -> list[str]:
+        return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+
+    def _cwd(self, cwd: str | None) -> str:
+        if cwd is None:
+            return self.plan.cwd
+        full = cwd if os.path.isabs(cwd) else os.path.join(self.policy.workspace, cwd)
+        full = os.path.normpath(full)
+        roots = self.policy.writable_paths()
+        if not any(full == r or full.startswith(r.rstrip("/") + "/") for r in roots):
+            raise CwdOutsideSandbox(
+                f"cwd {cwd} is outside the sandbox's writable paths ({', '.join(roots)})"
+            )
+        return full
+
+    def _env(self, env: dict[str, str] | list[str] | None) -> dict[str, str]:
+        base = dict(self.plan.env)
+        if isinstance(env, list):  # names: values from this process's environment
+            base.update({k: os.environ[k] for k in env if k in os.environ})
+        elif env:
+            base.update(env)
+        return base
+
+    def spawn(
+        self,
+        command: str | list[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | list[str] | None = None,
+        timeout: float | None = None,
+        stdin: bool = True,
+        on_stdout: Callable[[bytes], None] | None = None,
+        on_stderr: Callable[[bytes], None] | None = None,
+    ) -> Process:
+        """Start ``command`` in the background and return its handle."""
+        argv = self._argv(command)
+        ident = self._new_id()
+        proc = Process(self, ident, argv, on_stdout, on_stderr)
+        self._procs[ident] = proc
+        limit = self.policy.limits.output
+        self._send(
+            {
+                "op": "exec",
+                "id": ident,
+                "argv": argv,
+                "cwd": self._cwd(cwd),
+                "env": self._env(env),
+                "timeout": timeout,
+                "stdin": stdin,
+                "output_limit": limit,
+            }
+        )
+        return proc
+
+    def exec(
+        self,
+        command: str | list[str],
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | list[str] | None = None,
+        stdin: bytes | str | None = None,
+        on_stdout: Callable[[bytes], None] | None = None,
+        on_stderr: Callable[[bytes], None] | None = None,
+    ) -> ExecResult:
+        """Run ``command`` to the end: exit code, output, timed_out, truncated, duration.
+
+        A timeout kills the command's whole process group and keeps the output
+        so far; the sandbox itself lives on.
+        """
+        proc = self.spawn(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            stdin=stdin is not None,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+        )
+        if stdin is not None:
+            proc.write_stdin(stdin)
+            proc.close_stdin()
+        return proc.wait()
+
+    def processes(self) -> list[Process]:
+        """The commands still running."""
+        return [p for p in list(self._procs.values()) if p.running]
+
+    # -- files -----------------------------------------------------------------------
+
+    def _file(
+        self,
+        op: str,
+        path: str,
+        payload: bytes = b"",
+        writing: bool = False,
+        extra: dict[str, object] | None = None,
+    ) -> tuple[dict[str, object], bytes]:
+        full = os.path.normpath(
+            path if os.path.isabs(path) else os.path.join(self.policy.workspace, path)
+        )
+        if writing:
+            for guarded in self.plan.quarantine:  # write-deny paths mounts cannot cover
+                if full == guarded or full.startswith(guarded + "/"):
+                    raise PathDenied(f"{path}: write-deny by policy")
+        ident = self._new_id()
+        waiter: queue.Queue[tuple[dict[str, object], bytes]] = queue.Queue()
+        self._waiting[ident] = waiter
+        try:
+            self._send({"op": op, "id": ident, "path": full, **(extra or {})}, payload)
+        except BaseException:
+            self._waiting.pop(ident, None)
+            raise
+        header, data = waiter.get()
+        if "error" in header:
+            code = int(str(header.get("errno") or 0))
+            message = f"{path}: {header['error']}"
+            if code in (1, 13, 30):  # EPERM, EACCES, EROFS: the policy said no
+                raise PathDenied(message)
+            if code == 2:
+                raise FileNotFoundError(code, message)
+            if code == 0 and self._closed:
+                raise SandboxClosed()
+            raise OSError(code, message)
+        return header, data
+
+    # -- for a model's system prompt -------------------------------------------------
+
+    def describe(self) -> str:
+        net = self.policy.network
+        lines = [
+            f"Commands run in a corral sandbox (tier: {self.tier.name}).",
+            f"Writable: {', '.join(self.policy.writable_paths())} and a private /tmp; "
+            "everything else is read-only, and credentials such as ~/.ssh and ~/.aws "
+            "are unreadable.",
+        ]
+        if net.mode == "proxy":
+            allowed = ", ".join(net.allow) or "nothing"
+            lines.append(
+                f"Network: only through corral's proxy; allowed: {allowed}"
+                + (f"; denied: {', '.join(net.deny)}" if net.deny else "")
+                + "."
+            )
+        else:
+            lines.append("Network: none.")
+        lim = self.policy.limits
+        if lim.timeout:
+            lines.append(f"Each command is stopped after {lim.timeout:g}s.")
+        return "\n".join(lines)

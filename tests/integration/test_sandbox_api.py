@@ -1,0 +1,190 @@
+"""The long-lived Sandbox Python API on real bwrap: exec, spawn, files, limits, cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT_BASE, pids_matching, wait_for
+
+from corral import policy as pol
+from corral.sandbox import (
+    CwdOutsideSandbox,
+    PathDenied,
+    Sandbox,
+    SandboxClosed,
+)
+
+
+@pytest.fixture
+def home_ws(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
+    base = ROOT_BASE / ("api-" + uuid.uuid4().hex[:10])
+    home, ws, state = base / "home", base / "ws", base / "state"
+    for d in (home, ws, state):
+        d.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    try:
+        yield home, ws
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def sb(home_ws: tuple[Path, Path]) -> Iterator[Sandbox]:
+    _, ws = home_ws
+    box = Sandbox(pol.load(str(ws)))
+    try:
+        yield box
+    finally:
+        box.close()
+
+
+def test_exec_results_and_streaming(sb: Sandbox) -> None:
+    seen: list[bytes] = []
+    r = sb.exec("echo out; echo err >&2; exit 3", on_stdout=seen.append)
+    assert (r.exit_code, r.stdout, r.stderr) == (3, b"out\n", b"err\n")
+    assert not r.timed_out and not r.truncated and r.duration > 0
+    assert b"".join(seen) == b"out\n"
+    assert sb.exec(["sh", "-c", "kill -TERM $$"]).exit_code == 128 + signal.SIGTERM
+    assert sb.exec(["no-such-command"]).exit_code == 127
+    assert sb.exec("cat", stdin="piped in").stdout == b"piped in"
+
+
+def test_env_names_and_values(sb: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    canary = "CANARY-" + uuid.uuid4().hex
+    monkeypatch.setenv("FROM_HOST", canary)
+    monkeypatch.setenv("NOT_PASSED", "secret")
+    r = sb.exec("echo $FROM_HOST $GIVEN $NOT_PASSED", env=["FROM_HOST"])
+    assert r.stdout.split() == [canary.encode()]
+    r = sb.exec("echo $GIVEN; cat /proc/self/cmdline", env={"GIVEN": canary})
+    assert r.stdout.startswith(canary.encode()) and canary.encode() not in r.stdout[40:]
+
+
+def test_cwd_inside_only(sb: Sandbox, home_ws: tuple[Path, Path]) -> None:
+    _, ws = home_ws
+    (ws / "sub").mkdir()
+    assert sb.exec("pwd", cwd="sub").stdout.decode().strip() == str(ws / "sub")
+    with pytest.raises(CwdOutsideSandbox):
+        sb.exec("pwd", cwd="/etc")
+    with pytest.raises(CwdOutsideSandbox):
+        sb.exec("pwd", cwd="../..")
+
+
+def test_timeout_kills_the_group_keeps_output_and_the_sandbox(sb: Sandbox) -> None:
+    marker = f"34{uuid.uuid4().int % 1000:03d}"
+    t0 = time.monotonic()
+    r = sb.exec(f"echo partial; sleep {marker} & sleep {marker}; wait", timeout=0.5)
+    assert r.timed_out and r.stdout == b"partial\n" and time.monotonic() - t0 < 5
+    assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5)
+    assert sb.exec("echo still here").stdout == b"still here\n"  # the sandbox survives
+
+
+def test_spawn_handles(sb: Sandbox) -> None:
+    proc = sb.spawn("read line; echo got:$line; sleep 30")
+    proc.write_stdin("hello\n")
+    seen = bytearray()
+
+    def got() -> bool:
+        seen.extend(proc.read_output()[0])  # incremental: only what is new each call
+        return b"got:hello" in seen
+
+    assert wait_for(got, 5)
+    assert proc in sb.processes() and proc.pid > 0
+    proc.kill()
+    result = proc.wait(5)
+    assert result.exit_code == 128 + signal.SIGKILL
+    assert proc not in sb.processes()
+    quiet = sb.spawn(["cat"])
+    quiet.write_stdin(b"abc")
+    quiet.close_stdin()
+    assert quiet.wait(5).stdout == b"abc"
+
+
+def test_fifty_concurrent_execs(sb: Sandbox) -> None:
+    results: dict[int, bytes] = {}
+
+    def one(i: int) -> None:
+        results[i] = sb.exec(f"echo {i}; sleep 0.05; echo done{i} >&2").stdout
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {i: f"{i}\n".encode() for i in range(50)}
+
+
+def test_files_obey_the_policy(sb: Sandbox, home_ws: tuple[Path, Path]) -> None:
+    home, ws = home_ws
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / ".git" / "config").write_text("[core]\n")
+    (ws / ".env").write_text("CANARY-env\n")
+    # a fresh sandbox sees the repository it was started with
+    with Sandbox(pol.load(str(ws))) as box:
+        box.files.write("notes.txt", "hello")  # allow twins
+        assert box.files.read_text("notes.txt") == "hello"
+        assert box.files.exists("notes.txt") and not box.files.exists("nope.txt")
+        box.files.mkdir("dir/sub")
+        names = [e["name"] for e in box.files.list(".")]
+        assert "notes.txt" in names and "dir" in names
+        box.files.remove("notes.txt")
+        assert not (ws / "notes.txt").exists()
+        with pytest.raises(PathDenied):
+            box.files.write(".git/hooks/pre-commit", "touch /pwned")
+        with pytest.raises(PathDenied):
+            box.files.write(".git/config", "[evil]")
+        with pytest.raises(PathDenied):
+            box.files.write(".vscode/tasks.json", "{}")  # missing write-deny path
+        with pytest.raises(PathDenied):
+            box.files.read(".env")
+        with pytest.raises(PathDenied):
+            box.files.write(str(home / "outside.txt"), "x")
+        os.symlink(home, ws / "escape")
+        with pytest.raises(PathDenied):
+            box.files.write("escape/through-link.txt", "x")
+        with pytest.raises(FileNotFoundError):
+            box.files.read("missing.txt")
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists()
+    assert (ws / ".git" / "config").read_text() == "[core]\n"
+    assert not (home / "outside.txt").exists() and not (home / "through-link.txt").exists()
+
+
+def test_closed_sandbox_and_nothing_left(home_ws: tuple[Path, Path]) -> None:
+    _, ws = home_ws
+    marker = f"35{uuid.uuid4().int % 1000:03d}"
+    box = Sandbox(pol.load(str(ws)))
+    box.spawn(f"sleep {marker}")
+    box.spawn(f"setsid sleep {marker}")
+    assert wait_for(lambda: len(pids_matching(f"sleep {marker}")) >= 2, 5)
+    box.close()
+    assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5)
+    assert not pids_matching(f"agent.py.*{box.run_id}")
+    with pytest.raises(SandboxClosed):
+        box.exec("true")
+    with pytest.raises(SandboxClosed):
+        box.files.read("x")
+    box.close()  # idempotent
+
+
+def test_network_door_is_shared_with_run(home_ws: tuple[Path, Path]) -> None:
+    _, ws = home_ws
+    policy = pol.load(str(ws))
+    policy.network.mode = "proxy"
+    policy.network.allow = ["127.0.0.1:9"]
+    with Sandbox(policy) as box:
+        r = box.exec("echo $HTTPS_PROXY")
+        assert r.stdout == b"http://127.0.0.1:3128\n"
+        assert "127.0.0.1:9" in box.describe()
+    policy.network.mode = "none"
+    policy.network.allow = []
+    with Sandbox(policy) as box:
+        assert "Network: none." in box.describe()
