@@ -5,3 +5,16 @@ would slow every sandboxed command.
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``from corral import Sandbox, Policy``, imported only when asked for."""
+    if name in ("Sandbox", "AsyncSandbox", "ExecResult", "Process", "SandboxError"):
+        from corral import sandbox
+
+        return getattr(sandbox, name)
+    if name == "Policy":
+        from corral.policy import Policy
+
+        return Policy
+    raise AttributeError(f"module 'corral' has no attribute {name!r}")

@@ -78,6 +78,11 @@ class Policy:
         self.limits = Limits()
         self.network = NetworkPolicy()
 
+    @classmethod
+    def load(cls, path: str | None = None, workspace: str | None = None) -> Policy:
+        """Defaults, then ``path`` (or the workspace's corral.toml if there is one)."""
+        return load(workspace, path)
+
     # -- derived views -------------------------------------------------------
 
     def home(self) -> str:

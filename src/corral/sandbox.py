@@ -99,6 +99,7 @@ class Process:
         self._read_err = 0
         self._on = {1: on_stdout, 2: on_stderr}
         self._began = time.monotonic()
+        self._exit_callbacks: list[Callable[[ExecResult], None]] = []
 
     # -- called by the reader thread
     def _event(self, header: dict[str, object], payload: bytes) -> None:
@@ -121,8 +122,19 @@ class Process:
             r.duration = time.monotonic() - self._began
             with self._lock:
                 r.stdout, r.stderr = bytes(self._out), bytes(self._err)
+                callbacks = list(self._exit_callbacks)
             self._started.set()
             self._done.set()
+            for notify in callbacks:
+                notify(r)
+
+    def add_exit_callback(self, callback: Callable[[ExecResult], None]) -> None:
+        """Called with the result once the process ends (at once if it already has)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._exit_callbacks.append(callback)
+                return
+        callback(self.result)
 
     @property
     def running(self) -> bool:
@@ -518,3 +530,108 @@ class Sandbox:
         if lim.timeout:
             lines.append(f"Each command is stopped after {lim.timeout:g}s.")
         return "\n".join(lines)
+
+
+class AsyncSandbox:
+    """The same surface as :class:`Sandbox`, awaited::
+
+        async with AsyncSandbox(policy) as sb:
+            r = await sb.exec("make")
+
+    Commands are awaited through the agent's events (no thread per call), so
+    many can be in flight on one event loop.  File calls run in a worker thread.
+    The sandbox is created on the event loop's own thread: bubblewrap is tied to
+    the thread that starts it and would die with a short-lived worker thread.
+    """
+
+    def __init__(
+        self, policy: object = None, tier: str = "auto", workspace: str | None = None
+    ) -> None:
+        self._args = (policy, tier, workspace)
+        self._sb: Sandbox | None = None
+
+    @property
+    def sync(self) -> Sandbox:
+        if self._sb is None:
+            raise SandboxClosed()
+        return self._sb
+
+    async def start(self) -> AsyncSandbox:
+        if self._sb is None:
+            self._sb = Sandbox(*self._args)
+        return self
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._sb is not None:
+            self._sb.close()
+
+    async def wait(self, proc: Process) -> ExecResult:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ExecResult] = loop.create_future()
+
+        def settle(result: ExecResult) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        def done(result: ExecResult) -> None:  # on the sandbox's reader thread
+            loop.call_soon_threadsafe(settle, result)
+
+        proc.add_exit_callback(done)
+        return await future
+
+    async def exec(
+        self,
+        command: str | list[str],
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | list[str] | None = None,
+        stdin: bytes | str | None = None,
+        on_stdout: Callable[[bytes], None] | None = None,
+        on_stderr: Callable[[bytes], None] | None = None,
+    ) -> ExecResult:
+        proc = self.sync.spawn(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            stdin=stdin is not None,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+        )
+        if stdin is not None:
+            proc.write_stdin(stdin)
+            proc.close_stdin()
+        return await self.wait(proc)
+
+    def spawn(self, command: str | list[str], **kw: object) -> Process:
+        return self.sync.spawn(command, **kw)  # type: ignore[arg-type]
+
+    def processes(self) -> list[Process]:
+        return self.sync.processes()
+
+    def describe(self) -> str:
+        return self.sync.describe()
+
+    async def read(self, path: str) -> bytes:
+        import asyncio
+
+        return await asyncio.to_thread(self.sync.files.read, path)
+
+    async def write(self, path: str, data: bytes | str) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.sync.files.write, path, data)
+
+    async def list(self, path: str = ".") -> list[dict[str, object]]:
+        import asyncio
+
+        return await asyncio.to_thread(self.sync.files.list, path)

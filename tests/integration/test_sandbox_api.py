@@ -188,3 +188,24 @@ def test_network_door_is_shared_with_run(home_ws: tuple[Path, Path]) -> None:
     policy.network.allow = []
     with Sandbox(policy) as box:
         assert "Network: none." in box.describe()
+
+
+def test_async_sandbox_fifty_concurrent(home_ws: tuple[Path, Path]) -> None:
+    import asyncio
+
+    from corral import AsyncSandbox
+
+    _, ws = home_ws
+
+    async def go() -> None:
+        async with AsyncSandbox(pol.load(str(ws))) as sb:
+            results = await asyncio.gather(*(sb.exec(f"echo {i}; sleep 0.05") for i in range(50)))
+            assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(50)]
+            await sb.write("a.txt", "async")
+            assert await sb.read("a.txt") == b"async"
+            slow = await sb.exec("sleep 5", timeout=0.3)
+            assert slow.timed_out
+        with pytest.raises(SandboxClosed):
+            await sb.exec("true")
+
+    asyncio.run(go())
