@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 USAGE = """\
 usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
+       corral shell [OPTIONS] [-- SHELL...]         an interactive shell in a sandbox (a pty)
        corral doctor [--json] [--probe]             which tiers can run here, and why not
        corral log [-n N] [--json] [--log FILE]      the last runs
        corral log --net [--run ID] [--host H] [--decision allow|deny]
@@ -215,6 +216,34 @@ def cmd_run(args: list[str]) -> int:
         door.open()
     try:
         return _run_plan(opts, policy, tier.name, command, run_id, door)
+    finally:
+        if door is not None:
+            door.close()
+
+
+def cmd_shell(args: list[str]) -> int:
+    """An interactive shell in a sandbox: the run options, then optionally -- SHELL."""
+    opts, shell = parse(args, RUN_OPTIONS, positional=True)
+    policy = build_policy(opts)
+    from corral import launch, tiers
+    from corral import shell as pty_shell
+
+    tier, _health = tiers.select(policy.tier)
+    if tier.name == "none":
+        raise CorralError("corral shell needs a sandbox tier, not none")
+    run_id = launch.new_run_id()
+    door = None
+    if policy.network.mode == "proxy":
+        from corral.net.door import Door
+
+        door = Door(policy, run_id, _default_net_log())
+        door.open()
+    try:
+        argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
+        plan = tier.plan(policy, pty_shell.command(argv), door=door.path if door else None)
+        if not opts.get("quiet"):
+            _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
+        return pty_shell.run(plan, run_id)
     finally:
         if door is not None:
             door.close()
@@ -544,7 +573,13 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"corral {__version__}")
             return 0
-        commands = {"run": cmd_run, "doctor": cmd_doctor, "log": cmd_log, "proxy": cmd_proxy}
+        commands = {
+            "run": cmd_run,
+            "shell": cmd_shell,
+            "doctor": cmd_doctor,
+            "log": cmd_log,
+            "proxy": cmd_proxy,
+        }
         if args[0] not in commands:
             raise CorralError(
                 f"unknown command {args[0]!r} (run, doctor, log, proxy; see corral --help)"

@@ -1,0 +1,111 @@
+"""``corral shell``: an interactive shell in a sandbox, on a terminal of its own.
+
+corral allocates a pseudo-terminal, hands its slave side to the sandbox and
+relays between it and the caller's terminal (put in raw mode), passing window
+size changes through.  The sandbox's shell gets the pty as its controlling
+terminal, so job control works; the caller's own terminal is never inside, so TIOCSTI-style
+injection into it is impossible.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.tiers.base import Plan
+
+# Runs inside: a session of its own (bwrap's --new-session made its parent the
+# leader), then the pty as controlling terminal, then the shell.
+CTTY_SHIM = (
+    "import fcntl, os, sys, termios\n"
+    "os.setsid()\n"
+    "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+def command(shell: list[str]) -> list[str]:
+    from corral.tiers.namespace import inside_python
+
+    return [inside_python(), "-I", "-S", "-c", CTTY_SHIM, *shell]
+
+
+def copy_winsize(src: int, dst: int) -> None:
+    import fcntl
+    import termios
+
+    try:
+        size = fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8)
+        fcntl.ioctl(dst, termios.TIOCSWINSZ, size)
+    except OSError:
+        pass
+
+
+def run(plan: Plan, run_id: str) -> int:
+    """Run ``plan`` on a new pty wired to our stdin/stdout; returns the exit code."""
+    import termios
+    import tty
+
+    from corral import launch
+
+    master, slave = os.openpty()
+    interactive = os.isatty(0)
+    if interactive:
+        copy_winsize(0, master)
+    started = launch.start(plan, run_id, {0: slave, 1: slave, 2: slave})
+    os.close(slave)
+    saved = termios.tcgetattr(0) if interactive else None
+    if interactive:
+        tty.setraw(0)
+    previous = signal.signal(signal.SIGWINCH, lambda *_: copy_winsize(0, master))
+    text = ""
+    try:
+        open_in = True
+        while True:
+            watch = [master, started.status_r] + ([0] if open_in else [])
+            try:
+                ready = select.select(watch, [], [])[0]
+            except InterruptedError:
+                continue
+            if started.status_r in ready:
+                chunk = os.read(started.status_r, 65536)
+                text += chunk.decode("utf-8", "replace")
+                if not chunk or '"exit-code"' in text:
+                    _drain(master)
+                    break
+            if master in ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every slave fd is closed, the shell is gone
+                    data = b""
+                if data:
+                    os.write(1, data)
+            if open_in and 0 in ready:
+                data = os.read(0, 65536)
+                if data:
+                    os.write(master, data)
+                else:
+                    open_in = False
+                    os.write(master, b"\x04")  # end of input: ^D to the shell
+    finally:
+        signal.signal(signal.SIGWINCH, previous)
+        if saved is not None:
+            termios.tcsetattr(0, termios.TCSADRAIN, saved)
+        os.close(master)
+        started.stop()
+    from corral.launch import _status_value
+
+    code = _status_value(text, "exit-code")
+    return 125 if code is None else code
+
+
+def _drain(master: int) -> None:
+    os.set_blocking(master, False)
+    try:
+        while data := os.read(master, 65536):
+            os.write(1, data)
+    except OSError:
+        pass
