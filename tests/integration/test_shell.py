@@ -35,6 +35,11 @@ def test_shell_through_a_pty(sandbox: tuple[Corral, Path]) -> None:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 31, 101, 0, 0))
     os.chown(os.ttyname(slave), c.uid, c.gid)
+
+    def own_terminal() -> None:  # as in a real terminal: corral's ctty, so it gets SIGWINCH
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
     proc = subprocess.Popen(
         c.argv(["shell", "-q", "--", "sh", "-i"]),
         cwd=ws,
@@ -42,7 +47,7 @@ def test_shell_through_a_pty(sandbox: tuple[Corral, Path]) -> None:
         stdin=slave,
         stdout=slave,
         stderr=slave,
-        start_new_session=True,
+        preexec_fn=own_terminal,
     )
     os.close(slave)
     try:
@@ -52,9 +57,16 @@ def test_shell_through_a_pty(sandbox: tuple[Corral, Path]) -> None:
         out = read_until(master, b"101")
         assert b"A42B" in out, out  # the shell runs and answers
         assert b"31 101" in out, out  # the window size passed through
-        # (a resize while running is relayed on SIGWINCH; only a terminal's foreground
-        # group receives that signal, which this test harness does not reproduce)
         read_until(master, b"$ " if c.who == "user" else b"# ")
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        out = b""
+        for _ in range(20):  # SIGWINCH reaches corral, which resizes the sandbox's terminal
+            time.sleep(0.25)
+            os.write(master, b"stty size\n")
+            out += read_until(master, b"$ " if c.who == "user" else b"# ", 2)
+            if b"40 120" in out:
+                break
+        assert b"40 120" in out, out  # a resize while running reaches the shell
         os.write(master, b"exit 3\n")
         assert proc.wait(timeout=20) == 3  # the shell's exit code is corral's
     finally:
