@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 USAGE = """\
 usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
        corral shell [OPTIONS] [-- SHELL...]         an interactive shell in a sandbox (a pty)
+       corral mcp [OPTIONS]                         an MCP server (stdio) on one sandbox
        corral doctor [--json] [--probe]             which tiers can run here, and why not
        corral log [-n N] [--json] [--log FILE]      the last runs
        corral log --net [--run ID] [--host H] [--decision allow|deny]
@@ -247,6 +248,22 @@ def cmd_shell(args: list[str]) -> int:
     finally:
         if door is not None:
             door.close()
+
+
+def cmd_mcp(args: list[str]) -> int:
+    """An MCP server on stdio whose tools act on one long-lived sandbox."""
+    opts, _ = parse(args, RUN_OPTIONS, positional=False)
+    policy = build_policy(opts)
+    try:
+        from corral import mcp_server
+    except ImportError:
+        raise CorralError("corral mcp needs the mcp package: pip install 'corral[mcp]'") from None
+    from corral.sandbox import Sandbox
+
+    # stdout carries the protocol: nothing else may be printed there
+    with Sandbox(policy) as sb:
+        mcp_server.serve(sb)
+    return 0
 
 
 def _default_net_log() -> str:
@@ -576,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         commands = {
             "run": cmd_run,
             "shell": cmd_shell,
+            "mcp": cmd_mcp,
             "doctor": cmd_doctor,
             "log": cmd_log,
             "proxy": cmd_proxy,

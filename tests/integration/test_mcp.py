@@ -1,0 +1,98 @@
+"""`corral mcp` driven by a real MCP client from the same SDK, over stdio."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from conftest import ROOT_BASE
+
+mcp = pytest.importorskip("mcp", reason="the mcp SDK is part of the dev extra")
+from mcp import ClientSession  # noqa: E402
+from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
+
+
+@pytest.fixture
+def ws() -> Iterator[Path]:
+    base = ROOT_BASE / ("mcp-" + uuid.uuid4().hex[:10])
+    (base / "ws").mkdir(parents=True)
+    (base / "home").mkdir()
+    try:
+        yield base / "ws"
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def payload(result: object) -> object:
+    content = result.content  # type: ignore[attr-defined]
+    structured = getattr(result, "structured_content", None) or getattr(
+        result, "structuredContent", None
+    )
+    if structured is not None:
+        return structured.get("result", structured)
+    text = content[0].text if content else ""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def test_mcp_tools_over_stdio(ws: Path) -> None:
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "corral", "mcp", "--workspace", str(ws)],
+        env={
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(ws.parent / "home"),
+            "PYTHONPATH": src,
+            "XDG_STATE_HOME": str(ws.parent / "home"),
+        },
+    )
+
+    async def go() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            names = {t.name for t in (await s.list_tools()).tools}
+            assert {
+                "run_command",
+                "start_process",
+                "process_output",
+                "stop_process",
+                "list_processes",
+                "read_file",
+                "write_file",
+                "list_files",
+                "write_stdin",
+                "describe_sandbox",
+            } <= names
+            r = payload(await s.call_tool("run_command", {"command": "echo hi; exit 4"}))
+            assert isinstance(r, dict) and r["exit_code"] == 4 and r["stdout"] == "hi\n"
+            assert payload(await s.call_tool("write_file", {"path": "a.txt", "content": "x"}))
+            assert payload(await s.call_tool("read_file", {"path": "a.txt"})) == "x"
+            denied = await s.call_tool(
+                "write_file", {"path": ".git/hooks/pre-commit", "content": "evil"}
+            )
+            assert denied.is_error if hasattr(denied, "is_error") else denied.isError
+            started = payload(await s.call_tool("start_process", {"command": "sleep 30"}))
+            assert isinstance(started, dict)
+            running = payload(await s.call_tool("list_processes", {}))
+            assert isinstance(running, list) and len(running) == 1
+            stopped = payload(await s.call_tool("stop_process", {"id": started["id"]}))
+            assert isinstance(stopped, dict) and stopped["exit_code"] == 137
+            text = payload(await s.call_tool("describe_sandbox", {}))
+            assert "corral sandbox" in str(text)
+
+    anyio.run(go)
+    assert (ws / "a.txt").read_text() == "x"
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists()
+    assert os.listdir(ws / ".git" / "hooks") == []
