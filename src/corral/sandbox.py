@@ -230,6 +230,7 @@ class Sandbox:
             self._door = Door(policy, self.run_id, default_path())
             self._door.open()
         self._closed = False
+        self._guardian: object = None
         self._lock = threading.Lock()
         self._next_id = 0
         self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]]] = {}
@@ -280,6 +281,26 @@ class Sandbox:
             target=self._read_loop, daemon=True, name=f"corral-{self.run_id}"
         )
         self._reader.start()
+        self._guardian = self._guard()
+
+    def _guard(self) -> object:
+        """If this process dies without close(), a forked guardian still removes the
+        cgroup and quarantines write-deny paths (bwrap itself dies with us)."""
+        cg, paths, run_id = self._started.cg, list(self.plan.quarantine), self.run_id
+        if cg is None and not paths:
+            return None
+        import shutil  # noqa: F401  (imported before the fork, not in the guardian)
+
+        from corral import runlog  # noqa: F401
+        from corral.launch import _Guardian, quarantine
+
+        def cleanup() -> None:
+            time.sleep(0.05)
+            if cg is not None:
+                cg.remove()
+            quarantine(paths, run_id)
+
+        return _Guardian(cleanup)
 
     def _drain_stderr(self) -> str:
         os.set_blocking(self._stderr_r, False)
@@ -307,9 +328,12 @@ class Sandbox:
                 proc._done.set()
         if self._door is not None:
             self._door.close()
-        from corral.launch import quarantine
+        from corral.launch import _Guardian, quarantine
 
         quarantine(self.plan.quarantine, self.run_id)
+        if isinstance(self._guardian, _Guardian):
+            self._guardian.release()
+            self._guardian.reap()
 
     def __enter__(self) -> Sandbox:
         return self

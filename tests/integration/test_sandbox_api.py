@@ -209,3 +209,39 @@ def test_async_sandbox_fifty_concurrent(home_ws: tuple[Path, Path]) -> None:
             await sb.exec("true")
 
     asyncio.run(go())
+
+
+def test_host_killed_leaves_nothing(home_ws: tuple[Path, Path]) -> None:
+    """The program holding a Sandbox is SIGKILLed: its sandbox, processes, cgroup go;
+    a write-deny path the sandbox created is still quarantined."""
+    import subprocess
+    import sys
+
+    _, ws = home_ws
+    marker = f"36{uuid.uuid4().int % 1000:03d}"
+    code = f"""
+import sys, time
+from corral import policy as pol
+from corral.sandbox import Sandbox
+p = pol.load({str(ws)!r}); p.limits.pids = 64
+sb = Sandbox(p)
+sb.exec("mkdir .vscode")
+sb.spawn("sleep {marker}")
+print("up", flush=True)
+time.sleep(60)
+"""
+    host = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, env={**os.environ}
+    )
+    assert host.stdout is not None
+    assert host.stdout.readline() == b"up\n"
+    assert wait_for(lambda: bool(pids_matching(f"sleep {marker}")), 5)
+    host.kill()
+    host.wait()
+    assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5)
+    assert wait_for(lambda: not (ws / ".vscode").exists(), 5)  # quarantined by the guardian
+    from test_process import _corral_cgroups
+
+    assert wait_for(lambda: not _corral_cgroups(), 5)
+    with Sandbox(pol.load(str(ws))) as box:  # allow twin: a sandbox closed properly works
+        assert box.exec("echo ok").stdout == b"ok\n"
