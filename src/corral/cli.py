@@ -472,7 +472,14 @@ def cmd_proxy(args: list[str]) -> int:
         raise CorralError("usage: corral proxy serve [--listen HOST:PORT] [--door PATH] ...")
     opts, _ = parse(args[1:], SERVE_OPTIONS, positional=False)
     policy = build_policy({**opts, "network": "proxy"})
+    import signal
     import socket
+
+    def stop_early(signum: int, _frame: object) -> None:
+        raise SystemExit(0)  # a stop before the event loop runs is still a clean stop
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop_early)
 
     from corral.launch import new_run_id
     from corral.net.audit import default_path
