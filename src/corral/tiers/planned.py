@@ -11,7 +11,11 @@ import os
 import shutil
 import sys
 
-from corral.tiers.base import Health, Tier
+from corral.tiers.base import Health, Plan, Tier
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.policy import Policy
 
 
 def _which(*names: str) -> str | None:
@@ -105,13 +109,33 @@ class FirecrackerTier(_Planned):
 class SeatbeltTier(_Planned):
     name = "seatbelt"
     strength = 45
-    summary = "macOS sandbox-exec profile"
-    issue = "seatbelt profile"
+    summary = "macOS sandbox-exec profile (built by corral.seatbelt)"
+    issue = "seatbelt tier on macOS"
 
     def health(self, probe: bool = False) -> Health:
         if sys.platform != "darwin":
             return Health(False, "macOS only (sandbox-exec); this host is " + sys.platform)
-        return super().health(probe)
+        if not os.path.exists("/usr/bin/sandbox-exec"):
+            return Health(False, "/usr/bin/sandbox-exec is missing")
+        return Health(
+            False,
+            "profile builder ready (corral.seatbelt); macOS launcher untested "
+            "here, so not offered yet",
+        )
+
+    def plan(self, policy: Policy, command: list[str], door: str | None = None) -> Plan:
+        """The pure part: what would run on macOS (``sandbox-exec -p PROFILE``)."""
+        from corral import environ, seatbelt
+
+        if policy.network.mode == "proxy":
+            from corral.errors import RefusedError
+
+            raise RefusedError("seatbelt tier: the network door for macOS is not built yet")
+        plan = Plan(self.name, policy)
+        plan.env = environ.sandbox_env(policy)
+        plan.cwd = environ.sandbox_cwd(policy, policy.writable_paths())
+        plan.argv = seatbelt.argv(policy, command)
+        return plan
 
 
 class RayTier(_Planned):
