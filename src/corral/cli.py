@@ -208,13 +208,7 @@ def cmd_run(args: list[str]) -> int:
         door_path = "/DOOR" if policy.network.mode == "proxy" else None
         print(tier.plan(policy, command, door=door_path).describe())
         return 0
-    door = None
-    if policy.network.mode == "proxy" and tier.name != "none":
-        from corral.net.door import Door
-
-        net_log = opts.get("net_log")
-        door = Door(policy, run_id, str(net_log) if net_log else _default_net_log())
-        door.open()
+    door = _open_door(opts, policy, run_id) if tier.name != "none" else None
     try:
         return _run_plan(opts, policy, tier.name, command, run_id, door)
     finally:
@@ -233,12 +227,7 @@ def cmd_shell(args: list[str]) -> int:
     if tier.name == "none":
         raise CorralError("corral shell needs a sandbox tier, not none")
     run_id = launch.new_run_id()
-    door = None
-    if policy.network.mode == "proxy":
-        from corral.net.door import Door
-
-        door = Door(policy, run_id, _default_net_log())
-        door.open()
+    door = _open_door(opts, policy, run_id)
     try:
         argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
         plan = tier.plan(policy, pty_shell.command(argv), door=door.path if door else None)
@@ -266,10 +255,11 @@ def cmd_mcp(args: list[str]) -> int:
     return 0
 
 
-def _default_net_log() -> str:
-    from corral.net.audit import default_path
+def _open_door(opts: dict[str, object], policy: Policy, run_id: str) -> Door | None:
+    from corral.net.door import open_door
 
-    return default_path()
+    net_log = opts.get("net_log")
+    return open_door(policy, run_id, str(net_log) if net_log else None)
 
 
 def _run_plan(
@@ -551,11 +541,10 @@ def _proxy_worker(
     import socket
 
     from corral.net.audit import Audit
-    from corral.net.hooks import Chain, HostRulesHook
+    from corral.net.hooks import chain_for
     from corral.net.proxy import Proxy, run_loop
-    from corral.net.rules import HostRules
 
-    chain = Chain([HostRulesHook(HostRules.parse(policy.network.allow, policy.network.deny))])
+    chain = chain_for(policy)
     audit = Audit(audit_path)
 
     async def serve() -> None:

@@ -222,13 +222,9 @@ class Sandbox:
         if self.tier.name == "none":
             raise SandboxError("a long-lived sandbox needs a real tier, not none")
         self.run_id = launch.new_run_id()
-        self._door = None
-        if policy.network.mode == "proxy":
-            from corral.net.audit import default_path
-            from corral.net.door import Door
+        from corral.net.door import open_door
 
-            self._door = Door(policy, self.run_id, default_path())
-            self._door.open()
+        self._door = open_door(policy, self.run_id)
         self._closed = False
         self._guardian: object = None
         self._lock = threading.Lock()

@@ -50,6 +50,20 @@ def proxy_env() -> dict[str, str]:
     return env
 
 
+def open_door(policy: Policy, run_id: str, audit_path: str | None = None) -> Door | None:
+    """The run's door if its network goes through the proxy, else None.
+    ``audit_path`` defaults to the XDG state directory's net.jsonl."""
+    if policy.network.mode != "proxy":
+        return None
+    if audit_path is None:
+        from corral.net.audit import default_path
+
+        audit_path = default_path()
+    door = Door(policy, run_id, audit_path)
+    door.open()
+    return door
+
+
 class Door:
     def __init__(
         self, policy: Policy, run_id: str, audit_path: str | None, workers: int = 0
@@ -67,13 +81,9 @@ class Door:
         self._tally_r = -1
 
     def open(self) -> None:
-        from corral.net.hooks import Chain, HostRulesHook
-        from corral.net.rules import HostRules
+        from corral.net.hooks import chain_for
 
-        # Parse before forking so a bad rule is an error here, not a dead proxy.
-        chain = Chain(
-            [HostRulesHook(HostRules.parse(self.policy.network.allow, self.policy.network.deny))]
-        )
+        chain = chain_for(self.policy)  # parsed before forking: a bad rule fails here
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(self.path)
         sock.listen(1024)

@@ -13,6 +13,7 @@ from corral.net.rules import HostRules, Verdict
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from corral.net.http1 import Message
+    from corral.policy import Policy
 
 
 class Destination:
@@ -126,3 +127,9 @@ class Chain:
         if all(v is None for v in verdicts):
             return None
         return combine(verdicts)
+
+
+def chain_for(policy: Policy) -> Chain:
+    """The hooks a policy's ``[network]`` section asks for (today: host rules)."""
+    net = policy.network
+    return Chain([HostRulesHook(HostRules.parse(net.allow, net.deny))])
