@@ -250,10 +250,13 @@ class Sandbox:
         self._sock = ours
         agent = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
         command = [inside_python(), "-I", "-S", SANDBOX_AGENT]
-        plan = self.tier.plan(self.policy, command, door=self._door.path if self._door else None)
-        at = plan.argv.index("--chdir")
-        plan.argv[at:at] = ["--ro-bind", agent, SANDBOX_AGENT]
-        plan.mounts.append(Mount("ro-bind", SANDBOX_AGENT, agent, "the sandbox's agent"))
+        agent_bind = Mount("ro-bind", SANDBOX_AGENT, agent, "the sandbox's agent")
+        plan = self.tier.plan(
+            self.policy,
+            command,
+            door=self._door.path if self._door else None,
+            extra=[agent_bind],
+        )
         self.plan = plan
         err_r, err_w = os.pipe()
         try:

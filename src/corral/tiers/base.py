@@ -10,6 +10,8 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from corral.cgroups import CgroupPlan
     from corral.fsplan import Mount
     from corral.policy import Policy
@@ -108,7 +110,14 @@ class Tier:
         """Can this tier run here?  ``probe`` may launch a tiny test sandbox (doctor)."""
         raise NotImplementedError
 
-    def plan(self, policy: Policy, command: list[str], door: str | None = None) -> Plan:
+    def plan(
+        self,
+        policy: Policy,
+        command: list[str],
+        door: str | None = None,
+        extra: Sequence[Mount] = (),
+    ) -> Plan:
         """What would run ``command`` under ``policy``.  ``door`` is the host path of
-        the proxy's unix socket when ``policy.network.mode`` is "proxy"."""
+        the proxy's unix socket when ``policy.network.mode`` is "proxy"; ``extra``
+        are corral's own files to bind in (the long-lived sandbox's agent)."""
         raise NotImplementedError(f"tier {self.name} cannot run commands yet")

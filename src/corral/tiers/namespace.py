@@ -14,6 +14,8 @@ from corral.tiers.base import Health, Plan, Tier
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from corral.fsplan import Mount
     from corral.policy import Policy
 
@@ -185,7 +187,13 @@ class NamespaceTier(Tier):
                 return Health(False, f"bwrap cannot create namespaces here: {msg[0]}", details)
         return Health(True, f"bwrap at {bwrap}", details)
 
-    def plan(self, policy: Policy, command: list[str], door: str | None = None) -> Plan:
+    def plan(
+        self,
+        policy: Policy,
+        command: list[str],
+        door: str | None = None,
+        extra: Sequence[Mount] = (),
+    ) -> Plan:
         from corral import cgroups, seccomp
 
         plan = Plan(self.name, policy)
@@ -201,6 +209,7 @@ class NamespaceTier(Tier):
         plan.fds = {FD_STATUS: "status", FD_SECCOMP: "seccomp"}
         if policy.network.mode == "proxy":
             command = self._through_door(plan, policy, command, door)
+        plan.mounts = [*plan.mounts, *extra]
         mounts, empty_fds = mount_args(plan.mounts)
         plan.fds.update(dict.fromkeys(empty_fds, "empty"))
         bwrap = find_bwrap() or "bwrap"

@@ -7,6 +7,9 @@ from corral.tiers.base import Health, Plan, Tier
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from corral.fsplan import Mount
     from corral.policy import Policy
 
 WARNING = (
@@ -23,7 +26,13 @@ class NoneTier(Tier):
     def health(self, probe: bool = False) -> Health:
         return Health(True, "always available; gives no protection (only when named)")
 
-    def plan(self, policy: Policy, command: list[str], door: str | None = None) -> Plan:
+    def plan(
+        self,
+        policy: Policy,
+        command: list[str],
+        door: str | None = None,
+        extra: Sequence[Mount] = (),
+    ) -> Plan:
         from corral import cgroups
 
         plan = Plan(self.name, policy)

@@ -15,6 +15,9 @@ from corral.tiers.base import Health, Plan, Tier
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from corral.fsplan import Mount
     from corral.policy import Policy
 
 
@@ -123,7 +126,13 @@ class SeatbeltTier(_Planned):
             "here, so not offered yet",
         )
 
-    def plan(self, policy: Policy, command: list[str], door: str | None = None) -> Plan:
+    def plan(
+        self,
+        policy: Policy,
+        command: list[str],
+        door: str | None = None,
+        extra: Sequence[Mount] = (),
+    ) -> Plan:
         """The pure part: what would run on macOS (``sandbox-exec -p PROFILE``)."""
         from corral import environ, seatbelt
 
