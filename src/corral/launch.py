@@ -258,10 +258,7 @@ def start(plan: Plan, run_id: str, stdio: dict[int, int]) -> Started:
     to_close: list[int] = []
     status_r = _plan_fds(plan, child_fds, parent_only, to_close)
     try:
-        if cg is not None or not plan.cwd_in_argv or plan.netns_rules is not None:
-            pid = _fork_exec(plan, child_fds, cg.procs_files() if cg is not None else [])
-        else:
-            pid = _spawn(plan, child_fds)
+        pid = _exec_plan(plan, child_fds, cg.procs_files() if cg is not None else [])
     finally:
         for fd in to_close:
             os.close(fd)
@@ -295,10 +292,7 @@ def _launch_and_pump(
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in FORWARDED_SIGNALS}
     old_wakeup = signal.set_wakeup_fd(wake_w)
     try:
-        if procs_files or not plan.cwd_in_argv or plan.netns_rules is not None:
-            pid = _fork_exec(plan, child_fds, procs_files)
-        else:
-            pid = _spawn(plan, child_fds)
+        pid = _exec_plan(plan, child_fds, procs_files)
         for fd in to_close:
             os.close(fd)
         _pump(
@@ -313,6 +307,14 @@ def _launch_and_pump(
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _exec_plan(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) -> int:
+    """posix_spawn when nothing must happen between fork and exec; fork otherwise
+    (join a cgroup, change directory, enter a prepared network namespace)."""
+    if procs_files or not plan.cwd_in_argv or plan.netns_rules is not None:
+        return _fork_exec(plan, child_fds, procs_files)
+    return _spawn(plan, child_fds)
 
 
 def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) -> int:
