@@ -474,6 +474,19 @@ class Sandbox:
         A timeout kills the command's whole process group and keeps the output
         so far; the sandbox itself lives on.
         """
+        return self.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr).wait()
+
+    def begin(
+        self,
+        command: str | list[str],
+        timeout: float | None,
+        cwd: str | None,
+        env: dict[str, str] | list[str] | None,
+        stdin: bytes | str | None,
+        on_stdout: Callable[[bytes], None] | None,
+        on_stderr: Callable[[bytes], None] | None,
+    ) -> Process:
+        """What exec does before it waits: spawn, and hand over the whole stdin."""
         proc = self.spawn(
             command,
             cwd=cwd,
@@ -486,7 +499,7 @@ class Sandbox:
         if stdin is not None:
             proc.write_stdin(stdin)
             proc.close_stdin()
-        return proc.wait()
+        return proc
 
     def processes(self) -> list[Process]:
         """The commands still running."""
@@ -621,18 +634,7 @@ class AsyncSandbox:
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
     ) -> ExecResult:
-        proc = self.sync.spawn(
-            command,
-            cwd=cwd,
-            env=env,
-            timeout=timeout,
-            stdin=stdin is not None,
-            on_stdout=on_stdout,
-            on_stderr=on_stderr,
-        )
-        if stdin is not None:
-            proc.write_stdin(stdin)
-            proc.close_stdin()
+        proc = self.sync.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr)
         return await self.wait(proc)
 
     def spawn(self, command: str | list[str], **kw: object) -> Process:
