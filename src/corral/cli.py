@@ -444,6 +444,8 @@ def _log_net(opts: dict[str, object], count: int) -> int:
         and (not opts.get("host") or r.get("host") == opts["host"])
         and (decision is None or r.get("decision") == decision)
     ]
+    # each proxy worker writes its own batches: order by the time of each request
+    records.sort(key=lambda r: str(r.get("time", "")))
     records = records[-count:] if count else []
     if opts.get("json"):
         return _print_json_lines(records)
