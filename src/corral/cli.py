@@ -244,9 +244,13 @@ def cmd_mcp(args: list[str]) -> int:
     opts, _ = parse(args, RUN_OPTIONS, positional=False)
     policy = build_policy(opts)
     try:
+        import mcp.server.mcpserver  # noqa: F401  (the SDK, checked before a sandbox starts)
+
         from corral import mcp_server
     except ImportError:
-        raise CorralError("corral mcp needs the mcp package: pip install 'corral[mcp]'") from None
+        from corral.errors import RefusedError
+
+        raise RefusedError("corral mcp needs the mcp package: pip install 'corral[mcp]'") from None
     from corral.sandbox import Sandbox
 
     # stdout carries the protocol: nothing else may be printed there

@@ -278,3 +278,16 @@ def test_doctor_survives_a_broken_health_check(
     row = next(t for t in json.loads(out)["tiers"] if t["name"] == "namespace")
     assert row["available"] is False
     assert "kaboom" in row["reason"]
+
+
+def test_mcp_without_the_sdk_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import sys
+
+    for name in ("mcp", "mcp.server", "mcp.server.mcpserver"):
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["mcp"]) == 122
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'corral[mcp]'" in err
