@@ -260,6 +260,8 @@ def cmd_mcp(args: list[str]) -> int:
 
 
 def _open_door(opts: dict[str, object], policy: Policy, run_id: str) -> Door | None:
+    if policy.network.mode != "proxy":
+        return None  # and corral.net stays unimported: it costs milliseconds
     from corral.net.door import open_door
 
     net_log = opts.get("net_log")
