@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import corral
+from tests.tiers import TierCase, available
 
 TEST_USER = "corral-test"
 ROOT_BASE = Path("/var/lib/corral-tests")
@@ -40,8 +41,11 @@ def _ensure_user() -> pwd.struct_passwd:
 class Corral:
     """Runs ``python -m corral`` as a given user with a controlled environment."""
 
-    def __init__(self, who: str, base: Path, home: Path, state: Path) -> None:
+    def __init__(
+        self, who: str, base: Path, home: Path, state: Path, tier: TierCase | None = None
+    ) -> None:
         self.who = who
+        self.tier = tier
         self.base = base
         self.home = home
         self.state = state
@@ -72,6 +76,8 @@ class Corral:
         return env
 
     def argv(self, args: list[str]) -> list[str]:
+        if self.tier is not None and args[:1] in (["run"], ["shell"]) and "--tier" not in args:
+            args = [args[0], *self.tier.flags, *args[1:]]
         cmd = [self.python, "-m", "corral", *args]
         if self.who == "user":
             return [
@@ -134,9 +140,33 @@ def who(request: pytest.FixtureRequest) -> str:
     return name
 
 
+TIER_CASES = available()
+
+
+@pytest.fixture(params=TIER_CASES, ids=[c.id for c in TIER_CASES])
+def tier(request: pytest.FixtureRequest) -> TierCase:
+    """Each tier this machine can run; tests that only make sense on some tiers
+    mark themselves ``@pytest.mark.tiers("namespace", ...)``."""
+    case: TierCase = request.param
+    marker = request.node.get_closest_marker("tiers")
+    if marker is not None and case.id not in marker.args:
+        pytest.skip(f"{marker.kwargs.get('why', 'not a property of this tier')} ({case.id})")
+    return case
+
+
+@pytest.fixture
+def tsandbox(who: str, tier: TierCase) -> Iterator[tuple[Corral, Path]]:
+    """Like ``sandbox`` but once per available tier: ``corral run`` gets the tier's flags."""
+    yield from _sandbox(who, tier)
+
+
 @pytest.fixture
 def sandbox(who: str) -> Iterator[tuple[Corral, Path]]:
     """A Corral runner and a fresh workspace, both owned by the user under test."""
+    yield from _sandbox(who, None)
+
+
+def _sandbox(who: str, tier: TierCase | None) -> Iterator[tuple[Corral, Path]]:
     if os.geteuid() == 0:
         ROOT_BASE.mkdir(parents=True, exist_ok=True)
         os.chmod(ROOT_BASE, 0o755)
@@ -150,7 +180,7 @@ def sandbox(who: str) -> Iterator[tuple[Corral, Path]]:
     home, state, ws = base / "home", base / "state", base / "ws"
     for d in (home, state, ws):
         d.mkdir()
-    runner = Corral(who, base, home, state)
+    runner = Corral(who, base, home, state, tier)
     if who == "user":
         runner.chown(home, state, ws)
     try:

@@ -34,8 +34,8 @@ def sh(
     return c.run(["run", "-q", *flags, "--", "sh", "-c", script], cwd=ws, **kw)  # type: ignore[arg-type]
 
 
-def test_workspace_is_writable_and_outside_is_not(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_workspace_is_writable_and_outside_is_not(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     outside = c.base / "outside"
     outside.mkdir()
     c.chown(outside)
@@ -64,8 +64,8 @@ def test_workspace_is_writable_and_outside_is_not(sandbox: tuple[Corral, Path]) 
     assert not Path("/tmp/scratch").exists() or Path("/tmp/scratch").read_text() != "x\n"
 
 
-def test_symlink_out_of_workspace_is_read_only(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_symlink_out_of_workspace_is_read_only(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     outside = c.base / "outside"
     outside.mkdir()
     (outside / "target.txt").write_text("original\n")
@@ -92,8 +92,8 @@ def test_symlink_out_of_workspace_is_read_only(sandbox: tuple[Corral, Path]) -> 
     assert (ws / "real.txt").read_text() == "good\n"
 
 
-def test_hard_link_to_outside_file_is_refused(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_hard_link_to_outside_file_is_refused(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     outside = c.base / "outside"
     outside.mkdir()
     (outside / "target.txt").write_text("original\n")
@@ -114,8 +114,8 @@ def test_hard_link_to_outside_file_is_refused(sandbox: tuple[Corral, Path]) -> N
     assert (outside / "target.txt").read_text() == "original\n"
 
 
-def test_default_secrets_are_unreadable(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_default_secrets_are_unreadable(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     for rel in SECRET_FILES:
         p = c.home / rel
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -133,8 +133,8 @@ def test_default_secrets_are_unreadable(sandbox: tuple[Corral, Path]) -> None:
     assert "public-notes" in out and "public-config" in out  # allow twin
 
 
-def test_secret_created_after_launch_stays_hidden(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_secret_created_after_launch_stays_hidden(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     (c.home / "notes.txt").write_text("public-notes\n")
     c.chown(c.home)
     proc = c.popen(
@@ -164,8 +164,8 @@ def test_secret_created_after_launch_stays_hidden(sandbox: tuple[Corral, Path]) 
     assert "CANARY" not in text, text
 
 
-def test_nested_repo_hooks_and_config_are_read_only(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_nested_repo_hooks_and_config_are_read_only(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     for repo in (ws, ws / "vendor" / "lib"):
         (repo / ".git" / "hooks").mkdir(parents=True)
         (repo / ".git" / "config").write_text("[core]\n")
@@ -198,8 +198,8 @@ def test_nested_repo_hooks_and_config_are_read_only(sandbox: tuple[Corral, Path]
     assert (ws / "vendor" / "lib" / "main.c").read_text() == "code\n"
 
 
-def test_missing_write_deny_path_is_quarantined(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_missing_write_deny_path_is_quarantined(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     r = c.sh(ws, "mkdir .vscode && echo '{}' > .vscode/tasks.json && mkdir src && echo x > src/a")
     assert r.returncode == 0, r.stderr
     assert not (ws / ".vscode").exists()
@@ -209,8 +209,8 @@ def test_missing_write_deny_path_is_quarantined(sandbox: tuple[Corral, Path]) ->
     assert len(moved) == 1
 
 
-def test_workspace_secret_files_are_masked(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_workspace_secret_files_are_masked(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     (ws / ".env").write_text("CANARY-dotenv\n")
     (ws / "svc").mkdir()
     (ws / "svc" / ".env.production").write_text("CANARY-prod\n")
@@ -223,8 +223,8 @@ def test_workspace_secret_files_are_masked(sandbox: tuple[Corral, Path]) -> None
     assert (ws / ".env").read_text() == "CANARY-dotenv\n"  # untouched on the host
 
 
-def test_corral_state_is_hidden(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_corral_state_is_hidden(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     (c.state / "other.txt").write_text("public-state\n")
     c.chown(c.state)
     first = c.sh(ws, "echo first-run")
@@ -235,8 +235,8 @@ def test_corral_state_is_hidden(sandbox: tuple[Corral, Path]) -> None:
     assert b"public-state" in r.stdout
 
 
-def test_proc_and_dev_are_private(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_proc_and_dev_are_private(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     r = sh(
         c,
         ws,
@@ -252,8 +252,8 @@ def test_proc_and_dev_are_private(sandbox: tuple[Corral, Path]) -> None:
     assert "sda " not in out.splitlines()[0] and "kvm" not in out.splitlines()[0]
 
 
-def test_concurrent_runs_share_nothing(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_concurrent_runs_share_nothing(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     results: list[subprocess.CompletedProcess[bytes]] = []
 
     def one(i: int) -> None:

@@ -80,9 +80,9 @@ def net_log(c: Corral) -> list[dict[str, object]]:
 
 
 def test_http_forwarding_allowed_and_denied(
-    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
-    c, ws = sandbox
+    c, ws = tsandbox
     ok, bad = origins
     r = c.sh(
         ws,
@@ -104,9 +104,9 @@ def test_http_forwarding_allowed_and_denied(
 
 
 def test_connect_tunnel_allowed_and_denied(
-    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
-    c, ws = sandbox
+    c, ws = tsandbox
     ok, bad = origins
     r = c.sh(
         ws,
@@ -125,9 +125,9 @@ def test_connect_tunnel_allowed_and_denied(
 
 
 def test_socks5_allowed_denied_and_udp_refused(
-    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
-    c, ws = sandbox
+    c, ws = tsandbox
     ok, bad = origins
     (ws / "udp.py").write_text("""
 import socket
@@ -156,9 +156,9 @@ print("udp-reply", s.recv(10)[1])
 
 
 def test_name_resolving_to_loopback_needs_the_address_allowed(
-    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
-    c, ws = sandbox
+    c, ws = tsandbox
     ok, _ = origins
     url = f"http://localhost:{ok.port}/by-name"
     denied = c.sh(ws, f"{CURL} {HTTP_PROXY} {url}", "--allow", f"localhost:{ok.port}")
@@ -177,9 +177,9 @@ def test_name_resolving_to_loopback_needs_the_address_allowed(
 
 
 def test_wildcard_and_port_rules(
-    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
-    c, ws = sandbox
+    c, ws = tsandbox
     ok, bad = origins
     r = c.sh(
         ws,
@@ -209,9 +209,9 @@ def test_wildcard_and_port_rules(
 
 
 def test_no_route_around_the_proxy(
-    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
-    c, ws = sandbox
+    c, ws = tsandbox
     ok, _ = origins
     r = c.sh(
         ws,
@@ -231,9 +231,9 @@ def test_no_route_around_the_proxy(
 
 
 def test_mode_none_has_no_network_at_all(
-    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
-    c, ws = sandbox
+    c, ws = tsandbox
     ok, _ = origins
     none = c.sh(ws, f"{CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/ || echo failed")
     assert b"failed" in none.stdout and ok.hits == []
@@ -244,9 +244,9 @@ def test_mode_none_has_no_network_at_all(
 
 
 def test_proxy_killed_mid_run_fails_closed(
-    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
-    c, ws = sandbox
+    c, ws = tsandbox
     ok, _ = origins
     script = f"""
         {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/before && touch first-ok
@@ -292,9 +292,9 @@ def _parent(pid: int) -> int:
 
 
 def test_first_request_never_races_the_relay(
-    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
-    c, ws = sandbox
+    c, ws = tsandbox
     ok, _ = origins
     failures = []
     for i in range(100):
@@ -322,9 +322,9 @@ def test_first_request_never_races_the_relay(
 
 
 def test_audit_lines_match_what_was_sent(
-    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
-    c, ws = sandbox
+    c, ws = tsandbox
     ok, bad = origins
     payload = "x" * 5000
     r = c.sh(
@@ -356,11 +356,11 @@ def test_audit_lines_match_what_was_sent(
 
 
 def test_proxy_serve_standalone(
-    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
     import socket
 
-    c, ws = sandbox
+    c, ws = tsandbox
     ok, bad = origins
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -400,9 +400,9 @@ def _listening(port: int) -> bool:
 
 
 def test_nothing_left_after_network_runs(
-    sandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
-    c, ws = sandbox
+    c, ws = tsandbox
     ok, _ = origins
     before = set(glob.glob("/tmp/corral-door-*"))
     r = c.sh(

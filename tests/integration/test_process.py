@@ -19,8 +19,8 @@ def sh(
     return c.run(["run", "-q", *flags, "--", "sh", "-c", script], cwd=ws, **kw)  # type: ignore[arg-type]
 
 
-def test_environment_is_not_inherited(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_environment_is_not_inherited(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     env = {"AWS_SECRET_ACCESS_KEY": "CANARY-aws", "MY_TOKEN": "CANARY-token", "WANTED": "passed-ok"}
     r = c.run(["run", "-q", "--env", "WANTED", "--", "env"], cwd=ws, env=env)
     out = r.stdout.decode()
@@ -32,8 +32,8 @@ def test_environment_is_not_inherited(sandbox: tuple[Corral, Path]) -> None:
     assert names <= allowed, names
 
 
-def test_environment_values_never_in_argv(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_environment_values_never_in_argv(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     canary = "CANARY-" + uuid.uuid4().hex
     proc = c.popen(
         ["run", "-q", "--env", "PASSME", "--", "sh", "-c", "echo $PASSME; sleep 30"],
@@ -57,8 +57,8 @@ def test_environment_values_never_in_argv(sandbox: tuple[Corral, Path]) -> None:
     assert not found
 
 
-def test_host_processes_are_invisible_and_unkillable(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_host_processes_are_invisible_and_unkillable(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     host = subprocess.Popen(["sleep", "300"])
     try:
         r = sh(
@@ -81,8 +81,8 @@ def test_host_processes_are_invisible_and_unkillable(sandbox: tuple[Corral, Path
         host.wait()
 
 
-def test_exit_codes_pass_through(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_exit_codes_pass_through(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     assert c.sh(ws, "exit 0").returncode == 0
     assert c.sh(ws, "exit 3").returncode == 3
     assert c.sh(ws, "exit 127").returncode == 127
@@ -95,8 +95,8 @@ def test_exit_codes_pass_through(sandbox: tuple[Corral, Path]) -> None:
     assert c.run(["run", "-q", "--", "./noexec.sh"], cwd=ws).returncode == 126
 
 
-def test_timeout_kills_the_whole_tree(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_timeout_kills_the_whole_tree(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     marker = f"31{uuid.uuid4().int % 1000:03d}"
     t0 = time.monotonic()
     r = sh(
@@ -117,8 +117,8 @@ def test_timeout_kills_the_whole_tree(sandbox: tuple[Corral, Path]) -> None:
     assert ok.returncode == 0 and b"fine" in ok.stdout
 
 
-def test_output_flood_is_bounded(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_output_flood_is_bounded(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     r = c.sh(ws, "head -c 20000000 /dev/zero; echo tail >&2", "--output-limit", "1M")
     assert r.returncode == 0
     assert len(r.stdout) + len(r.stderr.split(b"corral:")[0]) <= 1 << 20
@@ -128,8 +128,8 @@ def test_output_flood_is_bounded(sandbox: tuple[Corral, Path]) -> None:
     assert small.stdout == b"hello\n" and b"truncated" not in small.stderr
 
 
-def test_killing_corral_leaves_nothing_behind(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_killing_corral_leaves_nothing_behind(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     marker = f"32{uuid.uuid4().int % 1000:03d}"
     flags = ["--pids", "100"] if c.who == "root" else []
     proc = c.popen(
@@ -167,8 +167,8 @@ def _corral_cgroups() -> list[str]:
     return found
 
 
-def test_signal_to_corral_kills_sandbox(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_signal_to_corral_kills_sandbox(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     marker = f"33{uuid.uuid4().int % 1000:03d}"
     proc = c.popen(
         ["run", "-q", "--", "sh", "-c", f"sleep {marker} & echo up; wait"],
@@ -201,8 +201,8 @@ def test_tier_messages(sandbox: tuple[Corral, Path]) -> None:
     assert refused.stderr.decode().count("\n") == 1 and b"not available" in refused.stderr
 
 
-def test_limits(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_limits(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     if c.who == "user":
         # cgroup v1 here is not delegated to users: the limit must be refused, not ignored
         r = c.sh(ws, "true", "--memory", "64M")
@@ -261,8 +261,8 @@ def test_limits(sandbox: tuple[Corral, Path]) -> None:
 
 
 @pytest.mark.parametrize("flag", ["--memory", "--pids", "--cpus"])
-def test_bad_limit_values_are_usage_errors(sandbox: tuple[Corral, Path], flag: str) -> None:
-    c, ws = sandbox
+def test_bad_limit_values_are_usage_errors(tsandbox: tuple[Corral, Path], flag: str) -> None:
+    c, ws = tsandbox
     r = c.run(["run", flag, "lots", "--", "true"], cwd=ws)
     assert r.returncode == 2
     assert r.stderr.count(b"\n") == 1 and r.stderr.startswith(b"corral: ")

@@ -51,8 +51,8 @@ def results(out: bytes) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.decode().splitlines() if "=" in line)
 
 
-def test_syscall_filter(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_syscall_filter(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     r = run_py(
         c,
         ws,
@@ -83,8 +83,8 @@ def test_syscall_filter(sandbox: tuple[Corral, Path]) -> None:
         assert got[allowed] == "ok", (allowed, got)
 
 
-def test_no_capabilities_and_no_new_privileges(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_no_capabilities_and_no_new_privileges(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     r = c.run(
         [
             "run",
@@ -123,8 +123,8 @@ def _host_server() -> tuple[socket.socket, int, list[bytes]]:
     return srv, srv.getsockname()[1], hits
 
 
-def test_no_network_but_own_loopback(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_no_network_but_own_loopback(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     srv, port, hits = _host_server()
     try:
         r = run_py(
@@ -163,8 +163,8 @@ print("inner=" + cl.recv(10).decode())
         srv.close()
 
 
-def test_host_unix_sockets_are_unreachable(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_host_unix_sockets_are_unreachable(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     sockdir = c.base / "daemon"
     sockdir.mkdir()
     os.chmod(sockdir, 0o777)
@@ -230,8 +230,8 @@ a, b = socket.socketpair(); a.sendall(b"pair"); print("pair=" + b.recv(10).decod
             s.close()
 
 
-def test_tiocsti_cannot_inject_into_the_terminal(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_tiocsti_cannot_inject_into_the_terminal(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     master, slave = pty.openpty()
     os.chmod(os.ttyname(slave), 0o666)
     (ws / "probe.py").write_text("""
