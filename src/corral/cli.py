@@ -32,6 +32,10 @@ usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
 
 run options:
   --tier NAME          auto (default: strongest available), namespace, none, ...
+  --engine NAME        container tier: podman or docker (default: $CORRAL_ENGINE, else
+                       the first of podman, docker found)
+  --oci-runtime NAME   container tier: runc (default), runsc (gVisor) or crun
+  --image REF          container tier: the image (default: [container] image, $CORRAL_IMAGE)
   --policy FILE        policy file (default: corral.toml in the workspace, if any)
   --workspace DIR      the writable workspace (default: current directory)
   --timeout DURATION   wall-clock limit, e.g. 30s, 5m; kills the whole process tree
@@ -59,6 +63,9 @@ exit codes: the command's own code; 128+N if it died of signal N; and
 # option -> (attribute, kind); kind "flag" takes no value, "list" repeats.
 RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "--tier": ("tier", "value"),
+    "--engine": ("engine", "value"),
+    "--oci-runtime": ("oci_runtime", "value"),
+    "--image": ("image", "value"),
     "--policy": ("policy", "value"),
     "--workspace": ("workspace", "value"),
     "--timeout": ("timeout", "value"),
@@ -179,6 +186,17 @@ def build_policy(opts: dict[str, object]) -> Policy:
                 raise CorralError(f"--env: {exc}") from None
     if "tier" in opts:
         policy.tier = str(opts["tier"])
+    for attr, flag, parse_value in (
+        ("engine", "--engine", pol._expect_engine),
+        ("oci_runtime", "--oci-runtime", pol._expect_runtime),
+        ("image", "--image", pol._expect_image),
+    ):
+        if attr in opts:
+            try:
+                value = parse_value(opts[attr])
+            except ValueError as exc:
+                raise CorralError(f"{flag}: {exc}") from None
+            setattr(policy.container, "runtime" if attr == "oci_runtime" else attr, value)
     for attr in ("allow", "deny"):
         extra = opts.get(attr)
         if isinstance(extra, list):
@@ -202,7 +220,7 @@ def cmd_run(args: list[str]) -> int:
     policy = build_policy(opts)
     from corral import launch, tiers
 
-    tier, _health = tiers.select(policy.tier)
+    tier, _health = tiers.select(policy.tier, policy)
     run_id = launch.new_run_id()
     if opts.get("explain"):
         door_path = "/DOOR" if policy.network.mode == "proxy" else None
@@ -223,7 +241,7 @@ def cmd_shell(args: list[str]) -> int:
     from corral import launch, tiers
     from corral import shell as pty_shell
 
-    tier, _health = tiers.select(policy.tier)
+    tier, _health = tiers.select(policy.tier, policy)
     if tier.name == "none":
         raise CorralError("corral shell needs a sandbox tier, not none")
     run_id = launch.new_run_id()

@@ -160,27 +160,95 @@ def run(
         cg = CgroupRun(plan.cgroup, run_id)
         cg.create()
 
+    if plan.scratch is not None:
+        prepare_scratch(plan)
+
     def emergency_cleanup() -> None:
         time.sleep(0.05)  # let die-with-parent take the sandbox down first
+        run_teardown(plan)
         if cg is not None:
             cg.remove()
         quarantine(plan.quarantine, run_id)
+        remove_scratch(plan)
 
-    guardian = _Guardian(emergency_cleanup) if (cg is not None or plan.quarantine) else None
+    needs_guardian = cg is not None or plan.quarantine or plan.teardown or plan.scratch
+    guardian = _Guardian(emergency_cleanup) if needs_guardian else None
     start = time.monotonic()
+    finished = False
     try:
         _launch_and_pump(plan, result, cg, out_fd, err_fd, in_fd, on_output)
+        finished = True
     finally:
         result.duration = time.monotonic() - start
+        if not finished or result.timed_out or result.signal is not None:
+            run_teardown(plan)  # the engine's client was killed; its container was not
         if cg is not None:
             result.limits_hit = cg.limits_hit()
             cg.remove()
+        result.limits_hit += read_report(plan)
         result.denials += quarantine(plan.quarantine, run_id)
+        remove_scratch(plan)
         if guardian is not None:
             guardian.release()
     if result.timed_out:
         result.limits_hit.append("timeout")
     return result
+
+
+def prepare_scratch(plan: Plan) -> None:
+    """Make the plan's private directory and its files (mode 0700: ours alone)."""
+    assert plan.scratch is not None
+    try:
+        os.mkdir(plan.scratch, 0o700)
+        for name, data, mode in plan.prepare:
+            fd = os.open(os.path.join(plan.scratch, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        remove_scratch(plan)
+        raise SetupError(f"cannot prepare {plan.scratch}: {exc.strerror or exc}") from None
+
+
+def remove_scratch(plan: Plan) -> None:
+    if plan.scratch is None:
+        return
+    import shutil
+
+    shutil.rmtree(plan.scratch, ignore_errors=True)
+
+
+def read_report(plan: Plan) -> list[str]:
+    if plan.report is None:
+        return []
+    try:
+        with open(plan.report, encoding="utf-8") as fh:
+            words = fh.read().split()
+    except OSError:
+        return []
+    return [w for w in dict.fromkeys(words) if w in ("memory", "pids")]
+
+
+def run_teardown(plan: Plan) -> None:
+    """Run the plan's cleanup commands (removing a container), quietly, bounded."""
+    if not plan.teardown:
+        return
+    import subprocess
+
+    env = plan.launcher_env if plan.launcher_env is not None else plan.env
+    for argv in plan.teardown:
+        try:
+            subprocess.run(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
 
 def _plan_fds(
@@ -220,6 +288,8 @@ class Started:
 
     def wait_started(self, timeout: float = 30.0) -> None:
         """Until bwrap reports its child, or raise SetupError with bwrap's words."""
+        if self.status_r < 0:
+            return  # no status pipe (a container engine): the first process says when
         text = ""
         deadline = time.monotonic() + timeout
         while '"child-pid"' not in text:
@@ -240,7 +310,8 @@ class Started:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
-        os.close(self.status_r)
+        if self.status_r >= 0:
+            os.close(self.status_r)
         if self.cg is not None:
             self.cg.remove()
 
@@ -253,6 +324,8 @@ def start(plan: Plan, run_id: str, stdio: dict[int, int]) -> Started:
 
         cg = CgroupRun(plan.cgroup, run_id)
         cg.create()
+    if plan.scratch is not None:
+        prepare_scratch(plan)
     child_fds = dict(stdio)
     parent_only: list[int] = []
     to_close: list[int] = []
@@ -340,7 +413,8 @@ def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) ->
                 os._exit(125)
         os.chdir(plan.cwd)
         _move_fds_into_place(child_fds)
-        os.execvpe(plan.argv[0], plan.argv, plan.env)
+        env = plan.launcher_env if plan.launcher_env is not None else plan.env
+        os.execvpe(plan.argv[0], plan.argv, env)
     except OSError as exc:
         os.write(2, f"corral: cannot start {plan.argv[0]}: {exc.strerror}\n".encode())
         os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
@@ -359,7 +433,7 @@ def _spawn(plan: Plan, child_fds: dict[int, int]) -> int:
         return os.posix_spawnp(
             plan.argv[0],
             plan.argv,
-            plan.env,
+            plan.launcher_env if plan.launcher_env is not None else plan.env,
             file_actions=actions,
             setsid=True,
             setsigdef=RESET_SIGNALS,

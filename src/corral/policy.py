@@ -64,10 +64,30 @@ class NetworkPolicy:
         self.hosts: dict[str, str] = {}  # name -> address, used by the proxy instead of DNS
 
 
+class ContainerPolicy:
+    """The container tier's choices; empty means "detect" (engine) or "not set" (image)."""
+
+    __slots__ = ("engine", "image", "runtime")
+
+    def __init__(self) -> None:
+        self.engine = ""  # podman or docker; "" = $CORRAL_ENGINE, else the first found
+        self.runtime = ""  # OCI runtime (runc, runsc, crun); "" = $CORRAL_OCI_RUNTIME or runc
+        self.image = ""  # "" = $CORRAL_IMAGE; refused when still empty
+
+
 class Policy:
     """Everything a tier needs to know, with paths already absolute."""
 
-    __slots__ = ("env", "filesystem", "limits", "network", "source", "tier", "workspace")
+    __slots__ = (
+        "container",
+        "env",
+        "filesystem",
+        "limits",
+        "network",
+        "source",
+        "tier",
+        "workspace",
+    )
 
     def __init__(self, workspace: str) -> None:
         self.workspace = workspace
@@ -77,6 +97,7 @@ class Policy:
         self.env = EnvPolicy()
         self.limits = Limits()
         self.network = NetworkPolicy()
+        self.container = ContainerPolicy()
 
     @classmethod
     def load(cls, path: str | None = None, workspace: str | None = None) -> Policy:
@@ -124,7 +145,7 @@ class Policy:
     def to_dict(self) -> dict[str, object]:
         """A canonical view, used for the digest in the activity log and for ``--explain``."""
         lim = self.limits
-        return {
+        out: dict[str, object] = {
             "workspace": self.workspace,
             "tier": self.tier,
             "filesystem": {
@@ -149,6 +170,10 @@ class Policy:
                 "hosts": dict(sorted(self.network.hosts.items())),
             },
         }
+        box = self.container
+        if box.engine or box.runtime or box.image:  # absent: digests of older runs stay equal
+            out["container"] = {"engine": box.engine, "runtime": box.runtime, "image": box.image}
+        return out
 
 
 def _inside(path: str, root: str) -> bool:
@@ -319,6 +344,32 @@ def _expect_mode(v: object) -> str:
     return mode
 
 
+ENGINES = ("podman", "docker")
+OCI_RUNTIMES = ("runc", "runsc", "crun")
+
+
+def _expect_engine(v: object) -> str:
+    name = _expect_str(v)
+    if name not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {name!r}")
+    return name
+
+
+def _expect_runtime(v: object) -> str:
+    name = _expect_str(v)
+    if name not in OCI_RUNTIMES:
+        raise ValueError(f"runtime must be one of {', '.join(OCI_RUNTIMES)}; got {name!r}")
+    return name
+
+
+def _expect_image(v: object) -> str:
+    name = _expect_str(v).strip()
+    # an image reference, never an engine option smuggled in as one
+    if not name or name.startswith("-") or any(c.isspace() for c in name):
+        raise ValueError(f"not an image reference: {v!r}")
+    return name
+
+
 def _set(attr_path: str, parse: Callable[[object], object]) -> Callable[[Policy, object], None]:
     section, _, attr = attr_path.rpartition(".")
 
@@ -355,6 +406,11 @@ SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
         "deny": _set("network.deny", _expect_rules),
         "transparent": _set("network.transparent", _expect_bool),
         "hosts": _set("network.hosts", _expect_hosts),
+    },
+    "container": {
+        "engine": _set("container.engine", _expect_engine),
+        "runtime": _set("container.runtime", _expect_runtime),
+        "image": _set("container.image", _expect_image),
     },
 }
 

@@ -218,7 +218,7 @@ class Sandbox:
         self.policy = policy
         if tier != "auto":
             policy.tier = tier
-        self.tier, _ = tiers.select(policy.tier)
+        self.tier, _ = tiers.select(policy.tier, policy)
         if self.tier.name == "none":
             raise SandboxError("a long-lived sandbox needs a real tier, not none")
         self.run_id = launch.new_run_id()

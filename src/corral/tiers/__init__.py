@@ -6,14 +6,15 @@ from corral.errors import RefusedError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from corral.policy import Policy
     from corral.tiers.base import Health, Tier
 
 # name -> (module, class).  Order is the order `corral doctor` prints.
 REGISTRY: dict[str, tuple[str, str]] = {
     "microvm": ("corral.tiers.planned", "MicroVMTier"),
     "firecracker": ("corral.tiers.planned", "FirecrackerTier"),
-    "gvisor": ("corral.tiers.planned", "GVisorTier"),
-    "container": ("corral.tiers.planned", "ContainerTier"),
+    "gvisor": ("corral.tiers.container", "GVisorTier"),
+    "container": ("corral.tiers.container", "ContainerTier"),
     "namespace": ("corral.tiers.namespace", "NamespaceTier"),
     "landlock": ("corral.tiers.planned", "LandlockTier"),
     "seatbelt": ("corral.tiers.planned", "SeatbeltTier"),
@@ -42,11 +43,12 @@ def get(name: str) -> Tier:
     return tier
 
 
-def select(name: str) -> tuple[Tier, Health]:
-    """The tier to run on, or RefusedError with the reason.  Never a silent downgrade."""
+def select(name: str, policy: Policy | None = None) -> tuple[Tier, Health]:
+    """The tier to run on, or RefusedError with the reason.  Never a silent downgrade.
+    ``policy`` carries choices some tiers check (the container tier's engine and runtime)."""
     if name != "auto":
         tier = get(name)
-        health = tier.health()
+        health = tier.health_for(policy)
         if not health.available:
             raise RefusedError(f"tier {name} is not available here: {health.reason}")
         return tier, health

@@ -45,12 +45,17 @@ class Plan:
         "cwd_in_argv",
         "env",
         "fds",
+        "launcher_env",
         "mounts",
         "netns_rules",
         "notes",
         "policy",
+        "prepare",
         "quarantine",
+        "report",
+        "scratch",
         "seccomp",
+        "teardown",
         "tier",
         "warning",
     )
@@ -71,6 +76,12 @@ class Plan:
         self.quarantine: list[str] = []
         self.notes: list[str] = []
         self.warning: str | None = None  # printed on stderr every run (tier none)
+        # For tiers that launch through another program (a container engine):
+        self.launcher_env: dict[str, str] | None = None  # its environment, if not ``env``
+        self.scratch: str | None = None  # a private host directory made before, removed after
+        self.prepare: list[tuple[str, bytes, int]] = []  # files in scratch: name, data, mode
+        self.report: str | None = None  # a file naming limits hit, one per line
+        self.teardown: list[list[str]] = []  # commands that remove what a kill left behind
 
     def describe(self) -> str:
         """A human-readable account of the plan; never prints environment values."""
@@ -109,6 +120,16 @@ class Tier:
     def health(self, probe: bool = False) -> Health:
         """Can this tier run here?  ``probe`` may launch a tiny test sandbox (doctor)."""
         raise NotImplementedError
+
+    def health_for(self, policy: Policy | None, probe: bool = False) -> Health:
+        """Like health(), for the choices a policy makes (the container tier's engine)."""
+        return self.health(probe)
+
+    def python_argv(self) -> list[str]:
+        """How to start a Python inside this tier's sandbox (the relay and the agent)."""
+        from corral.tiers.namespace import inside_python
+
+        return [inside_python()]
 
     def plan(
         self,

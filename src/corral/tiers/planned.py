@@ -64,28 +64,6 @@ class LandlockTier(_Planned):
         return f"kernel Landlock ABI {abi}" if abi else "kernel has no Landlock"
 
 
-class ContainerTier(_Planned):
-    name = "container"
-    strength = 60
-    summary = "podman or docker with a hardened envelope"
-    issue = "container tier"
-
-    def host_facts(self) -> str:
-        engines = [f"{n} at {p}" for n in ("podman", "docker") if (p := _which(n))]
-        return ", ".join(engines) if engines else "neither podman nor docker on PATH"
-
-
-class GVisorTier(_Planned):
-    name = "gvisor"
-    strength = 80
-    summary = "container tier with gVisor (runsc) as the OCI runtime"
-    issue = "container tier, runsc runtime"
-
-    def host_facts(self) -> str:
-        runsc = _which("runsc")
-        return f"runsc at {runsc}" if runsc else "runsc not on PATH"
-
-
 class MicroVMTier(_Planned):
     name = "microvm"
     strength = 90

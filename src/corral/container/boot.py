@@ -1,0 +1,100 @@
+"""The first corral process inside a container (after the engine's init).
+
+Runs inside (``python -I -S boot.py ENV_FILE REPORT_FILE -- COMMAND...``),
+standard library only.  It gives the command its environment from ENV_FILE
+(a JSON object bound in read-only), so no value ever appears in an argv or in
+the engine's record of the container (``inspect``), then runs it and waits.
+When the command ends it writes which cgroup limits were hit (read from the
+container's own cgroup files) to REPORT_FILE, for corral to report, and exits
+as the command did.  The report is advisory: the command could write it too.
+"""
+
+import json
+import os
+import signal
+import sys
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _counter(text: str, key: str) -> int:
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def limits_hit(base: str = "/sys/fs/cgroup") -> list[str]:
+    hit = []
+    v2_mem = _read(f"{base}/memory.events")
+    v1_fail = _read(f"{base}/memory/memory.failcnt").strip()
+    if (
+        _counter(v2_mem, "oom_kill")
+        or _counter(v2_mem, "max")
+        or _counter(_read(f"{base}/memory/memory.oom_control"), "oom_kill")
+        or (v1_fail.isdigit() and int(v1_fail) > 0)
+    ):
+        hit.append("memory")
+    if _counter(_read(f"{base}/pids.events"), "max") or _counter(
+        _read(f"{base}/pids/pids.events"), "max"
+    ):
+        hit.append("pids")
+    return hit
+
+
+def main(argv: list[str]) -> None:
+    env_file, report, sep, command = argv[0], argv[1], argv[2], argv[3:]
+    if sep != "--" or not command:
+        sys.stderr.write("corral boot: usage: boot.py ENV REPORT -- COMMAND...\n")
+        os._exit(125)
+    with open(env_file, encoding="utf-8") as fh:
+        env = {str(k): str(v) for k, v in json.load(fh).items()}
+    pid = os.fork()
+    if pid == 0:
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        try:
+            os.execvpe(command[0], command, env)
+        except OSError as exc:
+            sys.stderr.write(f"corral: cannot run {command[0]}: {exc.strerror}\n")
+            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    hit = limits_hit()
+    if hit and report != "-":
+        try:
+            with open(report, "w", encoding="utf-8") as fh:
+                fh.write("\n".join(hit) + "\n")
+        except OSError:
+            pass
+    if os.WIFSIGNALED(status):  # die the same way, so the exit code says 128+N
+        signum = os.WTERMSIG(status)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

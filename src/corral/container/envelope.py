@@ -1,0 +1,202 @@
+"""The container envelope: a pure function from a policy's decisions to an engine argv.
+
+Nothing here touches the host; :mod:`corral.tiers.container` gathers the facts
+(engine, runtime, uid, mounts) into a :class:`Spec` and unit tests check the
+argv this module makes of it.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.fsplan import Mount
+
+HOSTNAME = "corral"
+SCRATCH_SIZE = "256m"  # /tmp and /var/tmp; pages count against the memory limit too
+RUN_SIZE = "64m"
+MASK_SIZE = "4k"
+
+
+class Spec:
+    """Everything the argv depends on."""
+
+    __slots__ = (
+        "cgroup_manager",
+        "command",
+        "cpus",
+        "engine",
+        "engine_name",
+        "gid",
+        "image",
+        "interactive",
+        "labels",
+        "memory",
+        "mounts",
+        "name",
+        "pids",
+        "roots",
+        "rootless",
+        "runtime",
+        "runtime_name",
+        "seccomp",
+        "swap_accounting",
+        "tty",
+        "uid",
+        "ulimits",
+        "workdir",
+    )
+
+    def __init__(self, engine: str, image: str, command: list[str]) -> None:
+        self.engine = engine  # path of podman or docker
+        self.engine_name = "podman"
+        self.runtime = ""  # OCI runtime path (podman) or name (docker)
+        self.runtime_name = "runc"
+        self.cgroup_manager = ""
+        self.rootless = False
+        self.image = image
+        self.command = command
+        self.name = ""
+        self.uid = 0
+        self.gid = 0
+        self.memory = 0
+        self.pids = 0
+        self.cpus = 0.0
+        self.swap_accounting = True
+        self.ulimits: dict[str, tuple[int, int]] = {}
+        self.seccomp = ""  # path of the OCI seccomp profile
+        self.mounts: list[Mount] = []
+        self.roots: list[str] = []  # host paths the container sees (binds of the workspace etc.)
+        self.workdir = "/"
+        self.interactive = False
+        self.tty = False
+        self.labels: dict[str, str] = {}
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _check_path(path: str) -> str:
+    # --mount splits on commas and the engines on "=" only in the key: refuse
+    # what would be parsed as another option rather than guess at escaping
+    if "," in path or "\n" in path:
+        raise ValueError(f"path {path!r} cannot be passed to the container engine (comma)")
+    return path
+
+
+def mount_args(mounts: list[Mount], roots: list[str], mask_file: str) -> list[str]:
+    """fsplan's mount list as engine flags.
+
+    The image replaces the host's ``/``, so only what lies inside ``roots`` (the
+    host paths bound in: workspace, writable paths, corral's own files) needs
+    the policy's masks; the rest of fsplan's list covers host paths the
+    container never sees.  ``mask_file`` is an empty mode-000 file on the host.
+    """
+    out: list[str] = []
+    for m in mounts:
+        dest = _check_path(m.dest)
+        if m.kind in ("dev", "proc", "symlink", "remount-ro"):
+            # the engine makes its own /dev and /proc; a shadow's read-only remount
+            # is dropped: its tmpfs stays private to the container, so what a
+            # command writes there vanishes with it and never reaches the host
+            continue
+        if m.kind == "tmpfs":
+            if dest in ("/tmp", "/var/tmp"):
+                out += ["--tmpfs", f"{dest}:rw,nosuid,nodev,size={SCRATCH_SIZE},mode=1777"]
+            elif dest == "/run":
+                out += ["--tmpfs", f"{dest}:rw,nosuid,nodev,size={RUN_SIZE},mode=755"]
+            elif dest == "/dev/shm":
+                continue  # the engine's own private /dev/shm (--shm-size)
+            elif any(_inside(dest, r) for r in roots):
+                out += ["--tmpfs", f"{dest}:rw,nosuid,nodev,size={SCRATCH_SIZE}"]
+            continue
+        if not any(_inside(dest, r) for r in roots):
+            continue
+        if m.kind in ("bind", "ro-bind"):
+            if m.src == "/" or dest == "/":
+                continue
+            src = _check_path(m.src or m.dest)
+            ro = ",ro" if m.kind == "ro-bind" else ""
+            out += ["--mount", f"type=bind,src={src},dst={dest}{ro}"]
+        elif m.kind == "mask-dir":
+            out += ["--tmpfs", f"{dest}:ro,nosuid,nodev,noexec,size={MASK_SIZE},mode=000"]
+        elif m.kind == "mask-file":
+            out += ["--mount", f"type=bind,src={_check_path(mask_file)},dst={dest},ro"]
+        else:
+            raise ValueError(f"unknown mount kind {m.kind!r}")
+    return out
+
+
+def global_args(spec: Spec) -> list[str]:
+    """Engine options that come before the subcommand."""
+    args = [spec.engine]
+    if spec.engine_name == "podman":
+        if spec.cgroup_manager:
+            args.append(f"--cgroup-manager={spec.cgroup_manager}")
+        if spec.runtime:
+            args.append(f"--runtime={spec.runtime}")
+    return args
+
+
+def run_argv(spec: Spec, mask_file: str = "/dev/null") -> list[str]:
+    """``podman run`` / ``docker run`` with corral's hardening, for ``spec``."""
+    argv = global_args(spec)
+    argv += ["run", "--rm"]
+    if spec.name:
+        argv += ["--name", spec.name]
+    for key, value in sorted(spec.labels.items()):
+        argv += ["--label", f"{key}={value}"]
+    if spec.interactive:
+        argv.append("--interactive")
+    if spec.tty:
+        argv.append("--tty")
+    argv += [
+        "--cap-drop=ALL",
+        "--security-opt=no-new-privileges",
+        "--read-only",
+        "--init",
+        f"--hostname={HOSTNAME}",
+        "--network=none",
+        "--ipc=private",
+        "--pull=never",  # an image is what the user named and built, never fetched
+        f"--user={spec.uid}:{spec.gid}",
+        "--shm-size=64m",
+        "--log-driver=none",  # output goes to corral, not into the engine's store
+    ]
+    if spec.engine_name == "docker" and spec.runtime:
+        argv.append(f"--runtime={spec.runtime}")
+    if spec.engine_name == "podman":
+        argv.append("--read-only-tmpfs=false")  # only the tmpfs corral names below
+        if spec.rootless:
+            argv.append("--userns=keep-id")
+    if spec.runtime_name == "runsc":
+        # gVisor builds its own network stack unless told there is none; it
+        # must also be told to apply the OCI seccomp profile and to let the
+        # relay open the door (a host unix socket bound in)
+        argv += [
+            "--runtime-flag=network=none",
+            "--runtime-flag=oci-seccomp",
+            "--runtime-flag=host-uds=open",
+        ]
+    argv.append(f"--security-opt=seccomp={spec.seccomp}" if spec.seccomp else "")
+    argv = [a for a in argv if a]
+    if spec.memory:
+        argv.append(f"--memory={spec.memory}")
+        if spec.swap_accounting:
+            argv.append(f"--memory-swap={spec.memory}")  # no swap to escape into
+    if spec.pids:
+        argv.append(f"--pids-limit={spec.pids}")
+    if spec.cpus:
+        argv.append(f"--cpus={spec.cpus:g}")
+    for key, (soft, hard) in sorted(spec.ulimits.items()):
+        argv.append(f"--ulimit={key}={soft}:{hard}")
+    argv += mount_args(spec.mounts, spec.roots, mask_file)
+    argv += [f"--workdir={_check_path(spec.workdir)}", "--", spec.image, *spec.command]
+    return argv
+
+
+def remove_argv(spec: Spec) -> list[str]:
+    """Remove the container whatever its state (after a kill, or by the guardian)."""
+    if spec.engine_name == "podman":
+        return [*global_args(spec), "rm", "--force", "--ignore", "--time=0", spec.name]
+    return [spec.engine, "rm", "--force", spec.name]

@@ -1,0 +1,267 @@
+"""The container tier: podman or docker with corral's envelope, runc or gVisor (runsc).
+
+``plan()`` gathers the host facts (engine, runtime, uid, fsplan's mounts) and
+hands them to the pure :func:`corral.container.envelope.run_argv`.  The
+container's first corral process is :mod:`corral.container.boot`, run by the
+host's own Python bound in read-only (:mod:`corral.container.bundle`), which
+gives the command its environment from a file, so no value is in any argv or
+in ``podman inspect``.  With a network, the relay comes next, exactly as in
+the namespace tier, and talks to the same door.
+
+``gvisor`` is this tier with ``runsc`` as the default runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from corral import environ, fsplan
+from corral.errors import RefusedError
+from corral.tiers.base import Health, Plan, Tier
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from corral.container.engine import Engine
+    from corral.fsplan import Mount
+    from corral.policy import Policy
+
+INSIDE = "/run/corral"
+BOOT = f"{INSIDE}/boot.py"
+ENV_FILE = f"{INSIDE}/env.json"
+REPORT = f"{INSIDE}/report"
+# what the engine itself needs from our environment (never the sandbox's values)
+ENGINE_ENV = (
+    "PATH",
+    "HOME",
+    "USER",
+    "XDG_RUNTIME_DIR",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "DOCKER_HOST",
+    "DOCKER_CONFIG",
+    "CONTAINERS_CONF",
+    "CONTAINERS_STORAGE_CONF",
+    "CONTAINER_HOST",
+    "TMPDIR",
+)
+
+
+def image_for(policy: Policy) -> str:
+    return policy.container.image or os.environ.get("CORRAL_IMAGE", "")
+
+
+class ContainerTier(Tier):
+    name = "container"
+    strength = 60
+    summary = "podman or docker with a hardened envelope (runc, or runsc = gVisor)"
+    default_runtime = ""
+
+    def _engine(self, policy: Policy | None) -> tuple[Engine | None, str]:
+        from corral.container import engine as engines
+
+        chosen = policy.container.engine if policy is not None else ""
+        eng, why = engines.find(chosen)
+        if eng is None:
+            return None, why
+        runtime = (policy.container.runtime if policy is not None else "") or self.default_runtime
+        problem = engines.choose_runtime(eng, runtime)
+        if problem:
+            return None, f"{eng.name}: {problem}"
+        return eng, ""
+
+    def health(self, probe: bool = False) -> Health:
+        return self.health_for(None, probe)
+
+    def health_for(self, policy: Policy | None, probe: bool = False) -> Health:
+        from corral.container import engine as engines
+
+        eng, why = self._engine(policy)
+        if eng is None:
+            return Health(False, why or "no container engine", {"engines": engines.describe_all()})
+        details: dict[str, object] = {
+            "engine": eng.path,
+            "runtime": eng.runtime_path,
+            "cgroups": eng.cgroups,
+            "cgroup_manager": eng.cgroup_manager or "engine default",
+            "ulimits": {k: list(v) for k, v in eng.ulimits.items()},
+        }
+        reason = f"{eng.name} at {eng.path}, runtime {eng.runtime}"
+        quirks = []
+        if eng.cgroup_manager:
+            quirks.append(f"cgroup manager {eng.cgroup_manager} ({eng.cgroups} cgroups)")
+        if eng.ulimits:
+            quirks.append("ulimits " + ", ".join(f"{k}={s}:{h}" for k, (s, h) in eng.ulimits.items()))
+        if quirks:
+            reason += "; applying " + "; ".join(quirks)
+        others = engines.describe_all()
+        if probe:
+            import subprocess
+
+            image = image_for(policy) if policy is not None else os.environ.get("CORRAL_IMAGE", "")
+            try:
+                out = subprocess.run(
+                    [eng.path, "version", "--format", "{{.Client.Version}}"],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                )
+                details["version"] = out.stdout.strip()
+                if image:
+                    exists = subprocess.run(
+                        [eng.path, "image", "inspect", "--format", "{{.Id}}", image],
+                        capture_output=True,
+                        timeout=20,
+                    )
+                    if exists.returncode != 0:
+                        return Health(False, f"{reason}; image {image} not found", details)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return Health(False, f"{eng.name} probe failed: {exc}", details)
+        return Health(True, f"{reason} [{others}]", details)
+
+    def python_argv(self) -> list[str]:
+        from corral.container.bundle import host_bundle
+
+        return list(host_bundle().argv)
+
+    def plan(
+        self,
+        policy: Policy,
+        command: list[str],
+        door: str | None = None,
+        extra: Sequence[Mount] = (),
+    ) -> Plan:
+        from corral import seccomp
+        from corral.container import envelope
+        from corral.container.bundle import host_bundle
+        from corral.fsplan import Mount
+
+        eng, why = self._engine(policy)
+        if eng is None:
+            raise RefusedError(f"tier {self.name} is not available here: {why}")
+        image = image_for(policy)
+        if not image:
+            raise RefusedError(
+                f"tier {self.name} needs an image: --image REF, [container] image in the "
+                "policy, or $CORRAL_IMAGE (scripts/build-test-image makes a small one)"
+            )
+        plan = Plan(self.name, policy)
+        fs = fsplan.plan_filesystem(policy)
+        plan.quarantine = fs.quarantine
+        plan.notes = list(fs.notes)
+        plan.env = environ.sandbox_env(policy)
+        plan.cwd = environ.sandbox_cwd(policy, fs.writable)
+        plan.cwd_in_argv = True  # --workdir
+        plan.seccomp = seccomp.default_deny_rules()
+        suffix = os.urandom(6).hex()
+        scratch = os.path.join(_tmpdir(), f"corral-ctr-{suffix}")
+        bundle = host_bundle()
+        boot = os.path.join(os.path.dirname(os.path.dirname(__file__)), "container", "boot.py")
+        own = [
+            *bundle.mounts,
+            Mount("ro-bind", BOOT, boot, "corral's first process inside"),
+            Mount("ro-bind", ENV_FILE, f"{scratch}/env.json", "the command's environment"),
+            Mount("bind", REPORT, f"{scratch}/report", "limits hit, written after the command"),
+        ]
+        inner = list(command)
+        if policy.network.mode == "proxy":
+            inner = self._through_door(plan, policy, bundle.argv, inner, own, door)
+        report = REPORT
+        plan.argv = []
+        full = [*bundle.argv, "-I", "-S", BOOT, ENV_FILE, report, "--", *inner]
+        plan.mounts = [*fs.mounts, *own, *extra]
+        spec = envelope.Spec(eng.path, image, full)
+        spec.engine_name = eng.name
+        spec.runtime = eng.runtime_path
+        spec.runtime_name = eng.runtime
+        spec.cgroup_manager = eng.cgroup_manager
+        spec.rootless = eng.rootless
+        spec.swap_accounting = eng.swap_accounting
+        spec.ulimits = dict(eng.ulimits)
+        spec.name = f"corral-{suffix}"
+        spec.labels = {"corral": "1"}
+        spec.uid, spec.gid = os.getuid(), os.getgid()
+        lim = policy.limits
+        spec.memory, spec.pids, spec.cpus = lim.memory or 0, lim.pids or 0, lim.cpus or 0.0
+        spec.seccomp = f"{scratch}/seccomp.json"
+        spec.mounts = plan.mounts
+        spec.roots = [*fs.writable, INSIDE]
+        spec.workdir = plan.cwd
+        spec.interactive = True
+        try:
+            plan.argv = envelope.run_argv(spec, mask_file=f"{scratch}/mask")
+        except ValueError as exc:
+            raise RefusedError(f"tier {self.name}: {exc}") from None
+        plan.launcher_env = {k: os.environ[k] for k in ENGINE_ENV if k in os.environ}
+        from corral.container.seccomp_oci import profile
+
+        plan.scratch = scratch
+        plan.report = f"{scratch}/report"
+        plan.prepare = [
+            ("env.json", json.dumps(plan.env).encode(), 0o600),
+            ("report", b"", 0o600),
+            ("mask", b"", 0o000),
+            ("seccomp.json", json.dumps(profile(plan.seccomp)).encode(), 0o644),
+        ]
+        plan.teardown = [envelope.remove_argv(spec)]
+        plan.notes.append(
+            f"{eng.name} with runtime {eng.runtime}, image {image}; the host's / is not "
+            "visible, only the workspace and writable paths are bound in"
+        )
+        return plan
+
+    def _through_door(
+        self,
+        plan: Plan,
+        policy: Policy,
+        python: list[str],
+        command: list[str],
+        own: list[Mount],
+        door: str | None,
+    ) -> list[str]:
+        from corral.fsplan import Mount
+        from corral.net import door as doors
+
+        if door is None:
+            raise ValueError("network mode proxy needs the door's path")
+        if policy.network.transparent:
+            raise RefusedError(
+                f"tier {self.name}: --transparent is not built for containers; "
+                "use the proxy variables (the default)"
+            )
+        own += [
+            Mount("ro-bind", doors.SANDBOX_DOOR, door, "the one way out: corral's proxy"),
+            Mount("ro-bind", doors.SANDBOX_RELAY, doors.relay_script(), "relay to the door"),
+        ]
+        plan.env = {**doors.proxy_env(), **plan.env}
+        return [
+            *python,
+            "-I",
+            "-S",
+            doors.SANDBOX_RELAY,
+            "--door",
+            doors.SANDBOX_DOOR,
+            "--http",
+            str(doors.HTTP_PORT),
+            "--socks",
+            str(doors.SOCKS_PORT),
+            "--",
+            *command,
+        ]
+
+
+class GVisorTier(ContainerTier):
+    """The container tier with gVisor's runsc as the runtime (``--tier gvisor`` is
+    ``--tier container --oci-runtime runsc``)."""
+
+    name = "gvisor"
+    strength = 80
+    summary = "container tier with gVisor (runsc) as the OCI runtime"
+    default_runtime = "runsc"
+
+
+def _tmpdir() -> str:
+    # the engine (root, or the user's own podman) must reach it: not a private dir
+    return "/tmp" if os.path.isdir("/tmp") else os.path.realpath(os.environ.get("TMPDIR", "/tmp"))
