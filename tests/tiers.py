@@ -24,12 +24,21 @@ class TierCase:
         return self.id
 
 
+# The image the container cases run (built from this host's programs if missing).
+TEST_IMAGE = "localhost/corral-test:latest"
+
 # id, tier name, flags.  Container cases add their runtime flags.
 CASES: tuple[TierCase, ...] = (
     TierCase("namespace", "namespace", ("--tier", "namespace")),
     TierCase("landlock", "landlock", ("--tier", "landlock")),
-    TierCase("container", "container", ("--tier", "container", "--oci-runtime", "runc")),
-    TierCase("gvisor", "container", ("--tier", "container", "--oci-runtime", "runsc")),
+    TierCase(
+        "container",
+        "container",
+        ("--tier", "container", "--oci-runtime", "runc", "--image", TEST_IMAGE),
+    ),
+    TierCase(
+        "gvisor", "container", ("--tier", "container", "--oci-runtime", "runsc", "--image", TEST_IMAGE)
+    ),
 )
 
 
@@ -42,8 +51,54 @@ def _health(case_id: str) -> tuple[bool, str]:
         tier = tiers.get(case.tier)
     except Exception as exc:  # an unknown tier in an older checkout
         return False, str(exc)
-    health = tier.health()
-    return health.available, health.reason
+    if case.tier != "container":
+        health = tier.health()
+        return health.available, health.reason
+    from corral.policy import Policy
+
+    policy = Policy(".")
+    policy.container.runtime = case.flags[case.flags.index("--oci-runtime") + 1]
+    health = tier.health_for(policy)
+    if not health.available:
+        return False, health.reason
+    return _test_image()
+
+
+@functools.cache
+def _test_image() -> tuple[bool, str]:
+    """The container cases' image: present, or built once from this host's programs."""
+    import subprocess
+    import sys
+
+    from corral.container.engine import find
+
+    engine, why = find()
+    if engine is None:
+        return False, why
+    have = subprocess.run([engine.path, "image", "exists", TEST_IMAGE], capture_output=True)
+    if have.returncode == 0:
+        return True, ""
+    built = subprocess.run(
+        [sys.executable, "-m", "corral.container.image", "--tag", TEST_IMAGE],
+        capture_output=True,
+        text=True,
+    )
+    if built.returncode != 0:
+        return False, f"cannot build {TEST_IMAGE}: {built.stderr.strip()[-300:]}"
+    return True, ""
+
+
+def user_refusal(case: TierCase, user: str, uid: int) -> str:
+    """Why ``case`` cannot run for an unprivileged ``user`` here ("" if it can)."""
+    if case.tier != "container":
+        return ""
+    from corral.container.engine import rootless_problem
+
+    problem = rootless_problem(user, uid)
+    if problem:
+        return problem
+    # rootless podman keeps images per user: the root-built test image is not theirs
+    return f"rootless podman has its own image store; {TEST_IMAGE} is built for root only"
 
 
 def available() -> list[TierCase]:

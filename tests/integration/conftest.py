@@ -157,6 +157,13 @@ def tier(request: pytest.FixtureRequest) -> TierCase:
 @pytest.fixture
 def tsandbox(who: str, tier: TierCase) -> Iterator[tuple[Corral, Path]]:
     """Like ``sandbox`` but once per available tier: ``corral run`` gets the tier's flags."""
+    if who == "user":
+        from tests.tiers import user_refusal
+
+        info = _ensure_user()
+        why = user_refusal(tier, info.pw_name, info.pw_uid)
+        if why:
+            pytest.skip(f"{tier.id} as an unprivileged user: {why}")
     yield from _sandbox(who, tier)
 
 

@@ -190,6 +190,9 @@ class ContainerTier(Tier):
         spec.roots = [*fs.writable, INSIDE]
         spec.workdir = plan.cwd
         spec.interactive = True
+        # a terminal on stdin gets a terminal inside (the engine's own pty, not
+        # ours: TIOCSTI there cannot reach the caller's); the agent speaks frames
+        spec.tty = not extra and os.isatty(0)
         try:
             plan.argv = envelope.run_argv(spec, mask_file=f"{scratch}/mask")
         except ValueError as exc:
