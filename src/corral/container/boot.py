@@ -7,6 +7,7 @@ the engine's record of the container (``inspect``), then runs it and waits.
 When the command ends it writes which cgroup limits were hit (read from the
 container's own cgroup files) to REPORT_FILE, for corral to report, and exits
 as the command did.  The report is advisory: the command could write it too.
+REPORT_FILE ``-`` means no report (gVisor shows no cgroup files inside).
 """
 
 import json
@@ -76,12 +77,18 @@ def main(argv: list[str]) -> None:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    # Reap every child, not only ours: when the engine's init is not used
+    # (gVisor), this is the container's pid 1 and orphans are reparented here.
     while True:
         try:
-            _, status = os.waitpid(pid, 0)
-            break
+            done, status = os.wait()
         except InterruptedError:
             continue
+        except ChildProcessError:
+            status = 0
+            break
+        if done == pid:
+            break
     hit = limits_hit()
     if hit and report != "-":
         try:

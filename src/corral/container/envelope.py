@@ -27,7 +27,9 @@ class Spec:
         "engine",
         "engine_name",
         "gid",
+        "host_uds",
         "image",
+        "init",
         "interactive",
         "labels",
         "memory",
@@ -68,7 +70,9 @@ class Spec:
         self.roots: list[str] = []  # host paths the container sees (binds of the workspace etc.)
         self.workdir = "/"
         self.interactive = False
+        self.init = True  # the engine's init as pid 1 (reaps, forwards signals)
         self.tty = False
+        self.host_uds = False  # gVisor: may the sandbox connect to host unix sockets (the door)
         self.labels: dict[str, str] = {}
 
 
@@ -154,7 +158,7 @@ def run_argv(spec: Spec, mask_file: str = "/dev/null") -> list[str]:
         "--cap-drop=ALL",
         "--security-opt=no-new-privileges",
         "--read-only",
-        "--init",
+        "--init" if spec.init else "",
         f"--hostname={HOSTNAME}",
         "--network=none",
         "--ipc=private",
@@ -170,14 +174,11 @@ def run_argv(spec: Spec, mask_file: str = "/dev/null") -> list[str]:
         if spec.rootless:
             argv.append("--userns=keep-id")
     if spec.runtime_name == "runsc":
-        # gVisor builds its own network stack unless told there is none; it
-        # must also be told to apply the OCI seccomp profile and to let the
-        # relay open the door (a host unix socket bound in)
-        argv += [
-            "--runtime-flag=network=none",
-            "--runtime-flag=oci-seccomp",
-            "--runtime-flag=host-uds=open",
-        ]
+        # gVisor builds its own network stack unless told there is none, and
+        # must be told to apply the OCI seccomp profile
+        argv += ["--runtime-flag=network=none", "--runtime-flag=oci-seccomp"]
+        if spec.host_uds:  # the relay must open the door, a host unix socket bound in
+            argv.append("--runtime-flag=host-uds=open")
     argv.append(f"--security-opt=seccomp={spec.seccomp}" if spec.seccomp else "")
     argv = [a for a in argv if a]
     if spec.memory:
