@@ -302,14 +302,16 @@ class Started:
             text += chunk.decode("utf-8", "replace")
 
     def stop(self) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        if self.pid > 0:  # -1: already reaped (never killpg(-1))
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            self.pid = -1
         if self.status_r >= 0:
             os.close(self.status_r)
         if self.cg is not None:

@@ -232,6 +232,14 @@ class Sandbox:
         self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]]] = {}
         self._procs: dict[int, Process] = {}
         self.files = Files(self)
+        # A container starts on first use and again after it died; the lock makes
+        # concurrent first calls share one start.  Other tiers start here, as before.
+        self._lazy = self.tier.name in ("container", "gvisor")
+        self._start_lock = threading.Lock()
+        self._alive = False
+        self._instance = 0  # starts so far
+        if self._lazy:
+            return
         try:
             self._start()
         except BaseException:
@@ -239,17 +247,50 @@ class Sandbox:
                 self._door.close()
             raise
 
+    def _ensure(self) -> None:
+        """Start the sandbox if it is not running (first use, or it died)."""
+        if not self._lazy or self._alive:
+            if self._closed:
+                raise SandboxClosed()
+            return
+        with self._start_lock:
+            if self._closed:
+                raise SandboxClosed()
+            if self._alive:
+                return
+            if self._instance:
+                self._discard()  # what is left of the one that died
+            self._start()
+
+    @property
+    def starts(self) -> int:
+        """How many times the sandbox was started (a container restarts if it dies)."""
+        return self._instance
+
+    def _discard(self) -> None:
+        """Remove a dead instance: its engine client, container, files and guardian."""
+        from corral.launch import _Guardian, remove_scratch, run_teardown
+
+        self._started.stop()
+        run_teardown(self.plan)
+        remove_scratch(self.plan)
+        self._sock.close()
+        os.close(self._stderr_r)
+        if isinstance(self._guardian, _Guardian):
+            self._guardian.release()
+            self._guardian.reap()
+        self._guardian = None
+
     # -- life cycle ----------------------------------------------------------------
 
     def _start(self) -> None:
         from corral import launch
         from corral.fsplan import Mount
-        from corral.tiers.namespace import inside_python
 
         ours, theirs = socket.socketpair()
         self._sock = ours
         agent = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
-        command = [inside_python(), "-I", "-S", SANDBOX_AGENT]
+        command = [*self.tier.python_argv(), "-I", "-S", SANDBOX_AGENT]
         agent_bind = Mount("ro-bind", SANDBOX_AGENT, agent, "the sandbox's agent")
         plan = self.tier.plan(
             self.policy,
@@ -275,9 +316,17 @@ class Sandbox:
         except (SandboxError, OSError, EOFError) as exc:
             detail = self._drain_stderr()
             self._started.stop()
+            from corral.launch import remove_scratch, run_teardown
+
+            run_teardown(plan)
+            remove_scratch(plan)
+            ours.close()
+            os.close(err_r)
             raise SandboxError(f"the sandbox did not start: {detail or exc}") from None
+        self._instance += 1
+        self._alive = True
         self._reader = threading.Thread(
-            target=self._read_loop, daemon=True, name=f"corral-{self.run_id}"
+            target=self._read_loop, args=(ours,), daemon=True, name=f"corral-{self.run_id}"
         )
         self._reader.start()
         self._guardian = self._guard()
@@ -286,18 +335,21 @@ class Sandbox:
         """If this process dies without close(), a forked guardian still removes the
         cgroup and quarantines write-deny paths (bwrap itself dies with us)."""
         cg, paths, run_id = self._started.cg, list(self.plan.quarantine), self.run_id
-        if cg is None and not paths:
+        plan = self.plan
+        if cg is None and not paths and not plan.teardown and plan.scratch is None:
             return None
         import shutil  # noqa: F401  (imported before the fork, not in the guardian)
 
         from corral import runlog  # noqa: F401
-        from corral.launch import _Guardian, quarantine
+        from corral.launch import _Guardian, quarantine, remove_scratch, run_teardown
 
         def cleanup() -> None:
             time.sleep(0.05)
+            run_teardown(plan)
             if cg is not None:
                 cg.remove()
             quarantine(paths, run_id)
+            remove_scratch(plan)
 
         return _Guardian(cleanup)
 
@@ -310,17 +362,27 @@ class Sandbox:
 
     def close(self) -> None:
         """Kill everything inside, remove the sandbox, its door and cgroup."""
-        with self._lock:
+        with self._start_lock, self._lock:
             if self._closed:
                 return
             self._closed = True
+        if self._lazy and not self._instance:  # never started: nothing but the door
+            if self._door is not None:
+                self._door.close()
+            return
         try:
             self._raw_send({"op": "shutdown"})
         except OSError:
             pass
+        if self.plan.teardown:
+            self._wait_client(2.0)  # the agent's exit ends the container; --rm removes it
         self._started.stop()
         self._sock.close()
         os.close(self._stderr_r)
+        from corral.launch import remove_scratch, run_teardown
+
+        run_teardown(self.plan)
+        remove_scratch(self.plan)
         for proc in list(self._procs.values()):
             if proc.running:
                 proc.result.exit_code = 128 + signal.SIGKILL
@@ -333,6 +395,19 @@ class Sandbox:
         if isinstance(self._guardian, _Guardian):
             self._guardian.release()
             self._guardian.reap()
+
+    def _wait_client(self, seconds: float) -> None:
+        """Let the engine's client exit on its own (it removes the container)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(self._started.pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid:
+                self._started.pid = -1
+                return
+            time.sleep(0.01)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -354,31 +429,33 @@ class Sandbox:
         self._sock.sendall(HEADER.pack(len(data), len(payload)) + data + payload)
 
     def _send(self, header: dict[str, object], payload: bytes = b"") -> None:
+        self._ensure()
         with self._lock:
             if self._closed:
                 raise SandboxClosed()
             self._raw_send(header, payload)
 
-    def _recv(self) -> tuple[dict[str, object], bytes]:
-        head = self._recv_exact(HEADER.size)
+    def _recv(self, sock: socket.socket | None = None) -> tuple[dict[str, object], bytes]:
+        sock = sock or self._sock
+        head = self._recv_exact(HEADER.size, sock)
         size, payload_size = HEADER.unpack(head)
-        header = json.loads(self._recv_exact(size))
-        payload = self._recv_exact(payload_size) if payload_size else b""
+        header = json.loads(self._recv_exact(size, sock))
+        payload = self._recv_exact(payload_size, sock) if payload_size else b""
         return header, payload
 
-    def _recv_exact(self, n: int) -> bytes:
+    def _recv_exact(self, n: int, sock: socket.socket) -> bytes:
         data = bytearray()
         while len(data) < n:
-            chunk = self._sock.recv(n - len(data))
+            chunk = sock.recv(n - len(data))
             if not chunk:
                 raise EOFError
             data += chunk
         return bytes(data)
 
-    def _read_loop(self) -> None:
+    def _read_loop(self, sock: socket.socket) -> None:
         while True:
             try:
-                header, payload = self._recv()
+                header, payload = self._recv(sock)
             except (EOFError, OSError, ValueError):
                 break
             ident = int(str(header.get("id", 0)))
@@ -391,7 +468,10 @@ class Sandbox:
             waiter = self._waiting.pop(ident, None)
             if waiter is not None:
                 waiter.put((header, payload))
-        # the agent is gone: nobody will answer the callers still waiting
+        # the agent is gone: nobody will answer the callers still waiting, and the
+        # next call starts a fresh sandbox (lazy tiers)
+        if sock is self._sock:
+            self._alive = False
         for waiter in list(self._waiting.values()):
             waiter.put(({"ev": "done", "error": "the sandbox is gone", "errno": 0}, b""))
         for proc in list(self._procs.values()):
@@ -439,6 +519,7 @@ class Sandbox:
         on_stderr: Callable[[bytes], None] | None = None,
     ) -> Process:
         """Start ``command`` in the background and return its handle."""
+        self._ensure()
         argv = self._argv(command)
         ident = self._new_id()
         proc = Process(self, ident, argv, on_stdout, on_stderr)
@@ -515,6 +596,7 @@ class Sandbox:
         writing: bool = False,
         extra: dict[str, object] | None = None,
     ) -> tuple[dict[str, object], bytes]:
+        self._ensure()
         full = os.path.normpath(
             path if os.path.isabs(path) else os.path.join(self.policy.workspace, path)
         )

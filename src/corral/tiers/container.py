@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from corral.container.engine import Engine
     from corral.fsplan import Mount
     from corral.policy import Policy
+    from corral.seccomp import SyscallRule
 
 INSIDE = "/run/corral"
 BOOT = f"{INSIDE}/boot.py"
@@ -159,7 +160,10 @@ class ContainerTier(Tier):
             # gVisor answers a filtered clone3 with EPERM whatever errno the profile
             # names, so glibc never falls back to clone() and no thread starts.  Its
             # own clone3 creates no host namespace: the rule guards nothing there.
-            plan.seccomp = tuple(r for r in plan.seccomp if r.name != "clone3")
+            plan.seccomp = (
+                *(r for r in plan.seccomp if r.name != "clone3"),
+                *gvisor_namespace_rules(),
+            )
         suffix = os.urandom(6).hex()
         scratch = os.path.join(_tmpdir(), f"corral-ctr-{suffix}")
         bundle = host_bundle()
@@ -303,6 +307,27 @@ class GVisorTier(ContainerTier):
     strength = 80
     summary = "container tier with gVisor (runsc) as the OCI runtime"
     default_runtime = "runsc"
+
+
+# CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWPID, NEWNET
+NAMESPACE_BITS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x20000000 | 0x40000000
+
+
+def gvisor_namespace_rules() -> tuple[SyscallRule, ...]:
+    """Under runc, new namespaces need CAP_SYS_ADMIN, which is dropped; gVisor's
+    own kernel lets unshare(CLONE_NEWNS) through without it (measured), so the
+    profile refuses every namespace flag there."""
+    from corral.seccomp import ArgCond, SyscallRule
+
+    return tuple(
+        SyscallRule(
+            name,
+            1,  # EPERM, as a missing capability would say
+            (ArgCond(0, "bits_set", NAMESPACE_BITS),),
+            "new namespaces (gVisor does not require CAP_SYS_ADMIN for them)",
+        )
+        for name in ("unshare", "clone")
+    )
 
 
 def _tmpdir() -> str:

@@ -1,0 +1,148 @@
+"""The container tier's own behaviour on real podman: env values never in
+``inspect``, one container per long-lived sandbox (lazy, shared by concurrent
+first calls, restarted when it dies, removed on close), and nothing left after
+a run or after corral is SIGKILLed.  Runs as root (rootless podman: see tiers.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Corral, pids_matching, wait_for
+
+from tests.tiers import CASES, TEST_IMAGE, TierCase, available
+
+CONTAINER_CASES = [c for c in available() if c.tier == "container"]
+pytestmark = [
+    pytest.mark.skipif(not CONTAINER_CASES, reason="no container engine/runtime here"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the container cases run as root"),
+]
+
+
+@pytest.fixture(params=CONTAINER_CASES, ids=[c.id for c in CONTAINER_CASES])
+def case(request: pytest.FixtureRequest) -> TierCase:
+    c: TierCase = request.param
+    return c
+
+
+@pytest.fixture
+def root_sandbox(case: TierCase) -> Iterator[tuple[Corral, Path]]:
+    from conftest import _sandbox
+
+    yield from _sandbox("root", case)
+
+
+def runtime(case: TierCase) -> str:
+    return case.flags[case.flags.index("--oci-runtime") + 1]
+
+
+def corral_containers() -> set[str]:
+    out = subprocess.run(
+        ["podman", "ps", "-a", "--filter", "label=corral=1", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+    )
+    return set(out.stdout.split())
+
+
+def test_env_values_not_in_inspect(root_sandbox: tuple[Corral, Path]) -> None:
+    c, ws = root_sandbox
+    canary = "CANARY-" + uuid.uuid4().hex
+    before = corral_containers()
+    proc = c.popen(
+        ["run", "-q", "--env", "PASSME", "--", "sh", "-c", "echo $PASSME; sleep 30"],
+        cwd=ws,
+        env={"PASSME": canary},
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip().decode() == canary  # allow twin: it arrived
+        (name,) = corral_containers() - before
+        inspect = subprocess.run(["podman", "inspect", name], capture_output=True, text=True)
+        assert inspect.returncode == 0 and name in inspect.stdout
+        assert canary not in inspect.stdout
+        assert "PASSME" not in inspect.stdout  # not even the name: env comes from a file
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wait_for(lambda: not (corral_containers() - before), 10)
+
+
+def test_nothing_left_after_a_run_or_a_sigkill(root_sandbox: tuple[Corral, Path]) -> None:
+    c, ws = root_sandbox
+    before = corral_containers()
+    ok = c.sh(ws, "echo done")
+    assert ok.returncode == 0 and ok.stdout == b"done\n"  # allow twin
+    assert corral_containers() - before == set()
+    assert not [p for p in Path("/tmp").glob("corral-ctr-*") if p.stat().st_mtime > time.time() - 5]
+    marker = f"34{uuid.uuid4().int % 1000:03d}"
+    proc = c.popen(
+        ["run", "-q", "--", "sh", "-c", f"sleep {marker} & echo up; wait"],
+        cwd=ws,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"up\n"
+    assert corral_containers() - before
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert wait_for(lambda: not (corral_containers() - before), 15), corral_containers()
+    assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5)
+
+
+@pytest.fixture
+def policy(root_sandbox: tuple[Corral, Path], case: TierCase) -> Iterator[object]:
+    from corral.policy import Policy
+
+    _, ws = root_sandbox
+    p = Policy(str(ws))
+    p.container.runtime = runtime(case)
+    p.container.image = TEST_IMAGE
+    yield p
+
+
+def test_sandbox_is_lazy_shared_restarted_and_removed(policy: object) -> None:
+    from corral import Sandbox
+
+    before = corral_containers()
+    sb = Sandbox(policy, tier="container")
+    try:
+        assert sb.starts == 0 and corral_containers() == before  # lazy: nothing yet
+        results: list[int] = []
+
+        def call(i: int) -> None:
+            results.append(sb.exec(f"echo {i}").exit_code)
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [0] * 20
+        assert sb.starts == 1  # 20 concurrent first calls, one container
+        mine = corral_containers() - before
+        assert len(mine) == 1
+        # killed from outside while in use: the next call notices and starts afresh
+        subprocess.run(["podman", "rm", "--force", "--time=0", *mine], capture_output=True)
+        assert wait_for(lambda: not sb._alive, 10)
+        again = sb.exec("echo again")
+        assert again.exit_code == 0 and again.stdout == b"again\n"
+        assert sb.starts == 2
+        assert len(corral_containers() - before) == 1
+    finally:
+        sb.close()
+    assert wait_for(lambda: corral_containers() - before == set(), 10)
+
+
+def test_tiers_cases_are_listed() -> None:
+    assert {c.id for c in CASES} >= {"container", "gvisor"}
