@@ -37,7 +37,9 @@ CASES: tuple[TierCase, ...] = (
         ("--tier", "container", "--oci-runtime", "runc", "--image", TEST_IMAGE),
     ),
     TierCase(
-        "gvisor", "container", ("--tier", "container", "--oci-runtime", "runsc", "--image", TEST_IMAGE)
+        "gvisor",
+        "container",
+        ("--tier", "container", "--oci-runtime", "runsc", "--image", TEST_IMAGE),
     ),
 )
 

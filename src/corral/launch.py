@@ -201,7 +201,9 @@ def prepare_scratch(plan: Plan) -> None:
     try:
         os.mkdir(plan.scratch, 0o700)
         for name, data, mode in plan.prepare:
-            fd = os.open(os.path.join(plan.scratch, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            fd = os.open(
+                os.path.join(plan.scratch, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode
+            )
             try:
                 os.write(fd, data)
             finally:

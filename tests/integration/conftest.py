@@ -126,6 +126,16 @@ class Corral:
             os.lchown(p, self.uid, self.gid)
 
 
+def sees_host_root(c: Corral) -> bool:
+    """False on the container tiers: the image replaces the host's ``/``, so host
+    files outside the workspace are absent there (public ones included), not masked."""
+    return c.tier is None or c.tier.tier != "container"
+
+
+def is_gvisor(c: Corral) -> bool:
+    return c.tier is not None and c.tier.id == "gvisor"
+
+
 USERS = ["root", "user"]
 
 

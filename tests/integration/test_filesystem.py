@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import Corral
+from conftest import Corral, sees_host_root
 
 # Secrets under the home directory that the default policy must hide.
 SECRET_FILES = [
@@ -86,7 +86,10 @@ def test_symlink_out_of_workspace_is_read_only(tsandbox: tuple[Corral, Path]) ->
     )
     out = r.stdout.decode()
     assert "dir=denied" in out and "file=denied" in out and "inside=ok" in out, out
-    assert "original" in out  # reading through the link is allowed
+    if sees_host_root(c):
+        assert "original" in out  # reading through the link is allowed
+    else:  # containers: the link's target is not in the image at all
+        assert "original" not in out
     assert (outside / "target.txt").read_text() == "original\n"
     assert not (outside / "new.txt").exists()
     assert (ws / "real.txt").read_text() == "good\n"
@@ -130,7 +133,13 @@ def test_default_secrets_are_unreadable(tsandbox: tuple[Corral, Path]) -> None:
     out = r.stdout.decode()
     assert "CANARY" not in out, out
     assert "LS::LS" in out  # not even the names of keys
-    assert "public-notes" in out and "public-config" in out  # allow twin
+    if sees_host_root(c):
+        assert "public-notes" in out and "public-config" in out  # allow twin
+    else:  # containers: the host home is absent, not masked; the allow twin is the workspace
+        assert "public-notes" not in out
+        (ws / "notes.txt").write_text("ws-notes\n")
+        c.chown(ws / "notes.txt")
+        assert b"ws-notes" in c.sh(ws, "cat notes.txt").stdout
 
 
 def test_secret_created_after_launch_stays_hidden(tsandbox: tuple[Corral, Path]) -> None:
@@ -160,7 +169,8 @@ def test_secret_created_after_launch_stays_hidden(tsandbox: tuple[Corral, Path])
     out, err = proc.communicate(timeout=30)
     text = out.decode()
     assert proc.returncode == 0, err
-    assert "done" in text and "public-notes" in text  # allow twin
+    assert "done" in text  # allow twin
+    assert ("public-notes" in text) == sees_host_root(c)  # containers: no host home at all
     assert "CANARY" not in text, text
 
 
@@ -232,7 +242,7 @@ def test_corral_state_is_hidden(tsandbox: tuple[Corral, Path]) -> None:
     assert b"first-run" in (c.state / "corral" / "runs.jsonl").read_bytes()
     r = c.sh(ws, f"cat {c.state}/corral/runs.jsonl 2>&1; cat {c.state}/other.txt")
     assert b"first-run" not in r.stdout  # the log of other runs is not readable
-    assert b"public-state" in r.stdout
+    assert (b"public-state" in r.stdout) == sees_host_root(c)  # containers: not there at all
 
 
 def test_proc_and_dev_are_private(tsandbox: tuple[Corral, Path]) -> None:

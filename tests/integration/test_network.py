@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Corral, pids_matching, wait_for
+from conftest import Corral, pids_matching, sees_host_root, wait_for
 
 CURL = "curl -sS --noproxy '' --max-time 10"
 HTTP_PROXY = "-x http://127.0.0.1:3128"
@@ -297,7 +297,9 @@ def test_first_request_never_races_the_relay(
     c, ws = tsandbox
     ok, _ = origins
     failures = []
-    for i in range(100):
+    # each container run costs ~0.7 s (a new container): fewer rounds there, same check
+    rounds = 100 if sees_host_root(c) else 20
+    for i in range(rounds):
         r = c.run(
             [
                 "run",
@@ -318,7 +320,7 @@ def test_first_request_never_races_the_relay(
         if r.returncode != 0 or b"hello from origin" not in r.stdout:
             failures.append((i, r.returncode, r.stderr[-200:]))
     assert failures == []
-    assert len(ok.hits) == 100
+    assert len(ok.hits) == rounds
 
 
 def test_audit_lines_match_what_was_sent(

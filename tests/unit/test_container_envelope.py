@@ -109,7 +109,13 @@ def test_gvisor_and_rootless_and_docker_variants() -> None:
     assert "--read-only-tmpfs=false" not in docker  # a podman-only option
     quirks = envelope.run_argv(spec(cgroup_manager="cgroupfs", ulimits={"nofile": (1024, 2048)}))
     assert quirks[1] == "--cgroup-manager=cgroupfs" and "--ulimit=nofile=1024:2048" in quirks
-    assert envelope.remove_argv(spec())[-5:] == ["rm", "--force", "--ignore", "--time=0", "corral-abc"]
+    assert envelope.remove_argv(spec())[-5:] == [
+        "rm",
+        "--force",
+        "--ignore",
+        "--time=0",
+        "corral-abc",
+    ]
 
 
 def test_paths_with_commas_are_refused() -> None:

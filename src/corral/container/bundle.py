@@ -73,5 +73,7 @@ def host_bundle() -> Bundle:
     python = f"{ROOT}/bin/{version}"
     if not loader:  # a static interpreter: it needs no loader
         return Bundle([python], mounts)
-    inner_loader = f"{inside_dirs[lib_dirs.index(os.path.dirname(loader))]}/{os.path.basename(loader)}"
+    inner_loader = (
+        f"{inside_dirs[lib_dirs.index(os.path.dirname(loader))]}/{os.path.basename(loader)}"
+    )
     return Bundle([inner_loader, "--library-path", ":".join(inside_dirs), python], mounts)

@@ -10,7 +10,6 @@ only ``probe()`` (``corral doctor --probe``) runs the engine.
 from __future__ import annotations
 
 import os
-import shutil
 
 ORDER = ("podman", "docker")
 DOCKER_SOCKET = "/var/run/docker.sock"
@@ -56,7 +55,8 @@ class Engine:
         # elsewhere (containers, v1, hybrid) only cgroupfs works.
         self.cgroup_manager = (
             "cgroupfs"
-            if name == "podman" and (self.cgroups != "v2" or not os.path.isdir("/run/systemd/system"))
+            if name == "podman"
+            and (self.cgroups != "v2" or not os.path.isdir("/run/systemd/system"))
             else ""
         )
         self.swap_accounting = os.path.exists(

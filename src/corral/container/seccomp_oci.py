@@ -36,13 +36,13 @@ def _conditions(cond: ArgCond) -> list[list[dict[str, object]]]:
         return [[_arg(i, "SCMP_CMP_MASKED_EQ", LOW, cond.value & LOW)]]
     if cond.op == "bits_set":
         value = cond.value & LOW
-        return [[_arg(i, "SCMP_CMP_MASKED_EQ", 1 << b, 1 << b)] for b in range(32) if value >> b & 1]
+        return [
+            [_arg(i, "SCMP_CMP_MASKED_EQ", 1 << b, 1 << b)] for b in range(32) if value >> b & 1
+        ]
     if cond.op == "ne":
         # low word != value: some bit differs
         value = cond.value & LOW
-        return [
-            [_arg(i, "SCMP_CMP_MASKED_EQ", 1 << b, (~value >> b & 1) << b)] for b in range(32)
-        ]
+        return [[_arg(i, "SCMP_CMP_MASKED_EQ", 1 << b, (~value >> b & 1) << b)] for b in range(32)]
     if cond.op == "not_in":
         allowed = {v & LOW for v in cond.values}
         # an all-ones value would make every bit "used"; it is dropped (denied) instead
@@ -50,7 +50,9 @@ def _conditions(cond: ArgCond) -> list[list[dict[str, object]]]:
         for v in allowed:
             if v != LOW:
                 used |= v
-        alts = [[_arg(i, "SCMP_CMP_MASKED_EQ", 1 << b, 1 << b)] for b in range(32) if not used >> b & 1]
+        alts = [
+            [_arg(i, "SCMP_CMP_MASKED_EQ", 1 << b, 1 << b)] for b in range(32) if not used >> b & 1
+        ]
         bits = [b for b in range(32) if used >> b & 1]
         if 1 << len(bits) > MAX_ENUMERATED:
             raise ValueError(f"argument {i}: too many allowed bit combinations to spell out")

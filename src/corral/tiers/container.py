@@ -94,7 +94,9 @@ class ContainerTier(Tier):
         if eng.cgroup_manager:
             quirks.append(f"cgroup manager {eng.cgroup_manager} ({eng.cgroups} cgroups)")
         if eng.ulimits:
-            quirks.append("ulimits " + ", ".join(f"{k}={s}:{h}" for k, (s, h) in eng.ulimits.items()))
+            quirks.append(
+                "ulimits " + ", ".join(f"{k}={s}:{h}" for k, (s, h) in eng.ulimits.items())
+            )
         if quirks:
             reason += "; applying " + "; ".join(quirks)
         others = engines.describe_all()
@@ -244,7 +246,8 @@ class ContainerTier(Tier):
         reachable, so that is refused rather than left open."""
         import stat
 
-        kept, sockets = [], []
+        kept: list[Mount] = []
+        sockets: list[Mount] = []
         for m in mounts:
             try:
                 is_socket = m.kind == "mask-file" and stat.S_ISSOCK(os.lstat(m.dest).st_mode)
