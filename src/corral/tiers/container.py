@@ -50,6 +50,12 @@ ENGINE_ENV = (
 )
 
 
+NO_IMAGE = (
+    "no image named (--image REF, [container] image in the policy, or $CORRAL_IMAGE; "
+    "python -m corral.container.image builds a small one from this host's programs)"
+)
+
+
 def image_for(policy: Policy) -> str:
     return policy.container.image or os.environ.get("CORRAL_IMAGE", "")
 
@@ -82,6 +88,8 @@ class ContainerTier(Tier):
         eng, why = self._engine(policy)
         if eng is None:
             return Health(False, why or "no container engine", {"engines": engines.describe_all()})
+        if policy is not None and not image_for(policy):
+            return Health(False, NO_IMAGE)
         details: dict[str, object] = {
             "engine": eng.path,
             "runtime": eng.runtime_path,
@@ -146,10 +154,7 @@ class ContainerTier(Tier):
             raise RefusedError(f"tier {self.name} is not available here: {why}")
         image = image_for(policy)
         if not image:
-            raise RefusedError(
-                f"tier {self.name} needs an image: --image REF, [container] image in the "
-                "policy, or $CORRAL_IMAGE (scripts/build-test-image makes a small one)"
-            )
+            raise RefusedError(f"tier {self.name} is not available here: {NO_IMAGE}")
         plan = Plan(self.name, policy)
         fs = fsplan.plan_filesystem(policy)
         plan.quarantine = fs.quarantine
@@ -195,6 +200,12 @@ class ContainerTier(Tier):
         spec.rootless = eng.rootless
         spec.swap_accounting = eng.swap_accounting
         spec.ulimits = dict(eng.ulimits)
+        if eng.runtime == "runsc" and lim.pids and lim.pids < GVISOR_MIN_PIDS:
+            raise RefusedError(
+                f"tier {self.name} with runsc cannot enforce a pids limit of {lim.pids}: "
+                "gVisor's own host threads count against it (it fails to start below "
+                f"{GVISOR_MIN_PIDS}), so the limit bounds the sandbox, not its processes"
+            )
         if eng.runtime == "runsc":
             # gVisor applies rlimits in its own kernel, where the host's ceiling does
             # not bind.  And with a pids limit, the engine's init (catatonit) under
@@ -311,6 +322,8 @@ class GVisorTier(ContainerTier):
     summary = "container tier with gVisor (runsc) as the OCI runtime"
     default_runtime = "runsc"
 
+
+GVISOR_MIN_PIDS = 64  # measured: runsc 20221219 does not start with 16
 
 # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWPID, NEWNET
 NAMESPACE_BITS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x20000000 | 0x40000000
