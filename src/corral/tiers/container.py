@@ -200,6 +200,7 @@ class ContainerTier(Tier):
         spec.rootless = eng.rootless
         spec.swap_accounting = eng.swap_accounting
         spec.ulimits = dict(eng.ulimits)
+        lim = policy.limits
         if eng.runtime == "runsc" and lim.pids and lim.pids < GVISOR_MIN_PIDS:
             raise RefusedError(
                 f"tier {self.name} with runsc cannot enforce a pids limit of {lim.pids}: "
