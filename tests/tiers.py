@@ -60,6 +60,7 @@ def _health(case_id: str) -> tuple[bool, str]:
 
     policy = Policy(".")
     policy.container.runtime = case.flags[case.flags.index("--oci-runtime") + 1]
+    policy.container.image = TEST_IMAGE
     health = tier.health_for(policy)
     if not health.available:
         return False, health.reason
