@@ -46,11 +46,13 @@ def _loaded_libraries(maps: str = "/proc/self/maps") -> list[str]:
 @functools.cache
 def host_bundle() -> Bundle:
     """Mounts and argv for the Python running this process."""
-    import sysconfig
-
     exe = os.path.realpath(getattr(sys, "_base_executable", sys.executable) or sys.executable)
-    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
     version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    stdlib = os.path.realpath(os.path.join(sys.base_prefix, "lib", version))
+    if not os.path.exists(os.path.join(stdlib, "os.py")):  # an unusual layout: ask
+        import sysconfig  # (costs milliseconds: only when the usual place is wrong)
+
+        stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
     lib_dirs: list[str] = []
     loader = ""
     for path in _loaded_libraries():

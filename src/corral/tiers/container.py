@@ -13,7 +13,6 @@ the namespace tier, and talks to the same door.
 
 from __future__ import annotations
 
-import json
 import os
 
 from corral import environ, fsplan
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
 
 INSIDE = "/run/corral"
 BOOT = f"{INSIDE}/boot.py"
-ENV_FILE = f"{INSIDE}/env.json"
+ENV_FILE = f"{INSIDE}/env"
 REPORT = f"{INSIDE}/report"
 # what the engine itself needs from our environment (never the sandbox's values)
 ENGINE_ENV = (
@@ -54,6 +53,11 @@ NO_IMAGE = (
     "no image named (--image REF, [container] image in the policy, or $CORRAL_IMAGE; "
     "python -m corral.container.image builds a small one from this host's programs)"
 )
+
+
+def env_file(env: dict[str, str]) -> bytes:
+    """NAME=VALUE entries, each ended by a NUL (a value may hold newlines, never NUL)."""
+    return b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
 
 
 def image_for(policy: Policy) -> str:
@@ -107,7 +111,8 @@ class ContainerTier(Tier):
             )
         if quirks:
             reason += "; applying " + "; ".join(quirks)
-        others = engines.describe_all()
+        # the other engines' state is for `corral doctor`, not every run's hot path
+        others = engines.describe_all() if policy is None else ""
         if probe:
             import subprocess
 
@@ -130,7 +135,7 @@ class ContainerTier(Tier):
                         return Health(False, f"{reason}; image {image} not found", details)
             except (OSError, subprocess.TimeoutExpired) as exc:
                 return Health(False, f"{eng.name} probe failed: {exc}", details)
-        return Health(True, f"{reason} [{others}]", details)
+        return Health(True, f"{reason} [{others}]" if others else reason, details)
 
     def python_argv(self) -> list[str]:
         from corral.container.bundle import host_bundle
@@ -178,7 +183,7 @@ class ContainerTier(Tier):
         own = [
             *bundle.mounts,
             Mount("ro-bind", BOOT, boot, "corral's first process inside"),
-            Mount("ro-bind", ENV_FILE, f"{scratch}/env.json", "the command's environment"),
+            Mount("ro-bind", ENV_FILE, f"{scratch}/env", "the command's environment"),
             Mount("bind", REPORT, f"{scratch}/report", "limits hit, written after the command"),
         ]
         inner = list(command)
@@ -230,15 +235,15 @@ class ContainerTier(Tier):
         except ValueError as exc:
             raise RefusedError(f"tier {self.name}: {exc}") from None
         plan.launcher_env = {k: os.environ[k] for k in ENGINE_ENV if k in os.environ}
-        from corral.container.seccomp_oci import profile
+        from corral.container.seccomp_oci import dumps, profile
 
         plan.scratch = scratch
         plan.report = f"{scratch}/report"
         plan.prepare = [
-            ("env.json", json.dumps(plan.env).encode(), 0o600),
+            ("env", env_file(plan.env), 0o600),
             ("report", b"", 0o600),
             ("mask", b"", 0o000),
-            ("seccomp.json", json.dumps(profile(plan.seccomp)).encode(), 0o644),
+            ("seccomp.json", dumps(profile(plan.seccomp)).encode(), 0o644),
         ]
         plan.teardown = [envelope.remove_argv(spec)]
         plan.notes.append(
