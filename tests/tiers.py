@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 
-
 # How a tier isolates, where tiers differ by design (tests assert the mechanism
 # each tier has; none of them may be weaker than the tier documents):
 #   mounts:      masks and read-only binds; a write-deny path cannot be written at all

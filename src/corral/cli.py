@@ -261,9 +261,7 @@ def cmd_mcp(args: list[str]) -> int:
     return 0
 
 
-def _open_door(
-    opts: dict[str, object], policy: Policy, run_id: str, transport: str
-) -> Door | None:
+def _open_door(opts: dict[str, object], policy: Policy, run_id: str, transport: str) -> Door | None:
     if policy.network.mode != "proxy":
         return None  # and corral.net stays unimported: it costs milliseconds
     from corral.net.door import open_door
