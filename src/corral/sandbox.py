@@ -224,9 +224,9 @@ class Sandbox:
         self.run_id = launch.new_run_id()
         from corral.net.door import open_door
 
-        self._door = open_door(policy, self.run_id)
+        self._door = open_door(policy, self.run_id, transport=self.tier.door_transport)
         self._closed = False
-        self._guardian: object = None
+        self.denials: list[str] = []  # what closing found undone (quarantine, restore)
         self._lock = threading.Lock()
         self._next_id = 0
         self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]]] = {}
@@ -269,17 +269,11 @@ class Sandbox:
 
     def _discard(self) -> None:
         """Remove a dead instance: its engine client, container, files and guardian."""
-        from corral.launch import _Guardian, remove_scratch, run_teardown
-
-        self._started.stop()
-        run_teardown(self.plan)
-        remove_scratch(self.plan)
+        self.denials += self._started.stop()
+        if self._started.care.guardian is not None:
+            self._started.care.guardian.reap()
         self._sock.close()
         os.close(self._stderr_r)
-        if isinstance(self._guardian, _Guardian):
-            self._guardian.release()
-            self._guardian.reap()
-        self._guardian = None
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -295,7 +289,7 @@ class Sandbox:
         plan = self.tier.plan(
             self.policy,
             command,
-            door=self._door.path if self._door else None,
+            door=self._door.address if self._door else None,
             extra=[agent_bind],
         )
         self.plan = plan
@@ -315,11 +309,7 @@ class Sandbox:
                 raise SandboxError(f"unexpected first message from the agent: {header}")
         except (SandboxError, OSError, EOFError) as exc:
             detail = self._drain_stderr()
-            self._started.stop()
-            from corral.launch import remove_scratch, run_teardown
-
-            run_teardown(plan)
-            remove_scratch(plan)
+            self._started.stop()  # kills, removes the container and the scratch files
             ours.close()
             os.close(err_r)
             raise SandboxError(f"the sandbox did not start: {detail or exc}") from None
@@ -329,29 +319,6 @@ class Sandbox:
             target=self._read_loop, args=(ours,), daemon=True, name=f"corral-{self.run_id}"
         )
         self._reader.start()
-        self._guardian = self._guard()
-
-    def _guard(self) -> object:
-        """If this process dies without close(), a forked guardian still removes the
-        cgroup and quarantines write-deny paths (bwrap itself dies with us)."""
-        cg, paths, run_id = self._started.cg, list(self.plan.quarantine), self.run_id
-        plan = self.plan
-        if cg is None and not paths and not plan.teardown and plan.scratch is None:
-            return None
-        import shutil  # noqa: F401  (imported before the fork, not in the guardian)
-
-        from corral import runlog  # noqa: F401
-        from corral.launch import _Guardian, quarantine, remove_scratch, run_teardown
-
-        def cleanup() -> None:
-            time.sleep(0.05)
-            run_teardown(plan)
-            if cg is not None:
-                cg.remove()
-            quarantine(paths, run_id)
-            remove_scratch(plan)
-
-        return _Guardian(cleanup)
 
     def _drain_stderr(self) -> str:
         os.set_blocking(self._stderr_r, False)
@@ -376,25 +343,17 @@ class Sandbox:
             pass
         if self.plan.teardown:
             self._wait_client(2.0)  # the agent's exit ends the container; --rm removes it
-        self._started.stop()
         self._sock.close()
         os.close(self._stderr_r)
-        from corral.launch import remove_scratch, run_teardown
-
-        run_teardown(self.plan)
-        remove_scratch(self.plan)
         for proc in list(self._procs.values()):
             if proc.running:
                 proc.result.exit_code = 128 + signal.SIGKILL
                 proc._done.set()
         if self._door is not None:
             self._door.close()
-        from corral.launch import _Guardian, quarantine
-
-        quarantine(self.plan.quarantine, self.run_id)
-        if isinstance(self._guardian, _Guardian):
-            self._guardian.release()
-            self._guardian.reap()
+        self.denials = self._started.stop()
+        if self._started.care.guardian is not None:
+            self._started.care.guardian.reap()
 
     def _wait_client(self, seconds: float) -> None:
         """Let the engine's client exit on its own (it removes the container)."""

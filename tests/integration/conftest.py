@@ -62,6 +62,10 @@ class Corral:
             self.python = sys.executable
             self.pythonpath = str(SRC)
 
+    def has(self, prop: str) -> bool:
+        """Whether the tier under test isolates this way (tests/tiers.py: NAMESPACED)."""
+        return self.tier is None or prop in self.tier.props
+
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -129,7 +133,7 @@ class Corral:
 def sees_host_root(c: Corral) -> bool:
     """False on the container tiers: the image replaces the host's ``/``, so host
     files outside the workspace are absent there (public ones included), not masked."""
-    return c.tier is None or c.tier.tier != "container"
+    return c.has("host-root")
 
 
 def is_gvisor(c: Corral) -> bool:

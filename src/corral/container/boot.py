@@ -2,8 +2,9 @@
 
 Runs inside (``python -I -S boot.py ENV_FILE REPORT_FILE -- COMMAND...``),
 standard library only.  It gives the command its environment from ENV_FILE
-(``NAME=VALUE`` entries each ended by a NUL, bound in read-only), so no value ever appears in an argv or in
-the engine's record of the container (``inspect``), then runs it and waits.
+(``NAME=VALUE`` entries each ended by a NUL, bound in read-only), so no value
+ever appears in an argv or in the engine's record of the container
+(``inspect``), then runs it and waits.
 When the command ends it writes which cgroup limits were hit (read from the
 container's own cgroup files) to REPORT_FILE, for corral to report, and exits
 as the command did.  The report is advisory: the command could write it too.
@@ -56,8 +57,8 @@ def main(argv: list[str]) -> None:
     if sep != "--" or not command:
         sys.stderr.write("corral boot: usage: boot.py ENV REPORT -- COMMAND...\n")
         os._exit(125)
-    with open(env_file, "rb") as fh:
-        entries = [e.decode("utf-8", "surrogateescape") for e in fh.read().split(b"\0") if e]
+    with open(env_file, "rb") as raw:
+        entries = [e.decode("utf-8", "surrogateescape") for e in raw.read().split(b"\0") if e]
     env = dict(e.split("=", 1) for e in entries if "=" in e)
     pid = os.fork()
     if pid == 0:
