@@ -172,6 +172,11 @@ class Aftercare:
             self.guardian.launched(pid)
 
     def _emergency(self, pid: int) -> None:
+        if self.plan.teardown:
+            # an engine's client outlives corral and its container outlives the
+            # client: remove the container first, then wait as for any sandbox
+            run_teardown(self.plan)
+            self.clean = True
         # let the sandbox go first (die-with-parent, or the reaper's sweep)
         deadline = time.monotonic() + 5
         while pid and time.monotonic() < deadline:

@@ -259,6 +259,7 @@ class ContainerTier(Tier):
         reachable, so that is refused rather than left open."""
         import stat
 
+        roots = policy.writable_paths()
         kept: list[Mount] = []
         sockets: list[Mount] = []
         for m in mounts:
@@ -266,7 +267,11 @@ class ContainerTier(Tier):
                 is_socket = m.kind == "mask-file" and stat.S_ISSOCK(os.lstat(m.dest).st_mode)
             except OSError:
                 is_socket = False
-            (sockets if is_socket else kept).append(m)
+            if not is_socket:
+                kept.append(m)
+            elif any(m.dest == r or m.dest.startswith(r.rstrip("/") + "/") for r in roots):
+                sockets.append(m)  # bound in with the workspace: it matters
+            # (a host socket elsewhere is not in the container at all)
         if sockets and policy.network.mode == "proxy":
             raise RefusedError(
                 f"tier {self.name} with runsc and a network cannot hide the host unix socket "
