@@ -170,7 +170,7 @@ class LandlockTier(Tier):
         if abi == 0:
             return Health(
                 False,
-                "the kernel has no Landlock, or it is turned off or blocked here "
+                "no Landlock in this kernel, or it is turned off or blocked here "
                 "(Linux >= 5.13 with CONFIG_SECURITY_LANDLOCK and landlock in lsm=)",
                 details,
             )
