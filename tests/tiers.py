@@ -28,15 +28,21 @@ HOST_ROOT = frozenset({"host-root"})
 
 
 class TierCase:
-    __slots__ = ("flags", "id", "props", "tier")
+    __slots__ = ("api", "flags", "id", "props", "tier")
 
     def __init__(
-        self, id: str, tier: str, flags: tuple[str, ...], props: frozenset[str] = NAMESPACED
+        self,
+        id: str,
+        tier: str,
+        flags: tuple[str, ...],
+        props: frozenset[str] = NAMESPACED,
+        api: dict[str, str] | None = None,
     ) -> None:
         self.id = id
         self.tier = tier
         self.flags = flags  # inserted after `corral run` / `corral shell`
         self.props = props
+        self.api = api or {"tier": tier}  # keyword arguments for Sandbox(...)
 
     def __repr__(self) -> str:
         return self.id

@@ -31,7 +31,7 @@ usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
        corral --version
 
 run options:
-  --tier NAME          auto (default: strongest available), namespace, none, ...
+  --tier NAME          auto (default: strongest available), namespace, landlock, none, ...
   --engine NAME        container tier: podman or docker (default: $CORRAL_ENGINE, else
                        the first of podman, docker found)
   --oci-runtime NAME   container tier: runc (default), runsc (gVisor) or crun
@@ -407,6 +407,11 @@ def cmd_doctor(args: list[str]) -> int:
     for tier, health in rows:
         state = "available" if health.available else "unavailable"
         print(f"{tier.name:<{width}}  {state:<11}  {health.reason}")
+        differences = health.details.get("differences")
+        if health.available and isinstance(differences, list):
+            print(f"{'':<{width}}  compared with namespace:")
+            for line in differences:
+                print(f"{'':<{width}}    - {line}")
     print(f"auto -> {auto or 'nothing (corral run will refuse)'}")
     return 0
 
