@@ -59,11 +59,13 @@ CASES: tuple[TierCase, ...] = (
         "container",
         "container",
         ("--tier", "container", "--oci-runtime", "runc", "--image", TEST_IMAGE),
+        api={"tier": "container", "oci_runtime": "runc", "image": TEST_IMAGE},
     ),
     TierCase(
         "gvisor",
         "container",
         ("--tier", "container", "--oci-runtime", "runsc", "--image", TEST_IMAGE),
+        api={"tier": "container", "oci_runtime": "runsc", "image": TEST_IMAGE},
     ),
 )
 

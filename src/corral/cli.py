@@ -246,11 +246,19 @@ def cmd_shell(args: list[str]) -> int:
     tier, _health = tiers.select(policy.tier, policy)
     if tier.name == "none":
         raise CorralError("corral shell needs a sandbox tier, not none")
+    if tier.name in ("container", "gvisor"):
+        from corral.errors import RefusedError
+
+        raise RefusedError(
+            f"corral shell is not built for the {tier.name} tier yet "
+            "(use corral run, or the Python API's Sandbox)"
+        )
     run_id = launch.new_run_id()
     door = _open_door(opts, policy, run_id, tier.door_transport)
     try:
         argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
-        plan = tier.plan(policy, pty_shell.command(argv), door=door.address if door else None)
+        shell_argv = pty_shell.command(argv, tier.python_argv())
+        plan = tier.plan(policy, shell_argv, door=door.address if door else None)
         if not opts.get("quiet"):
             _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
         return pty_shell.run(plan, run_id)

@@ -205,8 +205,17 @@ class Files:
 
 class Sandbox:
     def __init__(
-        self, policy: object = None, tier: str = "auto", workspace: str | None = None
+        self,
+        policy: object = None,
+        tier: str = "auto",
+        workspace: str | None = None,
+        *,
+        image: str | None = None,
+        oci_runtime: str | None = None,
+        engine: str | None = None,
     ) -> None:
+        """``image``, ``oci_runtime`` and ``engine`` set the policy's [container] keys
+        (the container and gvisor tiers)."""
         from corral import launch, tiers
         from corral import policy as pol
         from corral.policy import Policy
@@ -218,6 +227,17 @@ class Sandbox:
         self.policy = policy
         if tier != "auto":
             policy.tier = tier
+        from corral.policy import _expect_engine, _expect_image, _expect_runtime
+
+        try:
+            if image is not None:
+                policy.container.image = _expect_image(image)
+            if oci_runtime is not None:
+                policy.container.runtime = _expect_runtime(oci_runtime)
+            if engine is not None:
+                policy.container.engine = _expect_engine(engine)
+        except ValueError as exc:
+            raise SandboxError(str(exc)) from None
         self.tier, _ = tiers.select(policy.tier, policy)
         if self.tier.name == "none":
             raise SandboxError("a long-lived sandbox needs a real tier, not none")
@@ -624,9 +644,14 @@ class AsyncSandbox:
     """
 
     def __init__(
-        self, policy: object = None, tier: str = "auto", workspace: str | None = None
+        self,
+        policy: object = None,
+        tier: str = "auto",
+        workspace: str | None = None,
+        **container: str,
     ) -> None:
         self._args = (policy, tier, workspace)
+        self._container = container  # image, oci_runtime, engine: as for Sandbox
         self._sb: Sandbox | None = None
 
     @property
@@ -637,7 +662,7 @@ class AsyncSandbox:
 
     async def start(self) -> AsyncSandbox:
         if self._sb is None:
-            self._sb = Sandbox(*self._args)
+            self._sb = Sandbox(*self._args, **self._container)
         return self
 
     async def __aenter__(self) -> AsyncSandbox:

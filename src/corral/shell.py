@@ -27,10 +27,13 @@ CTTY_SHIM = (
 )
 
 
-def command(shell: list[str]) -> list[str]:
-    from corral.tiers.namespace import inside_python
+def command(shell: list[str], python: list[str] | None = None) -> list[str]:
+    """``python``: how the tier starts a Python inside (Tier.python_argv())."""
+    if python is None:
+        from corral.tiers.namespace import inside_python
 
-    return [inside_python(), "-I", "-S", "-c", CTTY_SHIM, *shell]
+        python = [inside_python()]
+    return [*python, "-I", "-S", "-c", CTTY_SHIM, *shell]
 
 
 def copy_winsize(src: int, dst: int) -> None:

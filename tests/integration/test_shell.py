@@ -12,6 +12,7 @@ import termios
 import time
 from pathlib import Path
 
+import pytest
 from conftest import Corral
 
 
@@ -30,6 +31,7 @@ def read_until(fd: int, needle: bytes, timeout: float = 15) -> bytes:
     return data
 
 
+@pytest.mark.tiers("namespace", "landlock", why="corral shell is refused on the container tiers")
 def test_shell_through_a_pty(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     master, slave = pty.openpty()
