@@ -177,3 +177,94 @@ def require(tool: str) -> str:
     if not found:
         pytest.skip(f"N.A.: {tool} is not installed on the host")
     return found
+
+
+class Origin:
+    """An HTTP server on 127.0.0.1 that records every request reaching it."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.hits: list[str] = []
+        origin = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                origin.hits.append(self.path)
+                body = b"hello from origin\n"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        # a short poll interval: shutdown() waits for it, once per test
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        ).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def origins() -> Iterator[tuple[Origin, Origin]]:
+    """An allowed and a forbidden origin, both on the host's loopback."""
+    ok, bad = Origin(), Origin()
+    try:
+        yield ok, bad
+    finally:
+        ok.close()
+        bad.close()
+
+
+class Listener:
+    """A raw TCP or UDP listener that counts what reaches it (IPv4 or IPv6 loopback)."""
+
+    def __init__(self, family: int, kind: int, host: str, port: int = 0) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket(family, kind)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.port: int = self.sock.getsockname()[1]
+        self.hits: list[bytes] = []
+        self.sock.settimeout(0.05)
+        if kind == socket.SOCK_STREAM:
+            self.sock.listen(8)
+        self._stop = False
+        self._kind = kind
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import socket
+
+        while not self._stop:
+            try:
+                if self._kind == socket.SOCK_STREAM:
+                    conn, _ = self.sock.accept()
+                    conn.settimeout(1)
+                    try:
+                        self.hits.append(conn.recv(100) or b"<connect>")
+                    except OSError:
+                        self.hits.append(b"<connect>")
+                    conn.close()
+                else:
+                    self.hits.append(self.sock.recv(512))
+            except (TimeoutError, OSError):
+                continue
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(2)
+        self.sock.close()
