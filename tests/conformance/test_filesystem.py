@@ -5,6 +5,9 @@ twin does the same kind of write where the policy allows it, and the test finds
 the result on the host, so a sandbox that blocks every write cannot pass.
 """
 
+# Probe programs are embedded one statement per line; wrapping them hurts more than long lines.
+# ruff: noqa: E501
+
 from __future__ import annotations
 
 import os
@@ -16,7 +19,9 @@ from .conftest import Box, host_user_file
 
 def test_write_outside_workspace(box: Box) -> None:
     target = box.outside / "escaped.txt"
-    r = box.py(f"attempt('attack', lambda: write({str(target)!r}))\nattempt('twin', lambda: write('in.txt', 'twin'))")
+    r = box.py(
+        f"attempt('attack', lambda: write({str(target)!r}))\nattempt('twin', lambda: write('in.txt', 'twin'))"
+    )
     assert (box.ws / "in.txt").read_text() == "twin", r
     assert not target.exists(), r
 
@@ -146,7 +151,7 @@ def test_envrc_write(box: Box) -> None:
 
 
 def test_policy_file_write(box: Box) -> None:
-    policy = host_user_file(box, box.ws / "corral.toml", "[limits]\ntimeout = \"60s\"\n")
+    policy = host_user_file(box, box.ws / "corral.toml", '[limits]\ntimeout = "60s"\n')
     before = policy.read_text()
     r = box.py(
         "attempt('attack', lambda: open('corral.toml', 'a').write('[network]\\nallow = [\"*\"]\\n'))\n"
@@ -184,7 +189,11 @@ def test_proc_root_path(box: Box) -> None:
 
 def test_private_tmp(box: Box) -> None:
     """/tmp, /var/tmp and /dev/shm are the sandbox's own; nothing lands on the host's."""
-    names = [f"/tmp/corral-{box.token}", f"/var/tmp/corral-{box.token}", f"/dev/shm/corral-{box.token}"]
+    names = [
+        f"/tmp/corral-{box.token}",
+        f"/var/tmp/corral-{box.token}",
+        f"/dev/shm/corral-{box.token}",
+    ]
     r = box.py(
         f"names = {names!r}\n"
         "for i, n in enumerate(names):\n"

@@ -7,6 +7,9 @@ uses the same policy: the sandbox's own loopback for the no-network default,
 the allowed origin through the proxy when a host is allowed.
 """
 
+# Probe programs are embedded one statement per line; wrapping them hurts more than long lines.
+# ruff: noqa: E501
+
 from __future__ import annotations
 
 import os
@@ -93,7 +96,9 @@ def test_dns(box: Box) -> None:
         lst = Listener(socket.AF_INET, socket.SOCK_DGRAM, "127.0.0.1", 53)
     except OSError as exc:
         pytest.skip(f"N.A.: 127.0.0.1:53 is not free on the host for a fake resolver: {exc}")
-    query = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x06canary\x04test\x00\x00\x01\x00\x01"
+    query = (
+        b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x06canary\x04test\x00\x00\x01\x00\x01"
+    )
     try:
         r = box.py(
             f"attempt('resolve', lambda: socket.getaddrinfo('canary-{box.token}.test', 80))\n"
@@ -157,7 +162,9 @@ def test_abstract_unix_socket(box: Box) -> None:
         r = box.py(
             "s = socket.socket(socket.AF_UNIX)\n"
             f"attempt('attack', lambda: (s.connect({name!r}), s.sendall(b'escaped'))[1])\n"
-            "inner = socket.socket(socket.AF_UNIX); inner.bind('\\0inner-" + box.token + "'); inner.listen(1)\n"
+            "inner = socket.socket(socket.AF_UNIX); inner.bind('\\0inner-"
+            + box.token
+            + "'); inner.listen(1)\n"
             "cl = socket.socket(socket.AF_UNIX); cl.connect('\\0inner-" + box.token + "')\n"
             "conn, _ = inner.accept(); cl.sendall(b'abs'); print('twin=' + conn.recv(10).decode())\n"
         )
@@ -194,8 +201,8 @@ def _through_proxy(box: Box, ok: Origin, bad: Origin, how: str) -> None:
         "import subprocess\n"
         "def get(url):\n"
         f"    return subprocess.run(['sh', '-c', \"{CURL} {via} \" + url], capture_output=True, text=True).stdout.strip()\n"
-        f"print('attack=' + json.dumps(get('http://127.0.0.1:{bad.port}/forbidden')))\n"
-        f"print('twin=' + get('http://127.0.0.1:{ok.port}/allowed'))\n".replace("json.dumps", "repr"),
+        f"print('attack=' + repr(get('http://127.0.0.1:{bad.port}/forbidden')))\n"
+        f"print('twin=' + get('http://127.0.0.1:{ok.port}/allowed'))\n",
         "--allow",
         f"127.0.0.1:{ok.port}",
     )
@@ -233,5 +240,3 @@ def test_name_rebinding_to_loopback(box: Box, origins: tuple[Origin, Origin]) ->
     assert r.got.get("twin") == "hello from origin", r
     assert bad.hits == [], r
     assert "rebinding" in r.got.get("attack", ""), r
-
-

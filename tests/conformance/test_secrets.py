@@ -2,6 +2,9 @@
 the sandbox printed; the allow twin reads a plain file beside it and its canary
 does come out."""
 
+# Probe programs are embedded one statement per line; wrapping them hurts more than long lines.
+# ruff: noqa: E501
+
 from __future__ import annotations
 
 import time
@@ -95,10 +98,13 @@ def test_launcher_environment(box: Box) -> None:
 
 def test_shadow_file(box: Box) -> None:
     try:
-        first = open("/etc/shadow").readline().strip()
+        with open("/etc/shadow") as fh:
+            first = fh.readline().strip()
     except OSError as exc:
         pytest.skip(f"N.A.: the host's /etc/shadow is unreadable to the test: {exc}")
-    r = box.py("attempt('attack', lambda: read('/etc/shadow'))\nattempt('twin', lambda: read('/etc/passwd'))")
+    r = box.py(
+        "attempt('attack', lambda: read('/etc/shadow'))\nattempt('twin', lambda: read('/etc/passwd'))"
+    )
     assert "root:x:0:0" in r.out, r  # twin: /etc/passwd beside it is readable
     assert first not in r.out + r.err, r
 
@@ -118,5 +124,3 @@ def test_corral_own_logs(box: Box) -> None:
     )
     assert f"PLAIN-{box.token}" in r.out, r
     assert canary not in r.out + r.err, r
-
-
