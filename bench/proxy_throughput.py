@@ -55,7 +55,7 @@ from pathlib import Path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from bench.common import Row
+    from bench.common import Row as BenchRow
 
 RESULTS = Path(__file__).resolve().parent / "results" / "proxy.md"
 SMALL = 1024
@@ -1283,16 +1283,16 @@ def measure(args: argparse.Namespace) -> tuple[Bench, str]:
     return bench, text
 
 
-def rows(quick: bool) -> list[Row]:
+def rows(quick: bool) -> list[BenchRow]:
     """Throughput of corral's proxy next to squid and direct, and the door's added latency."""
-    from bench.common import Row
+    from bench.common import Row as BenchRow
 
     args = parse_args(["--quick"] if quick else [])
     try:
-        bench, text = measure(args)
+        bench, _text = measure(args)
     except (BenchError, OSError) as exc:
-        return [Row("proxy", "corral proxy serve", None, "req/s", note=str(exc))]
-    out: list[Row] = []
+        return [BenchRow("proxy", "corral proxy serve", None, "req/s", note=str(exc))]
+    out: list[BenchRow] = []
     names = {"direct": "direct to origin", "squid": "squid", "corral": "corral proxy serve"}
     for row in bench.rows:
         title = f"proxy: {row.title.split('. ', 1)[-1]}"
@@ -1301,14 +1301,14 @@ def rows(quick: bool) -> list[Row]:
             value = cell.median() if cell.values else None
             note = cell.first_error if value is None or cell.errors else ""
             base = "squid" if v == "corral" else ("direct to origin" if v == "squid" else "")
-            out.append(Row(title, names[v], value, row.unit, base, note[:200], False))
+            out.append(BenchRow(title, names[v], value, row.unit, base, note[:200], False))
     lat = bench.latency.samples
     direct = _pct(lat.get("host → origin (direct)", []), 0.5)
     for name in ("host → squid", "host → corral proxy serve", "sandbox → relay → door → proxy"):
         p50 = _pct(lat.get(name, []), 0.5)
         value = None if p50 != p50 or direct != direct else (p50 - direct) / 1000
         note = bench.latency.failures.get(name, "")
-        out.append(Row("proxy: added p50 latency, one small GET", name, value, "ms", "", note))
+        out.append(BenchRow("proxy: added p50 latency, one small GET", name, value, "ms", "", note))
     return out
 
 
