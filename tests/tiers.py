@@ -12,13 +12,28 @@ from __future__ import annotations
 import functools
 
 
-class TierCase:
-    __slots__ = ("flags", "id", "tier")
+# How a tier isolates, where tiers differ by design (tests assert the mechanism
+# each tier has; none of them may be weaker than the tier documents):
+#   mounts:      masks and read-only binds; a write-deny path cannot be written at all
+#                (without it: written, then restored after the run and reported)
+#   private-tmp: its own /tmp (without it: /tmp is off limits and TMPDIR is private)
+#   own-dev:     a minimal /dev (without it: host devices listed but not openable)
+#   pidns:       host processes invisible (without it: visible, not reachable)
+#   uts:         its own hostname
+#   netns:       its own loopback; ports can be bound inside
+NAMESPACED = frozenset({"mounts", "private-tmp", "own-dev", "pidns", "uts", "netns"})
 
-    def __init__(self, id: str, tier: str, flags: tuple[str, ...]) -> None:
+
+class TierCase:
+    __slots__ = ("flags", "id", "props", "tier")
+
+    def __init__(
+        self, id: str, tier: str, flags: tuple[str, ...], props: frozenset[str] = NAMESPACED
+    ) -> None:
         self.id = id
         self.tier = tier
         self.flags = flags  # inserted after `corral run` / `corral shell`
+        self.props = props
 
     def __repr__(self) -> str:
         return self.id
@@ -27,7 +42,7 @@ class TierCase:
 # id, tier name, flags.  Container cases add their runtime flags.
 CASES: tuple[TierCase, ...] = (
     TierCase("namespace", "namespace", ("--tier", "namespace")),
-    TierCase("landlock", "landlock", ("--tier", "landlock")),
+    TierCase("landlock", "landlock", ("--tier", "landlock"), frozenset()),
     TierCase("container", "container", ("--tier", "container", "--oci-runtime", "runc")),
     TierCase("gvisor", "container", ("--tier", "container", "--oci-runtime", "runsc")),
 )

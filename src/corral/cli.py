@@ -205,10 +205,12 @@ def cmd_run(args: list[str]) -> int:
     tier, _health = tiers.select(policy.tier)
     run_id = launch.new_run_id()
     if opts.get("explain"):
-        door_path = "/DOOR" if policy.network.mode == "proxy" else None
+        door_path = None
+        if policy.network.mode == "proxy":
+            door_path = "127.0.0.1:3128" if tier.door_transport == "tcp" else "/DOOR"
         print(tier.plan(policy, command, door=door_path).describe())
         return 0
-    door = _open_door(opts, policy, run_id) if tier.name != "none" else None
+    door = _open_door(opts, policy, run_id, tier.door_transport) if tier.name != "none" else None
     try:
         return _run_plan(opts, policy, tier.name, command, run_id, door)
     finally:
@@ -227,10 +229,10 @@ def cmd_shell(args: list[str]) -> int:
     if tier.name == "none":
         raise CorralError("corral shell needs a sandbox tier, not none")
     run_id = launch.new_run_id()
-    door = _open_door(opts, policy, run_id)
+    door = _open_door(opts, policy, run_id, tier.door_transport)
     try:
         argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
-        plan = tier.plan(policy, pty_shell.command(argv), door=door.path if door else None)
+        plan = tier.plan(policy, pty_shell.command(argv), door=door.address if door else None)
         if not opts.get("quiet"):
             _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
         return pty_shell.run(plan, run_id)
@@ -259,13 +261,15 @@ def cmd_mcp(args: list[str]) -> int:
     return 0
 
 
-def _open_door(opts: dict[str, object], policy: Policy, run_id: str) -> Door | None:
+def _open_door(
+    opts: dict[str, object], policy: Policy, run_id: str, transport: str
+) -> Door | None:
     if policy.network.mode != "proxy":
         return None  # and corral.net stays unimported: it costs milliseconds
     from corral.net.door import open_door
 
     net_log = opts.get("net_log")
-    return open_door(policy, run_id, str(net_log) if net_log else None)
+    return open_door(policy, run_id, str(net_log) if net_log else None, transport)
 
 
 def _run_plan(
@@ -280,7 +284,7 @@ def _run_plan(
 
     from corral import launch, runlog, tiers
 
-    plan = tiers.get(tier_name).plan(policy, command, door=door.path if door else None)
+    plan = tiers.get(tier_name).plan(policy, command, door=door.address if door else None)
     quiet = bool(opts.get("quiet"))
     if plan.warning:
         _err(plan.warning)

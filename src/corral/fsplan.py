@@ -73,13 +73,18 @@ class Mount:
 
 
 class FsPlan:
-    __slots__ = ("mounts", "notes", "quarantine", "writable")
+    """The mounts, and the decisions behind them for tiers that do not mount
+    (landlock): which paths are secret, which existing paths must stay unchanged."""
+
+    __slots__ = ("mounts", "notes", "quarantine", "read_deny", "writable", "write_protect")
 
     def __init__(self) -> None:
         self.mounts: list[Mount] = []
         self.quarantine: list[str] = []  # absolute paths checked after the run
         self.writable: list[str] = []
         self.notes: list[str] = []
+        self.read_deny: list[str] = []  # absolute, present or not (real paths when present)
+        self.write_protect: list[str] = []  # existing write-deny paths inside writable ones
 
 
 def _inside(path: str, root: str) -> bool:
@@ -302,7 +307,9 @@ def plan_filesystem(policy: Policy) -> FsPlan:
                 kind = _kind(target)
                 if kind != "missing":
                     add_mask(target, kind == "dir", why)
+                    plan.read_deny.append(target)
             return
+        plan.read_deny.append(path)
         if if_present or in_writable(path) or in_private_tmp(path):
             return  # only the sandbox itself could create it in a writable place
         ancestor = os.path.dirname(path)
@@ -335,6 +342,7 @@ def plan_filesystem(policy: Policy) -> FsPlan:
         )
     for secret in scan.secret_files:
         add_mask(secret, False, "secret file in workspace")
+        plan.read_deny.append(secret)
 
     ro_binds: dict[str, Mount] = {}
 
@@ -375,6 +383,7 @@ def plan_filesystem(policy: Policy) -> FsPlan:
     # masked directory is pointless and would fail: the mask hides it anyway.
     masked_dirs = [m.dest for m in masks.values() if m.kind == "mask-dir"]
     shadows = {r for r in shadows if not any(_inside(r, d) for d in masked_dirs)}
+    plan.write_protect = sorted(ro_binds)
     plan.mounts.extend(base)
     for root in sorted(shadows, key=lambda p: (_depth(p), p)):
         plan.mounts.extend(_shadow(root))

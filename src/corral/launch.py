@@ -84,12 +84,13 @@ def _move_fds_into_place(wanted: dict[int, int]) -> None:
 class _Guardian:
     """A forked process that cleans up if corral dies before it can.
 
-    It waits on a pipe: corral writes one byte when it has cleaned up itself;
-    end-of-file without that byte means corral was killed, so the guardian
-    kills what is left in the cgroup, removes it, and quarantines.
+    It waits on a pipe: corral sends the sandbox's pid once launched, then one
+    ``k`` when it has cleaned up itself.  End-of-file without the ``k`` means
+    corral was killed: the guardian waits for the sandbox to be gone, then
+    removes the cgroup, quarantines and restores.
     """
 
-    def __init__(self, cleanup: Callable[[], None]) -> None:
+    def __init__(self, cleanup: Callable[[int], None]) -> None:
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # guardian
@@ -99,13 +100,20 @@ class _Guardian:
                     signal.signal(sig, signal.SIG_IGN)
                 null = os.open(os.devnull, os.O_RDWR)
                 _move_fds_into_place({0: null, 1: null, 2: null, 3: rfd})
-                if os.read(3, 1) != b"k":
-                    cleanup()
+                said = b""
+                while chunk := os.read(3, 64):
+                    said += chunk
+                if not said.endswith(b"k"):
+                    pids = [int(p) for p in said.split(b"p")[1:] if p.strip().isdigit()]
+                    cleanup(pids[-1] if pids else 0)
             finally:
                 os._exit(0)
         os.close(rfd)
         self.pid = pid
         self.wfd = wfd
+
+    def launched(self, pid: int) -> None:
+        os.write(self.wfd, f"p{pid}".encode())
 
     def release(self) -> None:
         """Tell the guardian all is clean; it exits on its own.
@@ -121,6 +129,96 @@ class _Guardian:
             os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
             pass
+
+
+class Aftercare:
+    """Everything a run sets up around the sandbox and must undo: the cgroup, the
+    scratch directory, quarantine of created write-deny paths and restoring
+    changed ones.  A guardian does the undoing if corral is killed first."""
+
+    def __init__(self, plan: Plan, run_id: str) -> None:
+        self.plan = plan
+        self.run_id = run_id
+        self.cg: CgroupRun | None = None
+        self.snapshot: dict[str, object] = {}
+        self.guardian: _Guardian | None = None
+        if plan.cgroup is not None:
+            from corral.cgroups import CgroupRun
+
+            self.cg = CgroupRun(plan.cgroup, run_id)
+            self.cg.create()
+        try:
+            if plan.restore:
+                from corral import restore
+
+                try:
+                    self.snapshot = dict(restore.snapshot(plan.restore))
+                except (restore.TooLarge, OSError) as exc:
+                    from corral.errors import RefusedError
+
+                    raise RefusedError(f"cannot protect a write-deny path: {exc}") from None
+            if plan.scratch:
+                try:
+                    os.mkdir(plan.scratch, 0o700)
+                except OSError as exc:
+                    raise SetupError(f"cannot create the scratch directory: {exc}") from None
+        except BaseException:
+            if self.cg is not None:
+                self.cg.remove()
+            raise
+        if self.cg is not None or plan.quarantine or plan.restore or plan.scratch:
+            self.guardian = _Guardian(self._emergency)
+
+    def launched(self, pid: int) -> None:
+        if self.guardian is not None:
+            self.guardian.launched(pid)
+
+    def _emergency(self, pid: int) -> None:
+        # let the sandbox go first (die-with-parent, or the reaper's sweep)
+        deadline = time.monotonic() + 5
+        while pid and time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                break
+            time.sleep(0.01)
+        time.sleep(0.05)
+        self._undo()
+
+    def _undo(self) -> list[str]:
+        said = []
+        if self.cg is not None:
+            self.cg.remove()
+        said += quarantine(self.plan.quarantine, self.run_id)
+        if self.snapshot:
+            from corral import restore
+
+            said += restore.restore(self.snapshot, self.run_id)  # type: ignore[arg-type]
+        if self.plan.scratch:
+            import shutil
+
+            shutil.rmtree(self.plan.scratch, ignore_errors=True)
+        return said
+
+    def finish(self) -> list[str]:
+        """Undo everything (the sandbox is gone); the denials found on the way."""
+        said = self._undo()
+        if self.guardian is not None:
+            self.guardian.release()
+        return said
+
+
+def stop_plan(plan: Plan, pid: int) -> None:
+    """Kill a launched plan's whole tree.  bwrap's process group dies with its pid
+    namespace; the landlock tier's reaper sweeps its own descendants on SIGTERM
+    (a SIGKILL would leave them to init)."""
+    try:
+        if plan.landlock is not None:
+            os.kill(pid, signal.SIGTERM)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def quarantine(paths: list[str], run_id: str) -> list[str]:
@@ -153,31 +251,15 @@ def run(
 ) -> RunResult:
     """Launch ``plan`` and pump its output until it ends; the caller handles errors."""
     result = RunResult()
-    cg: CgroupRun | None = None
-    if plan.cgroup is not None:
-        from corral.cgroups import CgroupRun
-
-        cg = CgroupRun(plan.cgroup, run_id)
-        cg.create()
-
-    def emergency_cleanup() -> None:
-        time.sleep(0.05)  # let die-with-parent take the sandbox down first
-        if cg is not None:
-            cg.remove()
-        quarantine(plan.quarantine, run_id)
-
-    guardian = _Guardian(emergency_cleanup) if (cg is not None or plan.quarantine) else None
+    care = Aftercare(plan, run_id)
     start = time.monotonic()
     try:
-        _launch_and_pump(plan, result, cg, out_fd, err_fd, in_fd, on_output)
+        _launch_and_pump(plan, result, care, out_fd, err_fd, in_fd, on_output)
     finally:
         result.duration = time.monotonic() - start
-        if cg is not None:
-            result.limits_hit = cg.limits_hit()
-            cg.remove()
-        result.denials += quarantine(plan.quarantine, run_id)
-        if guardian is not None:
-            guardian.release()
+        if care.cg is not None:
+            result.limits_hit = care.cg.limits_hit()
+        result.denials += care.finish()
     if result.timed_out:
         result.limits_hit.append("timeout")
     return result
@@ -213,13 +295,16 @@ def _plan_fds(
 class Started:
     """A plan launched in the background (a long-lived sandbox)."""
 
-    def __init__(self, pid: int, status_r: int, cg: CgroupRun | None) -> None:
+    def __init__(self, plan: Plan, pid: int, status_r: int, care: Aftercare) -> None:
+        self.plan = plan
         self.pid = pid
         self.status_r = status_r
-        self.cg = cg
+        self.care = care
 
     def wait_started(self, timeout: float = 30.0) -> None:
         """Until bwrap reports its child, or raise SetupError with bwrap's words."""
+        if self.status_r < 0:
+            return  # no setup phase to watch (landlock): the first message tells
         text = ""
         deadline = time.monotonic() + timeout
         while '"child-pid"' not in text:
@@ -231,44 +316,43 @@ class Started:
                 raise SetupError("the sandbox could not be set up (see its stderr)")
             text += chunk.decode("utf-8", "replace")
 
-    def stop(self) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
+    def stop(self) -> list[str]:
+        """Kill the sandbox and undo what the run set up; the denials found."""
+        stop_plan(self.plan, self.pid)
         try:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
-        os.close(self.status_r)
-        if self.cg is not None:
-            self.cg.remove()
+        if self.status_r >= 0:
+            os.close(self.status_r)
+            self.status_r = -1
+        return self.care.finish()
 
 
 def start(plan: Plan, run_id: str, stdio: dict[int, int]) -> Started:
     """Launch ``plan`` with ``stdio`` (fd number -> our fd) and return at once."""
-    cg: CgroupRun | None = None
-    if plan.cgroup is not None:
-        from corral.cgroups import CgroupRun
-
-        cg = CgroupRun(plan.cgroup, run_id)
-        cg.create()
+    care = Aftercare(plan, run_id)
     child_fds = dict(stdio)
     parent_only: list[int] = []
     to_close: list[int] = []
-    status_r = _plan_fds(plan, child_fds, parent_only, to_close)
     try:
+        status_r = _plan_fds(plan, child_fds, parent_only, to_close)
+        cg = care.cg
         pid = _exec_plan(plan, child_fds, cg.procs_files() if cg is not None else [])
+    except BaseException:
+        care.finish()
+        raise
     finally:
         for fd in to_close:
             os.close(fd)
-    return Started(pid, status_r, cg)
+    care.launched(pid)
+    return Started(plan, pid, status_r, care)
 
 
 def _launch_and_pump(
     plan: Plan,
     result: RunResult,
-    cg: CgroupRun | None,
+    care: Aftercare,
     out_fd: int,
     err_fd: int,
     in_fd: int,
@@ -281,7 +365,7 @@ def _launch_and_pump(
     to_close = [out_w, err_w]
     status_r = _plan_fds(plan, child_fds, parent_only, to_close)
 
-    procs_files = cg.procs_files() if cg is not None else []
+    procs_files = care.cg.procs_files() if care.cg is not None else []
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     received: list[int] = []
@@ -293,6 +377,7 @@ def _launch_and_pump(
     old_wakeup = signal.set_wakeup_fd(wake_w)
     try:
         pid = _exec_plan(plan, child_fds, procs_files)
+        care.launched(pid)
         for fd in to_close:
             os.close(fd)
         _pump(
@@ -312,6 +397,8 @@ def _launch_and_pump(
 def _exec_plan(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) -> int:
     """posix_spawn when nothing must happen between fork and exec; fork otherwise
     (join a cgroup, change directory, enter a prepared network namespace)."""
+    if plan.landlock is not None:
+        return _fork_confined(plan, child_fds, procs_files)
     if procs_files or not plan.cwd_in_argv or plan.netns_rules is not None:
         return _fork_exec(plan, child_fds, procs_files)
     return _spawn(plan, child_fds)
@@ -344,6 +431,47 @@ def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) ->
     except OSError as exc:
         os.write(2, f"corral: cannot start {plan.argv[0]}: {exc.strerror}\n".encode())
         os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+    finally:
+        os._exit(125)
+
+
+def _fork_confined(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) -> int:
+    """The landlock tier: a reaper outside the sandbox, the command confined below it."""
+    from corral import confine, seccomp
+
+    assert plan.landlock is not None
+    program = seccomp.compile_filter(plan.seccomp, seccomp.native_arch())
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+
+    def exec_command() -> None:
+        try:
+            os.chdir(plan.cwd)
+            _move_fds_into_place(child_fds)
+            assert plan.landlock is not None
+            confine.apply(plan.landlock, program)
+        except (OSError, confine.ConfineError) as exc:
+            os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())
+            os._exit(125)
+        try:
+            os.execvpe(plan.argv[0], plan.argv, plan.env)
+        except OSError as exc:
+            os.write(2, f"corral: cannot start {plan.argv[0]}: {exc.strerror}\n".encode())
+            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+    try:
+        for sig in RESET_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        os.setsid()
+        for procs in procs_files:
+            with open(procs, "w", encoding="utf-8") as fh:
+                fh.write(str(os.getpid()))
+        confine.reaper(exec_command, parent)
+    except BaseException as exc:
+        os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())
     finally:
         os._exit(125)
 
@@ -405,10 +533,7 @@ def _pump(
         nonlocal killed
         if not killed:
             killed = True
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            stop_plan(plan, pid)
 
     broken: set[int] = set()  # our own outputs whose reader went away
 

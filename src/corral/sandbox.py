@@ -224,9 +224,9 @@ class Sandbox:
         self.run_id = launch.new_run_id()
         from corral.net.door import open_door
 
-        self._door = open_door(policy, self.run_id)
+        self._door = open_door(policy, self.run_id, transport=self.tier.door_transport)
         self._closed = False
-        self._guardian: object = None
+        self.denials: list[str] = []  # what closing found undone (quarantine, restore)
         self._lock = threading.Lock()
         self._next_id = 0
         self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]]] = {}
@@ -254,7 +254,7 @@ class Sandbox:
         plan = self.tier.plan(
             self.policy,
             command,
-            door=self._door.path if self._door else None,
+            door=self._door.address if self._door else None,
             extra=[agent_bind],
         )
         self.plan = plan
@@ -280,26 +280,6 @@ class Sandbox:
             target=self._read_loop, daemon=True, name=f"corral-{self.run_id}"
         )
         self._reader.start()
-        self._guardian = self._guard()
-
-    def _guard(self) -> object:
-        """If this process dies without close(), a forked guardian still removes the
-        cgroup and quarantines write-deny paths (bwrap itself dies with us)."""
-        cg, paths, run_id = self._started.cg, list(self.plan.quarantine), self.run_id
-        if cg is None and not paths:
-            return None
-        import shutil  # noqa: F401  (imported before the fork, not in the guardian)
-
-        from corral import runlog  # noqa: F401
-        from corral.launch import _Guardian, quarantine
-
-        def cleanup() -> None:
-            time.sleep(0.05)
-            if cg is not None:
-                cg.remove()
-            quarantine(paths, run_id)
-
-        return _Guardian(cleanup)
 
     def _drain_stderr(self) -> str:
         os.set_blocking(self._stderr_r, False)
@@ -318,7 +298,6 @@ class Sandbox:
             self._raw_send({"op": "shutdown"})
         except OSError:
             pass
-        self._started.stop()
         self._sock.close()
         os.close(self._stderr_r)
         for proc in list(self._procs.values()):
@@ -327,12 +306,9 @@ class Sandbox:
                 proc._done.set()
         if self._door is not None:
             self._door.close()
-        from corral.launch import _Guardian, quarantine
-
-        quarantine(self.plan.quarantine, self.run_id)
-        if isinstance(self._guardian, _Guardian):
-            self._guardian.release()
-            self._guardian.reap()
+        self.denials = self._started.stop()
+        if self._started.care.guardian is not None:
+            self._started.care.guardian.reap()
 
     def __enter__(self) -> Sandbox:
         return self

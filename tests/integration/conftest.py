@@ -62,6 +62,10 @@ class Corral:
             self.python = sys.executable
             self.pythonpath = str(SRC)
 
+    def has(self, prop: str) -> bool:
+        """Whether the tier under test isolates this way (tests/tiers.py: NAMESPACED)."""
+        return self.tier is None or prop in self.tier.props
+
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",

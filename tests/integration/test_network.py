@@ -22,8 +22,9 @@ import pytest
 from conftest import Corral, pids_matching, wait_for
 
 CURL = "curl -sS --noproxy '' --max-time 10"
-HTTP_PROXY = "-x http://127.0.0.1:3128"
-SOCKS_PROXY = "-x socks5h://127.0.0.1:1080"
+# the sandbox's own proxy variables: the relay's ports (namespace) or the door's (landlock)
+HTTP_PROXY = '-x "$HTTP_PROXY"'
+SOCKS_PROXY = '-x "$ALL_PROXY"'
 
 
 class Origin:
@@ -130,8 +131,9 @@ def test_socks5_allowed_denied_and_udp_refused(
     c, ws = tsandbox
     ok, bad = origins
     (ws / "udp.py").write_text("""
-import socket
-s = socket.create_connection(("127.0.0.1", 1080), timeout=5)
+import os, socket
+port = int(os.environ["ALL_PROXY"].rsplit(":", 1)[1])
+s = socket.create_connection(("127.0.0.1", port), timeout=5)
 s.sendall(b"\\x05\\x01\\x00"); assert s.recv(2) == b"\\x05\\x00"
 s.sendall(b"\\x05\\x03\\x00\\x01" + bytes(4) + b"\\x00\\x00")
 print("udp-reply", s.recv(10)[1])
@@ -298,23 +300,9 @@ def test_first_request_never_races_the_relay(
     ok, _ = origins
     failures = []
     for i in range(100):
-        r = c.run(
-            [
-                "run",
-                "-q",
-                "--allow",
-                f"127.0.0.1:{ok.port}",
-                "--",
-                "curl",
-                "-sS",
-                "--noproxy",
-                "",
-                "-x",
-                "http://127.0.0.1:3128",
-                f"http://127.0.0.1:{ok.port}/race{i}",
-            ],
-            cwd=ws,
-        )
+        # the request is the sandbox's first action (sh execs curl)
+        script = f'exec curl -sS --noproxy "" -x "$HTTP_PROXY" http://127.0.0.1:{ok.port}/race{i}'
+        r = c.run(["run", "-q", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script], cwd=ws)
         if r.returncode != 0 or b"hello from origin" not in r.stdout:
             failures.append((i, r.returncode, r.stderr[-200:]))
     assert failures == []

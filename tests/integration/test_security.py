@@ -98,9 +98,14 @@ def test_no_capabilities_and_no_new_privileges(tsandbox: tuple[Corral, Path]) ->
         cwd=ws,
     )
     out = r.stdout.decode()
-    assert "CapEff:\t0000000000000000" in out and "CapBnd:\t0000000000000000" in out, out
+    assert "CapEff:\t0000000000000000" in out and "CapPrm:\t0000000000000000" in out, out
+    if c.has("mounts") or c.who == "root":
+        # An ordinary user cannot empty its bounding set without a user namespace
+        # (and needs not: with no_new_privs, exec never grants capabilities).
+        assert "CapBnd:\t0000000000000000" in out, out
     assert "NoNewPrivs:\t1" in out and "Seccomp:\t2" in out
-    assert "corral" in out  # own hostname (uts namespace)
+    if c.has("uts"):
+        assert "corral" in out  # own hostname (uts namespace)
     assert out.strip().endswith(str(c.uid))  # allow twin: runs as the caller's uid
 
 
@@ -141,21 +146,27 @@ def attempt(name, fam, addr):
 attempt("host_loopback", socket.AF_INET, ("127.0.0.1", {port}))
 attempt("host_v6", socket.AF_INET6, ("::1", {port}))
 attempt("public", socket.AF_INET, ("192.0.2.1", 80))
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 try:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     u.sendto(b"x", ("192.0.2.1", 53)); print("udp=SENT")
 except OSError:
     print("udp=blocked")
-srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
-def serve():
-    conn, _ = srv.accept(); conn.sendall(conn.recv(10)); conn.close()
-threading.Thread(target=serve).start()
-cl = socket.create_connection(srv.getsockname(), timeout=2); cl.sendall(b"ping")
-print("inner=" + cl.recv(10).decode())
+try:
+    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+    def serve():
+        conn, _ = srv.accept(); conn.sendall(conn.recv(10)); conn.close()
+    threading.Thread(target=serve).start()
+    cl = socket.create_connection(srv.getsockname(), timeout=2); cl.sendall(b"ping")
+    print("inner=" + cl.recv(10).decode())
+except OSError:
+    print("inner=blocked")
+a, b = socket.socketpair(); a.sendall(b"pair"); print("pair=" + b.recv(10).decode())
 """,
         )
         got = results(r.stdout)
-        assert got.get("inner") == "ping", (got, r.stderr)  # allow twin
+        assert got.get("pair") == "pair", (got, r.stderr)  # allow twin: local IPC works
+        # its own loopback (netns), or no TCP bind at all: the host's loopback is shared
+        assert got.get("inner") == ("ping" if c.has("netns") else "blocked"), got
         for key in ("host_loopback", "host_v6", "public", "udp"):
             assert got[key] == "blocked", got
         assert hits == []  # evidence from outside: the host listener saw nothing
@@ -203,14 +214,22 @@ tryit("stream", lambda: conn({stream_path!r}))
 tryit("workspace_stream", lambda: conn({in_ws!r}))
 tryit("dgram_sendto", lambda: sendto({dgram_path!r}))
 tryit("dgram_sendmsg", lambda: sendmsg({dgram_path!r}))
-srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); srv.bind("/tmp/inner.sock")
-socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendmsg([b"hi"], [], 0, "/tmp/inner.sock")
-print("inner=" + srv.recv(10).decode())
+try:
+    import os
+    inner = os.path.join(os.environ.get("TMPDIR", "/tmp"), "inner.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); srv.bind(inner)
+    socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendmsg([b"hi"], [], 0, inner)
+    print("inner=" + srv.recv(10).decode())
+except OSError:
+    print("inner=blocked")
 a, b = socket.socketpair(); a.sendall(b"pair"); print("pair=" + b.recv(10).decode())
 """,
         )
         got = results(r.stdout)
-        assert got.get("inner") == "hi" and got.get("pair") == "pair", (got, r.stderr)
+        assert got.get("pair") == "pair", (got, r.stderr)  # allow twin
+        # Unix sockets of its own where mounts hide the host's; none at all where
+        # they cannot (landlock: Landlock does not govern connect() by path)
+        assert got.get("inner") == ("hi" if c.has("mounts") else "blocked"), got
         for key in ("stream", "workspace_stream", "dgram_sendto", "dgram_sendmsg"):
             assert got[key] == "blocked", got
         for sock in (stream, ws_stream):  # evidence from outside: nobody connected

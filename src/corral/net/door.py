@@ -30,10 +30,11 @@ def relay_script() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
 
 
-def proxy_env() -> dict[str, str]:
-    """What tools read to find a proxy, pointed at the relay inside the sandbox."""
-    http = f"http://127.0.0.1:{HTTP_PORT}"
-    socks = f"socks5h://127.0.0.1:{SOCKS_PORT}"
+def proxy_env(http_port: int = HTTP_PORT, socks_port: int = SOCKS_PORT) -> dict[str, str]:
+    """What tools read to find a proxy: the relay inside the sandbox, or the
+    door's own TCP port (one port speaks both HTTP and SOCKS5)."""
+    http = f"http://127.0.0.1:{http_port}"
+    socks = f"socks5h://127.0.0.1:{socks_port}"
     env = {}
     for name in ("HTTP_PROXY", "HTTPS_PROXY"):
         env[name] = env[name.lower()] = http
@@ -50,25 +51,35 @@ def proxy_env() -> dict[str, str]:
     return env
 
 
-def open_door(policy: Policy, run_id: str, audit_path: str | None = None) -> Door | None:
+def open_door(
+    policy: Policy, run_id: str, audit_path: str | None = None, transport: str = "unix"
+) -> Door | None:
     """The run's door if its network goes through the proxy, else None.
-    ``audit_path`` defaults to the XDG state directory's net.jsonl."""
+    ``audit_path`` defaults to the XDG state directory's net.jsonl; ``transport``
+    "tcp" adds a loopback port for tiers that cannot reach a unix socket."""
     if policy.network.mode != "proxy":
         return None
     if audit_path is None:
         from corral.net.audit import default_path
 
         audit_path = default_path()
-    door = Door(policy, run_id, audit_path)
+    door = Door(policy, run_id, audit_path, tcp=transport == "tcp")
     door.open()
     return door
 
 
 class Door:
     def __init__(
-        self, policy: Policy, run_id: str, audit_path: str | None, workers: int = 0
+        self,
+        policy: Policy,
+        run_id: str,
+        audit_path: str | None,
+        workers: int = 0,
+        tcp: bool = False,
     ) -> None:
         self.policy = policy
+        self.tcp = tcp
+        self.tcp_port = 0
         # Several processes accept on the one socket (more CPU for a busy sandbox);
         # transparent mode keeps one, as its stand-in addresses live in memory.
         self.workers = workers or (1 if policy.network.transparent else 2)
@@ -87,6 +98,13 @@ class Door:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(self.path)
         sock.listen(1024)
+        socks = [sock]
+        if self.tcp:
+            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            tcp.bind(("127.0.0.1", 0))  # a fresh port per run, loopback only
+            tcp.listen(1024)
+            self.tcp_port = tcp.getsockname()[1]
+            socks.append(tcp)
         life_r, life_w = os.pipe()
         tally_r, tally_w = os.pipe()
         for _ in range(self.workers):
@@ -96,7 +114,7 @@ class Door:
                 try:
                     os.close(life_w)
                     os.close(tally_r)
-                    _serve(chain, sock, self.run_id, self.audit_path, life_r, tally_w, self)
+                    _serve(chain, socks, self.run_id, self.audit_path, life_r, tally_w, self)
                 except BaseException:
                     code = 1
                 finally:
@@ -104,10 +122,16 @@ class Door:
             self.pids.append(pid)
         with open(os.path.join(self.dir, "proxy.pid"), "w", encoding="utf-8") as fh:
             fh.write("".join(f"{pid}\n" for pid in self.pids))  # for operators (and tests)
-        sock.close()
+        for listener in socks:
+            listener.close()
         os.close(life_r)
         os.close(tally_w)
         self._life_w, self._tally_r = life_w, tally_r
+
+    @property
+    def address(self) -> str:
+        """What a tier's plan() takes: the socket's path, or 127.0.0.1:PORT."""
+        return f"127.0.0.1:{self.tcp_port}" if self.tcp else self.path
 
     def close(self) -> dict[str, int]:
         """Stop the proxy; return {"host:port": denied count}.  Idempotent."""
@@ -143,7 +167,7 @@ class Door:
 
 def _serve(
     chain: object,
-    sock: socket.socket,
+    socks: list[socket.socket],
     run_id: str,
     audit_path: str | None,
     life_r: int,
@@ -164,7 +188,8 @@ def _serve(
 
     async def main() -> None:
         proxy = Proxy(chain, audit, door.policy.network.hosts)
-        server = await proxy.serve_unix(sock, run_id)
+        servers = [await proxy.serve_unix(socks[0], run_id)]
+        servers += [await proxy.serve_sock(s, run_id) for s in socks[1:]]
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
 
@@ -174,7 +199,8 @@ def _serve(
 
         loop.add_reader(life_r, life_ended)
         await done
-        server.close()
+        for server in servers:
+            server.close()
 
     from corral.net.proxy import run_loop
 

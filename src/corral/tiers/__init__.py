@@ -15,7 +15,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "gvisor": ("corral.tiers.planned", "GVisorTier"),
     "container": ("corral.tiers.planned", "ContainerTier"),
     "namespace": ("corral.tiers.namespace", "NamespaceTier"),
-    "landlock": ("corral.tiers.planned", "LandlockTier"),
+    "landlock": ("corral.tiers.landlock", "LandlockTier"),
     "seatbelt": ("corral.tiers.planned", "SeatbeltTier"),
     "ray": ("corral.tiers.planned", "RayTier"),
     "kubernetes": ("corral.tiers.planned", "KubernetesTier"),
@@ -23,7 +23,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
 }
 
 # Tiers that can run a command today, strongest first: what `auto` considers.
-AUTO_ORDER = ("namespace",)
+AUTO_ORDER = ("namespace", "landlock")
 
 
 def names() -> list[str]:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from corral.cgroups import CgroupPlan
     from corral.fsplan import Mount
+    from corral.landlock import Ruleset
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
@@ -45,11 +46,14 @@ class Plan:
         "cwd_in_argv",
         "env",
         "fds",
+        "landlock",
         "mounts",
         "netns_rules",
         "notes",
         "policy",
         "quarantine",
+        "restore",
+        "scratch",
         "seccomp",
         "tier",
         "warning",
@@ -69,6 +73,11 @@ class Plan:
         self.cgroup: CgroupPlan | None = None
         self.fds: dict[int, str] = {}
         self.quarantine: list[str] = []
+        # tiers without mounts (landlock): the ruleset, write-deny paths put back
+        # after the run, and a private scratch directory the launcher creates
+        self.landlock: Ruleset | None = None
+        self.restore: list[str] = []
+        self.scratch: str | None = None
         self.notes: list[str] = []
         self.warning: str | None = None  # printed on stderr every run (tier none)
 
@@ -83,8 +92,16 @@ class Plan:
         )
         if self.cgroup is not None:
             lines.append(f"cgroup: {self.cgroup.describe()}")
-        lines.append("mounts:")
-        lines.extend(f"  {m!r}" for m in self.mounts)
+        if self.mounts:
+            lines.append("mounts:")
+            lines.extend(f"  {m!r}" for m in self.mounts)
+        if self.landlock is not None:
+            lines.extend(self.landlock.describe())
+        if self.scratch:
+            lines.append(f"scratch (TMPDIR, removed after the run): {self.scratch}")
+        if self.restore:
+            lines.append("snapshotted at launch, restored after the run if changed:")
+            lines.extend(f"  {p}" for p in self.restore)
         if self.seccomp:
             lines.append("seccomp (errno unless allowed):")
             lines.extend(
@@ -105,6 +122,9 @@ class Tier:
     name = ""
     strength = 0  # auto picks the highest available; 0 means never picked by auto
     summary = ""
+    # How the sandbox reaches the proxy: "unix" (a socket bound in; plan() gets its
+    # path) or "tcp" (a loopback port; plan() gets "127.0.0.1:PORT").
+    door_transport = "unix"
 
     def health(self, probe: bool = False) -> Health:
         """Can this tier run here?  ``probe`` may launch a tiny test sandbox (doctor)."""
@@ -117,7 +137,7 @@ class Tier:
         door: str | None = None,
         extra: Sequence[Mount] = (),
     ) -> Plan:
-        """What would run ``command`` under ``policy``.  ``door`` is the host path of
-        the proxy's unix socket when ``policy.network.mode`` is "proxy"; ``extra``
+        """What would run ``command`` under ``policy``.  ``door`` is the proxy's address
+        when ``policy.network.mode`` is "proxy" (see ``door_transport``); ``extra``
         are corral's own files to bind in (the long-lived sandbox's agent)."""
         raise NotImplementedError(f"tier {self.name} cannot run commands yet")

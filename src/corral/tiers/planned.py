@@ -41,29 +41,6 @@ class _Planned(Tier):
         return Health(False, f"{reason}; host: {facts}" if facts else reason)
 
 
-def landlock_abi() -> int:
-    """The kernel's Landlock ABI version, 0 when Landlock is unavailable."""
-    import ctypes
-
-    nr = {"x86_64": 444, "aarch64": 444}.get(os.uname().machine)
-    if nr is None:
-        return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    abi = int(libc.syscall(nr, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
-    return max(abi, 0)
-
-
-class LandlockTier(_Planned):
-    name = "landlock"
-    strength = 40
-    summary = "Landlock + seccomp: no user namespaces needed"
-    issue = "Landlock + seccomp tier"
-
-    def host_facts(self) -> str:
-        abi = landlock_abi()
-        return f"kernel Landlock ABI {abi}" if abi else "kernel has no Landlock"
-
-
 class ContainerTier(_Planned):
     name = "container"
     strength = 60

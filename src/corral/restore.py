@@ -1,0 +1,118 @@
+"""Snapshot write-deny paths before a run and put them back after it.
+
+Tiers without mounts (landlock) cannot make ``.git/hooks`` read-only inside a
+writable workspace (see :mod:`corral.landlock`).  Instead the launcher takes
+a snapshot of each such path before the command starts and, once every
+process of the run is gone, compares: anything changed is moved to the
+quarantine directory and the snapshot is written back.  This is undo, not
+prevention: during the run the change exists, and the README says so.
+
+Restoring happens when nothing of the sandbox is left running, so the checks
+below cannot be raced.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+MAX_BYTES = 16 * 1024 * 1024  # a hooks directory is kilobytes; refuse surprises
+MAX_ENTRIES = 5000
+
+Tree = dict[str, tuple[str, int, bytes]]  # relative path -> (kind, mode, content or link)
+
+
+class TooLarge(Exception):
+    pass
+
+
+def _walk(path: str) -> Tree | None:
+    """The tree at ``path`` without following symlinks; None if nothing is there."""
+    tree: Tree = {}
+    total = 0
+
+    def visit(full: str, rel: str) -> None:
+        nonlocal total
+        st = os.lstat(full)
+        if len(tree) >= MAX_ENTRIES:
+            raise TooLarge(f"{path} has more than {MAX_ENTRIES} entries")
+        if stat.S_ISLNK(st.st_mode):
+            tree[rel] = ("l", 0, os.readlink(full).encode())
+        elif stat.S_ISDIR(st.st_mode):
+            tree[rel] = ("d", stat.S_IMODE(st.st_mode), b"")
+            for name in sorted(os.listdir(full)):
+                visit(os.path.join(full, name), os.path.join(rel, name) if rel else name)
+        elif stat.S_ISREG(st.st_mode):
+            total += st.st_size
+            if total > MAX_BYTES:
+                raise TooLarge(f"{path} holds more than {MAX_BYTES >> 20} MiB")
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                data = b""
+                while chunk := os.read(fd, 1 << 20):
+                    data += chunk
+            finally:
+                os.close(fd)
+            tree[rel] = ("f", stat.S_IMODE(st.st_mode), data)
+        else:
+            tree[rel] = ("o", stat.S_IMODE(st.st_mode), b"")  # fifo/socket/device
+
+    try:
+        visit(path, "")
+    except FileNotFoundError:
+        return None if not tree else tree
+    return tree
+
+
+def snapshot(paths: list[str]) -> dict[str, Tree]:
+    """Trees of the given paths as they are now (TooLarge if one is unreasonable)."""
+    return {p: t for p in paths if (t := _walk(p)) is not None}
+
+
+def _write(path: str, tree: Tree) -> None:
+    for rel in sorted(tree):  # parents sort before their entries
+        kind, mode, data = tree[rel]
+        full = os.path.join(path, rel) if rel else path
+        if kind == "d":
+            os.mkdir(full, mode)
+        elif kind == "l":
+            os.symlink(data.decode(), full)
+        elif kind == "f":
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+    for rel, (kind, mode, _) in tree.items():  # modes the umask narrowed
+        if kind in "df":
+            os.chmod(os.path.join(path, rel) if rel else path, mode)
+
+
+def restore(snap: dict[str, Tree], run_id: str) -> list[str]:
+    """Put changed paths back; one line per path that had been changed."""
+    from corral.launch import quarantine
+
+    said = []
+    for path, before in snap.items():
+        try:
+            now = _walk(path)
+        except (OSError, TooLarge):
+            now = None
+        if now == before:
+            continue
+        parent = os.path.dirname(path)
+        if os.path.realpath(parent) != parent:
+            said.append(
+                f"denied write: {path} (write-deny) was changed, and {parent} was replaced; "
+                "not restored"
+            )
+            continue
+        moved = quarantine([path], run_id) if os.path.lexists(path) else []
+        try:
+            _write(path, before)
+            note = "; restored from the snapshot taken at launch"
+        except OSError as exc:
+            note = f"; could not restore it: {exc}"
+        where = moved[0].split("; ", 1)[1] if moved and "; " in moved[0] else "removed"
+        said.append(f"denied write: {path} (write-deny) was changed ({where}){note}")
+    return said

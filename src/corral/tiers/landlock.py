@@ -1,0 +1,180 @@
+"""The landlock tier: Landlock + seccomp + no capabilities, no namespaces at all.
+
+For hosts that deny user namespaces (containers, hardened CI runners, some
+AppArmor defaults).  ``plan()`` turns the policy into a Landlock ruleset
+(:mod:`corral.landlock`), a seccomp deny list and the environment; the
+launcher forks a reaper that confines the command (:mod:`corral.confine`).
+
+It shares the host's process table, hostname, /tmp and network stack; what
+that costs, and what corral does about it, is in :data:`DIFFERENCES`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from corral import environ, fsplan
+from corral.tiers.base import Health, Plan, Tier
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from corral.fsplan import Mount
+    from corral.policy import Policy
+    from corral.seccomp import SyscallRule
+
+# What this tier does not hide compared with the namespace tier, and how corral
+# compensates.  `corral doctor` prints these.
+DIFFERENCES = (
+    "host processes are visible in /proc (names and arguments); their memory, "
+    "environment and files are not reachable (Landlock's ptrace scoping) and "
+    "signals to them are refused (signal scoping)",
+    "the hostname and the network stack are shared; TCP may connect only to the "
+    "proxy's port (Landlock rules name ports, not addresses: a server elsewhere on "
+    "that same port would be reachable), no TCP bind, no UDP or raw sockets (seccomp)",
+    "/tmp, /var/tmp, /run and /dev/shm are the host's: the sandbox cannot read or "
+    "write them; TMPDIR points at a private scratch directory removed after the run",
+    "no unix sockets can be created (seccomp): a path unix socket is not covered by "
+    "Landlock, and host daemons listen on them; socketpair() still works",
+    "write-deny paths inside the workspace (git hooks and config, editor settings) "
+    "can be changed during the run; corral restores them afterwards and reports it",
+    "names inside secret directories can be listed, not read; a new file created "
+    "beside a secret file in the workspace (e.g. next to .env) cannot be read back",
+)
+
+_AF_UNIX = 1
+_AF_INET = 2
+_AF_INET6 = 10
+_SOCK_NOT_STREAM = 0xE  # any of these type bits: not SOCK_STREAM (1); flags sit higher
+
+
+def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
+    """What Landlock leaves open here, closed by seccomp."""
+    from corral.seccomp import ArgCond, SyscallRule
+
+    eacces = errno.EACCES
+    return (
+        SyscallRule(
+            "socket",
+            eacces,
+            (ArgCond(0, "eq", _AF_UNIX),),
+            "unix sockets: connect() by path is not governed by Landlock",
+        ),
+        SyscallRule(
+            "socket",
+            eacces,
+            (ArgCond(0, "eq", _AF_INET), ArgCond(1, "bits_set", _SOCK_NOT_STREAM)),
+            "UDP and raw IPv4: Landlock governs TCP only",
+        ),
+        SyscallRule(
+            "socket",
+            eacces,
+            (ArgCond(0, "eq", _AF_INET6), ArgCond(1, "bits_set", _SOCK_NOT_STREAM)),
+            "UDP and raw IPv6: Landlock governs TCP only",
+        ),
+    )
+
+
+def abi_version() -> int:
+    """The kernel's Landlock ABI version, 0 when Landlock is missing or blocked."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    abi = int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+    return max(abi, 0)
+
+
+def _door_port(door: str | None) -> int:
+    """The proxy's TCP port from a door address ``127.0.0.1:PORT``."""
+    host, _, port = (door or "").rpartition(":")
+    if host != "127.0.0.1" or not port.isdigit():
+        raise ValueError(f"the landlock tier needs a TCP door on 127.0.0.1, got {door!r}")
+    return int(port)
+
+
+class LandlockTier(Tier):
+    name = "landlock"
+    strength = 40
+    summary = "Landlock + seccomp + no capabilities: no user namespaces needed"
+    door_transport = "tcp"
+
+    def health(self, probe: bool = False) -> Health:
+        from corral import landlock
+
+        if os.uname().machine not in ("x86_64", "aarch64"):
+            return Health(False, f"landlock tier supports x86_64 and aarch64, not {os.uname()}")
+        abi = abi_version()
+        details: dict[str, object] = {
+            "abi": abi,
+            "protections": landlock.features(abi),
+            "differences": list(DIFFERENCES),
+        }
+        if abi == 0:
+            return Health(
+                False,
+                "the kernel has no Landlock, or it is turned off or blocked here "
+                "(Linux >= 5.13 with CONFIG_SECURITY_LANDLOCK and landlock in lsm=)",
+                details,
+            )
+        if abi < landlock.MIN_ABI:
+            missing = [what for need, what in landlock.ABI_FEATURES if abi < need <= 6]
+            return Health(
+                False,
+                f"Landlock ABI {abi} lacks {', '.join(missing)} (needs ABI "
+                f"{landlock.MIN_ABI}, Linux >= 6.12)",
+                details,
+            )
+        return Health(True, f"ABI {abi}: fs, tcp, scoping", details)
+
+    def plan(
+        self,
+        policy: Policy,
+        command: list[str],
+        door: str | None = None,
+        extra: Sequence[Mount] = (),
+    ) -> Plan:
+        from corral import cgroups, landlock, seccomp
+        from corral.errors import RefusedError
+
+        if policy.network.transparent:
+            raise RefusedError(
+                "the landlock tier cannot capture traffic transparently (it needs a "
+                "network namespace); use the proxy variables or the namespace tier"
+            )
+        abi = abi_version()
+        if abi < landlock.MIN_ABI:
+            raise RefusedError(self.health().reason)
+        plan = Plan(self.name, policy)
+        fs = fsplan.plan_filesystem(policy)
+        plan.notes = list(fs.notes)
+        plan.quarantine = fs.quarantine
+        plan.restore = fs.write_protect
+        plan.env = environ.sandbox_env(policy)
+        plan.cwd = environ.sandbox_cwd(policy, fs.writable)
+        plan.seccomp = (*seccomp.default_deny_rules(), *extra_seccomp_rules())
+        plan.cgroup = cgroups.plan_for(policy.limits)
+        base = os.environ.get("TMPDIR") or "/tmp"
+        if not os.path.isabs(base):
+            base = "/tmp"
+        plan.scratch = os.path.join(base, "corral-scratch-" + os.urandom(6).hex())
+        plan.env.setdefault("TMPDIR", plan.scratch)
+        port = None
+        if policy.network.mode == "proxy":
+            from corral.net.door import proxy_env
+
+            port = _door_port(door)
+            plan.env = {**proxy_env(port, port), **plan.env}
+        # No mounts here: a file a tier would bind in (the agent) is used where it is,
+        # readable through its own grant.
+        binds = {m.dest: m.src or m.dest for m in extra if m.kind == "ro-bind"}
+        plan.argv = [binds.get(arg, arg) for arg in command]
+        rules = landlock.build(abi, fs.writable, fs.read_deny, plan.scratch, port)
+        if binds:
+            grants = ((src, landlock.READ_FILE | landlock.EXECUTE) for src in binds.values())
+            rules.paths = sorted({*rules.paths, *grants})
+        plan.landlock = rules
+        return plan
