@@ -81,9 +81,9 @@ def outcome_of(tc: ET.Element) -> Outcome:
             return Outcome("FAIL", first[:160], seconds)
         if child.tag == "skipped":
             if child.get("type") == "pytest.xfail":
-                return Outcome("GAP", first.removeprefix("reason: ")[:200], seconds)
+                return Outcome("GAP", first.removeprefix("reason: ")[:500], seconds)
             text = first.removeprefix("N.A.: ")
-            return Outcome("N.A.", text[:200], seconds)
+            return Outcome("N.A.", text[:300], seconds)
     return Outcome("PASS", "", seconds)
 
 

@@ -108,6 +108,19 @@ class Box:
     def own(self, *paths: Path) -> None:
         self.c.chown(*paths)
 
+    def has(self, prop: str) -> bool:
+        """Whether the tier isolates this way (tests/tiers.py, NAMESPACED)."""
+        return bool(self.c.has(prop))
+
+    def documented_gap(self, request: pytest.FixtureRequest, words: str) -> None:
+        """Mark a known limitation this tier documents: a strict xfail quoting it.
+
+        ``words`` picks the tier's own sentence (its DIFFERENCES, printed by
+        ``corral doctor``), so the reason is the documentation, not a paraphrase.
+        """
+        reason = documented(self.c.tier.tier if self.c.tier else "", words)
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
     def py(
         self,
         code: str,
@@ -170,6 +183,19 @@ def host_user_file(box: Box, path: Path, text: str, mode: int = 0o644) -> Path:
         top = top.parent
     box.own(top)
     return path
+
+
+def documented(tier: str, words: str) -> str:
+    """The tier's documented difference containing ``words``, as an xfail reason."""
+    try:
+        module = __import__(f"corral.tiers.{tier}", fromlist=["DIFFERENCES"])
+        notes: tuple[str, ...] = getattr(module, "DIFFERENCES", ())
+    except ImportError:
+        notes = ()
+    for note in notes:
+        if words in note:
+            return f"documented ({tier} tier, corral doctor): {note}"
+    raise AssertionError(f"tier {tier} documents nothing about {words!r}: not a known limitation")
 
 
 def require(tool: str) -> str:

@@ -14,6 +14,8 @@ import os
 import stat
 import subprocess
 
+import pytest
+
 from .conftest import Box, host_user_file
 
 
@@ -80,7 +82,17 @@ def test_rename_out_of_workspace(box: Box) -> None:
     assert not (box.outside / "moved.txt").exists() and (box.ws / "moved.txt").exists(), r
 
 
-def test_chmod_outside_file(box: Box) -> None:
+# Found by this matrix on the landlock tier, not (yet) in its documented differences.
+CHMOD_GAP = (
+    "GAP FOUND HERE, NOT YET DOCUMENTED (landlock tier): Landlock governs no metadata "
+    "operation, so chmod/chown/utimes/setxattr work on any host file the user owns, "
+    "outside the workspace too (this case: chmod 0644 -> 0777 landed on the host)"
+)
+
+
+def test_chmod_outside_file(box: Box, request: pytest.FixtureRequest) -> None:
+    if not box.has("mounts"):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=CHMOD_GAP))
     target = host_user_file(box, box.outside / "mode.txt", "m", 0o644)
     mine = host_user_file(box, box.ws / "mine.txt", "m", 0o644)
     r = box.py(
@@ -188,7 +200,7 @@ def test_proc_root_path(box: Box) -> None:
 
 
 def test_private_tmp(box: Box) -> None:
-    """/tmp, /var/tmp and /dev/shm are the sandbox's own; nothing lands on the host's."""
+    """/tmp, /var/tmp and /dev/shm are the sandbox's own, or off limits; nothing lands on the host's."""
     names = [
         f"/tmp/corral-{box.token}",
         f"/var/tmp/corral-{box.token}",
@@ -199,7 +211,12 @@ def test_private_tmp(box: Box) -> None:
         "for i, n in enumerate(names):\n"
         "    attempt(f'w{i}', lambda: write(n, 'x'))\n"
         "    attempt(f'r{i}', lambda: read(n))\n"
+        "tmp = os.environ.get('TMPDIR', '/tmp')\n"
+        "write(os.path.join(tmp, 'scratch'), 'x')\n"
+        "print('twin=' + read(os.path.join(tmp, 'scratch')) + ':' + tmp)\n"
     )
+    assert r.got.get("twin", "").startswith("x:"), r  # twin: a scratch directory works
     for i, name in enumerate(names):
-        assert r.got.get(f"r{i}") == "ok:x", r  # twin: each is writable inside
+        if box.has("private-tmp"):
+            assert r.got.get(f"r{i}") == "ok:x", r  # twin: each is writable inside
         assert not os.path.exists(name), (name, r)

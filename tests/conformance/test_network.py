@@ -23,8 +23,14 @@ from .conftest import Box, Listener, Origin
 CURL = "curl -sS --noproxy '' --max-time 10"
 
 
-def _inner_loopback(family: str = "AF_INET", host: str = "127.0.0.1") -> str:
-    """Probe code: a server and client on the sandbox's own loopback (the allow twin)."""
+def _inner_loopback(box: Box, family: str = "AF_INET", host: str = "127.0.0.1") -> str:
+    """Probe code for the allow twin: a server and client on the sandbox's own
+    loopback; on a tier without a network namespace (no TCP bind at all) the
+    local channel left to it, a socket pair."""
+    if not box.has("netns"):
+        return (
+            "a, b = socket.socketpair(); a.sendall(b'ping'); print('twin=' + b.recv(10).decode())\n"
+        )
     return (
         "import threading\n"
         f"srv = socket.socket(socket.{family}); srv.bind(({host!r}, 0)); srv.listen(1)\n"
@@ -46,7 +52,7 @@ def test_direct_tcp(box: Box, tcp4: Listener) -> None:
     r = box.py(
         f"s = socket.socket(); s.settimeout(2)\n"
         f"attempt('attack', lambda: (s.connect(('127.0.0.1', {tcp4.port})), s.sendall(b'escaped'))[1])\n"
-        + _inner_loopback()
+        + _inner_loopback(box)
     )
     assert r.got.get("twin") == "ping", r
     assert tcp4.hits == [], r
@@ -56,11 +62,14 @@ def test_direct_udp(box: Box) -> None:
     lst = Listener(socket.AF_INET, socket.SOCK_DGRAM, "127.0.0.1")
     try:
         r = box.py(
-            "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-            f"attempt('attack', lambda: u.sendto(b'escaped', ('127.0.0.1', {lst.port})))\n"
-            "a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); a.bind(('127.0.0.1', 0))\n"
-            "u.sendto(b'inner', a.getsockname()); a.settimeout(2)\n"
-            "print('twin=' + a.recv(10).decode())\n"
+            f"attempt('attack', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'escaped', ('127.0.0.1', {lst.port})))\n"
+            + (
+                "a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); a.bind(('127.0.0.1', 0))\n"
+                "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'inner', a.getsockname())\n"
+                if box.has("netns")
+                else "a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); b.send(b'inner')\n"
+            )
+            + "a.settimeout(2); print('twin=' + a.recv(10).decode())\n"
         )
         import time
 
@@ -82,7 +91,7 @@ def test_direct_ipv6(box: Box) -> None:
         r = box.py(
             "s = socket.socket(socket.AF_INET6); s.settimeout(2)\n"
             f"attempt('attack', lambda: (s.connect(('::1', {lst.port})), s.sendall(b'escaped'))[1])\n"
-            + _inner_loopback()
+            + _inner_loopback(box)
         )
         assert r.got.get("twin") == "ping", r
         assert lst.hits == [], r
@@ -102,8 +111,7 @@ def test_dns(box: Box) -> None:
     try:
         r = box.py(
             f"attempt('resolve', lambda: socket.getaddrinfo('canary-{box.token}.test', 80))\n"
-            "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-            f"attempt('raw_query', lambda: u.sendto({query!r}, ('127.0.0.1', 53)))\n"
+            f"attempt('raw_query', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto({query!r}, ('127.0.0.1', 53)))\n"
             "attempt('twin', lambda: socket.getaddrinfo('localhost', 80)[0][4][0])\n"
         )
         import time
@@ -141,8 +149,7 @@ def test_host_unix_socket(box: Box) -> None:
     srv.settimeout(0.3)
     try:
         r = box.py(
-            "s = socket.socket(socket.AF_UNIX)\n"
-            f"attempt('attack', lambda: (s.connect({path!r}), s.sendall(b'escaped'))[1])\n"
+            f"attempt('attack', lambda: socket.socket(socket.AF_UNIX).connect({path!r}))\n"
             "a, b = socket.socketpair(); a.sendall(b'pair'); print('twin=' + b.recv(10).decode())\n"
         )
         assert r.got.get("twin") == "pair", r
@@ -160,13 +167,14 @@ def test_abstract_unix_socket(box: Box) -> None:
     srv.settimeout(0.3)
     try:
         r = box.py(
-            "s = socket.socket(socket.AF_UNIX)\n"
-            f"attempt('attack', lambda: (s.connect({name!r}), s.sendall(b'escaped'))[1])\n"
-            "inner = socket.socket(socket.AF_UNIX); inner.bind('\\0inner-"
-            + box.token
-            + "'); inner.listen(1)\n"
-            "cl = socket.socket(socket.AF_UNIX); cl.connect('\\0inner-" + box.token + "')\n"
-            "conn, _ = inner.accept(); cl.sendall(b'abs'); print('twin=' + conn.recv(10).decode())\n"
+            f"attempt('attack', lambda: socket.socket(socket.AF_UNIX).connect({name!r}))\n"
+            + (
+                f"inner = socket.socket(socket.AF_UNIX); inner.bind('\\0inner-{box.token}')\n"
+                f"inner.listen(1); cl = socket.socket(socket.AF_UNIX); cl.connect('\\0inner-{box.token}')\n"
+                "conn, _ = inner.accept(); cl.sendall(b'abs'); print('twin=' + conn.recv(10).decode())\n"
+                if box.has("netns")  # abstract names are per network namespace
+                else "a, b = socket.socketpair(); a.sendall(b'abs'); print('twin=' + b.recv(10).decode())\n"
+            )
         )
         assert r.got.get("twin") == "abs", r
         with pytest.raises(TimeoutError):
@@ -182,7 +190,7 @@ def test_proxy_bypass(box: Box, origins: tuple[Origin, Origin]) -> None:
         "import subprocess\n"
         f"s = socket.socket(); s.settimeout(2)\n"
         f"attempt('attack', lambda: (s.connect(('127.0.0.1', {ok.port})), s.sendall(b'GET /direct HTTP/1.0\\r\\n\\r\\n'))[1])\n"
-        f"p = subprocess.run(['sh', '-c', \"{CURL} -x http://127.0.0.1:3128 http://127.0.0.1:{ok.port}/via-proxy\"], capture_output=True, text=True)\n"
+        f"p = subprocess.run(['sh', '-c', \"{CURL} -x $HTTP_PROXY http://127.0.0.1:{ok.port}/via-proxy\"], capture_output=True, text=True)\n"
         "print('twin=' + p.stdout.strip())\n",
         "--allow",
         f"127.0.0.1:{ok.port}",
@@ -193,9 +201,9 @@ def test_proxy_bypass(box: Box, origins: tuple[Origin, Origin]) -> None:
 
 def _through_proxy(box: Box, ok: Origin, bad: Origin, how: str) -> None:
     via = {
-        "http": "-x http://127.0.0.1:3128",
-        "connect": "-p -x http://127.0.0.1:3128",
-        "socks5": "-x socks5h://127.0.0.1:1080",
+        "http": "-x $HTTP_PROXY",
+        "connect": "-p -x $HTTP_PROXY",
+        "socks5": "-x $ALL_PROXY",
     }[how]
     r = box.py(
         "import subprocess\n"
@@ -229,7 +237,7 @@ def test_name_rebinding_to_loopback(box: Box, origins: tuple[Origin, Origin]) ->
     r = box.py(
         "import subprocess\n"
         "def get(url):\n"
-        f"    return subprocess.run(['sh', '-c', \"{CURL} -x http://127.0.0.1:3128 \" + url], capture_output=True, text=True).stdout.strip()\n"
+        f"    return subprocess.run(['sh', '-c', \"{CURL} -x $HTTP_PROXY \" + url], capture_output=True, text=True).stdout.strip()\n"
         f"print('attack=' + repr(get('http://localhost:{bad.port}/by-name')))\n"
         f"print('twin=' + get('http://127.0.0.1:{ok.port}/by-address'))\n",
         "--allow",
