@@ -404,8 +404,13 @@ def _rows(tools: list[Tool], burst: int) -> list[Row]:
                 note = f"{len(values)} samples"
                 if tool.failures.get(fail_key):
                     note += f"; failed once: {tool.failures[fail_key]}"
+            # A failed proxy check concerns the network rows; the others, every row.
             unconfined = [
-                c for c, v in tool.checks.items() if v.startswith("NO") and c != SSH_CHECK
+                c
+                for c, v in tool.checks.items()
+                if v.startswith("NO")
+                and c != SSH_CHECK
+                and (key.startswith("http") or "proxy" not in c)
             ]
             if unconfined and not tool.error:
                 note += "; does NOT pass: " + ", ".join(unconfined)
