@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 
-
 # How a tier isolates, where tiers differ by design (tests assert the mechanism
 # each tier has; none of them may be weaker than the tier documents):
 #   mounts:      masks and read-only binds; a write-deny path cannot be written at all
@@ -25,15 +24,21 @@ NAMESPACED = frozenset({"mounts", "private-tmp", "own-dev", "pidns", "uts", "net
 
 
 class TierCase:
-    __slots__ = ("flags", "id", "props", "tier")
+    __slots__ = ("api", "flags", "id", "props", "tier")
 
     def __init__(
-        self, id: str, tier: str, flags: tuple[str, ...], props: frozenset[str] = NAMESPACED
+        self,
+        id: str,
+        tier: str,
+        flags: tuple[str, ...],
+        props: frozenset[str] = NAMESPACED,
+        api: dict[str, str] | None = None,
     ) -> None:
         self.id = id
         self.tier = tier
         self.flags = flags  # inserted after `corral run` / `corral shell`
         self.props = props
+        self.api = api or {"tier": tier}  # keyword arguments for Sandbox(...)
 
     def __repr__(self) -> str:
         return self.id

@@ -261,9 +261,7 @@ def cmd_mcp(args: list[str]) -> int:
     return 0
 
 
-def _open_door(
-    opts: dict[str, object], policy: Policy, run_id: str, transport: str
-) -> Door | None:
+def _open_door(opts: dict[str, object], policy: Policy, run_id: str, transport: str) -> Door | None:
     if policy.network.mode != "proxy":
         return None  # and corral.net stays unimported: it costs milliseconds
     from corral.net.door import open_door
@@ -391,6 +389,11 @@ def cmd_doctor(args: list[str]) -> int:
     for tier, health in rows:
         state = "available" if health.available else "unavailable"
         print(f"{tier.name:<{width}}  {state:<11}  {health.reason}")
+        differences = health.details.get("differences")
+        if health.available and isinstance(differences, list):
+            print(f"{'':<{width}}  compared with namespace:")
+            for line in differences:
+                print(f"{'':<{width}}    - {line}")
     print(f"auto -> {auto or 'nothing (corral run will refuse)'}")
     return 0
 

@@ -223,22 +223,24 @@ def reaper(exec_command: object, parent: int) -> None:
     def on_term(_signum: int, _frame: object) -> None:
         raise Stop  # interrupts the blocking waitpid below
 
-    signal.signal(signal.SIGTERM, on_term)
-    if os.getppid() != parent:  # corral died before the signal was armed
-        os._exit(137)
-    pid = os.fork()
-    if pid == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        assert callable(exec_command)
-        exec_command()
-        os._exit(125)
-    # The reaper keeps no file open that the pump waits on.
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.closerange(3, 65536)
     status = None
+    signal.signal(signal.SIGTERM, on_term)
     try:
+        if os.getppid() != parent:  # corral died before the signal was armed
+            raise Stop
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                assert callable(exec_command)
+                exec_command()
+            finally:
+                os._exit(125)
+        # The reaper keeps no file open that the pump waits on.
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, 65536)
         while status is None:
             try:
                 done, st = os.waitpid(-1, 0)

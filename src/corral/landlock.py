@@ -33,6 +33,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+    Listing = Callable[[str], list[tuple[str, bool | None]]]
+
 # --- the kernel's constants (include/uapi/linux/landlock.h) --------------------
 
 EXECUTE = 1 << 0
@@ -180,11 +182,21 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _entries(path: str) -> list[str]:
+def _entries(path: str) -> list[tuple[str, bool | None]]:
+    """(name, kind) for each entry, kind as :func:`_is_dir` says, from one readdir
+    (the file type comes with the entry: no stat per name)."""
     try:
-        return sorted(os.listdir(path))
+        with os.scandir(path) as it:
+            found = []
+            for e in it:
+                try:
+                    kind = None if e.is_symlink() else e.is_dir(follow_symlinks=False)
+                except OSError:
+                    continue
+                found.append((e.name, kind))
     except OSError:
         return []
+    return sorted(found)
 
 
 def _is_dir(path: str) -> bool | None:
@@ -203,7 +215,7 @@ def _is_dir(path: str) -> bool | None:
 def split_grants(
     grants: Iterable[tuple[str, int]],
     withheld: dict[str, int],
-    listdir: Callable[[str], list[str]] = _entries,
+    listdir: Listing = _entries,
     is_dir: Callable[[str], bool | None] = _is_dir,
 ) -> list[tuple[str, int]]:
     """Landlock rules giving each grant's rights beneath its path, minus ``withheld``
@@ -211,8 +223,7 @@ def split_grants(
     and ``is_dir``, which tests replace."""
     rules: dict[str, int] = {}
 
-    def emit(path: str, access: int) -> None:
-        kind = is_dir(path)
+    def emit(path: str, kind: bool | None, access: int) -> None:
         if kind is None:
             return
         if not kind:
@@ -220,22 +231,23 @@ def split_grants(
         if access:
             rules[path] = rules.get(path, 0) | access
 
-    def grant(path: str, access: int) -> None:
+    def grant(path: str, kind: bool | None, access: int) -> None:
         access &= ~withheld.get(path, 0)
         below = 0
         for denied, rights in withheld.items():
             if denied != path and _inside(denied, path):
                 below |= rights
-        if not below & access:
-            emit(path, access)
+        if not below & access or not kind:
+            emit(path, kind, access)
             return
-        emit(path, access & ~below)  # safe to inherit all the way down
+        emit(path, kind, access & ~below)  # safe to inherit all the way down
         rest = access & below
-        for name in listdir(path):
-            grant(os.path.join(path, name), rest)
+        for name, child_kind in listdir(path):
+            grant(os.path.join(path, name), child_kind, rest)
 
     for path, access in grants:
-        grant(os.path.normpath(path), access)
+        path = os.path.normpath(path)
+        grant(path, is_dir(path), access)
     return sorted(rules.items())
 
 
@@ -245,7 +257,7 @@ def build(
     read_deny: list[str],
     scratch: str,
     proxy_port: int | None,
-    listdir: Callable[[str], list[str]] = _entries,
+    listdir: Listing = _entries,
     is_dir: Callable[[str], bool | None] = _is_dir,
 ) -> Ruleset:
     """The ruleset for one run.

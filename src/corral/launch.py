@@ -559,7 +559,10 @@ def _pump(
         if deadline is not None:
             wait = max(0.0, deadline - now)
         if exited_at is not None:
-            grace = max(0.0, exited_at + EXIT_GRACE - now)
+            # Without bwrap's exit-code record, its reason for failing is still on
+            # the way through stderr: wait longer for it on a busy machine.
+            settled = not watch_setup or '"exit-code"' in status_text
+            grace = max(0.0, exited_at + (EXIT_GRACE if settled else 2.0) - now)
             wait = grace if wait is None else min(wait, grace)
         events = poller.poll(None if wait is None else wait * 1000)
         if received and not killed:

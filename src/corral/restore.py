@@ -60,7 +60,7 @@ def _walk(path: str) -> Tree | None:
     try:
         visit(path, "")
     except FileNotFoundError:
-        return None if not tree else tree
+        return tree or None
     return tree
 
 

@@ -495,7 +495,9 @@ class Sandbox:
             path if os.path.isabs(path) else os.path.join(self.policy.workspace, path)
         )
         if writing:
-            for guarded in self.plan.quarantine:  # write-deny paths mounts cannot cover
+            # write-deny paths mounts cannot cover (missing ones), or a tier without
+            # mounts cannot cover at all (landlock restores them only after the run)
+            for guarded in (*self.plan.quarantine, *self.plan.restore):
                 if full == guarded or full.startswith(guarded + "/"):
                     raise PathDenied(f"{path}: write-deny by policy")
         ident = self._new_id()

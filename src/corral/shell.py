@@ -62,15 +62,24 @@ def run(plan: Plan, run_id: str) -> int:
         tty.setraw(0)
     previous = signal.signal(signal.SIGWINCH, lambda *_: copy_winsize(0, master))
     text = ""
+    code: int | None = None
+    # bwrap reports the exit code on its status pipe; a tier without one (landlock)
+    # is watched through a pidfd of the launched process
+    ended = started.status_r if started.status_r >= 0 else os.pidfd_open(started.pid)
     try:
         open_in = True
         while True:
-            watch = [master, started.status_r] + ([0] if open_in else [])
+            watch = [master, ended] + ([0] if open_in else [])
             try:
                 ready = select.select(watch, [], [])[0]
             except InterruptedError:
                 continue
-            if started.status_r in ready:
+            if ended in ready and ended != started.status_r:
+                _drain(master)
+                code = os.waitstatus_to_exitcode(os.waitpid(started.pid, 0)[1])
+                code = 128 - code if code < 0 else code
+                break
+            if ended in ready:
                 chunk = os.read(started.status_r, 65536)
                 text += chunk.decode("utf-8", "replace")
                 if not chunk or '"exit-code"' in text:
@@ -95,10 +104,13 @@ def run(plan: Plan, run_id: str) -> int:
         if saved is not None:
             termios.tcsetattr(0, termios.TCSADRAIN, saved)
         os.close(master)
+        if ended != started.status_r:
+            os.close(ended)
         started.stop()
-    from corral.launch import _status_value
+    if code is None:
+        from corral.launch import _status_value
 
-    code = _status_value(text, "exit-code")
+        code = _status_value(text, "exit-code")
     return 125 if code is None else code
 
 

@@ -49,7 +49,8 @@ def test_workspace_is_writable_and_outside_is_not(tsandbox: tuple[Corral, Path])
         echo x > /etc/corral-test 2>/dev/null && echo etc=WROTE || echo etc=denied
         echo x > $HOME/home.txt 2>/dev/null && echo home=WROTE || echo home=denied
         echo x > ${{TMPDIR:-/tmp}}/scratch && echo tmp=ok
-        echo x > /tmp/scratch-{ws.parent.name} 2>/dev/null && echo hosttmp=WROTE || echo hosttmp=denied
+        echo x > /tmp/scratch-{ws.parent.name} 2>/dev/null \
+            && echo hosttmp=WROTE || echo hosttmp=denied
     """,
     )
     out = r.stdout.decode()
@@ -275,7 +276,8 @@ def test_concurrent_runs_share_nothing(tsandbox: tuple[Corral, Path]) -> None:
         results.append(
             c.sh(
                 ws,
-                f"t=${{TMPDIR:-/tmp}}; echo {i} > $t/mine; sleep 0.2; cat $t/mine; echo {i} > out{i}",
+                f"t=${{TMPDIR:-/tmp}}; echo {i} > $t/mine; sleep 0.2; cat $t/mine; "
+                f"echo {i} > out{i}",
             )
         )
 

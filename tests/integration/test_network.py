@@ -302,7 +302,8 @@ def test_first_request_never_races_the_relay(
     for i in range(100):
         # the request is the sandbox's first action (sh execs curl)
         script = f'exec curl -sS --noproxy "" -x "$HTTP_PROXY" http://127.0.0.1:{ok.port}/race{i}'
-        r = c.run(["run", "-q", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script], cwd=ws)
+        allow = ["--allow", f"127.0.0.1:{ok.port}"]
+        r = c.run(["run", "-q", *allow, "--", "sh", "-c", script], cwd=ws)
         if r.returncode != 0 or b"hello from origin" not in r.stdout:
             failures.append((i, r.returncode, r.stderr[-200:]))
     assert failures == []

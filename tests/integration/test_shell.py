@@ -30,8 +30,8 @@ def read_until(fd: int, needle: bytes, timeout: float = 15) -> bytes:
     return data
 
 
-def test_shell_through_a_pty(sandbox: tuple[Corral, Path]) -> None:
-    c, ws = sandbox
+def test_shell_through_a_pty(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 31, 101, 0, 0))
     os.chown(os.ttyname(slave), c.uid, c.gid)

@@ -194,22 +194,25 @@ def test_main_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_main_planned_tier_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_main(["run", "--tier", "landlock", "--", "true"], capsys)
+    code, out, err = run_main(["run", "--tier", "microvm", "--", "true"], capsys)
     assert code == EXIT_REFUSED == 122
     assert out == ""
-    assert_one_error_line(err, "tier landlock is not available")
+    assert_one_error_line(err, "tier microvm is not available")
 
 
 def test_main_auto_refuses_without_a_tier(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from corral.tiers.landlock import LandlockTier
+
     monkeypatch.setattr(NamespaceTier, "health", lambda self, probe=False: Health(False, "nope"))
+    monkeypatch.setattr(LandlockTier, "health", lambda self, probe=False: Health(False, "nope"))
     code, _, err = run_main(["run", "--", "true"], capsys)
     assert code == EXIT_REFUSED
     assert_one_error_line(err, "no sandbox tier is available")
 
 
-@pytest.mark.parametrize("tier", ["auto", "namespace", "none"])
+@pytest.mark.parametrize("tier", ["auto", "namespace", "landlock", "none"])
 def test_explain_prints_plan_and_runs_nothing(
     tier: str,
     isolated: Path,
@@ -224,7 +227,7 @@ def test_explain_prints_plan_and_runs_nothing(
     )
     assert code == 0
     assert err == ""
-    expected = "none" if tier == "none" else "namespace"
+    expected = "namespace" if tier == "auto" else tier
     assert out.startswith(f"tier: {expected}\n")
     assert f"workspace: {isolated}" in out
     assert "argv: " in out
@@ -248,7 +251,11 @@ def test_doctor_json_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> Non
         assert isinstance(row["summary"], str)
     by_name = {t["name"]: t for t in data["tiers"]}
     assert by_name["none"]["available"] is True
-    assert by_name["landlock"]["available"] is False
+    assert by_name["microvm"]["available"] is False
+    from corral.tiers.landlock import abi_version
+
+    assert by_name["landlock"]["available"] is (abi_version() >= 6)
+    assert by_name["landlock"]["abi"] == abi_version()
     assert data["auto"] in (None, *tiers.AUTO_ORDER)
     if data["auto"]:
         assert by_name[data["auto"]]["available"] is True
@@ -258,12 +265,16 @@ def test_doctor_text_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> Non
     code, out, err = run_main(["doctor"], capsys)
     assert code == 0
     assert err == ""
-    lines = out.splitlines()
+    lines = [line for line in out.splitlines() if not line.startswith(" ")]
     assert len(lines) == len(tiers.REGISTRY) + 1
     for name, line in zip(tiers.REGISTRY, lines, strict=False):
         assert line.split()[0] == name
         assert line.split()[1] in ("available", "unavailable")
     assert lines[-1].startswith("auto -> ")
+    from corral.tiers.landlock import abi_version
+
+    if abi_version() >= 6:  # what the landlock tier does not hide is said plainly
+        assert "compared with namespace:" in out and "host processes are visible" in out
 
 
 def test_doctor_survives_a_broken_health_check(

@@ -88,6 +88,10 @@ def abi_version() -> int:
     return max(abi, 0)
 
 
+def _within(path: str, root: str) -> bool:
+    return path.startswith(root.rstrip("/") + "/")
+
+
 def _door_port(door: str | None) -> int:
     """The proxy's TCP port from a door address ``127.0.0.1:PORT``."""
     host, _, port = (door or "").rpartition(":")
@@ -173,6 +177,16 @@ class LandlockTier(Tier):
         binds = {m.dest: m.src or m.dest for m in extra if m.kind == "ro-bind"}
         plan.argv = [binds.get(arg, arg) for arg in command]
         rules = landlock.build(abi, fs.writable, fs.read_deny, plan.scratch, port)
+        beside = sorted(
+            {os.path.dirname(p) for p in fs.read_deny if any(_within(p, w) for w in fs.writable)}
+        )
+        if beside:
+            plan.notes.append(
+                "landlock: new files created directly in "
+                + ", ".join(beside)
+                + " cannot be read back in this run (a secret file there is hidden, and "
+                "Landlock rights follow directories)"
+            )
         if binds:
             grants = ((src, landlock.READ_FILE | landlock.EXECUTE) for src in binds.values())
             rules.paths = sorted({*rules.paths, *grants})

@@ -1,0 +1,230 @@
+"""The landlock tier's pure parts: rule splitting, the ruleset, the plan, the seccomp
+additions.  A fake filesystem stands in for listdir, so nothing here touches disk
+or the kernel (tests/integration run the same policies for real)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from corral import landlock as L
+from corral.policy import Policy
+from corral.seccomp import compile_filter, native_arch, syscall_number
+from corral.tiers.landlock import DIFFERENCES, LandlockTier, extra_seccomp_rules
+from tests.unit.test_seccomp import AUDIT_ARCH, RET_ERRNO, run
+
+# A small tree: dirs map to their entries; anything else listed is a file; links are None.
+TREE: dict[str, dict[str, bool | None]] = {
+    "/": {"etc": True, "home": True, "tmp": True, "usr": True, "dev": True, "bin": None},
+    "/etc": {"shadow": False, "hosts": False, "ssl": True},
+    "/home": {"u": True},
+    "/home/u": {".ssh": True, ".bashrc": False, "proj": True, ".config": True},
+    "/home/u/.config": {"gcloud": True, "app.conf": False},
+    "/home/u/proj": {".env": False, "src": True, "README": False},
+    "/dev": {"null": False, "sda": False, "kvm": False},
+}
+
+
+def listdir(path: str) -> list[tuple[str, bool | None]]:
+    return sorted(TREE.get(path, {}).items())
+
+
+def is_dir(path: str) -> bool | None:
+    if path in TREE:
+        return True
+    parent, name = os.path.split(path)
+    return TREE.get(parent, {}).get(name)
+
+
+def rules_of(rs: L.Ruleset) -> dict[str, int]:
+    return dict(rs.paths)
+
+
+def allowed(rules: dict[str, int], path: str, right: int) -> bool:
+    """What Landlock decides: some rule on the path or an ancestor grants it."""
+    while True:
+        if rules.get(path, 0) & right:
+            return True
+        if path == "/":
+            return False
+        path = os.path.dirname(path)
+
+
+@pytest.fixture
+def rules() -> dict[str, int]:
+    rs = L.build(
+        7,
+        writable=["/home/u/proj"],
+        read_deny=[
+            "/etc/shadow",
+            "/home/u/.ssh",
+            "/home/u/.config/gcloud",
+            "/home/u/.aws",
+            "/home/u/proj/.env",
+        ],
+        scratch="/tmp/corral-scratch-x",
+        proxy_port=None,
+        listdir=listdir,
+        is_dir=is_dir,
+    )
+    return rules_of(rs)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/shadow",
+        "/home/u/.ssh/id_ed25519",
+        "/home/u/.config/gcloud/creds.json",
+        "/home/u/.aws/credentials",
+        "/home/u/proj/.env",
+    ],
+)
+def test_secrets_cannot_be_read(rules: dict[str, int], path: str) -> None:
+    assert not allowed(rules, path, L.READ_FILE)
+    assert not allowed(rules, path, L.EXECUTE)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/hosts",
+        "/etc/ssl/certs/ca.pem",
+        "/usr/bin/python3",
+        "/home/u/.bashrc",
+        "/home/u/.config/app.conf",
+        "/home/u/proj/src/main.py",
+        "/home/u/proj/README",
+    ],
+)
+def test_everything_else_can_be_read(rules: dict[str, int], path: str) -> None:
+    assert allowed(rules, path, L.READ_FILE)
+
+
+def test_secret_created_later_stays_unreadable(rules: dict[str, int]) -> None:
+    # ~/.aws did not exist at launch: nothing grants it, or anything new in ~
+    assert not allowed(rules, "/home/u/.aws/credentials", L.READ_FILE)
+    assert not allowed(rules, "/home/u/.new-token", L.READ_FILE)
+
+
+def test_listing_is_never_withheld(rules: dict[str, int]) -> None:
+    assert rules["/"] == L.READ_DIR  # split: only listing is safe to inherit from /
+    assert allowed(rules, "/home/u/.ssh", L.READ_DIR)
+
+
+def test_writes_only_in_workspace_and_scratch(rules: dict[str, int]) -> None:
+    for path in ("/home/u/proj/new.txt", "/home/u/proj/src/a.py", "/tmp/corral-scratch-x/f"):
+        assert allowed(rules, path, L.WRITE_FILE) and allowed(rules, path, L.MAKE_REG), path
+    for path in ("/etc/hosts", "/home/u/.bashrc", "/tmp/other", "/usr/bin/x"):
+        assert not allowed(rules, path, L.WRITE_FILE), path
+        assert not allowed(rules, path, L.MAKE_REG | L.REMOVE_FILE), path
+
+
+def test_host_scratch_areas_are_off_limits(rules: dict[str, int]) -> None:
+    for path in ("/tmp/x", "/dev/sda", "/dev/kvm"):
+        assert not allowed(rules, path, L.READ_FILE), path
+    assert allowed(rules, "/dev/null", L.WRITE_FILE)  # allow twin: safe devices
+    assert allowed(rules, "/tmp/corral-scratch-x/a", L.READ_FILE)
+
+
+def test_new_file_beside_a_workspace_secret_is_writable_not_readable(
+    rules: dict[str, int],
+) -> None:
+    # the documented price of hiding .env (corral.landlock docstring)
+    assert allowed(rules, "/home/u/proj/new.txt", L.WRITE_FILE)
+    assert not allowed(rules, "/home/u/proj/new.txt", L.READ_FILE)
+    assert allowed(rules, "/home/u/proj/src/new.txt", L.READ_FILE)
+
+
+def test_file_rules_carry_only_file_rights(rules: dict[str, int]) -> None:
+    for path, access in rules.items():
+        if is_dir(path) is False:
+            assert access & ~L.FILE_RIGHTS == 0, path
+
+
+def test_symlinks_get_no_rule(rules: dict[str, int]) -> None:
+    assert "/bin" not in rules  # /bin -> usr/bin is reached through /usr
+
+
+def test_network_rules() -> None:
+    none = L.build(7, [], [], "/s", None, listdir=listdir, is_dir=is_dir)
+    assert none.handled_net == L.NET_BIND_TCP | L.NET_CONNECT_TCP and none.ports == []
+    proxy = L.build(7, [], [], "/s", 41234, listdir=listdir, is_dir=is_dir)
+    assert proxy.ports == [(41234, L.NET_CONNECT_TCP)]  # connect only, never bind
+    assert proxy.scoped == L.SCOPE_SIGNAL | L.SCOPE_ABSTRACT_UNIX
+
+
+def test_rights_follow_the_abi() -> None:
+    old = L.build(3, [], [], "/s", None, listdir=listdir, is_dir=is_dir)
+    assert old.handled_fs & L.IOCTL_DEV == 0 and old.handled_net == 0 and old.scoped == 0
+    assert all(a & ~old.handled_fs == 0 for _, a in old.paths)
+
+
+def test_describe_names_rules() -> None:
+    rs = L.build(7, ["/home/u/proj"], [], "/s", 3128, listdir=listdir, is_dir=is_dir)
+    text = "\n".join(rs.describe())
+    assert "read+write beneath /home/u/proj" in text and "tcp connect to port 3128" in text
+
+
+def _run(name: str, *args: int) -> int:
+    """The filter's verdict for one call, through the BPF interpreter of test_seccomp."""
+    arch = native_arch()
+    prog = compile_filter(extra_seccomp_rules(), arch)
+    nr = syscall_number(name, arch)
+    assert nr is not None
+    ret = run(prog, nr, AUDIT_ARCH[arch], args)
+    return ret - RET_ERRNO if ret & 0xFFFF0000 == RET_ERRNO else -1
+
+
+@pytest.mark.parametrize(
+    ("family", "kind", "denied"),
+    [
+        (1, 1, True),  # AF_UNIX stream
+        (1, 2 | 0x80000, True),  # AF_UNIX dgram, cloexec
+        (2, 2, True),  # UDP
+        (10, 2 | 0x800, True),  # UDP6, nonblock
+        (2, 3, True),  # raw
+        (2, 1, False),  # TCP: governed by Landlock instead
+        (10, 1 | 0x80000 | 0x800, False),  # TCP6 with flags
+    ],
+)
+def test_socket_rules(family: int, kind: int, denied: bool) -> None:
+    assert (_run("socket", family, kind) == errno.EACCES) == denied
+
+
+def test_socketpair_stays_allowed() -> None:
+    assert _run("socketpair", 1, 1) == -1
+
+
+def test_plan_is_pure_and_complete(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / ".git" / "config").write_text("[core]\n")
+    policy = Policy.load(workspace=str(ws))
+    plan = LandlockTier().plan(policy, ["true"])
+    assert plan.argv == ["true"] and plan.landlock is not None
+    assert plan.scratch and plan.env["TMPDIR"] == plan.scratch
+    assert not os.path.exists(plan.scratch)  # the launcher creates it
+    assert str(ws / ".git" / "config") in plan.restore
+    assert str(ws / ".git" / "hooks") in plan.restore
+    assert dict(plan.landlock.paths)[str(ws)] & L.WRITE_FILE
+    assert "HTTP_PROXY" not in plan.env
+    policy.network.mode = "proxy"
+    proxied = LandlockTier().plan(policy, ["true"], door="127.0.0.1:4321")
+    assert proxied.env["HTTP_PROXY"] == "http://127.0.0.1:4321"
+    assert proxied.env["ALL_PROXY"] == "socks5h://127.0.0.1:4321"
+    assert proxied.landlock is not None and proxied.landlock.ports == [(4321, L.NET_CONNECT_TCP)]
+    with pytest.raises(ValueError):
+        LandlockTier().plan(policy, ["true"], door="/run/door.sock")  # needs a TCP door
+    text = plan.describe()
+    assert "landlock ABI" in text and "restored after the run" in text
+
+
+def test_differences_are_stated() -> None:
+    text = " ".join(DIFFERENCES)
+    for words in ("host processes are visible", "hostname", "/tmp", "unix sockets", "restores"):
+        assert words in text
