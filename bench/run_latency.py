@@ -279,6 +279,9 @@ def build_variants(corral: str, python: str, env: dict[str, str]) -> tuple[list[
         Variant("python -c pass", [python, "-c", "pass"], env),
         Variant("python -c 'import corral.…'", [python, "-c", IMPORT_STATEMENT], env),
     ]
+    if landlock_available(python, env):
+        argv = [corral, "run", "-q", "--tier", "landlock", "--", "true"]
+        variants.insert(1, Variant(LANDLOCK_ROW, argv, env))
     if "PYTHONDONTWRITEBYTECODE" in os.environ or "PYTHONPYCACHEPREFIX" in os.environ:
         as_is = dict(os.environ, XDG_STATE_HOME=env["XDG_STATE_HOME"])
         name = "corral run -q -- true (inherited env)"
@@ -297,6 +300,31 @@ def tier_variants(corral: str, env: dict[str, str]) -> list[Variant]:
             env,
         )
         for t in available_tiers(corral)
+    ]
+
+
+LANDLOCK_ROW = "corral run -q --tier landlock -- true"
+LANDLOCK_GOAL = 1.5  # times (sh -c true + python start-up), from issue 5
+
+
+def landlock_available(python: str, env: dict[str, str]) -> bool:
+    probe = "from corral.tiers.landlock import LandlockTier as T; print(T().health().available)"
+    out = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True)
+    return out.stdout.strip() == "True"
+
+
+def landlock_verdict(variants: list[Variant]) -> list[str]:
+    by_name = {v.name: v for v in variants}
+    if LANDLOCK_ROW not in by_name:
+        return ["landlock tier: not available here, not measured"]
+    floor = by_name["sh -c true"].p50_ms() + by_name["python -c pass"].p50_ms()
+    p50 = by_name[LANDLOCK_ROW].p50_ms()
+    namespace = variants[0].p50_ms()
+    verdict = "MET" if p50 <= LANDLOCK_GOAL * floor else "NOT MET"
+    return [
+        f"landlock p50 = {p50:.2f} ms = {p50 / floor:.2f}x (sh -c true + python -c pass = "
+        f"{floor:.2f} ms; goal ≤ {LANDLOCK_GOAL}x): {verdict}; namespace tier {namespace:.2f} ms "
+        f"(landlock/namespace = {p50 / namespace:.2f}x)"
     ]
 
 
@@ -597,7 +625,7 @@ def report(args: argparse.Namespace, base: str) -> str:
     lines = [
         "# corral run latency",
         "",
-        machine_line(python, variants[3].argv[0]),
+        machine_line(python, next(v for v in variants if v.name == "raw bwrap minimal").argv[0]),
         "",
         f"{args.runs} interleaved rounds after {args.warmup} warm-up rounds "
         f"({took:.1f} s); cwd is an empty temporary workspace; bytecode {bytecode}; "
@@ -606,6 +634,8 @@ def report(args: argparse.Namespace, base: str) -> str:
         *latency_table(variants),
         "",
         f"corral run -- true p50 = {corral_p50:.2f} ms (goal ≤ {GOAL_MS:g} ms): {verdict}",
+        "",
+        *landlock_verdict(variants),
         "",
         *imports,
     ]

@@ -31,7 +31,7 @@ usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
        corral --version
 
 run options:
-  --tier NAME          auto (default: strongest available), namespace, none, ...
+  --tier NAME          auto (default: strongest available), namespace, landlock, none, ...
   --policy FILE        policy file (default: corral.toml in the workspace, if any)
   --workspace DIR      the writable workspace (default: current directory)
   --timeout DURATION   wall-clock limit, e.g. 30s, 5m; kills the whole process tree

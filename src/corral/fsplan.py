@@ -309,9 +309,9 @@ def plan_filesystem(policy: Policy) -> FsPlan:
                     add_mask(target, kind == "dir", why)
                     plan.read_deny.append(target)
             return
-        plan.read_deny.append(path)
         if if_present or in_writable(path) or in_private_tmp(path):
             return  # only the sandbox itself could create it in a writable place
+        plan.read_deny.append(path)
         ancestor = os.path.dirname(path)
         while ancestor != "/" and not present(ancestor):
             ancestor = os.path.dirname(ancestor)

@@ -178,10 +178,6 @@ class Ruleset:
         return lines
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def _entries(path: str) -> list[tuple[str, bool | None]]:
     """(name, kind) for each entry, kind as :func:`_is_dir` says, from one readdir
     (the file type comes with the entry: no stat per name)."""
@@ -231,12 +227,19 @@ def split_grants(
         if access:
             rules[path] = rules.get(path, 0) | access
 
+    # rights withheld somewhere strictly below each directory, found once
+    below_of: dict[str, int] = {}
+    for denied, rights in withheld.items():
+        parent = os.path.dirname(denied)
+        while True:
+            below_of[parent] = below_of.get(parent, 0) | rights
+            if parent == "/":
+                break
+            parent = os.path.dirname(parent)
+
     def grant(path: str, kind: bool | None, access: int) -> None:
         access &= ~withheld.get(path, 0)
-        below = 0
-        for denied, rights in withheld.items():
-            if denied != path and _inside(denied, path):
-                below |= rights
+        below = below_of.get(path, 0)
         if not below & access or not kind:
             emit(path, kind, access)
             return

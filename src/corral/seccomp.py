@@ -137,7 +137,7 @@ _X86_64: dict[str, int] = {
     "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_open": 434, "clone3": 435,
     "openat2": 437, "pidfd_getfd": 438, "faccessat2": 439, "mount_setattr": 442,
     "quotactl_fd": 443, "landlock_create_ruleset": 444, "landlock_add_rule": 445,
-    "landlock_restrict_self": 446,
+    "landlock_restrict_self": 446, "fchmodat2": 452,
 }  # fmt: skip
 
 _AARCH64: dict[str, int] = {
@@ -180,7 +180,7 @@ _AARCH64: dict[str, int] = {
     "pidfd_open": 434, "clone3": 435, "openat2": 437, "pidfd_getfd": 438,
     "faccessat2": 439, "mount_setattr": 442, "quotactl_fd": 443,
     "landlock_create_ruleset": 444, "landlock_add_rule": 445,
-    "landlock_restrict_self": 446,
+    "landlock_restrict_self": 446, "fchmodat2": 452,
 }  # fmt: skip
 
 _TABLES: dict[str, dict[str, int]] = {"x86_64": _X86_64, "aarch64": _AARCH64}

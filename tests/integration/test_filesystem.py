@@ -289,3 +289,26 @@ def test_concurrent_runs_share_nothing(tsandbox: tuple[Corral, Path]) -> None:
     assert all(r.returncode == 0 for r in results)
     assert sorted(int(r.stdout.split()[0]) for r in results) == [0, 1, 2, 3]
     assert all((ws / f"out{i}").exists() for i in range(4))
+
+
+def test_modes_and_owners_outside_cannot_change(tsandbox: tuple[Corral, Path]) -> None:
+    """Read-only means metadata too: a file the caller owns outside the workspace
+    keeps its mode and owner (Landlock does not govern chmod; seccomp refuses it)."""
+    c, ws = tsandbox
+    target = c.home / "notes.txt"
+    target.write_text("mine\n")
+    os.chmod(target, 0o600)
+    c.chown(c.home)
+    r = sh(
+        c,
+        ws,
+        f"""
+        chmod 666 {target} 2>/dev/null && echo chmod=CHANGED || echo chmod=denied
+        chown {c.uid} {target} 2>/dev/null && echo chown=CHANGED || echo chown=denied
+        cat {target} && echo inside > mine.txt && echo write=ok
+    """,
+    )
+    out = r.stdout.decode()
+    assert "chmod=denied" in out and "chown=denied" in out, out
+    assert "mine" in out and "write=ok" in out, out  # allow twins: reading, workspace writes
+    assert os.stat(target).st_mode & 0o777 == 0o600

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -139,16 +140,16 @@ def test_killing_corral_leaves_nothing_behind(tsandbox: tuple[Corral, Path]) -> 
     c, ws = tsandbox
     marker = f"32{uuid.uuid4().int % 1000:03d}"
     flags = ["--pids", "100"] if c.who == "root" else []
+    (ws / ".git").mkdir()
+    (ws / ".git" / "config").write_text("[core]\n")
+    c.chown(ws)
+    before = set(glob.glob("/tmp/corral-scratch-*"))
+    script = (
+        "mkdir .vscode; echo '[evil]' >> .git/config 2>/dev/null; echo kept > kept.txt; "
+        f"sleep {marker} & setsid sleep {marker} & echo up; wait"
+    )
     proc = c.popen(
-        [
-            "run",
-            "-q",
-            *flags,
-            "--",
-            "sh",
-            "-c",
-            f"mkdir .vscode; sleep {marker} & setsid sleep {marker} & echo up; wait",
-        ],
+        ["run", "-q", *flags, "--", "sh", "-c", script],
         cwd=ws,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -162,6 +163,10 @@ def test_killing_corral_leaves_nothing_behind(tsandbox: tuple[Corral, Path]) -> 
     assert wait_for(lambda: not pids_matching("corral run"), 5), "a corral helper stayed"
     assert wait_for(lambda: not _corral_cgroups(), 5), _corral_cgroups()
     assert wait_for(lambda: not (ws / ".vscode").exists(), 5)  # quarantined by the guardian
+    # never changed (mounts), or put back by the guardian (landlock); scratch removed
+    assert wait_for(lambda: (ws / ".git" / "config").read_text() == "[core]\n", 5)
+    assert wait_for(lambda: set(glob.glob("/tmp/corral-scratch-*")) <= before, 5)
+    assert (ws / "kept.txt").read_text() == "kept\n"  # allow twin: workspace writes stay
     # allow twin: the same command, not killed, completes
     ok = c.sh(ws, "sleep 0.1 & echo up; wait", *flags)
     assert ok.returncode == 0 and ok.stdout == b"up\n"

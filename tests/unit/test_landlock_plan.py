@@ -228,3 +228,34 @@ def test_differences_are_stated() -> None:
     text = " ".join(DIFFERENCES)
     for words in ("host processes are visible", "hostname", "/tmp", "unix sockets", "restores"):
         assert words in text
+
+
+@pytest.mark.parametrize(
+    ("abi", "missing"),
+    [
+        (0, "no Landlock"),
+        (3, "TCP bind/connect"),
+        (5, "signal and abstract-socket scoping"),
+    ],
+)
+def test_old_kernels_are_refused_with_the_reason(
+    abi: int, missing: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from corral.errors import RefusedError
+    from corral.tiers import landlock as tier_module
+
+    monkeypatch.setattr(tier_module, "abi_version", lambda: abi)
+    health = LandlockTier().health()
+    assert not health.available and missing in health.reason, health.reason
+    assert health.details["abi"] == abi
+    with pytest.raises(RefusedError, match="Landlock"):
+        LandlockTier().plan(Policy.load(workspace=str(tmp_path)), ["true"])
+
+
+def test_new_kernel_is_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    from corral.tiers import landlock as tier_module
+
+    monkeypatch.setattr(tier_module, "abi_version", lambda: 7)
+    health = LandlockTier().health()
+    assert health.available and "ABI 7" in health.reason
+    assert "TCP bind/connect" in health.details["protections"]  # type: ignore[operator]

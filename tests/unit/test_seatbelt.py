@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from corral import seatbelt
-from corral.errors import RefusedError
 from corral.policy import Policy
 from corral.tiers.planned import SeatbeltTier
 
@@ -76,5 +75,7 @@ def test_tier_is_honest_off_macos(policy: Policy) -> None:
     plan = tier.plan(policy, ["true"])
     assert plan.argv[:2] == ["/usr/bin/sandbox-exec", "-p"] and plan.argv[-2:] == ["--", "true"]
     policy.network.mode = "proxy"
-    with pytest.raises(RefusedError):
-        tier.plan(policy, ["true"])
+    proxied = tier.plan(policy, ["true"], door="127.0.0.1:41234")
+    assert proxied.env["HTTPS_PROXY"] == "http://127.0.0.1:41234"
+    assert '(allow network-outbound (remote tcp "localhost:41234"))' in proxied.argv[2]
+    assert tier.door_transport == "tcp"

@@ -42,6 +42,8 @@ DIFFERENCES = (
     "can be changed during the run; corral restores them afterwards and reports it",
     "names inside secret directories can be listed, not read; a new file created "
     "beside a secret file in the workspace (e.g. next to .env) cannot be read back",
+    "chmod and chown are refused everywhere, the workspace included (Landlock does not "
+    "govern file modes; a read-only file the sandbox owns could otherwise be opened up)",
 )
 
 _AF_UNIX = 1
@@ -50,12 +52,31 @@ _AF_INET6 = 10
 _SOCK_NOT_STREAM = 0xE  # any of these type bits: not SOCK_STREAM (1); flags sit higher
 
 
+# Landlock does not govern file metadata: without these, a file the sandbox may
+# only read (but owns, as root owns /etc) could be made world-writable.
+_METADATA_CALLS = (
+    "chmod",
+    "fchmod",
+    "fchmodat",
+    "fchmodat2",
+    "chown",
+    "fchown",
+    "lchown",
+    "fchownat",
+)
+
+
 def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
     """What Landlock leaves open here, closed by seccomp."""
     from corral.seccomp import ArgCond, SyscallRule
 
     eacces = errno.EACCES
+    metadata = tuple(
+        SyscallRule(name, errno.EPERM, (), "file modes and owners: Landlock does not govern them")
+        for name in _METADATA_CALLS
+    )
     return (
+        *metadata,
         SyscallRule(
             "socket",
             eacces,
@@ -77,8 +98,17 @@ def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
     )
 
 
+_abi: list[int] = []  # asked once per process: it needs ctypes and a syscall
+
+
 def abi_version() -> int:
     """The kernel's Landlock ABI version, 0 when Landlock is missing or blocked."""
+    if not _abi:
+        _abi.append(_ask_abi())
+    return _abi[0]
+
+
+def _ask_abi() -> int:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -88,15 +118,35 @@ def abi_version() -> int:
     return max(abi, 0)
 
 
+def dac_hidden(path: str) -> bool:
+    """Whether file permissions already keep this process from reading ``path``.
+
+    Inside the sandbox that stays so: capabilities are gone and chmod/chown are
+    refused, so such a path needs no Landlock split (for an ordinary user,
+    /etc/shadow alone would otherwise cost a rule per entry of /etc)."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False  # missing: it may appear later, readable
+    need = 0o1 if stat.S_ISDIR(st.st_mode) else 0o4  # search a dir, read a file
+    if st.st_uid == os.geteuid():
+        return not st.st_mode & (need << 6)
+    if st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        return not st.st_mode & (need << 3)
+    return not st.st_mode & need
+
+
 def _within(path: str, root: str) -> bool:
     return path.startswith(root.rstrip("/") + "/")
 
 
-def _door_port(door: str | None) -> int:
+def door_port(door: str | None) -> int:
     """The proxy's TCP port from a door address ``127.0.0.1:PORT``."""
     host, _, port = (door or "").rpartition(":")
     if host != "127.0.0.1" or not port.isdigit():
-        raise ValueError(f"the landlock tier needs a TCP door on 127.0.0.1, got {door!r}")
+        raise ValueError(f"this tier needs a TCP door on 127.0.0.1, got {door!r}")
     return int(port)
 
 
@@ -120,7 +170,7 @@ class LandlockTier(Tier):
         if abi == 0:
             return Health(
                 False,
-                "the kernel has no Landlock, or it is turned off or blocked here "
+                "no Landlock in this kernel, or it is turned off or blocked here "
                 "(Linux >= 5.13 with CONFIG_SECURITY_LANDLOCK and landlock in lsm=)",
                 details,
             )
@@ -170,13 +220,14 @@ class LandlockTier(Tier):
         if policy.network.mode == "proxy":
             from corral.net.door import proxy_env
 
-            port = _door_port(door)
+            port = door_port(door)
             plan.env = {**proxy_env(port, port), **plan.env}
         # No mounts here: a file a tier would bind in (the agent) is used where it is,
         # readable through its own grant.
         binds = {m.dest: m.src or m.dest for m in extra if m.kind == "ro-bind"}
         plan.argv = [binds.get(arg, arg) for arg in command]
-        rules = landlock.build(abi, fs.writable, fs.read_deny, plan.scratch, port)
+        secrets = [p for p in fs.read_deny if not dac_hidden(p)]
+        rules = landlock.build(abi, fs.writable, secrets, plan.scratch, port)
         beside = sorted(
             {os.path.dirname(p) for p in fs.read_deny if any(_within(p, w) for w in fs.writable)}
         )

@@ -91,6 +91,7 @@ class SeatbeltTier(_Planned):
     strength = 45
     summary = "macOS sandbox-exec profile (built by corral.seatbelt)"
     issue = "seatbelt tier on macOS"
+    door_transport = "tcp"  # the profile allows one localhost port: the proxy's
 
     def health(self, probe: bool = False) -> Health:
         if sys.platform != "darwin":
@@ -113,14 +114,17 @@ class SeatbeltTier(_Planned):
         """The pure part: what would run on macOS (``sandbox-exec -p PROFILE``)."""
         from corral import environ, seatbelt
 
-        if policy.network.mode == "proxy":
-            from corral.errors import RefusedError
-
-            raise RefusedError("seatbelt tier: the network door for macOS is not built yet")
         plan = Plan(self.name, policy)
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, policy.writable_paths())
-        plan.argv = seatbelt.argv(policy, command)
+        port = None
+        if policy.network.mode == "proxy":
+            from corral.net.door import proxy_env
+            from corral.tiers.landlock import door_port
+
+            port = door_port(door)
+            plan.env = {**proxy_env(port, port), **plan.env}
+        plan.argv = seatbelt.argv(policy, command, port)
         return plan
 
 
