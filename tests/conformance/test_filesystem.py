@@ -83,9 +83,9 @@ def test_rename_out_of_workspace(box: Box) -> None:
 
 # Found by this matrix on the landlock tier, not (yet) in its documented differences.
 CHMOD_GAP = (
-    "GAP FOUND HERE, NOT YET DOCUMENTED (landlock tier): Landlock governs no metadata "
-    "operation, so chmod/chown/utimes/setxattr work on any host file the user owns, "
-    "outside the workspace too (this case: chmod 0644 -> 0777 landed on the host)"
+    "GAP FOUND HERE, NOT YET DOCUMENTED (landlock tier): Landlock has no access right "
+    "for chmod, so a chmod of a host file the user owns outside the workspace lands "
+    "(this case: 0644 -> 0777); chown, utimes and setxattr are likely alike (untested)"
 )
 
 
