@@ -193,7 +193,7 @@ def _first_use(socks: list[socket.socket], life_r: int) -> bool:
 
     while True:
         try:
-            ready = select.select([*socks, life_r], [], [])[0]
+            ready = select.select([*(s.fileno() for s in socks), life_r], [], [])[0]
         except InterruptedError:
             continue
         return life_r not in ready
