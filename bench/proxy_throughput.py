@@ -53,6 +53,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from bench.common import Row as BenchRow
+
 RESULTS = Path(__file__).resolve().parent / "results" / "proxy.md"
 SMALL = 1024
 BIG = 10 * 1000 * 1000
@@ -1249,8 +1253,8 @@ def services() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def measure(args: argparse.Namespace) -> tuple[Bench, str]:
+    """Start the servers, run every row, stop them; the bench and its report."""
     if not args.no_install:
         ensure_tools({"squid": "squid", "wrk": "wrk", "nginx": "nginx-light"})
     started = time.monotonic()
@@ -1274,14 +1278,50 @@ def main(argv: list[str] | None = None) -> int:
             text = report(bench, args, started)
             if args.profile:
                 text += profile_section(bench, args.profile)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return bench, text
+
+
+def rows(quick: bool) -> list[BenchRow]:
+    """Throughput of corral's proxy next to squid and direct, and the door's added latency."""
+    from bench.common import Row as BenchRow
+
+    args = parse_args(["--quick"] if quick else [])
+    try:
+        bench, _text = measure(args)
+    except (BenchError, OSError) as exc:
+        return [BenchRow("proxy", "corral proxy serve", None, "req/s", note=str(exc))]
+    out: list[BenchRow] = []
+    names = {"direct": "direct to origin", "squid": "squid", "corral": "corral proxy serve"}
+    for row in bench.rows:
+        title = f"proxy: {row.title.split('. ', 1)[-1]}"
+        for v in VARIANTS:
+            cell = row.cells[v]
+            value = cell.median() if cell.values else None
+            note = cell.first_error if value is None or cell.errors else ""
+            base = "squid" if v == "corral" else ("direct to origin" if v == "squid" else "")
+            out.append(BenchRow(title, names[v], value, row.unit, base, note[:200], False))
+    lat = bench.latency.samples
+    direct = _pct(lat.get("host → origin (direct)", []), 0.5)
+    for name in ("host → squid", "host → corral proxy serve", "sandbox → relay → door → proxy"):
+        p50 = _pct(lat.get(name, []), 0.5)
+        value = None if p50 != p50 or direct != direct else (p50 - direct) / 1000
+        note = bench.latency.failures.get(name, "")
+        out.append(BenchRow("proxy: added p50 latency, one small GET", name, value, "ms", "", note))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        _bench, text = measure(args)
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 0
     except KeyboardInterrupt:
         print("bench: interrupted; servers stopped", file=sys.stderr)
         return 130
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     print(text, end="")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     part = RESULTS.with_suffix(".md.tmp")

@@ -33,6 +33,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from bench.common import Row
+
 GOAL_MS = 20.0
 IMPORT_RUNS = 10
 CORRAL_MODULES = (
@@ -285,6 +289,20 @@ def build_variants(corral: str, python: str, env: dict[str, str]) -> tuple[list[
     return variants, compile_seccomp(python, env)
 
 
+def tier_variants(corral: str, env: dict[str, str]) -> list[Variant]:
+    """One ``corral run --tier T -q -- true`` per tier ``corral doctor`` says runs here."""
+    from bench.common import available_tiers
+
+    return [
+        Variant(
+            f"corral run --tier {t} -q -- true",
+            [corral, "run", "--tier", t, "-q", "--", "true"],
+            env,
+        )
+        for t in available_tiers(corral)
+    ]
+
+
 LANDLOCK_ROW = "corral run -q --tier landlock -- true"
 LANDLOCK_GOAL = 1.5  # times (sh -c true + python start-up), from issue 5
 
@@ -502,6 +520,51 @@ def import_report(python: str, env: dict[str, str], runs: int) -> list[str]:
             f"| {line.chain or '(the statement)'} |"
         )
     return out_lines
+
+
+# --- rows for `python -m bench` ---------------------------------------------------
+
+
+def rows(quick: bool) -> list[Row]:
+    """corral per tier, sh and raw bwrap, timed in one interleaved run."""
+    from bench.common import Row
+
+    runs, warmup = (30, 5) if quick else (200, 20)
+    bench = "run latency"
+    base = tempfile.mkdtemp(prefix="corral-bench-")
+    old_cwd = os.getcwd()
+    try:
+        corral = os.path.abspath(default_corral())
+        python = interpreter_of(corral)
+        workspace, state, pycache = (
+            os.path.join(base, d) for d in ("workspace", "state", "pycache")
+        )
+        for d in (workspace, state, pycache):
+            os.mkdir(d)
+        env = bench_env(state, pycache)
+        os.chdir(workspace)
+        variants, program = build_variants(corral, python, env)
+        keep = {"sh -c true", "raw bwrap (same mounts)", "python -c pass"}
+        variants = [v for v in variants if v.name in keep] + tier_variants(corral, env)
+        spawner = Spawner(program, os.path.join(base, "stderr"))
+        try:
+            check_variants(spawner, variants)
+            time_rounds(spawner, variants, runs, warmup)
+        finally:
+            spawner.close()
+    except BenchError as exc:
+        return [Row(bench, "corral run -q -- true", None, "ms", note=str(exc))]
+    finally:
+        os.chdir(old_cwd)
+        shutil.rmtree(base, ignore_errors=True)
+    out = []
+    for v in variants:
+        tiered = v.name.startswith("corral run --tier")
+        note = f"{len(v.samples_ns)} runs" + (f", {len(v.failures)} failed" if v.failures else "")
+        out.append(
+            Row(bench, v.name, v.p50_ms(), "ms", "raw bwrap (same mounts)" if tiered else "", note)
+        )
+    return out
 
 
 # --- main -----------------------------------------------------------------------

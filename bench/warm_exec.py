@@ -18,6 +18,10 @@ import sys
 import tempfile
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from bench.common import Row
+
 GOAL_MS = 3.0
 
 
@@ -26,16 +30,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=1000)
-    parser.add_argument(
-        "--cold-every",
-        type=int,
-        default=5,
-        help="one cold `corral run` per this many warm calls (default 5)",
-    )
-    args = parser.parse_args()
+def measure(calls: int, cold_every: int) -> tuple[list[float], list[float]]:
+    """Warm and cold milliseconds from one interleaved loop."""
     from corral import policy as pol
     from corral.sandbox import Sandbox
 
@@ -49,15 +45,48 @@ def main() -> int:
             for _ in range(20):  # warm up both paths
                 sb.exec(["true"])
             subprocess.run([corral, "run", "-q", "--", "true"], env=env, check=True)
-            for i in range(args.calls):
+            for i in range(calls):
                 t = time.perf_counter()
                 result = sb.exec(["true"])
                 warm.append((time.perf_counter() - t) * 1000)
                 assert result.exit_code == 0
-                if i % args.cold_every == 0:
+                if i % cold_every == 0:
                     t = time.perf_counter()
                     subprocess.run([corral, "run", "-q", "--", "true"], env=env, check=True)
                     cold.append((time.perf_counter() - t) * 1000)
+    return warm, cold
+
+
+def rows(quick: bool) -> list[Row]:
+    """Warm ``Sandbox.exec`` against a fresh ``corral run``, from one interleaved loop."""
+    from bench.common import Row
+
+    old_cwd = os.getcwd()
+    try:
+        warm, cold = measure(200 if quick else 1000, 5)
+    except Exception as exc:  # the sandbox could not start here: say why in the row
+        return [Row("warm exec", "warm Sandbox.exec(['true'])", None, "ms", note=str(exc))]
+    finally:
+        os.chdir(old_cwd)
+    fresh = "fresh corral run -q -- true"
+    return [
+        Row("warm exec", fresh, percentile(cold, 0.5), "ms", note=f"{len(cold)} calls"),
+        Row("warm exec", "warm Sandbox.exec(['true'])", percentile(warm, 0.5), "ms", fresh,
+            f"{len(warm)} calls, p99 {percentile(warm, 0.99):.2f} ms"),
+    ]  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument(
+        "--cold-every",
+        type=int,
+        default=5,
+        help="one cold `corral run` per this many warm calls (default 5)",
+    )
+    args = parser.parse_args()
+    warm, cold = measure(args.calls, args.cold_every)
     w50, w99 = percentile(warm, 0.5), percentile(warm, 0.99)
     c50, c99 = percentile(cold, 0.5), percentile(cold, 0.99)
     print(

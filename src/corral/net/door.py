@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -85,7 +84,7 @@ class Door:
         self.workers = workers or (1 if policy.network.transparent else 2)
         self.run_id = run_id
         self.audit_path = audit_path
-        self.dir = tempfile.mkdtemp(prefix="corral-door-")  # 0700, owned by us
+        self.dir = _private_dir("corral-door-")
         self.path = os.path.join(self.dir, "door.sock")
         self.pids: list[int] = []
         self._life_w = -1
@@ -114,7 +113,10 @@ class Door:
                 try:
                     os.close(life_w)
                     os.close(tally_r)
-                    _serve(chain, socks, self.run_id, self.audit_path, life_r, tally_w, self)
+                    if _first_use(socks, life_r):
+                        _serve(chain, socks, self.run_id, self.audit_path, life_r, tally_w, self)
+                    else:
+                        self.remove_files()  # the run ended without using the network
                 except BaseException:
                     code = 1
                 finally:
@@ -163,6 +165,38 @@ class Door:
             os.rmdir(self.dir)
         except FileNotFoundError:
             pass
+
+
+def _private_dir(prefix: str) -> str:
+    """A fresh mode-0700 directory in the temporary area; tempfile costs ~7 ms to
+    import on every networked run, and this is all of it that is needed."""
+    base = os.environ.get("TMPDIR") or "/tmp"
+    if not os.path.isabs(base):
+        base = "/tmp"
+    for _ in range(100):
+        path = os.path.join(base, prefix + os.urandom(6).hex())
+        try:
+            os.mkdir(path, 0o700)  # fails if it exists: nobody can plant it for us
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"cannot create a private directory in {base}")
+
+
+def _first_use(socks: list[socket.socket], life_r: int) -> bool:
+    """Wait, still small, until a connection arrives (True) or the run ends (False).
+
+    The proxy's imports (asyncio, uvloop, the proxy itself) cost tens of
+    milliseconds of CPU per worker; a run that never touches the network should
+    not pay them, nor wait for them when it closes the door."""
+    import select
+
+    while True:
+        try:
+            ready = select.select([*(s.fileno() for s in socks), life_r], [], [])[0]
+        except InterruptedError:
+            continue
+        return life_r not in ready
 
 
 def _serve(
