@@ -30,6 +30,11 @@ SECRET_FILES = [
 
 def _read_both(box: Box, secret: str, plain: str, *flags: str) -> tuple[str, str]:
     canary, twin = f"SECRET-{box.token}", f"PLAIN-{box.token}"
+    if not box.c.has("host-root") and not plain.startswith((str(box.ws), ".")) and "/" in plain:
+        # containers: the image is the root, so host files outside the workspace are
+        # absent, the plain one beside the secret too; the twin reads a workspace file
+        host_user_file(box, box.ws / "plain-twin.txt", f"{twin}\n")
+        plain = "plain-twin.txt"
     r = box.py(
         f"attempt('attack', lambda: read({secret!r}))\n"
         f"attempt('list', lambda: sorted(os.listdir(os.path.dirname({secret!r}) or '.')))\n"

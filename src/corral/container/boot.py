@@ -64,6 +64,11 @@ def main(argv: list[str]) -> None:
     if pid == 0:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
+        try:  # at the memory limit, the OOM killer takes the command before this reporter
+            with open("/proc/self/oom_score_adj", "w") as adj:
+                adj.write("1000")
+        except OSError:
+            pass
         try:
             os.execvpe(command[0], command, env)
         except OSError as exc:

@@ -3,7 +3,7 @@
     python -m corral.container.image [--tag localhost/corral-test:latest] [--engine podman]
 
 The root file system holds busybox (static: sh and the usual tools), and each
-program named with ``--program`` (default: python3 and curl) with the shared
+program in ``DEFAULT_PROGRAMS`` (python3, curl, procps' pkill and pgrep) with the shared
 libraries ``ldd`` says it needs; a Python brings its standard library and the
 libraries of its extension modules.  The tree is packed with tar and given to
 ``ENGINE import``.  Tests and CI use it; users point corral at their own image
@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 DEFAULT_TAG = "localhost/corral-test:latest"
-DEFAULT_PROGRAMS = ("python3", "curl")
+DEFAULT_PROGRAMS = ("python3", "curl", "pkill", "pgrep")
 
 
 def _ldd(path: str) -> list[str]:
