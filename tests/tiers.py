@@ -104,8 +104,21 @@ def _test_image() -> tuple[bool, str]:
     engine, why = find()
     if engine is None:
         return False, why
-    have = subprocess.run([engine.path, "image", "exists", TEST_IMAGE], capture_output=True)
-    if have.returncode == 0:
+    from corral.container.image import IMAGE_VERSION
+
+    have = subprocess.run(
+        [
+            engine.path,
+            "image",
+            "inspect",
+            "--format",
+            '{{index .Labels "corral.test-image"}}',
+            TEST_IMAGE,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if have.returncode == 0 and have.stdout.strip() == IMAGE_VERSION:
         return True, ""
     built = subprocess.run(
         [sys.executable, "-m", "corral.container.image", "--tag", TEST_IMAGE],

@@ -20,6 +20,8 @@ import tempfile
 
 DEFAULT_TAG = "localhost/corral-test:latest"
 DEFAULT_PROGRAMS = ("python3", "curl", "pkill", "pgrep")
+# bumped when the contents change, so tests rebuild an older image they find
+IMAGE_VERSION = "2"
 
 
 def _ldd(path: str) -> list[str]:
@@ -94,7 +96,16 @@ def build(tag: str = DEFAULT_TAG, engine: str = "podman") -> None:
         populate(root)
         tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
         imported = subprocess.run(
-            [engine, "import", "--change", "CMD=/bin/sh", "-", tag],
+            [
+                engine,
+                "import",
+                "--change",
+                "CMD=/bin/sh",
+                "--change",
+                f"LABEL corral.test-image={IMAGE_VERSION}",
+                "-",
+                tag,
+            ],
             stdin=tar.stdout,
             stdout=subprocess.DEVNULL,
             check=False,
