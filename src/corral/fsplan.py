@@ -247,7 +247,9 @@ def _hooks_path(git_dir: str) -> str | None:
     return os.path.normpath(os.path.join(tree, value))
 
 
-def plan_filesystem(policy: Policy) -> FsPlan:
+def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
+    """The filesystem decisions for ``policy``; with ``mounts=False`` (tiers that do
+    not mount) only the decisions, without the mount list and what only it needs."""
     plan = FsPlan()
     writable = []
     for path in policy.writable_paths():
@@ -315,6 +317,8 @@ def plan_filesystem(policy: Policy) -> FsPlan:
         ancestor = os.path.dirname(path)
         while ancestor != "/" and not present(ancestor):
             ancestor = os.path.dirname(ancestor)
+        if not mounts:
+            return  # a tier without mounts (landlock) protects it without a snapshot
         if ancestor in NEVER_SHADOW or in_writable(ancestor):
             plan.notes.append(
                 f"{path} ({'dir' if is_dir_entry else 'file'}) is missing "
@@ -374,6 +378,9 @@ def plan_filesystem(policy: Policy) -> FsPlan:
         if hooks:
             add_write_deny(hooks, True, "core.hooksPath")
 
+    plan.write_protect = sorted(ro_binds)
+    if not mounts:
+        return plan
     # Host unix sockets that are still visible after the private tmpfs.
     for sock in host_unix_sockets():
         if not in_private_tmp(sock) and _lkind(sock) == "socket":
@@ -383,7 +390,6 @@ def plan_filesystem(policy: Policy) -> FsPlan:
     # masked directory is pointless and would fail: the mask hides it anyway.
     masked_dirs = [m.dest for m in masks.values() if m.kind == "mask-dir"]
     shadows = {r for r in shadows if not any(_inside(r, d) for d in masked_dirs)}
-    plan.write_protect = sorted(ro_binds)
     plan.mounts.extend(base)
     for root in sorted(shadows, key=lambda p: (_depth(p), p)):
         plan.mounts.extend(_shadow(root))

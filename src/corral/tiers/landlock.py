@@ -203,7 +203,7 @@ class LandlockTier(Tier):
         if abi < landlock.MIN_ABI:
             raise RefusedError(self.health().reason)
         plan = Plan(self.name, policy)
-        fs = fsplan.plan_filesystem(policy)
+        fs = fsplan.plan_filesystem(policy, mounts=False)
         plan.notes = list(fs.notes)
         plan.quarantine = fs.quarantine
         plan.restore = fs.write_protect
