@@ -96,6 +96,9 @@ def test_exit_codes_pass_through(tsandbox: tuple[Corral, Path]) -> None:
     assert c.sh(ws, "exit 127").returncode == 127
     assert c.sh(ws, "kill -TERM $$").returncode == 128 + signal.SIGTERM
     assert c.sh(ws, "kill -KILL $$").returncode == 128 + signal.SIGKILL
+    # the same through the network door (the relay is the first process there)
+    networked = c.sh(ws, "kill -KILL $$", "--allow", "127.0.0.1:9")
+    assert networked.returncode == 128 + signal.SIGKILL, networked.stderr
     missing = c.run(["run", "-q", "--", "/no/such/program"], cwd=ws)
     assert missing.returncode == 127, missing.stderr  # as a shell reports "not found"
     (ws / "noexec.sh").write_text("#!/bin/sh\necho hi\n")

@@ -180,7 +180,8 @@ def main(argv: list[str]) -> None:
             continue
     if os.WIFSIGNALED(status):  # die the same way, so the exit code says 128+N
         signum = os.WTERMSIG(status)
-        signal.signal(signum, signal.SIG_DFL)
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):  # those have no handler to reset
+            signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
     os._exit(os.waitstatus_to_exitcode(status))
 
