@@ -289,18 +289,36 @@ def build_variants(corral: str, python: str, env: dict[str, str]) -> tuple[list[
     return variants, compile_seccomp(python, env)
 
 
+CONTAINER_TIERS = ("container", "gvisor")
+TEST_IMAGE = "localhost/corral-test:latest"  # what `python -m corral.container.image` builds
+
+
 def tier_variants(corral: str, env: dict[str, str]) -> list[Variant]:
-    """One ``corral run --tier T -q -- true`` per tier ``corral doctor`` says runs here."""
+    """One ``corral run --tier T -q -- true`` per tier ``corral doctor`` says runs here.
+
+    The container tiers need an image: ``$CORRAL_IMAGE``, else the test image if
+    it exists; without one they are left out (the table says so)."""
     from bench.common import available_tiers
 
-    return [
-        Variant(
-            f"corral run --tier {t} -q -- true",
-            [corral, "run", "--tier", t, "-q", "--", "true"],
-            env,
-        )
-        for t in available_tiers(corral)
-    ]
+    image = os.environ.get("CORRAL_IMAGE") or (TEST_IMAGE if _image_exists(TEST_IMAGE) else "")
+    variants = []
+    for t in available_tiers(corral):
+        extra = []
+        if t in CONTAINER_TIERS:
+            if not image:
+                continue
+            extra = ["--image", image]
+        argv = [corral, "run", "--tier", t, *extra, "-q", "--", "true"]
+        variants.append(Variant(f"corral run --tier {t} -q -- true", argv, env))
+    return variants
+
+
+def _image_exists(ref: str) -> bool:
+    podman = shutil.which("podman")
+    if podman is None:
+        return False
+    out = subprocess.run([podman, "image", "exists", ref], capture_output=True, check=False)
+    return out.returncode == 0
 
 
 LANDLOCK_ROW = "corral run -q --tier landlock -- true"

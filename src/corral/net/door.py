@@ -184,19 +184,38 @@ def _private_dir(prefix: str) -> str:
 
 
 def _first_use(socks: list[socket.socket], life_r: int) -> bool:
-    """Wait, still small, until a connection arrives (True) or the run ends (False).
+    """Wait until a connection arrives (True) or the run ends (False).
 
-    The proxy's imports (asyncio, uvloop, the proxy itself) cost tens of
-    milliseconds of CPU per worker; a run that never touches the network should
-    not pay them, nor wait for them when it closes the door."""
+    The proxy's imports (asyncio, uvloop, the proxy itself) take tens of
+    milliseconds; they start at once on a thread, overlapping the sandbox's own
+    start, but a run that ends without touching the network does not wait for
+    them: the worker just exits."""
     import select
+    import threading
 
+    warm = threading.Thread(target=_import_proxy, daemon=True)
+    warm.start()
     while True:
         try:
             ready = select.select([*(s.fileno() for s in socks), life_r], [], [])[0]
         except InterruptedError:
             continue
-        return life_r not in ready
+        if life_r in ready:
+            return False
+        warm.join()
+        return True
+
+
+def _import_proxy() -> None:
+    try:
+        import asyncio  # noqa: F401
+
+        import uvloop  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
+
+        import corral.net.audit
+        import corral.net.proxy  # noqa: F401
+    except Exception:  # the serving path imports again and reports for real
+        pass
 
 
 def _serve(
