@@ -7,6 +7,7 @@ does come out."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -80,7 +81,9 @@ def test_secret_created_after_launch(box: Box) -> None:
     # The sandbox is up once the probe has started polling; give it a moment.
     time.sleep(0.5)
     host_user_file(box, box.home / ".aws" / "credentials", f"SECRET-{box.token}\n", 0o600)
-    host_user_file(box, go, f"PLAIN-{box.token}\n")
+    staged = box.ws / "go.staged"
+    host_user_file(box, staged, f"PLAIN-{box.token}\n")
+    os.rename(staged, go)  # appears whole: the probe must not read it half-written
     out, err = proc.communicate(timeout=30)
     seen = (out + err).decode(errors="replace")
     assert f"PLAIN-{box.token}" in seen, seen  # twin: a file created mid-run in the workspace
