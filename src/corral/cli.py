@@ -645,6 +645,14 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # our reader went away (`corral doctor --json | head`): end as a pipeline would
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # nothing more to flush at exit
+        except OSError:
+            pass
+        return 128 + 13  # SIGPIPE
     except Exception as exc:
         if os.environ.get("CORRAL_DEBUG"):
             raise

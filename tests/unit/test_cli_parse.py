@@ -302,3 +302,19 @@ def test_mcp_without_the_sdk_is_refused_in_one_line(
     assert cli.main(["mcp"]) == 122
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'corral[mcp]'" in err
+
+
+def test_broken_pipe_ends_like_a_pipeline(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`corral doctor --json | head`: the reader left; exit 141 without an error line."""
+
+    def closed_reader(args: list[str]) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "cmd_doctor", closed_reader)
+    monkeypatch.setattr(cli.os, "dup2", lambda *a: None)  # keep pytest's own stdout
+    code, _, err = run_main(["doctor", "--json"], capsys)
+    assert code == 141 and err == ""
+    code, out, err = run_main(["--version"], capsys)  # allow twin: a reader that stays
+    assert code == 0 and out.startswith("corral ")
