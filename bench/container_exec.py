@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from bench.common import Row
+
 IMAGE = "localhost/corral-test:latest"
 
 
@@ -37,12 +39,9 @@ def run_quiet(argv: list[str], env: dict[str, str] | None = None) -> None:
     subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--image", default=IMAGE)
-    parser.add_argument("--runtime", default="runc")
-    args = parser.parse_args(argv)
+def measure(rounds: int, image: str, runtime: str) -> dict[str, float]:
+    """Median milliseconds per variant, all measured in the same interleaved rounds:
+    corral (one-shot), podman (plain run), sb (warm Sandbox.exec), runc, pexec."""
     from corral import launch
     from corral.policy import Policy
     from corral.sandbox import Sandbox
@@ -51,19 +50,20 @@ def main(argv: list[str] | None = None) -> int:
     corral = os.path.join(os.path.dirname(sys.executable), "corral")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     times: dict[str, list[float]] = {k: [] for k in ("corral", "podman", "sb", "runc", "pexec")}
+    old_cwd = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="corral-bench-", dir="/var/tmp") as ws:
         os.chdir(ws)
         policy = Policy(ws)
-        policy.container.image = args.image
-        policy.container.runtime = args.runtime
+        policy.container.image = image
+        policy.container.runtime = runtime
         # the same envelope, the command `true` without corral's boot step
         plan = ContainerTier().plan(policy, ["true"])
         cut = plan.argv.index("--")
         raw = [a for a in plan.argv[: cut + 2] if a not in ("--interactive", "--tty")]
         raw += ["true"]
         name_at = raw.index("--name") + 1
-        one_shot = [corral, "run", "-q", "--tier", "container", "--oci-runtime", args.runtime]
-        one_shot += ["--image", args.image, "--", "true"]
+        one_shot = [corral, "run", "-q", "--tier", "container", "--oci-runtime", runtime]
+        one_shot += ["--image", image, "--", "true"]
         launch.prepare_scratch(plan)
         try:
             with Sandbox(policy, tier="container") as sb:
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                     check=True,
                 ).stdout.strip()
                 runc_exec = ["runc", "--root", "/run/runc", "exec", cid, "true"]
-                have_runc = args.runtime == "runc" and os.path.isdir(f"/run/runc/{cid}")
-                for i in range(args.rounds + 2):  # two warm-up rounds, not counted
+                have_runc = runtime == "runc" and os.path.isdir(f"/run/runc/{cid}")
+                for i in range(rounds + 2):  # two warm-up rounds, not counted
                     raw[name_at] = f"corral-bench-{os.getpid()}-{i}"
                     sample = {
                         "corral": timed(lambda: run_quiet(one_shot, env)),
@@ -92,7 +92,37 @@ def main(argv: list[str] | None = None) -> int:
                             times[key].append(value)
         finally:
             launch.remove_scratch(plan)
-    med = {k: statistics.median(v) for k, v in times.items() if v}
+            os.chdir(old_cwd)
+    return {k: statistics.median(v) for k, v in times.items() if v}
+
+
+def rows(quick: bool) -> list[Row]:
+    """For ``python -m bench``: the one-shot and the long-lived comparisons."""
+    try:
+        med = measure(5 if quick else 20, os.environ.get("CORRAL_IMAGE", IMAGE), "runc")
+    except Exception as exc:  # no podman, no image: the table says why
+        return [Row("container exec", "corral container tier", None, "ms", note=str(exc)[:200])]
+    one, many = "container one-shot `true`", "container long-lived exec `true`"
+    base = "runc exec" if "runc" in med else "podman exec"
+    plain = "podman run --rm (same image and flags)"
+    out = [
+        Row(one, plain, med["podman"], "ms"),
+        Row(one, "corral run --tier container", med["corral"], "ms", plain, "goal 1.1x"),
+    ]
+    if "runc" in med:
+        out.append(Row(many, "runc exec", med["runc"], "ms"))
+    out.append(Row(many, "podman exec", med["pexec"], "ms", base if base != "podman exec" else ""))
+    out.append(Row(many, "Sandbox.exec (agent inside)", med["sb"], "ms", base, "goal 1.1x"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--image", default=IMAGE)
+    parser.add_argument("--runtime", default="runc")
+    args = parser.parse_args(argv)
+    med = measure(args.rounds, args.image, args.runtime)
     print(
         f"machine: {os.uname().sysname} {os.uname().release} · nproc {os.cpu_count()} · "
         f"runtime {args.runtime} · {args.rounds} interleaved rounds"
