@@ -16,6 +16,7 @@ import socket
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from corral.fsplan import Mount
     from corral.policy import Policy
 
 # Where the door and the relay appear inside a sandbox (a private tmpfs).
@@ -27,6 +28,33 @@ SOCKS_PORT = 1080
 
 def relay_script() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
+
+
+def relay_argv(python: list[str]) -> list[str]:
+    """The relay as the sandbox's first process (``python`` as the sandbox sees it);
+    the command follows after ``--``."""
+    return [
+        *python,
+        "-I",
+        "-S",
+        SANDBOX_RELAY,
+        "--door",
+        SANDBOX_DOOR,
+        "--http",
+        str(HTTP_PORT),
+        "--socks",
+        str(SOCKS_PORT),
+    ]
+
+
+def door_mounts(door: str) -> list[Mount]:
+    """Binds a mount-namespace tier adds: the door's socket and the relay script."""
+    from corral.fsplan import Mount
+
+    return [
+        Mount("ro-bind", SANDBOX_DOOR, door, "the one way out: corral's proxy"),
+        Mount("ro-bind", SANDBOX_RELAY, relay_script(), "relay to the door"),
+    ]
 
 
 def proxy_env(http_port: int = HTTP_PORT, socks_port: int = SOCKS_PORT) -> dict[str, str]:

@@ -289,7 +289,6 @@ class ContainerTier(Tier):
         own: list[Mount],
         door: str | None,
     ) -> list[str]:
-        from corral.fsplan import Mount
         from corral.net import door as doors
 
         if door is None:
@@ -299,25 +298,9 @@ class ContainerTier(Tier):
                 f"tier {self.name}: --transparent is not built for containers; "
                 "use the proxy variables (the default)"
             )
-        own += [
-            Mount("ro-bind", doors.SANDBOX_DOOR, door, "the one way out: corral's proxy"),
-            Mount("ro-bind", doors.SANDBOX_RELAY, doors.relay_script(), "relay to the door"),
-        ]
+        own += doors.door_mounts(door)
         plan.env = {**doors.proxy_env(), **plan.env}
-        return [
-            *python,
-            "-I",
-            "-S",
-            doors.SANDBOX_RELAY,
-            "--door",
-            doors.SANDBOX_DOOR,
-            "--http",
-            str(doors.HTTP_PORT),
-            "--socks",
-            str(doors.SOCKS_PORT),
-            "--",
-            *command,
-        ]
+        return [*doors.relay_argv(python), "--", *command]
 
 
 class GVisorTier(ContainerTier):

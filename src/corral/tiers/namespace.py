@@ -103,30 +103,14 @@ class NamespaceTier(Tier):
         self, plan: Plan, policy: Policy, command: list[str], door: str | None
     ) -> list[str]:
         """Bind the door and the relay in; the relay becomes the first process."""
-        from corral.fsplan import Mount
         from corral.net import door as doors
 
         if door is None:
             raise ValueError("network mode proxy needs the door's path")
-        plan.mounts = [
-            *plan.mounts,
-            Mount("ro-bind", doors.SANDBOX_DOOR, door, "the one way out: corral's proxy"),
-            Mount("ro-bind", doors.SANDBOX_RELAY, doors.relay_script(), "relay to the door"),
-        ]
+        plan.mounts = [*plan.mounts, *doors.door_mounts(door)]
         # the policy's own [env] values win over the proxy defaults
         plan.env = {**doors.proxy_env(), **plan.env}
-        relay = [
-            inside_python(),
-            "-I",
-            "-S",
-            doors.SANDBOX_RELAY,
-            "--door",
-            doors.SANDBOX_DOOR,
-            "--http",
-            str(doors.HTTP_PORT),
-            "--socks",
-            str(doors.SOCKS_PORT),
-        ]
+        relay = doors.relay_argv([inside_python()])
         if policy.network.transparent:
             from corral.errors import RefusedError
             from corral.net import transparent
