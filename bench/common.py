@@ -66,16 +66,19 @@ def table(rows: list[Row]) -> list[str]:
     return lines
 
 
-def machine_line() -> str:
-    cpu = "unknown cpu"
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return "unknown cpu"
+
+
+def machine_line() -> str:
+    cpu = cpu_model()
     try:
         distro = platform.freedesktop_os_release().get("PRETTY_NAME", "?")
     except OSError:

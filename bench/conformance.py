@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from bench.common import machine_line
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "conformance.md"
@@ -115,32 +116,6 @@ def absent_tiers() -> dict[str, str]:
         sys.path.pop(0)
 
 
-def machine_line() -> str:
-    cpu = "unknown cpu"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    distro = platform.freedesktop_os_release().get("PRETTY_NAME", "?") if _has_os_release() else "?"
-    return (
-        f"machine: {cpu} · {len(os.sched_getaffinity(0))} cores · Linux {os.uname().release} · "
-        f"{distro} · Python {platform.python_version()} · "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-    )
-
-
-def _has_os_release() -> bool:
-    try:
-        platform.freedesktop_os_release()
-    except OSError:
-        return False
-    return True
-
-
 SYMBOL = {"PASS": "PASS", "FAIL": "**FAIL**", "N.A.": "N.A.", "GAP": "GAP"}
 
 
@@ -150,7 +125,7 @@ def render(matrix: Matrix, absent: dict[str, str], took: float) -> str:
     lines = [
         "# corral security conformance matrix",
         "",
-        machine_line(),
+        machine_line(),  # bench.common: the same line as the benchmarks
         "",
         f"`python -m pytest tests/conformance` ({took:.0f} s): each case is an attack "
         "decided by evidence gathered outside the sandbox, with an allow twin under the "

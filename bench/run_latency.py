@@ -410,15 +410,9 @@ def latency_table(variants: list[Variant]) -> list[str]:
 
 def machine_line(python: str, bwrap: str) -> str:
     u = os.uname()
-    cpu = "unknown cpu"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    from bench.common import cpu_model
+
+    cpu = cpu_model()
     nproc = len(os.sched_getaffinity(0))
     pyver = subprocess.run(
         [python, "-c", "import sys; print(sys.version.split()[0])"],
