@@ -264,7 +264,12 @@ def compile_seccomp(python: str, env: dict[str, str]) -> bytes:
     return out.stdout
 
 
-def build_variants(corral: str, python: str, env: dict[str, str]) -> tuple[list[Variant], bytes]:
+BASELINE_ROW = "baseline: corral run -q -- true"
+
+
+def build_variants(
+    corral: str, python: str, env: dict[str, str], baseline: str | None = None
+) -> tuple[list[Variant], bytes]:
     bwrap_argv = explain_argv(corral, env)
     bwrap_argv[0] = _which(bwrap_argv[0]) if "/" not in bwrap_argv[0] else bwrap_argv[0]
     if bwrap_argv[-2:] != ["--", "true"]:
@@ -282,6 +287,8 @@ def build_variants(corral: str, python: str, env: dict[str, str]) -> tuple[list[
     if landlock_available(python, env):
         argv = [corral, "run", "-q", "--tier", "landlock", "--", "true"]
         variants.insert(1, Variant(LANDLOCK_ROW, argv, env))
+    if baseline:  # another corral (say, a checkout of main), timed in the same rounds
+        variants.insert(1, Variant(BASELINE_ROW, [baseline, "run", "-q", "--", "true"], env))
     if "PYTHONDONTWRITEBYTECODE" in os.environ or "PYTHONPYCACHEPREFIX" in os.environ:
         as_is = dict(os.environ, XDG_STATE_HOME=env["XDG_STATE_HOME"])
         name = "corral run -q -- true (inherited env)"
@@ -343,6 +350,18 @@ def landlock_verdict(variants: list[Variant]) -> list[str]:
         f"landlock p50 = {p50:.2f} ms = {p50 / floor:.2f}x (sh -c true + python -c pass = "
         f"{floor:.2f} ms; goal ≤ {LANDLOCK_GOAL}x): {verdict}; namespace tier {namespace:.2f} ms "
         f"(landlock/namespace = {p50 / namespace:.2f}x)"
+    ]
+
+
+def baseline_verdict(variants: list[Variant], baseline: str | None) -> list[str]:
+    by_name = {v.name: v for v in variants}
+    if baseline is None or BASELINE_ROW not in by_name:
+        return []
+    new, old = variants[0].p50_ms(), by_name[BASELINE_ROW].p50_ms()
+    return [
+        f"against the baseline `{baseline}`: p50 {new:.2f} ms vs {old:.2f} ms "
+        f"({new - old:+.2f} ms, {new / old:.3f}x)",
+        "",
     ]
 
 
@@ -593,6 +612,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--python", default=None, help="corral's interpreter (default: from its #! line)"
     )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="another corral executable to time side by side (e.g. one installed from main)",
+    )
     args = parser.parse_args(argv)
     if args.runs < 2 or args.warmup < 0:
         parser.error("--runs must be at least 2 and --warmup at least 0")
@@ -614,7 +638,8 @@ def report(args: argparse.Namespace, base: str) -> str:
     old_cwd = os.getcwd()
     os.chdir(workspace)  # the sandbox's workspace: corral binds the cwd writable
     try:
-        variants, program = build_variants(corral, python, env)
+        baseline = os.path.abspath(args.baseline) if args.baseline else None
+        variants, program = build_variants(corral, python, env, baseline)
         spawner = Spawner(program, os.path.join(base, "stderr"))
         try:
             check_variants(spawner, variants)
@@ -647,6 +672,7 @@ def report(args: argparse.Namespace, base: str) -> str:
         "",
         f"corral run -- true p50 = {corral_p50:.2f} ms (goal ≤ {GOAL_MS:g} ms): {verdict}",
         "",
+        *baseline_verdict(variants, baseline),
         *landlock_verdict(variants),
         "",
         *imports,

@@ -1,9 +1,11 @@
 """Memory, pids and CPU limits through cgroups (v2 where the host delegates the
 controllers, v1 otherwise), and the cleanup that leaves no cgroup behind.
 
-:func:`plan_cgroup` is pure: host layout + limits -> a :class:`CgroupPlan` or a
-refusal.  :class:`CgroupRun` does the writes.  A limit the host cannot enforce
-is refused (:class:`~corral.errors.RefusedError`), never silently dropped.
+:func:`settle` is pure: host layout + limits -> a :class:`CgroupPlan` or a
+refusal.  :class:`CgroupRun` does the writes.  A limit that was *set* and that
+the host cannot enforce is refused (:class:`~corral.errors.RefusedError`),
+never silently dropped; a *default* the host cannot enforce is left out, and
+the caller says so (:mod:`corral.bounds`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,14 @@ from corral.errors import RefusedError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from corral.policy import Limits
 
 CPU_PERIOD_US = 100_000
+THREADED = frozenset({"cpu", "cpuset", "perf_event", "pids"})  # cgroup v2's threaded controllers
+# the controller each limit needs
+CONTROLLERS = {"memory": "memory", "pids": "pids", "cpus": "cpu"}
 
 
 class CgroupHost:
@@ -34,22 +41,20 @@ class CgroupHost:
 def detect(mounts: str = "/proc/self/mounts", cgroup: str = "/proc/self/cgroup") -> CgroupHost:
     host = CgroupHost()
     v1_mounts: dict[str, str] = {}
-    try:
-        with open(mounts, encoding="utf-8") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) < 4:
-                    continue
-                if parts[2] == "cgroup2" and host.v2_mount is None:
-                    host.v2_mount = parts[1]
-                elif parts[2] == "cgroup":
-                    for opt in parts[3].split(","):
-                        if opt in ("memory", "pids", "cpu"):
-                            v1_mounts[opt] = parts[1]
-        with open(cgroup, encoding="utf-8") as fh:
-            memberships = [line.rstrip("\n").split(":", 2) for line in fh]
-    except OSError:
+    table, membership = _read(mounts), _read(cgroup)  # on every run as root: no file objects
+    if not table or not membership:
         return host
+    for line in table.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        if parts[2] == "cgroup2" and host.v2_mount is None:
+            host.v2_mount = parts[1]
+        elif parts[2] == "cgroup":
+            for opt in parts[3].split(","):
+                if opt in ("memory", "pids", "cpu"):
+                    v1_mounts[opt] = parts[1]
+    memberships = [line.split(":", 2) for line in membership.splitlines()]
     for entry in memberships:
         if len(entry) != 3:
             continue
@@ -68,106 +73,145 @@ def _v2_usable(base: str) -> set[str]:
     """Controllers that children of ``base`` can use, if we may create children."""
     if not os.access(base, os.W_OK):
         return set()
-    try:
-        with open(os.path.join(base, "cgroup.subtree_control"), encoding="utf-8") as fh:
-            enabled = set(fh.read().split())
-        with open(os.path.join(base, "cgroup.controllers"), encoding="utf-8") as fh:
-            available = set(fh.read().split())
-    except OSError:
-        return set()
-    # A controller that is available but not yet enabled can be enabled only
-    # if base holds no processes (or is the root); try it at setup time.
-    return enabled | available
+    enabled = set(_read(os.path.join(base, "cgroup.subtree_control")).split())
+    available = set(_read(os.path.join(base, "cgroup.controllers")).split())
+    # A controller available but not yet enabled can be enabled for children
+    # only if base is the root, or the controller is a threaded one: base holds
+    # us, and the kernel refuses a domain controller (memory) below a cgroup with
+    # processes in it (EBUSY).
+    root = not os.path.exists(os.path.join(base, "cgroup.type"))  # only non-root ones have it
+    return enabled | {c for c in available if root or c in THREADED}
 
 
 class CgroupPlan:
     """Which controller lives where, and what to write into each file."""
 
-    __slots__ = ("settings", "version")
+    __slots__ = ("optional", "settings", "skipped", "version")
 
     def __init__(self, version: str) -> None:
         self.version = version  # "v2" or "v1"
         # (controller or "" for v2, parent dir, file name, value)
         self.settings: list[tuple[str, str, str, str]] = []
+        # controllers whose limit is a default: if setting them up fails, the run
+        # goes on without them (and says so) instead of being refused
+        self.optional: set[str] = set()
+        self.skipped = ""  # why setting up failed for optional controllers only
 
     def describe(self) -> str:
         return f"{self.version} " + " ".join(f"{f}={v}" for _, _, f, v in self.settings)
 
 
 def wanted(limits: Limits) -> list[str]:
-    need = []
-    if limits.memory is not None:
-        need.append("memory")
-    if limits.pids is not None:
-        need.append("pids")
-    if limits.cpus is not None:
-        need.append("cpu")
-    return need
+    return [ctl for name, ctl in CONTROLLERS.items() if limits.get(name) is not None]
 
 
-def plan_cgroup(limits: Limits, host: CgroupHost) -> CgroupPlan | None:
-    """Decide how to enforce the limits, or raise RefusedError saying why we cannot."""
+def _missing(need: list[str], host: CgroupHost) -> tuple[str, list[str]]:
+    """The version that enforces every controller in ``need``, or the ones neither can."""
+    if host.v2_base and all(c in host.v2_controllers for c in need):
+        return "v2", []
+    missing = [c for c in need if c not in host.v1 or not os.access(host.v1[c], os.W_OK)]
+    return ("" if missing else "v1"), missing
+
+
+def _why(missing: list[str], need: list[str], host: CgroupHost) -> str:
+    lacking = ", ".join(c for c in need if c not in host.v2_controllers)
+    where = (
+        "no cgroup v2 delegation"
+        if not host.v2_controllers
+        else f"cgroup v2 at {host.v2_base} lacks {lacking}"
+    )
+    return f"{where}, and the cgroup v1 {'/'.join(missing)} hierarchy is not writable by this user"
+
+
+def settle(limits: Limits, host: CgroupHost) -> tuple[CgroupPlan | None, list[str], str]:
+    """How to enforce the limits: the plan, the defaults left out, and why.
+
+    Raises RefusedError when a limit that was set (not a default) cannot be enforced.
+    """
     need = wanted(limits)
     if not need:
-        return None
-    if host.v2_base and all(c in host.v2_controllers for c in need):
-        plan = CgroupPlan("v2")
-        base = host.v2_base
-        if limits.memory is not None:
-            plan.settings.append(("memory", base, "memory.max", str(limits.memory)))
+        return None, [], ""
+    version, missing = _missing(need, host)
+    dropped: list[str] = []
+    why = ""
+    if missing:
+        why = _why(missing, need, host)
+        names = {ctl: name for name, ctl in CONTROLLERS.items()}
+        refused = [c for c in missing if limits.source(names[c]) != "default"]
+        if refused:
+            raise RefusedError(
+                f"cannot enforce the {', '.join(refused)} limit here: {why} "
+                "(run as root, or delegate a cgroup v2 subtree, or drop the limit)"
+            )
+        dropped = missing
+        need = [c for c in need if c not in missing]
+        if not need:
+            return None, dropped, why
+        version, missing = _missing(need, host)  # the rest, all enforceable (v1 or v2)
+    plan = _build(version, need, limits, host)
+    plan.optional = {ctl for name, ctl in CONTROLLERS.items() if limits.source(name) == "default"}
+    return plan, dropped, why
+
+
+def _build(version: str, need: list[str], limits: Limits, host: CgroupHost) -> CgroupPlan:
+    plan = CgroupPlan(version)
+    memory, pids, cpus = (limits.get(n) if CONTROLLERS[n] in need else None for n in CONTROLLERS)
+    quota = max(1000, round(cpus * CPU_PERIOD_US)) if cpus is not None else 0
+    if version == "v2":
+        base = host.v2_base or ""
+        if memory is not None:
+            plan.settings.append(("memory", base, "memory.max", str(int(memory))))
             plan.settings.append(("memory", base, "memory.swap.max", "0"))
-        if limits.pids is not None:
-            plan.settings.append(("pids", base, "pids.max", str(limits.pids)))
-        if limits.cpus is not None:
-            quota = max(1000, round(limits.cpus * CPU_PERIOD_US))
+        if pids is not None:
+            plan.settings.append(("pids", base, "pids.max", str(int(pids))))
+        if cpus is not None:
             plan.settings.append(("cpu", base, "cpu.max", f"{quota} {CPU_PERIOD_US}"))
         return plan
-    missing = [c for c in need if c not in host.v1 or not os.access(host.v1[c], os.W_OK)]
-    if missing:
-        lacking = ", ".join(c for c in need if c not in host.v2_controllers)
-        where = (
-            "no cgroup v2 delegation"
-            if not host.v2_controllers
-            else f"cgroup v2 at {host.v2_base} lacks {lacking}"
-        )
-        raise RefusedError(
-            f"cannot enforce the {', '.join(missing)} limit here: {where}, and the cgroup v1 "
-            f"{'/'.join(missing)} hierarchy is not writable by this user "
-            "(run as root, or delegate a cgroup v2 subtree, or drop the limit)"
-        )
-    plan = CgroupPlan("v1")
-    if limits.memory is not None:
-        plan.settings.append(
-            ("memory", host.v1["memory"], "memory.limit_in_bytes", str(limits.memory))
-        )
-        plan.settings.append(
-            ("memory", host.v1["memory"], "memory.memsw.limit_in_bytes", str(limits.memory))
-        )
-    if limits.pids is not None:
-        plan.settings.append(("pids", host.v1["pids"], "pids.max", str(limits.pids)))
-    if limits.cpus is not None:
-        quota = max(1000, round(limits.cpus * CPU_PERIOD_US))
+    if memory is not None:
+        mem = host.v1["memory"]
+        plan.settings.append(("memory", mem, "memory.limit_in_bytes", str(int(memory))))
+        plan.settings.append(("memory", mem, "memory.memsw.limit_in_bytes", str(int(memory))))
+    if pids is not None:
+        plan.settings.append(("pids", host.v1["pids"], "pids.max", str(int(pids))))
+    if cpus is not None:
         plan.settings.append(("cpu", host.v1["cpu"], "cpu.cfs_period_us", str(CPU_PERIOD_US)))
         plan.settings.append(("cpu", host.v1["cpu"], "cpu.cfs_quota_us", str(quota)))
     return plan
 
 
-def plan_for(limits: Limits) -> CgroupPlan | None:
-    """plan_cgroup on this host; reads /proc only when a limit asks for a cgroup."""
-    return plan_cgroup(limits, detect()) if wanted(limits) else None
+def plan_cgroup(limits: Limits, host: CgroupHost) -> CgroupPlan | None:
+    """Decide how to enforce the limits, or raise RefusedError saying why we cannot."""
+    return settle(limits, host)[0]
+
+
+def plan_for(limits: Limits) -> tuple[CgroupPlan | None, list[str], str]:
+    """settle() on this host; reads /proc only when a limit asks for a cgroup."""
+    return settle(limits, detect()) if wanted(limits) else (None, [], "")
 
 
 def _write(path: str, value: str) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(value)
+    # one write(2) with no buffered file object around it: on every run as root
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 def _read(path: str) -> str:
     try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return ""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 class CgroupRun:
@@ -198,6 +242,10 @@ class CgroupRun:
                 _write(target, value)
         except OSError as exc:
             self.remove()
+            if {ctl for ctl, _, _, _ in self.plan.settings} <= self.plan.optional:
+                # only defaults: the run goes on unbounded by them, and says so
+                self.plan.skipped = f"cannot set up a cgroup here: {exc.strerror or exc}"
+                return
             raise RefusedError(f"cannot set up the cgroup for the limits: {exc}") from None
 
     def _enable_v2(self, parent: str) -> None:
@@ -211,34 +259,40 @@ class CgroupRun:
             )
 
     def procs_files(self) -> list[str]:
-        return [os.path.join(d, "cgroup.procs") for d in self.dirs]
+        """The files a process joins the run's cgroups through, by writing ``0`` (itself).
+
+        v1: ``tasks``, which moves the writing thread alone, and so (unlike a pid
+        written to cgroup.procs) without the kernel's global threadgroup lock,
+        whose RCU grace period cost 4 ms per run here.  Used by single-threaded
+        processes only (a forked child, or spawn_inside), where a thread is the
+        whole process."""
+        name = "tasks" if self.plan.version == "v1" else "cgroup.procs"
+        return [os.path.join(d, name) for d in self.dirs]
 
     def limits_hit(self) -> list[str]:
         hit = []
-        for ctl, parent, _, _ in self.plan.settings:
-            path = os.path.join(parent, self.name)
-            if ctl == "memory" and "memory" not in hit:
-                if self.plan.version == "v2":
-                    events = _read(os.path.join(path, "memory.events"))
-                    if _counter(events, "oom_kill") or _counter(events, "max"):
-                        hit.append("memory")
-                else:
-                    oom = _read(os.path.join(path, "memory.oom_control"))
-                    fail = _read(os.path.join(path, "memory.failcnt")).strip()
-                    if _counter(oom, "oom_kill") or (fail.isdigit() and int(fail) > 0):
-                        hit.append("memory")
-            elif (
-                ctl == "pids"
-                and "pids" not in hit
-                and _counter(_read(os.path.join(path, "pids.events")), "max")
-            ):
-                hit.append("pids")
+        where = {ctl: os.path.join(parent, self.name) for ctl, parent, _, _ in self.plan.settings}
+        if "memory" in where:  # each file once: this runs after every run as root
+            path = where["memory"]
+            if self.plan.version == "v2":
+                events = _read(os.path.join(path, "memory.events"))
+                if _counter(events, "oom_kill") or _counter(events, "max"):
+                    hit.append("memory")
+            else:
+                oom = _read(os.path.join(path, "memory.oom_control"))
+                fail = _read(os.path.join(path, "memory.failcnt")).strip()
+                if _counter(oom, "oom_kill") or (fail.isdigit() and int(fail) > 0):
+                    hit.append("memory")
+        if "pids" in where and _counter(_read(os.path.join(where["pids"], "pids.events")), "max"):
+            hit.append("pids")
         return hit
 
     def pids(self) -> list[int]:
         found: set[int] = set()
-        for procs in self.procs_files():
-            found.update(int(x) for x in _read(procs).split() if x.isdigit())
+        for d in self.dirs:
+            found.update(
+                int(x) for x in _read(os.path.join(d, "cgroup.procs")).split() if x.isdigit()
+            )
         return sorted(found)
 
     def kill_all(self) -> None:
@@ -248,17 +302,25 @@ class CgroupRun:
                     _write(os.path.join(d, "cgroup.kill"), "1")
                 except OSError:
                     pass
+        me = os.getpid()  # inside only while spawning into it (spawn_inside): never us
         for pid in self.pids():
+            if pid == me:
+                continue
             try:
                 os.kill(pid, 9)
             except OSError:
                 pass
 
-    def remove(self) -> None:
-        """Kill what is left and remove the directories; retries while the kernel reaps."""
+    def remove(self, wait: bool = True) -> None:
+        """Kill what is left and remove the directories; retries while the kernel reaps
+        (for up to 2 s), or with ``wait`` False, tries once (``dirs``: what is left)."""
         import time
 
-        for _ in range(200):
+        # The sandbox's last processes are usually still being reaped when the run
+        # ends (bwrap's init, reparented): short waits first, not 10 ms each time.
+        pause = 0.0002
+        deadline = time.monotonic() + 2.0
+        while True:
             remaining = []
             for d in self.dirs:
                 try:
@@ -268,10 +330,42 @@ class CgroupRun:
                 except OSError:
                     remaining.append(d)
             self.dirs = remaining
-            if not remaining:
+            if not remaining or not wait or time.monotonic() > deadline:
                 return
             self.kill_all()
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+
+
+def spawn_inside(procs_files: list[str], start: Callable[[], int]) -> int | None:
+    """Run ``start`` (a posix_spawn) with this process inside the run's cgroups, then
+    come back: the child starts inside, as a forked child that joins them would,
+    without a fork of this interpreter.  cgroup v1 only: there a process may move
+    back into its old cgroup whatever the children do (v2 constrains that).
+
+    Only when this process has no other thread: moving it into cgroup.procs moves
+    every thread, and another thread's child would start in this run's cgroup.
+    Returns None when it cannot be used; the caller forks and joins instead.
+    """
+    import _thread
+
+    if _thread._count():
+        return None
+    # our own cgroup in each hierarchy: the parent of the run's (see CgroupRun)
+    homes = [
+        os.path.join(os.path.dirname(os.path.dirname(p)), os.path.basename(p)) for p in procs_files
+    ]
+    joined: list[str] = []
+    try:
+        for procs, home in zip(procs_files, homes, strict=True):
+            _write(procs, "0")
+            joined.append(home)
+        return start()
+    except OSError:
+        return None  # e.g. a pids limit too small for us and the child: fork instead
+    finally:
+        for home in reversed(joined):
+            _write(home, "0")
 
 
 def _counter(text: str, key: str) -> int:

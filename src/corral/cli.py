@@ -39,9 +39,12 @@ run options:
   --policy FILE        policy file (default: corral.toml in the workspace, if any)
   --workspace DIR      the writable workspace (default: current directory)
   --timeout DURATION   wall-clock limit, e.g. 30s, 5m; kills the whole process tree
-  --memory SIZE        memory limit, e.g. 512M
-  --pids N             process limit
+  --memory SIZE        memory limit, e.g. 512M (default: half the RAM)
+  --pids N             process (task) limit (default: 4096)
   --cpus N             CPU limit, e.g. 1.5
+  --tmp SIZE           size of the private /tmp and of /var/tmp (default: RAM/4, 512M-4G)
+  --shm SIZE           size of the private /dev/shm (default: RAM/16, 64M-1G)
+                       each of these six takes none: no bound, not even the default
   --output-limit SIZE  bytes of stdout+stderr kept (default 64M); the rest is dropped
   --writable PATH      another writable path (repeatable)
   --read-deny PATH     another unreadable path (repeatable)
@@ -72,6 +75,8 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "--memory": ("memory", "value"),
     "--pids": ("pids", "value"),
     "--cpus": ("cpus", "value"),
+    "--tmp": ("tmp", "value"),
+    "--shm": ("shm", "value"),
     "--output-limit": ("output", "value"),
     "--writable": ("writable", "list"),
     "--read-deny": ("read_deny", "list"),
@@ -161,18 +166,24 @@ def build_policy(opts: dict[str, object]) -> Policy:
         str(workspace) if workspace else None, str(policy_path) if policy_path else None
     )
     flag_parsers = {
-        "timeout": ("--timeout", pol.parse_duration),
-        "memory": ("--memory", pol.parse_size),
-        "pids": ("--pids", pol.parse_pids),
-        "cpus": ("--cpus", pol.parse_cpus),
-        "output": ("--output-limit", pol.parse_size),
+        "timeout": pol.parse_duration,
+        "memory": pol.parse_memory,
+        "pids": pol.parse_pids,
+        "cpus": pol.parse_cpus,
+        "tmp": pol.parse_scratch,
+        "shm": pol.parse_scratch,
     }
-    for attr, (flag, parser) in flag_parsers.items():
+    for attr, parser in flag_parsers.items():
         if attr in opts:
             try:
-                setattr(policy.limits, attr, parser(opts[attr]))
+                policy.limits.assign(attr, opts[attr], parser)
             except ValueError as exc:
-                raise CorralError(f"{flag}: {exc}") from None
+                raise CorralError(f"--{attr}: {exc}") from None
+    if "output" in opts:
+        try:
+            policy.limits.output = pol.parse_size(opts["output"])
+        except ValueError as exc:
+            raise CorralError(f"--output-limit: {exc}") from None
     for attr in ("writable", "read_deny", "write_deny"):
         extra = opts.get(attr)
         if isinstance(extra, list):
@@ -306,7 +317,7 @@ def _run_plan(
 ) -> int:
     import time
 
-    from corral import launch, runlog, tiers
+    from corral import bounds, launch, runlog, tiers
 
     plan = tiers.get(tier_name).plan(policy, command, door=door.address if door else None)
     quiet = bool(opts.get("quiet"))
@@ -328,6 +339,7 @@ def _run_plan(
         "workspace": policy.workspace,
         "argv": command,
         "network": policy.network.mode,
+        "bounds": bounds.record(plan),  # each limit: value, source, enforced
     }
     try:
         result = launch.run(plan, run_id)
@@ -335,6 +347,11 @@ def _run_plan(
         record.update(end=runlog.iso(time.time()), exit=exc.code, error=exc.message)
         _log(record, log_path)
         raise
+    late = bounds.skipped_at_setup(plan)  # a default's cgroup could not be set up
+    if late:
+        record["bounds"] = bounds.record(plan)
+        if not quiet:
+            _err(f"corral: note: {late}")
     if door is not None:
         from corral.net.audit import summary_line
 

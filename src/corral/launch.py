@@ -90,7 +90,9 @@ class _Guardian:
     removes the cgroup, quarantines and restores.
     """
 
-    def __init__(self, cleanup: Callable[[int], None]) -> None:
+    def __init__(
+        self, cleanup: Callable[[int], None], later: Callable[[], None] | None = None
+    ) -> None:
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # guardian
@@ -106,6 +108,8 @@ class _Guardian:
                 if not said.endswith(b"k"):
                     pids = [int(p) for p in said.split(b"p")[1:] if p.strip().isdigit()]
                     cleanup(pids[-1] if pids else 0)
+                elif said.endswith(b"lk") and later is not None:
+                    later()  # what corral left to finish after it returned
             finally:
                 os._exit(0)
         os.close(rfd)
@@ -115,13 +119,14 @@ class _Guardian:
     def launched(self, pid: int) -> None:
         os.write(self.wfd, f"p{pid}".encode())
 
-    def release(self) -> None:
-        """Tell the guardian all is clean; it exits on its own.
+    def release(self, later: bool = False) -> None:
+        """Tell the guardian all is clean (or, with ``later``, that its ``later``
+        step is left to do); it exits on its own.
 
         Not waited for here (that costs a scheduling round trip on every run);
         :meth:`reap` collects it later, or init does once corral exits.
         """
-        os.write(self.wfd, b"k")
+        os.write(self.wfd, b"lk" if later else b"k")
         os.close(self.wfd)
 
     def reap(self) -> None:
@@ -165,7 +170,7 @@ class Aftercare:
                 self.cg.remove()
             raise
         if self.cg is not None or plan.quarantine or plan.restore or plan.scratch or plan.teardown:
-            self.guardian = _Guardian(self._emergency)
+            self.guardian = _Guardian(self._emergency, self.cg.remove if self.cg else None)
 
     def launched(self, pid: int) -> None:
         if self.guardian is not None:
@@ -188,12 +193,12 @@ class Aftercare:
         time.sleep(0.05)
         self._undo()
 
-    def _undo(self) -> list[str]:
+    def _undo(self, wait: bool = True) -> list[str]:
         said = []
         if not self.clean:
             run_teardown(self.plan)
         if self.cg is not None:
-            self.cg.remove()
+            self.cg.remove(wait)
         said += quarantine(self.plan.quarantine, self.run_id)
         if self.snapshot:
             from corral import restore
@@ -212,9 +217,12 @@ class Aftercare:
 
     def finish(self) -> list[str]:
         """Undo everything (the sandbox is gone); the denials found on the way."""
-        said = self._undo()
+        # The sandbox's last process may still be exiting (bwrap's init tears its
+        # mounts down after bwrap has told us the exit code): its cgroup is left
+        # for the guardian to remove rather than waited for on every run.
+        said = self._undo(wait=self.guardian is None)
         if self.guardian is not None:
-            self.guardian.release()
+            self.guardian.release(later=self.cg is not None and bool(self.cg.dirs))
         return said
 
 
@@ -475,7 +483,16 @@ def _exec_plan(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) ->
     (join a cgroup, change directory, enter a prepared network namespace)."""
     if plan.landlock is not None:
         return _fork_confined(plan, child_fds, procs_files)
-    if procs_files or not plan.cwd_in_argv or plan.netns_rules is not None:
+    if not plan.cwd_in_argv or plan.netns_rules is not None:
+        return _fork_exec(plan, child_fds, procs_files)
+    if procs_files and plan.cgroup is not None and plan.cgroup.version == "v1":
+        # every run as root has a cgroup (the default limits): spawn into it
+        from corral.cgroups import spawn_inside
+
+        pid = spawn_inside(procs_files, lambda: _spawn(plan, child_fds))
+        if pid is not None:
+            return pid
+    if procs_files:
         return _fork_exec(plan, child_fds, procs_files)
     return _spawn(plan, child_fds)
 
@@ -492,7 +509,7 @@ def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) ->
         os.setsid()  # its own process group: a timeout kills it whole
         for procs in procs_files:
             with open(procs, "w", encoding="utf-8") as fh:
-                fh.write(str(os.getpid()))
+                fh.write("0")  # ourselves (see CgroupRun.procs_files)
         if plan.netns_rules is not None:
             from corral.net import transparent
 
@@ -545,7 +562,7 @@ def _fork_confined(plan: Plan, child_fds: dict[int, int], procs_files: list[str]
         os.setsid()
         for procs in procs_files:
             with open(procs, "w", encoding="utf-8") as fh:
-                fh.write(str(os.getpid()))
+                fh.write("0")  # ourselves (see CgroupRun.procs_files)
         confine.reaper(exec_command, parent)
     except BaseException as exc:
         os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())

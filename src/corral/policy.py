@@ -43,14 +43,61 @@ class EnvPolicy:
 
 
 class Limits:
-    __slots__ = ("cpus", "memory", "output", "pids", "timeout")
+    """What bounds a run.  Each of ``timeout memory pids cpus tmp shm`` is, in order:
+    a value the policy or a flag set; lifted (``"none"``: no bound, in ``lifted``);
+    or this host's default (``defaults``, from :func:`corral.bounds.defaults_for`,
+    filled where the policy is loaded: :func:`load` and ``Sandbox``).  :meth:`get`
+    answers which applies; tiers read only that."""
+
+    __slots__ = (
+        "cpus",
+        "defaults",
+        "lifted",
+        "memory",
+        "output",
+        "pids",
+        "shm",
+        "timeout",
+        "tmp",
+    )
 
     def __init__(self) -> None:
         self.timeout: float | None = None  # seconds of wall clock
         self.memory: int | None = None  # bytes
         self.pids: int | None = None
         self.cpus: float | None = None
+        self.tmp: int | None = None  # bytes: each of the private /tmp and /var/tmp
+        self.shm: int | None = None  # bytes: the private /dev/shm
         self.output: int = defaults.OUTPUT_LIMIT  # bytes of stdout+stderr kept
+        self.lifted: set[str] = set()  # names set to "none"
+        self.defaults: dict[str, int] = {}  # this host's defaults, by name
+
+    def get(self, name: str) -> float | None:
+        """The bound that applies: set, else none if lifted, else the default."""
+        value: float | None = getattr(self, name)
+        if value is not None or name in self.lifted:
+            return value
+        return self.defaults.get(name)
+
+    def source(self, name: str) -> str:
+        """``set``, ``none`` (lifted), ``default`` or ``""`` (no bound at all)."""
+        if getattr(self, name) is not None:
+            return "set"
+        if name in self.lifted:
+            return "none"
+        return "default" if name in self.defaults else ""
+
+    def lift(self, name: str) -> None:
+        setattr(self, name, None)
+        self.lifted.add(name)
+
+    def assign(self, name: str, raw: object, parse: Callable[[object], object]) -> None:
+        """Set ``name`` from a policy or flag value; ``"none"`` lifts it."""
+        if isinstance(raw, str) and raw.strip().lower() == "none":
+            self.lift(name)
+            return
+        setattr(self, name, parse(raw))
+        self.lifted.discard(name)
 
 
 class NetworkPolicy:
@@ -155,13 +202,7 @@ class Policy:
                 "defaults": self.filesystem.use_defaults,
             },
             "env": {"pass": list(self.env.pass_names), "set": sorted(self.env.set_values)},
-            "limits": {
-                "timeout": lim.timeout,
-                "memory": lim.memory,
-                "pids": lim.pids,
-                "cpus": lim.cpus,
-                "output": lim.output,
-            },
+            "limits": _limits_dict(lim),
             "network": {
                 "mode": self.network.mode,
                 "allow": list(self.network.allow),
@@ -174,6 +215,23 @@ class Policy:
         if box.engine or box.runtime or box.image:  # absent: digests of older runs stay equal
             out["container"] = {"engine": box.engine, "runtime": box.runtime, "image": box.image}
         return out
+
+
+def _limits_dict(lim: Limits) -> dict[str, object]:
+    out: dict[str, object] = {
+        "timeout": lim.timeout,
+        "memory": lim.memory,
+        "pids": lim.pids,
+        "cpus": lim.cpus,
+        "output": lim.output,
+    }
+    # only when used: the digests of policies that never name them stay as they were
+    for name in ("tmp", "shm"):
+        if getattr(lim, name) is not None:
+            out[name] = getattr(lim, name)
+    if lim.lifted:
+        out["none"] = sorted(lim.lifted)
+    return out
 
 
 def _inside(path: str, root: str) -> bool:
@@ -253,6 +311,25 @@ def parse_cpus(value: object) -> float:
     if not 0.01 <= cpus <= 4096:
         raise ValueError(f"bad cpus {value!r}: must be between 0.01 and 4096")
     return cpus
+
+
+MIN_MEMORY = 16 << 20  # below this not even the sandbox's own start-up fits
+MIN_SCRATCH = 1 << 20  # a tmpfs of size 0 would be unbounded, not empty
+
+
+def parse_memory(value: object) -> int:
+    size = parse_size(value)
+    if size < MIN_MEMORY:
+        raise ValueError(f"memory {value!r} is too small: at least 16M, or none")
+    return size
+
+
+def parse_scratch(value: object) -> int:
+    """The size of a private tmpfs (``tmp``, ``shm``)."""
+    size = parse_size(value)
+    if size < MIN_SCRATCH:
+        raise ValueError(f"size {value!r} is too small: at least 1M, or none")
+    return size
 
 
 def parse_pids(value: object) -> int:
@@ -370,6 +447,13 @@ def _expect_image(v: object) -> str:
     return name
 
 
+def _limit(name: str, parse: Callable[[object], object]) -> Callable[[Policy, object], None]:
+    def apply(policy: Policy, raw: object) -> None:
+        policy.limits.assign(name, raw, parse)
+
+    return apply
+
+
 def _set(attr_path: str, parse: Callable[[object], object]) -> Callable[[Policy, object], None]:
     section, _, attr = attr_path.rpartition(".")
 
@@ -394,10 +478,13 @@ SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
         "set": _set("env.set_values", _expect_env_map),
     },
     "limits": {
-        "timeout": _set("limits.timeout", parse_duration),
-        "memory": _set("limits.memory", parse_size),
-        "pids": _set("limits.pids", parse_pids),
-        "cpus": _set("limits.cpus", parse_cpus),
+        # each of these takes "none" too: no bound, not even this host's default
+        "timeout": _limit("timeout", parse_duration),
+        "memory": _limit("memory", parse_memory),
+        "pids": _limit("pids", parse_pids),
+        "cpus": _limit("cpus", parse_cpus),
+        "tmp": _limit("tmp", parse_scratch),
+        "shm": _limit("shm", parse_scratch),
         "output": _set("limits.output", parse_size),
     },
     "network": {
@@ -529,6 +616,9 @@ def load(workspace: str | None = None, path: str | None = None) -> Policy:
     if ws == "/":
         raise PolicyError("the workspace cannot be / (it would make the whole disk writable)")
     policy = Policy(ws)
+    from corral import bounds
+
+    policy.limits.defaults = bounds.defaults_for(bounds.host_facts())
     chosen = path if path is not None else find_policy_file(ws)
     if chosen is not None:
         load_file(chosen, policy)

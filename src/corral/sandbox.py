@@ -225,6 +225,10 @@ class Sandbox:
         if not isinstance(policy, Policy):
             raise TypeError("policy must be a corral.policy.Policy (Policy.load(...))")
         self.policy = policy
+        if not policy.limits.defaults:  # built by hand, not by Policy.load: bound it too
+            from corral import bounds
+
+            policy.limits.defaults = bounds.defaults_for(bounds.host_facts())
         if tier != "auto":
             policy.tier = tier
         from corral.policy import _expect_engine, _expect_image, _expect_runtime

@@ -138,7 +138,7 @@ def test_full_policy_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 ERROR_CASES = [
     # (toml text, line, dotted key, a fragment of the reason)
     ('tier = "none"\ncolour = "red"\n', 2, "colour", "unknown key"),
-    ("[limits]\nmemory = 1\nspeed = 3\n", 3, "limits.speed", "unknown key"),
+    ('[limits]\nmemory = "1G"\nspeed = 3\n', 3, "limits.speed", "unknown key"),
     ("\n[filesytem]\nwritable = []\n", 2, "filesytem", "unknown section"),
     ('[filesystem]\nwritable = "build"\n', 2, "filesystem.writable", "list of strings"),
     ("[filesystem]\nread_deny = [1, 2]\n", 2, "filesystem.read_deny", "list of strings"),

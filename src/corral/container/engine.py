@@ -107,6 +107,34 @@ def host_ulimits() -> dict[str, tuple[int, int]]:
     return out
 
 
+def limits_problem(
+    engine: Engine, controllers: list[str], cgroup_root: str = "/sys/fs/cgroup"
+) -> str:
+    """Why ``engine`` cannot enforce limits needing ``controllers`` for this user ("" if it can).
+
+    Root's engine always can.  Rootless podman needs a pure cgroup v2 host,
+    systemd as its cgroup manager and the controllers delegated to the user's
+    systemd instance; elsewhere it ignores the limits with a warning.
+    """
+    if not engine.rootless or not controllers:
+        return ""
+    if engine.cgroups != "v2":
+        return f"rootless podman cannot set resource limits on a {engine.cgroups} cgroup host"
+    if engine.cgroup_manager == "cgroupfs":
+        return "rootless podman sets resource limits only through systemd, not running here"
+    uid = os.getuid()
+    service = f"{cgroup_root}/user.slice/user-{uid}.slice/user@{uid}.service"
+    try:
+        with open(f"{service}/cgroup.controllers", encoding="utf-8") as fh:
+            delegated = set(fh.read().split())
+    except OSError:
+        return f"rootless podman: no cgroup delegated to this user at {service}"
+    missing = [c for c in controllers if c not in delegated]
+    if missing:
+        return f"rootless podman: systemd does not delegate {', '.join(missing)} to this user"
+    return ""
+
+
 def docker_socket() -> tuple[str | None, str]:
     """(path to connect to, description) from $DOCKER_HOST or the default socket."""
     host = os.environ.get("DOCKER_HOST", "")

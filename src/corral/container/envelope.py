@@ -12,8 +12,11 @@ if TYPE_CHECKING:
     from corral.fsplan import Mount
 
 HOSTNAME = "corral"
-SCRATCH_SIZE = "256m"  # /tmp and /var/tmp; pages count against the memory limit too
-RUN_SIZE = "64m"
+# A Spec's sizes unless the tier sets them (it sets them from the policy's limits,
+# corral.bounds); tmpfs pages count against the container's memory limit too.
+SCRATCH_SIZE = 256 << 20  # each of /tmp and /var/tmp
+SHM_SIZE = 64 << 20
+RUN_SIZE = 64 << 20
 MASK_SIZE = "4k"
 
 
@@ -38,10 +41,13 @@ class Spec:
         "pids",
         "rootless",
         "roots",
+        "run_size",
         "runtime",
         "runtime_name",
         "seccomp",
+        "shm",
         "swap_accounting",
+        "tmp",
         "tty",
         "uid",
         "ulimits",
@@ -64,6 +70,9 @@ class Spec:
         self.pids = 0
         self.cpus = 0.0
         self.swap_accounting = True
+        self.tmp: int | None = SCRATCH_SIZE  # None: no size, the kernel's or runtime's default
+        self.shm: int | None = SHM_SIZE  # None: no bound (--shm-size=0)
+        self.run_size = RUN_SIZE
         self.ulimits: dict[str, tuple[int, int]] = {}
         self.seccomp = ""  # path of the OCI seccomp profile
         self.mounts: list[Mount] = []
@@ -88,8 +97,24 @@ def _check_path(path: str) -> str:
     return path
 
 
-def mount_args(mounts: list[Mount], roots: list[str], mask_file: str) -> list[str]:
-    """fsplan's mount list as engine flags.
+def _size(size: int | None) -> str:
+    """A tmpfs ``size=`` option (empty: no bound), in whole units where exact."""
+    if size is None:
+        return ""
+    for unit, factor in (("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
+        if size % factor == 0:
+            return f"size={size // factor}{unit},"
+    return f"size={size},"
+
+
+def mount_args(
+    mounts: list[Mount],
+    roots: list[str],
+    mask_file: str,
+    tmp: int | None = SCRATCH_SIZE,
+    run: int = RUN_SIZE,
+) -> list[str]:
+    """fsplan's mount list as engine flags; ``tmp`` and ``run`` size the private tmpfs.
 
     The image replaces the host's ``/``, so only what lies inside ``roots`` (the
     host paths bound in: workspace, writable paths, corral's own files) needs
@@ -106,13 +131,13 @@ def mount_args(mounts: list[Mount], roots: list[str], mask_file: str) -> list[st
             continue
         if m.kind == "tmpfs":
             if dest in ("/tmp", "/var/tmp"):
-                out += ["--tmpfs", f"{dest}:rw,nosuid,nodev,size={SCRATCH_SIZE},mode=1777"]
+                out += ["--tmpfs", f"{dest}:rw,nosuid,nodev,{_size(tmp)}mode=1777"]
             elif dest == "/run":
-                out += ["--tmpfs", f"{dest}:rw,nosuid,nodev,size={RUN_SIZE},mode=755"]
+                out += ["--tmpfs", f"{dest}:rw,nosuid,nodev,{_size(run)}mode=755"]
             elif dest == "/dev/shm":
                 continue  # the engine's own private /dev/shm (--shm-size)
             elif any(_inside(dest, r) for r in roots):
-                out += ["--tmpfs", f"{dest}:rw,nosuid,nodev,size={SCRATCH_SIZE}"]
+                out += ["--tmpfs", f"{dest}:rw,nosuid,nodev,{_size(tmp)}".rstrip(",")]
             continue
         if not any(_inside(dest, r) for r in roots):
             continue
@@ -164,7 +189,7 @@ def run_argv(spec: Spec, mask_file: str = "/dev/null") -> list[str]:
         "--ipc=private",
         "--pull=never",  # an image is what the user named and built, never fetched
         f"--user={spec.uid}:{spec.gid}",
-        "--shm-size=64m",
+        f"--shm-size={_shm_size(spec)}",
         "--log-driver=none",  # output goes to corral, not into the engine's store
     ]
     if spec.engine_name == "docker" and spec.runtime:
@@ -191,9 +216,17 @@ def run_argv(spec: Spec, mask_file: str = "/dev/null") -> list[str]:
         argv.append(f"--cpus={spec.cpus:g}")
     for key, (soft, hard) in sorted(spec.ulimits.items()):
         argv.append(f"--ulimit={key}={soft}:{hard}")
-    argv += mount_args(spec.mounts, spec.roots, mask_file)
+    argv += mount_args(spec.mounts, spec.roots, mask_file, spec.tmp, spec.run_size)
     argv += [f"--workdir={_check_path(spec.workdir)}", "--", spec.image, *spec.command]
     return argv
+
+
+def _shm_size(spec: Spec) -> int:
+    if spec.shm:
+        return spec.shm
+    # no bound: podman reads 0 so; docker reads 0 as its 64 MiB default, so give
+    # it a size beyond any host's RAM (a tmpfs size is a cap, not an allocation)
+    return 0 if spec.engine_name == "podman" else 1 << 40
 
 
 def remove_argv(spec: Spec) -> list[str]:

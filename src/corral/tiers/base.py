@@ -12,6 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from corral.bounds import Bound
     from corral.cgroups import CgroupPlan
     from corral.fsplan import Mount
     from corral.landlock import Ruleset
@@ -41,6 +42,7 @@ class Plan:
 
     __slots__ = (
         "argv",
+        "bounds",
         "cgroup",
         "cwd",
         "cwd_in_argv",
@@ -75,6 +77,7 @@ class Plan:
         self.mounts: list[Mount] = []
         self.seccomp: tuple[SyscallRule, ...] = ()
         self.cgroup: CgroupPlan | None = None
+        self.bounds: dict[str, Bound] = {}  # each limit: value, where from, enforced or not
         self.fds: dict[int, str] = {}
         self.quarantine: list[str] = []
         # tiers without mounts (landlock): the ruleset, write-deny paths put back
@@ -94,11 +97,9 @@ class Plan:
         """A human-readable account of the plan; never prints environment values."""
         lines = [f"tier: {self.tier}", f"workspace: {self.policy.workspace}", f"cwd: {self.cwd}"]
         lines.append("env: " + " ".join(sorted(self.env)))
-        lim = self.policy.limits
-        lines.append(
-            f"limits: timeout={lim.timeout} memory={lim.memory} pids={lim.pids} "
-            f"cpus={lim.cpus} output={lim.output}"
-        )
+        from corral.bounds import describe
+
+        lines.extend(describe(self))
         if self.cgroup is not None:
             lines.append(f"cgroup: {self.cgroup.describe()}")
         if self.mounts:

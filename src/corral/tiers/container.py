@@ -206,12 +206,14 @@ class ContainerTier(Tier):
         spec.swap_accounting = eng.swap_accounting
         spec.ulimits = dict(eng.ulimits)
         lim = policy.limits
-        if eng.runtime == "runsc" and lim.pids and lim.pids < GVISOR_MIN_PIDS:
+        pids = lim.get("pids")
+        if eng.runtime == "runsc" and pids is not None and pids < GVISOR_MIN_PIDS:
             raise RefusedError(
-                f"tier {self.name} with runsc cannot enforce a pids limit of {lim.pids}: "
+                f"tier {self.name} with runsc cannot enforce a pids limit of {pids:g}: "
                 "gVisor's own host threads count against it (it fails to start below "
                 f"{GVISOR_MIN_PIDS}), so the limit bounds the sandbox, not its processes"
             )
+        enforce = self._bounds(plan, eng)
         if eng.runtime == "runsc":
             # gVisor applies rlimits in its own kernel, where the host's ceiling does
             # not bind
@@ -219,8 +221,13 @@ class ContainerTier(Tier):
         spec.name = f"corral-{suffix}"
         spec.labels = {"corral": "1"}
         spec.uid, spec.gid = os.getuid(), os.getgid()
-        lim = policy.limits
-        spec.memory, spec.pids, spec.cpus = lim.memory or 0, lim.pids or 0, lim.cpus or 0.0
+        if enforce:
+            spec.memory = int(lim.get("memory") or 0)
+            spec.pids = int(lim.get("pids") or 0)
+            spec.cpus = float(lim.get("cpus") or 0.0)
+        tmp, shm = lim.get("tmp"), lim.get("shm")
+        spec.tmp = None if tmp is None else int(tmp)
+        spec.shm = None if shm is None else int(shm)
         spec.seccomp = f"{scratch}/seccomp.json"
         spec.mounts = plan.mounts
         spec.roots = [*fs.writable, INSIDE]
@@ -251,6 +258,20 @@ class ContainerTier(Tier):
             "visible, only the workspace and writable paths are bound in"
         )
         return plan
+
+    def _bounds(self, plan: Plan, eng: Engine) -> bool:
+        """Record the limits as this engine applies them; False if it cannot for this
+        user (then they were all defaults, and none is passed: the engine would warn)."""
+        from corral import bounds
+        from corral.cgroups import CONTROLLERS
+        from corral.container.engine import limits_problem
+
+        lim = plan.policy.limits
+        need = [ctl for name, ctl in CONTROLLERS.items() if lim.get(name) is not None]
+        problem = limits_problem(eng, need)
+        bounds.apply_engine(plan, lim, eng.name, problem)  # refuses a limit that was set
+        bounds.apply_scratch(plan, sized_by="tmpfs size")
+        return not problem
 
     def _gvisor_sockets(self, policy: Policy, mounts: list[Mount]) -> list[Mount]:
         """gVisor cannot mount over a socket (it fails to start), and needs none:

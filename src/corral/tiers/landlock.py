@@ -46,6 +46,13 @@ DIFFERENCES = (
     "govern file modes; a read-only file the sandbox owns could otherwise be opened up)",
 )
 
+# What bounds the scratch space here (corral cannot mount a sized tmpfs without
+# privileges this tier does without): `corral doctor` and --explain say it.
+SCRATCH_BOUND = (
+    "no private /tmp here; TMPDIR is a directory in the host's $TMPDIR or /tmp, "
+    "bounded only by that filesystem's free space"
+)
+
 _AF_UNIX = 1
 _AF_INET = 2
 _AF_INET6 = 10
@@ -191,7 +198,7 @@ class LandlockTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
     ) -> Plan:
-        from corral import cgroups, landlock, seccomp
+        from corral import bounds, landlock, seccomp
         from corral.errors import RefusedError
 
         if policy.network.transparent:
@@ -210,7 +217,8 @@ class LandlockTier(Tier):
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
         plan.seccomp = (*seccomp.default_deny_rules(), *extra_seccomp_rules())
-        plan.cgroup = cgroups.plan_for(policy.limits)
+        bounds.apply_cgroup(plan, policy.limits)
+        bounds.apply_scratch(plan, absent=SCRATCH_BOUND, blocked=("shm",))
         base = os.environ.get("TMPDIR") or "/tmp"
         if not os.path.isabs(base):
             base = "/tmp"

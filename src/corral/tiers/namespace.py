@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from corral.fsplan import Mount
-    from corral.policy import Policy
+    from corral.policy import Limits, Policy
 
 FD_STATUS = 3  # bwrap's --json-status-fd: tells setup failure from the command's exit
 FD_SECCOMP = 4  # the compiled filter
@@ -51,16 +51,22 @@ def find_bwrap() -> str | None:
     return None
 
 
-def mount_args(mounts: list[Mount]) -> tuple[list[str], list[int]]:
-    """bwrap arguments for each mount operation, in order, and the empty-data fds they use."""
+def mount_args(
+    mounts: list[Mount], sizes: dict[str, int] | None = None
+) -> tuple[list[str], list[int]]:
+    """bwrap arguments for each mount operation, in order, and the empty-data fds they use.
+    ``sizes`` bounds the tmpfs mounted at those paths (bytes)."""
     args: list[str] = []
     empty_fds: list[int] = []
+    sizes = sizes or {}
     for m in mounts:
         if m.kind == "ro-bind":
             args += ["--ro-bind", m.src or m.dest, m.dest]
         elif m.kind == "bind":
             args += ["--bind", m.src or m.dest, m.dest]
         elif m.kind == "tmpfs":
+            if m.dest in sizes:
+                args += ["--size", str(sizes[m.dest])]
             args += ["--tmpfs", m.dest]
         elif m.kind == "dev":
             args += ["--dev", m.dest]
@@ -81,6 +87,18 @@ def mount_args(mounts: list[Mount]) -> tuple[list[str], list[int]]:
         else:  # a new kind must be taught here before it can be used
             raise ValueError(f"unknown mount kind {m.kind!r}")
     return args, empty_fds
+
+
+def scratch_sizes(limits: Limits) -> dict[str, int]:
+    """The size of each private tmpfs (fsplan.PRIVATE_TMP); a lifted one is left out."""
+    from corral.bounds import RUN_SIZE
+
+    sizes = {"/run": RUN_SIZE}
+    for dest, name in (("/tmp", "tmp"), ("/var/tmp", "tmp"), ("/dev/shm", "shm")):
+        value = limits.get(name)
+        if value is not None:
+            sizes[dest] = int(value)
+    return sizes
 
 
 def inside_python() -> str:
@@ -178,7 +196,7 @@ class NamespaceTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
     ) -> Plan:
-        from corral import cgroups, seccomp
+        from corral import bounds, seccomp
 
         plan = Plan(self.name, policy)
         fs = fsplan.plan_filesystem(policy)
@@ -189,12 +207,13 @@ class NamespaceTier(Tier):
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
         plan.cwd_in_argv = True
         plan.seccomp = seccomp.default_deny_rules()
-        plan.cgroup = cgroups.plan_for(policy.limits)
+        bounds.apply_cgroup(plan, policy.limits)
+        bounds.apply_scratch(plan, sized_by="tmpfs size")
         plan.fds = {FD_STATUS: "status", FD_SECCOMP: "seccomp"}
         if policy.network.mode == "proxy":
             command = self._through_door(plan, policy, command, door)
         plan.mounts = [*plan.mounts, *extra]
-        mounts, empty_fds = mount_args(plan.mounts)
+        mounts, empty_fds = mount_args(plan.mounts, scratch_sizes(policy.limits))
         plan.fds.update(dict.fromkeys(empty_fds, "empty"))
         bwrap = find_bwrap() or "bwrap"
         hardening = list(HARDENING)

@@ -33,12 +33,13 @@ class NoneTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
     ) -> Plan:
-        from corral import cgroups
+        from corral import bounds
 
         plan = Plan(self.name, policy)
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, [policy.workspace])
-        plan.cgroup = cgroups.plan_for(policy.limits)
+        bounds.apply_cgroup(plan, policy.limits)
+        bounds.apply_scratch(plan, absent="it has no private /tmp or /dev/shm (the host's own)")
         plan.argv = list(command)
         plan.warning = WARNING
         return plan
