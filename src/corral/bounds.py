@@ -116,14 +116,14 @@ class Bound:
         self.how = how  # the mechanism, or why not
 
     def describe(self) -> str:
-        text = f"{self.name:<8} {value_text(self.name, self.value):<7}"
-        if self.source in ("set", "default", "fixed"):
-            text += f" ({self.source})"
+        shown = {"set": "(set)", "default": "(default)", "fixed": "(fixed)", "none": "(lifted)"}
+        source = shown.get(self.source, "")
+        text = f"{self.name:<8} {value_text(self.name, self.value):<8} {source:<9}"
         if self.enforced is True:
             return f"{text}  enforced: {self.how}"
         if self.enforced is False:
             return f"{text}  NOT enforced: {self.how}"
-        return f"{text}  {self.how}" if self.how else text
+        return f"{text}  {self.how}".rstrip()
 
 
 def _add(plan: Plan, limits: Limits, name: str, enforced: bool | None, how: str) -> None:
@@ -239,5 +239,68 @@ def describe(plan: Plan) -> list[str]:
         ]
     lines = ["limits:"]
     lines += [f"  {b.describe()}" for b in plan.bounds.values()]
-    lines.append(f"  {'output':<8} {size_text(limits.output):<7}  kept of stdout+stderr")
+    lines.append(f"  {'output':<8} {size_text(limits.output):<8} {'':<9}  kept of stdout+stderr")
+    return lines
+
+
+def host_report(
+    engine: str = "", engine_problem: str | None = None
+) -> dict[str, dict[str, object]]:
+    """This host's defaults and, for this user, whether each tier enforces them
+    (``corral doctor``).  ``engine_problem`` is None without a usable engine."""
+    from corral import cgroups
+    from corral.policy import Limits
+
+    ram = host_facts().memory
+    limits = Limits()
+    limits.defaults = defaults_for(HostFacts(ram))
+    try:
+        cg, dropped, why = cgroups.plan_for(limits)
+    except Exception as exc:  # doctor reports; it never fails on one check
+        cg, dropped, why = None, list(cgroups.CONTROLLERS.values()), str(exc)
+    report: dict[str, dict[str, object]] = {}
+    for name in ("memory", "pids"):
+        row: dict[str, object] = {"value": limits.defaults[name]}
+        if cgroups.CONTROLLERS[name] in dropped:
+            row["namespace, landlock, none"] = f"NOT enforced for this user: {why}"
+        else:
+            row["namespace, landlock, none"] = f"enforced (cgroup {cg.version if cg else '?'})"
+        if engine_problem is not None:
+            row["container, gvisor"] = (
+                f"NOT enforced for this user: {engine_problem}"
+                if engine_problem
+                else f"enforced ({engine})"
+            )
+        report[name] = row
+    report["tmp"] = {
+        "value": limits.defaults["tmp"],
+        "namespace, container, gvisor": "enforced (tmpfs size of /tmp and /var/tmp, each)",
+        "landlock": "does not apply: no private /tmp; TMPDIR is a directory on the host's "
+        "$TMPDIR or /tmp, bounded only by that filesystem's free space",
+        "none": "does not apply: the host's own /tmp",
+    }
+    report["shm"] = {
+        "value": limits.defaults["shm"],
+        "namespace, container, gvisor": "enforced (tmpfs size of /dev/shm)",
+        "landlock": "does not apply: /dev/shm is off limits",
+        "none": "does not apply: the host's own /dev/shm",
+    }
+    report["run"] = {"value": RUN_SIZE, "namespace, container, gvisor": "fixed tmpfs size of /run"}
+    return {"ram": {"value": ram}, **report}
+
+
+def report_lines(report: dict[str, dict[str, object]]) -> list[str]:
+    ram = float(str(report["ram"]["value"]))
+    lines = [
+        f"defaults (this host: {ram / GiB:.1f}G RAM; set --memory --pids --tmp --shm "
+        "or [limits]; none lifts one):"
+    ]
+    for name, row in report.items():
+        if name == "ram":
+            continue
+        value = row["value"]
+        shown = size_text(float(str(value))) if name != "pids" else str(value)
+        where = [f"{k}: {v}" for k, v in row.items() if k != "value"]
+        lines.append(f"  {name:<7} {shown:<7} {where[0]}")
+        lines.extend(f"  {'':<7} {'':<7} {w}" for w in where[1:])
     return lines

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from corral.launch import RunResult
     from corral.net.door import Door
     from corral.policy import Policy
+    from corral.tiers.base import Health, Tier
 
 USAGE = """\
 usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
@@ -413,6 +414,7 @@ def cmd_doctor(args: list[str]) -> int:
             health = Health(False, f"health check failed: {exc}")
         rows.append((tier, health))
     auto = next((t.name for t, h in rows if h.available and t.name in tiers.AUTO_ORDER), None)
+    defaults = _defaults_report(rows)
     if opts.get("json"):
         import json
 
@@ -423,6 +425,7 @@ def cmd_doctor(args: list[str]) -> int:
                     "tiers": [
                         {"name": t.name, "summary": t.summary, **h.to_dict()} for t, h in rows
                     ],
+                    "defaults": defaults,
                 },
                 indent=2,
             )
@@ -438,7 +441,25 @@ def cmd_doctor(args: list[str]) -> int:
             for line in differences:
                 print(f"{'':<{width}}    - {line}")
     print(f"auto -> {auto or 'nothing (corral run will refuse)'}")
+    from corral.bounds import report_lines
+
+    for line in report_lines(defaults):
+        print(line)
     return 0
+
+
+def _defaults_report(rows: list[tuple[Tier, Health]]) -> dict[str, dict[str, object]]:
+    """The default limits, and whether each tier enforces them here for this user."""
+    from corral.bounds import host_report
+
+    engine = problem = None
+    if any(t.name == "container" and h.available for t, h in rows):
+        from corral.container.engine import find, limits_problem
+
+        eng, _ = find()
+        if eng is not None:
+            engine, problem = eng.name, limits_problem(eng, ["memory", "pids"])
+    return host_report(engine or "", problem)
 
 
 def cmd_log(args: list[str]) -> int:
