@@ -273,6 +273,10 @@ def cmd_shell(args: list[str]) -> int:
         plan = tier.plan(policy, shell_argv, door=door.address if door else None)
         if not opts.get("quiet"):
             _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
+            from corral.bounds import notice
+
+            if notice(plan):  # the defaults this host cannot enforce for this user
+                _err(f"corral: note: {notice(plan)}")
         return pty_shell.run(plan, run_id)
     finally:
         if door is not None:

@@ -314,3 +314,15 @@ for p in (pol.load({str(ws)!r}), Policy({str(ws)!r})):  # loaded, or built by ha
     assert r.returncode == 0, r.stderr
     enforced = "True" if c.who == "root" else "False"
     assert r.stdout.decode().split("\n")[:2] == [f"{DEFAULTS['tmp']} {enforced}"] * 2
+
+
+@pytest.mark.tiers("namespace", "landlock", why="corral shell is refused on the container tiers")
+def test_shell_is_bounded_the_same_way(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    r = c.run(["shell", "--", "python3", "-c", SIZES], cwd=ws, input=b"")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count(NOTICE) == (0 if defaults_enforced(c, ws) else 1)
+    if c.has("private-tmp"):
+        assert _sizes(r.stdout.replace(b"\r", b""))["/tmp"] == DEFAULTS["tmp"]
+    quiet = c.run(["shell", "-q", "--", "true"], cwd=ws, input=b"")
+    assert quiet.returncode == 0 and quiet.stderr == b""  # allow twin: -q, nothing said
