@@ -71,10 +71,10 @@ def detect(mounts: str = "/proc/self/mounts", cgroup: str = "/proc/self/cgroup")
 
 def _v2_usable(base: str) -> set[str]:
     """Controllers that children of ``base`` can use, if we may create children."""
-    if not os.access(base, os.W_OK):
-        return set()
-    enabled = set(_read(os.path.join(base, "cgroup.subtree_control")).split())
     available = set(_read(os.path.join(base, "cgroup.controllers")).split())
+    if not available or not os.access(base, os.W_OK):
+        return set()  # (a hybrid host's v2 tree has no controllers: one read)
+    enabled = set(_read(os.path.join(base, "cgroup.subtree_control")).split())
     # A controller available but not yet enabled can be enabled for children
     # only if base is the root, or the controller is a threaded one: base holds
     # us, and the kernel refuses a domain controller (memory) below a cgroup with
