@@ -343,9 +343,10 @@ def spawn_inside(procs_files: list[str], start: Callable[[], int]) -> int | None
     without a fork of this interpreter.  cgroup v1 only: there a process may move
     back into its old cgroup whatever the children do (v2 constrains that).
 
-    Only when this process has no other thread: moving it into cgroup.procs moves
-    every thread, and another thread's child would start in this run's cgroup.
-    Returns None when it cannot be used; the caller forks and joins instead.
+    Only in a single-threaded process (the CLI), where the thread moved through
+    ``tasks`` is the whole process; a long-lived one (Sandbox) starts rarely and
+    forks instead.  Returns None when it cannot be used; the caller forks and
+    joins then.
     """
     import _thread
 
