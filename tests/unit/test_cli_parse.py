@@ -265,12 +265,21 @@ def test_doctor_text_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> Non
     code, out, err = run_main(["doctor"], capsys)
     assert code == 0
     assert err == ""
-    lines = [line for line in out.splitlines() if not line.startswith(" ")]
+    tier_part, _, defaults = out.partition("\ndefaults (this host: ")
+    lines = [line for line in tier_part.splitlines() if not line.startswith(" ")]
     assert len(lines) == len(tiers.REGISTRY) + 1
     for name, line in zip(tiers.REGISTRY, lines, strict=False):
         assert line.split()[0] == name
         assert line.split()[1] in ("available", "unavailable")
     assert lines[-1].startswith("auto -> ")
+    # then the default limits, and whether they hold here (tests/unit/test_bounds.py)
+    assert [line.split()[0] for line in defaults.splitlines()[1:] if line[2] != " "] == [
+        "memory",
+        "pids",
+        "tmp",
+        "shm",
+        "run",
+    ]
     from corral.tiers.landlock import abi_version
 
     if abi_version() >= 6:  # what the landlock tier does not hide is said plainly
