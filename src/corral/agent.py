@@ -23,6 +23,7 @@ import time
 
 HEADER = struct.Struct("!II")
 CHUNK = 65536
+EXIT_TIMEOUT = 124  # as `corral run` (corral.errors.EXIT_TIMEOUT; this file imports no corral)
 
 _write_lock = threading.Lock()
 _procs: dict[int, "Proc"] = {}
@@ -53,6 +54,7 @@ class Proc:
         self.kept = 0
         self.truncated = False
         self.timed_out = False
+        self.killed = False  # SIGKILLed on request: its whole group must go with it
         argv = [str(a) for a in msg["argv"]]  # type: ignore[attr-defined]
         env = {str(k): str(v) for k, v in dict(msg.get("env") or {}).items()}  # type: ignore[call-overload]
         cwd = str(msg.get("cwd") or ".")
@@ -130,6 +132,8 @@ class Proc:
         self.kill(signal.SIGKILL)
 
     def kill(self, sig: int) -> None:
+        if sig == signal.SIGKILL:
+            self.killed = True
         try:
             os.killpg(self.pid, sig)
         except OSError:
@@ -137,11 +141,16 @@ class Proc:
 
     def wait(self) -> None:
         _, status = os.waitpid(self.pid, 0)
-        if self.timed_out:
-            self.kill(signal.SIGKILL)  # what the timeout left of the group
+        if self.killed:
+            # what the kill left of the group: a child forked while the signal was
+            # on its way (seen under gVisor), which would hold the output pipes open
+            self.kill(signal.SIGKILL)
         for t in self.pumps:
-            t.join(timeout=None if not self.timed_out else 1.0)
+            t.join(timeout=None if not self.killed else 1.0)
         code = os.waitstatus_to_exitcode(status)
+        code = 128 - code if code < 0 else code
+        if self.timed_out:
+            code = EXIT_TIMEOUT
         with _procs_lock:
             _procs.pop(self.id, None)
         if self.stdin_w >= 0:
@@ -153,7 +162,7 @@ class Proc:
             {
                 "ev": "exit",
                 "id": self.id,
-                "code": 128 - code if code < 0 else code,
+                "code": code,
                 "timed_out": self.timed_out,
                 "truncated": self.truncated,
             }
@@ -206,7 +215,51 @@ def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:
         )
 
 
+def report_error(args: "threading.ExceptHookArgs") -> None:
+    """An unexpected error in one of our threads: one line to the host, no traceback."""
+    try:
+        send({"ev": "error", "message": f"agent: {args.exc_type.__name__}: {args.exc_value}"})
+    except OSError:
+        pass
+
+
+def handle(ident: int, msg: dict[str, object], payload: bytes) -> None:
+    """One request from the host (all but shutdown)."""
+    op = msg.get("op")
+    if op == "exec":
+        try:
+            proc = Proc(ident, msg)
+        except OSError as exc:  # as a shell would say it
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            argv0 = msg["argv"][0]  # type: ignore[index]
+            message = f"corral: cannot run {argv0}: {exc.strerror}\n"
+            send({"ev": "out", "id": ident, "fd": 2}, message.encode())
+            send({"ev": "exit", "id": ident, "code": code})
+            return
+        with _procs_lock:
+            _procs[ident] = proc
+    elif op in ("stdin", "close_stdin", "kill"):
+        with _procs_lock:
+            target = _procs.get(ident)
+        if target is None:
+            return
+        if op == "kill":
+            target.kill(int(str(msg.get("signal", signal.SIGKILL))))
+        elif target.stdin_w >= 0:
+            try:
+                if op == "stdin":
+                    os.write(target.stdin_w, payload)
+                else:
+                    os.close(target.stdin_w)
+                    target.stdin_w = -1
+            except OSError:
+                pass
+    else:
+        threading.Thread(target=file_op, args=(ident, msg, payload), daemon=True).start()
+
+
 def main() -> None:
+    threading.excepthook = report_error
     send({"ev": "ready", "pid": os.getpid()})
     while True:
         try:
@@ -215,39 +268,15 @@ def main() -> None:
             payload = read_exact(payload_len) if payload_len else b""
         except EOFError:
             break
-        ident = int(msg.get("id", 0))
-        op = msg.get("op")
-        if op == "exec":
-            try:
-                proc = Proc(ident, msg)
-            except OSError as exc:  # as a shell would say it
-                code = 127 if isinstance(exc, FileNotFoundError) else 126
-                message = f"corral: cannot run {msg['argv'][0]}: {exc.strerror}\n"
-                send({"ev": "out", "id": ident, "fd": 2}, message.encode())
-                send({"ev": "exit", "id": ident, "code": code})
-                continue
-            with _procs_lock:
-                _procs[ident] = proc
-        elif op in ("stdin", "close_stdin", "kill"):
-            with _procs_lock:
-                target = _procs.get(ident)
-            if target is None:
-                continue
-            if op == "kill":
-                target.kill(int(msg.get("signal", signal.SIGKILL)))
-            elif target.stdin_w >= 0:
-                try:
-                    if op == "stdin":
-                        os.write(target.stdin_w, payload)
-                    else:
-                        os.close(target.stdin_w)
-                        target.stdin_w = -1
-                except OSError:
-                    pass
-        elif op == "shutdown":
+        if msg.get("op") == "shutdown":
             break
-        else:
-            threading.Thread(target=file_op, args=(ident, msg, payload), daemon=True).start()
+        ident = int(msg.get("id", 0))
+        try:
+            handle(ident, msg, payload)
+        except Exception as exc:  # a bad request must not end the sandbox
+            send({"ev": "error", "message": f"agent: {type(exc).__name__}: {exc}"})
+            if msg.get("op") == "exec":  # its caller waits for an exit
+                send({"ev": "exit", "id": ident, "code": 126})
     with _procs_lock:
         for proc in _procs.values():
             proc.kill(signal.SIGKILL)

@@ -33,6 +33,7 @@ from corral.errors import CorralError
 
 HEADER = struct.Struct("!II")
 SANDBOX_AGENT = "/run/corral/agent.py"
+SPAWN_WAIT = 30.0  # seconds for the agent to report a started command's pid
 
 
 class SandboxError(CorralError):
@@ -50,6 +51,16 @@ class CwdOutsideSandbox(SandboxError):
 
 class PathDenied(SandboxError, PermissionError):
     """The policy forbids this file operation (read-deny, write-deny, read-only)."""
+
+
+class CallbackError(SandboxError):
+    """An ``on_stdout``/``on_stderr``/exit callback raised.  The command was killed
+    (nobody was taking its output any more, as when a pipeline's reader exits);
+    ``result`` holds what it did until then and ``__cause__`` the callback's error."""
+
+    def __init__(self, result: ExecResult, error: BaseException) -> None:
+        super().__init__(f"a callback raised {type(error).__name__}: {error}")
+        self.result = result
 
 
 class ExecResult:
@@ -100,6 +111,22 @@ class Process:
         self._on = {1: on_stdout, 2: on_stderr}
         self._began = time.monotonic()
         self._exit_callbacks: list[Callable[[ExecResult], None]] = []
+        self.error: BaseException | None = None  # the first callback error, if any
+
+    def _call(self, callback: Callable[..., None], arg: object) -> None:
+        """Run a caller's callback on the reader thread; its error must not kill the
+        thread (every later exec would hang) but reach the caller of wait()."""
+        try:
+            callback(arg)
+        except Exception as exc:
+            if self.error is None:
+                self.error = exc
+                self._on = {1: None, 2: None}
+                if self.running:
+                    try:
+                        self.kill()
+                    except (SandboxError, OSError):
+                        pass
 
     # -- called by the reader thread
     def _event(self, header: dict[str, object], payload: bytes) -> None:
@@ -113,7 +140,7 @@ class Process:
                 (self._out if which == 1 else self._err).extend(payload)
             callback = self._on.get(which)
             if callback is not None:
-                callback(payload)
+                self._call(callback, payload)
         elif ev == "exit":
             r = self.result
             r.exit_code = int(str(header["code"]))
@@ -126,7 +153,7 @@ class Process:
             self._started.set()
             self._done.set()
             for notify in callbacks:
-                notify(r)
+                self._call(notify, r)
 
     def add_exit_callback(self, callback: Callable[[ExecResult], None]) -> None:
         """Called with the result once the process ends (at once if it already has)."""
@@ -134,7 +161,7 @@ class Process:
             if not self._done.is_set():
                 self._exit_callbacks.append(callback)
                 return
-        callback(self.result)
+        self._call(callback, self.result)
 
     @property
     def running(self) -> bool:
@@ -145,8 +172,15 @@ class Process:
         return self.result.exit_code if self._done.is_set() else None
 
     def wait(self, timeout: float | None = None) -> ExecResult:
+        """The result once the process ends; CallbackError if a callback raised."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"process {self.id} still running after {timeout}s")
+        return self.outcome()
+
+    def outcome(self) -> ExecResult:
+        """The result of an ended process, or its callback's error raised."""
+        if self.error is not None:
+            raise CallbackError(self.result, self.error) from self.error
         return self.result
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -247,6 +281,8 @@ class Sandbox:
         self._door = open_door(policy, self.run_id, transport=self.tier.door_transport)
         self._closed = False
         self.denials: list[str] = []  # what closing found undone (quarantine, restore)
+        # unexpected errors inside corral's own parts (the agent), one line each
+        self.errors: list[str] = []
         self._lock = threading.Lock()
         self._next_id = 0
         self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]]] = {}
@@ -437,10 +473,16 @@ class Sandbox:
                 header, payload = self._recv(sock)
             except (EOFError, OSError, ValueError):
                 break
+            if header.get("ev") == "error":  # the agent caught something unexpected
+                self.errors.append(str(header.get("message", "")))
+                continue
             ident = int(str(header.get("id", 0)))
             proc = self._procs.get(ident)
             if proc is not None:
-                proc._event(header, payload)
+                try:
+                    proc._event(header, payload)
+                except Exception as exc:  # a malformed frame: this thread must live on
+                    self.errors.append(f"reader: {type(exc).__name__}: {exc}")
                 if header.get("ev") == "exit":
                     self._procs.pop(ident, None)
                 continue
@@ -464,7 +506,11 @@ class Sandbox:
     # -- commands ------------------------------------------------------------------
 
     def _argv(self, command: str | list[str]) -> list[str]:
-        return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        if isinstance(command, str):
+            return ["/bin/sh", "-c", command]
+        if not command:
+            raise ValueError("an empty command")
+        return [str(a) for a in command]
 
     def _cwd(self, cwd: str | None) -> str:
         if cwd is None:
@@ -497,7 +543,24 @@ class Sandbox:
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
     ) -> Process:
-        """Start ``command`` in the background and return its handle."""
+        """Start ``command`` in the background and return its handle, once it has a
+        pid (a command that could not start has ended already: see ``returncode``)."""
+        proc = self._launch(command, cwd, env, timeout, stdin, on_stdout, on_stderr)
+        if not proc._started.wait(SPAWN_WAIT):
+            raise SandboxError(f"the sandbox did not start {proc.argv[0]} in {SPAWN_WAIT:g}s")
+        return proc
+
+    def _launch(
+        self,
+        command: str | list[str],
+        cwd: str | None,
+        env: dict[str, str] | list[str] | None,
+        timeout: float | None,
+        stdin: bool,
+        on_stdout: Callable[[bytes], None] | None,
+        on_stderr: Callable[[bytes], None] | None,
+    ) -> Process:
+        """Ask the agent to start ``command``; do not wait for its pid."""
         self._ensure()
         argv = self._argv(command)
         ident = self._new_id()
@@ -546,16 +609,8 @@ class Sandbox:
         on_stdout: Callable[[bytes], None] | None,
         on_stderr: Callable[[bytes], None] | None,
     ) -> Process:
-        """What exec does before it waits: spawn, and hand over the whole stdin."""
-        proc = self.spawn(
-            command,
-            cwd=cwd,
-            env=env,
-            timeout=timeout,
-            stdin=stdin is not None,
-            on_stdout=on_stdout,
-            on_stderr=on_stderr,
-        )
+        """What exec does before it waits: start, and hand over the whole stdin."""
+        proc = self._launch(command, cwd, env, timeout, stdin is not None, on_stdout, on_stderr)
         if stdin is not None:
             proc.write_stdin(stdin)
             proc.close_stdin()
@@ -689,7 +744,8 @@ class AsyncSandbox:
             loop.call_soon_threadsafe(settle, result)
 
         proc.add_exit_callback(done)
-        return await future
+        await future
+        return proc.outcome()
 
     async def exec(
         self,

@@ -52,7 +52,13 @@ def limits_hit(base: str = "/sys/fs/cgroup") -> list[str]:
     return hit
 
 
+def _one_line(kind: type[BaseException], value: BaseException, _tb: object) -> None:
+    """An unexpected error here reaches the command's stderr as one line, no traceback."""
+    sys.stderr.write(f"corral boot: internal error: {kind.__name__}: {value}\n")
+
+
 def main(argv: list[str]) -> None:
+    sys.excepthook = _one_line
     env_file, report, sep, command = argv[0], argv[1], argv[2], argv[3:]
     if sep != "--" or not command:
         sys.stderr.write("corral boot: usage: boot.py ENV REPORT -- COMMAND...\n")
