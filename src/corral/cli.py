@@ -25,7 +25,7 @@ usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
        corral mcp [OPTIONS]                         an MCP server (stdio) on one sandbox
        corral doctor [--json] [--probe]             which tiers can run here, and why not
        corral log [-n N] [--json] [--log FILE]      the last runs
-       corral log --net [--run ID] [--host H] [--decision allow|deny]
+       corral log --net [--run ID] [--host H] [--decision allow|deny|error]
        corral proxy serve [--policy FILE] [--listen HOST:PORT] [--door PATH]
                           [--allow HOST...] [--workers N]
        corral --version
@@ -341,6 +341,7 @@ def _run_plan(
         tally = door.close()
         if tally:
             result.denials.append(summary_line(tally))
+        record["proxy_errors"] = door.errors  # details: net.jsonl, decision "error"
     record.update(
         end=runlog.iso(time.time()),
         exit=result.exit_code,
@@ -450,6 +451,8 @@ def cmd_log(args: list[str]) -> int:
             extra += f"  denials: {len(denials)}"
         if r.get("error"):
             extra += f"  error: {r['error']}"
+        if r.get("proxy_errors"):
+            extra += f"  proxy errors: {r['proxy_errors']} (corral log --net --decision error)"
         duration = r.get("duration")
         dur = f"{duration:.3f}s" if isinstance(duration, int | float) else "-"
         start, run_id, tier, code = (
@@ -474,8 +477,8 @@ def _log_net(opts: dict[str, object], count: int) -> int:
 
     path = str(opts["net_log"]) if opts.get("net_log") else default_path()
     decision = opts.get("decision")
-    if decision not in (None, "allow", "deny"):
-        raise CorralError("--decision: expected allow or deny")
+    if decision not in (None, "allow", "deny", "error"):
+        raise CorralError("--decision: expected allow, deny or error")
     records = [
         r
         for r in runlog.read(path)
@@ -514,6 +517,7 @@ def cmd_proxy(args: list[str]) -> int:
 
     from corral.launch import new_run_id
     from corral.net.audit import default_path
+    from corral.net.door import quiet_stderr
 
     run_id = "serve-" + new_run_id()
     try:
@@ -551,6 +555,7 @@ def cmd_proxy(args: list[str]) -> int:
             os.close(life_w)
             code = 0
             try:
+                quiet_stderr()  # the first worker speaks for all of them
                 _proxy_worker(policy, sockets, run_id, audit_path, life_r)
             except BaseException:
                 code = 1
@@ -581,18 +586,21 @@ def _proxy_worker(
     import signal
     import socket
 
-    from corral.net.audit import Audit
+    from corral.net.audit import Audit, guard_process
     from corral.net.hooks import chain_for
     from corral.net.proxy import Proxy, run_loop
 
     chain = chain_for(policy)
     audit = Audit(audit_path)
+    guard_process(audit, run_id)
 
     async def serve() -> None:
         proxy = Proxy(chain, audit, policy.network.hosts)
+        proxy.guard(run_id)  # an unexpected exception: one audit line, not a traceback
         for sock in sockets:
             if sock.family == socket.AF_UNIX:
-                await proxy.serve_unix(sock, run_id)
+                # a relay's internal frames only where a transparent relay can be
+                await proxy.serve_unix(sock, run_id, policy.network.transparent)
             else:
                 await proxy.serve_sock(sock, run_id)
         stop = asyncio.Event()

@@ -325,6 +325,8 @@ def _expect_hosts(v: object) -> dict[str, str]:
         raise ValueError('expected a table of "name" = "address"')
     import ipaddress
 
+    from corral.net.names import BadName, normalize
+
     out = {}
     for name, address in v.items():
         if not isinstance(address, str):
@@ -333,7 +335,10 @@ def _expect_hosts(v: object) -> dict[str, str]:
             ipaddress.ip_address(address)
         except ValueError:
             raise ValueError(f"{name} = {address!r}: not an IP address") from None
-        out[name.lower().rstrip(".")] = address
+        try:  # the spelling the proxy looks up: any other spelling finds it too
+            out[normalize(name)] = str(ipaddress.ip_address(address))
+        except BadName as exc:
+            raise ValueError(f"{name!r}: {exc.reason}") from None
     return out
 
 
