@@ -171,3 +171,35 @@ def test_find_bwrap_ignores_relative_path_entries(
     monkeypatch.setenv("PATH", ":/nonexistent-corral-bin")
     found = namespace.find_bwrap()
     assert found is None or os.path.isabs(found)
+
+
+def test_passed_descriptors_keep_their_numbers(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--pass-fd 3 --pass-fd 5: bwrap's own descriptors move around them, and the plan
+    names each passed one so the launcher hands over exactly those."""
+    (workspace / ".env").write_text("TOKEN=x\n")
+    pol = Policy(str(workspace))
+    plan = NamespaceTier().plan(pol, ["true"], pass_fds=(3, 5))
+    assert plan.fds[3] == plan.fds[5] == "pass"
+    argv = plan.argv
+    status, sec = (
+        int(argv[argv.index("--json-status-fd") + 1]),
+        int(argv[argv.index("--seccomp") + 1]),
+    )
+    assert (status, sec) == (4, 6)
+    assert plan.fds[status] == "status" and plan.fds[sec] == "seccomp"
+    empty = [int(argv[i + 1]) for i, a in enumerate(argv) if a == "--ro-bind-data"]
+    assert empty and all(n not in (3, 5) and plan.fds[n] == "empty" for n in empty)
+    assert len(set(plan.fds)) == len(plan.fds)  # no number used twice
+    # twin: without any, the numbers are the usual ones and nothing is passed
+    plain = NamespaceTier().plan(pol, ["true"])
+    assert "pass" not in plain.fds.values()
+    assert plain.fds[FD_STATUS] == "status" and plain.fds[FD_SECCOMP] == "seccomp"
+
+
+def test_own_fd_numbers_skip_passed_ones() -> None:
+    numbers = namespace.own_fd_numbers({3, 4, 40})
+    assert [next(numbers) for _ in range(4)] == [5, 6, 7, 8]
+    numbers = namespace.own_fd_numbers(())
+    assert [next(numbers) for _ in range(3)] == [FD_STATUS, FD_SECCOMP, FD_EMPTY]

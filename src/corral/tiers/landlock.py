@@ -190,6 +190,7 @@ class LandlockTier(Tier):
         command: list[str],
         door: str | None = None,
         extra: Sequence[Mount] = (),
+        pass_fds: Sequence[int] = (),
     ) -> Plan:
         from corral import cgroups, landlock, seccomp
         from corral.errors import RefusedError
@@ -210,6 +211,7 @@ class LandlockTier(Tier):
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
         plan.seccomp = (*seccomp.default_deny_rules(), *extra_seccomp_rules())
+        plan.fds = dict.fromkeys(pass_fds, "pass")
         plan.cgroup = cgroups.plan_for(policy.limits)
         base = os.environ.get("TMPDIR") or "/tmp"
         if not os.path.isabs(base):

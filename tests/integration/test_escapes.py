@@ -1,0 +1,357 @@
+"""Escapes found from outside (issue 11), each with its allow twin, on every tier:
+descriptors inherited from the caller, kernel tunables and host facts under
+/proc and /sys, hard links planted in the workspace, traces left by undo."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from conftest import Corral
+
+# --- 1. descriptors --------------------------------------------------------------
+
+# Runs inside: for each (directory fd, socket fd) pair named on the command line,
+# create a file through the directory and send bytes on the socket.  TAG keeps a
+# twin's evidence apart from the deny case's.
+FD_PROBE = r"""
+import os, sys
+tag = sys.argv[1]
+for pair in sys.argv[2:]:
+    d, s = (int(n) for n in pair.split(","))
+    try:
+        os.close(os.open(f"{tag}-{d}", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=d))
+        print(f"dir{d}=ok")
+    except OSError as e:
+        print(f"dir{d}=err:{e.errno}")
+    try:
+        os.write(s, f"{tag}-{s};".encode())
+        print(f"sock{s}=ok")
+    except OSError as e:
+        print(f"sock{s}=err:{e.errno}")
+"""
+
+# low numbers (right above stdio, where bwrap's own status fd would go) and high ones
+FD_PAIRS = [(3, 4), (40, 41)]
+
+
+class Held:
+    """A host directory and a connected socket the caller holds at chosen numbers."""
+
+    def __init__(self, outside: Path, numbers: tuple[int, int]) -> None:
+        self.outside = outside
+        self.numbers = numbers
+        # parked high in this process: the child moves them to their numbers
+        self.dir_fd = fcntl.fcntl(
+            os.open(outside, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC),
+            fcntl.F_DUPFD_CLOEXEC,
+            200,
+        )
+        ours, theirs = socket.socketpair()
+        self.peer = ours
+        self.seen = b""
+        self.sock_fd = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD_CLOEXEC, 200)
+        theirs.close()
+
+    def place(self) -> None:
+        """In the child, before exec: the two descriptors at their numbers."""
+        d, s = self.numbers
+        os.dup2(self.dir_fd, d)
+        os.dup2(self.sock_fd, s)
+
+    def arrived(self) -> bytes:
+        """Everything the sandbox managed to send through the socket so far."""
+        self.peer.setblocking(False)
+        try:
+            while chunk := self.peer.recv(65536):
+                self.seen += chunk
+        except BlockingIOError:
+            pass
+        return self.seen
+
+    def close(self) -> None:
+        os.close(self.dir_fd)
+        os.close(self.sock_fd)
+        self.peer.close()
+
+
+@contextmanager
+def held(c: Corral, numbers: tuple[int, int]) -> Iterator[Held]:
+    outside = c.base / f"outside-{uuid.uuid4().hex[:6]}"
+    outside.mkdir()
+    c.chown(outside)  # writable by the user under test: a denial is corral's doing
+    h = Held(outside, numbers)
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def run_holding(
+    c: Corral, ws: Path, h: Held, args: list[str], timeout: float = 60
+) -> subprocess.CompletedProcess[bytes]:
+    """``corral ARGS`` started by a program holding ``h``'s descriptors."""
+    return subprocess.run(
+        c.argv(args),
+        cwd=ws,
+        env=c.env(),
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+        close_fds=False,  # the caller's other descriptors come along too, as in real life
+        preexec_fn=h.place,
+    )
+
+
+def probe(c: Corral, ws: Path) -> str:
+    path = ws / "fdprobe.py"
+    path.write_text(FD_PROBE)
+    c.chown(path)
+    return path.name
+
+
+def lines(out: bytes) -> dict[str, str]:
+    found = {}
+    for line in out.decode(errors="replace").splitlines():
+        name, eq, value = line.partition("=")
+        if eq:
+            found[name] = value
+    return found
+
+
+def assert_nothing_crossed(h: Held, out: bytes, tag: str) -> None:
+    d, s = h.numbers
+    got = lines(out)
+    assert got.get(f"dir{d}") == f"err:{errno.EBADF}", out  # the probe ran; no such fd
+    assert got.get(f"sock{s}") == f"err:{errno.EBADF}", out
+    assert not (h.outside / f"{tag}-{d}").exists()  # nothing made outside through it
+    assert f"{tag}-".encode() not in h.arrived()  # and nothing reached the host's socket
+
+
+def assert_passed(c: Corral, h: Held, out: bytes, tag: str) -> None:
+    d, s = h.numbers
+    got = lines(out)
+    assert got.get(f"sock{s}") == "ok", out
+    assert f"{tag}-{s};".encode() in h.arrived()
+    if c.tier is not None and c.tier.id == "landlock":
+        # the descriptor is there, and Landlock still judges what is made through
+        # it by its path: outside the workspace, no file is created
+        assert got.get(f"dir{d}") == f"err:{errno.EACCES}", out
+        assert not (h.outside / f"{tag}-{d}").exists()
+    else:
+        assert got.get(f"dir{d}") == "ok", out
+        assert (h.outside / f"{tag}-{d}").exists()
+
+
+def refuses_pass_fd(c: Corral) -> bool:
+    """gVisor has no --preserve-fds: --pass-fd is refused there, with its reason."""
+    return c.tier is not None and c.tier.id == "gvisor"
+
+
+@pytest.mark.parametrize("numbers", FD_PAIRS, ids=["fds-3-4", "fds-40-41"])
+def test_run_inherits_no_descriptor(
+    tsandbox: tuple[Corral, Path], numbers: tuple[int, int]
+) -> None:
+    c, ws = tsandbox
+    name = probe(c, ws)
+    pair = f"{numbers[0]},{numbers[1]}"
+    with held(c, numbers) as h:
+        r = run_holding(c, ws, h, ["run", "-q", "--", "python3", name, "leak", pair])
+        assert r.returncode == 0, r
+        assert_nothing_crossed(h, r.stdout, "leak")
+    with held(c, numbers) as h:  # allow twin: asked for by flag, they cross
+        flags = ["--pass-fd", str(numbers[0]), "--pass-fd", str(numbers[1])]
+        r = run_holding(c, ws, h, ["run", "-q", *flags, "--", "python3", name, "pass", pair])
+        if refuses_pass_fd(c):
+            assert r.returncode == 122 and b"cannot pass a descriptor" in r.stderr, r
+            assert h.arrived() == b""
+            return
+        assert r.returncode == 0, r
+        assert_passed(c, h, r.stdout, "pass")
+
+
+def test_run_with_the_network_inherits_no_descriptor(tsandbox: tuple[Corral, Path]) -> None:
+    """The relay sits between the sandbox's start and the command: nothing of the
+    caller's, and none of the relay's own sockets, reaches the command."""
+    c, ws = tsandbox
+    name = probe(c, ws)
+    numbers = (40, 41)
+    with held(c, numbers) as h:
+        r = run_holding(
+            c, ws, h, ["run", "-q", "--allow", "127.0.0.1", "--", "python3", name, "leak", "40,41"]
+        )
+        assert r.returncode == 0, r
+        assert_nothing_crossed(h, r.stdout, "leak")
+    listing = c.sh(ws, "ls /proc/self/fd/ | sort -n | tr '\\n' ' '", "--allow", "127.0.0.1")
+    assert listing.returncode == 0, listing
+    # ls holds one descriptor of its own (the directory it lists): the fourth
+    assert listing.stdout.split() == [b"0", b"1", b"2", b"3"], listing
+
+
+def test_run_pass_fd_is_checked(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    for bad, words in (("2", b"above 2"), ("x", b"above 2"), ("77", b"not an open descriptor")):
+        r = c.run(["run", "-q", "--pass-fd", bad, "--", "true"], cwd=ws)
+        assert r.returncode == 2 and words in r.stderr, r
+    assert c.run(["run", "-q", "--", "true"], cwd=ws).returncode == 0  # twin
+
+
+@pytest.mark.tiers("namespace", "landlock", why="corral shell is refused on the container tiers")
+@pytest.mark.parametrize("numbers", FD_PAIRS, ids=["fds-3-4", "fds-40-41"])
+def test_shell_inherits_no_descriptor(
+    tsandbox: tuple[Corral, Path], numbers: tuple[int, int]
+) -> None:
+    c, ws = tsandbox
+    name = probe(c, ws)
+    pair = f"{numbers[0]},{numbers[1]}"
+    with held(c, numbers) as h:
+        r = run_holding(c, ws, h, ["shell", "-q", "--", "python3", name, "leak", pair])
+        assert r.returncode == 0, r
+        assert_nothing_crossed(h, r.stdout, "leak")
+    with held(c, numbers) as h:
+        flags = ["--pass-fd", str(numbers[0]), "--pass-fd", str(numbers[1])]
+        r = run_holding(c, ws, h, ["shell", "-q", *flags, "--", "python3", name, "pass", pair])
+        assert r.returncode == 0, r
+        assert_passed(c, h, r.stdout, "pass")
+
+
+# The Sandbox API, run by a program of the user under test: every exec gets stdin,
+# stdout and stderr only; pass_fds hands a descriptor to one exec.
+SANDBOX_SCRIPT = r"""
+import json, os, sys
+from corral import policy
+from corral.sandbox import Sandbox, SandboxError
+api, pair = json.loads(sys.argv[1]), sys.argv[2]
+d, s = (int(n) for n in pair.split(","))
+flags = {fd: os.get_inheritable(fd) for fd in (d, s)}
+with Sandbox(policy.load(os.getcwd()), **api) as sb:
+    r = sb.exec(["python3", "fdprobe.py", "leak", pair])
+    print("deny:" + r.stdout.decode().replace("\n", " "), flush=True)
+    try:
+        r = sb.exec(["python3", "fdprobe.py", "pass", pair], pass_fds=(d, s))
+        print("pass:" + r.stdout.decode().replace("\n", " "), flush=True)
+    except SandboxError as exc:
+        print("refused:" + str(exc), flush=True)
+    r = sb.exec(["sh", "-c", "ls /proc/self/fd/ | sort -n | tr '\n' ' '"])
+    print("listing:" + r.stdout.decode(), flush=True)
+print("flags-kept=" + str(flags == {fd: os.get_inheritable(fd) for fd in (d, s)}))
+"""
+
+
+@pytest.mark.parametrize("numbers", FD_PAIRS, ids=["fds-3-4", "fds-40-41"])
+def test_sandbox_exec_inherits_no_descriptor(
+    tsandbox: tuple[Corral, Path], numbers: tuple[int, int]
+) -> None:
+    c, ws = tsandbox
+    assert c.tier is not None
+    probe(c, ws)
+    script = ws.parent / "api.py"
+    script.write_text(SANDBOX_SCRIPT)
+    os.chmod(script, 0o644)
+    pair = f"{numbers[0]},{numbers[1]}"
+    argv = c.python_argv([str(script), json.dumps(c.tier.api), pair])
+    with held(c, numbers) as h:
+        r = subprocess.run(
+            argv,
+            cwd=ws,
+            env=c.env(),
+            capture_output=True,
+            timeout=120,
+            close_fds=False,
+            preexec_fn=h.place,
+        )
+        assert r.returncode == 0, r
+        out = {
+            line.split(":", 1)[0]: line.split(":", 1)[1]
+            for line in r.stdout.decode().splitlines()
+            if ":" in line
+        }
+        assert "deny" in out, r
+        assert_nothing_crossed(h, out["deny"].replace(" ", "\n").encode(), "leak")
+        # the agent's channel to the host and everything else of corral's stays out
+        assert out["listing"].split() == ["0", "1", "2", "3"], r
+        assert b"flags-kept=True" in r.stdout, r  # the caller's own descriptors untouched
+        if c.tier.id in ("container", "gvisor"):  # its agent is behind the engine's pipes
+            assert "cannot carry descriptors" in out.get("refused", ""), r
+            assert h.arrived() == b""
+        else:  # allow twin
+            assert_passed(c, h, out["pass"].replace(" ", "\n").encode(), "pass")
+
+
+@pytest.mark.tiers("namespace", why="corral mcp runs one Sandbox: the tier changes nothing here")
+def test_mcp_inherits_no_descriptor(tsandbox: tuple[Corral, Path]) -> None:
+    """`corral mcp` started by a client holding descriptors: its tools' commands
+    see none of them (the SDK is installed for the test interpreter only: root)."""
+    c, ws = tsandbox
+    if c.who != "root":
+        pytest.skip("the mcp SDK is installed for the test interpreter only, not the user's")
+    pytest.importorskip("mcp", reason="the mcp SDK is part of the dev extra")
+    name = probe(c, ws)
+    with held(c, (40, 41)) as h:
+        server = subprocess.Popen(
+            c.argv(["mcp", "--tier", "namespace", "--workspace", str(ws)]),
+            cwd=ws,
+            env=c.env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            close_fds=False,
+            preexec_fn=h.place,
+        )
+        try:
+            result = mcp_call(server, "run_command", {"command": f"python3 {name} leak 40,41"})
+        finally:
+            server.kill()
+            server.wait()
+        assert_nothing_crossed(h, str(result.get("stdout", "")).encode(), "leak")
+        assert "dir40=err" in str(result.get("stdout")), result  # twin: the tool ran
+
+
+def mcp_call(server: subprocess.Popen[bytes], tool: str, args: dict[str, object]) -> dict:
+    """initialize, then one tools/call, over newline-delimited JSON-RPC."""
+    assert server.stdin is not None and server.stdout is not None
+
+    def send(message: dict[str, object]) -> None:
+        assert server.stdin is not None
+        server.stdin.write(json.dumps(message).encode() + b"\n")
+        server.stdin.flush()
+
+    def reply(ident: int) -> dict:
+        assert server.stdout is not None
+        while True:
+            line = server.stdout.readline()
+            assert line, "the MCP server closed its output"
+            message = json.loads(line)
+            if message.get("id") == ident:
+                return dict(message)
+
+    send(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "corral-tests", "version": "1"},
+            },
+        }
+    )
+    assert "result" in reply(1)
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    call = {"name": tool, "arguments": args}
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+    answer = reply(2)["result"]
+    structured = answer.get("structuredContent")
+    if structured is not None:
+        return dict(structured.get("result", structured))
+    return dict(json.loads(answer["content"][0]["text"]))
