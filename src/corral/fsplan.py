@@ -10,6 +10,8 @@ The rules, in the order the mounts are laid:
 1. the host's ``/`` read-only; a fresh ``/dev`` and ``/proc``; private tmpfs on
    ``/tmp``, ``/var/tmp``, ``/run`` and ``/dev/shm`` (these are also where host
    daemons keep their unix sockets, so hiding them closes most sockets at once);
+   ``/proc/sys`` and the other kernel-wide entries of /proc read-only, and the
+   host's network interfaces in /sys hidden (the sandbox has its own network);
 2. *shadows*: a read-deny path that does not exist yet cannot get a mount point
    without creating it on the host, so its nearest existing ancestor is rebuilt
    as a read-only snapshot (a tmpfs holding binds of the entries it has now).
@@ -35,10 +37,29 @@ from corral import defaults
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Collection, Sequence
+
     from corral.policy import Policy
 
 # Replaced by private tmpfs in every run (see rule 1).
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/run", "/dev/shm")
+# Entries of the sandbox's own /proc that reach kernel-wide state: its pid view is
+# private, these are not.  Started by root, the sandbox's uid 0 owns them, so
+# /proc/sys/kernel/core_pattern would open for writing.  Bound read-only over
+# themselves when the host has them (bwrap covers irq and bus itself, not sys).
+PROC_HOST_STATE = (
+    "sys",
+    "sysrq-trigger",
+    "irq",
+    "bus",
+    "fs",
+    "mtrr",
+    "acpi",
+    "driver",
+    "scsi",
+    "tty",
+)
+SYS_CLASS_NET = "/sys/class/net"
 NEVER_SHADOW = frozenset({"/", "/usr", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/proc", "/sys"})
 
 
@@ -136,6 +157,41 @@ def host_unix_sockets(proc_net_unix: str = "/proc/net/unix") -> list[str]:
     except OSError:
         return []
     return sorted(found)
+
+
+def host_net_dirs(class_net: str = SYS_CLASS_NET, devices: str = "/sys/devices") -> list[str]:
+    """Where the host's sysfs lists its network interfaces: ``/sys/class/net`` and,
+    for each interface, the ``net`` directory under /sys/devices that holds it
+    (its MAC address and statistics live there; /sys/class/net only links to it)."""
+    try:
+        names = os.listdir(class_net)
+    except OSError:
+        return []
+    found = {class_net}
+    for name in names:
+        real = os.path.realpath(os.path.join(class_net, name))
+        if _inside(real, devices) and os.path.basename(os.path.dirname(real)) == "net":
+            found.add(os.path.dirname(real))
+    return sorted(found)
+
+
+def kernel_mounts(proc_names: Collection[str], net_dirs: Sequence[str]) -> list[Mount]:
+    """Mounts that keep a sandbox with its own network namespace from changing
+    kernel-wide state or reading the host's interfaces (pure: host facts come in).
+
+    ``proc_names``: the entries of the host's /proc; ``net_dirs``: from
+    :func:`host_net_dirs`.  /sys itself is the host's, bound read-only with /."""
+    mounts = [
+        Mount("ro-bind", f"/proc/{name}", f"/proc/{name}", "kernel-wide state: read-only")
+        for name in PROC_HOST_STATE
+        if name in proc_names
+    ]
+    for path in net_dirs:
+        # bwrap has no sysfs of the sandbox's own network namespace to offer: an
+        # empty read-only directory hides the host's interfaces and MAC addresses
+        mounts.append(Mount("tmpfs", path, why="hides the host's network interfaces"))
+        mounts.append(Mount("remount-ro", path, why="stays empty"))
+    return mounts
 
 
 class WorkspaceScan:
@@ -276,6 +332,12 @@ def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
     for tmp in PRIVATE_TMP:
         if os.path.isdir(tmp):
             base.append(Mount("tmpfs", tmp, why="private scratch; hides host sockets"))
+    if mounts:
+        try:
+            proc_names = frozenset(os.listdir("/proc"))
+        except OSError:
+            proc_names = frozenset()
+        base += kernel_mounts(proc_names, host_net_dirs())
 
     shadows: set[str] = set()
     masks: dict[str, Mount] = {}

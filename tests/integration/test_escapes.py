@@ -355,3 +355,138 @@ def mcp_call(server: subprocess.Popen[bytes], tool: str, args: dict[str, object]
     if structured is not None:
         return dict(structured.get("result", structured))
     return dict(json.loads(answer["content"][0]["text"]))
+
+
+# --- 2. kernel state under /proc and /sys ---------------------------------------------
+
+# Runs inside: opens for writing (never writes) the tunables a root sandbox must not
+# change, then every file under /proc (but the process directories) and /sys.
+KERNEL_PROBE = r"""
+import os, stat
+NAMED = (
+    "/proc/sys/kernel/core_pattern",
+    "/proc/sys/vm/drop_caches",
+    "/proc/sys/net/ipv4/ip_forward",
+    "/proc/sys/fs/binfmt_misc/register",
+    "/proc/sysrq-trigger",
+)
+def try_write(path):
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        return f"err:{e.errno}"
+    is_null = os.path.samefile(f"/proc/self/fd/{fd}", "/dev/null")
+    os.close(fd)
+    return "null" if is_null else "ok"
+for path in NAMED:
+    print(f"named {path}={try_write(path)}")
+try:
+    with open("/proc/sys/kernel/core_pattern") as fh:
+        print("read core_pattern=" + fh.read().strip())
+except OSError as e:
+    print(f"read core_pattern=err:{e.errno}")
+checked = 0
+for top in ("/proc", "/sys"):
+    for root, dirs, files in os.walk(top):
+        if root == "/proc":
+            dirs[:] = [d for d in dirs if not d.isdigit() and d not in ("self", "thread-self")]
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    continue
+            except OSError:
+                continue
+            checked += 1
+            if try_write(path) == "ok":
+                print(f"writable {path}=ok")
+print(f"checked={checked}")
+"""
+
+
+def test_kernel_state_is_read_only(tsandbox: tuple[Corral, Path]) -> None:
+    """Nothing under /proc or /sys that holds kernel-wide state opens for writing,
+    started by root (whose uid owns those files) or by a user; opened, never written."""
+    c, ws = tsandbox
+    script = ws / "kernel.py"
+    script.write_text(KERNEL_PROBE)
+    c.chown(script)
+    r = c.run(["run", "-q", "--", "python3", script.name], cwd=ws, timeout=180)
+    assert r.returncode == 0, r
+    got = lines(r.stdout)
+    for key, value in got.items():
+        if key.startswith("named "):
+            assert value.startswith("err:"), (key, value)  # refused (or absent)
+    with open("/proc/sys/kernel/core_pattern") as fh:  # twin: reading still works
+        host_pattern = fh.read().strip()
+    if c.tier is not None and c.tier.id != "gvisor":  # gVisor answers from its own kernel
+        assert got["read core_pattern"] == host_pattern, r
+    # the walk really ran over both trees (gVisor's are its own, and small)
+    assert int(got["checked"]) > (20 if c.tier is not None and c.tier.id == "gvisor" else 1000), r
+    writable = [k.removeprefix("writable ") for k in got if k.startswith("writable ")]
+    # PSI files take a trigger per open file (gone when it closes), for every user
+    writable = [p for p in writable if not p.startswith("/proc/pressure/")]
+    if c.tier is not None and c.tier.id == "gvisor":
+        # gVisor's /proc/sys is its own kernel's, emulated in the sandbox: writable
+        # there, never the host's (the named host tunables above were refused)
+        writable = [p for p in writable if not p.startswith("/proc/sys/")]
+    assert writable == [], writable
+    assert c.sh(ws, "echo ok > allowed").returncode == 0  # twin: the workspace is writable
+    assert (ws / "allowed").read_text() == "ok\n"
+
+
+# Runs inside: every name under /sys (no symlink followed) and the contents of the
+# files that carry an interface's identity.
+SYSFS_PROBE = r"""
+import os
+names, texts = set(), []
+for root, dirs, files in os.walk("/sys"):
+    names.update(dirs)
+    names.update(files)
+    for name in files:
+        if name in ("address", "perm_addr", "uevent", "broadcast", "ifalias", "phys_port_name"):
+            try:
+                with open(os.path.join(root, name), errors="replace") as fh:
+                    texts.append(fh.read(4096))
+            except OSError:
+                pass
+print("names=" + " ".join(sorted(names)))
+print("texts=" + " | ".join(t.replace("\n", " ") for t in texts))
+"""
+
+
+def host_interfaces() -> dict[str, str]:
+    found = {}
+    for name in os.listdir("/sys/class/net"):
+        try:
+            with open(f"/sys/class/net/{name}/address") as fh:
+                found[name] = fh.read().strip()
+        except OSError:
+            found[name] = ""
+    return found
+
+
+@pytest.mark.tiers(
+    "namespace", "container", "gvisor", why="the landlock tier shares the host's network"
+)
+def test_sysfs_shows_no_host_interface(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    host = host_interfaces()
+    assert host, "the host lists no interface at all"
+    script = ws / "sysfs.py"
+    script.write_text(SYSFS_PROBE)
+    c.chown(script)
+    r = c.run(["run", "-q", "--", "python3", script.name], cwd=ws, timeout=180)
+    assert r.returncode == 0, r
+    got = lines(r.stdout)
+    names = set(got["names"].split())
+    assert "devices" in names and "class" in names, r  # twin: /sys is there and walked
+    texts = got["texts"]
+    for name, mac in host.items():
+        if name == "lo" and c.tier is not None and c.tier.id != "namespace":
+            continue  # a container's sysfs shows its own loopback, not the host's
+        assert name not in names, (name, r)
+        assert f"INTERFACE={name} " not in texts + " ", (name, r)
+        if mac and mac != "00:00:00:00:00:00":
+            assert mac not in texts, (name, mac, r)
+    assert c.sh(ws, "cat /proc/net/dev | grep -q ' lo:'").returncode == 0  # its own loopback

@@ -203,3 +203,18 @@ def test_own_fd_numbers_skip_passed_ones() -> None:
     assert [next(numbers) for _ in range(4)] == [5, 6, 7, 8]
     numbers = namespace.own_fd_numbers(())
     assert [next(numbers) for _ in range(3)] == [FD_STATUS, FD_SECCOMP, FD_EMPTY]
+
+
+def test_bwrap_argv_keeps_kernel_state_read_only(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc/sys and friends are bound read-only after the sandbox's own /proc; the
+    host's interface directories become empty read-only tmpfs (host facts stubbed)."""
+    monkeypatch.setattr(fsplan, "host_net_dirs", lambda *_: ["/sys/class/net", "/sys/x/net"])
+    plan = NamespaceTier().plan(Policy(str(workspace)), ["true"])
+    text = " ".join(plan.argv)
+    assert "--proc /proc" in text
+    assert text.index("--proc /proc") < text.index("--ro-bind /proc/sys /proc/sys")
+    for path in ("/sys/class/net", "/sys/x/net"):
+        assert f"--tmpfs {path} --remount-ro {path}" in text
+    assert "--ro-bind /proc/self" not in text  # twin: the processes' own files are not
