@@ -356,6 +356,10 @@ def _run_plan(
         "argv": command,
         "network": policy.network.mode,
     }
+    if plan.notes:  # what the plan decided beyond the policy (hard links made read-only...)
+        record["notes"] = plan.notes
+    if passed:
+        record["pass_fds"] = list(passed)
     try:
         result = launch.run(plan, run_id)
     except CorralError as exc:

@@ -97,7 +97,15 @@ class FsPlan:
     """The mounts, and the decisions behind them for tiers that do not mount
     (landlock): which paths are secret, which existing paths must stay unchanged."""
 
-    __slots__ = ("mounts", "notes", "quarantine", "read_deny", "writable", "write_protect")
+    __slots__ = (
+        "hardlinks",
+        "mounts",
+        "notes",
+        "quarantine",
+        "read_deny",
+        "writable",
+        "write_protect",
+    )
 
     def __init__(self) -> None:
         self.mounts: list[Mount] = []
@@ -106,6 +114,9 @@ class FsPlan:
         self.notes: list[str] = []
         self.read_deny: list[str] = []  # absolute, present or not (real paths when present)
         self.write_protect: list[str] = []  # existing write-deny paths inside writable ones
+        # files in the workspace whose content may be shared with a file outside it:
+        # read-only for the run (mount tiers bind them so; landlock withholds writing)
+        self.hardlinks: list[str] = []
 
 
 def _inside(path: str, root: str) -> bool:
@@ -195,13 +206,15 @@ def kernel_mounts(proc_names: Collection[str], net_dirs: Sequence[str]) -> list[
 
 
 class WorkspaceScan:
-    """What a bounded walk of the workspace found: git dirs and secret files."""
+    """What a bounded walk of the workspace found: git dirs, secret files, and regular
+    files with more links than the walk found inside the workspace."""
 
-    __slots__ = ("complete", "git_dirs", "secret_files")
+    __slots__ = ("complete", "git_dirs", "hardlinks", "secret_files")
 
     def __init__(self) -> None:
         self.git_dirs: list[str] = []
         self.secret_files: list[str] = []
+        self.hardlinks: list[str] = []
         self.complete = True
 
 
@@ -212,9 +225,12 @@ def _is_secret_name(name: str) -> bool:
 
 
 def scan_workspace(root: str) -> WorkspaceScan:
-    """Find repositories (their git dirs) and secret files, bounded in depth and size."""
+    """Find repositories (their git dirs), secret files and hard links, bounded in
+    depth and size (the same walk: one extra stat per regular file)."""
     scan = WorkspaceScan()
     budget = defaults.SCAN_MAX_ENTRIES
+    # (device, inode) -> (links the inode has, paths of it found in the workspace)
+    linked: dict[tuple[int, int], tuple[int, list[str]]] = {}
     stack: list[tuple[str, int]] = [(root, 0)]
     while stack:
         path, depth = stack.pop()
@@ -240,9 +256,48 @@ def scan_workspace(root: str) -> WorkspaceScan:
             if is_dir:
                 if name not in defaults.SCAN_SKIP_DIRS and depth < defaults.SCAN_MAX_DEPTH:
                     stack.append((entry.path, depth + 1))
-            elif _is_secret_name(name):
+                continue
+            if _is_secret_name(name):
                 scan.secret_files.append(entry.path)
+            _note_links(entry, linked)
+    # links all found inside the workspace share nothing with the outside
+    scan.hardlinks = sorted(p for n, paths in linked.values() if len(paths) < n for p in paths)
     return scan
+
+
+def _note_links(
+    entry: os.DirEntry[str], linked: dict[tuple[int, int], tuple[int, list[str]]]
+) -> None:
+    """Record a regular file that has more than one link (symlinks are not followed:
+    what a symlink leads to outside is read-only already)."""
+    try:
+        if not entry.is_file(follow_symlinks=False):
+            return
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return
+    if st.st_nlink > 1:
+        linked.setdefault((st.st_dev, st.st_ino), (st.st_nlink, []))[1].append(entry.path)
+
+
+def hardlink_decision(found: list[str], choice: str) -> str:
+    """What happens to hard-linked files in the workspace: the note to print, or
+    RefusedError when the policy says "refuse" (or there are too many to protect)."""
+    shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+    what = (
+        f"{len(found)} file(s) in the workspace have hard links the scan did not find "
+        f"inside it (their content may be a file outside): {shown}"
+    )
+    if choice == "refuse" or len(found) > defaults.HARDLINK_MAX:
+        from corral.errors import RefusedError
+
+        why = (
+            '[filesystem] hardlinks = "refuse"'
+            if choice == "refuse"
+            else f"more than {defaults.HARDLINK_MAX} to make read-only one by one"
+        )
+        raise RefusedError(f"{what} ({why}); copy them apart or remove them")
+    return f"{what}; read-only for this run"
 
 
 def _submodule_git_dirs(modules: str) -> list[str]:
@@ -409,6 +464,9 @@ def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
     for secret in scan.secret_files:
         add_mask(secret, False, "secret file in workspace")
         plan.read_deny.append(secret)
+    plan.hardlinks = [p for p in scan.hardlinks if p not in masks]
+    if plan.hardlinks:
+        plan.notes.append(hardlink_decision(plan.hardlinks, policy.filesystem.hardlinks))
 
     ro_binds: dict[str, Mount] = {}
 
@@ -441,6 +499,8 @@ def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
             add_write_deny(hooks, True, "core.hooksPath")
 
     plan.write_protect = sorted(ro_binds)
+    for path in plan.hardlinks:
+        ro_binds.setdefault(path, Mount("ro-bind", path, path, "hard link: may be a file outside"))
     if not mounts:
         return plan
     # Host unix sockets that are still visible after the private tmpfs.

@@ -490,3 +490,93 @@ def test_sysfs_shows_no_host_interface(tsandbox: tuple[Corral, Path]) -> None:
         if mac and mac != "00:00:00:00:00:00":
             assert mac not in texts, (name, mac, r)
     assert c.sh(ws, "cat /proc/net/dev | grep -q ' lo:'").returncode == 0  # its own loopback
+
+
+# --- 3. hard links planted in the workspace --------------------------------------------
+
+
+def plant(c: Corral, ws: Path) -> tuple[Path, Path]:
+    """A file outside the workspace (the user's own, so only corral stops a write) with a
+    hard link to it in the workspace, and a pair of links that both live inside."""
+    outside = c.base / "outside-hl"
+    outside.mkdir()
+    target = outside / "target.txt"
+    target.write_text("orig\n")
+    os.link(target, ws / "planted.txt")
+    (ws / "sub").mkdir()
+    (ws / "sub" / "a.txt").write_text("a\n")
+    os.link(ws / "sub" / "a.txt", ws / "sub" / "a2.txt")
+    c.chown(outside, ws)
+    return target, ws / "planted.txt"
+
+
+def test_planted_hard_link_is_read_only(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    target, planted = plant(c, ws)
+    r = c.run(
+        [
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "echo pwned >> planted.txt; echo pwned > planted.txt; echo twin >> sub/a2.txt",
+        ],
+        cwd=ws,
+    )
+    assert target.read_text() == "orig\n", r  # the file outside is unchanged
+    assert planted.read_text() == "orig\n"
+    assert (ws / "sub" / "a.txt").read_text() == "a\ntwin\n", r  # twin: links inside work
+    assert b"hard links" in r.stderr and str(planted).encode() in r.stderr, r  # reported
+    records = [
+        json.loads(line) for line in (c.state / "corral" / "runs.jsonl").read_text().splitlines()
+    ]
+    assert any(str(planted) in note for note in records[-1].get("notes", [])), records[-1]
+    assert str(ws / "sub" / "a2.txt") not in " ".join(records[-1].get("notes", []))
+
+
+def test_hard_links_refused_by_policy(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    target, planted = plant(c, ws)
+    (ws / "corral.toml").write_text('[filesystem]\nhardlinks = "refuse"\n')
+    c.chown(ws / "corral.toml")
+    r = c.run(["run", "-q", "--", "sh", "-c", "echo pwned >> planted.txt"], cwd=ws)
+    assert r.returncode == 122, r
+    assert str(planted).encode() in r.stderr and b'hardlinks = "refuse"' in r.stderr, r
+    assert b"Traceback" not in r.stderr
+    assert target.read_text() == "orig\n"
+    planted.unlink()  # twin: without the link that leads outside, it runs
+    r = c.run(["run", "-q", "--", "sh", "-c", "echo twin >> sub/a2.txt"], cwd=ws)
+    assert r.returncode == 0, r
+    assert (ws / "sub" / "a.txt").read_text() == "a\ntwin\n"
+
+
+def test_cannot_create_a_hard_link_to_outside(tsandbox: tuple[Corral, Path]) -> None:
+    """EXDEV across mounts (namespace, containers), Landlock's refer rules (landlock);
+    the user owns the file, so the kernel's protected_hardlinks would not stop it."""
+    c, ws = tsandbox
+    outside = c.base / "outside-ln"
+    outside.mkdir()
+    target = outside / "target.txt"
+    target.write_text("orig\n")
+    (ws / "mine.txt").write_text("mine\n")
+    c.chown(outside, ws)
+    code = (
+        "import os\n"
+        f"for src, dst in (({str(target)!r}, 'hl.txt'), ('mine.txt', 'mine2.txt')):\n"
+        "    try:\n"
+        "        os.link(src, dst)\n"
+        "        print(dst + '=ok')\n"
+        "    except OSError as e:\n"
+        "        print(dst + '=err:' + str(e.errno))\n"
+        "open('mine2.txt', 'a').write('twin\\n')\n"
+    )
+    r = c.run(["run", "-q", "--", "python3", "-c", code], cwd=ws)
+    assert r.returncode == 0, r
+    got = lines(r.stdout)
+    assert got["hl.txt"].startswith("err:"), r
+    assert os.stat(target).st_nlink == 1 and target.read_text() == "orig\n"
+    assert not (ws / "hl.txt").exists()
+    if c.has("host-root"):  # the file exists there: refused for crossing, not for absence
+        assert got["hl.txt"] == f"err:{errno.EXDEV}", r
+    assert got["mine2.txt"] == "ok", r  # twin: a link inside the workspace works
+    assert (ws / "mine.txt").read_text() == "mine\ntwin\n"

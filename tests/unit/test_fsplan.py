@@ -427,3 +427,53 @@ def test_plan_hides_the_real_hosts_interfaces(monkeypatch: pytest.MonkeyPatch) -
         real = os.path.realpath(f"/sys/class/net/{name}")
         if os.path.isdir(real) and real.startswith("/sys/devices/"):
             assert os.path.dirname(real) in found, name
+
+
+def test_hard_links_found_and_made_read_only(lay: Layout) -> None:
+    """A file with a link the scan does not find in the workspace is bound read-only
+    over itself and reported; a pair whose links are both inside is left alone."""
+    outside = lay.root / "outside.txt"
+    outside.write_text("x")
+    os.link(outside, lay.ws / "planted.txt")
+    (lay.ws / "deep").mkdir()
+    (lay.ws / "deep" / "a").write_text("a")
+    os.link(lay.ws / "deep" / "a", lay.ws / "b")
+    os.symlink(outside, lay.ws / "to-outside")  # a symlink is not a hard link
+    plan = plan_filesystem(policy_for(lay, read_deny=[]))
+    planted = str(lay.ws / "planted.txt")
+    assert plan.hardlinks == [planted]
+    assert Mount("ro-bind", planted, planted) in plan.mounts
+    assert index(plan, Mount("bind", str(lay.ws), str(lay.ws))) < index(
+        plan, Mount("ro-bind", planted, planted)
+    )
+    assert any(planted in n and "read-only for this run" in n for n in plan.notes)
+    assert not any(m.dest in (str(lay.ws / "b"), str(lay.ws / "deep" / "a")) for m in plan.mounts)
+    # a tier without mounts gets the same decision
+    assert plan_filesystem(policy_for(lay, read_deny=[]), mounts=False).hardlinks == [planted]
+
+
+def test_hard_links_refused_or_too_many(lay: Layout, monkeypatch: pytest.MonkeyPatch) -> None:
+    from corral import defaults
+    from corral.errors import EXIT_REFUSED, RefusedError
+
+    outside = lay.root / "outside.txt"
+    outside.write_text("x")
+    for n in range(3):
+        os.link(outside, lay.ws / f"l{n}")
+    pol = policy_for(lay, read_deny=[])
+    pol.filesystem.hardlinks = "refuse"
+    with pytest.raises(RefusedError) as refused:
+        plan_filesystem(pol)
+    assert refused.value.code == EXIT_REFUSED
+    assert str(lay.ws / "l0") in refused.value.message and '"refuse"' in refused.value.message
+    pol.filesystem.hardlinks = "read-only"
+    assert len(plan_filesystem(pol).hardlinks) == 3  # twin: the default protects them
+    monkeypatch.setattr(defaults, "HARDLINK_MAX", 2)
+    with pytest.raises(RefusedError, match="more than 2"):
+        plan_filesystem(pol)
+
+
+def test_hardlink_note_lists_at_most_ten() -> None:
+    found = [f"/ws/f{n}" for n in range(12)]
+    note = fsplan.hardlink_decision(found, "read-only")
+    assert "/ws/f9" in note and "/ws/f10" not in note and "and 2 more" in note

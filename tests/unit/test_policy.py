@@ -404,3 +404,18 @@ def test_write_deny_policy_file_via_symlinked_workspace(tmp_path: Path) -> None:
     path = write(real, 'tier = "none"\n', "agent.toml")
     pol = policy.load(str(link), str(link / path.name))
     assert "agent.toml" in pol.write_deny_patterns()
+
+
+def test_hardlinks_key(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    pol = policy.load(str(ws), str(write(tmp_path, '[filesystem]\nhardlinks = "refuse"\n')))
+    assert pol.filesystem.hardlinks == "refuse"
+    assert pol.to_dict()["filesystem"]["hardlinks"] == "refuse"  # type: ignore[index]
+    default = policy.load(str(ws))
+    assert default.filesystem.hardlinks == "read-only"
+    assert "hardlinks" not in default.to_dict()["filesystem"]  # type: ignore[operator]
+    err = load_error(write(tmp_path, '[filesystem]\nhardlinks = "readonly"\n'), ws)
+    assert "filesystem.hardlinks" in err.message and "hardlinks must be" in err.message
+    err = load_error(write(tmp_path, "[filesystem]\nhardlinks = true\n"), ws)
+    assert "filesystem.hardlinks" in err.message and "expected a string" in err.message
