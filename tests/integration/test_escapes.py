@@ -580,3 +580,66 @@ def test_cannot_create_a_hard_link_to_outside(tsandbox: tuple[Corral, Path]) -> 
         assert got["hl.txt"] == f"err:{errno.EXDEV}", r
     assert got["mine2.txt"] == "ok", r  # twin: a link inside the workspace works
     assert (ws / "mine.txt").read_text() == "mine\ntwin\n"
+
+
+# --- 4. undo that leaves no trace ------------------------------------------------------
+
+OLD_NS = 1_000_000_000_123_456_789  # 2001, with nanoseconds that must survive
+PARENT_NS = 1_500_000_000_000_000_000  # whole seconds: busybox touch -d
+
+
+def test_write_protected_files_keep_content_mode_and_times(tsandbox: tuple[Corral, Path]) -> None:
+    """The command changes .git/config (content, mode by recreating it, times) and
+    touches a hook; afterwards both are exactly as before, to the nanosecond, on every
+    tier (read-only mounts refuse; landlock restores), and the directory holding them
+    keeps the times the command gave it (the undo leaves no trace there)."""
+    c, ws = tsandbox
+    hooks = ws / ".git" / "hooks"
+    hooks.mkdir(parents=True)
+    config, hook = ws / ".git" / "config", hooks / "pre-commit"
+    config.write_text("[core]\n\tbare = false\n")
+    hook.write_text("#!/bin/sh\n")
+    os.chmod(config, 0o600)
+    os.chmod(hook, 0o750)
+    (ws / "work.txt").write_text("w\n")
+    c.chown(ws)
+    for path in (config, hook, hooks):
+        os.utime(path, ns=(OLD_NS, OLD_NS))
+    before = {
+        p: (p.read_bytes() if p.is_file() else b"", os.lstat(p)) for p in (config, hook, hooks)
+    }
+    script = (
+        "rm -f .git/config; printf 'evil\\n' > .git/config; "
+        "echo evil >> .git/config; "
+        "touch .git/hooks/pre-commit; touch -d @1600000000 .git/hooks/pre-commit; "
+        "touch .git/hooks; echo twin >> work.txt; "
+        f"touch -d @{PARENT_NS // 10**9} .git"
+    )
+    r = c.sh(ws, script)
+    for path, (data, st) in before.items():
+        now = os.lstat(path)
+        assert (path.read_bytes() if path.is_file() else b"") == data, (path, r)
+        assert stat_mode(now) == stat_mode(st), (path, oct(now.st_mode), r)
+        assert now.st_mtime_ns == st.st_mtime_ns == OLD_NS, (path, now.st_mtime_ns, r)
+    assert (ws / "work.txt").read_text() == "w\ntwin\n", r  # twin: the workspace is writable
+    assert os.stat(ws / ".git").st_mtime_ns == PARENT_NS, r  # the command's own change stays
+    if not c.has("mounts"):
+        assert b"restored from the snapshot" in r.stderr, r
+
+
+def stat_mode(st: os.stat_result) -> int:
+    return st.st_mode & 0o7777
+
+
+def test_untouched_write_protected_files_are_left_alone(tsandbox: tuple[Corral, Path]) -> None:
+    """Allow twin of the above: reading them changes nothing and reports nothing."""
+    c, ws = tsandbox
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    config = ws / ".git" / "config"
+    config.write_text("[core]\n")
+    c.chown(ws)
+    os.utime(config, ns=(OLD_NS, OLD_NS))
+    r = c.sh(ws, "cat .git/config >/dev/null && ls .git/hooks")
+    assert r.returncode == 0, r
+    assert os.stat(config).st_mtime_ns == OLD_NS
+    assert b"denied write" not in r.stderr, r

@@ -44,6 +44,10 @@ DIFFERENCES = (
     "beside a secret file in the workspace (e.g. next to .env) cannot be read back",
     "chmod and chown are refused everywhere, the workspace included (Landlock does not "
     "govern file modes; a read-only file the sandbox owns could otherwise be opened up)",
+    "timestamps (touch, utimensat) of any file the sandbox can see can be changed, outside "
+    "the workspace too: Landlock does not govern file times and seccomp cannot tell the "
+    "paths apart (content, modes and owners stay protected; restored write-deny paths "
+    "get their times back)",
     "a hard-linked file in the workspace is read-only, and a new file created directly in "
     "a directory on the way to it (the workspace root included) cannot be opened for "
     "writing in that run (Landlock rights follow directories)",
