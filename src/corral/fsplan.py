@@ -46,19 +46,11 @@ PRIVATE_TMP = ("/tmp", "/var/tmp", "/run", "/dev/shm")
 # Entries of the sandbox's own /proc that reach kernel-wide state: its pid view is
 # private, these are not.  Started by root, the sandbox's uid 0 owns them, so
 # /proc/sys/kernel/core_pattern would open for writing.  Bound read-only over
-# themselves when the host has them (bwrap covers irq and bus itself, not sys).
-PROC_HOST_STATE = (
-    "sys",
-    "sysrq-trigger",
-    "irq",
-    "bus",
-    "fs",
-    "mtrr",
-    "acpi",
-    "driver",
-    "scsi",
-    "tty",
-)
+# themselves when the host has them.  bwrap itself covers sysrq-trigger, irq and
+# bus (not sys: the directory looks read-only to it); the rest of /proc either
+# holds per-process files or refuses a writer without capabilities, which
+# tests/integration/test_escapes.py checks file by file.
+PROC_HOST_STATE = ("sys", "fs", "acpi", "scsi")
 SYS_CLASS_NET = "/sys/class/net"
 NEVER_SHADOW = frozenset({"/", "/usr", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/proc", "/sys"})
 
@@ -180,7 +172,11 @@ def host_net_dirs(class_net: str = SYS_CLASS_NET, devices: str = "/sys/devices")
         return []
     found = {class_net}
     for name in names:
-        real = os.path.realpath(os.path.join(class_net, name))
+        try:  # one readlink, not realpath's lstat per component: this is on every run
+            link = os.readlink(os.path.join(class_net, name))
+        except OSError:
+            continue  # not a link (bonding_masters): nothing to follow
+        real = os.path.normpath(os.path.join(class_net, link))
         if _inside(real, devices) and os.path.basename(os.path.dirname(real)) == "net":
             found.add(os.path.dirname(real))
     return sorted(found)
@@ -190,7 +186,7 @@ def kernel_mounts(proc_names: Collection[str], net_dirs: Sequence[str]) -> list[
     """Mounts that keep a sandbox with its own network namespace from changing
     kernel-wide state or reading the host's interfaces (pure: host facts come in).
 
-    ``proc_names``: the entries of the host's /proc; ``net_dirs``: from
+    ``proc_names``: the entries the host's /proc has; ``net_dirs``: from
     :func:`host_net_dirs`.  /sys itself is the host's, bound read-only with /."""
     mounts = [
         Mount("ro-bind", f"/proc/{name}", f"/proc/{name}", "kernel-wide state: read-only")
@@ -199,9 +195,9 @@ def kernel_mounts(proc_names: Collection[str], net_dirs: Sequence[str]) -> list[
     ]
     for path in net_dirs:
         # bwrap has no sysfs of the sandbox's own network namespace to offer: an
-        # empty read-only directory hides the host's interfaces and MAC addresses
+        # empty directory hides the host's interfaces and MAC addresses (a private
+        # tmpfs: whatever the sandbox puts there stays there and vanishes with it)
         mounts.append(Mount("tmpfs", path, why="hides the host's network interfaces"))
-        mounts.append(Mount("remount-ro", path, why="stays empty"))
     return mounts
 
 
@@ -388,10 +384,7 @@ def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
         if os.path.isdir(tmp):
             base.append(Mount("tmpfs", tmp, why="private scratch; hides host sockets"))
     if mounts:
-        try:
-            proc_names = frozenset(os.listdir("/proc"))
-        except OSError:
-            proc_names = frozenset()
+        proc_names = {n for n in PROC_HOST_STATE if os.path.lexists(f"/proc/{n}")}
         base += kernel_mounts(proc_names, host_net_dirs())
 
     shadows: set[str] = set()

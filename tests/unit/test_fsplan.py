@@ -383,16 +383,16 @@ def test_mount_repr_and_equality() -> None:
 def test_kernel_mounts_cover_kernel_state_and_host_interfaces() -> None:
     """Pure: /proc entries that reach kernel-wide state become read-only binds of
     themselves (only those the host has), each host interface directory an empty
-    read-only tmpfs; nothing else under /proc is touched (twin: /proc/self stays)."""
+    tmpfs; nothing else under /proc is touched (twin: /proc/self stays)."""
     net = ["/sys/class/net", "/sys/devices/virtual/net", "/sys/devices/pci0/virtio1/net"]
-    mounts = fsplan.kernel_mounts({"sys", "irq", "self", "cpuinfo", "1"}, net)
+    mounts = fsplan.kernel_mounts({"sys", "fs", "self", "cpuinfo", "1"}, net)
     binds = [m for m in mounts if m.kind == "ro-bind"]
     assert [(m.src, m.dest) for m in binds] == [
         ("/proc/sys", "/proc/sys"),
-        ("/proc/irq", "/proc/irq"),
+        ("/proc/fs", "/proc/fs"),
     ]
     hidden = [(m.kind, m.dest) for m in mounts if m.kind != "ro-bind"]
-    assert hidden == [item for path in net for item in (("tmpfs", path), ("remount-ro", path))]
+    assert hidden == [("tmpfs", path) for path in net]
     assert not any(m.dest.startswith(("/proc/self", "/proc/1", "/proc/cpuinfo")) for m in mounts)
     assert fsplan.kernel_mounts(set(), []) == []
 
