@@ -197,6 +197,48 @@ def test_run_with_the_network_inherits_no_descriptor(tsandbox: tuple[Corral, Pat
     assert listing.stdout.split() == [b"0", b"1", b"2", b"3"], listing
 
 
+def test_run_with_limits_inherits_no_descriptor(tsandbox: tuple[Corral, Path]) -> None:
+    """With a cgroup to join the launcher forks instead of posix_spawn: that path
+    closes by listing too (and so does the landlock tier's reaper path)."""
+    c, ws = tsandbox
+    name = probe(c, ws)
+    with held(c, (40, 41)) as h:
+        r = run_holding(
+            c, ws, h, ["run", "-q", "--pids", "300", "--", "python3", name, "leak", "40,41"]
+        )
+        if r.returncode == 122 and b"limit" in r.stderr:
+            pytest.skip(f"this host refuses the limit here: {r.stderr.decode().strip()}")
+        assert r.returncode == 0, r
+        assert_nothing_crossed(h, r.stdout, "leak")
+    with held(c, (40, 41)) as h:  # twin
+        flags = ["--pids", "300", "--pass-fd", "40", "--pass-fd", "41"]
+        r = run_holding(c, ws, h, ["run", "-q", *flags, "--", "python3", name, "pass", "40,41"])
+        if refuses_pass_fd(c):
+            assert r.returncode == 122, r
+            return
+        assert r.returncode == 0, r
+        assert_passed(c, h, r.stdout, "pass")
+
+
+def test_tier_none_inherits_no_descriptor(sandbox: tuple[Corral, Path]) -> None:
+    """Even unconfined, a run hands over stdio only unless asked (the launcher's rule)."""
+    c, ws = sandbox
+    name = probe(c, ws)
+    with held(c, (40, 41)) as h:
+        r = run_holding(
+            c, ws, h, ["run", "-q", "--tier", "none", "--", "python3", name, "leak", "40,41"]
+        )
+        assert r.returncode == 0, r
+        got = lines(r.stdout)
+        assert got["dir40"] == got["sock41"] == f"err:{errno.EBADF}", r
+        assert h.arrived() == b""
+    with held(c, (40, 41)) as h:  # twin
+        flags = ["--tier", "none", "--pass-fd", "40", "--pass-fd", "41"]
+        r = run_holding(c, ws, h, ["run", "-q", *flags, "--", "python3", name, "pass", "40,41"])
+        assert r.returncode == 0, r
+        assert lines(r.stdout)["sock41"] == "ok" and b"pass-41;" in h.arrived(), r
+
+
 def test_run_pass_fd_is_checked(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     for bad, words in (("2", b"above 2"), ("x", b"above 2"), ("77", b"not an open descriptor")):
