@@ -11,11 +11,19 @@ stops the file API just as it stops ``cat``.
 
 Because the sandbox is already set up, an ``exec`` costs a fork and an exec,
 not a new sandbox.
+
+A command gets exactly stdin, stdout and stderr, plus the descriptors its
+request names in ``fds`` (target numbers): those arrive with the request's
+bytes as SCM_RIGHTS when fd 0 is a unix socket (the namespace and landlock
+tiers), in the same order.
 """
 
+import array
+import fcntl
 import json
 import os
 import signal
+import socket
 import struct
 import sys
 import threading
@@ -24,6 +32,7 @@ import time
 HEADER = struct.Struct("!II")
 CHUNK = 65536
 EXIT_TIMEOUT = 124  # as `corral run` (corral.errors.EXIT_TIMEOUT; this file imports no corral)
+MAX_FDS = 64  # descriptors one request may carry
 
 _write_lock = threading.Lock()
 _procs: dict[int, "Proc"] = {}
@@ -37,18 +46,60 @@ def send(header: dict[str, object], payload: bytes = b"") -> None:
         os.write(1, HEADER.pack(len(data), len(payload)) + data + payload)
 
 
+_channel: list[socket.socket] = []  # fd 0 as a socket, when it is one
+_received: list[int] = []  # descriptors that arrived, in order, not yet handed out
+
+
+def open_channel() -> None:
+    try:
+        sock = socket.socket(fileno=0)
+    except OSError:
+        return  # a pipe (the container tiers): no descriptors can arrive
+    if sock.family == socket.AF_UNIX:
+        _channel.append(sock)
+    else:
+        sock.detach()
+
+
 def read_exact(n: int) -> bytes:
     out = b""
     while len(out) < n:
-        chunk = os.read(0, n - len(out))
+        if _channel:
+            room = socket.CMSG_SPACE(MAX_FDS * 4)
+            # close-on-exec at once: a command spawned meanwhile must not inherit them
+            chunk, ancillary, _, _ = _channel[0].recvmsg(
+                n - len(out), room, socket.MSG_CMSG_CLOEXEC
+            )
+            for level, kind, data in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                    _received.extend(fds)
+        else:
+            chunk = os.read(0, n - len(out))
         if not chunk:
             raise EOFError
         out += chunk
     return out
 
 
+def take_fds(targets: list[int]) -> dict[int, int]:
+    """The descriptors a request carried, by the number each must have in the command."""
+    if len(targets) > len(_received) or any(t < 3 for t in targets):
+        raise OSError(9, "the descriptors to pass did not arrive")
+    got = {t: _received.pop(0) for t in targets}
+    return got
+
+
+def open_fds() -> list[int]:
+    try:
+        return [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 1024))
+
+
 class Proc:
-    def __init__(self, ident: int, msg: dict[str, object]) -> None:
+    def __init__(self, ident: int, msg: dict[str, object], passed: dict[int, int]) -> None:
         self.id = ident
         self.limit = int(str(msg.get("output_limit") or 0))
         self.kept = 0
@@ -64,11 +115,14 @@ class Proc:
         # posix_spawn (vfork underneath), not fork: this process has threads, and
         # a fork of it costs milliseconds.  The child's cwd is ours at spawn time,
         # hence the lock around chdir + spawn.
-        actions = [
-            (os.POSIX_SPAWN_DUP2, in_r, 0),
-            (os.POSIX_SPAWN_DUP2, out_w, 1),
-            (os.POSIX_SPAWN_DUP2, err_w, 2),
-        ]
+        wanted = {0: in_r, 1: out_w, 2: err_w, **passed}
+        # parked above every target, so no dup2 lands on a source still to be used
+        base = max(wanted) + 1
+        parked = {t: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base) for t, fd in wanted.items()}
+        actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, fd, t) for t, fd in parked.items()]
+        # only what is asked for crosses: the agent's own channel and anything else
+        # it holds is closed in the child
+        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in open_fds() if fd not in wanted]
         with _spawn_lock:
             try:
                 os.chdir(cwd)
@@ -81,10 +135,10 @@ class Proc:
                     setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
                 )
             except OSError:
-                for fd in (in_r, out_w, err_w, out_r, err_r, self.stdin_w):
+                for fd in (in_r, out_w, err_w, out_r, err_r, self.stdin_w, *parked.values()):
                     os.close(fd)
                 raise
-        for fd in (in_r, out_w, err_w):
+        for fd in (in_r, out_w, err_w, *parked.values()):
             os.close(fd)
         if not msg.get("stdin"):
             os.close(self.stdin_w)
@@ -227,8 +281,10 @@ def handle(ident: int, msg: dict[str, object], payload: bytes) -> None:
     """One request from the host (all but shutdown)."""
     op = msg.get("op")
     if op == "exec":
+        passed: dict[int, int] = {}
         try:
-            proc = Proc(ident, msg)
+            passed = take_fds([int(t) for t in msg.get("fds") or []])  # type: ignore[attr-defined]
+            proc = Proc(ident, msg, passed)
         except OSError as exc:  # as a shell would say it
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             argv0 = msg["argv"][0]  # type: ignore[index]
@@ -236,6 +292,9 @@ def handle(ident: int, msg: dict[str, object], payload: bytes) -> None:
             send({"ev": "out", "id": ident, "fd": 2}, message.encode())
             send({"ev": "exit", "id": ident, "code": code})
             return
+        finally:
+            for fd in passed.values():  # the command holds its own copies now
+                os.close(fd)
         with _procs_lock:
             _procs[ident] = proc
     elif op in ("stdin", "close_stdin", "kill"):
@@ -260,13 +319,14 @@ def handle(ident: int, msg: dict[str, object], payload: bytes) -> None:
 
 def main() -> None:
     threading.excepthook = report_error
+    open_channel()
     send({"ev": "ready", "pid": os.getpid()})
     while True:
         try:
             head_len, payload_len = HEADER.unpack(read_exact(HEADER.size))
             msg = json.loads(read_exact(head_len))
             payload = read_exact(payload_len) if payload_len else b""
-        except EOFError:
+        except (EOFError, OSError, ValueError):  # the host is gone, or spoke nonsense
             break
         if msg.get("op") == "shutdown":
             break

@@ -47,6 +47,8 @@ run options:
   --read-deny PATH     another unreadable path (repeatable)
   --write-deny PATH    another read-only path inside a writable one (repeatable)
   --env NAME           pass this variable from the environment (repeatable)
+  --pass-fd N          hand this open descriptor (above 2) to the command at the same
+                       number (repeatable); no other descriptor but 0, 1, 2 crosses
   --network MODE       none (default: no network) or proxy (only through corral's proxy)
   --allow HOST         allow a destination through the proxy; implies --network proxy
                        (example.org, *.example.org, host:443, 10.0.0.0/8, [::1]:8080)
@@ -77,6 +79,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "--read-deny": ("read_deny", "list"),
     "--write-deny": ("write_deny", "list"),
     "--env": ("env", "list"),
+    "--pass-fd": ("pass_fd", "list"),
     "--allow": ("allow", "list"),
     "--deny": ("deny", "list"),
     "--network": ("network", "value"),
@@ -213,10 +216,28 @@ def build_policy(opts: dict[str, object]) -> Policy:
     return policy
 
 
+def pass_fds(opts: dict[str, object]) -> tuple[int, ...]:
+    """The descriptors ``--pass-fd`` asks for: numbers above 2, open in this process."""
+    values = opts.get("pass_fd")
+    found: set[int] = set()
+    for value in values if isinstance(values, list) else []:
+        if not value.isdigit() or int(value) < 3:
+            raise CorralError(
+                f"--pass-fd {value}: expected a descriptor number above 2 (0, 1, 2 always pass)"
+            )
+        try:
+            os.fstat(int(value))
+        except OSError:
+            raise CorralError(f"--pass-fd {value}: not an open descriptor") from None
+        found.add(int(value))
+    return tuple(sorted(found))
+
+
 def cmd_run(args: list[str]) -> int:
     opts, command = parse(args, RUN_OPTIONS, positional=True)
     if not command:
         raise CorralError("nothing to run: corral run [OPTIONS] -- COMMAND [ARG...]")
+    passed = pass_fds(opts)
     policy = build_policy(opts)
     from corral import launch, tiers
 
@@ -226,11 +247,11 @@ def cmd_run(args: list[str]) -> int:
         door_path = None
         if policy.network.mode == "proxy":
             door_path = "127.0.0.1:3128" if tier.door_transport == "tcp" else "/DOOR"
-        print(tier.plan(policy, command, door=door_path).describe())
+        print(tier.plan(policy, command, door=door_path, pass_fds=passed).describe())
         return 0
     door = _open_door(opts, policy, run_id, tier.door_transport) if tier.name != "none" else None
     try:
-        return _run_plan(opts, policy, tier.name, command, run_id, door)
+        return _run_plan(opts, policy, tier.name, command, run_id, door, passed)
     finally:
         if door is not None:
             door.close()
@@ -239,6 +260,7 @@ def cmd_run(args: list[str]) -> int:
 def cmd_shell(args: list[str]) -> int:
     """An interactive shell in a sandbox: the run options, then optionally -- SHELL."""
     opts, shell = parse(args, RUN_OPTIONS, positional=True)
+    passed = pass_fds(opts)
     policy = build_policy(opts)
     from corral import launch, tiers
     from corral import shell as pty_shell
@@ -258,7 +280,7 @@ def cmd_shell(args: list[str]) -> int:
     try:
         argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
         shell_argv = pty_shell.command(argv, tier.python_argv())
-        plan = tier.plan(policy, shell_argv, door=door.address if door else None)
+        plan = tier.plan(policy, shell_argv, door=door.address if door else None, pass_fds=passed)
         if not opts.get("quiet"):
             _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
         return pty_shell.run(plan, run_id)
@@ -270,6 +292,8 @@ def cmd_shell(args: list[str]) -> int:
 def cmd_mcp(args: list[str]) -> int:
     """An MCP server on stdio whose tools act on one long-lived sandbox."""
     opts, _ = parse(args, RUN_OPTIONS, positional=False)
+    if opts.get("pass_fd"):
+        raise CorralError("--pass-fd is for corral run and corral shell, not mcp")
     policy = build_policy(opts)
     try:
         import mcp.server.mcpserver  # noqa: F401  (the SDK, checked before a sandbox starts)
@@ -303,12 +327,15 @@ def _run_plan(
     command: list[str],
     run_id: str,
     door: Door | None,
+    passed: tuple[int, ...] = (),
 ) -> int:
     import time
 
     from corral import launch, runlog, tiers
 
-    plan = tiers.get(tier_name).plan(policy, command, door=door.address if door else None)
+    plan = tiers.get(tier_name).plan(
+        policy, command, door=door.address if door else None, pass_fds=passed
+    )
     quiet = bool(opts.get("quiet"))
     if plan.warning:
         _err(plan.warning)
@@ -329,6 +356,10 @@ def _run_plan(
         "argv": command,
         "network": policy.network.mode,
     }
+    if plan.notes:  # what the plan decided beyond the policy (hard links made read-only...)
+        record["notes"] = plan.notes
+    if passed:
+        record["pass_fds"] = list(passed)
     try:
         result = launch.run(plan, run_id)
     except CorralError as exc:

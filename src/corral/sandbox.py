@@ -19,6 +19,7 @@ the callers waiting for them.
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import queue
@@ -27,7 +28,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from corral.errors import CorralError
 
@@ -439,16 +440,29 @@ class Sandbox:
 
     # -- the wire ------------------------------------------------------------------
 
-    def _raw_send(self, header: dict[str, object], payload: bytes = b"") -> None:
+    def _raw_send(
+        self, header: dict[str, object], payload: bytes = b"", fds: Sequence[int] = ()
+    ) -> None:
         data = json.dumps(header, separators=(",", ":")).encode()
-        self._sock.sendall(HEADER.pack(len(data), len(payload)) + data + payload)
+        frame = HEADER.pack(len(data), len(payload)) + data + payload
+        if not fds:
+            self._sock.sendall(frame)
+            return
+        # the descriptors ride on the frame's first bytes: the agent receives them
+        # before it reads the request that names them
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        sent = self._sock.sendmsg([frame], rights)
+        if sent < len(frame):
+            self._sock.sendall(frame[sent:])
 
-    def _send(self, header: dict[str, object], payload: bytes = b"") -> None:
+    def _send(
+        self, header: dict[str, object], payload: bytes = b"", fds: Sequence[int] = ()
+    ) -> None:
         self._ensure()
         with self._lock:
             if self._closed:
                 raise SandboxClosed()
-            self._raw_send(header, payload)
+            self._raw_send(header, payload, fds)
 
     def _recv(self, sock: socket.socket | None = None) -> tuple[dict[str, object], bytes]:
         sock = sock or self._sock
@@ -542,10 +556,16 @@ class Sandbox:
         stdin: bool = True,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> Process:
         """Start ``command`` in the background and return its handle, once it has a
-        pid (a command that could not start has ended already: see ``returncode``)."""
-        proc = self._launch(command, cwd, env, timeout, stdin, on_stdout, on_stderr)
+        pid (a command that could not start has ended already: see ``returncode``).
+
+        The command gets stdin, stdout and stderr and nothing else of this process,
+        unless ``pass_fds`` names descriptors (above 2) to hand it at the same
+        numbers: copies are sent to the sandbox, the caller's own stay as they are.
+        """
+        proc = self._launch(command, cwd, env, timeout, stdin, on_stdout, on_stderr, pass_fds)
         if not proc._started.wait(SPAWN_WAIT):
             raise SandboxError(f"the sandbox did not start {proc.argv[0]} in {SPAWN_WAIT:g}s")
         return proc
@@ -559,8 +579,10 @@ class Sandbox:
         stdin: bool,
         on_stdout: Callable[[bytes], None] | None,
         on_stderr: Callable[[bytes], None] | None,
+        pass_fds: Sequence[int] = (),
     ) -> Process:
         """Ask the agent to start ``command``; do not wait for its pid."""
+        fds = self._check_pass_fds(pass_fds)
         self._ensure()
         argv = self._argv(command)
         ident = self._new_id()
@@ -577,9 +599,31 @@ class Sandbox:
                 "timeout": timeout,
                 "stdin": stdin,
                 "output_limit": limit,
-            }
+                "fds": list(fds),
+            },
+            fds=fds,
         )
         return proc
+
+    def _check_pass_fds(self, pass_fds: Sequence[int]) -> tuple[int, ...]:
+        fds = tuple(sorted(set(pass_fds)))
+        if not fds:
+            return fds
+        if self._lazy:
+            raise SandboxError(
+                f"pass_fds is not available on the {self.tier.name} tier: its agent is "
+                "reached through the engine's pipes, which cannot carry descriptors"
+            )
+        if len(fds) > 64:
+            raise SandboxError("pass_fds: at most 64 descriptors per command")
+        for fd in fds:
+            if not isinstance(fd, int) or fd < 3:
+                raise SandboxError(f"pass_fds: {fd!r} is not a descriptor number above 2")
+            try:
+                os.fstat(fd)
+            except OSError:
+                raise SandboxError(f"pass_fds: {fd} is not an open descriptor") from None
+        return fds
 
     def exec(
         self,
@@ -591,13 +635,14 @@ class Sandbox:
         stdin: bytes | str | None = None,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> ExecResult:
         """Run ``command`` to the end: exit code, output, timed_out, truncated, duration.
 
         A timeout kills the command's whole process group and keeps the output
-        so far; the sandbox itself lives on.
+        so far; the sandbox itself lives on.  ``pass_fds``: as for :meth:`spawn`.
         """
-        return self.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr).wait()
+        return self.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds).wait()
 
     def begin(
         self,
@@ -608,9 +653,12 @@ class Sandbox:
         stdin: bytes | str | None,
         on_stdout: Callable[[bytes], None] | None,
         on_stderr: Callable[[bytes], None] | None,
+        pass_fds: Sequence[int] = (),
     ) -> Process:
         """What exec does before it waits: start, and hand over the whole stdin."""
-        proc = self._launch(command, cwd, env, timeout, stdin is not None, on_stdout, on_stderr)
+        proc = self._launch(
+            command, cwd, env, timeout, stdin is not None, on_stdout, on_stderr, pass_fds
+        )
         if stdin is not None:
             proc.write_stdin(stdin)
             proc.close_stdin()
@@ -757,8 +805,9 @@ class AsyncSandbox:
         stdin: bytes | str | None = None,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> ExecResult:
-        proc = self.sync.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr)
+        proc = self.sync.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
         return await self.wait(proc)
 
     def spawn(self, command: str | list[str], **kw: object) -> Process:

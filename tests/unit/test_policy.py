@@ -419,3 +419,18 @@ def test_pinned_hosts_are_keyed_by_the_one_spelling(tmp_path: Path) -> None:
     )
     pol = policy.load(str(tmp_path), str(path))
     assert pol.network.hosts == {"pinned.test": "127.0.0.1", "other.test": "::1"}
+
+
+def test_hardlinks_key(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    pol = policy.load(str(ws), str(write(tmp_path, '[filesystem]\nhardlinks = "refuse"\n')))
+    assert pol.filesystem.hardlinks == "refuse"
+    assert pol.to_dict()["filesystem"]["hardlinks"] == "refuse"  # type: ignore[index]
+    default = policy.load(str(ws))
+    assert default.filesystem.hardlinks == "read-only"
+    assert "hardlinks" not in default.to_dict()["filesystem"]  # type: ignore[operator]
+    err = load_error(write(tmp_path, '[filesystem]\nhardlinks = "readonly"\n'), ws)
+    assert "filesystem.hardlinks" in err.message and "hardlinks must be" in err.message
+    err = load_error(write(tmp_path, "[filesystem]\nhardlinks = true\n"), ws)
+    assert "filesystem.hardlinks" in err.message and "expected a string" in err.message

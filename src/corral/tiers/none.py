@@ -32,6 +32,7 @@ class NoneTier(Tier):
         command: list[str],
         door: str | None = None,
         extra: Sequence[Mount] = (),
+        pass_fds: Sequence[int] = (),
     ) -> Plan:
         from corral import cgroups
 
@@ -40,5 +41,6 @@ class NoneTier(Tier):
         plan.cwd = environ.sandbox_cwd(policy, [policy.workspace])
         plan.cgroup = cgroups.plan_for(policy.limits)
         plan.argv = list(command)
+        plan.fds = dict.fromkeys(pass_fds, "pass")
         plan.warning = WARNING
         return plan
