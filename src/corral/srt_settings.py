@@ -4,9 +4,9 @@
 the file srt reads with ``srt --settings``.  Its filesystem and network keys
 become corral's ``[filesystem]`` and ``[network]`` fields; every other key is
 either one corral gives exactly as srt does on Linux (accepted) or an error that
-names it and says why.  Nothing is dropped without a word, and nothing comes out
-weaker than corral's own defaults: where srt's defaults are more lenient than
-corral's, corral's stay and the TOML says so in a comment.
+names it and says why.  Nothing is dropped without a word, and no setting makes
+corral weaker than its own defaults.  Where the two tools' defaults differ
+(either way), corral's stay and ``policy import`` says so in comments.
 
 The mapping was checked against the schema of srt 0.0.78.  It is pure apart
 from resolving symlinks in the two checks that compare paths; nothing here is
@@ -228,16 +228,22 @@ _OTHER_KEYS: dict[str, tuple[str, Callable[[object], bool], str]] = {
     "windows": (_OBJECT, _never, "Windows settings of srt; corral runs on Linux"),
 }
 
-# Every key of srt's schema, by section ("" = top level), for "unknown key".
-_SECTIONS: dict[str, tuple[str, ...]] = {
-    "": ("network", "filesystem", "credentials"),
-    "network": ("allowedDomains", "deniedDomains"),
-    "filesystem": ("denyRead", "allowWrite", "denyWrite"),
-    "credentials": ("files",),
-}
-for _dotted in _OTHER_KEYS:
-    _section, _, _name = _dotted.rpartition(".")
-    _SECTIONS[_section] += (_name,)
+
+def _schema() -> dict[str, tuple[str, ...]]:
+    """Every key of srt's schema, by section ("" = top level), for "unknown key"."""
+    sections: dict[str, tuple[str, ...]] = {
+        "": ("network", "filesystem", "credentials"),
+        "network": ("allowedDomains", "deniedDomains"),
+        "filesystem": ("denyRead", "allowWrite", "denyWrite"),
+        "credentials": ("files",),
+    }
+    for dotted in _OTHER_KEYS:
+        section, _, name = dotted.rpartition(".")
+        sections[section] += (name,)
+    return sections
+
+
+_SECTIONS = _schema()
 
 
 class Translation:
@@ -516,12 +522,11 @@ def translate(data: object, source: str, workspace: str, home: str) -> Translati
 
 
 def apply(tr: Translation, policy: Policy) -> None:
+    """Set ``policy``'s filesystem and network fields from a translation."""
     fs, net = policy.filesystem, policy.network
-    fs.writable, fs.read_deny, fs.write_deny = (
-        list(tr.writable),
-        list(tr.read_deny),
-        list(tr.write_deny),
-    )
+    fs.writable = list(tr.writable)
+    fs.read_deny = list(tr.read_deny)
+    fs.write_deny = list(tr.write_deny)
     net.mode, net.allow, net.deny = tr.mode, list(tr.allow), list(tr.deny)
 
 
