@@ -335,6 +335,8 @@ class _Reader:
             for i, entry in enumerate(self.strings(key, item)):
                 lists[name].append(self.path(f"{key}[{i}]", entry, name != "allowWrite"))
         self.check_writable()
+        # "." is the workspace, which corral makes writable anyway (listing it binds it twice)
+        out.writable = [p for p in out.writable if os.path.normpath(p) != "."]
         extra = [p for p in SRT_PROTECTED if p not in defaults.WRITE_DENY_WORKSPACE]
         out.write_deny += [p for p in extra if p not in out.write_deny]
         out.notes.append(
