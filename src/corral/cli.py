@@ -161,8 +161,8 @@ def build_policy(opts: dict[str, object]) -> Policy:
 
     workspace = opts.get("workspace")
     policy_path = opts.get("policy")
-    if opts.get("settings"):
-        policy = _settings_policy(str(opts["settings"]), policy_path, workspace)
+    if "settings" in opts:  # even --settings= : a file named, however badly, is never ignored
+        policy = _settings_policy(str(opts["settings"]), "policy" in opts, workspace)
     else:
         policy = pol.load(
             str(workspace) if workspace else None, str(policy_path) if policy_path else None
@@ -220,9 +220,9 @@ def build_policy(opts: dict[str, object]) -> Policy:
     return policy
 
 
-def _settings_policy(path: str, policy_path: object, workspace: object) -> Policy:
+def _settings_policy(path: str, with_policy: bool, workspace: object) -> Policy:
     """srt's settings JSON in place of a policy file; flags still apply on top."""
-    if policy_path:
+    if with_policy:
         raise CorralError("--settings and --policy both give the policy: pass one of them")
     from corral import srt_settings
 

@@ -437,3 +437,13 @@ def test_cli_bad_settings_is_one_line_exit_2(
     assert err == f"corral: {path}: network.mitmProxy: not supported: " + (
         "corral's proxy connects to destinations itself; it routes nothing through another\n"
     )
+
+
+def test_cli_empty_settings_name_is_not_ignored(
+    ws: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["run", "--settings=", "--", "true"]) == EXIT_USAGE
+    assert (
+        capsys.readouterr().err
+        == "corral: : cannot read settings file: No such file or directory\n"
+    )
