@@ -26,6 +26,7 @@ usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
        corral doctor [--json] [--probe]             which tiers can run here, and why not
        corral log [-n N] [--json] [--log FILE]      the last runs
        corral log --net [--run ID] [--host H] [--decision allow|deny|error]
+       corral policy import [--workspace DIR] FILE.json   srt settings as corral.toml
        corral proxy serve [--policy FILE] [--listen HOST:PORT] [--door PATH]
                           [--allow HOST...] [--workers N]
        corral --version
@@ -37,6 +38,7 @@ run options:
   --oci-runtime NAME   container tier: runc (default), runsc (gVisor) or crun
   --image REF          container tier: the image (default: [container] image, $CORRAL_IMAGE)
   --policy FILE        policy file (default: corral.toml in the workspace, if any)
+  --settings FILE      srt's settings JSON as the policy file (not with --policy)
   --workspace DIR      the writable workspace (default: current directory)
   --timeout DURATION   wall-clock limit, e.g. 30s, 5m; kills the whole process tree
   --memory SIZE        memory limit, e.g. 512M
@@ -69,6 +71,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "--oci-runtime": ("oci_runtime", "value"),
     "--image": ("image", "value"),
     "--policy": ("policy", "value"),
+    "--settings": ("settings", "value"),
     "--workspace": ("workspace", "value"),
     "--timeout": ("timeout", "value"),
     "--memory": ("memory", "value"),
@@ -90,6 +93,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "-q": ("quiet", "flag"),
     "--quiet": ("quiet", "flag"),
 }
+POLICY_IMPORT_OPTIONS = {"--workspace": ("workspace", "value")}
 DOCTOR_OPTIONS = {"--json": ("json", "flag"), "--probe": ("probe", "flag")}
 LOG_OPTIONS = {
     "--json": ("json", "flag"),
@@ -160,9 +164,12 @@ def build_policy(opts: dict[str, object]) -> Policy:
 
     workspace = opts.get("workspace")
     policy_path = opts.get("policy")
-    policy = pol.load(
-        str(workspace) if workspace else None, str(policy_path) if policy_path else None
-    )
+    if "settings" in opts:  # even --settings= : a file named, however badly, is never ignored
+        policy = _settings_policy(str(opts["settings"]), "policy" in opts, workspace)
+    else:
+        policy = pol.load(
+            str(workspace) if workspace else None, str(policy_path) if policy_path else None
+        )
     flag_parsers = {
         "timeout": ("--timeout", pol.parse_duration),
         "memory": ("--memory", pol.parse_size),
@@ -231,6 +238,29 @@ def pass_fds(opts: dict[str, object]) -> tuple[int, ...]:
             raise CorralError(f"--pass-fd {value}: not an open descriptor") from None
         found.add(int(value))
     return tuple(sorted(found))
+
+
+def _settings_policy(path: str, with_policy: bool, workspace: object) -> Policy:
+    """srt's settings JSON in place of a policy file; flags still apply on top."""
+    if with_policy:
+        raise CorralError("--settings and --policy both give the policy: pass one of them")
+    from corral import srt_settings
+
+    return srt_settings.load(path, str(workspace) if workspace else None)
+
+
+def cmd_policy(args: list[str]) -> int:
+    """``corral policy import FILE.json``: srt's settings as corral.toml on stdout."""
+    if not args or args[0] != "import":
+        raise CorralError("usage: corral policy import [--workspace DIR] FILE.json")
+    opts, files = parse(args[1:], POLICY_IMPORT_OPTIONS, positional=True)
+    if len(files) != 1:
+        raise CorralError("usage: corral policy import [--workspace DIR] FILE.json")
+    from corral import srt_settings
+
+    workspace = opts.get("workspace")
+    sys.stdout.write(srt_settings.import_toml(files[0], str(workspace) if workspace else None))
+    return 0
 
 
 def cmd_run(args: list[str]) -> int:
@@ -673,10 +703,11 @@ def main(argv: list[str] | None = None) -> int:
             "doctor": cmd_doctor,
             "log": cmd_log,
             "proxy": cmd_proxy,
+            "policy": cmd_policy,
         }
         if args[0] not in commands:
             raise CorralError(
-                f"unknown command {args[0]!r} (run, doctor, log, proxy; see corral --help)"
+                f"unknown command {args[0]!r} (run, doctor, log, proxy, policy; see corral --help)"
             )
         return commands[args[0]](args[1:])
     except CorralError as exc:
