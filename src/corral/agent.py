@@ -11,11 +11,19 @@ stops the file API just as it stops ``cat``.
 
 Because the sandbox is already set up, an ``exec`` costs a fork and an exec,
 not a new sandbox.
+
+A command gets exactly stdin, stdout and stderr, plus the descriptors its
+request names in ``fds`` (target numbers): those arrive with the request's
+bytes as SCM_RIGHTS when fd 0 is a unix socket (the namespace and landlock
+tiers), in the same order.
 """
 
+import array
+import fcntl
 import json
 import os
 import signal
+import socket
 import struct
 import sys
 import threading
@@ -23,6 +31,8 @@ import time
 
 HEADER = struct.Struct("!II")
 CHUNK = 65536
+EXIT_TIMEOUT = 124  # as `corral run` (corral.errors.EXIT_TIMEOUT; this file imports no corral)
+MAX_FDS = 64  # descriptors one request may carry
 
 _write_lock = threading.Lock()
 _procs: dict[int, "Proc"] = {}
@@ -36,23 +46,66 @@ def send(header: dict[str, object], payload: bytes = b"") -> None:
         os.write(1, HEADER.pack(len(data), len(payload)) + data + payload)
 
 
+_channel: list[socket.socket] = []  # fd 0 as a socket, when it is one
+_received: list[int] = []  # descriptors that arrived, in order, not yet handed out
+
+
+def open_channel() -> None:
+    try:
+        sock = socket.socket(fileno=0)
+    except OSError:
+        return  # a pipe (the container tiers): no descriptors can arrive
+    if sock.family == socket.AF_UNIX:
+        _channel.append(sock)
+    else:
+        sock.detach()
+
+
 def read_exact(n: int) -> bytes:
     out = b""
     while len(out) < n:
-        chunk = os.read(0, n - len(out))
+        if _channel:
+            room = socket.CMSG_SPACE(MAX_FDS * 4)
+            # close-on-exec at once: a command spawned meanwhile must not inherit them
+            chunk, ancillary, _, _ = _channel[0].recvmsg(
+                n - len(out), room, socket.MSG_CMSG_CLOEXEC
+            )
+            for level, kind, data in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                    _received.extend(fds)
+        else:
+            chunk = os.read(0, n - len(out))
         if not chunk:
             raise EOFError
         out += chunk
     return out
 
 
+def take_fds(targets: list[int]) -> dict[int, int]:
+    """The descriptors a request carried, by the number each must have in the command."""
+    if len(targets) > len(_received) or any(t < 3 for t in targets):
+        raise OSError(9, "the descriptors to pass did not arrive")
+    got = {t: _received.pop(0) for t in targets}
+    return got
+
+
+def open_fds() -> list[int]:
+    try:
+        return [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 1024))
+
+
 class Proc:
-    def __init__(self, ident: int, msg: dict[str, object]) -> None:
+    def __init__(self, ident: int, msg: dict[str, object], passed: dict[int, int]) -> None:
         self.id = ident
         self.limit = int(str(msg.get("output_limit") or 0))
         self.kept = 0
         self.truncated = False
         self.timed_out = False
+        self.killed = False  # SIGKILLed on request: its whole group must go with it
         argv = [str(a) for a in msg["argv"]]  # type: ignore[attr-defined]
         env = {str(k): str(v) for k, v in dict(msg.get("env") or {}).items()}  # type: ignore[call-overload]
         cwd = str(msg.get("cwd") or ".")
@@ -62,11 +115,14 @@ class Proc:
         # posix_spawn (vfork underneath), not fork: this process has threads, and
         # a fork of it costs milliseconds.  The child's cwd is ours at spawn time,
         # hence the lock around chdir + spawn.
-        actions = [
-            (os.POSIX_SPAWN_DUP2, in_r, 0),
-            (os.POSIX_SPAWN_DUP2, out_w, 1),
-            (os.POSIX_SPAWN_DUP2, err_w, 2),
-        ]
+        wanted = {0: in_r, 1: out_w, 2: err_w, **passed}
+        # parked above every target, so no dup2 lands on a source still to be used
+        base = max(wanted) + 1
+        parked = {t: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base) for t, fd in wanted.items()}
+        actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, fd, t) for t, fd in parked.items()]
+        # only what is asked for crosses: the agent's own channel and anything else
+        # it holds is closed in the child
+        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in open_fds() if fd not in wanted]
         with _spawn_lock:
             try:
                 os.chdir(cwd)
@@ -79,10 +135,10 @@ class Proc:
                     setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
                 )
             except OSError:
-                for fd in (in_r, out_w, err_w, out_r, err_r, self.stdin_w):
+                for fd in (in_r, out_w, err_w, out_r, err_r, self.stdin_w, *parked.values()):
                     os.close(fd)
                 raise
-        for fd in (in_r, out_w, err_w):
+        for fd in (in_r, out_w, err_w, *parked.values()):
             os.close(fd)
         if not msg.get("stdin"):
             os.close(self.stdin_w)
@@ -130,6 +186,8 @@ class Proc:
         self.kill(signal.SIGKILL)
 
     def kill(self, sig: int) -> None:
+        if sig == signal.SIGKILL:
+            self.killed = True
         try:
             os.killpg(self.pid, sig)
         except OSError:
@@ -137,11 +195,16 @@ class Proc:
 
     def wait(self) -> None:
         _, status = os.waitpid(self.pid, 0)
-        if self.timed_out:
-            self.kill(signal.SIGKILL)  # what the timeout left of the group
+        if self.killed:
+            # what the kill left of the group: a child forked while the signal was
+            # on its way (seen under gVisor), which would hold the output pipes open
+            self.kill(signal.SIGKILL)
         for t in self.pumps:
-            t.join(timeout=None if not self.timed_out else 1.0)
+            t.join(timeout=None if not self.killed else 1.0)
         code = os.waitstatus_to_exitcode(status)
+        code = 128 - code if code < 0 else code
+        if self.timed_out:
+            code = EXIT_TIMEOUT
         with _procs_lock:
             _procs.pop(self.id, None)
         if self.stdin_w >= 0:
@@ -153,7 +216,7 @@ class Proc:
             {
                 "ev": "exit",
                 "id": self.id,
-                "code": 128 - code if code < 0 else code,
+                "code": code,
                 "timed_out": self.timed_out,
                 "truncated": self.truncated,
             }
@@ -206,48 +269,74 @@ def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:
         )
 
 
+def report_error(args: "threading.ExceptHookArgs") -> None:
+    """An unexpected error in one of our threads: one line to the host, no traceback."""
+    try:
+        send({"ev": "error", "message": f"agent: {args.exc_type.__name__}: {args.exc_value}"})
+    except OSError:
+        pass
+
+
+def handle(ident: int, msg: dict[str, object], payload: bytes) -> None:
+    """One request from the host (all but shutdown)."""
+    op = msg.get("op")
+    if op == "exec":
+        passed: dict[int, int] = {}
+        try:
+            passed = take_fds([int(t) for t in msg.get("fds") or []])  # type: ignore[attr-defined]
+            proc = Proc(ident, msg, passed)
+        except OSError as exc:  # as a shell would say it
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            argv0 = msg["argv"][0]  # type: ignore[index]
+            message = f"corral: cannot run {argv0}: {exc.strerror}\n"
+            send({"ev": "out", "id": ident, "fd": 2}, message.encode())
+            send({"ev": "exit", "id": ident, "code": code})
+            return
+        finally:
+            for fd in passed.values():  # the command holds its own copies now
+                os.close(fd)
+        with _procs_lock:
+            _procs[ident] = proc
+    elif op in ("stdin", "close_stdin", "kill"):
+        with _procs_lock:
+            target = _procs.get(ident)
+        if target is None:
+            return
+        if op == "kill":
+            target.kill(int(str(msg.get("signal", signal.SIGKILL))))
+        elif target.stdin_w >= 0:
+            try:
+                if op == "stdin":
+                    os.write(target.stdin_w, payload)
+                else:
+                    os.close(target.stdin_w)
+                    target.stdin_w = -1
+            except OSError:
+                pass
+    else:
+        threading.Thread(target=file_op, args=(ident, msg, payload), daemon=True).start()
+
+
 def main() -> None:
+    threading.excepthook = report_error
+    open_channel()
     send({"ev": "ready", "pid": os.getpid()})
     while True:
         try:
             head_len, payload_len = HEADER.unpack(read_exact(HEADER.size))
             msg = json.loads(read_exact(head_len))
             payload = read_exact(payload_len) if payload_len else b""
-        except EOFError:
+        except (EOFError, OSError, ValueError):  # the host is gone, or spoke nonsense
+            break
+        if msg.get("op") == "shutdown":
             break
         ident = int(msg.get("id", 0))
-        op = msg.get("op")
-        if op == "exec":
-            try:
-                proc = Proc(ident, msg)
-            except OSError as exc:  # as a shell would say it
-                code = 127 if isinstance(exc, FileNotFoundError) else 126
-                message = f"corral: cannot run {msg['argv'][0]}: {exc.strerror}\n"
-                send({"ev": "out", "id": ident, "fd": 2}, message.encode())
-                send({"ev": "exit", "id": ident, "code": code})
-                continue
-            with _procs_lock:
-                _procs[ident] = proc
-        elif op in ("stdin", "close_stdin", "kill"):
-            with _procs_lock:
-                target = _procs.get(ident)
-            if target is None:
-                continue
-            if op == "kill":
-                target.kill(int(msg.get("signal", signal.SIGKILL)))
-            elif target.stdin_w >= 0:
-                try:
-                    if op == "stdin":
-                        os.write(target.stdin_w, payload)
-                    else:
-                        os.close(target.stdin_w)
-                        target.stdin_w = -1
-                except OSError:
-                    pass
-        elif op == "shutdown":
-            break
-        else:
-            threading.Thread(target=file_op, args=(ident, msg, payload), daemon=True).start()
+        try:
+            handle(ident, msg, payload)
+        except Exception as exc:  # a bad request must not end the sandbox
+            send({"ev": "error", "message": f"agent: {type(exc).__name__}: {exc}"})
+            if msg.get("op") == "exec":  # its caller waits for an exit
+                send({"ev": "exit", "id": ident, "code": 126})
     with _procs_lock:
         for proc in _procs.values():
             proc.kill(signal.SIGKILL)

@@ -26,7 +26,8 @@ usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
        corral mcp [OPTIONS]                         an MCP server (stdio) on one sandbox
        corral doctor [--json] [--probe]             which tiers can run here, and why not
        corral log [-n N] [--json] [--log FILE]      the last runs
-       corral log --net [--run ID] [--host H] [--decision allow|deny]
+       corral log --net [--run ID] [--host H] [--decision allow|deny|error]
+       corral policy import [--workspace DIR] FILE.json   srt settings as corral.toml
        corral proxy serve [--policy FILE] [--listen HOST:PORT] [--door PATH]
                           [--allow HOST...] [--workers N]
        corral --version
@@ -38,6 +39,7 @@ run options:
   --oci-runtime NAME   container tier: runc (default), runsc (gVisor) or crun
   --image REF          container tier: the image (default: [container] image, $CORRAL_IMAGE)
   --policy FILE        policy file (default: corral.toml in the workspace, if any)
+  --settings FILE      srt's settings JSON as the policy file (not with --policy)
   --workspace DIR      the writable workspace (default: current directory)
   --timeout DURATION   wall-clock limit, e.g. 30s, 5m; kills the whole process tree
   --memory SIZE        memory limit, e.g. 512M (default: half the RAM)
@@ -51,6 +53,8 @@ run options:
   --read-deny PATH     another unreadable path (repeatable)
   --write-deny PATH    another read-only path inside a writable one (repeatable)
   --env NAME           pass this variable from the environment (repeatable)
+  --pass-fd N          hand this open descriptor (above 2) to the command at the same
+                       number (repeatable); no other descriptor but 0, 1, 2 crosses
   --network MODE       none (default: no network) or proxy (only through corral's proxy)
   --allow HOST         allow a destination through the proxy; implies --network proxy
                        (example.org, *.example.org, host:443, 10.0.0.0/8, [::1]:8080)
@@ -71,6 +75,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "--oci-runtime": ("oci_runtime", "value"),
     "--image": ("image", "value"),
     "--policy": ("policy", "value"),
+    "--settings": ("settings", "value"),
     "--workspace": ("workspace", "value"),
     "--timeout": ("timeout", "value"),
     "--memory": ("memory", "value"),
@@ -83,6 +88,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "--read-deny": ("read_deny", "list"),
     "--write-deny": ("write_deny", "list"),
     "--env": ("env", "list"),
+    "--pass-fd": ("pass_fd", "list"),
     "--allow": ("allow", "list"),
     "--deny": ("deny", "list"),
     "--network": ("network", "value"),
@@ -93,6 +99,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "-q": ("quiet", "flag"),
     "--quiet": ("quiet", "flag"),
 }
+POLICY_IMPORT_OPTIONS = {"--workspace": ("workspace", "value")}
 DOCTOR_OPTIONS = {"--json": ("json", "flag"), "--probe": ("probe", "flag")}
 LOG_OPTIONS = {
     "--json": ("json", "flag"),
@@ -163,9 +170,12 @@ def build_policy(opts: dict[str, object]) -> Policy:
 
     workspace = opts.get("workspace")
     policy_path = opts.get("policy")
-    policy = pol.load(
-        str(workspace) if workspace else None, str(policy_path) if policy_path else None
-    )
+    if "settings" in opts:  # even --settings= : a file named, however badly, is never ignored
+        policy = _settings_policy(str(opts["settings"]), "policy" in opts, workspace)
+    else:
+        policy = pol.load(
+            str(workspace) if workspace else None, str(policy_path) if policy_path else None
+        )
     flag_parsers = {
         "timeout": pol.parse_duration,
         "memory": pol.parse_memory,
@@ -225,10 +235,51 @@ def build_policy(opts: dict[str, object]) -> Policy:
     return policy
 
 
+def pass_fds(opts: dict[str, object]) -> tuple[int, ...]:
+    """The descriptors ``--pass-fd`` asks for: numbers above 2, open in this process."""
+    values = opts.get("pass_fd")
+    found: set[int] = set()
+    for value in values if isinstance(values, list) else []:
+        if not value.isdigit() or int(value) < 3:
+            raise CorralError(
+                f"--pass-fd {value}: expected a descriptor number above 2 (0, 1, 2 always pass)"
+            )
+        try:
+            os.fstat(int(value))
+        except OSError:
+            raise CorralError(f"--pass-fd {value}: not an open descriptor") from None
+        found.add(int(value))
+    return tuple(sorted(found))
+
+
+def _settings_policy(path: str, with_policy: bool, workspace: object) -> Policy:
+    """srt's settings JSON in place of a policy file; flags still apply on top."""
+    if with_policy:
+        raise CorralError("--settings and --policy both give the policy: pass one of them")
+    from corral import srt_settings
+
+    return srt_settings.load(path, str(workspace) if workspace else None)
+
+
+def cmd_policy(args: list[str]) -> int:
+    """``corral policy import FILE.json``: srt's settings as corral.toml on stdout."""
+    if not args or args[0] != "import":
+        raise CorralError("usage: corral policy import [--workspace DIR] FILE.json")
+    opts, files = parse(args[1:], POLICY_IMPORT_OPTIONS, positional=True)
+    if len(files) != 1:
+        raise CorralError("usage: corral policy import [--workspace DIR] FILE.json")
+    from corral import srt_settings
+
+    workspace = opts.get("workspace")
+    sys.stdout.write(srt_settings.import_toml(files[0], str(workspace) if workspace else None))
+    return 0
+
+
 def cmd_run(args: list[str]) -> int:
     opts, command = parse(args, RUN_OPTIONS, positional=True)
     if not command:
         raise CorralError("nothing to run: corral run [OPTIONS] -- COMMAND [ARG...]")
+    passed = pass_fds(opts)
     policy = build_policy(opts)
     from corral import launch, tiers
 
@@ -238,11 +289,11 @@ def cmd_run(args: list[str]) -> int:
         door_path = None
         if policy.network.mode == "proxy":
             door_path = "127.0.0.1:3128" if tier.door_transport == "tcp" else "/DOOR"
-        print(tier.plan(policy, command, door=door_path).describe())
+        print(tier.plan(policy, command, door=door_path, pass_fds=passed).describe())
         return 0
     door = _open_door(opts, policy, run_id, tier.door_transport) if tier.name != "none" else None
     try:
-        return _run_plan(opts, policy, tier.name, command, run_id, door)
+        return _run_plan(opts, policy, tier.name, command, run_id, door, passed)
     finally:
         if door is not None:
             door.close()
@@ -251,6 +302,7 @@ def cmd_run(args: list[str]) -> int:
 def cmd_shell(args: list[str]) -> int:
     """An interactive shell in a sandbox: the run options, then optionally -- SHELL."""
     opts, shell = parse(args, RUN_OPTIONS, positional=True)
+    passed = pass_fds(opts)
     policy = build_policy(opts)
     from corral import launch, tiers
     from corral import shell as pty_shell
@@ -270,7 +322,7 @@ def cmd_shell(args: list[str]) -> int:
     try:
         argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
         shell_argv = pty_shell.command(argv, tier.python_argv())
-        plan = tier.plan(policy, shell_argv, door=door.address if door else None)
+        plan = tier.plan(policy, shell_argv, door=door.address if door else None, pass_fds=passed)
         if not opts.get("quiet"):
             _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
             from corral.bounds import notice
@@ -286,6 +338,8 @@ def cmd_shell(args: list[str]) -> int:
 def cmd_mcp(args: list[str]) -> int:
     """An MCP server on stdio whose tools act on one long-lived sandbox."""
     opts, _ = parse(args, RUN_OPTIONS, positional=False)
+    if opts.get("pass_fd"):
+        raise CorralError("--pass-fd is for corral run and corral shell, not mcp")
     policy = build_policy(opts)
     try:
         import mcp.server.mcpserver  # noqa: F401  (the SDK, checked before a sandbox starts)
@@ -319,12 +373,15 @@ def _run_plan(
     command: list[str],
     run_id: str,
     door: Door | None,
+    passed: tuple[int, ...] = (),
 ) -> int:
     import time
 
     from corral import bounds, launch, runlog, tiers
 
-    plan = tiers.get(tier_name).plan(policy, command, door=door.address if door else None)
+    plan = tiers.get(tier_name).plan(
+        policy, command, door=door.address if door else None, pass_fds=passed
+    )
     quiet = bool(opts.get("quiet"))
     if plan.warning:
         _err(plan.warning)
@@ -346,6 +403,10 @@ def _run_plan(
         "network": policy.network.mode,
         "bounds": bounds.record(plan),  # each limit: value, source, enforced
     }
+    if plan.notes:  # what the plan decided beyond the policy (hard links made read-only...)
+        record["notes"] = plan.notes
+    if passed:
+        record["pass_fds"] = list(passed)
     try:
         result = launch.run(plan, run_id)
     except CorralError as exc:
@@ -363,6 +424,7 @@ def _run_plan(
         tally = door.close()
         if tally:
             result.denials.append(summary_line(tally))
+        record["proxy_errors"] = door.errors  # details: net.jsonl, decision "error"
     record.update(
         end=runlog.iso(time.time()),
         exit=result.exit_code,
@@ -492,6 +554,8 @@ def cmd_log(args: list[str]) -> int:
             extra += f"  denials: {len(denials)}"
         if r.get("error"):
             extra += f"  error: {r['error']}"
+        if r.get("proxy_errors"):
+            extra += f"  proxy errors: {r['proxy_errors']} (corral log --net --decision error)"
         duration = r.get("duration")
         dur = f"{duration:.3f}s" if isinstance(duration, int | float) else "-"
         start, run_id, tier, code = (
@@ -516,8 +580,8 @@ def _log_net(opts: dict[str, object], count: int) -> int:
 
     path = str(opts["net_log"]) if opts.get("net_log") else default_path()
     decision = opts.get("decision")
-    if decision not in (None, "allow", "deny"):
-        raise CorralError("--decision: expected allow or deny")
+    if decision not in (None, "allow", "deny", "error"):
+        raise CorralError("--decision: expected allow, deny or error")
     records = [
         r
         for r in runlog.read(path)
@@ -556,6 +620,7 @@ def cmd_proxy(args: list[str]) -> int:
 
     from corral.launch import new_run_id
     from corral.net.audit import default_path
+    from corral.net.door import quiet_stderr
 
     run_id = "serve-" + new_run_id()
     try:
@@ -593,6 +658,7 @@ def cmd_proxy(args: list[str]) -> int:
             os.close(life_w)
             code = 0
             try:
+                quiet_stderr()  # the first worker speaks for all of them
                 _proxy_worker(policy, sockets, run_id, audit_path, life_r)
             except BaseException:
                 code = 1
@@ -623,18 +689,21 @@ def _proxy_worker(
     import signal
     import socket
 
-    from corral.net.audit import Audit
+    from corral.net.audit import Audit, guard_process
     from corral.net.hooks import chain_for
     from corral.net.proxy import Proxy, run_loop
 
     chain = chain_for(policy)
     audit = Audit(audit_path)
+    guard_process(audit, run_id)
 
     async def serve() -> None:
         proxy = Proxy(chain, audit, policy.network.hosts)
+        proxy.guard(run_id)  # an unexpected exception: one audit line, not a traceback
         for sock in sockets:
             if sock.family == socket.AF_UNIX:
-                await proxy.serve_unix(sock, run_id)
+                # a relay's internal frames only where a transparent relay can be
+                await proxy.serve_unix(sock, run_id, policy.network.transparent)
             else:
                 await proxy.serve_sock(sock, run_id)
         stop = asyncio.Event()
@@ -676,10 +745,11 @@ def main(argv: list[str] | None = None) -> int:
             "doctor": cmd_doctor,
             "log": cmd_log,
             "proxy": cmd_proxy,
+            "policy": cmd_policy,
         }
         if args[0] not in commands:
             raise CorralError(
-                f"unknown command {args[0]!r} (run, doctor, log, proxy; see corral --help)"
+                f"unknown command {args[0]!r} (run, doctor, log, proxy, policy; see corral --help)"
             )
         return commands[args[0]](args[1:])
     except CorralError as exc:

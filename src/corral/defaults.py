@@ -128,3 +128,9 @@ GITDIR_WRITE_DENY = ("hooks/", "config", "config.worktree")
 SCAN_SKIP_DIRS = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox", "target"})
 SCAN_MAX_DEPTH = 6
 SCAN_MAX_ENTRIES = 20000
+
+# Files in the workspace with more than one link may share their content with a
+# file outside it.  At most this many are made read-only one by one; more are
+# refused rather than left writable.
+HARDLINK_MAX = 1000
+HARDLINK_POLICIES = ("read-only", "refuse")

@@ -10,6 +10,8 @@ The rules, in the order the mounts are laid:
 1. the host's ``/`` read-only; a fresh ``/dev`` and ``/proc``; private tmpfs on
    ``/tmp``, ``/var/tmp``, ``/run`` and ``/dev/shm`` (these are also where host
    daemons keep their unix sockets, so hiding them closes most sockets at once);
+   ``/proc/sys`` and the other kernel-wide entries of /proc read-only, and the
+   host's network interfaces in /sys hidden (the sandbox has its own network);
 2. *shadows*: a read-deny path that does not exist yet cannot get a mount point
    without creating it on the host, so its nearest existing ancestor is rebuilt
    as a read-only snapshot (a tmpfs holding binds of the entries it has now).
@@ -35,10 +37,21 @@ from corral import defaults
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Collection, Sequence
+
     from corral.policy import Policy
 
 # Replaced by private tmpfs in every run (see rule 1).
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/run", "/dev/shm")
+# Entries of the sandbox's own /proc that reach kernel-wide state: its pid view is
+# private, these are not.  Started by root, the sandbox's uid 0 owns them, so
+# /proc/sys/kernel/core_pattern would open for writing.  Bound read-only over
+# themselves when the host has them.  bwrap itself covers sysrq-trigger, irq and
+# bus (not sys: the directory looks read-only to it); the rest of /proc either
+# holds per-process files or refuses a writer without capabilities, which
+# tests/integration/test_escapes.py checks file by file.
+PROC_HOST_STATE = ("sys", "fs", "acpi", "scsi")
+SYS_CLASS_NET = "/sys/class/net"
 NEVER_SHADOW = frozenset({"/", "/usr", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/proc", "/sys"})
 
 
@@ -76,7 +89,15 @@ class FsPlan:
     """The mounts, and the decisions behind them for tiers that do not mount
     (landlock): which paths are secret, which existing paths must stay unchanged."""
 
-    __slots__ = ("mounts", "notes", "quarantine", "read_deny", "writable", "write_protect")
+    __slots__ = (
+        "hardlinks",
+        "mounts",
+        "notes",
+        "quarantine",
+        "read_deny",
+        "writable",
+        "write_protect",
+    )
 
     def __init__(self) -> None:
         self.mounts: list[Mount] = []
@@ -85,6 +106,9 @@ class FsPlan:
         self.notes: list[str] = []
         self.read_deny: list[str] = []  # absolute, present or not (real paths when present)
         self.write_protect: list[str] = []  # existing write-deny paths inside writable ones
+        # files in the workspace whose content may be shared with a file outside it:
+        # read-only for the run (mount tiers bind them so; landlock withholds writing)
+        self.hardlinks: list[str] = []
 
 
 def _inside(path: str, root: str) -> bool:
@@ -138,14 +162,55 @@ def host_unix_sockets(proc_net_unix: str = "/proc/net/unix") -> list[str]:
     return sorted(found)
 
 
-class WorkspaceScan:
-    """What a bounded walk of the workspace found: git dirs and secret files."""
+def host_net_dirs(class_net: str = SYS_CLASS_NET, devices: str = "/sys/devices") -> list[str]:
+    """Where the host's sysfs lists its network interfaces: ``/sys/class/net`` and,
+    for each interface, the ``net`` directory under /sys/devices that holds it
+    (its MAC address and statistics live there; /sys/class/net only links to it)."""
+    try:
+        names = os.listdir(class_net)
+    except OSError:
+        return []
+    found = {class_net}
+    for name in names:
+        try:  # one readlink, not realpath's lstat per component: this is on every run
+            link = os.readlink(os.path.join(class_net, name))
+        except OSError:
+            continue  # not a link (bonding_masters): nothing to follow
+        real = os.path.normpath(os.path.join(class_net, link))
+        if _inside(real, devices) and os.path.basename(os.path.dirname(real)) == "net":
+            found.add(os.path.dirname(real))
+    return sorted(found)
 
-    __slots__ = ("complete", "git_dirs", "secret_files")
+
+def kernel_mounts(proc_names: Collection[str], net_dirs: Sequence[str]) -> list[Mount]:
+    """Mounts that keep a sandbox with its own network namespace from changing
+    kernel-wide state or reading the host's interfaces (pure: host facts come in).
+
+    ``proc_names``: the entries the host's /proc has; ``net_dirs``: from
+    :func:`host_net_dirs`.  /sys itself is the host's, bound read-only with /."""
+    mounts = [
+        Mount("ro-bind", f"/proc/{name}", f"/proc/{name}", "kernel-wide state: read-only")
+        for name in PROC_HOST_STATE
+        if name in proc_names
+    ]
+    for path in net_dirs:
+        # bwrap has no sysfs of the sandbox's own network namespace to offer: an
+        # empty directory hides the host's interfaces and MAC addresses (a private
+        # tmpfs: whatever the sandbox puts there stays there and vanishes with it)
+        mounts.append(Mount("tmpfs", path, why="hides the host's network interfaces"))
+    return mounts
+
+
+class WorkspaceScan:
+    """What a bounded walk of the workspace found: git dirs, secret files, and regular
+    files with more links than the walk found inside the workspace."""
+
+    __slots__ = ("complete", "git_dirs", "hardlinks", "secret_files")
 
     def __init__(self) -> None:
         self.git_dirs: list[str] = []
         self.secret_files: list[str] = []
+        self.hardlinks: list[str] = []
         self.complete = True
 
 
@@ -156,9 +221,12 @@ def _is_secret_name(name: str) -> bool:
 
 
 def scan_workspace(root: str) -> WorkspaceScan:
-    """Find repositories (their git dirs) and secret files, bounded in depth and size."""
+    """Find repositories (their git dirs), secret files and hard links, bounded in
+    depth and size (the same walk: one extra stat per regular file)."""
     scan = WorkspaceScan()
     budget = defaults.SCAN_MAX_ENTRIES
+    # (device, inode) -> (links the inode has, paths of it found in the workspace)
+    linked: dict[tuple[int, int], tuple[int, list[str]]] = {}
     stack: list[tuple[str, int]] = [(root, 0)]
     while stack:
         path, depth = stack.pop()
@@ -184,9 +252,48 @@ def scan_workspace(root: str) -> WorkspaceScan:
             if is_dir:
                 if name not in defaults.SCAN_SKIP_DIRS and depth < defaults.SCAN_MAX_DEPTH:
                     stack.append((entry.path, depth + 1))
-            elif _is_secret_name(name):
+                continue
+            if _is_secret_name(name):
                 scan.secret_files.append(entry.path)
+            _note_links(entry, linked)
+    # links all found inside the workspace share nothing with the outside
+    scan.hardlinks = sorted(p for n, paths in linked.values() if len(paths) < n for p in paths)
     return scan
+
+
+def _note_links(
+    entry: os.DirEntry[str], linked: dict[tuple[int, int], tuple[int, list[str]]]
+) -> None:
+    """Record a regular file that has more than one link (symlinks are not followed:
+    what a symlink leads to outside is read-only already)."""
+    try:
+        if not entry.is_file(follow_symlinks=False):
+            return
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return
+    if st.st_nlink > 1:
+        linked.setdefault((st.st_dev, st.st_ino), (st.st_nlink, []))[1].append(entry.path)
+
+
+def hardlink_decision(found: list[str], choice: str) -> str:
+    """What happens to hard-linked files in the workspace: the note to print, or
+    RefusedError when the policy says "refuse" (or there are too many to protect)."""
+    shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+    what = (
+        f"{len(found)} file(s) in the workspace have hard links the scan did not find "
+        f"inside it (their content may be a file outside): {shown}"
+    )
+    if choice == "refuse" or len(found) > defaults.HARDLINK_MAX:
+        from corral.errors import RefusedError
+
+        why = (
+            '[filesystem] hardlinks = "refuse"'
+            if choice == "refuse"
+            else f"more than {defaults.HARDLINK_MAX} to make read-only one by one"
+        )
+        raise RefusedError(f"{what} ({why}); copy them apart or remove them")
+    return f"{what}; read-only for this run"
 
 
 def _submodule_git_dirs(modules: str) -> list[str]:
@@ -276,6 +383,9 @@ def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
     for tmp in PRIVATE_TMP:
         if os.path.isdir(tmp):
             base.append(Mount("tmpfs", tmp, why="private scratch; hides host sockets"))
+    if mounts:
+        proc_names = {n for n in PROC_HOST_STATE if os.path.lexists(f"/proc/{n}")}
+        base += kernel_mounts(proc_names, host_net_dirs())
 
     shadows: set[str] = set()
     masks: dict[str, Mount] = {}
@@ -347,6 +457,9 @@ def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
     for secret in scan.secret_files:
         add_mask(secret, False, "secret file in workspace")
         plan.read_deny.append(secret)
+    plan.hardlinks = [p for p in scan.hardlinks if p not in masks]
+    if plan.hardlinks:
+        plan.notes.append(hardlink_decision(plan.hardlinks, policy.filesystem.hardlinks))
 
     ro_binds: dict[str, Mount] = {}
 
@@ -379,6 +492,8 @@ def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
             add_write_deny(hooks, True, "core.hooksPath")
 
     plan.write_protect = sorted(ro_binds)
+    for path in plan.hardlinks:
+        ro_binds.setdefault(path, Mount("ro-bind", path, path, "hard link: may be a file outside"))
     if not mounts:
         return plan
     # Host unix sockets that are still visible after the private tmpfs.

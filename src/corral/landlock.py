@@ -18,7 +18,11 @@ Consequences worth knowing (``corral doctor`` and the README say them too):
 * write-deny paths inside the writable workspace (git hooks and config, editor
   settings) cannot be carved out without making new files there unwritable, so
   the launcher snapshots them and restores them after the run
-  (:mod:`corral.restore`).
+  (:mod:`corral.restore`);
+* a hard-linked file in the workspace (its content may be a file outside) *is*
+  carved out, because undo would come too late for the file outside: the
+  directories on the way to it are split, so a file created later directly in
+  one of them cannot be opened for writing in that run.
 
 Everything here only reads the filesystem (``listdir``) and builds data; the
 launcher applies it (:mod:`corral.confine`).
@@ -103,6 +107,8 @@ WRITE = (
 # (see the module docstring), and writing is not either: withholding it from a
 # ``.env`` in the workspace would make every new file beside it unwritable.
 SECRET = READ_FILE | EXECUTE
+# Withheld from a file that must keep its content (a hard link to a file outside).
+CONTENT = WRITE_FILE | TRUNCATE
 # Withheld from the host's scratch areas: all but listing.
 SCRATCH = (READ | WRITE) & ~READ_DIR
 # Device nodes a program expects; everything else under /dev (disks, memory,
@@ -262,18 +268,25 @@ def build(
     proxy_port: int | None,
     listdir: Listing = _entries,
     is_dir: Callable[[str], bool | None] = _is_dir,
+    read_only: Iterable[str] = (),
 ) -> Ruleset:
     """The ruleset for one run.
 
     ``writable``: directories the sandbox may change; ``read_deny``: absolute
     paths nobody may read (present or not); ``scratch``: the run's private
     temporary directory; ``proxy_port``: the one TCP port the sandbox may
-    connect to (corral's proxy), or None for no network at all.
+    connect to (corral's proxy), or None for no network at all;
+    ``read_only``: files inside writable directories whose content must not
+    change (hard links that may share it with a file outside).
     """
     rs = Ruleset(abi)
     withheld: dict[str, int] = {}
     for path in read_deny:
         withheld[path] = withheld.get(path, 0) | SECRET
+    for path in read_only:
+        # the file's content; a rename that would regain these rights elsewhere is
+        # refused by Landlock itself (EXDEV: a move may not gain rights)
+        withheld[path] = withheld.get(path, 0) | CONTENT
     for path in HOST_SCRATCH:
         withheld[path] = withheld.get(path, 0) | SCRATCH
     # A grant rooted inside a withheld area (a workspace under /tmp, the scratch

@@ -70,15 +70,49 @@ def _status_value(text: str, key: str) -> int | None:
     return int(digits) if digits.lstrip("-").isdigit() else None
 
 
+def open_fds() -> list[int] | None:
+    """Every descriptor open in this process now (one readdir), or None without /proc."""
+    try:
+        return [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return None
+
+
+def _close_all_but(keep: dict[int, int]) -> None:
+    """In the child: close every descriptor except 0, 1, 2 and ``keep``'s numbers.
+
+    Listed from /proc rather than closed by range: a range must end somewhere, and
+    a descriptor above it (a raised RLIMIT_NOFILE) would cross into the sandbox."""
+    found = open_fds()
+    if found is None:
+        import resource
+
+        ceiling = max(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        found = list(range(3, ceiling if ceiling != resource.RLIM_INFINITY else 1 << 20))
+    for fd in found:
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _above(wanted: dict[int, int]) -> int:
+    """The first number above every target: copies parked there cannot be overwritten
+    by a dup2 onto another target."""
+    return max([2, *wanted]) + 1
+
+
 def _move_fds_into_place(wanted: dict[int, int]) -> None:
-    """In the child: make fd ``target`` refer to ``source`` for each pair, then close the rest."""
+    """In the child: make fd ``target`` refer to ``source`` for each pair, then close the
+    rest: nothing the caller holds crosses unless it is asked for."""
     import fcntl
 
-    high = {t: fcntl.fcntl(s, fcntl.F_DUPFD, 100) for t, s in wanted.items()}
+    base = _above(wanted)
+    high = {t: fcntl.fcntl(s, fcntl.F_DUPFD_CLOEXEC, base) for t, s in wanted.items()}
     for target, source in high.items():
         os.dup2(source, target, inheritable=True)
-    keep = max([2, *wanted])
-    os.closerange(keep + 1, 65536)
+    _close_all_but(wanted)
 
 
 class _Guardian:
@@ -371,6 +405,12 @@ def _plan_fds(
             null = os.open(os.devnull, os.O_RDONLY)
             child_fds[number] = null
             to_close.append(null)
+        elif what == "pass":  # the caller's own descriptor of that number, asked for
+            try:
+                os.fstat(number)
+            except OSError:
+                raise SetupError(f"--pass-fd {number}: not an open descriptor") from None
+            child_fds[number] = number
     return status_r
 
 
@@ -572,12 +612,23 @@ def _fork_confined(plan: Plan, child_fds: dict[int, int], procs_files: list[str]
 
 def _spawn(plan: Plan, child_fds: dict[int, int]) -> int:
     """posix_spawn (vfork underneath): cheaper than a Python fork when no cgroup must be
-    joined and the tier changes directory itself."""
+    joined by the child (or spawn_inside has put us in it) and the tier changes
+    directory itself.  Every other descriptor open here is
+    closed in the child by a file action, so only ``child_fds`` cross."""
     import fcntl
 
-    high = {t: fcntl.fcntl(s, fcntl.F_DUPFD_CLOEXEC, 100) for t, s in child_fds.items()}
+    base = _above(child_fds)
+    high = {t: fcntl.fcntl(s, fcntl.F_DUPFD_CLOEXEC, base) for t, s in child_fds.items()}
     try:
-        actions = [(os.POSIX_SPAWN_DUP2, src, target) for target, src in high.items()]
+        found = open_fds()
+        if found is None:  # no /proc to list them: the fork path closes by range
+            return _fork_exec(plan, child_fds, [])
+        actions: list[tuple[int, ...]] = [
+            (os.POSIX_SPAWN_DUP2, src, target) for target, src in high.items()
+        ]
+        # after the dup2s: closing the parked copies there is harmless (they are
+        # close-on-exec anyway); a closed number in the list is skipped by glibc
+        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in found if fd > 2 and fd not in child_fds]
         return os.posix_spawnp(
             plan.argv[0],
             plan.argv,

@@ -25,13 +25,15 @@ TIER_NAMES_HINT = "auto, namespace, none, ..."  # full list lives in corral.tier
 
 
 class FilesystemPolicy:
-    __slots__ = ("read_deny", "use_defaults", "writable", "write_deny")
+    __slots__ = ("hardlinks", "read_deny", "use_defaults", "writable", "write_deny")
 
     def __init__(self) -> None:
         self.writable: list[str] = []  # beyond the workspace
         self.read_deny: list[str] = []  # added to the defaults
         self.write_deny: list[str] = []  # added to the defaults
         self.use_defaults = True  # the built-in secret and write-deny lists
+        # hard-linked files in the workspace: "read-only" for the run, or "refuse" to run
+        self.hardlinks = defaults.HARDLINK_POLICIES[0]
 
 
 class EnvPolicy:
@@ -211,6 +213,10 @@ class Policy:
                 "hosts": dict(sorted(self.network.hosts.items())),
             },
         }
+        if self.filesystem.hardlinks != defaults.HARDLINK_POLICIES[0]:  # as for container
+            fs = out["filesystem"]
+            assert isinstance(fs, dict)
+            fs["hardlinks"] = self.filesystem.hardlinks
         box = self.container
         if box.engine or box.runtime or box.image:  # absent: digests of older runs stay equal
             out["container"] = {"engine": box.engine, "runtime": box.runtime, "image": box.image}
@@ -402,6 +408,8 @@ def _expect_hosts(v: object) -> dict[str, str]:
         raise ValueError('expected a table of "name" = "address"')
     import ipaddress
 
+    from corral.net.names import BadName, normalize
+
     out = {}
     for name, address in v.items():
         if not isinstance(address, str):
@@ -410,7 +418,10 @@ def _expect_hosts(v: object) -> dict[str, str]:
             ipaddress.ip_address(address)
         except ValueError:
             raise ValueError(f"{name} = {address!r}: not an IP address") from None
-        out[name.lower().rstrip(".")] = address
+        try:  # the spelling the proxy looks up: any other spelling finds it too
+            out[normalize(name)] = str(ipaddress.ip_address(address))
+        except BadName as exc:
+            raise ValueError(f"{name!r}: {exc.reason}") from None
     return out
 
 
@@ -419,6 +430,14 @@ def _expect_mode(v: object) -> str:
     if mode not in NETWORK_MODES:
         raise ValueError(f"mode must be one of {', '.join(NETWORK_MODES)}; got {mode!r}")
     return mode
+
+
+def _expect_hardlinks(v: object) -> str:
+    choice = _expect_str(v)
+    if choice not in defaults.HARDLINK_POLICIES:
+        allowed = " or ".join(f'"{c}"' for c in defaults.HARDLINK_POLICIES)
+        raise ValueError(f"hardlinks must be {allowed}; got {choice!r}")
+    return choice
 
 
 ENGINES = ("podman", "docker")
@@ -472,6 +491,7 @@ SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
         "read_deny": _set("filesystem.read_deny", _expect_str_list),
         "write_deny": _set("filesystem.write_deny", _expect_str_list),
         "defaults": _set("filesystem.use_defaults", _expect_bool),
+        "hardlinks": _set("filesystem.hardlinks", _expect_hardlinks),
     },
     "env": {
         "pass": _set("env.pass_names", _expect_env_names),

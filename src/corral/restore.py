@@ -8,7 +8,10 @@ quarantine directory and the snapshot is written back.  This is undo, not
 prevention: during the run the change exists, and the README says so.
 
 Restoring happens when nothing of the sandbox is left running, so the checks
-below cannot be raced.
+below cannot be raced.  What is put back is the content, the mode and the
+modification time (to the nanosecond) of every entry, and the access time;
+the directory holding a restored path keeps the times the run left it with,
+so the undo itself leaves no trace there.  (A change time cannot be set.)
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import stat
 MAX_BYTES = 16 * 1024 * 1024  # a hooks directory is kilobytes; refuse surprises
 MAX_ENTRIES = 5000
 
-Tree = dict[str, tuple[str, int, bytes]]  # relative path -> (kind, mode, content or link)
+# relative path -> (kind, mode, content or link, mtime_ns, atime_ns); a change is
+# anything but the access time, which reading alone moves
+Tree = dict[str, tuple[str, int, bytes, int, int]]
 
 
 class TooLarge(Exception):
@@ -36,10 +41,11 @@ def _walk(path: str) -> Tree | None:
         st = os.lstat(full)
         if len(tree) >= MAX_ENTRIES:
             raise TooLarge(f"{path} has more than {MAX_ENTRIES} entries")
+        times = (st.st_mtime_ns, st.st_atime_ns)
         if stat.S_ISLNK(st.st_mode):
-            tree[rel] = ("l", 0, os.readlink(full).encode())
+            tree[rel] = ("l", 0, os.readlink(full).encode(), *times)
         elif stat.S_ISDIR(st.st_mode):
-            tree[rel] = ("d", stat.S_IMODE(st.st_mode), b"")
+            tree[rel] = ("d", stat.S_IMODE(st.st_mode), b"", *times)
             for name in sorted(os.listdir(full)):
                 visit(os.path.join(full, name), os.path.join(rel, name) if rel else name)
         elif stat.S_ISREG(st.st_mode):
@@ -53,9 +59,9 @@ def _walk(path: str) -> Tree | None:
                     data += chunk
             finally:
                 os.close(fd)
-            tree[rel] = ("f", stat.S_IMODE(st.st_mode), data)
-        else:
-            tree[rel] = ("o", stat.S_IMODE(st.st_mode), b"")  # fifo/socket/device
+            tree[rel] = ("f", stat.S_IMODE(st.st_mode), data, *times)
+        else:  # fifo/socket/device
+            tree[rel] = ("o", stat.S_IMODE(st.st_mode), b"", *times)
 
     try:
         visit(path, "")
@@ -69,9 +75,16 @@ def snapshot(paths: list[str]) -> dict[str, Tree]:
     return {p: t for p in paths if (t := _walk(p)) is not None}
 
 
+def _changed(before: Tree, now: Tree | None) -> bool:
+    """Anything but access times differs (a ``touch`` is a change)."""
+    if now is None or now.keys() != before.keys():
+        return True
+    return any(now[rel][:4] != entry[:4] for rel, entry in before.items())
+
+
 def _write(path: str, tree: Tree) -> None:
     for rel in sorted(tree):  # parents sort before their entries
-        kind, mode, data = tree[rel]
+        kind, mode, data, _, _ = tree[rel]
         full = os.path.join(path, rel) if rel else path
         if kind == "d":
             os.mkdir(full, mode)
@@ -83,9 +96,15 @@ def _write(path: str, tree: Tree) -> None:
                 os.write(fd, data)
             finally:
                 os.close(fd)
-    for rel, (kind, mode, _) in tree.items():  # modes the umask narrowed
+    for rel, (kind, mode, _, _, _) in tree.items():  # modes the umask narrowed
         if kind in "df":
             os.chmod(os.path.join(path, rel) if rel else path, mode)
+    # times last, deepest first: making an entry moves its directory's times
+    for rel in sorted(tree, reverse=True):
+        kind, _, _, mtime, atime = tree[rel]
+        if kind in "dfl":
+            full = os.path.join(path, rel) if rel else path
+            os.utime(full, ns=(atime, mtime), follow_symlinks=False)
 
 
 def restore(snap: dict[str, Tree], run_id: str) -> list[str]:
@@ -98,7 +117,7 @@ def restore(snap: dict[str, Tree], run_id: str) -> list[str]:
             now = _walk(path)
         except (OSError, TooLarge):
             now = None
-        if now == before:
+        if not _changed(before, now):
             continue
         parent = os.path.dirname(path)
         if os.path.realpath(parent) != parent:
@@ -107,12 +126,21 @@ def restore(snap: dict[str, Tree], run_id: str) -> list[str]:
                 "not restored"
             )
             continue
+        try:
+            left = os.stat(parent)  # as the run left it: the undo must not show there
+        except OSError:
+            left = None
         moved = quarantine([path], run_id) if os.path.lexists(path) else []
         try:
             _write(path, before)
             note = "; restored from the snapshot taken at launch"
         except OSError as exc:
             note = f"; could not restore it: {exc}"
+        if left is not None:
+            try:
+                os.utime(parent, ns=(left.st_atime_ns, left.st_mtime_ns))
+            except OSError:
+                pass  # not ours to set (another owner): a trace, not a failure
         where = moved[0].split("; ", 1)[1] if moved and "; " in moved[0] else "removed"
         said.append(f"denied write: {path} (write-deny) was changed ({where}){note}")
     return said

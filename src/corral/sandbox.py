@@ -19,6 +19,7 @@ the callers waiting for them.
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import queue
@@ -27,12 +28,13 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from corral.errors import CorralError
 
 HEADER = struct.Struct("!II")
 SANDBOX_AGENT = "/run/corral/agent.py"
+SPAWN_WAIT = 30.0  # seconds for the agent to report a started command's pid
 
 
 class SandboxError(CorralError):
@@ -50,6 +52,16 @@ class CwdOutsideSandbox(SandboxError):
 
 class PathDenied(SandboxError, PermissionError):
     """The policy forbids this file operation (read-deny, write-deny, read-only)."""
+
+
+class CallbackError(SandboxError):
+    """An ``on_stdout``/``on_stderr``/exit callback raised.  The command was killed
+    (nobody was taking its output any more, as when a pipeline's reader exits);
+    ``result`` holds what it did until then and ``__cause__`` the callback's error."""
+
+    def __init__(self, result: ExecResult, error: BaseException) -> None:
+        super().__init__(f"a callback raised {type(error).__name__}: {error}")
+        self.result = result
 
 
 class ExecResult:
@@ -100,6 +112,22 @@ class Process:
         self._on = {1: on_stdout, 2: on_stderr}
         self._began = time.monotonic()
         self._exit_callbacks: list[Callable[[ExecResult], None]] = []
+        self.error: BaseException | None = None  # the first callback error, if any
+
+    def _call(self, callback: Callable[..., None], arg: object) -> None:
+        """Run a caller's callback on the reader thread; its error must not kill the
+        thread (every later exec would hang) but reach the caller of wait()."""
+        try:
+            callback(arg)
+        except Exception as exc:
+            if self.error is None:
+                self.error = exc
+                self._on = {1: None, 2: None}
+                if self.running:
+                    try:
+                        self.kill()
+                    except (SandboxError, OSError):
+                        pass
 
     # -- called by the reader thread
     def _event(self, header: dict[str, object], payload: bytes) -> None:
@@ -113,7 +141,7 @@ class Process:
                 (self._out if which == 1 else self._err).extend(payload)
             callback = self._on.get(which)
             if callback is not None:
-                callback(payload)
+                self._call(callback, payload)
         elif ev == "exit":
             r = self.result
             r.exit_code = int(str(header["code"]))
@@ -126,7 +154,7 @@ class Process:
             self._started.set()
             self._done.set()
             for notify in callbacks:
-                notify(r)
+                self._call(notify, r)
 
     def add_exit_callback(self, callback: Callable[[ExecResult], None]) -> None:
         """Called with the result once the process ends (at once if it already has)."""
@@ -134,7 +162,7 @@ class Process:
             if not self._done.is_set():
                 self._exit_callbacks.append(callback)
                 return
-        callback(self.result)
+        self._call(callback, self.result)
 
     @property
     def running(self) -> bool:
@@ -145,8 +173,15 @@ class Process:
         return self.result.exit_code if self._done.is_set() else None
 
     def wait(self, timeout: float | None = None) -> ExecResult:
+        """The result once the process ends; CallbackError if a callback raised."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"process {self.id} still running after {timeout}s")
+        return self.outcome()
+
+    def outcome(self) -> ExecResult:
+        """The result of an ended process, or its callback's error raised."""
+        if self.error is not None:
+            raise CallbackError(self.result, self.error) from self.error
         return self.result
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -251,6 +286,8 @@ class Sandbox:
         self._door = open_door(policy, self.run_id, transport=self.tier.door_transport)
         self._closed = False
         self.denials: list[str] = []  # what closing found undone (quarantine, restore)
+        # unexpected errors inside corral's own parts (the agent), one line each
+        self.errors: list[str] = []
         self._lock = threading.Lock()
         self._next_id = 0
         self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]]] = {}
@@ -407,16 +444,29 @@ class Sandbox:
 
     # -- the wire ------------------------------------------------------------------
 
-    def _raw_send(self, header: dict[str, object], payload: bytes = b"") -> None:
+    def _raw_send(
+        self, header: dict[str, object], payload: bytes = b"", fds: Sequence[int] = ()
+    ) -> None:
         data = json.dumps(header, separators=(",", ":")).encode()
-        self._sock.sendall(HEADER.pack(len(data), len(payload)) + data + payload)
+        frame = HEADER.pack(len(data), len(payload)) + data + payload
+        if not fds:
+            self._sock.sendall(frame)
+            return
+        # the descriptors ride on the frame's first bytes: the agent receives them
+        # before it reads the request that names them
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        sent = self._sock.sendmsg([frame], rights)
+        if sent < len(frame):
+            self._sock.sendall(frame[sent:])
 
-    def _send(self, header: dict[str, object], payload: bytes = b"") -> None:
+    def _send(
+        self, header: dict[str, object], payload: bytes = b"", fds: Sequence[int] = ()
+    ) -> None:
         self._ensure()
         with self._lock:
             if self._closed:
                 raise SandboxClosed()
-            self._raw_send(header, payload)
+            self._raw_send(header, payload, fds)
 
     def _recv(self, sock: socket.socket | None = None) -> tuple[dict[str, object], bytes]:
         sock = sock or self._sock
@@ -441,10 +491,16 @@ class Sandbox:
                 header, payload = self._recv(sock)
             except (EOFError, OSError, ValueError):
                 break
+            if header.get("ev") == "error":  # the agent caught something unexpected
+                self.errors.append(str(header.get("message", "")))
+                continue
             ident = int(str(header.get("id", 0)))
             proc = self._procs.get(ident)
             if proc is not None:
-                proc._event(header, payload)
+                try:
+                    proc._event(header, payload)
+                except Exception as exc:  # a malformed frame: this thread must live on
+                    self.errors.append(f"reader: {type(exc).__name__}: {exc}")
                 if header.get("ev") == "exit":
                     self._procs.pop(ident, None)
                 continue
@@ -468,7 +524,11 @@ class Sandbox:
     # -- commands ------------------------------------------------------------------
 
     def _argv(self, command: str | list[str]) -> list[str]:
-        return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        if isinstance(command, str):
+            return ["/bin/sh", "-c", command]
+        if not command:
+            raise ValueError("an empty command")
+        return [str(a) for a in command]
 
     def _cwd(self, cwd: str | None) -> str:
         if cwd is None:
@@ -500,8 +560,33 @@ class Sandbox:
         stdin: bool = True,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> Process:
-        """Start ``command`` in the background and return its handle."""
+        """Start ``command`` in the background and return its handle, once it has a
+        pid (a command that could not start has ended already: see ``returncode``).
+
+        The command gets stdin, stdout and stderr and nothing else of this process,
+        unless ``pass_fds`` names descriptors (above 2) to hand it at the same
+        numbers: copies are sent to the sandbox, the caller's own stay as they are.
+        """
+        proc = self._launch(command, cwd, env, timeout, stdin, on_stdout, on_stderr, pass_fds)
+        if not proc._started.wait(SPAWN_WAIT):
+            raise SandboxError(f"the sandbox did not start {proc.argv[0]} in {SPAWN_WAIT:g}s")
+        return proc
+
+    def _launch(
+        self,
+        command: str | list[str],
+        cwd: str | None,
+        env: dict[str, str] | list[str] | None,
+        timeout: float | None,
+        stdin: bool,
+        on_stdout: Callable[[bytes], None] | None,
+        on_stderr: Callable[[bytes], None] | None,
+        pass_fds: Sequence[int] = (),
+    ) -> Process:
+        """Ask the agent to start ``command``; do not wait for its pid."""
+        fds = self._check_pass_fds(pass_fds)
         self._ensure()
         argv = self._argv(command)
         ident = self._new_id()
@@ -518,9 +603,31 @@ class Sandbox:
                 "timeout": timeout,
                 "stdin": stdin,
                 "output_limit": limit,
-            }
+                "fds": list(fds),
+            },
+            fds=fds,
         )
         return proc
+
+    def _check_pass_fds(self, pass_fds: Sequence[int]) -> tuple[int, ...]:
+        fds = tuple(sorted(set(pass_fds)))
+        if not fds:
+            return fds
+        if self._lazy:
+            raise SandboxError(
+                f"pass_fds is not available on the {self.tier.name} tier: its agent is "
+                "reached through the engine's pipes, which cannot carry descriptors"
+            )
+        if len(fds) > 64:
+            raise SandboxError("pass_fds: at most 64 descriptors per command")
+        for fd in fds:
+            if not isinstance(fd, int) or fd < 3:
+                raise SandboxError(f"pass_fds: {fd!r} is not a descriptor number above 2")
+            try:
+                os.fstat(fd)
+            except OSError:
+                raise SandboxError(f"pass_fds: {fd} is not an open descriptor") from None
+        return fds
 
     def exec(
         self,
@@ -532,13 +639,14 @@ class Sandbox:
         stdin: bytes | str | None = None,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> ExecResult:
         """Run ``command`` to the end: exit code, output, timed_out, truncated, duration.
 
         A timeout kills the command's whole process group and keeps the output
-        so far; the sandbox itself lives on.
+        so far; the sandbox itself lives on.  ``pass_fds``: as for :meth:`spawn`.
         """
-        return self.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr).wait()
+        return self.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds).wait()
 
     def begin(
         self,
@@ -549,16 +657,11 @@ class Sandbox:
         stdin: bytes | str | None,
         on_stdout: Callable[[bytes], None] | None,
         on_stderr: Callable[[bytes], None] | None,
+        pass_fds: Sequence[int] = (),
     ) -> Process:
-        """What exec does before it waits: spawn, and hand over the whole stdin."""
-        proc = self.spawn(
-            command,
-            cwd=cwd,
-            env=env,
-            timeout=timeout,
-            stdin=stdin is not None,
-            on_stdout=on_stdout,
-            on_stderr=on_stderr,
+        """What exec does before it waits: start, and hand over the whole stdin."""
+        proc = self._launch(
+            command, cwd, env, timeout, stdin is not None, on_stdout, on_stderr, pass_fds
         )
         if stdin is not None:
             proc.write_stdin(stdin)
@@ -693,7 +796,8 @@ class AsyncSandbox:
             loop.call_soon_threadsafe(settle, result)
 
         proc.add_exit_callback(done)
-        return await future
+        await future
+        return proc.outcome()
 
     async def exec(
         self,
@@ -705,8 +809,9 @@ class AsyncSandbox:
         stdin: bytes | str | None = None,
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> ExecResult:
-        proc = self.sync.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr)
+        proc = self.sync.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
         return await self.wait(proc)
 
     def spawn(self, command: str | list[str], **kw: object) -> Process:

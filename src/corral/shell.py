@@ -21,9 +21,13 @@ if TYPE_CHECKING:
 # leader), then the pty as controlling terminal, then the shell.
 CTTY_SHIM = (
     "import fcntl, os, sys, termios\n"
-    "os.setsid()\n"
-    "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
-    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+    "try:\n"
+    "    os.setsid()\n"
+    "    fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+    "    os.execvp(sys.argv[1], sys.argv[1:])\n"
+    "except OSError as exc:\n"
+    "    sys.stderr.write(f'corral: cannot start {sys.argv[1]}: {exc.strerror}\\n')\n"
+    "    os._exit(127 if isinstance(exc, FileNotFoundError) else 126)\n"
 )
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import stat
 
+import pytest
+
 from .conftest import Box, documented, host_user_file
 
 
@@ -66,6 +68,20 @@ def test_hardlink_to_outside_file(box: Box) -> None:
     )
     assert (box.ws / "a.txt").read_text() == "changed", r  # twin: a hard link inside works
     assert target.read_text() == "orig", r
+
+
+def test_timestamps_outside_workspace(box: Box, request: pytest.FixtureRequest) -> None:
+    target = host_user_file(box, box.outside / "stamp.txt", "s")
+    os.utime(target, ns=(1_000_000_000_123_456_789, 1_000_000_000_123_456_789))
+    host_user_file(box, box.ws / "mine.txt", "m")
+    r = box.py(
+        f"attempt('attack', lambda: os.utime({str(target)!r}, (1500000000, 1500000000)))\n"
+        "attempt('twin', lambda: os.utime('mine.txt', (1500000000, 1500000000)))"
+    )
+    assert (box.ws / "mine.txt").stat().st_mtime == 1500000000, r  # twin: touch inside works
+    if not box.has("mounts"):
+        box.documented_gap(request, "timestamps")
+    assert target.stat().st_mtime_ns == 1_000_000_000_123_456_789, r
 
 
 def test_rename_out_of_workspace(box: Box) -> None:

@@ -61,13 +61,6 @@ def test_hostname(box: Box, request: pytest.FixtureRequest) -> None:
     assert r.got.get("name") != socket.gethostname(), r
 
 
-SYS_NET_GAP = (
-    "known gap (namespace tier): /sys is the host's, bound read-only, so "
-    "/sys/class/net lists the host's interfaces and their MAC addresses; "
-    "/proc/net is the sandbox's own (README, How corral compares)"
-)
-
-
 def test_network_interfaces(box: Box, request: pytest.FixtureRequest) -> None:
     host = {}
     for name in os.listdir("/sys/class/net"):
@@ -90,8 +83,6 @@ def test_network_interfaces(box: Box, request: pytest.FixtureRequest) -> None:
         box.documented_gap(request, "the hostname and the network stack are shared")
     for name in host:
         assert f"{name}:" not in r.got.get("dev", ""), (name, r)
-    if box.tier == "namespace":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=SYS_NET_GAP))
     for name, mac in host.items():
         assert f"'{name}'" not in r.got.get("sys", ""), (name, r)
         assert not mac or mac == "00:00:00:00:00:00" or mac not in r.out, (name, mac, r)

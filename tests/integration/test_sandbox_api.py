@@ -15,6 +15,8 @@ from conftest import ROOT_BASE, pids_matching, wait_for
 
 from corral import policy as pol
 from corral.sandbox import (
+    AsyncSandbox,
+    CallbackError,
     CwdOutsideSandbox,
     PathDenied,
     Sandbox,
@@ -85,6 +87,7 @@ def test_timeout_kills_the_group_keeps_output_and_the_sandbox(sb: Sandbox) -> No
     t0 = time.monotonic()
     r = sb.exec(f"echo partial; sleep {marker} & sleep {marker}; wait", timeout=0.5)
     assert r.timed_out and r.stdout == b"partial\n" and time.monotonic() - t0 < 5
+    assert r.exit_code == 124  # the same code `corral run --timeout` exits with
     assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5)
     assert sb.exec("echo still here").stdout == b"still here\n"  # the sandbox survives
 
@@ -108,6 +111,74 @@ def test_spawn_handles(sb: Sandbox) -> None:
     quiet.write_stdin(b"abc")
     quiet.close_stdin()
     assert quiet.wait(5).stdout == b"abc"
+
+
+def test_spawn_returns_with_the_pid(sb: Sandbox) -> None:
+    proc = sb.spawn("sleep 30")
+    assert proc.pid > 0 and proc.running  # at once, not after the agent's next frame
+    proc.kill()
+    assert proc.wait(5).exit_code == 128 + signal.SIGKILL
+    missing = sb.spawn(["no-such-command"])  # could not start: ended, with the shell's code
+    assert missing.wait(5).exit_code == 127
+
+
+class Boom(Exception):
+    pass
+
+
+def _raise(_data: object) -> None:
+    raise Boom("callback failed")
+
+
+@pytest.mark.parametrize("which", ["on_stdout", "on_stderr"])
+def test_a_raising_callback_reaches_the_caller(sb: Sandbox, which: str) -> None:
+    fd = "" if which == "on_stdout" else ">&2"
+    t0 = time.monotonic()
+    with pytest.raises(CallbackError) as caught:  # even with no timeout: never a hang
+        sb.exec(f"echo first {fd}; sleep 30; echo never {fd}", **{which: _raise})  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 10  # the command was killed, not waited for
+    assert isinstance(caught.value.__cause__, Boom)
+    assert caught.value.result.exit_code == 128 + signal.SIGKILL
+    assert b"never" not in caught.value.result.stdout + caught.value.result.stderr
+    # the twin: the sandbox stays usable, callbacks that do not raise still stream
+    seen: list[bytes] = []
+    r = sb.exec(f"echo again {fd}", **{which: seen.append})  # type: ignore[arg-type]
+    assert r.exit_code == 0 and b"".join(seen) == b"again\n"
+    with pytest.raises(CallbackError):  # a timeout beside it changes nothing
+        sb.exec(f"echo x {fd}; sleep 30", timeout=20, **{which: _raise})  # type: ignore[arg-type]
+    assert sb.exec("echo ok").stdout == b"ok\n"
+
+
+def test_a_raising_exit_callback_and_spawn(sb: Sandbox) -> None:
+    proc = sb.spawn("echo done")
+    proc.add_exit_callback(_raise)
+    with pytest.raises(CallbackError):
+        proc.wait(10)
+    assert sb.exec("echo ok").stdout == b"ok\n"
+
+
+def test_async_raising_callback(home_ws: tuple[Path, Path], tier: TierCase) -> None:
+    import asyncio
+
+    _, ws = home_ws
+
+    async def go() -> None:
+        async with AsyncSandbox(pol.load(str(ws)), **tier.api) as sb:
+            with pytest.raises(CallbackError):
+                await asyncio.wait_for(sb.exec("echo a; sleep 30", on_stdout=_raise), 15)
+            r = await asyncio.wait_for(sb.exec("echo b"), 15)
+            assert r.stdout == b"b\n"
+
+    asyncio.run(go())
+
+
+def test_agent_survives_a_bad_request(sb: Sandbox) -> None:
+    sb._send({"op": "exec", "id": 10**9, "argv": None})  # not a list: the agent's bug path
+    assert wait_for(lambda: bool(sb.errors), 10)
+    assert sb.errors[0].startswith("agent: TypeError") and "Traceback" not in sb.errors[0]
+    assert sb.exec("echo ok").stdout == b"ok\n"  # the twin: still serving
+    with pytest.raises(ValueError):
+        sb.exec([])
 
 
 def test_fifty_concurrent_execs(sb: Sandbox) -> None:

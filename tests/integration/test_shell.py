@@ -75,3 +75,14 @@ def test_shell_through_a_pty(tsandbox: tuple[Corral, Path]) -> None:
         proc.kill()
         os.close(master)
     assert (ws / "made-in-shell").read_text() == "x\n"
+
+
+@pytest.mark.tiers("namespace", "landlock", why="corral shell is refused on the container tiers")
+def test_shell_that_cannot_start_is_one_line(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    r = c.run(["shell", "-q", "--", "no-such-shell"], cwd=ws, input=b"")
+    text = r.stdout + r.stderr  # the pty carries the shim's words to our stdout
+    assert r.returncode == 127, text
+    assert b"cannot start no-such-shell" in text and b"Traceback" not in text
+    ok = c.run(["shell", "-q", "--", "sh", "-c", "echo started"], cwd=ws, input=b"")
+    assert ok.returncode == 0 and b"started" in ok.stdout + ok.stderr  # the twin

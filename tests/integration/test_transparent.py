@@ -10,6 +10,7 @@ from conftest import Corral
 from test_network import Origin, net_log, origins  # noqa: F401  (fixture)
 
 NAME = "origin.corral.test"
+WILD = "wild.corral.test"
 
 
 def policy(ws: Path, port: int, c: Corral) -> Path:
@@ -18,8 +19,8 @@ def policy(ws: Path, port: int, c: Corral) -> Path:
         "[network]\n"
         'mode = "proxy"\n'
         "transparent = true\n"
-        f'allow = ["{NAME}:{port}", "127.0.0.1:{port}"]\n'
-        f'hosts = {{ "{NAME}" = "127.0.0.1" }}\n'
+        f'allow = ["{NAME}:{port}", "127.0.0.1:{port}", "*.{WILD}:{port}"]\n'
+        f'hosts = {{ "{NAME}" = "127.0.0.1", "good.{WILD}" = "127.0.0.1" }}\n'
     )
     c.chown(path)
     return path
@@ -43,9 +44,14 @@ try:
 except socket.gaierror:
     print("evil-dns nxdomain")
 try:
-    print("literal", b"HTTP" in get("192.0.2.1", "192.0.2.1"))
+    print("literal", b"HTTP/1.1 200" in get("192.0.2.1", "192.0.2.1"))
 except OSError:
     print("literal False")
+# named from Host alone (not a stand-in address): the name decided is the name dialled;
+# a NUL once passed "*.wild.corral.test" and the resolver dialled "localhost"
+nul = get("192.0.2.1", "localhost\\x00.wild.corral.test")
+print("nul-host", b"hello from origin" in nul, nul.split(b"\\r\\n")[0].decode())
+print("good-host", b"hello from origin" in get("192.0.2.1", "good.wild.corral.test"))
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 try:
     u.sendto(b"x", ("192.0.2.1", 9999))
@@ -88,10 +94,13 @@ def test_transparent_capture(sandbox: tuple[Corral, Path], origins: tuple[Origin
     assert "fronted False" in out  # Host differs from the name the address stands for
     assert "evil-dns nxdomain" in out
     assert "literal False" in out
+    assert "nul-host False HTTP/1.1 400 Bad Request" in out
+    assert "good-host True" in out  # its twin: the rule's own name, pinned
     assert "udp blocked" in out
     paths = {p for _, p in ok.hits}
     assert "/raw" in paths and ("/node" in paths or not shutil.which("node"))
-    assert len(ok.hits) == (2 if shutil.which("node") else 1)  # the fronted one never arrived
+    # raw and good-host arrived; the fronted one and the NUL one never did
+    assert len(ok.hits) == (3 if shutil.which("node") else 2)
     log = net_log(c)
     rules = {(e["scheme"], e["decision"], e["rule"]) for e in log}
     assert ("dns", "deny", "default") in rules

@@ -318,7 +318,7 @@ def test_namespace_argv_sizes_every_private_tmpfs(
 
 def test_mount_args_size_only_what_is_named() -> None:
     mounts = [fsplan.Mount("tmpfs", "/tmp"), fsplan.Mount("tmpfs", "/home/u")]
-    args, _ = mount_args(mounts, {"/tmp": 1 << 20})
+    args, _ = mount_args(mounts, sizes={"/tmp": 1 << 20})
     assert args == ["--size", str(1 << 20), "--tmpfs", "/tmp", "--tmpfs", "/home/u"]
     assert mount_args(mounts)[0] == ["--tmpfs", "/tmp", "--tmpfs", "/home/u"]
 

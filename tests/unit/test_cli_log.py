@@ -54,6 +54,18 @@ def test_log_extras(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "limits: memory" in line and "denials: 2" in line and "error: boom" in line
 
 
+def test_log_shows_proxy_errors_only_when_there_were_some(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "runs.jsonl"
+    runlog.append({"run_id": "quiet", "proxy_errors": 0}, str(path))
+    runlog.append({"run_id": "noisy", "proxy_errors": 2}, str(path))
+    assert cli.main(["log", "--log", str(path)]) == 0
+    quiet, noisy = capsys.readouterr().out.splitlines()
+    assert "proxy errors" not in quiet
+    assert "proxy errors: 2 (corral log --net --decision error)" in noisy
+
+
 def test_log_n_zero_prints_nothing(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["log", "--log", str(log), "-n", "0"]) == 0
     assert capsys.readouterr().out == ""

@@ -169,3 +169,11 @@ def test_gvisor_namespace_rules() -> None:
     prof = seccomp_oci.profile(gvisor_namespace_rules())
     assert _denied(prof, "unshare", 0x20000) and _denied(prof, "clone", 0x40000000)
     assert not _denied(prof, "clone", 0x3D0F00)  # a thread's flags
+
+
+def test_preserve_fds_only_when_asked() -> None:
+    """--pass-fd: podman hands descriptors 3..2+N to the container; without it, none."""
+    argv = envelope.run_argv(spec(preserve_fds=39))
+    assert "--preserve-fds=39" in argv
+    assert argv.index("--preserve-fds=39") < argv.index("--")
+    assert not any(a.startswith("--preserve-fds") for a in envelope.run_argv(spec()))

@@ -38,6 +38,7 @@ def lay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Layout]:
     monkeypatch.setenv("HOME", str(layout.home))
     monkeypatch.setenv("XDG_STATE_HOME", str(layout.state))
     monkeypatch.setattr(fsplan, "host_unix_sockets", lambda *_: [])
+    monkeypatch.setattr(fsplan, "host_net_dirs", lambda *_: [])
     monkeypatch.setattr(fsplan, "PRIVATE_TMP", (str(layout.root / "private-tmp"),))
     yield layout
 
@@ -377,3 +378,102 @@ def test_mount_repr_and_equality() -> None:
     assert a != Mount("bind", "/x", "/x")
     assert repr(a) == "ro-bind /x  # why"
     assert repr(Mount("symlink", "/l", "t")) == "symlink t /l"
+
+
+def test_kernel_mounts_cover_kernel_state_and_host_interfaces() -> None:
+    """Pure: /proc entries that reach kernel-wide state become read-only binds of
+    themselves (only those the host has), each host interface directory an empty
+    tmpfs; nothing else under /proc is touched (twin: /proc/self stays)."""
+    net = ["/sys/class/net", "/sys/devices/virtual/net", "/sys/devices/pci0/virtio1/net"]
+    mounts = fsplan.kernel_mounts({"sys", "fs", "self", "cpuinfo", "1"}, net)
+    binds = [m for m in mounts if m.kind == "ro-bind"]
+    assert [(m.src, m.dest) for m in binds] == [
+        ("/proc/sys", "/proc/sys"),
+        ("/proc/fs", "/proc/fs"),
+    ]
+    hidden = [(m.kind, m.dest) for m in mounts if m.kind != "ro-bind"]
+    assert hidden == [("tmpfs", path) for path in net]
+    assert not any(m.dest.startswith(("/proc/self", "/proc/1", "/proc/cpuinfo")) for m in mounts)
+    assert fsplan.kernel_mounts(set(), []) == []
+
+
+def test_host_net_dirs_follow_the_links(tmp_path: Path) -> None:
+    """From a fake /sys/class/net: the class directory and each interface's parent
+    ``net`` directory (where a MAC address can be read); links elsewhere are ignored."""
+    devices = tmp_path / "devices"
+    for parent in ("virtual/net/lo", "pci0/virtio1/net/eth0"):
+        (devices / parent).mkdir(parents=True)
+    klass = tmp_path / "class-net"
+    klass.mkdir()
+    (klass / "lo").symlink_to(devices / "virtual/net/lo")
+    (klass / "eth0").symlink_to(devices / "pci0/virtio1/net/eth0")
+    (klass / "bonding_masters").write_text("")
+    found = fsplan.host_net_dirs(str(klass), str(devices))
+    assert found == sorted(
+        [str(klass), str(devices / "pci0/virtio1/net"), str(devices / "virtual/net")]
+    )
+    # links that lead outside the devices tree are not followed into a mount
+    assert fsplan.host_net_dirs(str(klass), str(tmp_path / "elsewhere")) == [str(klass)]
+    assert fsplan.host_net_dirs(str(tmp_path / "missing")) == []
+
+
+def test_plan_hides_the_real_hosts_interfaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On this host: every interface /sys/class/net lists has its directory hidden."""
+    if not os.path.isdir("/sys/class/net"):
+        pytest.skip("this host has no /sys/class/net")
+    found = fsplan.host_net_dirs()
+    assert "/sys/class/net" in found
+    for name in os.listdir("/sys/class/net"):
+        real = os.path.realpath(f"/sys/class/net/{name}")
+        if os.path.isdir(real) and real.startswith("/sys/devices/"):
+            assert os.path.dirname(real) in found, name
+
+
+def test_hard_links_found_and_made_read_only(lay: Layout) -> None:
+    """A file with a link the scan does not find in the workspace is bound read-only
+    over itself and reported; a pair whose links are both inside is left alone."""
+    outside = lay.root / "outside.txt"
+    outside.write_text("x")
+    os.link(outside, lay.ws / "planted.txt")
+    (lay.ws / "deep").mkdir()
+    (lay.ws / "deep" / "a").write_text("a")
+    os.link(lay.ws / "deep" / "a", lay.ws / "b")
+    os.symlink(outside, lay.ws / "to-outside")  # a symlink is not a hard link
+    plan = plan_filesystem(policy_for(lay, read_deny=[]))
+    planted = str(lay.ws / "planted.txt")
+    assert plan.hardlinks == [planted]
+    assert Mount("ro-bind", planted, planted) in plan.mounts
+    assert index(plan, Mount("bind", str(lay.ws), str(lay.ws))) < index(
+        plan, Mount("ro-bind", planted, planted)
+    )
+    assert any(planted in n and "read-only for this run" in n for n in plan.notes)
+    assert not any(m.dest in (str(lay.ws / "b"), str(lay.ws / "deep" / "a")) for m in plan.mounts)
+    # a tier without mounts gets the same decision
+    assert plan_filesystem(policy_for(lay, read_deny=[]), mounts=False).hardlinks == [planted]
+
+
+def test_hard_links_refused_or_too_many(lay: Layout, monkeypatch: pytest.MonkeyPatch) -> None:
+    from corral import defaults
+    from corral.errors import EXIT_REFUSED, RefusedError
+
+    outside = lay.root / "outside.txt"
+    outside.write_text("x")
+    for n in range(3):
+        os.link(outside, lay.ws / f"l{n}")
+    pol = policy_for(lay, read_deny=[])
+    pol.filesystem.hardlinks = "refuse"
+    with pytest.raises(RefusedError) as refused:
+        plan_filesystem(pol)
+    assert refused.value.code == EXIT_REFUSED
+    assert str(lay.ws / "l0") in refused.value.message and '"refuse"' in refused.value.message
+    pol.filesystem.hardlinks = "read-only"
+    assert len(plan_filesystem(pol).hardlinks) == 3  # twin: the default protects them
+    monkeypatch.setattr(defaults, "HARDLINK_MAX", 2)
+    with pytest.raises(RefusedError, match="more than 2"):
+        plan_filesystem(pol)
+
+
+def test_hardlink_note_lists_at_most_ten() -> None:
+    found = [f"/ws/f{n}" for n in range(12)]
+    note = fsplan.hardlink_decision(found, "read-only")
+    assert "/ws/f9" in note and "/ws/f10" not in note and "and 2 more" in note

@@ -259,3 +259,48 @@ def test_new_kernel_is_available(monkeypatch: pytest.MonkeyPatch) -> None:
     health = LandlockTier().health()
     assert health.available and "ABI 7" in health.reason
     assert "TCP bind/connect" in health.details["protections"]  # type: ignore[operator]
+
+
+def test_hard_linked_file_keeps_its_content() -> None:
+    """read_only: the file may be read, never opened for writing or truncated; its
+    siblings and the rest of the workspace stay writable (twin)."""
+    rs = L.build(
+        7,
+        writable=["/home/u/proj"],
+        read_deny=[],
+        scratch="/s",
+        proxy_port=None,
+        listdir=listdir,
+        is_dir=is_dir,
+        read_only=["/home/u/proj/README"],
+    )
+    rules = rules_of(rs)
+    readme = "/home/u/proj/README"
+    assert allowed(rules, readme, L.READ_FILE)
+    assert not allowed(rules, readme, L.WRITE_FILE)
+    assert not allowed(rules, readme, L.TRUNCATE)
+    for twin in ("/home/u/proj/src/main.py", "/home/u/proj/.env"):
+        assert allowed(rules, twin, L.WRITE_FILE), twin
+    # the cost, as documented: a new file beside it gets only the directory's rights
+    assert not allowed(rules, "/home/u/proj/new-file", L.WRITE_FILE)
+    assert allowed(rules, "/home/u/proj/new-file", L.MAKE_REG)
+
+
+def test_plan_notes_where_new_files_cannot_be_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("x")
+    os.link(outside, ws / "sub" / "linked.txt")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr("corral.tiers.landlock.abi_version", lambda: 7)
+    plan = LandlockTier().plan(Policy(str(ws)), ["true"])
+    text = "\n".join(plan.notes)
+    assert str(ws / "sub" / "linked.txt") in text and "read-only for this run" in text
+    assert f"created directly in {ws}, {ws / 'sub'} cannot be opened for writing" in text
+    assert plan.landlock is not None
+    rules = dict(plan.landlock.paths)
+    assert not allowed(rules, str(ws / "sub" / "linked.txt"), L.WRITE_FILE)

@@ -171,3 +171,50 @@ def test_find_bwrap_ignores_relative_path_entries(
     monkeypatch.setenv("PATH", ":/nonexistent-corral-bin")
     found = namespace.find_bwrap()
     assert found is None or os.path.isabs(found)
+
+
+def test_passed_descriptors_keep_their_numbers(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--pass-fd 3 --pass-fd 5: bwrap's own descriptors move around them, and the plan
+    names each passed one so the launcher hands over exactly those."""
+    (workspace / ".env").write_text("TOKEN=x\n")
+    pol = Policy(str(workspace))
+    plan = NamespaceTier().plan(pol, ["true"], pass_fds=(3, 5))
+    assert plan.fds[3] == plan.fds[5] == "pass"
+    argv = plan.argv
+    status, sec = (
+        int(argv[argv.index("--json-status-fd") + 1]),
+        int(argv[argv.index("--seccomp") + 1]),
+    )
+    assert (status, sec) == (4, 6)
+    assert plan.fds[status] == "status" and plan.fds[sec] == "seccomp"
+    empty = [int(argv[i + 1]) for i, a in enumerate(argv) if a == "--ro-bind-data"]
+    assert empty and all(n not in (3, 5) and plan.fds[n] == "empty" for n in empty)
+    assert len(set(plan.fds)) == len(plan.fds)  # no number used twice
+    # twin: without any, the numbers are the usual ones and nothing is passed
+    plain = NamespaceTier().plan(pol, ["true"])
+    assert "pass" not in plain.fds.values()
+    assert plain.fds[FD_STATUS] == "status" and plain.fds[FD_SECCOMP] == "seccomp"
+
+
+def test_own_fd_numbers_skip_passed_ones() -> None:
+    numbers = namespace.own_fd_numbers({3, 4, 40})
+    assert [next(numbers) for _ in range(4)] == [5, 6, 7, 8]
+    numbers = namespace.own_fd_numbers(())
+    assert [next(numbers) for _ in range(3)] == [FD_STATUS, FD_SECCOMP, FD_EMPTY]
+
+
+def test_bwrap_argv_keeps_kernel_state_read_only(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc/sys and friends are bound read-only after the sandbox's own /proc; the
+    host's interface directories become empty tmpfs (host facts stubbed)."""
+    monkeypatch.setattr(fsplan, "host_net_dirs", lambda *_: ["/sys/class/net", "/sys/x/net"])
+    plan = NamespaceTier().plan(Policy(str(workspace)), ["true"])
+    text = " ".join(plan.argv)
+    assert "--proc /proc" in text
+    assert text.index("--proc /proc") < text.index("--ro-bind /proc/sys /proc/sys")
+    for path in ("/sys/class/net", "/sys/x/net"):
+        assert f"--tmpfs {path}" in text
+    assert "--ro-bind /proc/self" not in text  # twin: the processes' own files are not

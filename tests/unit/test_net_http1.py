@@ -463,21 +463,20 @@ def test_serialize_then_parse_round_trip() -> None:
 @pytest.mark.parametrize(
     ("target", "expected"),
     [
-        (b"http://example.org/path", ("example.org", "example.org", 80, b"/path")),
-        (b"http://example.org:8080/p?q=1", ("example.org:8080", "example.org", 8080, b"/p?q=1")),
-        (b"http://[::1]:80/", ("[::1]:80", "::1", 80, b"/")),
-        (b"http://[::1]/x", ("[::1]", "::1", 80, b"/x")),
-        (b"http://192.0.2.1:81/a/b/c", ("192.0.2.1:81", "192.0.2.1", 81, b"/a/b/c")),
-        (b"http://example.org", ("example.org", "example.org", 80, b"/")),
-        (b"http://example.org?q=1", ("example.org", "example.org", 80, b"/?q=1")),
-        (b"HTTP://Example.org/", ("Example.org", "Example.org", 80, b"/")),
-        (
-            b"http://example.org/a?b=http://c/d",
-            ("example.org", "example.org", 80, b"/a?b=http://c/d"),
-        ),
+        (b"http://example.org/path", ("example.org", 80, b"/path")),
+        (b"http://example.org:8080/p?q=1", ("example.org", 8080, b"/p?q=1")),
+        (b"http://[::1]:80/", ("::1", 80, b"/")),
+        (b"http://[::1]/x", ("::1", 80, b"/x")),
+        (b"http://192.0.2.1:81/a/b/c", ("192.0.2.1", 81, b"/a/b/c")),
+        (b"http://example.org", ("example.org", 80, b"/")),
+        (b"http://example.org?q=1", ("example.org", 80, b"/?q=1")),
+        (b"HTTP://Example.org/", ("Example.org", 80, b"/")),  # normalized later, once
+        (b"http://example.org/a?b=http://c/d", ("example.org", 80, b"/a?b=http://c/d")),
+        # not UTF-8: kept as surrogates for the normalizer to refuse with its reason
+        (b"http://ex\xffample.org/", ("ex\udcffample.org", 80, b"/")),
     ],
 )
-def test_split_absolute(target: bytes, expected: tuple[str, str, int, bytes]) -> None:
+def test_split_absolute(target: bytes, expected: tuple[str, int, bytes]) -> None:
     assert http1.split_absolute(target) == expected
 
 
@@ -689,10 +688,64 @@ def test_copy_body_chunked_with_extensions_and_trailers() -> None:
         b"0;last\r\nX-Checksum: 1234\r\nX-Other: y\r\n\r\n"
     )
     sent, out, rest = run(copy(body + b"rest", "chunked"))
-    # extensions are dropped (nothing can hide in them); trailers pass
-    assert out == b"5\r\nhello\r\n3\r\nabc\r\n0\r\nX-Checksum: 1234\r\nX-Other: y\r\n\r\n"
+    # extensions and trailers are dropped (nothing can hide in them)
+    assert out == b"5\r\nhello\r\n3\r\nabc\r\n0\r\n\r\n"
     assert sent == len(out)
     assert rest == b"rest"
+
+
+@pytest.mark.parametrize(
+    "trailers",
+    [
+        b"Content-Length: 5\r\n\r\n",  # a well-formed trailer: read and dropped
+        b"Transfer-Encoding: chunked\r\nX: y\r\n\r\n",
+    ],
+)
+def test_copy_body_chunked_trailers_never_forwarded(trailers: bytes) -> None:
+    sent, out, rest = run(copy(b"3\r\nabc\r\n0\r\n" + trailers + b"NEXT", "chunked"))
+    assert out == b"3\r\nabc\r\n0\r\n\r\n" and sent == len(out)
+    assert rest == b"NEXT"
+
+
+@pytest.mark.parametrize(
+    "trailers",
+    [
+        b" folded: yes\r\n\r\n",  # obs-fold
+        b"no colon\r\n\r\n",
+        b"X-A: b\x00c\r\n\r\n",
+        b"X-A: b\nc\r\n\r\n",
+        b"X: " + b"a" * (http1.MAX_HEAD - 10) + b"\r\nY: " + b"b" * 20 + b"\r\n\r\n",
+    ],
+)
+def test_copy_body_chunked_bad_trailers_are_400(trailers: bytes) -> None:
+    with pytest.raises(HttpError) as info:
+        run(copy(b"3\r\nabc\r\n0\r\n" + trailers, "chunked"))
+    assert info.value.status == 400
+
+
+def test_copy_body_huge_chunk_is_streamed_not_held() -> None:
+    """A chunk larger than CHUNK reaches the writer in pieces of at most CHUNK."""
+
+    class Pieces(FakeWriter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.largest = 0
+
+        def write(self, data: bytes) -> None:
+            self.largest = max(self.largest, len(data))
+            super().write(data)
+
+    size = 3 * http1.CHUNK + 7
+
+    async def go() -> Pieces:
+        reader = reader_with(b"%x\r\n" % size + b"z" * size + b"\r\n0\r\n\r\n")
+        writer = Pieces()
+        await http1.copy_body(reader, cast(asyncio.StreamWriter, writer), "chunked", 0)
+        return writer
+
+    writer = run(go())
+    assert writer.largest <= http1.CHUNK
+    assert bytes(writer.data) == b"%x\r\n" % size + b"z" * size + b"\r\n0\r\n\r\n"
 
 
 def test_copy_body_chunked_empty() -> None:
@@ -710,6 +763,8 @@ def test_copy_body_chunked_empty() -> None:
         b"\r\nhello\r\n0\r\n\r\n",
         b";ext\r\nhello\r\n0\r\n\r\n",
         b"1" * 17 + b"\r\n",
+        b"1" * 16 + b"\r\n",  # >= 2**60: a signed 64-bit parser downstream could wrap
+        b"8000000000000000\r\n",
         b"5\nhello\r\n0\r\n\r\n",
     ],
 )

@@ -156,6 +156,9 @@ ERROR_CASES = [
     ('[env]\npass = ["A=B"]\n', 2, "env.pass", "bad environment variable name"),
     ("[env]\nset = 3\n", 2, "env.set", "table"),
     ('[limits] # the limits\nmemory = "1Z"\n', 2, "limits.memory", "bad size"),
+    ('[network]\nhosts = { "a\\u0000b.test" = "127.0.0.1" }\n', 2, "network.hosts", "control"),
+    ('[network]\nhosts = { "a..test" = "127.0.0.1" }\n', 2, "network.hosts", "empty label"),
+    ('[network]\nhosts = { "a.test" = "nowhere" }\n', 2, "network.hosts", "not an IP"),
 ]
 
 
@@ -404,3 +407,30 @@ def test_write_deny_policy_file_via_symlinked_workspace(tmp_path: Path) -> None:
     path = write(real, 'tier = "none"\n', "agent.toml")
     pol = policy.load(str(link), str(link / path.name))
     assert "agent.toml" in pol.write_deny_patterns()
+
+
+def test_pinned_hosts_are_keyed_by_the_one_spelling(tmp_path: Path) -> None:
+    """However a pinned name is written, the proxy finds it under its normalized form."""
+    full_width = "".join(chr(ord(c) + 0xFEE0) for c in "PINNED")
+    path = write(
+        tmp_path,
+        "[network]\n"
+        f'hosts = {{ "{full_width}\u3002test." = "127.0.0.1", "Other.Test" = "0:0::1" }}\n',
+    )
+    pol = policy.load(str(tmp_path), str(path))
+    assert pol.network.hosts == {"pinned.test": "127.0.0.1", "other.test": "::1"}
+
+
+def test_hardlinks_key(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    pol = policy.load(str(ws), str(write(tmp_path, '[filesystem]\nhardlinks = "refuse"\n')))
+    assert pol.filesystem.hardlinks == "refuse"
+    assert pol.to_dict()["filesystem"]["hardlinks"] == "refuse"  # type: ignore[index]
+    default = policy.load(str(ws))
+    assert default.filesystem.hardlinks == "read-only"
+    assert "hardlinks" not in default.to_dict()["filesystem"]  # type: ignore[operator]
+    err = load_error(write(tmp_path, '[filesystem]\nhardlinks = "readonly"\n'), ws)
+    assert "filesystem.hardlinks" in err.message and "hardlinks must be" in err.message
+    err = load_error(write(tmp_path, "[filesystem]\nhardlinks = true\n"), ws)
+    assert "filesystem.hardlinks" in err.message and "expected a string" in err.message

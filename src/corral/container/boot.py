@@ -1,6 +1,6 @@
 """The first corral process inside a container (after the engine's init).
 
-Runs inside (``python -I -S boot.py ENV_FILE REPORT_FILE -- COMMAND...``),
+Runs inside (``python -I -S boot.py ENV_FILE REPORT_FILE KEEP -- COMMAND...``),
 standard library only.  It gives the command its environment from ENV_FILE
 (``NAME=VALUE`` entries each ended by a NUL, bound in read-only), so no value
 ever appears in an argv or in the engine's record of the container
@@ -9,6 +9,8 @@ When the command ends it writes which cgroup limits were hit (read from the
 container's own cgroup files) to REPORT_FILE, for corral to report, and exits
 as the command did.  The report is advisory: the command could write it too.
 REPORT_FILE ``-`` means no report (gVisor shows no cgroup files inside).
+KEEP names the descriptors above 2 the user asked to pass (``40,41``), or ``-``:
+every other descriptor is closed before the command starts.
 """
 
 import os
@@ -52,11 +54,33 @@ def limits_hit(base: str = "/sys/fs/cgroup") -> list[str]:
     return hit
 
 
+def _one_line(kind: type[BaseException], value: BaseException, _tb: object) -> None:
+    """An unexpected error here reaches the command's stderr as one line, no traceback."""
+    sys.stderr.write(f"corral boot: internal error: {kind.__name__}: {value}\n")
+
+
+def close_others(keep: set[int]) -> None:
+    """Close every descriptor above 2 not in ``keep`` (the engine's fillers below a
+    passed one, anything its init left open)."""
+    try:
+        found = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        found = list(range(3, 65536))
+    for fd in found:
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 def main(argv: list[str]) -> None:
-    env_file, report, sep, command = argv[0], argv[1], argv[2], argv[3:]
+    sys.excepthook = _one_line
+    env_file, report, keep, sep, command = argv[0], argv[1], argv[2], argv[3], argv[4:]
     if sep != "--" or not command:
-        sys.stderr.write("corral boot: usage: boot.py ENV REPORT -- COMMAND...\n")
+        sys.stderr.write("corral boot: usage: boot.py ENV REPORT KEEP -- COMMAND...\n")
         os._exit(125)
+    close_others({int(n) for n in keep.split(",") if n.isdigit()})
     with open(env_file, "rb") as raw:
         entries = [e.decode("utf-8", "surrogateescape") for e in raw.read().split(b"\0") if e]
     env = dict(e.split("=", 1) for e in entries if "=" in e)

@@ -39,6 +39,7 @@ class Spec:
         "mounts",
         "name",
         "pids",
+        "preserve_fds",
         "rootless",
         "roots",
         "run_size",
@@ -82,6 +83,7 @@ class Spec:
         self.init = True  # the engine's init as pid 1 (reaps, forwards signals)
         self.tty = False
         self.host_uds = False  # gVisor: may the sandbox connect to host unix sockets (the door)
+        self.preserve_fds = 0  # podman: hand descriptors 3..2+N to the container (--pass-fd)
         self.labels: dict[str, str] = {}
 
 
@@ -198,6 +200,8 @@ def run_argv(spec: Spec, mask_file: str = "/dev/null") -> list[str]:
         argv.append("--read-only-tmpfs=false")  # only the tmpfs corral names below
         if spec.rootless:
             argv.append("--userns=keep-id")
+        if spec.preserve_fds:
+            argv.append(f"--preserve-fds={spec.preserve_fds}")
     if spec.runtime_name == "runsc":
         # gVisor builds its own network stack unless told there is none, and
         # must be told to apply the OCI seccomp profile

@@ -30,6 +30,7 @@ class Audit:
             os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
             self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self.denied: dict[str, int] = {}  # "host:port" -> count
+        self.errors = 0  # unexpected exceptions inside the proxy (bugs), each one line here
         self.requests = 0
         self._buffer: list[bytes] = []
         self._size = 0
@@ -54,6 +55,23 @@ class Audit:
         if self._size >= FLUSH_BYTES or now - self._first >= FLUSH_SECONDS:
             self.flush()
 
+    def internal_error(self, run_id: str, where: str, exc: BaseException | None) -> None:
+        """One line for an exception nothing expected, written at once, and counted:
+        a worker's terminal is the user's, so a traceback must never go there."""
+        self.errors += 1
+        self.record(
+            {
+                "run_id": run_id,
+                "decision": "error",
+                "rule": "internal",
+                "reason": describe(where, exc),
+            }
+        )
+        try:
+            self.flush()
+        except OSError:
+            pass
+
     def _time(self, now: float) -> str:
         second = int(now)
         if self._stamp[0] != second:
@@ -73,8 +91,36 @@ class Audit:
             self.fd = -1
 
 
+def describe(where: str, exc: BaseException | None) -> str:
+    """``where: Type: message (file.py:123)`` on one line, from the innermost frame."""
+    if exc is None:
+        return where.replace("\n", " ")
+    tb = exc.__traceback__
+    place = ""
+    while tb is not None:
+        place = f" ({os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return f"{where}: {type(exc).__name__}: {exc}{place}".replace("\n", " ")
+
+
 def summary_line(denied: dict[str, int]) -> str:
     """``denied 3 requests: evil.example:443 (2), 10.0.0.1:80``"""
     total = sum(denied.values())
     parts = [f"{dest} ({n})" if n > 1 else dest for dest, n in sorted(denied.items())]
     return f"network: denied {total} request{'s' if total != 1 else ''}: {', '.join(parts)}"
+
+
+def guard_process(audit: Audit, run_id: str) -> None:
+    """In a proxy process: what Python would print to stderr for an exception in a
+    thread or in a finalizer becomes one counted audit line instead."""
+    import sys
+    import threading
+
+    def unraisable(info: sys.UnraisableHookArgs) -> None:
+        audit.internal_error(run_id, str(info.err_msg or "unraisable"), info.exc_value)
+
+    def in_thread(args: threading.ExceptHookArgs) -> None:
+        audit.internal_error(run_id, "thread", args.exc_value)
+
+    sys.unraisablehook = unraisable
+    threading.excepthook = in_thread

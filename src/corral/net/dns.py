@@ -75,13 +75,16 @@ def parse_query(packet: bytes) -> Query | None:
             break
         if size & 0xC0:  # compression is not used in questions we accept
             return None
-        labels.append(packet[at + 1 : at + 1 + size])
+        label = packet[at + 1 : at + 1 + size]
+        if b"." in label:  # joined with dots it would read as other labels
+            return None
+        labels.append(label)
         at += 1 + size
     if at + 4 > len(packet):
         return None
     qtype, _qclass = struct.unpack("!HH", packet[at : at + 4])
-    try:
-        name = b".".join(labels).decode("ascii").lower()
+    try:  # as sent: the proxy normalizes (and refuses) it like any other name
+        name = b".".join(labels).decode("ascii")
     except UnicodeDecodeError:
         return None
     return Query(ident, name, qtype, packet[12 : at + 4])

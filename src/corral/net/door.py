@@ -7,6 +7,13 @@ ended) or dies (the kernel closes it), the proxy writes its tally of denials
 back, removes the socket and its directory, and exits.  So the door never
 outlives the run, and if the proxy dies first, the socket has no listener and
 the sandbox simply has no network.
+
+A proxy process never writes to the terminal it inherited (it is the user's):
+its stderr is /dev/null, and an unexpected exception becomes one line in the
+audit log and a count that :meth:`Door.close` returns to the run record.
+The tally pipe carries tab-separated lines: ``deny HOST:PORT N`` per denied
+destination, ``errors N`` and, for a worker that failed outright,
+``crash TEXT``.
 """
 
 from __future__ import annotations
@@ -115,6 +122,8 @@ class Door:
         self.dir = _private_dir("corral-door-")
         self.path = os.path.join(self.dir, "door.sock")
         self.pids: list[int] = []
+        self.errors = 0  # the proxy's own unexpected exceptions, known after close()
+        self.crashes: list[str] = []  # one line per worker that failed outright
         self._life_w = -1
         self._tally_r = -1
 
@@ -139,14 +148,16 @@ class Door:
             if pid == 0:  # a proxy process
                 code = 0
                 try:
+                    quiet_stderr()
                     os.close(life_w)
                     os.close(tally_r)
                     if _first_use(socks, life_r):
                         _serve(chain, socks, self.run_id, self.audit_path, life_r, tally_w, self)
                     else:
                         self.remove_files()  # the run ended without using the network
-                except BaseException:
+                except BaseException as exc:  # the top-level guard: a line, never a traceback
                     code = 1
+                    _report_crash(tally_w, exc)
                 finally:
                     os._exit(code)
             self.pids.append(pid)
@@ -164,7 +175,8 @@ class Door:
         return f"127.0.0.1:{self.tcp_port}" if self.tcp else self.path
 
     def close(self) -> dict[str, int]:
-        """Stop the proxy; return {"host:port": denied count}.  Idempotent."""
+        """Stop the proxy; return {"host:port": denied count} and set ``errors``.
+        Idempotent."""
         tally: dict[str, int] = {}
         if self._life_w >= 0:
             os.close(self._life_w)
@@ -174,13 +186,25 @@ class Door:
                 data += chunk
             os.close(self._tally_r)
             self._tally_r = -1
-            for line in data.decode("utf-8", "replace").splitlines():
-                dest, _, count = line.rpartition(" ")
-                if dest and count.isdigit():
-                    tally[dest] = tally.get(dest, 0) + int(count)
+            tally = self._read_tally(data.decode("utf-8", "replace"))
             for pid in self.pids:
                 os.waitpid(pid, 0)
         self.remove_files()
+        return tally
+
+    def _read_tally(self, text: str) -> dict[str, int]:
+        tally: dict[str, int] = {}
+        for line in text.splitlines():
+            kind, _, rest = line.partition("\t")
+            if kind == "deny":
+                dest, _, count = rest.rpartition("\t")
+                if dest and count.isdigit():
+                    tally[dest] = tally.get(dest, 0) + int(count)
+            elif kind == "errors" and rest.isdigit():
+                self.errors += int(rest)
+            elif kind == "crash":
+                self.errors += 1
+                self.crashes.append(rest)
         return tally
 
     def remove_files(self) -> None:
@@ -258,7 +282,7 @@ def _serve(
     import asyncio
     import signal
 
-    from corral.net.audit import Audit
+    from corral.net.audit import Audit, guard_process
     from corral.net.hooks import Chain
     from corral.net.proxy import Proxy
 
@@ -266,10 +290,18 @@ def _serve(
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # corral decides when the proxy stops
     audit = Audit(audit_path)
+    guard_process(audit, run_id)
 
     async def main() -> None:
         proxy = Proxy(chain, audit, door.policy.network.hosts)
-        servers = [await proxy.serve_unix(socks[0], run_id)]
+        proxy.guard(run_id)
+        # The relay's internal frames only on the unix door, and only for a
+        # transparent run: that door is reachable from this run's sandbox alone
+        # (its directory is private), and only a transparent relay sends them.
+        # The TCP port of the landlock tier, which any local process can reach,
+        # never takes them.
+        internal = door.policy.network.transparent
+        servers = [await proxy.serve_unix(socks[0], run_id, internal)]
         servers += [await proxy.serve_sock(s, run_id) for s in socks[1:]]
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
@@ -289,9 +321,28 @@ def _serve(
         run_loop(main())
     finally:
         door.remove_files()
-        report = "".join(f"{dest} {n}\n" for dest, n in audit.denied.items())
+        report = "".join(f"deny\t{dest}\t{n}\n" for dest, n in audit.denied.items())
+        report += f"errors\t{audit.errors}\n"
         try:
             os.write(tally_w, report.encode())
         except OSError:
             pass
         audit.close()
+
+
+def quiet_stderr() -> None:
+    """A proxy worker's stderr is the user's terminal: point it at /dev/null.
+    What would have been printed goes to the audit log instead (guard_process)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
+def _report_crash(tally_w: int, exc: BaseException) -> None:
+    from corral.net.audit import describe
+
+    line = describe("proxy worker", exc).replace("\t", " ")
+    try:
+        os.write(tally_w, f"crash\t{line}\n".encode("utf-8", "replace"))
+    except OSError:
+        pass

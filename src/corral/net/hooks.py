@@ -8,6 +8,7 @@ in the decision or ``None`` to stay out of it.  Composition: any deny denies
 
 from __future__ import annotations
 
+from corral.net.names import normalize
 from corral.net.rules import HostRules, Verdict
 
 TYPE_CHECKING = False
@@ -17,14 +18,20 @@ if TYPE_CHECKING:
 
 
 class Destination:
-    """Where a sandboxed client wants to go, and how it asked."""
+    """Where a sandboxed client wants to go, and how it asked.
+
+    ``host`` is normalized here, once (:func:`corral.net.names.normalize`):
+    every hook, the pinned-hosts lookup, the resolver and the connect see this
+    one string and never the client's spelling.  A host that cannot be one
+    destination raises :class:`~corral.net.names.BadName`, so no Destination
+    with such a host exists."""
 
     __slots__ = ("host", "method", "path", "port", "run_id", "scheme")
 
     def __init__(self, run_id: str, scheme: str, host: str, port: int) -> None:
         self.run_id = run_id
-        self.scheme = scheme  # "http", "connect" or "socks5"
-        self.host = host
+        self.scheme = scheme  # "http", "connect", "socks5", "transparent" or "dns"
+        self.host = normalize(host)
         self.port = port
         self.method = ""
         self.path = ""

@@ -4,6 +4,12 @@ Strict on purpose: a proxy that forwards what it does not understand is a
 request-smuggling tool.  Ambiguous framing (both Content-Length and
 Transfer-Encoding, conflicting lengths, folded headers, a chunk size that is
 not hex) is refused with 400 rather than guessed at.
+
+Bodies are streamed, never held: at most ``CHUNK`` bytes are read at a time,
+whatever a Content-Length or a chunk size announces, and reading waits while
+the receiver's buffer holds more than ``CHUNK`` (backpressure).  A worker's
+memory per connection is therefore bounded by a few times ``CHUNK`` plus
+``MAX_HEAD``, not by what a client or origin claims to send.
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
 
-MAX_HEAD = 64 * 1024
-CHUNK = 256 * 1024
+MAX_HEAD = 64 * 1024  # a message head, and all trailers of one chunked body together
+CHUNK = 256 * 1024  # most body bytes read at once, and the write buffer that makes us wait
+MAX_CHUNK_DIGITS = 15  # a chunk size below 2**60: no 64-bit parser downstream can overflow
 
 # Hop-by-hop headers (RFC 9110 7.6.1) plus the proxy-only ones: never forwarded.
 HOP_BY_HOP = frozenset(
@@ -33,6 +40,9 @@ FRAMING = frozenset({b"content-length", b"host"})
 # Bytes never allowed in a header value or request target (bare CR/LF smuggling).
 CONTROL = (frozenset(range(0x20)) - {0x09}) | {0x7F}
 CONTROL_BYTES = bytes(sorted(CONTROL))
+# ... and in a request target not even TAB: RFC 9112 has no whitespace there, and
+# parsers that split on any whitespace would read a different target than ours.
+TARGET_CONTROL = CONTROL | {0x09}
 TOKEN_BYTES = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
@@ -95,7 +105,7 @@ def parse_request(head: bytes) -> Message:
         raise HttpError(400, "malformed request line")
     msg = Message()
     msg.method, msg.target, msg.version = parts
-    if not CONTROL.isdisjoint(msg.target):
+    if not TARGET_CONTROL.isdisjoint(msg.target):
         raise HttpError(400, "control character in the request target")
     if msg.version not in (b"HTTP/1.1", b"HTTP/1.0"):
         raise HttpError(505, "only HTTP/1.0 and HTTP/1.1 are supported")
@@ -200,60 +210,69 @@ async def copy_body(
     """Write ``head``, then forward a body framed as ``kind``; returns the body bytes.
 
     The head goes out with the first piece of the body: for the small bodies a
-    proxy mostly sees, one send instead of two.
+    proxy mostly sees, one send instead of two.  Trailers of a chunked body are
+    read, checked like header lines and dropped (what a trailer could say, e.g.
+    a second Content-Length, is for no proxy to pass on).
     """
-    import asyncio
-
-    sent = 0
     if head and kind != "length":
         writer.write(head)
         head = b""
     if kind == "length":
-        remaining = length
-        while remaining:
-            data = await reader.read(min(remaining, CHUNK))
-            if not data:
-                raise HttpError(502, "body ended early")
-            if head:
-                writer.write(head + data)
-                head = b""
-            else:
-                writer.write(data)
-            remaining -= len(data)
+        sent = await _copy_exactly(reader, writer, length, head)
+    elif kind == "chunked":
+        sent = await _copy_chunked(reader, writer)
+    elif kind == "close":
+        sent = 0
+        while data := await reader.read(CHUNK):
+            writer.write(data)
             sent += len(data)
             if writer.transport.get_write_buffer_size() > CHUNK:
                 await writer.drain()
-    elif kind == "chunked":
-        while True:
-            try:
-                line = await reader.readuntil(b"\r\n")
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-                raise HttpError(400, "bad chunked body") from None
-            size_text = line[:-2].split(b";", 1)[0].strip()
-            if (
-                not size_text
-                or len(size_text) > 16
-                or not all(c in b"0123456789abcdefABCDEF" for c in size_text)
-                or not CONTROL.isdisjoint(line[:-2])
-            ):
-                raise HttpError(400, "bad chunk size")
-            size = int(size_text, 16)
-            clean = b"%x\r\n" % size  # extensions are dropped: nothing to smuggle in them
-            writer.write(clean)
-            sent += len(clean)
-            if size == 0:  # trailers until the empty line
-                while True:
-                    try:
-                        trailer = await reader.readuntil(b"\r\n")
-                    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-                        raise HttpError(400, "bad chunked trailer") from None
-                    if not CONTROL.isdisjoint(trailer[:-2]):
-                        raise HttpError(400, "control character in a trailer")
-                    writer.write(trailer)
-                    sent += len(trailer)
-                    if trailer == b"\r\n":
-                        break
-                break
+    else:
+        sent = 0
+    await writer.drain()
+    return sent
+
+
+async def _copy_exactly(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int, head: bytes = b""
+) -> int:
+    """``length`` bytes, at most CHUNK at a time, waiting while the writer is full."""
+    remaining = length
+    while remaining:
+        data = await reader.read(min(remaining, CHUNK))
+        if not data:
+            raise HttpError(502, "body ended early")
+        if head:
+            writer.write(head + data)
+            head = b""
+        else:
+            writer.write(data)
+        remaining -= len(data)
+        if writer.transport.get_write_buffer_size() > CHUNK:
+            await writer.drain()
+    return length
+
+
+async def _copy_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
+    """Re-frame a chunked body chunk by chunk: clean size lines, data streamed."""
+    import asyncio
+
+    sent = 0
+    while True:
+        try:
+            line = await reader.readuntil(b"\r\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            raise HttpError(400, "bad chunked body") from None
+        size = _chunk_size(line[:-2])
+        if size == 0:
+            await _skip_trailers(reader)
+            writer.write(b"0\r\n\r\n")
+            return sent + 5
+        clean = b"%x\r\n" % size  # extensions are dropped: nothing to smuggle in them
+        writer.write(clean)
+        sent += len(clean) + size + 2
+        if size <= CHUNK:  # the usual case: one read, one write
             try:
                 data = await reader.readexactly(size + 2)
             except asyncio.IncompleteReadError:
@@ -261,22 +280,67 @@ async def copy_body(
             if data[-2:] != b"\r\n":
                 raise HttpError(400, "bad chunk terminator")
             writer.write(data)
-            sent += len(data)
-            if writer.transport.get_write_buffer_size() > CHUNK:
-                await writer.drain()
-    elif kind == "close":
-        while data := await reader.read(CHUNK):
-            writer.write(data)
-            sent += len(data)
-            if writer.transport.get_write_buffer_size() > CHUNK:
-                await writer.drain()
-    await writer.drain()
-    return sent
+        else:  # a huge chunk is streamed like a long Content-Length body
+            await _copy_big_chunk(reader, writer, size)
+        if writer.transport.get_write_buffer_size() > CHUNK:
+            await writer.drain()
+
+
+async def _copy_big_chunk(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, size: int
+) -> None:
+    import asyncio
+
+    try:
+        await _copy_exactly(reader, writer, size)
+        end = await reader.readexactly(2)
+    except (HttpError, asyncio.IncompleteReadError):
+        raise HttpError(400, "chunked body ended early") from None
+    if end != b"\r\n":
+        raise HttpError(400, "bad chunk terminator")
+    writer.write(end)
+
+
+def _chunk_size(line: bytes) -> int:
+    size_text = line.split(b";", 1)[0].strip(b" \t")
+    digits = size_text.lstrip(b"0") or b"0"
+    if (
+        not size_text
+        or len(digits) > MAX_CHUNK_DIGITS
+        or size_text.translate(None, b"0123456789abcdefABCDEF")
+        or not CONTROL.isdisjoint(line)
+    ):
+        raise HttpError(400, "bad chunk size")
+    return int(size_text, 16)
+
+
+async def _skip_trailers(reader: asyncio.StreamReader) -> None:
+    """Read trailer lines up to the empty one (MAX_HEAD in all), check, drop them."""
+    import asyncio
+
+    total = 0
+    while True:
+        try:
+            line = await reader.readuntil(b"\r\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            raise HttpError(400, "bad chunked trailer") from None
+        if line == b"\r\n":
+            return
+        total += len(line)
+        if total > MAX_HEAD:
+            raise HttpError(400, "chunked trailers too large")
+        if not CONTROL.isdisjoint(line[:-2]):
+            raise HttpError(400, "control character in a trailer")
+        _parse_headers([line[:-2]], Message())  # a malformed trailer is a 400 too
 
 
 def split_authority(authority: bytes, default_port: int) -> tuple[str, int]:
-    """``host``, ``host:port``, ``[v6]:port`` -> (host, port); raises HttpError."""
-    text = authority.decode("ascii", "replace")
+    """``host``, ``host:port``, ``[v6]:port`` -> (host as sent, port); raises HttpError.
+
+    The host is not checked here: :func:`corral.net.names.normalize` does that,
+    once, for every path.  Bytes that are not UTF-8 survive as surrogates, so
+    the normalizer refuses them with its reason."""
+    text = authority.decode("utf-8", "surrogateescape")
     if text.startswith("["):
         close = text.find("]")
         if close < 0:
@@ -300,8 +364,8 @@ def split_authority(authority: bytes, default_port: int) -> tuple[str, int]:
     return host, port
 
 
-def split_absolute(target: bytes) -> tuple[str, str, int, bytes]:
-    """``http://host:port/path?q`` -> (authority, host, port, b"/path?q")."""
+def split_absolute(target: bytes) -> tuple[str, int, bytes]:
+    """``http://host:port/path?q`` -> (host as sent, port, b"/path?q")."""
     scheme, sep, rest = target.partition(b"://")
     if not sep:
         raise HttpError(400, "a proxy request needs an absolute URL (http://host/path)")
@@ -317,4 +381,4 @@ def split_absolute(target: bytes) -> tuple[str, str, int, bytes]:
     host, port = split_authority(authority, 80)
     if not path.startswith(b"/"):
         path = b"/" + path
-    return authority.decode("ascii", "replace"), host, port, path
+    return host, port, path

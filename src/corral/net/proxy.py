@@ -1,11 +1,22 @@
 """corral's governing proxy: HTTP/1.1 forwarding, CONNECT tunnels and SOCKS5.
 
 Every connection arrives through a door (a unix socket bound into one
-sandbox, or a TCP listener for ``corral proxy serve``) that is tagged with the
-run it belongs to.  The first byte tells the protocol: 0x05 is SOCKS5,
-anything else is HTTP.  Each request or tunnel is decided by the hook chain
+sandbox, or a TCP listener for ``corral proxy serve`` and the landlock tier)
+that is tagged with the run it belongs to.  The first byte tells the
+protocol: 0x05 is SOCKS5, anything else is HTTP.  Only a door that serves a
+transparent run through corral's relay also takes the relay's internal
+frames (0xfe a captured connection, 0xfd a DNS query); everywhere else those
+bytes are simply not HTTP and get a 400.
+
+Each destination is normalized once into a :class:`~corral.net.hooks.Destination`
+(:mod:`corral.net.names`), decided by the hook chain
 (:mod:`corral.net.hooks`), connected only to an address the chain accepted
 after DNS, and written to the audit log when it ends.
+
+Per connection, memory is bounded (bodies are streamed, see
+:mod:`corral.net.http1`; tunnels stop reading while the other side's buffer
+is full) and so is waiting for a client: ``IDLE_TIMEOUT`` for a request to
+begin, ``HEAD_TIMEOUT`` for it to be complete once begun.
 """
 
 from __future__ import annotations
@@ -22,17 +33,27 @@ from corral.net import http1, sniff
 from corral.net.dns import FakePool
 from corral.net.hooks import Chain, Destination
 from corral.net.http1 import HttpError
+from corral.net.names import BadName, authority, normalize, printable
 from corral.net.rules import Verdict
 from corral.runlog import dumps
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
+    from collections.abc import Awaitable, Callable, Coroutine
 
     from corral.net.audit import Audit
 
+    Resolver = Callable[[str, int], Awaitable[list[str]]]
+
 CONNECT_TIMEOUT = 10.0
 TUNNEL_CHUNK = 256 * 1024
+# A client connection that sends no request for this long is closed (keep-alive
+# clients such as pip and npm reopen one when they need it; squid's default).
+IDLE_TIMEOUT = 120.0
+# A request head (or a SOCKS5 handshake, or a door frame) must be complete this
+# long after its first byte: a slow trickle (slowloris) gets 408 and is closed.
+HEAD_TIMEOUT = 30.0
+SWEEP_EVERY = 1.0  # how often the timeouts above are checked (their precision)
 
 TRANSPARENT = b"\xfe"  # door preamble from the relay: a captured connection (see relay.py)
 DNS = b"\xfd"  # door preamble from the relay: one DNS query
@@ -45,6 +66,8 @@ SOCKS_REFUSED = 0x05
 SOCKS_CMD_UNSUPPORTED = 0x07
 SOCKS_ATYP_UNSUPPORTED = 0x08
 
+BAD_NAME = "bad-name"  # the rule an audit line names for a host that is no destination
+
 
 class Refused(Exception):
     """The chain said no (status 403), or nothing it allowed could be reached (502)."""
@@ -54,10 +77,6 @@ class Refused(Exception):
         self.verdict = verdict
         self.status = status
         self.refused = refused  # the destination actively refused the connection
-
-    @property
-    def decision(self) -> str:
-        return self.verdict.decision if self.status == 403 else "error"
 
 
 class _Holding(asyncio.Protocol):
@@ -106,23 +125,75 @@ class Upstream:
             self.transport.close()
 
 
+class _Clock:
+    """When a client connection began waiting for a request (0.0: it is not waiting).
+
+    One sweeper task checks every connection's clock each SWEEP_EVERY seconds;
+    a timer per request instead cost about a tenth of keep-alive throughput."""
+
+    __slots__ = ("begun", "partial", "reader", "since")
+
+    def __init__(self, reader: asyncio.StreamReader, now: float) -> None:
+        self.reader = reader
+        self.since = now
+        self.partial = False  # the caller holds bytes of the head already
+        self.begun = 0.0  # when the sweeper first saw a partial head
+
+    def waiting(self, now: float) -> None:
+        self.since = now
+        self.partial = False
+        self.begun = 0.0
+
+
+def _buffered(reader: asyncio.StreamReader) -> int:
+    """Bytes the stream layer holds unread (asyncio has no public accessor)."""
+    return len(reader._buffer)  # type: ignore[attr-defined]
+
+
 PEEK_LIMIT = 16 * 1024
 PEEK_TIMEOUT = 3.0  # a client that sends nothing first is decided by name/address alone
 
 
+async def system_resolve(host: str, port: int) -> list[str]:
+    """The host's resolver (getaddrinfo); ``host`` is a normalized name."""
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICSERV
+    )
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
 class Proxy:
-    def __init__(self, chain: Chain, audit: Audit, pinned: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        chain: Chain,
+        audit: Audit,
+        pinned: dict[str, str] | None = None,
+        resolve: Resolver | None = None,
+        idle_timeout: float = IDLE_TIMEOUT,
+        head_timeout: float = HEAD_TIMEOUT,
+    ) -> None:
         self.chain = chain
         self.audit = audit
-        self.pinned = pinned or {}  # [network] hosts: name -> address, instead of DNS
+        # [network] hosts: name -> address, instead of DNS; keyed by the one spelling
+        # a Destination has, so no other spelling of a pinned name reaches DNS
+        self.pinned = {normalize(k): normalize(v) for k, v in (pinned or {}).items()}
+        self.resolve: Resolver = resolve or system_resolve
+        self.idle_timeout = idle_timeout
+        self.head_timeout = head_timeout
         self.pools: dict[str, FakePool] = {}  # run id -> transparent-mode stand-in names
         self._flush_scheduled = False
+        self._clocks: set[_Clock] = set()
+        self._sweeper: asyncio.Task[None] | None = None
 
     # -- doors -------------------------------------------------------------------
 
-    async def serve_unix(self, sock: socket.socket, run_id: str) -> asyncio.Server:
+    async def serve_unix(
+        self, sock: socket.socket, run_id: str, internal: bool = False
+    ) -> asyncio.Server:
+        """Serve a unix door; ``internal``: it also takes the relay's frames (only a
+        transparent run's own door, which only that run's sandbox can reach)."""
         return await asyncio.start_unix_server(
-            lambda r, w: self.handle(r, w, run_id), sock=sock, limit=http1.MAX_HEAD
+            lambda r, w: self.handle(r, w, run_id, internal), sock=sock, limit=http1.MAX_HEAD
         )
 
     async def serve_sock(self, sock: socket.socket, run_id: str) -> asyncio.Server:
@@ -140,27 +211,80 @@ class Proxy:
             reuse_address=True,
         )
 
+    def guard(self, run_id: str) -> None:
+        """Send whatever the event loop would print (an exception in a callback, a
+        task that failed unobserved) to the audit log as one line, counted."""
+
+        def on_error(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+            exc = context.get("exception")
+            where = str(context.get("message") or "event loop")
+            error = exc if isinstance(exc, BaseException) else None
+            self.audit.internal_error(run_id, where, error)
+
+        asyncio.get_running_loop().set_exception_handler(on_error)
+
     async def handle(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, run_id: str
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        run_id: str,
+        internal: bool = False,
     ) -> None:
+        clock = self._clock(reader)
         try:
             first = await reader.read(1)
             if not first:
                 return
+            clock.partial = True
             if first == b"\x05":
-                await self.socks5(reader, writer, run_id)
-            elif first == TRANSPARENT:
-                await self.captured(reader, writer, run_id)
-            elif first == DNS:
-                await self.dns(reader, writer, run_id)
-            else:
-                await self.http(reader, writer, run_id, first)
+                await self.socks5(reader, writer, run_id, clock)
+            elif internal and first == TRANSPARENT:
+                await self.captured(reader, writer, run_id, clock)
+            elif internal and first == DNS:
+                await self.dns(reader, writer, run_id, clock)
+            elif first[0] in http1.TOKEN or first in b"\r\n":
+                await self.http(reader, writer, run_id, first, clock)
+            else:  # no method starts so: say so now, not when a head never ends
+                await _send_error(writer, 400, "neither HTTP nor SOCKS5")
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
+        except asyncio.CancelledError:
+            # The worker is stopping.  Ending normally matters: Python 3.11's
+            # start_server reports a cancelled connection task as an error, with
+            # a traceback on the terminal of whoever started the run.
+            pass
         except Exception as exc:  # one bad connection must never take the proxy down
-            self.audit.record({"run_id": run_id, "decision": "error", "reason": repr(exc)})
+            self.audit.internal_error(run_id, "connection", exc)
         finally:
+            self._clocks.discard(clock)
             writer.close()
+
+    def _clock(self, reader: asyncio.StreamReader) -> _Clock:
+        loop = asyncio.get_running_loop()
+        clock = _Clock(reader, loop.time())
+        self._clocks.add(clock)
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._sweep())
+        return clock
+
+    async def _sweep(self) -> None:
+        """Expire clients that wait too long: no request (idle) or an unfinished head."""
+        loop = asyncio.get_running_loop()
+        every = min(SWEEP_EVERY, self.idle_timeout / 4, self.head_timeout / 4)
+        while True:
+            await asyncio.sleep(every)
+            now = loop.time()
+            for clock in list(self._clocks):
+                if not clock.since:
+                    continue  # busy: a body, an upstream, a tunnel
+                if clock.partial or _buffered(clock.reader):
+                    clock.begun = clock.begun or now
+                    expired = now - clock.begun >= self.head_timeout
+                else:
+                    expired = now - clock.since >= self.idle_timeout
+                if expired:
+                    clock.since = 0.0
+                    clock.reader.set_exception(TimeoutError())  # the waiting read raises
 
     # -- decisions and upstream connections ---------------------------------------------
 
@@ -169,20 +293,7 @@ class Proxy:
         if not verdict.allowed:
             raise Refused(verdict)
         loop = asyncio.get_running_loop()
-        literal = _literal(dest.host)
-        pinned = self.pinned.get(dest.host.lower().rstrip("."))
-        if literal is not None:
-            candidates = [literal]
-        elif pinned is not None:
-            candidates = [pinned]
-        else:
-            try:
-                infos = await loop.getaddrinfo(dest.host, dest.port, type=socket.SOCK_STREAM)
-            except socket.gaierror:
-                raise Refused(
-                    Verdict(True, verdict.rule, f"cannot resolve {dest.host}"), 502
-                ) from None
-            candidates = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        candidates = await self._addresses(dest, verdict)
         refusal: Verdict | None = None
         error = ""
         refused = False
@@ -217,15 +328,38 @@ class Proxy:
             Verdict(True, verdict.rule, f"cannot connect: {error or 'no address'}"), 502, refused
         )
 
+    async def _addresses(self, dest: Destination, verdict: Verdict) -> list[str]:
+        """An address as such, a pinned name's address, or what DNS says: for the
+        normalized host only, so the name resolved is the name decided."""
+        host = dest.host
+        if ":" in host or host.rpartition(".")[2].isdigit():  # normalized: an address
+            return [host]
+        pinned = self.pinned.get(host)
+        if pinned is not None:
+            return [pinned]
+        try:
+            return await self.resolve(host, dest.port)
+        except OSError:
+            raise Refused(Verdict(True, verdict.rule, f"cannot resolve {host}"), 502) from None
+
     async def refuse_http(
         self, writer: asyncio.StreamWriter, dest: Destination, exc: Refused, started: float
     ) -> None:
         """Audit a refusal and tell an HTTP client: 403 with the decision, or 502."""
         self.log(dest, exc.verdict, exc.status, 0, 0, started)
         if exc.status == 403:
-            await _send_denial(writer, exc.verdict, dest)
+            await _send_denial(writer, 403, exc.verdict, dest.host, dest.port)
         else:
             await _send_error(writer, exc.status, exc.verdict.reason)
+
+    def refuse_name(
+        self, run_id: str, scheme: str, raw: str, port: int, exc: BadName, status: int
+    ) -> tuple[Verdict, str]:
+        """Audit a host that is no destination; returns the verdict and how to show it."""
+        verdict = Verdict(False, BAD_NAME, exc.reason)
+        shown = printable(raw)
+        self._record(run_id, scheme, "", "", shown, port, verdict, status, 0, 0, 0.0)
+        return verdict, shown
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -241,14 +375,44 @@ class Proxy:
         started: float,
         address: str = "",
     ) -> None:
+        self._record(
+            dest.run_id,
+            dest.scheme,
+            dest.method,
+            dest.path,
+            dest.host,
+            dest.port,
+            verdict,
+            status,
+            up,
+            down,
+            started,
+            address,
+        )
+
+    def _record(
+        self,
+        run_id: str,
+        scheme: str,
+        method: str,
+        path: str,
+        host: str,
+        port: int,
+        verdict: Verdict,
+        status: int,
+        up: int,
+        down: int,
+        started: float,
+        address: str = "",
+    ) -> None:
         self.audit.record(
             {
-                "run_id": dest.run_id,
-                "scheme": dest.scheme,
-                "method": dest.method or None,
-                "path": dest.path or None,
-                "host": dest.host,
-                "port": dest.port,
+                "run_id": run_id,
+                "scheme": scheme,
+                "method": method or None,
+                "path": path or None,
+                "host": host,
+                "port": port,
                 "address": address or None,
                 "decision": verdict.decision,
                 "rule": verdict.rule,
@@ -256,7 +420,7 @@ class Proxy:
                 "status": status,
                 "bytes_up": up,
                 "bytes_down": down,
-                "duration": round(time.monotonic() - started, 6),
+                "duration": round(time.monotonic() - started, 6) if started else 0.0,
             }
         )
         if not self._flush_scheduled:  # lines buffered in the audit reach disk within 50 ms
@@ -271,19 +435,26 @@ class Proxy:
         writer: asyncio.StreamWriter,
         run_id: str,
         first: bytes,
+        clock: _Clock,
     ) -> None:
         upstream: Upstream | None = None
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 try:
                     head = await http1.read_head(reader, first)
-                    first = b""
                     if head is None:
                         return
                     request = http1.parse_request(head)
+                except TimeoutError:
+                    if first or clock.partial or _buffered(reader):
+                        await _send_error(writer, 408, "request head not complete in time")
+                    return
                 except HttpError as exc:
                     await _send_error(writer, exc.status, exc.message)
                     return
+                first = b""
+                clock.since = 0.0  # busy until the exchange is done
                 if request.method == b"CONNECT":
                     if upstream is not None:
                         upstream.close()
@@ -293,6 +464,7 @@ class Proxy:
                 keep, upstream = await self.forward(reader, writer, request, run_id, upstream)
                 if not keep:
                     return
+                clock.waiting(loop.time())
         finally:
             if upstream is not None:
                 upstream.close()
@@ -308,12 +480,17 @@ class Proxy:
         """One request/response exchange; returns (keep the client connection, upstream)."""
         started = time.monotonic()
         try:
-            authority, host, port, path = http1.split_absolute(request.target)
+            host, port, path = http1.split_absolute(request.target)
             body_kind, body_len = http1.framing(request)
         except HttpError as exc:
             await _send_error(writer, exc.status, exc.message)
             return False, upstream
-        dest = Destination(run_id, "http", host, port)
+        try:
+            dest = Destination(run_id, "http", host, port)
+        except BadName as exc:
+            verdict, shown = self.refuse_name(run_id, "http", host, port, exc, 400)
+            await _send_denial(writer, 400, verdict, shown, port)
+            return False, upstream
         dest.method = request.method.decode("ascii", "replace")
         dest.path = path.decode("utf-8", "replace")
         verdict = self.chain.connect(dest)
@@ -322,9 +499,9 @@ class Proxy:
             verdict = extra
         if not verdict.allowed:
             self.log(dest, verdict, 403, 0, 0, started)
-            await _send_denial(writer, verdict, dest)
+            await _send_denial(writer, 403, verdict, dest.host, dest.port)
             return body_kind == "none" and request.keep_alive(), upstream
-        if upstream is not None and (upstream.host, upstream.port) != (host, port):
+        if upstream is not None and (upstream.host, upstream.port) != (dest.host, dest.port):
             upstream.close()
             upstream = None
         if upstream is None or upstream.streams()[0].at_eof():
@@ -334,9 +511,10 @@ class Proxy:
                 await self.refuse_http(writer, dest, exc, started)
                 return False, None
         # RFC 9112 3.2.2: the target's authority replaces any Host the client sent,
-        # so the origin cannot be steered to a virtual host the policy never saw.
+        # so the origin cannot be steered to a virtual host the policy never saw; it
+        # is written from the normalized host, the name that was decided.
         headers = [(k, v) for k, v in http1.forwardable(request, body_kind) if k != b"host"]
-        headers.insert(0, (b"host", authority.encode("ascii", "replace")))
+        headers.insert(0, (b"host", authority(dest.host, dest.port, 80).encode()))
         up = down = 0
         status = 0
         try:
@@ -392,7 +570,12 @@ class Proxy:
         except HttpError as exc:
             await _send_error(writer, exc.status, exc.message)
             return
-        dest = Destination(run_id, "connect", host, port)
+        try:
+            dest = Destination(run_id, "connect", host, port)
+        except BadName as exc:
+            verdict, shown = self.refuse_name(run_id, "connect", host, port, exc, 400)
+            await _send_denial(writer, 400, verdict, shown, port)
+            return
         try:
             upstream = await self.open_upstream(dest, streams=False)
         except Refused as exc:
@@ -405,7 +588,11 @@ class Proxy:
     # -- SOCKS5 ----------------------------------------------------------------------
 
     async def socks5(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, run_id: str
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        run_id: str,
+        clock: _Clock,
     ) -> None:
         started = time.monotonic()
         count = (await reader.readexactly(1))[0]
@@ -416,6 +603,7 @@ class Proxy:
         writer.write(b"\x05\x00")
         version, command, _, atyp = await reader.readexactly(4)
         if version != 5:
+            writer.write(_socks_reply(SOCKS_FAILURE))
             return
         if atyp == 1:
             host = socket.inet_ntop(socket.AF_INET, await reader.readexactly(4))
@@ -423,12 +611,18 @@ class Proxy:
             host = socket.inet_ntop(socket.AF_INET6, await reader.readexactly(16))
         elif atyp == 3:
             size = (await reader.readexactly(1))[0]
-            host = (await reader.readexactly(size)).decode("utf-8", "replace")
+            host = (await reader.readexactly(size)).decode("utf-8", "surrogateescape")
         else:
             writer.write(_socks_reply(SOCKS_ATYP_UNSUPPORTED))
             return
         (port,) = struct.unpack("!H", await reader.readexactly(2))
-        dest = Destination(run_id, "socks5", host, port)
+        clock.since = 0.0  # the handshake is complete
+        try:
+            dest = Destination(run_id, "socks5", host, port)
+        except BadName as exc:
+            self.refuse_name(run_id, "socks5", host, port, exc, SOCKS_FAILURE)
+            writer.write(_socks_reply(SOCKS_FAILURE))
+            return
         if command != 1:  # BIND and UDP ASSOCIATE: no way to govern them, so no
             verdict = Verdict(False, "socks5", "only SOCKS5 CONNECT is supported")
             self.log(dest, verdict, SOCKS_CMD_UNSUPPORTED, 0, 0, started)
@@ -447,79 +641,145 @@ class Proxy:
         up, down = await tunnel(reader, writer, upstream)
         self.log(dest, upstream.verdict, SOCKS_OK, up, down, started, upstream.address)
 
-    # -- transparent mode -----------------------------------------------------------------
+    # -- transparent mode (frames from corral's relay, on a transparent run's door) --------
 
     def pool(self, run_id: str) -> FakePool:
         return self.pools.setdefault(run_id, FakePool())
 
     async def dns(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, run_id: str
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        run_id: str,
+        clock: _Clock,
     ) -> None:
         started = time.monotonic()
         (size,) = struct.unpack("!H", await reader.readexactly(2))
         packet = await reader.readexactly(size)
+        clock.since = 0.0
         query = dnsmsg.parse_query(packet)
         if query is None:
             reply = dnsmsg.error_reply(packet, dnsmsg.RCODE_FORMERR)
+            self.refuse_name(run_id, "dns", "", 53, BadName("malformed DNS query"), 1)
         else:
-            verdict = self.chain.dns(run_id, query.name)
-            if verdict.allowed:
-                address = self.pool(run_id).address_for(query.name)
-                reply = dnsmsg.answer(query, address)
-            else:
-                reply = dnsmsg.answer(query, None, dnsmsg.RCODE_NXDOMAIN)
-            dest = Destination(run_id, "dns", query.name, 53)
-            self.log(
-                dest,
-                verdict,
-                0 if verdict.allowed else dnsmsg.RCODE_NXDOMAIN,
-                len(packet),
-                len(reply),
-                started,
-            )
+            reply = self._dns_answer(run_id, query, started, len(packet))
         writer.write(struct.pack("!H", len(reply)) + reply)
         await writer.drain()
 
+    def _dns_answer(self, run_id: str, query: dnsmsg.Query, started: float, size: int) -> bytes:
+        try:
+            dest = Destination(run_id, "dns", query.name, 53)
+        except BadName as exc:
+            self.refuse_name(run_id, "dns", query.name, 53, exc, dnsmsg.RCODE_FORMERR)
+            return dnsmsg.answer(query, None, dnsmsg.RCODE_FORMERR)
+        verdict = self.chain.dns(run_id, dest.host)
+        if verdict.allowed:
+            reply = dnsmsg.answer(query, self.pool(run_id).address_for(dest.host))
+        else:
+            reply = dnsmsg.answer(query, None, dnsmsg.RCODE_NXDOMAIN)
+        status = 0 if verdict.allowed else dnsmsg.RCODE_NXDOMAIN
+        self.log(dest, verdict, status, size, len(reply), started)
+        return reply
+
     async def captured(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, run_id: str
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        run_id: str,
+        clock: _Clock,
     ) -> None:
         """A connection the sandbox's nftables rules redirected: name it, decide, splice."""
         started = time.monotonic()
         line = await reader.readuntil(b"\n")
-        address, _, port_text = line.decode("ascii", "replace").strip().rpartition(" ")
-        port = int(port_text)
-        named = self.pool(run_id).name_for(address)
-        early = b""
+        clock.since = 0.0
         try:
-            while len(early) < PEEK_LIMIT and not sniff.looks_complete(early):
-                chunk = await asyncio.wait_for(reader.read(PEEK_LIMIT), PEEK_TIMEOUT)
-                if not chunk:
-                    break
-                early += chunk
-        except TimeoutError:
-            pass  # a protocol where the server speaks first
-        claimed = sniff.tls_server_name(early) or sniff.http_host(early)
-        host = named or claimed or address
-        dest = Destination(run_id, "transparent", host, port)
-        if named and claimed and claimed.lower().rstrip(".") != named:
+            address, port = _captured_frame(line)
+        except BadName as exc:
+            self.refuse_name(run_id, "transparent", line.decode("latin-1"), 0, exc, 400)
+            return
+        named = self.pool(run_id).name_for(address)
+        early = await _peek(reader)
+        try:
+            claimed = _claimed_name(early)
+        except BadName as exc:
+            raw = sniff.tls_server_name(early) or sniff.raw_http_host(early) or ""
+            verdict, shown = self.refuse_name(run_id, "transparent", raw, port, exc, 400)
+            if sniff.is_http_request(early):
+                await _send_denial(writer, 400, verdict, shown, port)
+            return
+        dest = Destination(run_id, "transparent", named or claimed or address, port)
+        if named and claimed and claimed != named:
             # The stand-in address was handed out for `named`; a different SNI or
             # Host would be domain fronting through an allowed name.
             verdict = Verdict(
                 False, "name-mismatch", f"connected to {named} but asked for {claimed}"
             )
-            self.log(dest, verdict, 403, 0, 0, started)
+            await self._refuse_captured(writer, dest, verdict, 403, early, started)
             return
         if named is None and _in_pool(address):
             verdict = Verdict(False, "default", "stand-in address from an earlier run")
-            self.log(dest, verdict, 403, 0, 0, started)
+            await self._refuse_captured(writer, dest, verdict, 403, early, started)
             return
         try:
             upstream = await self.open_upstream(dest, streams=False)
         except Refused as exc:
-            self.log(dest, exc.verdict, exc.status, 0, 0, started)
+            await self._refuse_captured(writer, dest, exc.verdict, exc.status, early, started)
             return
         up, down = await tunnel(reader, writer, upstream, early)
         self.log(dest, upstream.verdict, 200, up + len(early), down, started, upstream.address)
+
+    async def _refuse_captured(
+        self,
+        writer: asyncio.StreamWriter,
+        dest: Destination,
+        verdict: Verdict,
+        status: int,
+        early: bytes,
+        started: float,
+    ) -> None:
+        """Audit; and where the client spoke HTTP, answer it (TLS gets a plain close)."""
+        self.log(dest, verdict, status, 0, 0, started)
+        if not sniff.is_http_request(early):
+            return
+        if status == 403:
+            await _send_denial(writer, 403, verdict, dest.host, dest.port)
+        else:
+            await _send_error(writer, status, verdict.reason)
+
+
+def _captured_frame(line: bytes) -> tuple[str, int]:
+    """The relay's ``ADDRESS PORT\\n`` line: where a captured connection was going."""
+    address, _, port_text = line.decode("ascii", "replace").strip().rpartition(" ")
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
+        raise BadName("malformed capture frame")
+    host = normalize(address)
+    if not (":" in host or host.rpartition(".")[2].isdigit()):
+        raise BadName("malformed capture frame")
+    return host, int(port_text)
+
+
+async def _peek(reader: asyncio.StreamReader) -> bytes:
+    """What a captured client sends first (a TLS ClientHello, an HTTP head), if anything."""
+    early = b""
+    try:
+        while len(early) < PEEK_LIMIT and not sniff.looks_complete(early):
+            chunk = await asyncio.wait_for(reader.read(PEEK_LIMIT), PEEK_TIMEOUT)
+            if not chunk:
+                break
+            early += chunk
+    except TimeoutError:
+        pass  # a protocol where the server speaks first
+    return early
+
+
+def _claimed_name(early: bytes) -> str | None:
+    """The normalized name a captured client asks for (SNI, else Host); BadName if
+    the name it gives cannot be one destination."""
+    server_name = sniff.tls_server_name(early)
+    if server_name is not None:
+        return normalize(server_name)
+    host = sniff.http_host(early)
+    return normalize(host) if host is not None else None
 
 
 def run_loop(main: Coroutine[object, object, None]) -> None:
@@ -541,13 +801,6 @@ def _in_pool(address: str) -> bool:
 
 def _socks_reply(code: int) -> bytes:
     return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
-
-
-def _literal(host: str) -> str | None:
-    try:
-        return str(ipaddress.ip_address(host.strip("[]")))
-    except ValueError:
-        return None
 
 
 class _Pump(asyncio.Protocol):
@@ -669,30 +922,31 @@ async def _send_error(writer: asyncio.StreamWriter, status: int, message: str) -
         pass
 
 
-async def _send_denial(writer: asyncio.StreamWriter, verdict: Verdict, dest: Destination) -> None:
+async def _send_denial(
+    writer: asyncio.StreamWriter, status: int, verdict: Verdict, host: str, port: int
+) -> None:
+    """A refusal as JSON: 403 for the policy's no, 400 for a host that is no destination."""
     body = (
         dumps(
             {
                 "decision": "deny",
                 "rule": verdict.rule,
                 "reason": verdict.reason,
-                "host": dest.host,
-                "port": dest.port,
+                "host": host,
+                "port": port,
             }
         )
         + "\n"
     ).encode()
-    writer.write(
-        http1.serialize_head(
-            b"HTTP/1.1 403 Forbidden",
-            [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"x-corral-decision", f"deny; rule={verdict.rule}".encode("ascii", "replace")),
-            ],
-        )
-        + body
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-corral-decision", f"deny; rule={verdict.rule}".encode("ascii", "replace")),
+    ]
+    if status != 403:
+        headers.append((b"connection", b"close"))
+    first = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}".encode()
+    writer.write(http1.serialize_head(first, headers) + body)
     try:
         await writer.drain()
     except ConnectionError:
@@ -702,6 +956,7 @@ async def _send_denial(writer: asyncio.StreamWriter, verdict: Verdict, dest: Des
 _REASONS = {
     400: "Bad Request",
     403: "Forbidden",
+    408: "Request Timeout",
     431: "Request Header Fields Too Large",
     502: "Bad Gateway",
     505: "HTTP Version Not Supported",

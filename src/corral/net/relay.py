@@ -149,7 +149,22 @@ def parse(argv: list[str]) -> tuple[str, dict[str, int], list[str]]:
     return door, ports, command
 
 
+def one_line_errors(who: str) -> None:
+    """An unexpected error in corral's own code inside the sandbox reaches the
+    command's stderr as one line, never as a traceback."""
+
+    def say(kind: type[BaseException], value: BaseException) -> None:
+        try:
+            sys.stderr.write(f"{who}: internal error: {kind.__name__}: {value}\n")
+        except (OSError, ValueError):
+            pass
+
+    sys.excepthook = lambda kind, value, _tb: say(kind, value)
+    threading.excepthook = lambda args: say(args.exc_type, args.exc_value or args.exc_type())
+
+
 def main(argv: list[str]) -> None:
+    one_line_errors("corral-relay")
     door, ports, command = parse(argv)
     proxies = [sock for k in ("http", "socks") if k in ports for sock in listen(ports[k])]
     captured = listen(ports["transparent"]) if "transparent" in ports else []

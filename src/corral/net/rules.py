@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from corral.net.names import BadName, normalize
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -128,15 +130,20 @@ def _parse_into(rule: Rule, entry: str) -> None:
         except ValueError:
             raise ValueError(f"bad address or network in {entry!r}") from None
         return
-    name = normalize_host(host)
-    if name.startswith("*."):
-        suffix = name[2:]
-        if not _valid_name(suffix):
+    wildcard = host.strip(" \t").startswith("*.")
+    try:
+        name = normalize_host(host.strip(" \t")[2:] if wildcard else host)
+    except BadName as exc:
+        what = "wildcard" if wildcard else "host name"
+        raise ValueError(f"bad {what} in {entry!r}: {exc.reason}") from None
+    if wildcard:
+        if _is_ip(name):
             raise ValueError(f"bad wildcard in {entry!r}: use *.example.org")
-        rule.wildcard = suffix
+        rule.wildcard = name
         return
-    if "*" in name or not _valid_name(name):
-        raise ValueError(f"bad host name in {entry!r}")
+    if _is_ip(name):  # e.g. full-width digits: an address after all
+        rule.network = ipaddress.ip_network(name)
+        return
     rule.host = name
 
 
@@ -148,25 +155,9 @@ def _is_ip(text: str) -> bool:
     return True
 
 
-def _valid_name(name: str) -> bool:
-    if not name or len(name) > 253:
-        return False
-    allowed = set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
-    labels = name.split(".")
-    if labels[-1].isdigit():  # "999.1.1.1" is a broken address, not a name
-        return False
-    return all(label and len(label) <= 63 and set(label) <= allowed for label in labels)
-
-
 def normalize_host(host: str) -> str:
-    """Lower-case, no trailing dot, IDNA for non-ASCII names."""
-    host = host.strip().rstrip(".").lower()
-    if host.isascii():
-        return host
-    try:
-        return host.encode("idna").decode("ascii")
-    except UnicodeError:
-        return host
+    """The one spelling of a host (see :mod:`corral.net.names`); raises BadName."""
+    return normalize(host)
 
 
 def is_internal(addr: IPAddress) -> bool:
@@ -197,7 +188,12 @@ class HostRules:
         return cls([Rule(a) for a in allow], [Rule(d) for d in deny])
 
     def check(self, host: str, port: int) -> Verdict:
-        """Decide on a destination as the client named it (before any DNS)."""
+        """Decide on a destination before any DNS.  ``host`` is normally normalized
+        already (the proxy's Destination does it); doing it again is a cache hit."""
+        try:
+            host = normalize(host)
+        except BadName as exc:
+            return Verdict(False, "bad-name", exc.reason)
         literal = _literal(host)
         if literal is not None:
             for rule in self.deny:
@@ -207,7 +203,7 @@ class HostRules:
                 if rule.matches_address(literal, port):
                     return Verdict(True, rule.text)
             return Verdict(False, "default", "address not in the allow list")
-        name = normalize_host(host)
+        name = host
         for rule in self.deny:
             if rule.matches_name(name, port):
                 return Verdict(False, rule.text, "denied by rule")
@@ -219,7 +215,10 @@ class HostRules:
     def check_name_any_port(self, host: str) -> Verdict:
         """May the name be used at all?  (DNS has no port: a rule for any port counts,
         a deny counts only when it covers every port.)"""
-        name = normalize_host(host)
+        try:
+            name = normalize(host)
+        except BadName as exc:
+            return Verdict(False, "bad-name", exc.reason)
         for rule in self.deny:
             if rule.ports is None and rule.matches_name(name, 0):
                 return Verdict(False, rule.text, "denied by rule")

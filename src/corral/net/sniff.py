@@ -39,8 +39,9 @@ def tls_server_name(data: bytes) -> str | None:
                 while pos + 3 <= len(names):
                     kind = names[pos]
                     (name_len,) = struct.unpack("!H", names[pos + 1 : pos + 3])
-                    if kind == 0:
-                        return names[pos + 3 : pos + 3 + name_len].decode("ascii").lower()
+                    if kind == 0:  # the normalizer decides what is acceptable in it
+                        raw = names[pos + 3 : pos + 3 + name_len]
+                        return raw.decode("utf-8", "surrogateescape")
                     pos += 3 + name_len
                 return None
             at += ext_len
@@ -49,22 +50,52 @@ def tls_server_name(data: bytes) -> str | None:
     return None
 
 
-def http_host(data: bytes) -> str | None:
-    """Host header of an HTTP/1 request at the start of ``data`` (without port)."""
+def _request_head(data: bytes) -> list[bytes] | None:
     head, sep, _ = data.partition(b"\r\n\r\n")
     if not sep:
         return None
     lines = head.split(b"\r\n")
     if len(lines[0].split(b" ")) != 3:
         return None
-    for line in lines[1:]:
+    return lines
+
+
+def is_http_request(data: bytes) -> bool:
+    """``data`` begins with a complete HTTP/1 request head (the client can read a status)."""
+    return _request_head(data) is not None
+
+
+def raw_http_host(data: bytes) -> str | None:
+    """The first Host header's value as sent, for logging a refusal."""
+    for line in _request_head(data) or []:
         name, colon, value = line.partition(b":")
         if colon and name.strip().lower() == b"host":
-            host = value.strip().decode("ascii", "replace")
-            if host.startswith("["):
-                return host[1 : host.find("]")] if "]" in host else None
-            return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+            return value.strip().decode("utf-8", "surrogateescape")
     return None
+
+
+def http_host(data: bytes) -> str | None:
+    """Host header of an HTTP/1 request at the start of ``data`` (without port).
+
+    Raises BadName when the head names its host ambiguously: two Host headers
+    (we would decide on one, the origin might serve the other) or a value that
+    is no authority."""
+    from corral.net.http1 import HttpError, split_authority
+    from corral.net.names import BadName
+
+    values = []
+    for line in _request_head(data) or []:
+        name, colon, value = line.partition(b":")
+        if colon and name.strip().lower() == b"host":
+            values.append(value.strip(b" \t"))
+    if not values:
+        return None
+    if len(values) > 1:
+        raise BadName("more than one Host header")
+    try:
+        return split_authority(values[0], 80)[0]
+    except HttpError as exc:
+        raise BadName(f"bad Host header: {exc.message}") from None
 
 
 def looks_complete(data: bytes) -> bool:

@@ -37,7 +37,10 @@ class Plan:
 
     ``fds`` maps a file-descriptor number used in ``argv`` to what the launcher
     must put there: ``"status"`` (a pipe bwrap reports to), ``"seccomp"`` (the
-    compiled filter) or ``"empty"`` (an empty file's content, for masks).
+    compiled filter), ``"empty"`` (an empty file's content, for masks; also the
+    filler a container engine needs below a passed descriptor) or ``"pass"`` (the
+    caller's own descriptor of that number, which the user asked to pass through).
+    No other descriptor of the caller reaches the sandbox.
     """
 
     __slots__ = (
@@ -156,8 +159,11 @@ class Tier:
         command: list[str],
         door: str | None = None,
         extra: Sequence[Mount] = (),
+        pass_fds: Sequence[int] = (),
     ) -> Plan:
         """What would run ``command`` under ``policy``.  ``door`` is the proxy's address
         when ``policy.network.mode`` is "proxy" (see ``door_transport``); ``extra``
-        are corral's own files to bind in (the long-lived sandbox's agent)."""
+        are corral's own files to bind in (the long-lived sandbox's agent);
+        ``pass_fds`` are the caller's descriptors (numbers above 2) the user asked
+        to hand to the command at the same numbers."""
         raise NotImplementedError(f"tier {self.name} cannot run commands yet")

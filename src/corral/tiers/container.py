@@ -148,6 +148,7 @@ class ContainerTier(Tier):
         command: list[str],
         door: str | None = None,
         extra: Sequence[Mount] = (),
+        pass_fds: Sequence[int] = (),
     ) -> Plan:
         from corral import seccomp
         from corral.container import envelope
@@ -192,7 +193,8 @@ class ContainerTier(Tier):
         # gVisor shows the container no cgroup files: nothing for boot to report
         report = "-" if eng.runtime == "runsc" else REPORT
         plan.argv = []
-        full = [*bundle.argv, "-I", "-S", BOOT, ENV_FILE, report, "--", *inner]
+        keep = ",".join(str(n) for n in sorted(pass_fds)) or "-"
+        full = [*bundle.argv, "-I", "-S", BOOT, ENV_FILE, report, keep, "--", *inner]
         mounts = list(fs.mounts)
         if eng.runtime == "runsc":
             mounts = self._gvisor_sockets(policy, mounts)
@@ -233,6 +235,9 @@ class ContainerTier(Tier):
         spec.roots = [*fs.writable, INSIDE]
         spec.workdir = plan.cwd
         spec.host_uds = policy.network.mode == "proxy"
+        if pass_fds:
+            plan.fds = self._pass_fds(eng, pass_fds)
+            spec.preserve_fds = max(pass_fds) - 2
         spec.interactive = True
         # a terminal on stdin gets a terminal inside (the engine's own pty, not
         # ours: TIOCSTI there cannot reach the caller's); the agent speaks frames
@@ -272,6 +277,16 @@ class ContainerTier(Tier):
         bounds.apply_engine(plan, lim, eng.name, problem)  # refuses a limit that was set
         bounds.apply_scratch(plan, sized_by="tmpfs size")
         return not problem
+
+    def _pass_fds(self, eng: Engine, pass_fds: Sequence[int]) -> dict[int, str]:
+        """podman hands a container the descriptors 3..N (--preserve-fds): the numbers
+        in between that were not asked for get /dev/null, which boot closes again."""
+        if eng.name != "podman" or eng.runtime == "runsc":
+            raise RefusedError(
+                f"tier {self.name} with {eng.name} and {eng.runtime} cannot pass a descriptor "
+                "into the container (--pass-fd needs podman with runc or crun)"
+            )
+        return {n: "pass" if n in pass_fds else "empty" for n in range(3, max(pass_fds) + 1)}
 
     def _gvisor_sockets(self, policy: Policy, mounts: list[Mount]) -> list[Mount]:
         """gVisor cannot mount over a socket (it fails to start), and needs none:

@@ -44,6 +44,13 @@ DIFFERENCES = (
     "beside a secret file in the workspace (e.g. next to .env) cannot be read back",
     "chmod and chown are refused everywhere, the workspace included (Landlock does not "
     "govern file modes; a read-only file the sandbox owns could otherwise be opened up)",
+    "timestamps (touch, utimensat) of any file the sandbox can see can be changed, outside "
+    "the workspace too: Landlock does not govern file times and seccomp cannot tell the "
+    "paths apart (content, modes and owners stay protected; restored write-deny paths "
+    "get their times back)",
+    "a hard-linked file in the workspace is read-only, and a new file created directly in "
+    "a directory on the way to it (the workspace root included) cannot be opened for "
+    "writing in that run (Landlock rights follow directories)",
 )
 
 # What bounds the scratch space here (corral cannot mount a sized tmpfs without
@@ -149,6 +156,16 @@ def _within(path: str, root: str) -> bool:
     return path.startswith(root.rstrip("/") + "/")
 
 
+def _parents(path: str, roots: list[str]) -> list[str]:
+    """``path`` and its ancestors up to (not above) the writable root holding it."""
+    root = next((r for r in roots if _within(path, r)), None)
+    chain = []
+    while root is not None and _within(path, root):
+        chain.append(path)
+        path = os.path.dirname(path)
+    return chain
+
+
 def door_port(door: str | None) -> int:
     """The proxy's TCP port from a door address ``127.0.0.1:PORT``."""
     host, _, port = (door or "").rpartition(":")
@@ -197,6 +214,7 @@ class LandlockTier(Tier):
         command: list[str],
         door: str | None = None,
         extra: Sequence[Mount] = (),
+        pass_fds: Sequence[int] = (),
     ) -> Plan:
         from corral import bounds, landlock, seccomp
         from corral.errors import RefusedError
@@ -217,6 +235,7 @@ class LandlockTier(Tier):
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
         plan.seccomp = (*seccomp.default_deny_rules(), *extra_seccomp_rules())
+        plan.fds = dict.fromkeys(pass_fds, "pass")
         bounds.apply_cgroup(plan, policy.limits)
         bounds.apply_scratch(plan, absent=SCRATCH_BOUND, blocked=("shm",))
         base = os.environ.get("TMPDIR") or "/tmp"
@@ -235,7 +254,9 @@ class LandlockTier(Tier):
         binds = {m.dest: m.src or m.dest for m in extra if m.kind == "ro-bind"}
         plan.argv = [binds.get(arg, arg) for arg in command]
         secrets = [p for p in fs.read_deny if not dac_hidden(p)]
-        rules = landlock.build(abi, fs.writable, secrets, plan.scratch, port)
+        rules = landlock.build(
+            abi, fs.writable, secrets, plan.scratch, port, read_only=fs.hardlinks
+        )
         beside = sorted(
             {os.path.dirname(p) for p in fs.read_deny if any(_within(p, w) for w in fs.writable)}
         )
@@ -245,6 +266,14 @@ class LandlockTier(Tier):
                 + ", ".join(beside)
                 + " cannot be read back in this run (a secret file there is hidden, and "
                 "Landlock rights follow directories)"
+            )
+        split = sorted({os.path.dirname(p) for h in fs.hardlinks for p in _parents(h, fs.writable)})
+        if split:
+            plan.notes.append(
+                "landlock: new files created directly in "
+                + ", ".join(split)
+                + " cannot be opened for writing in this run (a hard-linked file below "
+                "is read-only, and Landlock rights follow directories)"
             )
         if binds:
             grants = ((src, landlock.READ_FILE | landlock.EXECUTE) for src in binds.values())

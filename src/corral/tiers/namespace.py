@@ -14,7 +14,7 @@ from corral.tiers.base import Health, Plan, Tier
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Collection, Iterator, Sequence
 
     from corral.fsplan import Mount
     from corral.policy import Limits, Policy
@@ -51,11 +51,26 @@ def find_bwrap() -> str | None:
     return None
 
 
+def own_fd_numbers(pass_fds: Collection[int] = ()) -> Iterator[int]:
+    """Numbers for bwrap's own descriptors, from 3 up, around those the user passes
+    through: status, seccomp, then one per file mask."""
+    number = FD_STATUS
+    while True:
+        if number not in pass_fds:
+            yield number
+        number += 1
+
+
 def mount_args(
-    mounts: list[Mount], sizes: dict[str, int] | None = None
+    mounts: list[Mount],
+    numbers: Iterator[int] | None = None,
+    sizes: dict[str, int] | None = None,
 ) -> tuple[list[str], list[int]]:
-    """bwrap arguments for each mount operation, in order, and the empty-data fds they use.
-    ``sizes`` bounds the tmpfs mounted at those paths (bytes)."""
+    """bwrap arguments for each mount operation, in order, and the empty-data fds they
+    use (taken from ``numbers``; from FD_EMPTY up by default).  ``sizes`` bounds the
+    tmpfs mounted at those paths (bytes)."""
+    if numbers is None:
+        numbers = own_fd_numbers(range(FD_STATUS, FD_EMPTY))
     args: list[str] = []
     empty_fds: list[int] = []
     sizes = sizes or {}
@@ -79,7 +94,7 @@ def mount_args(
             # written there vanishes with the sandbox, so no remount is needed.
             args += ["--perms", "0000", "--tmpfs", m.dest]
         elif m.kind == "mask-file":
-            fd = FD_EMPTY + len(empty_fds)
+            fd = next(numbers)
             empty_fds.append(fd)
             args += ["--perms", "0000", "--ro-bind-data", str(fd), m.dest]
         elif m.kind == "remount-ro":
@@ -195,6 +210,7 @@ class NamespaceTier(Tier):
         command: list[str],
         door: str | None = None,
         extra: Sequence[Mount] = (),
+        pass_fds: Sequence[int] = (),
     ) -> Plan:
         from corral import bounds, seccomp
 
@@ -209,11 +225,13 @@ class NamespaceTier(Tier):
         plan.seccomp = seccomp.default_deny_rules()
         bounds.apply_cgroup(plan, policy.limits)
         bounds.apply_scratch(plan, sized_by="tmpfs size")
-        plan.fds = {FD_STATUS: "status", FD_SECCOMP: "seccomp"}
+        numbers = own_fd_numbers(pass_fds)
+        status_fd, seccomp_fd = next(numbers), next(numbers)
+        plan.fds = {status_fd: "status", seccomp_fd: "seccomp", **dict.fromkeys(pass_fds, "pass")}
         if policy.network.mode == "proxy":
             command = self._through_door(plan, policy, command, door)
         plan.mounts = [*plan.mounts, *extra]
-        mounts, empty_fds = mount_args(plan.mounts, scratch_sizes(policy.limits))
+        mounts, empty_fds = mount_args(plan.mounts, numbers, scratch_sizes(policy.limits))
         plan.fds.update(dict.fromkeys(empty_fds, "empty"))
         bwrap = find_bwrap() or "bwrap"
         hardening = list(HARDENING)
@@ -223,9 +241,9 @@ class NamespaceTier(Tier):
             bwrap,
             *hardening,
             "--json-status-fd",
-            str(FD_STATUS),
+            str(status_fd),
             "--seccomp",
-            str(FD_SECCOMP),
+            str(seccomp_fd),
             *mounts,
             "--chdir",
             plan.cwd,

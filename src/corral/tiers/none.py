@@ -32,6 +32,7 @@ class NoneTier(Tier):
         command: list[str],
         door: str | None = None,
         extra: Sequence[Mount] = (),
+        pass_fds: Sequence[int] = (),
     ) -> Plan:
         from corral import bounds
 
@@ -41,5 +42,6 @@ class NoneTier(Tier):
         bounds.apply_cgroup(plan, policy.limits)
         bounds.apply_scratch(plan, absent="it has no private /tmp or /dev/shm (the host's own)")
         plan.argv = list(command)
+        plan.fds = dict.fromkeys(pass_fds, "pass")
         plan.warning = WARNING
         return plan

@@ -88,6 +88,7 @@ class SeatbeltTier(_Planned):
         command: list[str],
         door: str | None = None,
         extra: Sequence[Mount] = (),
+        pass_fds: Sequence[int] = (),
     ) -> Plan:
         """The pure part: what would run on macOS (``sandbox-exec -p PROFILE``)."""
         from corral import environ, seatbelt

@@ -1,0 +1,687 @@
+"""Escapes found from outside (issue 11), each with its allow twin, on every tier:
+descriptors inherited from the caller, kernel tunables and host facts under
+/proc and /sys, hard links planted in the workspace, traces left by undo."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from conftest import Corral
+
+# --- 1. descriptors --------------------------------------------------------------
+
+# Runs inside: for each (directory fd, socket fd) pair named on the command line,
+# create a file through the directory and send bytes on the socket.  TAG keeps a
+# twin's evidence apart from the deny case's.
+FD_PROBE = r"""
+import os, sys
+tag = sys.argv[1]
+for pair in sys.argv[2:]:
+    d, s = (int(n) for n in pair.split(","))
+    try:
+        os.close(os.open(f"{tag}-{d}", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=d))
+        print(f"dir{d}=ok")
+    except OSError as e:
+        print(f"dir{d}=err:{e.errno}")
+    try:
+        os.write(s, f"{tag}-{s};".encode())
+        print(f"sock{s}=ok")
+    except OSError as e:
+        print(f"sock{s}=err:{e.errno}")
+"""
+
+# low numbers (right above stdio, where bwrap's own status fd would go) and high ones
+FD_PAIRS = [(3, 4), (40, 41)]
+
+
+class Held:
+    """A host directory and a connected socket the caller holds at chosen numbers."""
+
+    def __init__(self, outside: Path, numbers: tuple[int, int]) -> None:
+        self.outside = outside
+        self.numbers = numbers
+        # parked high in this process: the child moves them to their numbers
+        self.dir_fd = fcntl.fcntl(
+            os.open(outside, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC),
+            fcntl.F_DUPFD_CLOEXEC,
+            200,
+        )
+        ours, theirs = socket.socketpair()
+        self.peer = ours
+        self.seen = b""
+        self.sock_fd = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD_CLOEXEC, 200)
+        theirs.close()
+
+    def place(self) -> None:
+        """In the child, before exec: the two descriptors at their numbers."""
+        d, s = self.numbers
+        os.dup2(self.dir_fd, d)
+        os.dup2(self.sock_fd, s)
+
+    def arrived(self) -> bytes:
+        """Everything the sandbox managed to send through the socket so far."""
+        self.peer.setblocking(False)
+        try:
+            while chunk := self.peer.recv(65536):
+                self.seen += chunk
+        except BlockingIOError:
+            pass
+        return self.seen
+
+    def close(self) -> None:
+        os.close(self.dir_fd)
+        os.close(self.sock_fd)
+        self.peer.close()
+
+
+@contextmanager
+def held(c: Corral, numbers: tuple[int, int]) -> Iterator[Held]:
+    outside = c.base / f"outside-{uuid.uuid4().hex[:6]}"
+    outside.mkdir()
+    c.chown(outside)  # writable by the user under test: a denial is corral's doing
+    h = Held(outside, numbers)
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def run_holding(
+    c: Corral, ws: Path, h: Held, args: list[str], timeout: float = 60
+) -> subprocess.CompletedProcess[bytes]:
+    """``corral ARGS`` started by a program holding ``h``'s descriptors."""
+    return subprocess.run(
+        c.argv(args),
+        cwd=ws,
+        env=c.env(),
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+        close_fds=False,  # the caller's other descriptors come along too, as in real life
+        preexec_fn=h.place,
+    )
+
+
+def probe(c: Corral, ws: Path) -> str:
+    path = ws / "fdprobe.py"
+    path.write_text(FD_PROBE)
+    c.chown(path)
+    return path.name
+
+
+def lines(out: bytes) -> dict[str, str]:
+    found = {}
+    for line in out.decode(errors="replace").splitlines():
+        name, eq, value = line.partition("=")
+        if eq:
+            found[name] = value
+    return found
+
+
+def assert_nothing_crossed(h: Held, out: bytes, tag: str) -> None:
+    d, s = h.numbers
+    got = lines(out)
+    assert got.get(f"dir{d}") == f"err:{errno.EBADF}", out  # the probe ran; no such fd
+    assert got.get(f"sock{s}") == f"err:{errno.EBADF}", out
+    assert not (h.outside / f"{tag}-{d}").exists()  # nothing made outside through it
+    assert f"{tag}-".encode() not in h.arrived()  # and nothing reached the host's socket
+
+
+def assert_passed(c: Corral, h: Held, out: bytes, tag: str) -> None:
+    d, s = h.numbers
+    got = lines(out)
+    assert got.get(f"sock{s}") == "ok", out
+    assert f"{tag}-{s};".encode() in h.arrived()
+    if c.tier is not None and c.tier.id == "landlock":
+        # the descriptor is there, and Landlock still judges what is made through
+        # it by its path: outside the workspace, no file is created
+        assert got.get(f"dir{d}") == f"err:{errno.EACCES}", out
+        assert not (h.outside / f"{tag}-{d}").exists()
+    else:
+        assert got.get(f"dir{d}") == "ok", out
+        assert (h.outside / f"{tag}-{d}").exists()
+
+
+def refuses_pass_fd(c: Corral) -> bool:
+    """gVisor has no --preserve-fds: --pass-fd is refused there, with its reason."""
+    return c.tier is not None and c.tier.id == "gvisor"
+
+
+@pytest.mark.parametrize("numbers", FD_PAIRS, ids=["fds-3-4", "fds-40-41"])
+def test_run_inherits_no_descriptor(
+    tsandbox: tuple[Corral, Path], numbers: tuple[int, int]
+) -> None:
+    c, ws = tsandbox
+    name = probe(c, ws)
+    pair = f"{numbers[0]},{numbers[1]}"
+    with held(c, numbers) as h:
+        r = run_holding(c, ws, h, ["run", "-q", "--", "python3", name, "leak", pair])
+        assert r.returncode == 0, r
+        assert_nothing_crossed(h, r.stdout, "leak")
+    with held(c, numbers) as h:  # allow twin: asked for by flag, they cross
+        flags = ["--pass-fd", str(numbers[0]), "--pass-fd", str(numbers[1])]
+        r = run_holding(c, ws, h, ["run", "-q", *flags, "--", "python3", name, "pass", pair])
+        if refuses_pass_fd(c):
+            assert r.returncode == 122 and b"cannot pass a descriptor" in r.stderr, r
+            assert h.arrived() == b""
+            return
+        assert r.returncode == 0, r
+        assert_passed(c, h, r.stdout, "pass")
+
+
+def test_run_with_the_network_inherits_no_descriptor(tsandbox: tuple[Corral, Path]) -> None:
+    """The relay sits between the sandbox's start and the command: nothing of the
+    caller's, and none of the relay's own sockets, reaches the command."""
+    c, ws = tsandbox
+    name = probe(c, ws)
+    numbers = (40, 41)
+    with held(c, numbers) as h:
+        r = run_holding(
+            c, ws, h, ["run", "-q", "--allow", "127.0.0.1", "--", "python3", name, "leak", "40,41"]
+        )
+        assert r.returncode == 0, r
+        assert_nothing_crossed(h, r.stdout, "leak")
+    listing = c.sh(ws, "ls /proc/self/fd/ | sort -n | tr '\\n' ' '", "--allow", "127.0.0.1")
+    assert listing.returncode == 0, listing
+    # ls holds one descriptor of its own (the directory it lists): the fourth
+    assert listing.stdout.split() == [b"0", b"1", b"2", b"3"], listing
+
+
+def test_run_with_limits_inherits_no_descriptor(tsandbox: tuple[Corral, Path]) -> None:
+    """With a cgroup to join the launcher forks instead of posix_spawn: that path
+    closes by listing too (and so does the landlock tier's reaper path)."""
+    c, ws = tsandbox
+    name = probe(c, ws)
+    with held(c, (40, 41)) as h:
+        r = run_holding(
+            c, ws, h, ["run", "-q", "--pids", "300", "--", "python3", name, "leak", "40,41"]
+        )
+        if r.returncode == 122 and b"limit" in r.stderr:
+            pytest.skip(f"this host refuses the limit here: {r.stderr.decode().strip()}")
+        assert r.returncode == 0, r
+        assert_nothing_crossed(h, r.stdout, "leak")
+    with held(c, (40, 41)) as h:  # twin
+        flags = ["--pids", "300", "--pass-fd", "40", "--pass-fd", "41"]
+        r = run_holding(c, ws, h, ["run", "-q", *flags, "--", "python3", name, "pass", "40,41"])
+        if refuses_pass_fd(c):
+            assert r.returncode == 122, r
+            return
+        assert r.returncode == 0, r
+        assert_passed(c, h, r.stdout, "pass")
+
+
+def test_tier_none_inherits_no_descriptor(sandbox: tuple[Corral, Path]) -> None:
+    """Even unconfined, a run hands over stdio only unless asked (the launcher's rule)."""
+    c, ws = sandbox
+    name = probe(c, ws)
+    with held(c, (40, 41)) as h:
+        r = run_holding(
+            c, ws, h, ["run", "-q", "--tier", "none", "--", "python3", name, "leak", "40,41"]
+        )
+        assert r.returncode == 0, r
+        got = lines(r.stdout)
+        assert got["dir40"] == got["sock41"] == f"err:{errno.EBADF}", r
+        assert h.arrived() == b""
+    with held(c, (40, 41)) as h:  # twin
+        flags = ["--tier", "none", "--pass-fd", "40", "--pass-fd", "41"]
+        r = run_holding(c, ws, h, ["run", "-q", *flags, "--", "python3", name, "pass", "40,41"])
+        assert r.returncode == 0, r
+        assert lines(r.stdout)["sock41"] == "ok" and b"pass-41;" in h.arrived(), r
+
+
+def test_run_pass_fd_is_checked(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    for bad, words in (("2", b"above 2"), ("x", b"above 2"), ("77", b"not an open descriptor")):
+        r = c.run(["run", "-q", "--pass-fd", bad, "--", "true"], cwd=ws)
+        assert r.returncode == 2 and words in r.stderr, r
+    assert c.run(["run", "-q", "--", "true"], cwd=ws).returncode == 0  # twin
+
+
+@pytest.mark.tiers("namespace", "landlock", why="corral shell is refused on the container tiers")
+@pytest.mark.parametrize("numbers", FD_PAIRS, ids=["fds-3-4", "fds-40-41"])
+def test_shell_inherits_no_descriptor(
+    tsandbox: tuple[Corral, Path], numbers: tuple[int, int]
+) -> None:
+    c, ws = tsandbox
+    name = probe(c, ws)
+    pair = f"{numbers[0]},{numbers[1]}"
+    with held(c, numbers) as h:
+        r = run_holding(c, ws, h, ["shell", "-q", "--", "python3", name, "leak", pair])
+        assert r.returncode == 0, r
+        assert_nothing_crossed(h, r.stdout, "leak")
+    with held(c, numbers) as h:
+        flags = ["--pass-fd", str(numbers[0]), "--pass-fd", str(numbers[1])]
+        r = run_holding(c, ws, h, ["shell", "-q", *flags, "--", "python3", name, "pass", pair])
+        assert r.returncode == 0, r
+        assert_passed(c, h, r.stdout, "pass")
+
+
+# The Sandbox API, run by a program of the user under test: every exec gets stdin,
+# stdout and stderr only; pass_fds hands a descriptor to one exec.
+SANDBOX_SCRIPT = r"""
+import json, os, sys
+from corral import policy
+from corral.sandbox import Sandbox, SandboxError
+api, pair = json.loads(sys.argv[1]), sys.argv[2]
+d, s = (int(n) for n in pair.split(","))
+flags = {fd: os.get_inheritable(fd) for fd in (d, s)}
+with Sandbox(policy.load(os.getcwd()), **api) as sb:
+    r = sb.exec(["python3", "fdprobe.py", "leak", pair])
+    print("deny:" + r.stdout.decode().replace("\n", " "), flush=True)
+    try:
+        r = sb.exec(["python3", "fdprobe.py", "pass", pair], pass_fds=(d, s))
+        print("pass:" + r.stdout.decode().replace("\n", " "), flush=True)
+    except SandboxError as exc:
+        print("refused:" + str(exc), flush=True)
+    r = sb.exec(["sh", "-c", "ls /proc/self/fd/ | sort -n | tr '\n' ' '"])
+    print("listing:" + r.stdout.decode(), flush=True)
+print("flags-kept=" + str(flags == {fd: os.get_inheritable(fd) for fd in (d, s)}))
+"""
+
+
+@pytest.mark.parametrize("numbers", FD_PAIRS, ids=["fds-3-4", "fds-40-41"])
+def test_sandbox_exec_inherits_no_descriptor(
+    tsandbox: tuple[Corral, Path], numbers: tuple[int, int]
+) -> None:
+    c, ws = tsandbox
+    assert c.tier is not None
+    probe(c, ws)
+    script = ws.parent / "api.py"
+    script.write_text(SANDBOX_SCRIPT)
+    os.chmod(script, 0o644)
+    pair = f"{numbers[0]},{numbers[1]}"
+    argv = c.python_argv([str(script), json.dumps(c.tier.api), pair])
+    with held(c, numbers) as h:
+        r = subprocess.run(
+            argv,
+            cwd=ws,
+            env=c.env(),
+            capture_output=True,
+            timeout=120,
+            close_fds=False,
+            preexec_fn=h.place,
+        )
+        assert r.returncode == 0, r
+        out = {
+            line.split(":", 1)[0]: line.split(":", 1)[1]
+            for line in r.stdout.decode().splitlines()
+            if ":" in line
+        }
+        assert "deny" in out, r
+        assert_nothing_crossed(h, out["deny"].replace(" ", "\n").encode(), "leak")
+        # the agent's channel to the host and everything else of corral's stays out
+        assert out["listing"].split() == ["0", "1", "2", "3"], r
+        assert b"flags-kept=True" in r.stdout, r  # the caller's own descriptors untouched
+        if c.tier.id in ("container", "gvisor"):  # its agent is behind the engine's pipes
+            assert "cannot carry descriptors" in out.get("refused", ""), r
+            assert h.arrived() == b""
+        else:  # allow twin
+            assert_passed(c, h, out["pass"].replace(" ", "\n").encode(), "pass")
+
+
+@pytest.mark.tiers("namespace", why="corral mcp runs one Sandbox: the tier changes nothing here")
+def test_mcp_inherits_no_descriptor(tsandbox: tuple[Corral, Path]) -> None:
+    """`corral mcp` started by a client holding descriptors: its tools' commands
+    see none of them (the SDK is installed for the test interpreter only: root)."""
+    c, ws = tsandbox
+    if c.who != "root":
+        pytest.skip("the mcp SDK is installed for the test interpreter only, not the user's")
+    pytest.importorskip("mcp", reason="the mcp SDK is part of the dev extra")
+    name = probe(c, ws)
+    with held(c, (40, 41)) as h:
+        server = subprocess.Popen(
+            c.argv(["mcp", "--tier", "namespace", "--workspace", str(ws)]),
+            cwd=ws,
+            env=c.env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            close_fds=False,
+            preexec_fn=h.place,
+        )
+        try:
+            result = mcp_call(server, "run_command", {"command": f"python3 {name} leak 40,41"})
+        finally:
+            server.kill()
+            server.wait()
+        assert_nothing_crossed(h, str(result.get("stdout", "")).encode(), "leak")
+        assert "dir40=err" in str(result.get("stdout")), result  # twin: the tool ran
+
+
+def mcp_call(server: subprocess.Popen[bytes], tool: str, args: dict[str, object]) -> dict:
+    """initialize, then one tools/call, over newline-delimited JSON-RPC."""
+    assert server.stdin is not None and server.stdout is not None
+
+    def send(message: dict[str, object]) -> None:
+        assert server.stdin is not None
+        server.stdin.write(json.dumps(message).encode() + b"\n")
+        server.stdin.flush()
+
+    def reply(ident: int) -> dict:
+        assert server.stdout is not None
+        while True:
+            line = server.stdout.readline()
+            assert line, "the MCP server closed its output"
+            message = json.loads(line)
+            if message.get("id") == ident:
+                return dict(message)
+
+    send(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "corral-tests", "version": "1"},
+            },
+        }
+    )
+    assert "result" in reply(1)
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    call = {"name": tool, "arguments": args}
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+    answer = reply(2)["result"]
+    structured = answer.get("structuredContent")
+    if structured is not None:
+        return dict(structured.get("result", structured))
+    return dict(json.loads(answer["content"][0]["text"]))
+
+
+# --- 2. kernel state under /proc and /sys ---------------------------------------------
+
+# Runs inside: opens for writing (never writes) the tunables a root sandbox must not
+# change, then every file under /proc (but the process directories) and /sys.
+KERNEL_PROBE = r"""
+import os, stat
+NAMED = (
+    "/proc/sys/kernel/core_pattern",
+    "/proc/sys/vm/drop_caches",
+    "/proc/sys/net/ipv4/ip_forward",
+    "/proc/sys/fs/binfmt_misc/register",
+    "/proc/sysrq-trigger",
+)
+def try_write(path):
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        return f"err:{e.errno}"
+    is_null = os.path.samefile(f"/proc/self/fd/{fd}", "/dev/null")
+    os.close(fd)
+    return "null" if is_null else "ok"
+for path in NAMED:
+    print(f"named {path}={try_write(path)}")
+try:
+    with open("/proc/sys/kernel/core_pattern") as fh:
+        print("read core_pattern=" + fh.read().strip())
+except OSError as e:
+    print(f"read core_pattern=err:{e.errno}")
+checked = 0
+for top in ("/proc", "/sys"):
+    for root, dirs, files in os.walk(top):
+        if root == "/proc":
+            dirs[:] = [d for d in dirs if not d.isdigit() and d not in ("self", "thread-self")]
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    continue
+            except OSError:
+                continue
+            checked += 1
+            if try_write(path) == "ok":
+                print(f"writable {path}=ok")
+print(f"checked={checked}")
+"""
+
+
+def test_kernel_state_is_read_only(tsandbox: tuple[Corral, Path]) -> None:
+    """Nothing under /proc or /sys that holds kernel-wide state opens for writing,
+    started by root (whose uid owns those files) or by a user; opened, never written."""
+    c, ws = tsandbox
+    script = ws / "kernel.py"
+    script.write_text(KERNEL_PROBE)
+    c.chown(script)
+    r = c.run(["run", "-q", "--", "python3", script.name], cwd=ws, timeout=180)
+    assert r.returncode == 0, r
+    got = lines(r.stdout)
+    for key, value in got.items():
+        if key.startswith("named "):
+            assert value.startswith("err:"), (key, value)  # refused (or absent)
+    with open("/proc/sys/kernel/core_pattern") as fh:  # twin: reading still works
+        host_pattern = fh.read().strip()
+    if c.tier is not None and c.tier.id != "gvisor":  # gVisor answers from its own kernel
+        assert got["read core_pattern"] == host_pattern, r
+    # the walk really ran over both trees (gVisor's are its own, and small)
+    assert int(got["checked"]) > (20 if c.tier is not None and c.tier.id == "gvisor" else 1000), r
+    writable = [k.removeprefix("writable ") for k in got if k.startswith("writable ")]
+    # PSI files take a trigger per open file (gone when it closes), for every user
+    writable = [p for p in writable if not p.startswith("/proc/pressure/")]
+    if c.tier is not None and c.tier.id == "gvisor":
+        # gVisor's /proc/sys is its own kernel's, emulated in the sandbox: writable
+        # there, never the host's (the named host tunables above were refused)
+        writable = [p for p in writable if not p.startswith("/proc/sys/")]
+    assert writable == [], writable
+    assert c.sh(ws, "echo ok > allowed").returncode == 0  # twin: the workspace is writable
+    assert (ws / "allowed").read_text() == "ok\n"
+
+
+# Runs inside: every name under /sys (no symlink followed) and the contents of the
+# files that carry an interface's identity.
+SYSFS_PROBE = r"""
+import os
+names, texts = set(), []
+for root, dirs, files in os.walk("/sys"):
+    names.update(dirs)
+    names.update(files)
+    for name in files:
+        if name in ("address", "perm_addr", "uevent", "broadcast", "ifalias", "phys_port_name"):
+            try:
+                with open(os.path.join(root, name), errors="replace") as fh:
+                    texts.append(fh.read(4096))
+            except OSError:
+                pass
+print("names=" + " ".join(sorted(names)))
+print("texts=" + " | ".join(t.replace("\n", " ") for t in texts))
+"""
+
+
+def host_interfaces() -> dict[str, str]:
+    found = {}
+    for name in os.listdir("/sys/class/net"):
+        try:
+            with open(f"/sys/class/net/{name}/address") as fh:
+                found[name] = fh.read().strip()
+        except OSError:
+            found[name] = ""
+    return found
+
+
+@pytest.mark.tiers(
+    "namespace", "container", "gvisor", why="the landlock tier shares the host's network"
+)
+def test_sysfs_shows_no_host_interface(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    host = host_interfaces()
+    assert host, "the host lists no interface at all"
+    script = ws / "sysfs.py"
+    script.write_text(SYSFS_PROBE)
+    c.chown(script)
+    r = c.run(["run", "-q", "--", "python3", script.name], cwd=ws, timeout=180)
+    assert r.returncode == 0, r
+    got = lines(r.stdout)
+    names = set(got["names"].split())
+    assert "devices" in names and "class" in names, r  # twin: /sys is there and walked
+    texts = got["texts"]
+    for name, mac in host.items():
+        if name == "lo" and c.tier is not None and c.tier.id != "namespace":
+            continue  # a container's sysfs shows its own loopback, not the host's
+        assert name not in names, (name, r)
+        assert f"INTERFACE={name} " not in texts + " ", (name, r)
+        if mac and mac != "00:00:00:00:00:00":
+            assert mac not in texts, (name, mac, r)
+    assert c.sh(ws, "cat /proc/net/dev | grep -q ' lo:'").returncode == 0  # its own loopback
+
+
+# --- 3. hard links planted in the workspace --------------------------------------------
+
+
+def plant(c: Corral, ws: Path) -> tuple[Path, Path]:
+    """A file outside the workspace (the user's own, so only corral stops a write) with a
+    hard link to it in the workspace, and a pair of links that both live inside."""
+    outside = c.base / "outside-hl"
+    outside.mkdir()
+    target = outside / "target.txt"
+    target.write_text("orig\n")
+    os.link(target, ws / "planted.txt")
+    (ws / "sub").mkdir()
+    (ws / "sub" / "a.txt").write_text("a\n")
+    os.link(ws / "sub" / "a.txt", ws / "sub" / "a2.txt")
+    c.chown(outside, ws)
+    return target, ws / "planted.txt"
+
+
+def test_planted_hard_link_is_read_only(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    target, planted = plant(c, ws)
+    r = c.run(
+        [
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "echo pwned >> planted.txt; echo pwned > planted.txt; echo twin >> sub/a2.txt",
+        ],
+        cwd=ws,
+    )
+    assert target.read_text() == "orig\n", r  # the file outside is unchanged
+    assert planted.read_text() == "orig\n"
+    assert (ws / "sub" / "a.txt").read_text() == "a\ntwin\n", r  # twin: links inside work
+    assert b"hard links" in r.stderr and str(planted).encode() in r.stderr, r  # reported
+    records = [
+        json.loads(line) for line in (c.state / "corral" / "runs.jsonl").read_text().splitlines()
+    ]
+    assert any(str(planted) in note for note in records[-1].get("notes", [])), records[-1]
+    assert str(ws / "sub" / "a2.txt") not in " ".join(records[-1].get("notes", []))
+
+
+def test_hard_links_refused_by_policy(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    target, planted = plant(c, ws)
+    (ws / "corral.toml").write_text('[filesystem]\nhardlinks = "refuse"\n')
+    c.chown(ws / "corral.toml")
+    r = c.run(["run", "-q", "--", "sh", "-c", "echo pwned >> planted.txt"], cwd=ws)
+    assert r.returncode == 122, r
+    assert str(planted).encode() in r.stderr and b'hardlinks = "refuse"' in r.stderr, r
+    assert b"Traceback" not in r.stderr
+    assert target.read_text() == "orig\n"
+    planted.unlink()  # twin: without the link that leads outside, it runs
+    r = c.run(["run", "-q", "--", "sh", "-c", "echo twin >> sub/a2.txt"], cwd=ws)
+    assert r.returncode == 0, r
+    assert (ws / "sub" / "a.txt").read_text() == "a\ntwin\n"
+
+
+def test_cannot_create_a_hard_link_to_outside(tsandbox: tuple[Corral, Path]) -> None:
+    """EXDEV across mounts (namespace, containers), Landlock's refer rules (landlock);
+    the user owns the file, so the kernel's protected_hardlinks would not stop it."""
+    c, ws = tsandbox
+    outside = c.base / "outside-ln"
+    outside.mkdir()
+    target = outside / "target.txt"
+    target.write_text("orig\n")
+    (ws / "mine.txt").write_text("mine\n")
+    c.chown(outside, ws)
+    code = (
+        "import os\n"
+        f"for src, dst in (({str(target)!r}, 'hl.txt'), ('mine.txt', 'mine2.txt')):\n"
+        "    try:\n"
+        "        os.link(src, dst)\n"
+        "        print(dst + '=ok')\n"
+        "    except OSError as e:\n"
+        "        print(dst + '=err:' + str(e.errno))\n"
+        "open('mine2.txt', 'a').write('twin\\n')\n"
+    )
+    r = c.run(["run", "-q", "--", "python3", "-c", code], cwd=ws)
+    assert r.returncode == 0, r
+    got = lines(r.stdout)
+    assert got["hl.txt"].startswith("err:"), r
+    assert os.stat(target).st_nlink == 1 and target.read_text() == "orig\n"
+    assert not (ws / "hl.txt").exists()
+    if c.has("host-root"):  # the file exists there: refused for crossing, not for absence
+        assert got["hl.txt"] == f"err:{errno.EXDEV}", r
+    assert got["mine2.txt"] == "ok", r  # twin: a link inside the workspace works
+    assert (ws / "mine.txt").read_text() == "mine\ntwin\n"
+
+
+# --- 4. undo that leaves no trace ------------------------------------------------------
+
+OLD_NS = 1_000_000_000_123_456_789  # 2001, with nanoseconds that must survive
+PARENT_NS = 1_500_000_000_000_000_000  # whole seconds: busybox touch -d
+
+
+def test_write_protected_files_keep_content_mode_and_times(tsandbox: tuple[Corral, Path]) -> None:
+    """The command changes .git/config (content, mode by recreating it, times) and
+    touches a hook; afterwards both are exactly as before, to the nanosecond, on every
+    tier (read-only mounts refuse; landlock restores), and the directory holding them
+    keeps the times the command gave it (the undo leaves no trace there)."""
+    c, ws = tsandbox
+    hooks = ws / ".git" / "hooks"
+    hooks.mkdir(parents=True)
+    config, hook = ws / ".git" / "config", hooks / "pre-commit"
+    config.write_text("[core]\n\tbare = false\n")
+    hook.write_text("#!/bin/sh\n")
+    os.chmod(config, 0o600)
+    os.chmod(hook, 0o750)
+    (ws / "work.txt").write_text("w\n")
+    c.chown(ws)
+    for path in (config, hook, hooks):
+        os.utime(path, ns=(OLD_NS, OLD_NS))
+    before = {
+        p: (p.read_bytes() if p.is_file() else b"", os.lstat(p)) for p in (config, hook, hooks)
+    }
+    script = (
+        "rm -f .git/config; printf 'evil\\n' > .git/config; "
+        "echo evil >> .git/config; "
+        "touch .git/hooks/pre-commit; touch -d @1600000000 .git/hooks/pre-commit; "
+        "touch .git/hooks; echo twin >> work.txt; "
+        f"touch -d @{PARENT_NS // 10**9} .git"
+    )
+    r = c.sh(ws, script)
+    for path, (data, st) in before.items():
+        now = os.lstat(path)
+        assert (path.read_bytes() if path.is_file() else b"") == data, (path, r)
+        assert stat_mode(now) == stat_mode(st), (path, oct(now.st_mode), r)
+        assert now.st_mtime_ns == st.st_mtime_ns == OLD_NS, (path, now.st_mtime_ns, r)
+    assert (ws / "work.txt").read_text() == "w\ntwin\n", r  # twin: the workspace is writable
+    assert os.stat(ws / ".git").st_mtime_ns == PARENT_NS, r  # the command's own change stays
+    if not c.has("mounts"):
+        assert b"restored from the snapshot" in r.stderr, r
+
+
+def stat_mode(st: os.stat_result) -> int:
+    return st.st_mode & 0o7777
+
+
+def test_untouched_write_protected_files_are_left_alone(tsandbox: tuple[Corral, Path]) -> None:
+    """Allow twin of the above: reading them changes nothing and reports nothing."""
+    c, ws = tsandbox
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    config = ws / ".git" / "config"
+    config.write_text("[core]\n")
+    c.chown(ws)
+    os.utime(config, ns=(OLD_NS, OLD_NS))
+    r = c.sh(ws, "cat .git/config >/dev/null && ls .git/hooks")
+    assert r.returncode == 0, r
+    assert os.stat(config).st_mtime_ns == OLD_NS
+    assert b"denied write" not in r.stderr, r
