@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python -m bench [--quick] [--with-peers] [--only NAME,...]
+    python -m bench [--quick] [--with-peers] [--only NAME,...] [--against REV]
 
 Benchmarks (each a module in bench/ with ``rows(quick)``; see bench/common.py):
 ``run_latency`` (``corral run -- true`` on every tier ``corral doctor`` reports
@@ -10,7 +10,10 @@ available, next to sh and raw bwrap), ``warm_exec`` (``Sandbox.exec`` against a
 fresh ``corral run``), ``proxy`` (corral's proxy next to squid and a direct
 connection, and the door's added latency), ``container_exec`` (when
 bench/container_exec.py exists in this checkout) and ``peers`` (srt and codex
-sandbox; installed and measured only with ``--with-peers``).
+sandbox; installed and measured only with ``--with-peers``).  ``--against REV``
+adds ``against`` (bench/against.py): this checkout's ``corral run -- true`` (as
+root and, when the user exists, as ``corral-test``) and warm ``Sandbox.exec``
+next to the same from a git revision, interleaved.
 
 Each comparison is measured side by side in one interleaved run, so machine
 noise lands on both sides of a ratio.  The table of medians and ratios is
@@ -73,9 +76,14 @@ def main(argv: list[str] | None = None) -> int:
         help="install srt and codex (npm, into ~/.cache/corral-bench/peers) and measure them",
     )
     parser.add_argument("--only", default="", help=f"comma-separated subset of {', '.join(NAMES)}")
+    parser.add_argument(
+        "--against", default="", help="also compare with this git revision (bench/against.py)"
+    )
     args = parser.parse_args(argv)
     chosen = [n.strip() for n in args.only.split(",") if n.strip()] or list(NAMES)
-    unknown = [n for n in chosen if n not in NAMES]
+    if args.against and "against" not in chosen:
+        chosen.append("against")
+    unknown = [n for n in chosen if n not in (*NAMES, "against")]
     if unknown:
         parser.error(f"unknown benchmark {', '.join(unknown)} (known: {', '.join(NAMES)})")
     started = time.monotonic()
@@ -96,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
             from bench import proxy_throughput
 
             rows += proxy_throughput.rows(args.quick)
+        elif name == "against":
+            from bench import against
+
+            if not args.against:
+                parser.error("--only against needs --against REV")
+            rows += against.rows(args.quick, args.against)
         elif name == "container_exec":
             found, report = container_exec(args.quick)
             rows += found
@@ -115,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             machine_line(),
             "",
             f"`python -m bench{' --quick' if args.quick else ''}"
-            f"{' --with-peers' if args.with_peers else ''}` ({mode} mode, "
+            f"{' --with-peers' if args.with_peers else ''}"
+            f"{' --against ' + args.against if args.against else ''}` ({mode} mode, "
             f"{time.monotonic() - started:.0f} s). Medians; each ratio is against the row "
             "named in *relative to*, measured in the same interleaved run "
             "(ms: lower is better; req/s, tunnels/s, MB/s: higher is better).",
