@@ -1,0 +1,1 @@
+"""microVM building blocks (design note below, filled in as they land)."""

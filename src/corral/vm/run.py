@@ -1,0 +1,497 @@
+"""Run one command in a microVM: ``python -m corral.vm.run [OPTIONS] -- COMMAND...``
+
+A standalone runner for the building blocks (it becomes the microvm tier's
+launch strategy when the launcher has room for one).  Options are ``corral
+run``'s: ``--policy --workspace --timeout --memory --cpus --pids --allow --deny
+--network --writable --read-deny --write-deny --env -q``, plus ``--explain``
+(print the plan: QEMU's sandbox and command line, the guest's mounts) and
+``--console`` (the guest's serial console on stderr, for debugging).
+
+Exit codes are corral's: the command's own, 128+N for a signal, 124 when the
+timeout fired (QEMU's whole sandbox killed), 122 refused, 125 setup failed.
+
+Nothing outlives the run: every channel is a socket pair (no file on the host),
+QEMU runs under bubblewrap with ``--die-with-parent`` in its own pid namespace,
+so a killed runner takes QEMU with it, and the initramfs and probe answers in
+the cache are written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+
+from corral.errors import EXIT_TIMEOUT, CorralError, RefusedError, SetupError
+from corral.vm import guest, initramfs, probe, qemu, setup
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.fsplan import Mount
+    from corral.policy import Policy
+
+RUN_OPTIONS = {
+    "--policy": ("policy", "value"),
+    "--workspace": ("workspace", "value"),
+    "--timeout": ("timeout", "value"),
+    "--memory": ("memory", "value"),
+    "--cpus": ("cpus", "value"),
+    "--pids": ("pids", "value"),
+    "--allow": ("allow", "list"),
+    "--deny": ("deny", "list"),
+    "--network": ("network", "value"),
+    "--writable": ("writable", "list"),
+    "--read-deny": ("read_deny", "list"),
+    "--write-deny": ("write_deny", "list"),
+    "--env": ("env", "list"),
+    "--explain": ("explain", "flag"),
+    "--console": ("console", "flag"),
+    "-q": ("quiet", "flag"),
+}
+DRAIN_TIMEOUT = 10.0  # seconds to collect output the guest said it sent
+CHUNK = 65536
+
+
+def find_program(name: str) -> str | None:
+    for d in [*os.environ.get("PATH", "").split(":"), "/usr/bin", "/bin"]:
+        if os.path.isabs(d) and os.access(os.path.join(d, name), os.X_OK):
+            return os.path.realpath(os.path.join(d, name))
+    return None
+
+
+def bound_tmpfs(args: list[str], size: int) -> list[str]:
+    """Every ``--tmpfs`` in bwrap ``args`` without a ``--size`` gets ``size``: in QEMU's
+    view they are empty placeholders and masks, and the guest's root could chmod
+    a mask inside a writable export and fill it with host memory."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--tmpfs" and (i < 2 or args[i - 2] != "--size"):
+            out += ["--size", str(size)]
+        out.append(arg)
+    return out
+
+
+class VmPlan:
+    """Everything a run needs, built before anything starts."""
+
+    def __init__(self) -> None:
+        self.argv: list[str] = []  # bwrap ... -- qemu ...
+        self.fds: dict[int, str] = {}  # number in the sandbox -> "seccomp", "empty", a port
+        self.request = b""
+        self.machine: qemu.Machine | None = None
+        self.view: list[Mount] = []
+        self.shares: list[guest.Export] = []
+        self.guest_mounts: list[tuple[str, str, str]] = []
+        self.decision: probe.Decision | None = None
+        self.timeout: float | None = None
+        self.notes: list[str] = []
+
+    def describe(self) -> str:
+        lines = [f"accelerator: {self.decision.reason if self.decision else '?'}"]
+        if self.machine is not None:
+            lines.append(f"vcpus: {self.machine.cpus}  guest RAM: {self.machine.memory_mib} MiB")
+        lines.append(f"timeout: {self.timeout if self.timeout else 'none'}")
+        lines.append("QEMU's view of the host (bwrap, exported to the guest under /guest):")
+        lines += qemu.describe_view(self.view)
+        lines.append("exports: " + ", ".join(repr(s) for s in self.shares))
+        lines.append("the guest mounts:")
+        lines += guest.describe(self.shares, self.guest_mounts)
+        lines += [f"note: {n}" for n in self.notes]
+        lines.append("argv: " + " ".join(self.argv))
+        return "\n".join(lines)
+
+
+def prepare(
+    policy: Policy,
+    command: list[str],
+    door: str | None = None,
+    console: bool = False,
+    name: str = "corral-vm",
+) -> VmPlan:
+    """The plan for ``command`` under ``policy``: reads the host, starts nothing
+    (except the accelerator probe, once per host, QEMU and guest kernel)."""
+    from corral import environ, fsplan
+    from corral.tiers import namespace
+
+    if policy.network.transparent:
+        raise RefusedError(
+            "microvm: --transparent is not available (the guest has no network device)"
+        )
+    assets = setup.require()
+    busybox = initramfs.find_busybox()
+    if busybox is None:
+        raise RefusedError("microvm: needs a static busybox (apt-get install busybox-static)")
+    qemu_path = find_program("qemu-system-x86_64")
+    if qemu_path is None:
+        raise RefusedError("microvm: needs QEMU (apt-get install qemu-system-x86)")
+    if not qemu_path.startswith("/usr/"):
+        raise RefusedError(f"microvm: QEMU outside /usr is not supported ({qemu_path})")
+    bwrap = namespace.find_bwrap()
+    if bwrap is None:
+        raise RefusedError("microvm: needs bubblewrap to confine QEMU (apt-get install bubblewrap)")
+    cache = setup.cache_dir()
+    initrd = initramfs.cached(assets, busybox, cache)
+    plan = VmPlan()
+    plan.decision = probe.decide(qemu_path, assets, initrd, cache)
+    facts = qemu.host_facts()
+    limits = policy.limits
+    vcpus, memory_mib = qemu.size(
+        limits.get("memory"), limits.source("memory"), limits.get("cpus"), os.cpu_count() or 1
+    )
+    pids = limits.get("pids")
+    plan.timeout = limits.get("timeout")
+
+    fs = fsplan.plan_filesystem(policy)
+    plan.notes = list(fs.notes)
+    plan.view = guest.view_mounts(fs.mounts)
+    plan.shares = guest.exports(fs.writable)
+    present = [m.dest for m in fs.mounts if m.kind == "tmpfs" and m.dest in fsplan.PRIVATE_TMP]
+    plan.guest_mounts = guest.guest_mounts(plan.shares, namespace.scratch_sizes(limits), present)
+    env = environ.sandbox_env(policy)
+    if policy.network.mode == "proxy":
+        from corral.net import door as doors
+
+        if door is None:
+            raise ValueError("network mode proxy needs the door's path")
+        env = {**doors.proxy_env(), **env}
+        # the relay as on the other tiers, behind the guest's end of the door port
+        relay = doors.relay_argv([namespace.inside_python()])
+        bridge = [relay[0], "-I", "-S", "/run/corral/guestdoor.py", "4", doors.SANDBOX_DOOR]
+        relay_args = relay[relay.index(doors.SANDBOX_RELAY) + 1 :]
+        command = [*bridge, "--", *relay_args, "--", *command]
+    launch = guest.Launch(
+        command,
+        env,
+        environ.sandbox_cwd(policy, fs.writable),
+        os.getuid(),
+        os.getgid(),
+        None if pids is None else int(pids),
+        policy.network.mode == "proxy",
+    )
+    plan.request = guest.request(plan.shares, plan.guest_mounts, launch)
+
+    numbers = iter(range(3, 1 << 16))
+    status_fd, seccomp_fd = next(numbers), next(numbers)
+    plan.fds[status_fd] = "status"
+    plan.fds[seccomp_fd] = "seccomp"
+    ports = list(qemu.PORTS if launch.network else qemu.PORTS[:-1])
+    port_fds = []
+    for port in ports:
+        number = next(numbers)
+        plan.fds[number] = port
+        port_fds.append((port, number))
+    view_args, empty = namespace.mount_args(plan.view, numbers)
+    plan.fds.update(dict.fromkeys(empty, "empty"))
+    plan.machine = qemu.Machine(
+        accel=plan.decision.accel,
+        cpus=vcpus,
+        memory_mib=memory_mib,
+        cmdline=qemu.kernel_cmdline(facts.tsc_khz, console=console),
+        ports=port_fds,
+        exports=plan.shares,
+        name=name,
+        qemu=qemu_path,
+        console=console,
+    )
+    own = qemu.own_root(facts, assets.vmlinux, initrd, plan.decision.accel == "kvm")
+    plan.argv = qemu.sandbox_argv(
+        bwrap,
+        own,
+        bound_tmpfs(view_args, 65536),
+        status_fd,
+        seccomp_fd,
+        qemu.qemu_argv(plan.machine),
+    )
+    return plan
+
+
+class Result:
+    __slots__ = ("duration", "exit_code", "oom_kills", "stderr_bytes", "stdout_bytes", "timed_out")
+
+    def __init__(self) -> None:
+        self.exit_code = 0
+        self.timed_out = False
+        self.duration = 0.0
+        self.oom_kills = 0
+        self.stdout_bytes = 0
+        self.stderr_bytes = 0
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    """False once the reader is gone (the rest of the output is dropped)."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        return False
+    return True
+
+
+def _pump_stdin(src: int, sock: socket.socket) -> None:
+    """The runner's stdin to the guest; its end of file closes the port (the
+    guest's read then returns end of file)."""
+    try:
+        while True:
+            data = os.read(src, CHUNK)
+            if not data:
+                break
+            sock.sendall(data)
+    except OSError:
+        pass
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+class _Vm:
+    """A started VM: bwrap's pid, its child's (the sandbox's pid 1), our socket ends."""
+
+    def __init__(self, plan: VmPlan) -> None:
+        from corral import seccomp
+        from corral.launch import _move_fds_into_place
+
+        self.socks: dict[str, socket.socket] = {}
+        wanted: dict[int, int] = {}
+        theirs: list[int] = []
+        null = os.open(os.devnull, os.O_RDWR)
+        self.err_r, err_w = os.pipe()
+        status_r, status_w = os.pipe()
+        theirs += [null, err_w, status_w]
+        wanted.update({0: null, 1: null, 2: err_w})
+        if plan.machine is not None and plan.machine.console:
+            wanted[1] = 2  # the serial console: QEMU's stdout, to our stderr
+        for number, what in plan.fds.items():
+            if what == "status":
+                wanted[number] = status_w
+            elif what == "seccomp":
+                sec_r, sec_w = os.pipe()
+                os.write(
+                    sec_w,
+                    seccomp.compile_filter(seccomp.default_deny_rules(), seccomp.native_arch()),
+                )
+                os.close(sec_w)
+                wanted[number] = sec_r
+                theirs.append(sec_r)
+            elif what == "empty":
+                wanted[number] = null
+            else:  # a port: one socket pair, QEMU holds one end
+                ours, other = socket.socketpair()
+                self.socks[what] = ours
+                wanted[number] = other.detach()
+                theirs.append(wanted[number])
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setpgid(0, 0)
+                _move_fds_into_place(wanted)
+                os.execve(plan.argv[0], plan.argv, {})
+            finally:
+                os._exit(127)
+        self.pid = pid
+        for fd in theirs:
+            os.close(fd)
+        self.child = _child_pid(status_r)
+        os.close(status_r)
+
+    def stop(self) -> None:
+        """Kill the sandbox's pid 1: the kernel kills QEMU with it, and bwrap exits
+        once both are gone, so when this returns nothing of the VM is left."""
+        for pid in (self.child, self.pid):
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                break
+        self.wait()
+
+    def wait(self) -> None:
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        for sock in self.socks.values():
+            sock.close()
+        os.close(self.err_r)
+
+
+def _child_pid(status_r: int) -> int:
+    """bwrap's first status line names the sandbox's pid 1 (0 if bwrap failed)."""
+    from corral.launch import _status_value
+
+    text = b""
+    while b"}" not in text:
+        chunk = os.read(status_r, 4096)
+        if not chunk:
+            break
+        text += chunk
+    return _status_value(text.decode(errors="replace"), "child-pid") or 0
+
+
+def execute(
+    plan: VmPlan, door: str | None, stdin: int = 0, stdout: int = 1, stderr: int = 2
+) -> Result:
+    """Boot the VM, run the request, stream the output; the result once the VM is gone."""
+    result = Result()
+    started = time.monotonic()
+    vm = _Vm(plan)
+    try:
+        try:
+            vm.socks["corral.ctl"].sendall(b"%d\n" % len(plan.request) + plan.request)
+        except OSError:
+            pass  # QEMU is gone already: _follow reports why
+        threading.Thread(
+            target=_pump_stdin, args=(stdin, vm.socks["corral.stdin"]), daemon=True
+        ).start()
+        if "corral.door" in vm.socks and door is not None:
+            from corral.vm import mux
+
+            link = mux.Mux(vm.socks["corral.door"].fileno(), mux.unix_opener(door))
+            threading.Thread(target=link.serve, daemon=True).start()
+        _follow(vm, plan, result, stdout, stderr, started)
+    finally:
+        vm.stop()
+    result.duration = time.monotonic() - started
+    return result
+
+
+def _follow(
+    vm: _Vm, plan: VmPlan, result: Result, stdout: int, stderr: int, started: float
+) -> None:
+    out, err, ctl = vm.socks["corral.stdout"], vm.socks["corral.stderr"], vm.socks["corral.ctl"]
+    sinks = {out.fileno(): stdout, err.fileno(): stderr}
+    got = {out.fileno(): 0, err.fileno(): 0}
+    alive = {fd: True for fd in sinks}
+    control = b""
+    qemu_err = b""
+    expect: dict[int, int] | None = None
+    deadline = started + plan.timeout if plan.timeout else None
+    drain_until = 0.0
+    watch = [out.fileno(), err.fileno(), ctl.fileno(), vm.err_r]
+    while True:
+        if expect is not None and all(got[fd] >= n for fd, n in expect.items()):
+            return
+        now = time.monotonic()
+        wait = None
+        if expect is not None:
+            wait = drain_until - now
+        elif deadline is not None:
+            wait = deadline - now
+        if wait is not None and wait <= 0:
+            if expect is None:
+                result.timed_out = True
+                result.exit_code = EXIT_TIMEOUT
+            return
+        ready, _, _ = select.select(watch, [], [], wait)
+        for fd in ready:
+            data = os.read(fd, CHUNK)
+            if fd in sinks:
+                got[fd] += len(data)
+                if data and alive[fd]:
+                    alive[fd] = _write_all(sinks[fd], data)
+                if not data:
+                    watch.remove(fd)
+            elif fd == vm.err_r:
+                qemu_err = (qemu_err + data)[-4096:]
+                if not data:
+                    watch.remove(fd)
+                    if expect is None and b"\n" not in control:
+                        raise SetupError(_why_ended(qemu_err))
+            else:
+                control += data
+                if not data:
+                    watch.remove(fd)
+                if b"\n" in control and expect is None:
+                    line = control.split(b"\n", 1)[0].decode(errors="replace")
+                    expect = _report(line, result, out.fileno(), err.fileno())
+                    drain_until = time.monotonic() + DRAIN_TIMEOUT
+    del started
+
+
+def _report(line: str, result: Result, out: int, err: int) -> dict[int, int]:
+    """Take in the guest's ``exit CODE OUT ERR OOM`` or ``error WHY`` line."""
+    kind, _, rest = line.partition(" ")
+    fields = rest.split()
+    if kind == "error":
+        raise SetupError(f"microvm: {rest}")
+    if kind != "exit" or len(fields) != 4 or not all(f.isdigit() for f in fields):
+        raise SetupError(f"microvm: the guest answered {line[:200]!r}")
+    code, out_n, err_n, oom = (int(f) for f in fields)
+    result.exit_code = code
+    result.stdout_bytes, result.stderr_bytes = out_n, err_n
+    result.oom_kills = oom
+    return {out: out_n, err: err_n}
+
+
+def _why_ended(qemu_err: bytes) -> str:
+    lines = qemu_err.decode(errors="replace").strip().splitlines()
+    return f"microvm: the VM ended before the command did: {lines[-1] if lines else 'no message'}"
+
+
+def main(argv: list[str]) -> int:
+    from corral import cli
+
+    try:
+        opts, command = cli.parse(argv, RUN_OPTIONS, positional=True)
+        if not command:
+            raise CorralError("usage: python -m corral.vm.run [OPTIONS] -- COMMAND...")
+        policy = cli.build_policy(opts)
+        door = None
+        if policy.network.mode == "proxy" and not opts.get("explain"):
+            from corral.launch import new_run_id
+            from corral.net.door import open_door
+
+            door = open_door(policy, new_run_id())
+        run_id = f"corral-vm-{os.getpid()}-{os.urandom(3).hex()}"
+        plan = prepare(
+            policy,
+            command,
+            door.address if door else "/run/door",
+            bool(opts.get("console")),
+            run_id,
+        )
+        if opts.get("explain"):
+            print(plan.describe())
+            return 0
+        stop = _forward_signals()
+        try:
+            result = execute(plan, door.address if door else None)
+        finally:
+            if door is not None:
+                door.close()
+        if stop:
+            return 128 + stop[0]
+    except CorralError as exc:
+        sys.stderr.write(f"corral: {exc.message}\n")
+        return exc.code
+    if result.timed_out:
+        sys.stderr.write(f"corral: timed out after {plan.timeout:g}s; the VM was stopped\n")
+    elif result.oom_kills and not opts.get("quiet"):
+        sys.stderr.write(
+            f"corral: limit hit: memory (the guest's OOM killer ended {result.oom_kills})\n"
+        )
+    return result.exit_code
+
+
+def _forward_signals() -> list[int]:
+    """SIGINT/SIGTERM/SIGHUP stop the VM (raised in the main thread, which then
+    stops QEMU on its way out) and the runner exits 128+N."""
+    got: list[int] = []
+
+    def handler(signum: int, _frame: object) -> None:
+        got.append(signum)
+        raise SetupError("stopped by a signal")
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+    return got
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
