@@ -251,6 +251,7 @@ def cached(assets: Assets, busybox: str, cache: str) -> str:
     if os.path.exists(path):
         return path
     data = archive(modules, box, helpers)
+    os.makedirs(cache, mode=0o700, exist_ok=True)
     work = f"{path}.tmp{os.getpid()}"
     with open(work, "wb") as fh:
         fh.write(data)

@@ -134,9 +134,12 @@ def prepare(
     if bwrap is None:
         raise RefusedError("microvm: needs bubblewrap to confine QEMU (apt-get install bubblewrap)")
     cache = setup.cache_dir()
-    initrd = initramfs.cached(assets, busybox, cache)
     plan = VmPlan()
-    plan.decision = probe.decide(qemu_path, assets, initrd, cache)
+    try:
+        initrd = initramfs.cached(assets, busybox, cache)
+        plan.decision = probe.decide(qemu_path, assets, initrd, cache)
+    except OSError as exc:
+        raise SetupError(f"microvm: cannot use the cache {cache}: {exc}") from None
     facts = qemu.host_facts()
     limits = policy.limits
     vcpus, memory_mib = qemu.size(

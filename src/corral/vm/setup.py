@@ -11,8 +11,9 @@ cache (``$XDG_CACHE_HOME/corral/vm``, else ``~/.cache/corral/vm``):
   does not have built in (Debian builds virtio-mmio, the virtio console and 9p
   as modules), with ``kernel-VER/manifest`` naming them in load order.
 
-:func:`require` is what a run calls: the assets, or a refusal naming the
-command that fixes it.
+With ``--system`` (as root) the kernel goes to :data:`SYSTEM_DIR` instead, for
+every user of the host.  :func:`require` is what a run calls: the assets (this
+user's first, then the system's), or a refusal naming the command that fixes it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ WANTED = ("virtio_mmio", "virtio_console", "9pnet_virtio", "9p")
 MANIFEST_VERSION = "1"
 
 
+SYSTEM_DIR = "/var/cache/corral/vm"  # kernels root set up for every user (--system)
+
+
 def cache_dir() -> str:
+    """This user's cache: kernels set up by them, the initramfs, probe answers."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "corral", "vm")
 
@@ -90,11 +95,12 @@ def installed(cache: str | None = None) -> list[Assets]:
     return found
 
 
-def require(cache: str | None = None) -> Assets:
-    """The guest kernel to boot, or RefusedError naming the command that sets it up."""
+def require(cache: str | None = None, system: str = SYSTEM_DIR) -> Assets:
+    """The guest kernel to boot (this user's, else the system's), or RefusedError
+    naming the command that sets it up."""
     if os.uname().machine != "x86_64":
         raise RefusedError(f"microvm: guests are x86_64 only; this host is {os.uname().machine}")
-    found = installed(cache)
+    found = installed(cache) + installed(system)
     if not found:
         raise RefusedError(f"microvm: no guest kernel is set up; run: {SETUP_COMMAND}")
     return found[0]
@@ -328,7 +334,7 @@ def setup(cache: str | None = None, fetch: bool = True, log: object = None) -> A
     """Find or fetch a kernel and install it in the cache; the assets."""
     say = log if callable(log) else (lambda _line: None)
     cache = cache or cache_dir()
-    os.makedirs(cache, mode=0o700, exist_ok=True)
+    os.makedirs(cache, mode=0o755 if cache == SYSTEM_DIR else 0o700, exist_ok=True)
     _clean_stale(cache)
     problems = []
     for release in host_releases():
@@ -361,11 +367,12 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    if argv and argv[0] != "--no-fetch":
-        print(f"usage: {SETUP_COMMAND} [--no-fetch]", file=sys.stderr)
+    if any(a not in ("--no-fetch", "--system") for a in argv):
+        print(f"usage: {SETUP_COMMAND} [--no-fetch] [--system]", file=sys.stderr)
         return 2
+    cache = SYSTEM_DIR if "--system" in argv else None
     try:
-        assets = setup(fetch="--no-fetch" not in argv, log=print)
+        assets = setup(cache, fetch="--no-fetch" not in argv, log=print)
     except CorralError as exc:
         print(f"corral: {exc.message}", file=sys.stderr)
         return exc.code
