@@ -45,141 +45,169 @@ MSIZE = 512000  # the largest 9p message the virtio transport takes: fewer round
 
 INIT = r"""#!/bin/busybox sh
 # corral's guest init: see corral/vm/initramfs.py.  pid 1, in the initramfs.
-B=/bin/busybox
+# Applets are called by name: this busybox's shell runs many of them in its own
+# process (no fork, no exec), which under TCG saves tens of milliseconds each.
 R=/mnt
+export PATH=/bin
 fail() {
 	if [ -n "$CTL" ]; then echo "error $*" >&3; else echo "corral-init: $*" >&2; fi
-	$B poweroff -f
+	poweroff -f
 }
-$B mount -t proc proc /proc
-CMDLINE=" $($B cat /proc/cmdline) "
-case $CMDLINE in *" corral.mode=off "*) $B poweroff -f;; esac
-$B mount -t sysfs sys /sys
-$B mount -t devtmpfs dev /dev
+/bin/busybox mount -t proc proc /proc  # applets are run through /proc/self/exe
+read -r CMDLINE </proc/cmdline
+case " $CMDLINE " in *" corral.mode=off "*) poweroff -f;; esac
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
 # no console (the usual case): the init has no stdin, stdout or stderr at all
 for fd in 0 1 2; do [ -e /proc/self/fd/$fd ] || eval "exec $fd<>/dev/null"; done
-for m in @MODULES@; do $B insmod /lib/modules/$m.ko || fail "cannot load module $m"; done
+for m in @MODULES@; do insmod /lib/modules/$m.ko || fail "cannot load module $m"; done
 
-# port NAME: the device of the virtio-serial port called NAME, once it is there
-port() {
+# ports N: wait until N virtio-serial ports have their names, then set
+# PORT_<name> to each one's device (corral.ctl -> PORT_ctl=/dev/vport0p1).
+# Up to a minute of the guest's clock: on a busy host a TCG guest gets a small
+# share of a CPU while its clock runs at the host's pace.
+ports() {
 	i=0
-	while [ $i -lt 500 ]; do
+	while [ $i -lt 12000 ]; do
+		n=0
 		for d in /sys/class/virtio-ports/*; do
-			[ "$($B cat $d/name 2>/dev/null)" = "$1" ] && { echo /dev/${d##*/}; return 0; }
+			[ -e "$d/name" ] && read -r name <"$d/name" && [ -n "$name" ] || continue
+			eval "PORT_${name#corral.}=/dev/${d##*/}"
+			n=$((n + 1))
 		done
-		$B usleep 10000
+		[ $n -ge "$1" ] && return 0
+		usleep 5000
 		i=$((i + 1))
 	done
 	return 1
 }
-CTL=$(port corral.ctl) || fail "no control port"
-exec 3<>$CTL
-case $CMDLINE in *" corral.mode=probe "*) echo ready >&3; $B poweroff -f;; esac
-$B ip link set lo up
-$B hostname corral
+ports 1 && [ -n "$PORT_ctl" ] || fail "no control port"
+CTL=$PORT_ctl
+exec 3<>"$CTL"
+case " $CMDLINE " in *" corral.mode=probe "*) echo ready >&3; poweroff -f;; esac
+ip link set lo up
+hostname corral
 
 # The functions the request calls.
 mount_root() {  # TAG CACHE: the host's view, read-only, and the guest's own kernel files
-	$B mount -t 9p -o trans=virtio,version=9p2000.L,access=client,msize=@MSIZE@,cache=$2,ro \
+	mount -t 9p -o trans=virtio,version=9p2000.L,access=client,msize=@MSIZE@,cache=$2,ro,nosuid \
 		"$1" $R || fail "cannot mount the host's view ($1)"
-	$B mount -t proc -o nosuid,nodev,noexec proc $R/proc
-	$B mount -t sysfs -o ro,nosuid,nodev,noexec sys $R/sys
-	$B mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 $R/sys/fs/cgroup
-	$B mount -t tmpfs -o nosuid,noexec,mode=755,size=65536 dev $R/dev
-	for n in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
-		IFS=: read -r name major minor <<EOF
-$n
-EOF
-		$B mknod -m 666 $R/dev/$name c $major $minor
+	mount -t proc -o nosuid,nodev,noexec proc $R/proc
+	mount -t sysfs -o ro,nosuid,nodev,noexec sys $R/sys
+	mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 $R/sys/fs/cgroup
+	mount -t tmpfs -o nosuid,noexec,mode=755,size=65536 dev $R/dev
+	for n in "null 1 3" "zero 1 5" "full 1 7" "random 1 8" "urandom 1 9" "tty 5 0"; do
+		set -- $n
+		mknod -m 666 $R/dev/$1 c $2 $3
 	done
-	$B mkdir $R/dev/pts $R/dev/shm
-	$B mount -t devpts -o newinstance,ptmxmode=0666,mode=620,nosuid,noexec devpts $R/dev/pts
-	$B ln -s pts/ptmx $R/dev/ptmx
-	$B ln -s /proc/self/fd $R/dev/fd
-	$B ln -s /proc/self/fd/0 $R/dev/stdin
-	$B ln -s /proc/self/fd/1 $R/dev/stdout
-	$B ln -s /proc/self/fd/2 $R/dev/stderr
+	mkdir $R/dev/pts $R/dev/shm
+	mount -t devpts -o newinstance,ptmxmode=0666,mode=620,nosuid,noexec devpts $R/dev/pts
+	ln -s pts/ptmx $R/dev/ptmx
+	ln -s /proc/self/fd $R/dev/fd
+	ln -s /proc/self/fd/0 $R/dev/stdin
+	ln -s /proc/self/fd/1 $R/dev/stdout
+	ln -s /proc/self/fd/2 $R/dev/stderr
 }
 mount_tmpfs() {  # PATH SIZE: private scratch, as on the namespace tier
-	$B mkdir -p "$R$1" && $B mount -t tmpfs -o nosuid,nodev,mode=1777,size=$2 tmpfs "$R$1" \
+	mkdir -p "$R$1" && mount -t tmpfs -o nosuid,nodev,mode=1777,size=$2 tmpfs "$R$1" \
 		|| fail "cannot mount a tmpfs on $1"
 }
 mount_rw() {  # TAG PATH CACHE: a writable export (the workspace...)
-	$B mkdir -p "$R$2" && $B mount -t 9p \
-		-o trans=virtio,version=9p2000.L,access=client,msize=@MSIZE@,cache=$3 "$1" "$R$2" \
+	mkdir -p "$R$2" && mount -t 9p \
+		-o trans=virtio,version=9p2000.L,access=client,msize=@MSIZE@,cache=$3,nosuid "$1" "$R$2" \
 		|| fail "cannot mount $2 ($1)"
 }
 
-# Inside the guest's root, as root: take stdin, stdout and stderr from the ports
-# (the init's own stderr stays its own: it reports a command killed by a signal
-# there, which is not the command's output), join the cgroup, enter the directory, find
-# the program (busybox would run its own applet of the same name rather than
-# search PATH, so a bare name is looked up here), then drop to the caller's
-# uid and gid, no new privileges, and exec with only the request's environment.
-LAUNCH='
-exec 0<&5 1>&6 2>&7 5<&- 6>&- 7>&-
-u=$1 g=$2 d=$3
-shift 3
-echo $$ >/sys/fs/cgroup/corral/cgroup.procs || exit 125
-cd -- "$d" || exit 125
-n=$# i=0 path= state=env
-while [ $i -lt $n ]; do
-	a=$1
-	shift
-	i=$((i + 1))
-	if [ $state = env ]; then
-		case $a in --) state=cmd; continue;; PATH=*) path=${a#PATH=};; esac
-	elif [ $state = cmd ]; then
-		state=args
-		case $a in
-		*/*) ;;
-		*) found=$( (IFS=:; for x in $path; do x=${x:-.}; [ -f "$x/$a" ] && [ -x "$x/$a" ] \
-			&& { echo "$x/$a"; exit 0; }; done; exit 1) ) \
-			|| { echo "corral: $a: command not found" >&2; exit 127; }
-			a=$found;;
-		esac
-		case $a in *=*) echo "corral: cannot run $a: its path holds =" >&2; exit 126;; esac
-	fi
-	set -- "$@" "$a"
-done
-exec /run/corral/busybox setpriv --nnp /run/corral/busybox nsenter -S "$u" -G "$g" \
-	/run/corral/busybox env -i "$@"
-'
+# lookup NAME PATH CWD: the program a bare NAME means, searched in PATH inside the
+# guest's root the way execvp would (busybox would run its own applet of that
+# name instead).  An entry that is a symlink counts as found: it may point by an
+# absolute path that only resolves inside the guest's root.
+lookup() {
+	case $1 in */*) PROG=$1; return 0;; esac
+	set -f
+	old=$IFS
+	IFS=:
+	for x in $2; do
+		case $x in /*) p=$R$x/$1;; *) p=$R$3/${x:-.}/$1;; esac
+		if [ -L "$p" ] || { [ -f "$p" ] && [ -x "$p" ]; }; then
+			PROG=${x:-.}/$1
+			IFS=$old
+			return 0
+		fi
+	done
+	IFS=$old
+	return 1
+}
+
+# counter VAR FILE KEY: VAR=the number after KEY in FILE (0 if none)
+counter() {
+	eval "$1=0"
+	while read -r k v; do [ "$k" = "$3" ] && eval "$1=\$v"; done <"$2"
+}
 
 run() {  # UID GID PIDS NET CWD ENV... -- ARGV...
 	uid=$1 gid=$2 pids=$3 net=$4 cwd=$5
 	shift 5
 	[ -d "$R$cwd" ] || fail "cannot enter $cwd"
 	c=$R/sys/fs/cgroup
-	echo "+pids +memory" >$c/cgroup.subtree_control && $B mkdir $c/corral || fail "no cgroup"
+	echo "+pids +memory" >$c/cgroup.subtree_control && mkdir $c/corral || fail "no cgroup"
 	[ "$pids" = - ] || echo "$pids" >$c/corral/pids.max || fail "cannot bound pids"
-	$B mkdir -p $R/run/corral && $B touch $R/run/corral/busybox \
-		&& $B mount --bind /bin/busybox $R/run/corral/busybox \
-		&& $B cp /corral/* $R/run/corral/ && $B chown "$uid:$gid" $R/run/corral \
-		|| fail "cannot prepare /run/corral"
-	IN=$(port corral.stdin) && OUT=$(port corral.stdout) && ERR=$(port corral.stderr) \
+	want=4
+	if [ "$net" = 1 ]; then
+		want=5
+		mkdir -p $R/run/corral && cp /corral/* $R/run/corral/ && chown "$uid:$gid" $R/run/corral \
+			|| fail "cannot prepare /run/corral"
+	fi
+	ports $want && [ -n "$PORT_stdin" ] && [ -n "$PORT_stdout" ] && [ -n "$PORT_stderr" ] \
 		|| fail "no stdio ports"
 	if [ "$net" = 1 ]; then
-		DOOR=$(port corral.door) || fail "no door port"
-		exec 4<>$DOOR
+		[ -n "$PORT_door" ] || fail "no door port"
+		exec 4<>"$PORT_door"
 	fi
-	$B chroot $R /run/corral/busybox sh -c "$LAUNCH" corral "$uid" "$gid" "$cwd" "$@" \
-		5<$IN 6>$OUT 7>$ERR 3>&-
-	code=$?
+	# ENV... -- NAME ARGS  ->  ENV... PROGRAM ARGS (env -i takes NAME=VALUE words first)
+	n=$# i=0 path= state=env code=
+	while [ $i -lt $n ]; do
+		a=$1
+		shift
+		i=$((i + 1))
+		if [ $state = env ]; then
+			case $a in --) state=cmd; continue;; PATH=*) path=${a#PATH=};; esac
+		elif [ $state = cmd ]; then
+			state=args
+			if ! lookup "$a" "$path" "$cwd"; then
+				echo "corral: $a: command not found" >"$PORT_stderr"
+				code=127
+			fi
+			a=$PROG
+			case $a in *=*)
+				echo "corral: cannot run $a: its path holds =" >"$PORT_stderr"
+				code=126;;
+			esac
+		fi
+		set -- "$@" "$a"
+	done
+	if [ -z "$code" ]; then
+		# the subshell joins the cgroup (0: the writer itself), then becomes the command:
+		# chroot, directory, uid and gid in one step; only the request's environment
+		(echo 0 >$c/corral/cgroup.procs \
+			&& exec nsenter -r"$R" -w"$R$cwd" -S "$uid" -G "$gid" env -i "$@") \
+			<"$PORT_stdin" >"$PORT_stdout" 2>"$PORT_stderr" 3>&-
+		code=$?
+	fi
 	exec 4>&-
-	$B kill -9 -1 2>/dev/null
-	$B sync
-	$B mount -t debugfs debugfs /sys/kernel/debug
+	kill -9 -1 2>/dev/null
+	sync
+	mount -t debugfs debugfs /sys/kernel/debug
 	d=/sys/kernel/debug/virtio-ports
-	out=$($B sed -n 's/^bytes_sent: //p' $d/${OUT##*/})
-	err=$($B sed -n 's/^bytes_sent: //p' $d/${ERR##*/})
-	oom=$($B sed -n 's/^oom_kill //p' $c/corral/memory.events)
-	echo "exit $code ${out:-0} ${err:-0} ${oom:-0}" >&3
-	$B poweroff -f
+	counter out $d/${PORT_stdout##*/} bytes_sent:
+	counter err $d/${PORT_stderr##*/} bytes_sent:
+	counter oom $c/corral/memory.events oom_kill
+	echo "exit $code $out $err $oom" >&3
+	poweroff -f
 }
 
 read -r size <&3 || fail "no request"
-$B head -c "$size" <&3 >/request || fail "short request"
+head -c "$size" <&3 >/request || fail "short request"
 . /request
 fail "the request did not run a command"
 """

@@ -114,7 +114,11 @@ def size(memory: float | None, source: str, cpus: float | None, host_cpus: int) 
 
 def kernel_cmdline(tsc_khz: int, mode: str = "run", console: bool = False) -> str:
     """The guest kernel's command line.  ``mode``: run, probe or off (see the init)."""
+    # init_on_alloc=0, mitigations=off: about 10% less boot CPU under TCG; they
+    # guard the guest kernel from the guest's own processes, and the guest runs
+    # one sandbox (the boundary is the VM).
     parts = ["console=ttyS0" if console else "quiet", "panic=-1", "no_timer_check"]
+    parts += ["init_on_alloc=0", "mitigations=off"]
     if tsc_khz:
         parts += [f"tsc_early_khz={tsc_khz}", "tsc=reliable"]
     parts.append(f"corral.mode={mode}")

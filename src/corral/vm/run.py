@@ -53,6 +53,7 @@ RUN_OPTIONS = {
     "-q": ("quiet", "flag"),
 }
 DRAIN_TIMEOUT = 10.0  # seconds to collect output the guest said it sent
+POWEROFF_GRACE = 2.0  # seconds the guest gets to power off after its report
 CHUNK = 65536
 
 
@@ -213,10 +214,19 @@ def prepare(
 
 
 class Result:
-    __slots__ = ("duration", "exit_code", "oom_kills", "stderr_bytes", "stdout_bytes", "timed_out")
+    __slots__ = (
+        "duration",
+        "exit_code",
+        "oom_kills",
+        "reported",
+        "stderr_bytes",
+        "stdout_bytes",
+        "timed_out",
+    )
 
     def __init__(self) -> None:
         self.exit_code = 0
+        self.reported = False  # the guest said how the command ended
         self.timed_out = False
         self.duration = 0.0
         self.oom_kills = 0
@@ -302,9 +312,13 @@ class _Vm:
         self.child = _child_pid(status_r)
         os.close(status_r)
 
-    def stop(self) -> None:
-        """Kill the sandbox's pid 1: the kernel kills QEMU with it, and bwrap exits
-        once both are gone, so when this returns nothing of the VM is left."""
+    def stop(self, grace: float = 0.0) -> None:
+        """After ``grace`` seconds for the guest to power off on its own, kill the
+        sandbox's pid 1: the kernel kills QEMU with it, and bwrap exits once both
+        are gone, so when this returns nothing of the VM is left."""
+        if grace > 0 and self._exits_within(grace):
+            self.wait()
+            return
         for pid in (self.child, self.pid):
             if pid:
                 try:
@@ -313,6 +327,16 @@ class _Vm:
                     pass
                 break
         self.wait()
+
+    def _exits_within(self, seconds: float) -> bool:
+        try:
+            fd = os.pidfd_open(self.pid)
+        except OSError:
+            return False
+        try:
+            return bool(select.select([fd], [], [], seconds)[0])
+        finally:
+            os.close(fd)
 
     def wait(self) -> None:
         try:
@@ -359,7 +383,8 @@ def execute(
             threading.Thread(target=link.serve, daemon=True).start()
         _follow(vm, plan, result, stdout, stderr, started)
     finally:
-        vm.stop()
+        # the guest powers off once it has reported; a timeout stops it at once
+        vm.stop(POWEROFF_GRACE if result.reported else 0.0)
     result.duration = time.monotonic() - started
     return result
 
@@ -393,7 +418,10 @@ def _follow(
             return
         ready, _, _ = select.select(watch, [], [], wait)
         for fd in ready:
-            data = os.read(fd, CHUNK)
+            try:
+                data = os.read(fd, CHUNK)
+            except OSError:
+                data = b""  # QEMU is gone: the same as end of file
             if fd in sinks:
                 got[fd] += len(data)
                 if data and alive[fd]:
@@ -426,6 +454,7 @@ def _report(line: str, result: Result, out: int, err: int) -> dict[int, int]:
     if kind != "exit" or len(fields) != 4 or not all(f.isdigit() for f in fields):
         raise SetupError(f"microvm: the guest answered {line[:200]!r}")
     code, out_n, err_n, oom = (int(f) for f in fields)
+    result.reported = True
     result.exit_code = code
     result.stdout_bytes, result.stderr_bytes = out_n, err_n
     result.oom_kills = oom
@@ -434,7 +463,8 @@ def _report(line: str, result: Result, out: int, err: int) -> dict[int, int]:
 
 def _why_ended(qemu_err: bytes) -> str:
     lines = qemu_err.decode(errors="replace").strip().splitlines()
-    return f"microvm: the VM ended before the command did: {lines[-1] if lines else 'no message'}"
+    why = lines[-1] if lines else "the guest stopped before it reported (--console shows why)"
+    return f"microvm: the VM ended before the command did: {why}"
 
 
 def main(argv: list[str]) -> int:

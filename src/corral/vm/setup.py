@@ -236,6 +236,15 @@ class DebPackage(Source):
         return found, builtin
 
 
+def versioned_package(apt_cache_depends: str) -> str | None:
+    """The ``linux-image-...`` package ``apt-cache depends`` output names first."""
+    for line in apt_cache_depends.splitlines():
+        kind, _, name = line.strip().partition(": ")
+        if kind == "Depends" and name.startswith("linux-image-"):
+            return name.strip("<>")
+    return None
+
+
 def package_for_meta(meta: str = META_PACKAGE) -> str:
     """The versioned kernel package the meta-package depends on now (apt's lists)."""
     try:
@@ -246,11 +255,12 @@ def package_for_meta(meta: str = META_PACKAGE) -> str:
         raise RefusedError(
             "microvm setup needs apt-cache and apt-get download (Debian or Ubuntu)"
         ) from None
-    for line in out.stdout.splitlines():
-        kind, _, name = line.strip().partition(": ")
-        if kind == "Depends" and name.startswith("linux-image-"):
-            return name.strip("<>")
-    raise SetupError(f"apt knows no {meta} (run apt-get update first): {out.stderr.strip()[-200:]}")
+    found = versioned_package(out.stdout)
+    if found is None:
+        raise SetupError(
+            f"apt knows no {meta} (run apt-get update first): {out.stderr.strip()[-200:]}"
+        )
+    return found
 
 
 def download(package: str, into: str) -> str:
