@@ -131,8 +131,11 @@ class _Stream:
 
 class Mux:
     """One end of the door port.  ``fd``: the port (a socket on the host, the
-    character device in the guest).  ``opener`` (the host end): makes the socket
-    a new stream leads to, or returns None when it cannot (the stream is refused).
+    character device in the guest), owned from now on: :meth:`serve` closes it
+    when it returns, never earlier, so no thread here can touch a number the
+    process has reused (give it a ``dup``; shutting the socket down ends it).
+    ``opener`` (the host end): makes the socket a new stream leads to, or returns
+    None when it cannot (the stream is refused).
     """
 
     def __init__(self, fd: int, opener: Callable[[], socket.socket | None] | None = None) -> None:
@@ -154,7 +157,7 @@ class Mux:
                 while view:
                     view = view[os.write(self.fd, view) :]
             except OSError:
-                self.closed = True
+                pass  # the port is gone: serve() sees it too and ends everything
 
     def forget(self, sid: int) -> None:
         with self.slock:
@@ -195,12 +198,13 @@ class Mux:
             if payload is None:
                 break
             self._dispatch(kind, sid, payload)
-        with self.wlock:
-            self.closed = True
         with self.slock:
             streams = list(self.streams.values())
         for stream in streams:
             stream.abort()
+        with self.wlock:
+            self.closed = True
+            os.close(self.fd)
 
     def _dispatch(self, kind: int, sid: int, payload: bytes) -> None:
         if kind == OPEN:

@@ -21,6 +21,8 @@ from corral.vm import qemu
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from corral.vm.setup import Assets
 
 PROBE_TIMEOUT = 8.0  # a KVM boot to the init takes well under a second
@@ -41,6 +43,13 @@ def kvm_problem(path: str = "/dev/kvm") -> str:
         return f"no {path}"
     if not os.access(path, os.R_OK | os.W_OK):
         return f"{path} is not readable and writable for this user"
+    return ""
+
+
+def kvm_note(modules: str = "/sys/module") -> str:
+    """What is known about why KVM may not boot a stock guest kernel here."""
+    if os.path.isdir(os.path.join(modules, "kvm_pvm")):
+        return "this host's KVM is PVM (kvm_pvm), which boots only PVM-enabled guest kernels"
     return ""
 
 
@@ -125,20 +134,32 @@ def boot_probe(qemu_path: str, assets: Assets, initrd: str, timeout: float = PRO
     return f"the guest kernel did not boot with KVM within {waited:.0f} s"
 
 
-def decide(qemu_path: str, assets: Assets, initrd: str, cache: str, probe: bool = True) -> Decision:
+def decide(
+    qemu_path: str,
+    assets: Assets,
+    initrd: str,
+    cache: str,
+    probe: bool = True,
+    device: str = "/dev/kvm",
+    booter: Callable[[str, Assets, str], str] | None = None,
+) -> Decision:
     """KVM if it boots the guest here, else TCG; probed once per key, then cached.
-    ``probe=False`` only reads the cache (``health`` without side effects)."""
-    problem = kvm_problem()
+    ``probe=False`` only reads the cache (``health`` without side effects);
+    ``booter`` is :func:`boot_probe` unless a test gives its own."""
+    problem = kvm_problem(device)
     if problem:
         return Decision("tcg", f"TCG: {problem}")
     path = os.path.join(cache, f"accel-{probe_key(qemu_path, assets)}")
     found = _read_cached(path)
     if found is not None or not probe:
         return found or Decision("tcg", "TCG until a boot probe shows KVM works (not probed yet)")
-    failure = boot_probe(qemu_path, assets, initrd)
+    failure = (booter or boot_probe)(qemu_path, assets, initrd)
     if failure:
-        decision = Decision("tcg", f"TCG: /dev/kvm exists but {failure}")
+        note = kvm_note()
+        why = f"TCG: /dev/kvm exists but {failure}" + (f"; {note}" if note else "")
+        decision = Decision("tcg", why)
     else:
         decision = Decision("kvm", "KVM: the boot probe reached the guest's init")
+    os.makedirs(cache, mode=0o700, exist_ok=True)
     _write_cached(path, decision)
     return decision

@@ -27,6 +27,7 @@ import threading
 import time
 
 from corral.errors import EXIT_TIMEOUT, CorralError, RefusedError, SetupError
+from corral.tiers.base import Health
 from corral.vm import guest, initramfs, probe, qemu, setup
 
 TYPE_CHECKING = False
@@ -106,6 +107,48 @@ class VmPlan:
         return "\n".join(lines)
 
 
+def requirements() -> tuple[setup.Assets, str, str, str]:
+    """The guest kernel, a static busybox, QEMU and bubblewrap, or RefusedError
+    naming the first one missing and how to get it."""
+    from corral.tiers import namespace
+
+    assets = setup.require()
+    busybox = initramfs.find_busybox()
+    if busybox is None:
+        raise RefusedError("microvm: needs a static busybox (apt-get install busybox-static)")
+    qemu_path = find_program("qemu-system-x86_64")
+    if qemu_path is None:
+        raise RefusedError("microvm: needs QEMU (apt-get install qemu-system-x86)")
+    if not qemu_path.startswith("/usr/"):
+        raise RefusedError(f"microvm: QEMU outside /usr is not supported ({qemu_path})")
+    bwrap = namespace.find_bwrap()
+    if bwrap is None:
+        raise RefusedError("microvm: needs bubblewrap to confine QEMU (apt-get install bubblewrap)")
+    return assets, busybox, qemu_path, bwrap
+
+
+def health(probe_now: bool = False) -> Health:
+    """Whether the microvm can run here, and on which accelerator and why.
+    ``probe_now`` boots the guest once with KVM if that was never tried for this
+    host kernel, QEMU and guest kernel (``doctor --probe``); otherwise the cached
+    answer, or TCG until a probe says otherwise."""
+    try:
+        assets, busybox, qemu_path, _bwrap = requirements()
+        cache = setup.cache_dir()
+        initrd = initramfs.cached(assets, busybox, cache)
+        decision = probe.decide(qemu_path, assets, initrd, cache, probe=probe_now)
+    except CorralError as exc:
+        return Health(False, exc.message)
+    except OSError as exc:
+        return Health(False, f"microvm: cannot use the cache {setup.cache_dir()}: {exc}")
+    details: dict[str, object] = {
+        "accelerator": decision.accel,
+        "guest_kernel": assets.release,
+        "qemu": qemu_path,
+    }
+    return Health(True, f"QEMU microvm, guest kernel {assets.release}; {decision.reason}", details)
+
+
 def prepare(
     policy: Policy,
     command: list[str],
@@ -122,18 +165,7 @@ def prepare(
         raise RefusedError(
             "microvm: --transparent is not available (the guest has no network device)"
         )
-    assets = setup.require()
-    busybox = initramfs.find_busybox()
-    if busybox is None:
-        raise RefusedError("microvm: needs a static busybox (apt-get install busybox-static)")
-    qemu_path = find_program("qemu-system-x86_64")
-    if qemu_path is None:
-        raise RefusedError("microvm: needs QEMU (apt-get install qemu-system-x86)")
-    if not qemu_path.startswith("/usr/"):
-        raise RefusedError(f"microvm: QEMU outside /usr is not supported ({qemu_path})")
-    bwrap = namespace.find_bwrap()
-    if bwrap is None:
-        raise RefusedError("microvm: needs bubblewrap to confine QEMU (apt-get install bubblewrap)")
+    assets, busybox, qemu_path, bwrap = requirements()
     cache = setup.cache_dir()
     plan = VmPlan()
     try:
@@ -344,6 +376,10 @@ class _Vm:
         except ChildProcessError:
             pass
         for sock in self.socks.values():
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # ends the door's mux, which holds a copy
+            except OSError:
+                pass
             sock.close()
         os.close(self.err_r)
 
@@ -379,7 +415,8 @@ def execute(
         if "corral.door" in vm.socks and door is not None:
             from corral.vm import mux
 
-            link = mux.Mux(vm.socks["corral.door"].fileno(), mux.unix_opener(door))
+            port = os.dup(vm.socks["corral.door"].fileno())  # the mux closes its own copy
+            link = mux.Mux(port, mux.unix_opener(door))
             threading.Thread(target=link.serve, daemon=True).start()
         _follow(vm, plan, result, stdout, stderr, started)
     finally:
