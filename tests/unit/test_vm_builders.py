@@ -15,7 +15,7 @@ import pytest
 
 from corral.errors import RefusedError
 from corral.fsplan import Mount
-from corral.vm import cpio, guest, initramfs, kernel, qemu, setup
+from corral.vm import cpio, guest, initramfs, kernel, probe, qemu, setup
 from corral.vm import run as vmrun
 
 # ---- cpio ------------------------------------------------------------------------
@@ -544,3 +544,61 @@ def test_qemu_is_found_only_on_absolute_path_entries(
     monkeypatch.setenv("PATH", ".")
     found = vmrun.find_program("qemu-system-x86_64")
     assert found is None or found.startswith("/usr/")
+
+
+# ---- the accelerator probe's decision --------------------------------------------
+
+
+def probe_setup(tmp_path: Path) -> tuple[str, setup.Assets]:
+    fake_qemu = tmp_path / "qemu-system-x86_64"
+    fake_qemu.write_text("qemu")
+    return str(fake_qemu), setup.Assets(str(tmp_path), "6.1.0-t", [])
+
+
+def test_without_dev_kvm_it_is_tcg_and_nothing_boots(tmp_path: Path) -> None:
+    qemu_path, assets = probe_setup(tmp_path)
+
+    def never(*_: object) -> str:
+        raise AssertionError("no probe without /dev/kvm")
+
+    found = probe.decide(
+        qemu_path, assets, "i", str(tmp_path / "c"), device=str(tmp_path / "kvm"), booter=never
+    )
+    assert found.accel == "tcg" and found.reason == f"TCG: no {tmp_path / 'kvm'}"
+
+
+def test_the_probe_runs_once_and_its_answer_is_kept(tmp_path: Path) -> None:
+    qemu_path, assets = probe_setup(tmp_path)
+    device = tmp_path / "kvm"
+    device.write_text("")
+    calls: list[str] = []
+
+    def hangs(*_: object) -> str:
+        calls.append("probe")
+        return "the guest kernel did not boot with KVM within 8 s"
+
+    cache = str(tmp_path / "cache")
+    first = probe.decide(qemu_path, assets, "i", cache, device=str(device), booter=hangs)
+    again = probe.decide(qemu_path, assets, "i", cache, device=str(device), booter=hangs)
+    assert calls == ["probe"]
+    assert first.accel == again.accel == "tcg" and again.cached
+    assert first.reason.startswith("TCG: /dev/kvm exists but the guest kernel did not boot")
+    # another guest kernel is another question
+    other = setup.Assets(str(tmp_path), "6.1.0-other", [])
+    assert (
+        probe.decide(qemu_path, other, "i", cache, device=str(device), booter=lambda *_: "").accel
+        == "kvm"
+    )
+    assert (
+        probe.decide(qemu_path, other, "i", cache, device=str(device), probe=False).accel == "kvm"
+    )
+
+
+def test_health_without_probing_does_not_boot(tmp_path: Path) -> None:
+    qemu_path, assets = probe_setup(tmp_path)
+    device = tmp_path / "kvm"
+    device.write_text("")
+    found = probe.decide(
+        qemu_path, assets, "i", str(tmp_path / "c"), probe=False, device=str(device)
+    )
+    assert found.accel == "tcg" and "not probed yet" in found.reason
