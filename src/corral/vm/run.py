@@ -341,8 +341,8 @@ class _Vm:
         self.pid = pid
         for fd in theirs:
             os.close(fd)
+        self.status_r = status_r  # bwrap writes the exit code there at the end
         self.child = _child_pid(status_r)
-        os.close(status_r)
 
     def stop(self, grace: float = 0.0) -> None:
         """After ``grace`` seconds for the guest to power off on its own, kill the
@@ -382,6 +382,24 @@ class _Vm:
                 pass
             sock.close()
         os.close(self.err_r)
+        os.close(self.status_r)
+
+    def ended(self) -> str:
+        """How QEMU ended, once it has (bwrap's last status line)."""
+        from corral.launch import _status_value
+
+        text = b""
+        try:
+            while chunk := os.read(self.status_r, 4096):
+                text += chunk
+        except OSError:
+            pass
+        code = _status_value(text.decode(errors="replace"), "exit-code")
+        if code is None:
+            return "QEMU's end is unknown"
+        if code > 128:
+            return f"QEMU was killed by signal {code - 128}"
+        return f"QEMU exited with status {code}"
 
 
 def _child_pid(status_r: int) -> int:
@@ -470,7 +488,7 @@ def _follow(
                 if not data:
                     watch.remove(fd)
                     if expect is None and b"\n" not in control:
-                        raise SetupError(_why_ended(qemu_err))
+                        raise SetupError(_why_ended(qemu_err, vm.ended()))
             else:
                 control += data
                 if not data:
@@ -498,9 +516,11 @@ def _report(line: str, result: Result, out: int, err: int) -> dict[int, int]:
     return {out: out_n, err: err_n}
 
 
-def _why_ended(qemu_err: bytes) -> str:
+def _why_ended(qemu_err: bytes, how: str) -> str:
     lines = qemu_err.decode(errors="replace").strip().splitlines()
-    why = lines[-1] if lines else "the guest stopped before it reported (--console shows why)"
+    why = (
+        lines[-1] if lines else f"{how}; the guest stopped before it reported (--console shows why)"
+    )
     return f"microvm: the VM ended before the command did: {why}"
 
 
