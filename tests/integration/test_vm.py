@@ -326,3 +326,24 @@ def test_proxy_death_means_no_network(sandbox: tuple[Corral, Path]) -> None:
     assert "hello from origin" in text and "after=failed" in text and "finished" in text, err
     assert ok.hits == [("GET", "/before")]
     assert wait_for(lambda: not qemus_of(proc.pid), 5)
+
+
+def test_a_guest_that_does_not_boot_in_time_is_stopped(sandbox: tuple[Corral, Path]) -> None:
+    """The boot watchdog, made short enough that no boot meets it."""
+    c, ws = sandbox
+    code = (
+        "import sys; from corral.vm import run; run.BOOT_TIMEOUT = 0.3; "
+        "sys.exit(run.main(sys.argv[1:]))"
+    )
+    proc = subprocess.Popen(
+        c.python_argv(["-c", code, "--", "touch", "ran"]),
+        cwd=ws,
+        env=c.env({"XDG_CACHE_HOME": cache_for(c)}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 125
+    assert b"the guest did not boot within 0.3 s" in err
+    assert not (ws / "ran").exists()
+    assert wait_for(lambda: not qemus_of(proc.pid), 5)

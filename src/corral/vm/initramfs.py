@@ -12,7 +12,8 @@ than it would behind a Python agent.  It:
    benchmark's "raw boot" baseline), loads the modules, finds the control port
    and, with ``corral.mode=probe``, says ``ready`` there and powers off (the
    accelerator probe);
-2. reads the run's *request* from the control port: a shell script the host
+2. reads the run's *request* from the control port (and says ``up``: the host
+   stops waiting for the boot): a shell script the host
    builds (:func:`corral.vm.guest.request`) that calls the functions below to
    mount the host's view over 9p, the private tmpfs, the writable exports, and
    finally ``run``;
@@ -208,6 +209,7 @@ run() {  # UID GID PIDS NET CWD ENV... -- ARGV...
 
 read -r size <&3 || fail "no request"
 head -c "$size" <&3 >/request || fail "short request"
+echo up >&3
 . /request
 fail "the request did not run a command"
 """

@@ -55,6 +55,9 @@ RUN_OPTIONS = {
 }
 DRAIN_TIMEOUT = 10.0  # seconds to collect output the guest said it sent
 POWEROFF_GRACE = 2.0  # seconds the guest gets to power off after its report
+# seconds for the guest to boot and take the request: 2 to 5 s under TCG, more on a
+# busy host; a guest that hangs while booting is stopped and reported
+BOOT_TIMEOUT = 60.0
 CHUNK = 65536
 
 
@@ -436,7 +439,7 @@ def execute(
             port = os.dup(vm.socks["corral.door"].fileno())  # the mux closes its own copy
             link = mux.Mux(port, mux.unix_opener(door))
             threading.Thread(target=link.serve, daemon=True).start()
-        _follow(vm, plan, result, stdout, stderr, started)
+        _Follower(vm, plan, result, stdout, stderr).run()
     finally:
         # the guest powers off once it has reported; a timeout stops it at once
         vm.stop(POWEROFF_GRACE if result.reported else 0.0)
@@ -444,60 +447,85 @@ def execute(
     return result
 
 
-def _follow(
-    vm: _Vm, plan: VmPlan, result: Result, stdout: int, stderr: int, started: float
-) -> None:
-    out, err, ctl = vm.socks["corral.stdout"], vm.socks["corral.stderr"], vm.socks["corral.ctl"]
-    sinks = {out.fileno(): stdout, err.fileno(): stderr}
-    got = {out.fileno(): 0, err.fileno(): 0}
-    alive = {fd: True for fd in sinks}
-    control = b""
-    qemu_err = b""
-    expect: dict[int, int] | None = None
-    deadline = started + plan.timeout if plan.timeout else None
-    drain_until = 0.0
-    watch = [out.fileno(), err.fileno(), ctl.fileno(), vm.err_r]
-    while True:
-        if expect is not None and all(got[fd] >= n for fd, n in expect.items()):
-            return
+class _Follower:
+    """Reads everything the VM sends until the command's end has been reported
+    and its output collected, the timeout fires, or the VM dies."""
+
+    def __init__(self, vm: _Vm, plan: VmPlan, result: Result, stdout: int, stderr: int) -> None:
+        self.vm = vm
+        self.result = result
+        out, err = vm.socks["corral.stdout"].fileno(), vm.socks["corral.stderr"].fileno()
+        self.out, self.err = out, err
+        self.ctl = vm.socks["corral.ctl"].fileno()
+        self.sinks = {out: stdout, err: stderr}
+        self.got = {out: 0, err: 0}
+        self.alive = {out: True, err: True}
+        self.control = b""
+        self.qemu_err = b""
+        self.booted = False  # the init said "up": it has the request
+        self.expect: dict[int, int] | None = None  # bytes per output, once reported
+        self.watch = [out, err, self.ctl, vm.err_r]
         now = time.monotonic()
-        wait = None
-        if expect is not None:
-            wait = drain_until - now
-        elif deadline is not None:
-            wait = deadline - now
-        if wait is not None and wait <= 0:
-            if expect is None:
-                result.timed_out = True
-                result.exit_code = EXIT_TIMEOUT
-            return
-        ready, _, _ = select.select(watch, [], [], wait)
-        for fd in ready:
-            try:
-                data = os.read(fd, CHUNK)
-            except OSError:
-                data = b""  # QEMU is gone: the same as end of file
-            if fd in sinks:
-                got[fd] += len(data)
-                if data and alive[fd]:
-                    alive[fd] = _write_all(sinks[fd], data)
-                if not data:
-                    watch.remove(fd)
-            elif fd == vm.err_r:
-                qemu_err = (qemu_err + data)[-4096:]
-                if not data:
-                    watch.remove(fd)
-                    if expect is None and b"\n" not in control:
-                        raise SetupError(_why_ended(qemu_err, vm.ended()))
-            else:
-                control += data
-                if not data:
-                    watch.remove(fd)
-                if b"\n" in control and expect is None:
-                    line = control.split(b"\n", 1)[0].decode(errors="replace")
-                    expect = _report(line, result, out.fileno(), err.fileno())
-                    drain_until = time.monotonic() + DRAIN_TIMEOUT
-    del started
+        self.deadline = now + plan.timeout if plan.timeout else None
+        self.boot_deadline = now + BOOT_TIMEOUT
+        self.drain_until = 0.0
+
+    def run(self) -> None:
+        while True:
+            if self.expect is not None and all(self.got[fd] >= n for fd, n in self.expect.items()):
+                return
+            wait = self._wait()
+            if wait is not None and wait <= 0:
+                if self.expect is None and not self.booted and self.deadline_is_boot():
+                    raise SetupError(
+                        f"microvm: the guest did not boot within {BOOT_TIMEOUT:g} s "
+                        "(--console shows where it stopped)"
+                    )
+                if self.expect is None:
+                    self.result.timed_out = True
+                    self.result.exit_code = EXIT_TIMEOUT
+                return
+            ready, _, _ = select.select(self.watch, [], [], wait)
+            for fd in ready:
+                self._take(fd)
+
+    def deadline_is_boot(self) -> bool:
+        return self.deadline is None or self.boot_deadline < self.deadline
+
+    def _wait(self) -> float | None:
+        now = time.monotonic()
+        if self.expect is not None:
+            return self.drain_until - now
+        ends = [self.deadline] if self.deadline is not None else []
+        if not self.booted:
+            ends.append(self.boot_deadline)
+        return min(ends) - now if ends else None
+
+    def _take(self, fd: int) -> None:
+        try:
+            data = os.read(fd, CHUNK)
+        except OSError:
+            data = b""  # QEMU is gone: the same as end of file
+        if not data:
+            self.watch.remove(fd)
+        if fd in self.sinks:
+            self.got[fd] += len(data)
+            if data and self.alive[fd]:
+                self.alive[fd] = _write_all(self.sinks[fd], data)
+        elif fd == self.vm.err_r:
+            self.qemu_err = (self.qemu_err + data)[-4096:]
+            if not data and self.expect is None and b"\n" not in self.control:
+                raise SetupError(_why_ended(self.qemu_err, self.vm.ended()))
+        else:
+            self.control += data
+            while b"\n" in self.control and self.expect is None:
+                line, self.control = self.control.split(b"\n", 1)
+                if line == b"up":
+                    self.booted = True
+                    continue
+                line_text = line.decode(errors="replace")
+                self.expect = _report(line_text, self.result, self.out, self.err)
+                self.drain_until = time.monotonic() + DRAIN_TIMEOUT
 
 
 def _report(line: str, result: Result, out: int, err: int) -> dict[int, int]:
