@@ -28,6 +28,8 @@ usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
        corral log [-n N] [--json] [--log FILE]      the last runs
        corral log --net [--run ID] [--host H] [--decision allow|deny|error]
        corral policy import [--workspace DIR] FILE.json   srt settings as corral.toml
+       corral home path [--workspace DIR] [--container]   the workspace's home layer
+       corral home list | clean [--workspace DIR | --all] list or remove home layers
        corral proxy serve [--policy FILE] [--listen HOST:PORT] [--door PATH]
                           [--allow HOST...] [--workers N]
        corral --version
@@ -50,6 +52,8 @@ run options:
                        each of these six takes none: no bound, not even the default
   --output-limit SIZE  bytes of stdout+stderr kept (default 64M); the rest is dropped
   --writable PATH      another writable path (repeatable)
+  --home MODE          where writes under ~ go: persist (default: a per-workspace home
+                       layer, kept), ephemeral (a fresh one per run) or read-only
   --read-deny PATH     another unreadable path (repeatable)
   --write-deny PATH    another read-only path inside a writable one (repeatable)
   --env NAME           pass this variable from the environment (repeatable)
@@ -85,6 +89,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "--shm": ("shm", "value"),
     "--output-limit": ("output", "value"),
     "--writable": ("writable", "list"),
+    "--home": ("home", "value"),
     "--read-deny": ("read_deny", "list"),
     "--write-deny": ("write_deny", "list"),
     "--env": ("env", "list"),
@@ -100,6 +105,11 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "--quiet": ("quiet", "flag"),
 }
 POLICY_IMPORT_OPTIONS = {"--workspace": ("workspace", "value")}
+HOME_OPTIONS = {
+    "--workspace": ("workspace", "value"),
+    "--container": ("container", "flag"),
+    "--all": ("all", "flag"),
+}
 DOCTOR_OPTIONS = {"--json": ("json", "flag"), "--probe": ("probe", "flag")}
 LOG_OPTIONS = {
     "--json": ("json", "flag"),
@@ -195,6 +205,11 @@ def build_policy(opts: dict[str, object]) -> Policy:
             policy.limits.output = pol.parse_size(opts["output"])
         except ValueError as exc:
             raise CorralError(f"--output-limit: {exc}") from None
+    if "home" in opts:
+        try:
+            policy.filesystem.home = pol._expect_home(opts["home"])
+        except ValueError as exc:
+            raise CorralError(f"--home: {exc}") from None
     for attr in ("writable", "read_deny", "write_deny"):
         extra = opts.get(attr)
         if isinstance(extra, list):
@@ -272,6 +287,38 @@ def cmd_policy(args: list[str]) -> int:
 
     workspace = opts.get("workspace")
     sys.stdout.write(srt_settings.import_toml(files[0], str(workspace) if workspace else None))
+    return 0
+
+
+def cmd_home(args: list[str]) -> int:
+    """``corral home path|list|clean``: the home layers (corral.home)."""
+    usage = "usage: corral home path|list|clean [--workspace DIR | --all] [--container]"
+    if not args or args[0] not in ("path", "list", "clean"):
+        raise CorralError(usage)
+    opts, rest = parse(args[1:], HOME_OPTIONS, positional=False)
+    if rest:
+        raise CorralError(usage)
+    from corral import home
+
+    if opts.get("all") and (args[0] != "clean" or "workspace" in opts):
+        raise CorralError("--all is for corral home clean, instead of --workspace")
+    if opts.get("container") and args[0] != "path":
+        raise CorralError("--container is for corral home path")
+    workspace = os.path.realpath(str(opts.get("workspace") or os.getcwd()))
+    if args[0] == "path":
+        print(home.layer_path(workspace, "container" if opts.get("container") else "host"))
+        return 0
+    if args[0] == "list":
+        for path in home.all_layers():
+            owner = home.manifest_workspace(path + ".seed") or "?"
+            print(f"{path}  {home.size_of(path) >> 10} KiB  workspace {owner}")
+        return 0
+    found = home.all_layers() if opts.get("all") else home.layers_of(workspace)
+    for path in found:
+        home.remove(path)
+        print(f"removed {path}")
+    if not found:
+        _err(f"corral: no home layer for {'any workspace' if opts.get('all') else workspace}")
     return 0
 
 
@@ -746,10 +793,12 @@ def main(argv: list[str] | None = None) -> int:
             "log": cmd_log,
             "proxy": cmd_proxy,
             "policy": cmd_policy,
+            "home": cmd_home,
         }
         if args[0] not in commands:
             raise CorralError(
-                f"unknown command {args[0]!r} (run, doctor, log, proxy, policy; see corral --help)"
+                f"unknown command {args[0]!r} "
+                "(run, doctor, log, proxy, policy, home; see corral --help)"
             )
         return commands[args[0]](args[1:])
     except CorralError as exc:

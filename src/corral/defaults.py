@@ -134,3 +134,6 @@ SCAN_MAX_ENTRIES = 20000
 # refused rather than left writable.
 HARDLINK_MAX = 1000
 HARDLINK_POLICIES = ("read-only", "refuse")
+
+# [filesystem] home: where writes under ~ go (corral.home); the first is the default.
+HOME_MODES = ("persist", "ephemeral", "read-only")

@@ -199,11 +199,22 @@ class Aftercare:
                     raise RefusedError(f"cannot protect a write-deny path: {exc}") from None
             if plan.scratch:
                 prepare_scratch(plan)
+            if plan.home is not None:
+                prepare_home(plan)
         except BaseException:
             if self.cg is not None:
                 self.cg.remove()
+            if plan.scratch:
+                remove_scratch(plan)
             raise
-        if self.cg is not None or plan.quarantine or plan.restore or plan.scratch or plan.teardown:
+        if (
+            self.cg is not None
+            or plan.quarantine
+            or plan.restore
+            or plan.scratch
+            or plan.teardown
+            or (plan.home is not None and plan.home.mode == "ephemeral")
+        ):
             self.guardian = _Guardian(self._emergency, self.cg.remove if self.cg else None)
 
     def launched(self, pid: int) -> None:
@@ -247,6 +258,10 @@ class Aftercare:
                 import shutil
 
                 shutil.rmtree(self.plan.scratch, ignore_errors=True)
+        if self.plan.home is not None and self.plan.home.mode == "ephemeral":
+            from corral import home
+
+            home.remove(self.plan.home.path)
         return said
 
     def finish(self) -> list[str]:
@@ -339,6 +354,19 @@ def prepare_scratch(plan: Plan) -> None:
     except OSError as exc:
         remove_scratch(plan)
         raise SetupError(f"cannot prepare {plan.scratch}: {exc.strerror or exc}") from None
+
+
+def prepare_home(plan: Plan) -> None:
+    """Create and seed the run's home layer (corral.home)."""
+    from corral import home
+
+    assert plan.home is not None
+    try:
+        home.prepare(plan.home)
+    except home.HomeError as exc:
+        if plan.home.mode == "ephemeral":
+            home.remove(plan.home.path)
+        raise SetupError(str(exc)) from None
 
 
 def remove_scratch(plan: Plan) -> None:

@@ -25,7 +25,7 @@ TIER_NAMES_HINT = "auto, namespace, none, ..."  # full list lives in corral.tier
 
 
 class FilesystemPolicy:
-    __slots__ = ("hardlinks", "read_deny", "use_defaults", "writable", "write_deny")
+    __slots__ = ("hardlinks", "home", "read_deny", "use_defaults", "writable", "write_deny")
 
     def __init__(self) -> None:
         self.writable: list[str] = []  # beyond the workspace
@@ -34,6 +34,9 @@ class FilesystemPolicy:
         self.use_defaults = True  # the built-in secret and write-deny lists
         # hard-linked files in the workspace: "read-only" for the run, or "refuse" to run
         self.hardlinks = defaults.HARDLINK_POLICIES[0]
+        # where the command's writes under ~ go: "persist" (a per-workspace home layer
+        # kept between runs), "ephemeral" (a fresh one per run) or "read-only" (none)
+        self.home = defaults.HOME_MODES[0]
 
 
 class EnvPolicy:
@@ -213,10 +216,12 @@ class Policy:
                 "hosts": dict(sorted(self.network.hosts.items())),
             },
         }
+        fs = out["filesystem"]
+        assert isinstance(fs, dict)
         if self.filesystem.hardlinks != defaults.HARDLINK_POLICIES[0]:  # as for container
-            fs = out["filesystem"]
-            assert isinstance(fs, dict)
             fs["hardlinks"] = self.filesystem.hardlinks
+        if self.filesystem.home != defaults.HOME_MODES[0]:  # digests of older runs stay equal
+            fs["home"] = self.filesystem.home
         box = self.container
         if box.engine or box.runtime or box.image:  # absent: digests of older runs stay equal
             out["container"] = {"engine": box.engine, "runtime": box.runtime, "image": box.image}
@@ -432,6 +437,14 @@ def _expect_mode(v: object) -> str:
     return mode
 
 
+def _expect_home(v: object) -> str:
+    choice = _expect_str(v)
+    if choice not in defaults.HOME_MODES:
+        allowed = ", ".join(f'"{c}"' for c in defaults.HOME_MODES)
+        raise ValueError(f"home must be one of {allowed}; got {choice!r}")
+    return choice
+
+
 def _expect_hardlinks(v: object) -> str:
     choice = _expect_str(v)
     if choice not in defaults.HARDLINK_POLICIES:
@@ -492,6 +505,7 @@ SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
         "write_deny": _set("filesystem.write_deny", _expect_str_list),
         "defaults": _set("filesystem.use_defaults", _expect_bool),
         "hardlinks": _set("filesystem.hardlinks", _expect_hardlinks),
+        "home": _set("filesystem.home", _expect_home),
     },
     "env": {
         "pass": _set("env.pass_names", _expect_env_names),

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from corral.bounds import Bound
     from corral.cgroups import CgroupPlan
     from corral.fsplan import Mount
+    from corral.home import HomeLayer
     from corral.landlock import Ruleset
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
@@ -51,6 +52,7 @@ class Plan:
         "cwd_in_argv",
         "env",
         "fds",
+        "home",
         "landlock",
         "launcher_env",
         "mounts",
@@ -83,6 +85,8 @@ class Plan:
         self.bounds: dict[str, Bound] = {}  # each limit: value, where from, enforced or not
         self.fds: dict[int, str] = {}
         self.quarantine: list[str] = []
+        # where $HOME points, made and seeded by the launcher (corral.home)
+        self.home: HomeLayer | None = None
         # tiers without mounts (landlock): the ruleset, write-deny paths put back
         # after the run, and a private scratch directory the launcher creates
         self.landlock: Ruleset | None = None
@@ -100,6 +104,8 @@ class Plan:
         """A human-readable account of the plan; never prints environment values."""
         lines = [f"tier: {self.tier}", f"workspace: {self.policy.workspace}", f"cwd: {self.cwd}"]
         lines.append("env: " + " ".join(sorted(self.env)))
+        if self.home is not None:
+            lines.append(self.home.describe())
         from corral.bounds import describe
 
         lines.extend(describe(self))

@@ -150,7 +150,7 @@ class ContainerTier(Tier):
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
     ) -> Plan:
-        from corral import seccomp
+        from corral import home, seccomp
         from corral.container import envelope
         from corral.container.bundle import host_bundle
         from corral.fsplan import Mount
@@ -198,7 +198,20 @@ class ContainerTier(Tier):
         mounts = list(fs.mounts)
         if eng.runtime == "runsc":
             mounts = self._gvisor_sockets(policy, mounts)
-        plan.mounts = [*mounts, *own, *extra]
+        roots = [*fs.writable, INSIDE]
+        layer = home.plan_home(policy, kind="container")
+        first: list[Mount] = []
+        if layer is not None:
+            # the host's home is absent here: the layer is bound at $HOME itself, and
+            # the host home's masks (secrets that are not in the container) are dropped
+            # but those of a workspace inside it
+            dest = plan.env["HOME"]
+            mounts = [m for m in mounts if not _inside(m.dest, dest) or _under(m.dest, fs.writable)]
+            # first: a workspace inside the home is bound over it, not under it
+            first.append(Mount("bind", dest, layer.path, "home layer at $HOME"))
+            roots.append(dest)
+            plan.home = layer
+        plan.mounts = [*first, *mounts, *own, *extra]
         spec = envelope.Spec(eng.path, image, full)
         spec.engine_name = eng.name
         spec.runtime = eng.runtime_path
@@ -232,7 +245,7 @@ class ContainerTier(Tier):
         spec.shm = None if shm is None else int(shm)
         spec.seccomp = f"{scratch}/seccomp.json"
         spec.mounts = plan.mounts
-        spec.roots = [*fs.writable, INSIDE]
+        spec.roots = roots
         spec.workdir = plan.cwd
         spec.host_uds = policy.network.mode == "proxy"
         if pass_fds:
@@ -372,6 +385,14 @@ def gvisor_namespace_rules() -> tuple[SyscallRule, ...]:
         )
         for name in ("unshare", "clone")
     )
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(_inside(path, r) for r in roots)
 
 
 def _tmpdir() -> str:

@@ -216,7 +216,7 @@ class LandlockTier(Tier):
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
     ) -> Plan:
-        from corral import bounds, landlock, seccomp
+        from corral import bounds, home, landlock, seccomp
         from corral.errors import RefusedError
 
         if policy.network.transparent:
@@ -234,6 +234,12 @@ class LandlockTier(Tier):
         plan.restore = fs.write_protect
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
+        # the home layer: no mount here, so $HOME names it where it is on the host
+        layer = home.plan_home(policy)
+        if layer is not None:
+            layer.secrets = frozenset(fs.read_deny)
+            plan.home = layer
+            plan.env["HOME"] = layer.path
         plan.seccomp = (*seccomp.default_deny_rules(), *extra_seccomp_rules())
         plan.fds = dict.fromkeys(pass_fds, "pass")
         bounds.apply_cgroup(plan, policy.limits)
@@ -278,5 +284,10 @@ class LandlockTier(Tier):
         if binds:
             grants = ((src, landlock.READ_FILE | landlock.EXECUTE) for src in binds.values())
             rules.paths = sorted({*rules.paths, *grants})
+        if layer is not None:
+            # created by the launcher after planning (like the scratch directory); a
+            # grant rooted inside corral's withheld state directory still holds
+            access = (landlock.READ | landlock.WRITE) & rules.handled_fs
+            rules.paths = sorted({*rules.paths, (layer.path, access)})
         plan.landlock = rules
         return plan

@@ -212,14 +212,19 @@ class NamespaceTier(Tier):
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
     ) -> Plan:
-        from corral import bounds, seccomp
+        from corral import bounds, home, seccomp
 
         plan = Plan(self.name, policy)
-        fs = fsplan.plan_filesystem(policy)
+        layer = home.plan_home(policy)
+        fs = fsplan.plan_filesystem(policy, home=layer.path if layer else None)
         plan.mounts = fs.mounts
         plan.quarantine = fs.quarantine
         plan.notes = fs.notes
         plan.env = environ.sandbox_env(policy)
+        if layer is not None:
+            layer.secrets = frozenset(fs.read_deny)
+            plan.home = layer
+            plan.env["HOME"] = layer.path
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
         plan.cwd_in_argv = True
         plan.seccomp = seccomp.default_deny_rules()
