@@ -44,6 +44,9 @@ DIFFERENCES = (
     "beside a secret file in the workspace (e.g. next to .env) cannot be read back",
     "chmod and chown are refused everywhere, the workspace included (Landlock does not "
     "govern file modes; a read-only file the sandbox owns could otherwise be opened up)",
+    "$HOME is the workspace's home layer here too, but tools that set file modes in it "
+    "stop at that refused chmod: pip install (--user included) and git config --global "
+    "on an existing ~/.gitconfig fail (npm install, caches and new files work)",
     "timestamps (touch, utimensat) of any file the sandbox can see can be changed, outside "
     "the workspace too: Landlock does not govern file times and seccomp cannot tell the "
     "paths apart (content, modes and owners stay protected; restored write-deny paths "
