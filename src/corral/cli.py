@@ -528,6 +528,9 @@ def cmd_doctor(args: list[str]) -> int:
         rows.append((tier, health))
     auto = next((t.name for t, h in rows if h.available and t.name in tiers.AUTO_ORDER), None)
     defaults = _defaults_report(rows)
+    from corral.home import report
+
+    home_report = report()
     if opts.get("json"):
         import json
 
@@ -539,6 +542,7 @@ def cmd_doctor(args: list[str]) -> int:
                         {"name": t.name, "summary": t.summary, **h.to_dict()} for t, h in rows
                     ],
                     "defaults": defaults,
+                    "home": home_report,
                 },
                 indent=2,
             )
@@ -554,6 +558,9 @@ def cmd_doctor(args: list[str]) -> int:
             for line in differences:
                 print(f"{'':<{width}}    - {line}")
     print(f"auto -> {auto or 'nothing (corral run will refuse)'}")
+    print(f"home layers ({home_report.pop('layers')}; corral home list):")
+    for kind, text in home_report.items():
+        print(f"  {kind}: {text}")
     from corral.bounds import report_lines
 
     for line in report_lines(defaults):

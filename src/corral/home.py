@@ -575,3 +575,21 @@ def size_of(path: str) -> int:
             except OSError:
                 pass
     return total
+
+
+def report() -> dict[str, str]:
+    """What each kind of tier does with $HOME, for ``corral doctor``."""
+    return {
+        "layers": layers_dir(),
+        "namespace, landlock": (
+            "$HOME is the workspace's home layer, seeded with links to your home's entries "
+            f"and copies of its dotfiles (not {', '.join(OWN)}, never a secret); your home "
+            "itself stays read-only at its own path"
+        ),
+        "container, gvisor": (
+            "the workspace's own layer is bound at $HOME; not seeded (your home is not in "
+            "the container)"
+        ),
+        "off": '[filesystem] home = "read-only" (or --home read-only): $HOME is your home, '
+        "read-only, as without a layer",
+    }

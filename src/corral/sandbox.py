@@ -723,6 +723,13 @@ class Sandbox:
             "everything else is read-only, and credentials such as ~/.ssh and ~/.aws "
             "are unreadable.",
         ]
+        plan = getattr(self, "plan", None)  # a container is planned on first use
+        if plan is not None and plan.home is not None:
+            kept = "kept for this workspace" if plan.home.mode == "persist" else "fresh each time"
+            lines.append(
+                f"$HOME is writable and {kept} (caches, tool settings); the real home "
+                "stays read-only."
+            )
         if net.mode == "proxy":
             allowed = ", ".join(net.allow) or "nothing"
             lines.append(
