@@ -25,7 +25,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import Corral, sees_host_root
+from conftest import Corral, sees_host_root, wait_for
 
 from corral.tiers.landlock import DIFFERENCES as LANDLOCK_DIFFERENCES
 
@@ -406,6 +406,20 @@ def test_ephemeral_home_leaves_nothing(box: tuple[Corral, Path]) -> None:
     r = run(c, ws, script)
     assert "kept" in r.stdout.decode(), out(r)  # allow twin: persist keeps it
     assert tree_state(c.home) == before
+
+
+def test_ephemeral_home_goes_when_corral_is_killed(box: tuple[Corral, Path]) -> None:
+    c, ws = box
+    homes = c.state / "corral" / "homes"
+    argv = ["run", "-q", *flags(c), "--home", "ephemeral", "--", "sh", "-c"]
+    proc = c.popen(
+        [*argv, "echo data > ~/.x && echo up && sleep 60"], cwd=ws, stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    assert [p for p in homes.iterdir() if ".run-" in p.name]  # there while it runs
+    proc.kill()  # corral itself, SIGKILL: its guardian cleans up
+    proc.wait()
+    assert wait_for(lambda: not [p for p in homes.iterdir() if ".run-" in p.name], 20)
 
 
 def test_home_clean_removes_the_layer(box: tuple[Corral, Path]) -> None:
