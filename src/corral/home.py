@@ -123,12 +123,15 @@ def plan_home(policy: Policy, kind: str = "host") -> HomeLayer | None:
         raise PolicyError(f"filesystem.home: {exc}") from None
     if mode == "read-only" or "HOME" in policy.env.set_values:
         return None
-    real = os.path.realpath(policy.home())
-    if real == "/":
+    # spelled as the policy spells it: the read-deny paths seeding checks against
+    # are ~ expanded the same way (and, for those present, their real paths too)
+    real = os.path.normpath(os.path.abspath(policy.home()))
+    resolved = os.path.realpath(real)
+    if resolved == "/":
         return None  # nowhere to bind a layer
     for path in policy.writable_paths():
         root = os.path.realpath(path)
-        if real == root or real.startswith(root.rstrip("/") + "/"):
+        if resolved == root or resolved.startswith(root.rstrip("/") + "/"):
             return None  # a workspace that holds the home: it is writable already
     path = layer_path(policy.workspace, kind)
     if mode == "ephemeral":
@@ -455,7 +458,7 @@ def _copy_in(fd: int, name: str, source: str, is_secret: Callable[[str], bool]) 
     what is there; None when the source is not a readable, small, public file."""
     if is_secret(os.path.realpath(source)):
         return None  # a link in the real home that leads into a secret
-    src = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    src = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         st = os.fstat(src)
         if not stat.S_ISREG(st.st_mode) or st.st_size > COPY_MAX:
