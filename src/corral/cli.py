@@ -558,13 +558,13 @@ def cmd_doctor(args: list[str]) -> int:
             for line in differences:
                 print(f"{'':<{width}}    - {line}")
     print(f"auto -> {auto or 'nothing (corral run will refuse)'}")
-    print(f"home layers ({home_report.pop('layers')}; corral home list):")
-    for kind, text in home_report.items():
-        print(f"  {kind}: {text}")
     from corral.bounds import report_lines
 
     for line in report_lines(defaults):
         print(line)
+    print(f"home layers ({home_report.pop('layers')}; corral home list):")
+    for kind, text in home_report.items():
+        print(f"  {kind}: {text}")
     return 0
 
 

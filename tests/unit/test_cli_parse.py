@@ -266,6 +266,8 @@ def test_doctor_text_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 0
     assert err == ""
     tier_part, _, defaults = out.partition("\ndefaults (this host: ")
+    defaults, _, home = defaults.partition("\nhome layers (")
+    assert "namespace, landlock: $HOME is the workspace's home layer" in home
     lines = [line for line in tier_part.splitlines() if not line.startswith(" ")]
     assert len(lines) == len(tiers.REGISTRY) + 1
     for name, line in zip(tiers.REGISTRY, lines, strict=False):
