@@ -298,7 +298,7 @@ def cmd_home(args: list[str]) -> int:
     opts, rest = parse(args[1:], HOME_OPTIONS, positional=False)
     if rest:
         raise CorralError(usage)
-    from corral import home
+    from corral import home, homeseed
 
     if opts.get("all") and (args[0] != "clean" or "workspace" in opts):
         raise CorralError("--all is for corral home clean, instead of --workspace")
@@ -309,11 +309,11 @@ def cmd_home(args: list[str]) -> int:
         print(home.layer_path(workspace, "container" if opts.get("container") else "host"))
         return 0
     if args[0] == "list":
-        for path in home.all_layers():
-            owner = home.manifest_workspace(path + ".seed") or "?"
-            print(f"{path}  {home.size_of(path) >> 10} KiB  workspace {owner}")
+        for path in homeseed.all_layers():
+            owner = homeseed.manifest_workspace(path + ".seed") or "?"
+            print(f"{path}  {homeseed.size_of(path) >> 10} KiB  workspace {owner}")
         return 0
-    found = home.all_layers() if opts.get("all") else home.layers_of(workspace)
+    found = homeseed.all_layers() if opts.get("all") else homeseed.layers_of(workspace)
     for path in found:
         home.remove(path)
         print(f"removed {path}")
@@ -528,7 +528,7 @@ def cmd_doctor(args: list[str]) -> int:
         rows.append((tier, health))
     auto = next((t.name for t, h in rows if h.available and t.name in tiers.AUTO_ORDER), None)
     defaults = _defaults_report(rows)
-    from corral.home import report
+    from corral.homeseed import report
 
     home_report = report()
     if opts.get("json"):

@@ -100,8 +100,9 @@ def layer_of(c: Corral, ws: Path) -> Path:
 
 def need(c: Corral, ws: Path, program: str) -> None:
     """Skip when ``program`` does not exist in the sandbox's world (host or image)."""
-    r = run(c, ws, f"command -v {program}")
-    if r.returncode != 0:
+    r = run(c, ws, f"command -v {program} || echo missing={program}")
+    assert r.returncode == 0, out(r)  # the sandbox itself must start
+    if f"missing={program}" in r.stdout.decode():
         where = "the home-test image" if container(c) else "this machine"
         pytest.skip(f"{program} is not installed in {where}")
 
@@ -325,8 +326,9 @@ def test_npm_install_uses_the_layer(box: tuple[Corral, Path]) -> None:
 
 def test_pip_install_user_uses_the_layer(box: tuple[Corral, Path]) -> None:
     c, ws = box
-    r = run(c, ws, "python3 -m pip --version")
-    if r.returncode != 0:
+    r = run(c, ws, "python3 -m pip --version || echo missing=pip")
+    assert r.returncode == 0, out(r)  # the sandbox itself must start
+    if "missing=pip" in r.stdout.decode():
         pytest.skip("pip is not installed for python3 here: " + out(r)[-200:])
     tiny_wheel(ws)
     c.chown(ws)

@@ -4,14 +4,16 @@ real directory tree, and how each tier's plan gives the command its layer."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from corral import fsplan, home
+from corral import fsplan, home, homeseed
 from corral import landlock as L
 from corral.errors import PolicyError
-from corral.home import COPY_MAX, Copy, Entry, decide, secret_test
+from corral.home import COPY_MAX
+from corral.homeseed import Copy, Entry, decide, secret_test
 from corral.policy import Policy, load
 from corral.tiers.landlock import LandlockTier
 from corral.tiers.namespace import NamespaceTier
@@ -209,8 +211,8 @@ def test_seeding_a_real_tree(tree: tuple[Path, Path]) -> None:
     for absent in (".npmrc", ".ssh", ".cache", ".config/gh", ".sneaky"):
         assert not os.path.lexists(top / absent), absent
     # the manifest lives beside the layer, out of the sandbox's reach
-    assert home.manifest_workspace(layer.manifest) == str(ws)
-    assert set(home.read_manifest(layer.manifest) or {}) == {
+    assert homeseed.manifest_workspace(layer.manifest) == str(ws)
+    assert set(homeseed.read_manifest(layer.manifest) or {}) == {
         ".gitconfig",
         ".vimrc",
         ".config/tool.toml",
@@ -245,6 +247,53 @@ def test_reseeding_follows_the_host_and_keeps_the_sandboxs_changes(
     (real / ".bashrc").unlink()
     prepared(ws)
     assert not (top / ".bashrc").exists()  # its original is gone, and it was unchanged
+
+
+def settled(ws: Path) -> home.HomeLayer:
+    """Seed and let the clock move on: a file time comes from a coarse clock, so a
+    change in the same tick as a stamp would look like no change."""
+    layer = prepared(ws)
+    time.sleep(0.05)
+    return layer
+
+
+def test_a_stamp_too_recent_to_trust_never_holds(tree: tuple[Path, Path]) -> None:
+    real, ws = tree
+    (real / ".bashrc").write_text("one\n")
+    layer = prepared(ws)  # everything was just written: every stamp is recent
+    assert "\trecent\n" in Path(layer.manifest).read_text()
+    assert not home.unchanged(layer)
+
+
+def test_seeding_is_skipped_while_nothing_it_looks_at_changes(
+    tree: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real, ws = tree
+    (real / ".bashrc").write_text("one\n")
+    (real / ".config").mkdir()
+    monkeypatch.setattr(homeseed, "RECENT_NS", 0)  # trust every stamp, for the test
+    layer = settled(ws)
+    assert home.unchanged(layer)
+    calls: list[str] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(homeseed, "seed", lambda lay, copies: calls.append(lay.path))
+        prepared(ws)
+    assert calls == []  # the fast path: a read and a few stats
+    top = Path(layer.path)
+    changes = [
+        lambda: (real / ".bashrc").write_text("two, longer\n"),  # a copied file's content
+        lambda: (real / ".inputrc").write_text("x\n"),  # the real home gains an entry
+        lambda: (real / ".config" / "app.toml").write_text("x\n"),  # so does ~/.config
+        lambda: (top / ".inputrc").unlink(),  # the sandbox removes a copy
+    ]
+    for change in changes:
+        change()
+        assert not home.unchanged(layer)
+        assert home.unchanged(settled(ws))
+    assert (top / ".bashrc").read_text() == "two, longer\n" and (top / ".inputrc").exists()
+    # another set of secrets (a new --read-deny) seeds again
+    layer.secrets = frozenset([*layer.secrets, str(real / ".bashrc")])
+    assert not home.unchanged(layer)
 
 
 def test_a_path_that_becomes_secret_leaves_the_layer(tree: tuple[Path, Path]) -> None:
@@ -287,8 +336,8 @@ def test_layers_of_a_workspace(tree: tuple[Path, Path]) -> None:
     other = ws.parent / "other"
     other.mkdir()
     prepared(other)
-    assert home.layers_of(str(ws)) == sorted([persist.path, short.path])
-    assert len(home.all_layers()) == 3
+    assert homeseed.layers_of(str(ws)) == sorted([persist.path, short.path])
+    assert len(homeseed.all_layers()) == 3
 
 
 # -- plans ----------------------------------------------------------------------------
