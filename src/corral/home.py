@@ -148,13 +148,7 @@ class HomeError(Exception):
 def _private_dir(path: str) -> None:
     """Make ``path`` (and missing parents) a directory of ours, mode 0700; refuse a
     link or someone else's directory there."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
+    os.makedirs(path, 0o700, exist_ok=True)  # concurrent runs may race to make it
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise HomeError(f"{path} is not a directory owned by this user")
@@ -178,14 +172,15 @@ def prepare(layer: HomeLayer) -> None:
 
 
 def remove(path: str) -> None:
-    """Remove a layer and its manifest (never following a link inside it)."""
+    """Remove a layer, its manifest and lock (never following a link inside it)."""
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
-    try:
-        os.unlink(path + ".seed")
-    except FileNotFoundError:
-        pass
+    for beside in (".seed", ".lock"):
+        try:
+            os.unlink(path + beside)
+        except FileNotFoundError:
+            pass
 
 
 # -- skipping the seeding when nothing it looks at changed ---------------------

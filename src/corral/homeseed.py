@@ -171,14 +171,27 @@ def secret_test(secrets: Iterable[str]) -> Callable[[str], bool]:
 
 
 def refresh(layer: HomeLayer) -> None:
-    """Seed the layer and record what seeding looked at (OSError on failure)."""
-    persist = layer.mode == "persist"
-    known = read_manifest(layer.manifest) if persist else None
-    copies = dict(known or {})
-    if layer.real is not None:
-        seed(layer, copies)
-    if persist:
+    """Seed the layer and record what seeding looked at (OSError on failure).
+
+    Runs of one workspace that start together take turns (a lock beside the
+    layer): each copy's manifest entry must name the file that is there."""
+    if layer.mode != "persist":
+        if layer.real is not None:
+            seed(layer, {})
+        return
+    import fcntl
+
+    lock = os.open(
+        layer.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        copies = dict(read_manifest(layer.manifest) or {})
+        if layer.real is not None:
+            seed(layer, copies)
         write_manifest(layer, copies)
+    finally:
+        os.close(lock)  # and with it the lock
 
 
 def _real_entries(path: str, top: bool) -> dict[str, Entry]:
@@ -420,7 +433,8 @@ def layers_of(workspace: str) -> list[str]:
     return sorted(
         os.path.join(base, n)
         for n in names
-        if not n.endswith(".seed") and (n in mine or n.startswith(tuple(m + ".run-" for m in mine)))
+        if not n.endswith((".seed", ".lock"))
+        and (n in mine or n.startswith(tuple(m + ".run-" for m in mine)))
     )
 
 
@@ -430,7 +444,7 @@ def all_layers() -> list[str]:
         names = os.listdir(base)
     except OSError:
         return []
-    return sorted(os.path.join(base, n) for n in names if not n.endswith(".seed"))
+    return sorted(os.path.join(base, n) for n in names if not n.endswith((".seed", ".lock")))
 
 
 def size_of(path: str) -> int:

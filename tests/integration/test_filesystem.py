@@ -302,7 +302,7 @@ def test_concurrent_runs_share_nothing(tsandbox: tuple[Corral, Path]) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert all(r.returncode == 0 for r in results)
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
     assert sorted(int(r.stdout.split()[0]) for r in results) == [0, 1, 2, 3]
     assert all((ws / f"out{i}").exists() for i in range(4))
 

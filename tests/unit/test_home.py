@@ -321,6 +321,39 @@ def test_ephemeral_layers_are_new_each_time_and_removable(tree: tuple[Path, Path
     assert not os.path.exists(a.path) and os.path.exists(b.path)
 
 
+def test_concurrent_first_runs_share_one_layer(tree: tuple[Path, Path]) -> None:
+    import threading
+
+    real, ws = tree
+    for i in range(20):
+        (real / f".rc{i}").write_text(f"{i}\n")
+    (real / ".config").mkdir()
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            prepared(ws)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    top = Path(home.layer_path(str(ws)))
+    assert sorted(p.name for p in top.iterdir() if p.name.startswith(".rc")) == sorted(
+        f".rc{i}" for i in range(20)
+    )
+    assert not [p for p in top.iterdir() if p.name.startswith(".corral-seed-")]
+    # one seeding at a time: the manifest knows the copies that are there
+    copies = homeseed.read_manifest(str(top) + ".seed") or {}
+    assert {f".rc{i}" for i in range(20)} <= set(copies)
+    for i in range(20):
+        assert copies[f".rc{i}"].ino == os.lstat(top / f".rc{i}").st_ino
+
+
 def test_a_layer_directory_that_is_not_ours_is_refused(tree: tuple[Path, Path]) -> None:
     _real, ws = tree
     target = home.layer_path(str(ws))
