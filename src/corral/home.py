@@ -69,16 +69,22 @@ def layers_dir() -> str:
     return os.path.join(runlog.state_dir(), "homes")
 
 
-def workspace_key(workspace: str) -> str:
-    """``<name>-<hash>``: readable in a listing, distinct for every workspace path."""
+def _sha256_hex(text: str) -> str:
     try:  # the builtin module is much cheaper to import than hashlib
         from _sha256 import sha256  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
-        from hashlib import sha256
+        try:  # its name from Python 3.12
+            from _sha2 import sha256  # type: ignore[import-not-found, no-redef, unused-ignore]
+        except ImportError:
+            from hashlib import sha256  # type: ignore[no-redef, unused-ignore]
+    return str(sha256(text.encode("utf-8", "surrogateescape")).hexdigest())
+
+
+def workspace_key(workspace: str) -> str:
+    """``<name>-<hash>``: readable in a listing, distinct for every workspace path."""
     name = os.path.basename(workspace.rstrip("/"))[:32]
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in name).lstrip(".") or "ws"
-    digest = sha256(workspace.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return f"{name}-{digest}"
+    return f"{name}-{_sha256_hex(workspace)[:16]}"
 
 
 def layer_name(workspace: str, kind: str = "host") -> str:
@@ -188,12 +194,7 @@ def remove(path: str) -> None:
 
 def secrets_digest(secrets: Iterable[str]) -> str:
     """Which secrets a seeding honoured: another set (a new --read-deny) seeds again."""
-    try:  # the builtin module is much cheaper to import than hashlib
-        from _sha256 import sha256  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        from hashlib import sha256
-    text = "\n".join(sorted(secrets))
-    return str(sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:32])
+    return _sha256_hex("\n".join(sorted(secrets)))[:32]
 
 
 def stamp(path: str) -> str:
