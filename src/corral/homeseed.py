@@ -346,7 +346,10 @@ def _copy_in(fd: int, name: str, source: str, is_secret: Callable[[str], bool]) 
         raise
     os.close(out)
     os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-    return Copy(len(data), st.st_mtime_ns, mine.st_ino, mine.st_size, mine.st_mtime_ns)
+    # a change to the real file in the clock tick it was read in would keep its
+    # mtime: a time that recent is not remembered, so the next seeding copies again
+    real_mtime = st.st_mtime_ns if st.st_mtime_ns <= time.time_ns() - RECENT_NS else -1
+    return Copy(len(data), real_mtime, mine.st_ino, mine.st_size, mine.st_mtime_ns)
 
 
 # -- the manifest: which entries are corral's copies ---------------------------
