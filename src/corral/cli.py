@@ -29,7 +29,7 @@ usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
        corral log --net [--run ID] [--host H] [--decision allow|deny|error]
        corral policy import [--workspace DIR] FILE.json   srt settings as corral.toml
        corral home path [--workspace DIR] [--container]   the workspace's home layer
-       corral home list | clean [--workspace DIR | --all] list or remove home layers
+       corral home list | clean [--workspace DIR | --gone | --all]   list or remove home layers
        corral proxy serve [--policy FILE] [--listen HOST:PORT] [--door PATH]
                           [--allow HOST...] [--workers N]
        corral --version
@@ -109,6 +109,7 @@ HOME_OPTIONS = {
     "--workspace": ("workspace", "value"),
     "--container": ("container", "flag"),
     "--all": ("all", "flag"),
+    "--gone": ("gone", "flag"),
 }
 DOCTOR_OPTIONS = {"--json": ("json", "flag"), "--probe": ("probe", "flag")}
 LOG_OPTIONS = {
@@ -292,7 +293,7 @@ def cmd_policy(args: list[str]) -> int:
 
 def cmd_home(args: list[str]) -> int:
     """``corral home path|list|clean``: the home layers (corral.home)."""
-    usage = "usage: corral home path|list|clean [--workspace DIR | --all] [--container]"
+    usage = "usage: corral home path|list|clean [--workspace DIR | --gone | --all] [--container]"
     if not args or args[0] not in ("path", "list", "clean"):
         raise CorralError(usage)
     opts, rest = parse(args[1:], HOME_OPTIONS, positional=False)
@@ -300,8 +301,9 @@ def cmd_home(args: list[str]) -> int:
         raise CorralError(usage)
     from corral import home, homeseed
 
-    if opts.get("all") and (args[0] != "clean" or "workspace" in opts):
-        raise CorralError("--all is for corral home clean, instead of --workspace")
+    which = [o for o in ("workspace", "all", "gone") if o in opts]
+    if len(which) > 1 or (args[0] != "clean" and which[:1] in (["all"], ["gone"])):
+        raise CorralError("--all and --gone are for corral home clean, instead of --workspace")
     if opts.get("container") and args[0] != "path":
         raise CorralError("--container is for corral home path")
     workspace = os.path.realpath(str(opts.get("workspace") or os.getcwd()))
@@ -313,12 +315,17 @@ def cmd_home(args: list[str]) -> int:
             owner = homeseed.manifest_workspace(path + ".seed") or "?"
             print(f"{path}  {homeseed.size_of(path) >> 10} KiB  workspace {owner}")
         return 0
-    found = homeseed.all_layers() if opts.get("all") else homeseed.layers_of(workspace)
+    if opts.get("all"):
+        found, what = homeseed.all_layers(), "any workspace"
+    elif opts.get("gone"):
+        found, what = homeseed.gone_layers(), "a workspace that is gone"
+    else:
+        found, what = homeseed.layers_of(workspace), workspace
     for path in found:
         home.remove(path)
         print(f"removed {path}")
     if not found:
-        _err(f"corral: no home layer for {'any workspace' if opts.get('all') else workspace}")
+        _err(f"corral: no home layer for {what}")
     return 0
 
 

@@ -450,6 +450,16 @@ def all_layers() -> list[str]:
     return sorted(os.path.join(base, n) for n in names if not n.endswith((".seed", ".lock")))
 
 
+def gone_layers() -> list[str]:
+    """Layers whose workspace (as their manifest names it) no longer exists."""
+    found = []
+    for path in all_layers():
+        workspace = manifest_workspace(path + ".seed")
+        if workspace and not os.path.isdir(workspace):
+            found.append(path)
+    return found
+
+
 def size_of(path: str) -> int:
     """Bytes under ``path`` (links not followed)."""
     total = 0

@@ -102,10 +102,13 @@ def test_nothing_left_after_a_run_or_a_sigkill(root_sandbox: tuple[Corral, Path]
 
 
 @pytest.fixture
-def policy(root_sandbox: tuple[Corral, Path], case: TierCase) -> Iterator[object]:
+def policy(
+    root_sandbox: tuple[Corral, Path], case: TierCase, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[object]:
     from corral.policy import Policy
 
-    _, ws = root_sandbox
+    c, ws = root_sandbox
+    monkeypatch.setenv("XDG_STATE_HOME", str(c.state))  # its home layer: not in root's own
     p = Policy(str(ws))
     p.container.runtime = runtime(case)
     p.container.image = TEST_IMAGE

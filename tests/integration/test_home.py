@@ -441,11 +441,19 @@ def test_home_clean_removes_the_layer(box: tuple[Corral, Path]) -> None:
     other.mkdir()
     c.chown(other)
     assert run(c, other, "echo x > ~/.x").returncode == 0
+    layer_other = layer_of(c, other)
+    shutil.rmtree(other)  # a workspace that is gone: --gone removes its layer alone
+    r = c.run(["home", "clean", "--gone"], cwd=ws)
+    assert r.returncode == 0 and r.stdout.decode() == f"removed {layer_other}\n", out(r)
+    assert not layer_other.exists() and layer.exists()
+    other.mkdir()
+    c.chown(other)
+    assert run(c, other, "echo x > ~/.x").returncode == 0
     r = c.run(["home", "clean", "--all"], cwd=ws)
     assert r.returncode == 0 and r.stdout.decode().count("removed ") == 2, out(r)
     assert not list((c.state / "corral" / "homes").iterdir())
     r = c.run(["home", "clean", "--all", "--workspace", str(ws)], cwd=ws)
-    assert r.returncode == 2 and "corral: --all is for corral home clean" in out(r), out(r)
+    assert r.returncode == 2 and "corral: --all and --gone are for corral home clean" in out(r)
 
 
 # -- README: a token-free copy of a tool's configuration ----------------------------------------
