@@ -363,6 +363,7 @@ def test_secrets_stay_masked_beneath_the_layer(box: tuple[Corral, Path]) -> None
     c, ws = box
     for rel in (".ssh/id_ed25519", ".npmrc", ".config/gh/hosts.yml", ".aws/credentials"):
         put(c, c.home / rel, f"{CANARY} {rel}\n", 0o600)
+    put(c, c.home / "notes.txt", "public\n")
     before = tree_state(c.home)
     real = c.home
     # the sandbox links to the real secrets from its own home, and writes a file of
@@ -372,10 +373,13 @@ def test_secrets_stay_masked_beneath_the_layer(box: tuple[Corral, Path]) -> None
         ws,
         f"ln -s {real}/.ssh/id_ed25519 ~/key; ln -s {real}/.ssh ~/sshdir; "
         f"ln -s {real}/.aws ~/.aws; "
-        "echo 'registry=http://127.0.0.1:9/' > ~/.npmrc; ls -A ~; echo listed",
+        "echo 'registry=http://127.0.0.1:9/' > ~/.npmrc; ls -A ~; echo listed; "
+        # a hard link into the layer would make a real file writable through it
+        f"ln {real}/notes.txt ~/hl 2>/dev/null && echo linked=YES; "
+        "echo changed >> ~/hl 2>/dev/null",
     )
     text = out(r)
-    assert "listed" in text, text
+    assert "listed" in text and "linked=YES" not in text, text
     for name in (".ssh", ".config/gh"):
         assert not os.path.lexists(layer_of(c, ws) / name), name  # never seeded
     script = (
