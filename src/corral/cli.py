@@ -425,6 +425,12 @@ def _run_plan(
         if tally:
             result.denials.append(summary_line(tally))
         record["proxy_errors"] = door.errors  # details: net.jsonl, decision "error"
+    elif result.lookups:  # names looked up in a sandbox without a network: refused
+        from corral.net.audit import record_lookups, summary_line
+
+        net_log = opts.get("net_log")
+        tally = record_lookups(str(net_log) if net_log else None, run_id, result.lookups)
+        result.denials.append(summary_line(tally))
     record.update(
         end=runlog.iso(time.time()),
         exit=result.exit_code,

@@ -103,6 +103,44 @@ def describe(where: str, exc: BaseException | None) -> str:
     return f"{where}: {type(exc).__name__}: {exc}{place}".replace("\n", " ")
 
 
+NO_NETWORK = "no-network"  # the rule an audit line names for a lookup in a run without one
+
+
+def record_lookups(path: str | None, run_id: str, lookups: list[tuple[str, str]]) -> dict[str, int]:
+    """Audit the lookups a sandbox without a network made (each one refused by its
+    resolver); returns them as a tally, {"name:53": count}, like the proxy's."""
+    from corral.net.names import BadName, normalize, printable
+
+    audit = Audit(path or default_path())
+    try:
+        for name, qtype in lookups:
+            try:
+                host = normalize(name)
+            except BadName:
+                host = printable(name)
+            audit.record(
+                {
+                    "run_id": run_id,
+                    "scheme": "dns",
+                    "method": qtype,
+                    "path": None,
+                    "host": host,
+                    "port": 53,
+                    "address": None,
+                    "decision": "deny",
+                    "rule": NO_NETWORK,
+                    "reason": "the sandbox has no network (network mode none)",
+                    "status": 3,  # NXDOMAIN
+                    "bytes_up": 0,
+                    "bytes_down": 0,
+                    "duration": 0.0,
+                }
+            )
+    finally:
+        audit.close()
+    return dict(audit.denied)
+
+
 def summary_line(denied: dict[str, int]) -> str:
     """``denied 3 requests: evil.example:443 (2), 10.0.0.1:80``"""
     total = sum(denied.values())

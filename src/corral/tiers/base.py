@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from corral.cgroups import CgroupPlan
     from corral.fsplan import Mount
     from corral.landlock import Ruleset
+    from corral.net.netns import NetPlan
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
@@ -54,7 +55,7 @@ class Plan:
         "landlock",
         "launcher_env",
         "mounts",
-        "netns_rules",
+        "netns",
         "notes",
         "policy",
         "prepare",
@@ -75,8 +76,9 @@ class Plan:
         self.env: dict[str, str] = {}
         self.cwd = policy.workspace
         self.cwd_in_argv = False  # True when argv itself changes to cwd (bwrap --chdir)
-        # nftables rules for a network namespace the launcher creates (transparent mode)
-        self.netns_rules: str | None = None
+        # a network namespace the launcher creates, with the listeners it hands to
+        # the proxy (namespace tier with a network; see corral.net.netns)
+        self.netns: NetPlan | None = None
         self.mounts: list[Mount] = []
         self.seccomp: tuple[SyscallRule, ...] = ()
         self.cgroup: CgroupPlan | None = None
@@ -115,6 +117,8 @@ class Plan:
         if self.restore:
             lines.append("snapshotted at launch, restored after the run if changed:")
             lines.extend(f"  {p}" for p in self.restore)
+        if self.netns is not None:
+            lines.extend(self.netns.describe())
         if self.seccomp:
             lines.append("seccomp (errno unless allowed):")
             lines.extend(
