@@ -276,6 +276,11 @@ def cmd_policy(args: list[str]) -> int:
 
 
 def cmd_run(args: list[str]) -> int:
+    import gc
+
+    # One run, then exit: the cyclic collector only costs here (a pass over the
+    # modules just imported is a millisecond a run).  Proxy workers turn it back on.
+    gc.disable()
     opts, command = parse(args, RUN_OPTIONS, positional=True)
     if not command:
         raise CorralError("nothing to run: corral run [OPTIONS] -- COMMAND [ARG...]")

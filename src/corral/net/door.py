@@ -323,6 +323,9 @@ def _private_dir(prefix: str) -> str:
 def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
     """The first proxy worker: import, say ready, take the listeners, fork the
     siblings, serve until the run ends."""
+    import gc
+
+    gc.enable()  # `corral run` turns it off for itself; a proxy lives as long as its run
     quiet_stderr()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's ^C is for corral to handle
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -53,9 +53,10 @@ RESOLV_CONF = "resolv.conf"  # beside this file: "nameserver 127.0.0.1"
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
-SIOCSIFFLAGS = 0x8914
+RTM_NEWLINK = 16
+NLM_F_REQUEST = 0x1
+NLM_F_ACK = 0x4
 IFF_UP = 0x1
-IFF_LOOPBACK = 0x8
 
 
 class Listener:
@@ -272,20 +273,33 @@ def _libc_unshare() -> Callable[[int], int]:
     return Function(("unshare", Libc()))  # type: ignore[arg-type]
 
 
-# struct ifreq for loopback: the name, then the flags to set (a fresh namespace's
-# lo is down; IFF_LOOPBACK cannot change, so writing it keeps it)
-_LO_UP = b"lo".ljust(16, b"\0") + (IFF_UP | IFF_LOOPBACK).to_bytes(2, "little") + bytes(22)
+# RTM_NEWLINK for interface 1 (a new namespace's lo) with IFF_UP set: nlmsghdr
+# (length, type, flags REQUEST|ACK, seq, pid) and ifinfomsg (family, type, index,
+# flags, change).  Netlink rather than an ioctl: no fcntl module to load per run.
+_LO_UP = (
+    (32).to_bytes(4, sys.byteorder)
+    + RTM_NEWLINK.to_bytes(2, sys.byteorder)
+    + (NLM_F_REQUEST | NLM_F_ACK).to_bytes(2, sys.byteorder)
+    + bytes(8)
+    + bytes(4)
+    + (1).to_bytes(4, sys.byteorder)
+    + IFF_UP.to_bytes(4, sys.byteorder)
+    + IFF_UP.to_bytes(4, sys.byteorder)
+)
 
 
 def _loopback_up() -> None:
     import _socket  # not `socket`: its enum classes cost milliseconds per run
-    import fcntl
 
-    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, 0)
     try:
-        fcntl.ioctl(sock.fileno(), SIOCSIFFLAGS, _LO_UP)
+        sock.send(_LO_UP)
+        reply = sock.recv(1024)  # the ack: an nlmsgerr whose error is 0, or -errno
     finally:
         sock.close()
+    error = -int.from_bytes(reply[16:20], sys.byteorder, signed=True) if len(reply) >= 20 else 0
+    if error:
+        raise OSError(error, f"cannot bring loopback up: {os.strerror(error)}")
 
 
 def _listen(listener: Listener) -> _socket.socket | None:
