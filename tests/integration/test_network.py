@@ -213,23 +213,31 @@ def test_wildcard_and_port_rules(
 def test_no_route_around_the_proxy(
     tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
+    """Without proxy variables, a host port is reached only where the policy allows it,
+    and then through the proxy (an audit line), never around it."""
     c, ws = tsandbox
-    ok, _ = origins
+    ok, bad = origins
     r = c.sh(
         ws,
         f"""
         env -u http_proxy -u HTTP_PROXY -u ALL_PROXY -u all_proxy \
-            curl -sS --max-time 5 http://127.0.0.1:{ok.port}/direct || echo direct=failed
-        curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{ok.port}/np || echo noproxy=failed
+            curl -sS --max-time 5 http://127.0.0.1:{bad.port}/direct || echo direct=failed
+        curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{bad.port}/np || echo noproxy=failed
+        curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{ok.port}/own || echo own=failed
         {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/via-proxy
     """,
         "--allow",
         f"127.0.0.1:{ok.port}",
     )
     out = r.stdout.decode()
-    assert "direct=failed" in out and "noproxy=failed" in out
+    assert "direct=failed" in out and "noproxy=failed" in out and bad.hits == []
     assert "hello from origin" in out  # allow twin in the same run
-    assert ok.hits == [("GET", "/via-proxy")]
+    services = [e for e in net_log(c) if e["scheme"] == "service"]
+    if c.has("netns"):  # the allowed host service at its own address, through the proxy
+        assert ok.hits == [("GET", "/own"), ("GET", "/via-proxy")]
+        assert [(e["port"], e["decision"]) for e in services] == [(ok.port, "allow")]
+    else:  # landlock: no namespace to serve it in; TCP only to the proxy's port
+        assert "own=failed" in out and ok.hits == [("GET", "/via-proxy")] and services == []
 
 
 def test_mode_none_has_no_network_at_all(
