@@ -341,11 +341,10 @@ def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
     first = socket.socket(fileno=fds[0])
     if door.transport == "netns":
         got = _await_handoff(first, life_r)
+        # One handoff per door: with the listening socket closed, nobody else can
+        # hand listeners over.  The path stays until the run ends: the sandbox's
+        # plan may already cover it (a host socket outside its private /tmp).
         first.close()
-        try:
-            os.unlink(door.path)  # one handoff per door: nobody else hands listeners over
-        except OSError:
-            pass
         if got is None:  # the run ended before its sandbox started
             door.remove_files()
             return
