@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from corral.cgroups import CgroupRun
-    from corral.net.netns import Resolver
+    from corral.netns import Resolver
     from corral.tiers.base import Plan
 
 CHUNK = 65536
@@ -545,7 +545,7 @@ def _launch_and_pump(
 def _enter_netns(plan: Plan) -> Resolver | None:
     """Move this process into the sandbox's new network namespace (see run()); the
     resolver to serve if the sandbox has no network."""
-    from corral.net import netns
+    from corral import netns
 
     assert plan.netns is not None
     try:
@@ -593,7 +593,7 @@ def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) ->
         os.chdir(plan.cwd)
         _move_fds_into_place(child_fds)
         if plan.netns is not None:
-            from corral.net import netns
+            from corral import netns
 
             try:
                 netns.enter(plan.netns)

@@ -3,7 +3,7 @@
 How the sandbox reaches the proxy depends on the tier (``transport``):
 
 * "netns" (the namespace tier): corral makes the sandbox's network namespace
-  itself and creates its listening sockets in it (:mod:`corral.net.netns`);
+  itself and creates its listening sockets in it (:mod:`corral.netns`);
   they are handed to the proxy over ``handoff.sock`` in the door's private
   directory.  The proxy holds the only copies, so if it dies they close and
   every connection inside is refused at once.
@@ -52,8 +52,8 @@ if TYPE_CHECKING:
 
     from corral.fsplan import Mount
     from corral.net.hooks import Chain
-    from corral.net.netns import Listener
     from corral.net.proxy import Proxy
+    from corral.netns import Listener
     from corral.policy import Policy
 
 # Where the door and the relay appear inside a container sandbox (a private tmpfs).
@@ -191,6 +191,7 @@ class Door:
                 code = 1
                 _report_crash(tally_w, exc)
             finally:
+                self.remove_files()  # whatever happened (corral killed early too)
                 os._exit(code)
         self.pids.append(pid)
         with open(os.path.join(self.dir, "proxy.pid"), "w", encoding="utf-8") as fh:
@@ -337,7 +338,10 @@ def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
 
     chain = chain_for(door.policy)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from here on, corral decides when
-    os.write(tally_w, READY)
+    try:
+        os.write(tally_w, READY)
+    except BrokenPipeError:
+        return  # corral is gone (killed): the run is over
     first = socket.socket(fileno=fds[0])
     if door.transport == "netns":
         got = _await_handoff(first, life_r)
@@ -350,7 +354,7 @@ def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
             return
         listeners = got
     else:
-        from corral.net.netns import Listener
+        from corral.netns import Listener
 
         listeners = [(Listener("door", door.transport, 0), first)]
     siblings, sibling_life = _fork_siblings(door, chain, listeners, life_r, tally_w)
@@ -385,7 +389,7 @@ def _await_handoff(
     if the run ended first."""
     import select
 
-    from corral.net.netns import receive
+    from corral.netns import receive
 
     while True:
         try:

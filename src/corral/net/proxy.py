@@ -2,7 +2,7 @@
 
 Every connection arrives on a socket tagged with the run it belongs to: the
 sandbox's own listeners (made in its network namespace and handed over, see
-:mod:`corral.net.netns`), a unix door bound into a container for corral's
+:mod:`corral.netns`), a unix door bound into a container for corral's
 relay, or a TCP listener for ``corral proxy serve`` and the landlock tier.
 On a proxy port the first byte tells the protocol: 0x05 is SOCKS5, anything
 else is HTTP.  A unix door also takes the relay's frames, each one byte

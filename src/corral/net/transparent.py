@@ -2,7 +2,7 @@
 
 Tools that ignore proxy variables (Node's fetch, Go programs, raw sockets)
 still leave only through the proxy.  The sandbox's network namespace is made
-by corral as for every networked run (:mod:`corral.net.netns`); as root, in
+by corral as for every networked run (:mod:`corral.netns`); as root, in
 transparent mode, it also gets:
 
 * a default route through loopback (so any address is "reachable" ...),

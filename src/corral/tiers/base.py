@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from corral.cgroups import CgroupPlan
     from corral.fsplan import Mount
     from corral.landlock import Ruleset
-    from corral.net.netns import NetPlan
+    from corral.netns import NetPlan
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
@@ -77,7 +77,7 @@ class Plan:
         self.cwd = policy.workspace
         self.cwd_in_argv = False  # True when argv itself changes to cwd (bwrap --chdir)
         # a network namespace the launcher creates, with the listeners it hands to
-        # the proxy (namespace tier with a network; see corral.net.netns)
+        # the proxy (namespace tier with a network; see corral.netns)
         self.netns: NetPlan | None = None
         self.mounts: list[Mount] = []
         self.seccomp: tuple[SyscallRule, ...] = ()

@@ -333,9 +333,9 @@ class ContainerTier(Tier):
         """The relay runs first inside (the engine owns the container's network
         namespace): the proxy's ports, a resolver and the allowed host services
         at their own address, each forwarded through the door."""
+        from corral import netns
         from corral.fsplan import Mount
         from corral.net import door as doors
-        from corral.net import netns
 
         if door is None:
             raise ValueError("network mode proxy needs the door's path")

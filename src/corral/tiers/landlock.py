@@ -256,7 +256,7 @@ class LandlockTier(Tier):
         port = None
         if policy.network.mode == "proxy":
             from corral.net.door import proxy_env
-            from corral.net.netns import loopback_services
+            from corral.netns import loopback_services
 
             port = door_port(door)
             # No namespace of its own: an allowed host service cannot be served at

@@ -142,12 +142,12 @@ class NamespaceTier(Tier):
     door_transport = "netns"
 
     def _network(self, plan: Plan, policy: Policy, handoff: str | None) -> None:
-        """corral makes the sandbox's network namespace (see corral.net.netns), and
+        """corral makes the sandbox's network namespace (see corral.netns), and
         bwrap gets it instead of making one.  Without a network: loopback only,
         and a resolver that refuses every name and records it.  With one: the
         proxy's ports, the resolver and the allowed host services listen inside,
         held by the proxy; no process of ours runs inside."""
-        from corral.net import netns
+        from corral import netns
 
         if policy.network.mode != "proxy":
             plan.netns = netns.offline_plan()
