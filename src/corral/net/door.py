@@ -14,13 +14,14 @@ How the sandbox reaches the proxy depends on the tier (``transport``):
 The parent (corral) binds the socket *before* forking, so connections wait in
 its backlog from the moment the sandbox starts.  One proxy process is forked
 when the door opens; it imports the proxy (tens of milliseconds, overlapping
-the sandbox's own start), says ``ready`` on the tally pipe, and from then on
-ignores SIGTERM.  A run that ends before that never used the network (nothing
-can be served before ``ready``), so :meth:`Door.close` ends it with SIGTERM
-rather than waiting for imports it does not need.  Once ready (and, for
-netns, handed its listeners), it forks its sibling workers, which share every
-socket and stop when it does (a pipe between them), so killing the first
-worker is killing the proxy.
+the sandbox's own start), and says ``used`` on the tally pipe when the first
+connection or query arrives.  A run that ends before anything
+arrived has nothing to report, so :meth:`Door.close` ends its proxy at once
+(SIGKILL, reaped later) instead of waiting for imports or an exit it does not
+need; otherwise it waits for every worker's tally.  Once ready (and, for
+netns, handed its listeners), the first worker forks its siblings, which
+share every socket and stop when it does (a pipe between them), so killing
+the first worker is killing the proxy.
 
 Each worker holds the read end of a "life" pipe: when corral closes it (the
 run ended) or dies (the kernel closes it), the worker writes its tally of
@@ -30,7 +31,7 @@ outlives the run.
 A proxy process never writes to the terminal it inherited (it is the user's):
 its stderr is /dev/null, and an unexpected exception becomes one line in the
 audit log and a count that :meth:`Door.close` returns to the run record.
-The tally pipe carries lines: ``ready`` once, then tab-separated
+The tally pipe carries lines: ``used`` once, then tab-separated
 ``deny HOST:PORT N`` per denied destination, ``errors N`` and, for a worker
 that failed outright, ``crash TEXT``.
 """
@@ -63,7 +64,7 @@ HTTP_PORT = 3128
 SOCKS_PORT = 1080
 DNS_PORT = 53
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-READY = b"ready\n"
+USED = b"used\n"
 
 
 def relay_script() -> str:
@@ -239,21 +240,20 @@ class Door:
             os.close(self._life_w)
             self._life_w = -1
             data = _read_now(self._tally_r)
-            if not data.startswith(READY) and not _ended(data):
-                # Still importing: it served nothing (nothing is served before
-                # READY) and has nothing to report.  SIGTERM ends it unless it
-                # became ready meanwhile (it ignores SIGTERM from then on).
-                try:
-                    os.kill(self.pids[0], signal.SIGTERM)
-                except OSError:
-                    pass
-            while chunk := os.read(self._tally_r, 65536):
-                data += chunk
+            if USED in data or _ended(data):
+                while chunk := os.read(self._tally_r, 65536):
+                    data += chunk
+                tally = self._read_tally(data.decode("utf-8", "replace"))
+                for pid in self.pids:
+                    os.waitpid(pid, 0)
+            else:
+                # Nothing arrived, so nothing was decided and there is nothing to
+                # collect: end the proxy (importing, or idle) without waiting for
+                # it to exit, which costs the run a millisecond or more.
+                for pid in self.pids:
+                    _abandon(pid)
             os.close(self._tally_r)
             self._tally_r = -1
-            tally = self._read_tally(data.decode("utf-8", "replace"))
-            for pid in self.pids:
-                os.waitpid(pid, 0)
         self.remove_files()
         return tally
 
@@ -284,6 +284,25 @@ class Door:
             pass
 
 
+_UNREAPED: list[int] = []  # ended workers not yet waited for (reaped on the next close)
+
+
+def _abandon(pid: int) -> None:
+    """SIGKILL a worker and reap it later (it, and any it forked, stop with it)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    _UNREAPED.append(pid)
+    for old in list(_UNREAPED):
+        try:
+            done, _ = os.waitpid(old, os.WNOHANG)
+        except ChildProcessError:
+            done = old
+        if done:
+            _UNREAPED.remove(old)
+
+
 def _read_now(fd: int) -> bytes:
     """What the pipe holds now, without waiting."""
     os.set_blocking(fd, False)
@@ -299,7 +318,7 @@ def _read_now(fd: int) -> bytes:
 
 def _ended(data: bytes) -> bool:
     """The worker already failed outright (its crash line is in)."""
-    return data.startswith(b"crash\t")
+    return b"crash\t" in data
 
 
 def _private_dir(prefix: str) -> str:
@@ -322,26 +341,20 @@ def _private_dir(prefix: str) -> str:
 
 
 def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
-    """The first proxy worker: import, say ready, take the listeners, fork the
+    """The first proxy worker: import, take the listeners, fork the
     siblings, serve until the run ends."""
     import gc
 
     gc.enable()  # `corral run` turns it off for itself; a proxy lives as long as its run
     quiet_stderr()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's ^C is for corral to handle
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # corral's way to end it before READY
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # corral decides when the proxy stops
     _warm()
     import socket
 
     from corral.net.hooks import chain_for
 
     chain = chain_for(door.policy)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from here on, corral decides when
-    try:
-        os.write(tally_w, READY)
-    except BrokenPipeError:
-        return  # corral is gone (killed): the run is over
     first = socket.socket(fileno=fds[0])
     if door.transport == "netns":
         got = _await_handoff(first, life_r)
@@ -371,7 +384,7 @@ def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
 
 
 def _warm() -> None:
-    """The proxy's imports, done before anything is served (see READY)."""
+    """The proxy's imports, done at once: they overlap the sandbox's own start."""
     import asyncio  # noqa: F401
 
     try:
@@ -458,6 +471,7 @@ def _serve(
         net = door.policy.network
         proxy = Proxy(chain, audit, net.hosts, stand_ins=net.transparent)
         proxy.guard(run_id)
+        proxy.on_first_use = lambda: _say(tally_w, USED)  # corral waits for this run's tally
         servers = [await _serve_one(proxy, run_id, lis, sock) for lis, sock in listeners]
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
@@ -504,6 +518,13 @@ async def _serve_one(
         return await proxy.serve_capture(sock, run_id)
     sock.close()  # nothing this proxy knows: never served
     raise ValueError(f"unknown listener kind {kind!r}")
+
+
+def _say(tally_w: int, line: bytes) -> None:
+    try:
+        os.write(tally_w, line)
+    except OSError:
+        pass
 
 
 def quiet_stderr() -> None:

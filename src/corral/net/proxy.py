@@ -193,6 +193,8 @@ class Proxy:
         self.head_timeout = head_timeout
         # transparent mode: DNS answers are stand-in addresses mapped back to names
         self.stand_ins = stand_ins
+        # called once, when the first connection or query arrives (the door's "used")
+        self.on_first_use: Callable[[], None] | None = None
         self.pools: dict[str, FakePool] = {}  # run id -> transparent-mode stand-in names
         self._dns_inflight = 0
         self._flush_scheduled = False
@@ -231,6 +233,7 @@ class Proxy:
         connection is a CONNECT to ``host:port``, decided and audited as one."""
 
         async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.used()
             await self._guarded(run_id, writer, self.service(reader, writer, run_id, host, port))
 
         return await asyncio.start_server(on_client, sock=sock, limit=http1.MAX_HEAD)
@@ -354,7 +357,14 @@ class Proxy:
                 self._clocks.discard(clock)
             writer.close()
 
+    def used(self) -> None:
+        """Something arrived: tell whoever waits for the first use, once."""
+        if self.on_first_use is not None:
+            first, self.on_first_use = self.on_first_use, None
+            first()
+
     def _clock(self, reader: asyncio.StreamReader) -> _Clock:
+        self.used()
         loop = asyncio.get_running_loop()
         clock = _Clock(reader, loop.time())
         self._clocks.add(clock)
@@ -922,6 +932,7 @@ class _Resolver(asyncio.DatagramProtocol):
         self.transport = cast("asyncio.DatagramTransport", transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str | object, ...]) -> None:
+        self.proxy.used()
         if self.proxy._dns_inflight >= DNS_INFLIGHT:
             return  # a flood: dropped, as a busy resolver would (clients retry)
         self.proxy._dns_inflight += 1
