@@ -713,8 +713,7 @@ def _proxy_worker(
         proxy.guard(run_id)  # an unexpected exception: one audit line, not a traceback
         for sock in sockets:
             if sock.family == socket.AF_UNIX:
-                # a relay's internal frames only where a transparent relay can be
-                await proxy.serve_unix(sock, run_id, policy.network.transparent)
+                await proxy.serve_unix(sock, run_id)  # a relay's frames too (a door)
             else:
                 await proxy.serve_sock(sock, run_id)
         stop = asyncio.Event()
