@@ -119,7 +119,9 @@ def test_the_relay_gets_a_resolver_and_each_service() -> None:
         (None, None),  # no file at all
     ],
 )
-def test_where_the_resolver_file_is_bound(host: tuple[str, bool] | None, target: str | None) -> None:
+def test_where_the_resolver_file_is_bound(
+    host: tuple[str, bool] | None, target: str | None
+) -> None:
     assert resolv_target(host, ("/tmp", "/run")) == target
 
 
