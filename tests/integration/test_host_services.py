@@ -15,12 +15,15 @@ import signal
 import socket
 import subprocess
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Corral, is_gvisor, pids_matching, wait_for
+from conftest import ROOT_BASE, Corral, is_gvisor, pids_matching, wait_for
 from test_network import Origin, net_log, origins  # noqa: F401  (fixture)
+
+from tests.tiers import TierCase
 
 BLOCKED = "blocked.corral.test"  # never allowed: its lookup must be refused and recorded
 PINNED = "service.corral.test"  # allowed and pinned to 127.0.0.1: answered, never sent to DNS
@@ -404,3 +407,47 @@ def test_nothing_left_when_corral_is_killed(
         assert str(tmp) not in fh.read()  # no bound socket left in the door's place
     twin = c.sh(ws, "echo alive", *allow)  # the next run starts as ever
     assert twin.stdout == b"alive\n"
+
+
+@pytest.mark.tiers("namespace", "container", "gvisor", why="a namespace to serve it in")
+def test_a_long_lived_sandbox_reaches_the_service_and_records_lookups(
+    tier: TierCase,
+    origins: tuple[Origin, Origin],  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sandbox() launches through a fork (not corral run's own process): the same
+    namespace, listeners and resolver, and the same audit."""
+    if os.geteuid() != 0:
+        pytest.skip("the API runs in this process: the root variant needs root")
+    from corral import policy as pol
+    from corral.sandbox import Sandbox
+
+    ok, bad = origins
+    base = ROOT_BASE / ("hs-" + uuid.uuid4().hex[:10])
+    ws, state = base / "ws", base / "state"
+    for d in (ws, state):
+        d.mkdir(parents=True)
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    try:
+        policy = pol.load(str(ws))
+        policy.network.mode = "proxy"
+        policy.network.allow = [f"127.0.0.1:{ok.port}"]
+        with Sandbox(policy, **tier.api) as box:
+            own = box.exec(f"curl -fsS --noproxy '*' --max-time 10 http://127.0.0.1:{ok.port}/own")
+            other = box.exec(f"curl -fsS --noproxy '*' --max-time 10 http://127.0.0.1:{bad.port}/")
+            lookup = box.exec(
+                f"python3 -c \"import socket; socket.getaddrinfo('{BLOCKED}', 80)\"", timeout=20
+            )
+        assert own.stdout == b"hello from origin\n", own.stderr
+        assert other.exit_code != 0 and bad.hits == []  # the deny twin
+        assert lookup.exit_code != 0 and b"gaierror" in lookup.stderr
+        lines = [json.loads(x) for x in (state / "corral" / "net.jsonl").read_text().splitlines()]
+        assert ("service", "allow", ok.port) in {
+            (e["scheme"], e["decision"], e["port"]) for e in lines
+        }
+        assert any(e["host"] == BLOCKED and e["decision"] == "deny" for e in lines)
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
