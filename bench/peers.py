@@ -357,11 +357,14 @@ class Bench:
                 ok = out.returncode == 0
             elif what == "burst":
                 start = time.perf_counter()
-                ok = True
+                failed = None
                 for _ in range(burst):
                     _, out = self.run(tool, "true")
-                    ok = ok and out.returncode == 0
+                    if out.returncode != 0 and failed is None:
+                        failed = out  # the one to report, not the last run
                 ms = (time.perf_counter() - start) * 1000
+                ok = failed is None
+                out = failed or out
             else:
                 ms, out = self.run(
                     tool, f"{HTTP_SCRIPT} http://127.0.0.1:{self.ok.port}/bench", self.ok.port
