@@ -330,6 +330,11 @@ def cmd_home(args: list[str]) -> int:
 
 
 def cmd_run(args: list[str]) -> int:
+    import gc
+
+    # One run, then exit: the cyclic collector only costs here (a pass over the
+    # modules just imported is a millisecond a run).  Proxy workers turn it back on.
+    gc.disable()
     opts, command = parse(args, RUN_OPTIONS, positional=True)
     if not command:
         raise CorralError("nothing to run: corral run [OPTIONS] -- COMMAND [ARG...]")
@@ -479,6 +484,12 @@ def _run_plan(
         if tally:
             result.denials.append(summary_line(tally))
         record["proxy_errors"] = door.errors  # details: net.jsonl, decision "error"
+    elif result.lookups:  # names looked up in a sandbox without a network: refused
+        from corral.net.audit import record_lookups, summary_line
+
+        net_log = opts.get("net_log")
+        tally = record_lookups(str(net_log) if net_log else None, run_id, result.lookups)
+        result.denials.append(summary_line(tally))
     record.update(
         end=runlog.iso(time.time()),
         exit=result.exit_code,
@@ -763,8 +774,7 @@ def _proxy_worker(
         proxy.guard(run_id)  # an unexpected exception: one audit line, not a traceback
         for sock in sockets:
             if sock.family == socket.AF_UNIX:
-                # a relay's internal frames only where a transparent relay can be
-                await proxy.serve_unix(sock, run_id, policy.network.transparent)
+                await proxy.serve_unix(sock, run_id)  # a relay's frames too (a door)
             else:
                 await proxy.serve_sock(sock, run_id)
         stop = asyncio.Event()

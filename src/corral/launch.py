@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from corral.cgroups import CgroupRun
+    from corral.netns import Resolver
     from corral.tiers.base import Plan
 
 CHUNK = 65536
@@ -39,6 +40,7 @@ class RunResult:
         "duration",
         "exit_code",
         "limits_hit",
+        "lookups",
         "output_bytes",
         "signal",
         "timed_out",
@@ -54,6 +56,8 @@ class RunResult:
         self.limits_hit: list[str] = []
         self.denials: list[str] = []
         self.signal: int | None = None  # a signal corral received and acted on
+        # names a sandbox without a network tried to look up: (name, record type)
+        self.lookups: list[tuple[str, str]] = []
 
 
 def new_run_id() -> str:
@@ -316,7 +320,12 @@ def run(
     in_fd: int = 0,
     on_output: Callable[[int, bytes], None] | None = None,
 ) -> RunResult:
-    """Launch ``plan`` and pump its output until it ends; the caller handles errors."""
+    """Launch ``plan`` and pump its output until it ends; the caller handles errors.
+
+    For the CLI: a process that runs this one sandbox.  When the plan has a
+    network namespace to make, this process moves into it before starting the
+    sandbox (no fork needed: bwrap is still spawned), and answers the resolver
+    of a sandbox without a network itself.  :func:`start` forks for it instead."""
     result = RunResult()
     care = Aftercare(plan, run_id)
     start = time.monotonic()
@@ -525,17 +534,32 @@ def _launch_and_pump(
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
 
+    resolver = _enter_netns(plan) if plan.netns is not None else None
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in FORWARDED_SIGNALS}
     old_wakeup = signal.set_wakeup_fd(wake_w)
     try:
-        pid = _exec_plan(plan, child_fds, procs_files)
+        pid = _exec_plan(plan, child_fds, procs_files, netns_made=plan.netns is not None)
         care.launched(pid)
         for fd in to_close:
             os.close(fd)
         _pump(
-            plan, result, pid, out_r, err_r, status_r, wake_r, received, out_fd, err_fd, on_output
+            plan,
+            result,
+            pid,
+            out_r,
+            err_r,
+            status_r,
+            wake_r,
+            received,
+            out_fd,
+            err_fd,
+            on_output,
+            resolver,
         )
     finally:
+        if resolver is not None:
+            result.lookups = resolver.refused
+            resolver.close()
         signal.set_wakeup_fd(old_wakeup)
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
@@ -546,12 +570,28 @@ def _launch_and_pump(
                 pass
 
 
-def _exec_plan(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) -> int:
+def _enter_netns(plan: Plan) -> Resolver | None:
+    """Move this process into the sandbox's new network namespace (see run()); the
+    resolver to serve if the sandbox has no network."""
+    from corral import netns
+
+    assert plan.netns is not None
+    try:
+        held = netns.enter(plan.netns)
+    except OSError as exc:
+        raise SetupError(f"the {plan.tier} sandbox's network could not be set up: {exc}") from None
+    return netns.Resolver(held) if held else None
+
+
+def _exec_plan(
+    plan: Plan, child_fds: dict[int, int], procs_files: list[str], netns_made: bool = False
+) -> int:
     """posix_spawn when nothing must happen between fork and exec; fork otherwise
-    (join a cgroup, change directory, enter a prepared network namespace)."""
+    (join a cgroup, change directory, make the sandbox's network namespace unless
+    this process already lives in it: ``netns_made``)."""
     if plan.landlock is not None:
         return _fork_confined(plan, child_fds, procs_files)
-    if not plan.cwd_in_argv or plan.netns_rules is not None:
+    if not plan.cwd_in_argv or (plan.netns is not None and not netns_made):
         return _fork_exec(plan, child_fds, procs_files)
     if procs_files and plan.cgroup is not None and plan.cgroup.version == "v1":
         # every run as root has a cgroup (the default limits): spawn into it
@@ -578,16 +618,17 @@ def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) ->
         for procs in procs_files:
             with open(procs, "w", encoding="utf-8") as fh:
                 fh.write("0")  # ourselves (see CgroupRun.procs_files)
-        if plan.netns_rules is not None:
-            from corral.net import transparent
-
-            try:
-                transparent.enter(plan.netns_rules)
-            except Exception as exc:
-                os.write(2, f"corral: transparent network setup failed: {exc}\n".encode())
-                os._exit(125)
         os.chdir(plan.cwd)
         _move_fds_into_place(child_fds)
+        if plan.netns is not None:
+            from corral import netns
+
+            try:
+                netns.enter(plan.netns)
+            except Exception as exc:
+                # on the run's stderr pipe: _pump reports it as why setup failed
+                os.write(2, f"network: {exc}\n".encode())
+                os._exit(125)
         env = plan.launcher_env if plan.launcher_env is not None else plan.env
         os.execvpe(plan.argv[0], plan.argv, env)
     except OSError as exc:
@@ -682,6 +723,7 @@ def _pump(
     out_fd: int,
     err_fd: int,
     on_output: Callable[[int, bytes], None] | None,
+    resolver: Resolver | None = None,
 ) -> None:
     limit = plan.policy.limits.output
     timeout = plan.policy.limits.timeout
@@ -701,6 +743,9 @@ def _pump(
         poller.register(fd, select.POLLIN)
     if status_r >= 0:
         poller.register(status_r, select.POLLIN)
+    lookups = set(resolver.fds()) if resolver is not None else set()
+    for fd in lookups:
+        poller.register(fd, select.POLLIN)
 
     def kill() -> None:
         nonlocal killed
@@ -747,7 +792,10 @@ def _pump(
         if not events and exited_at is not None:
             break  # the command is gone and its pipes went quiet (e.g. a daemon kept them)
         for fd, _mask in events:
-            if fd == wake_r:
+            if fd in lookups:
+                assert resolver is not None
+                resolver.answer(fd)
+            elif fd == wake_r:
                 os.read(wake_r, 512)
             elif fd == pidfd:
                 exited_at = time.monotonic()

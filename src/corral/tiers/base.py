@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from corral.fsplan import Mount
     from corral.home import HomeLayer
     from corral.landlock import Ruleset
+    from corral.netns import NetPlan
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
@@ -56,7 +57,7 @@ class Plan:
         "landlock",
         "launcher_env",
         "mounts",
-        "netns_rules",
+        "netns",
         "notes",
         "policy",
         "prepare",
@@ -77,8 +78,9 @@ class Plan:
         self.env: dict[str, str] = {}
         self.cwd = policy.workspace
         self.cwd_in_argv = False  # True when argv itself changes to cwd (bwrap --chdir)
-        # nftables rules for a network namespace the launcher creates (transparent mode)
-        self.netns_rules: str | None = None
+        # a network namespace the launcher creates, with the listeners it hands to
+        # the proxy (namespace tier with a network; see corral.netns)
+        self.netns: NetPlan | None = None
         self.mounts: list[Mount] = []
         self.seccomp: tuple[SyscallRule, ...] = ()
         self.cgroup: CgroupPlan | None = None
@@ -121,6 +123,8 @@ class Plan:
         if self.restore:
             lines.append("snapshotted at launch, restored after the run if changed:")
             lines.extend(f"  {p}" for p in self.restore)
+        if self.netns is not None:
+            lines.extend(self.netns.describe())
         if self.seccomp:
             lines.append("seccomp (errno unless allowed):")
             lines.extend(

@@ -246,8 +246,13 @@ class ContainerTier(Tier):
         spec.seccomp = f"{scratch}/seccomp.json"
         spec.mounts = plan.mounts
         spec.roots = roots
+        if policy.network.mode == "proxy":
+            spec.roots.append("/etc/resolv.conf")  # ours, bound over the image's
         spec.workdir = plan.cwd
         spec.host_uds = policy.network.mode == "proxy"
+        # the relay binds the resolver (53) and host services at their own port,
+        # which may be below 1024, in the container's own network namespace
+        spec.low_ports = policy.network.mode == "proxy"
         if pass_fds:
             plan.fds = self._pass_fds(eng, pass_fds)
             spec.preserve_fds = max(pass_fds) - 2
@@ -338,6 +343,11 @@ class ContainerTier(Tier):
         own: list[Mount],
         door: str | None,
     ) -> list[str]:
+        """The relay runs first inside (the engine owns the container's network
+        namespace): the proxy's ports, a resolver and the allowed host services
+        at their own address, each forwarded through the door."""
+        from corral import netns
+        from corral.fsplan import Mount
         from corral.net import door as doors
 
         if door is None:
@@ -347,9 +357,12 @@ class ContainerTier(Tier):
                 f"tier {self.name}: --transparent is not built for containers; "
                 "use the proxy variables (the default)"
             )
+        services, notes = netns.loopback_services(policy.network.allow, policy.network.deny)
+        plan.notes = [*plan.notes, *notes]
         own += doors.door_mounts(door)
+        own.append(Mount("ro-bind", "/etc/resolv.conf", netns.resolv_conf(), "the resolver"))
         plan.env = {**doors.proxy_env(), **plan.env}
-        return [*doors.relay_argv(python), "--", *command]
+        return [*doors.relay_argv(python, services), "--", *command]
 
 
 class GVisorTier(ContainerTier):

@@ -34,6 +34,10 @@ DIFFERENCES = (
     "the hostname and the network stack are shared; TCP may connect only to the "
     "proxy's port (Landlock rules name ports, not addresses: a server elsewhere on "
     "that same port would be reachable), no TCP bind, no UDP or raw sockets (seccomp)",
+    "an allowed host service on loopback (--allow 127.0.0.1:8080) is reached only "
+    "through the proxy (NO_PROXY leaves it out), not at its own address: a client "
+    "that ignores proxy variables cannot reach it; name lookups are not answered "
+    "(no resolver, and none are recorded)",
     "/tmp, /var/tmp, /run and /dev/shm are the host's: the sandbox cannot read or "
     "write them; TMPDIR points at a private scratch directory removed after the run",
     "no unix sockets can be created (seccomp): a path unix socket is not covered by "
@@ -169,6 +173,12 @@ def _parents(path: str, roots: list[str]) -> list[str]:
     return chain
 
 
+SERVICES_NOTE = (
+    "allowed host services on loopback are reached through the proxy here (NO_PROXY "
+    "leaves them out); a client that ignores proxy variables cannot reach them on this tier"
+)
+
+
 def door_port(door: str | None) -> int:
     """The proxy's TCP port from a door address ``127.0.0.1:PORT``."""
     host, _, port = (door or "").rpartition(":")
@@ -255,9 +265,16 @@ class LandlockTier(Tier):
         port = None
         if policy.network.mode == "proxy":
             from corral.net.door import proxy_env
+            from corral.netns import loopback_services
 
             port = door_port(door)
-            plan.env = {**proxy_env(port, port), **plan.env}
+            # No namespace of its own: an allowed host service cannot be served at
+            # its own address, so proxy-aware clients must send it to the proxy.
+            services, _ = loopback_services(policy.network.allow, policy.network.deny)
+            hosts = tuple(dict.fromkeys(h for h, _ in services))
+            plan.env = {**proxy_env(port, port, through_proxy=hosts), **plan.env}
+            if hosts:
+                plan.notes.append(SERVICES_NOTE)
         # No mounts here: a file a tier would bind in (the agent) is used where it is,
         # readable through its own grant.
         binds = {m.dest: m.src or m.dest for m in extra if m.kind == "ro-bind"}
