@@ -234,7 +234,9 @@ class ContainerTier(Tier):
             # not bind
             spec.ulimits = {}
         spec.name = f"corral-{suffix}"
-        spec.labels = {"corral": "1"}
+        # the workspace label lets `podman ps --filter label=corral.workspace=DIR`
+        # find one project's sandboxes (and tests find their own, not a neighbour's)
+        spec.labels = {"corral": "1", "corral.workspace": policy.workspace}
         spec.uid, spec.gid = os.getuid(), os.getgid()
         if enforce:
             spec.memory = int(lim.get("memory") or 0)
