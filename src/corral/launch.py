@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from corral.cgroups import CgroupRun
+    from corral.lockwatch import LockWatch
+    from corral.report import Denial
     from corral.tiers.base import Plan
 
 CHUNK = 65536
@@ -52,7 +54,7 @@ class RunResult:
         self.duration = 0.0
         self.output_bytes = 0  # bytes the command wrote, kept or not
         self.limits_hit: list[str] = []
-        self.denials: list[str] = []
+        self.denials: list[Denial] = []  # what the run's own files told (corral.report)
         self.signal: int | None = None  # a signal corral received and acted on
 
 
@@ -205,6 +207,12 @@ class Aftercare:
             raise
         if self.cg is not None or plan.quarantine or plan.restore or plan.scratch or plan.teardown:
             self.guardian = _Guardian(self._emergency, self.cg.remove if self.cg else None)
+        # set before the sandbox starts, so no refused write can slip past it
+        self.watch: LockWatch | None = None
+        if plan.lock_watch:
+            from corral.lockwatch import LockWatch
+
+            self.watch = LockWatch(plan.lock_watch)
 
     def launched(self, pid: int) -> None:
         if self.guardian is not None:
@@ -227,8 +235,8 @@ class Aftercare:
         time.sleep(0.05)
         self._undo()
 
-    def _undo(self, wait: bool = True) -> list[str]:
-        said = []
+    def _undo(self, wait: bool = True) -> list[Denial]:
+        said: list[Denial] = []
         if not self.clean:
             run_teardown(self.plan)
         if self.cg is not None:
@@ -249,12 +257,15 @@ class Aftercare:
                 shutil.rmtree(self.plan.scratch, ignore_errors=True)
         return said
 
-    def finish(self) -> list[str]:
+    def finish(self) -> list[Denial]:
         """Undo everything (the sandbox is gone); the denials found on the way."""
         # The sandbox's last process may still be exiting (bwrap's init tears its
         # mounts down after bwrap has told us the exit code): its cgroup is left
         # for the guardian to remove rather than waited for on every run.
         said = self._undo(wait=self.guardian is None)
+        if self.watch is not None:
+            said += self.watch.finish()
+            self.watch = None
         if self.guardian is not None:
             self.guardian.release(later=self.cg is not None and bool(self.cg.dirs))
         return said
@@ -273,13 +284,14 @@ def stop_plan(plan: Plan, pid: int) -> None:
         pass
 
 
-def quarantine(paths: list[str], run_id: str) -> list[str]:
+def quarantine(paths: list[str], run_id: str) -> list[Denial]:
     """Move anything created at a write-deny path out of the workspace; say what moved."""
     moved = []
     for path in paths:
         if not os.path.lexists(path):
             continue
         from corral import runlog
+        from corral.report import quarantined
 
         dest = os.path.join(runlog.state_dir(), "quarantine", run_id, path.lstrip("/"))
         try:
@@ -287,9 +299,9 @@ def quarantine(paths: list[str], run_id: str) -> list[str]:
             import shutil
 
             shutil.move(path, dest)
-            moved.append(f"denied write: {path} (write-deny) was created; moved to {dest}")
+            moved.append(quarantined(path, moved_to=dest))
         except OSError as exc:
-            moved.append(f"denied write: {path} (write-deny) was created; could not move it: {exc}")
+            moved.append(quarantined(path, error=str(exc)))
     return moved
 
 
@@ -438,7 +450,7 @@ class Started:
                 raise SetupError("the sandbox could not be set up (see its stderr)")
             text += chunk.decode("utf-8", "replace")
 
-    def stop(self) -> list[str]:
+    def stop(self) -> list[Denial]:
         """Kill the sandbox and undo what the run set up; the denials found."""
         if self.pid > 0:  # -1: already reaped (and never killpg(-1))
             stop_plan(self.plan, self.pid)

@@ -20,6 +20,7 @@ the callers waiting for them.
 from __future__ import annotations
 
 import array
+import collections
 import json
 import os
 import queue
@@ -35,6 +36,11 @@ from corral.errors import CorralError
 HEADER = struct.Struct("!II")
 SANDBOX_AGENT = "/run/corral/agent.py"
 SPAWN_WAIT = 30.0  # seconds for the agent to report a started command's pid
+HISTORY = 100  # commands the activity log's record of a sandbox keeps (the last ones)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.report import Denial
 
 
 class SandboxError(CorralError):
@@ -113,6 +119,7 @@ class Process:
         self._began = time.monotonic()
         self._exit_callbacks: list[Callable[[ExecResult], None]] = []
         self.error: BaseException | None = None  # the first callback error, if any
+        self._noted = False  # counted in the sandbox's activity record
 
     def _call(self, callback: Callable[..., None], arg: object) -> None:
         """Run a caller's callback on the reader thread; its error must not kill the
@@ -248,9 +255,13 @@ class Sandbox:
         image: str | None = None,
         oci_runtime: str | None = None,
         engine: str | None = None,
+        log: str | bool | None = None,
+        kind: str = "sandbox",
     ) -> None:
         """``image``, ``oci_runtime`` and ``engine`` set the policy's [container] keys
-        (the container and gvisor tiers)."""
+        (the container and gvisor tiers).  ``log``: the activity log that gets one
+        record when the sandbox closes (default: corral's, as for ``corral run``;
+        False: none); ``kind`` is what that record calls it."""
         from corral import launch, tiers
         from corral import policy as pol
         from corral.policy import Policy
@@ -259,6 +270,9 @@ class Sandbox:
             policy = pol.load(workspace)
         if not isinstance(policy, Policy):
             raise TypeError("policy must be a corral.policy.Policy (Policy.load(...))")
+        # built or changed in code: the checks a policy file gets (allow without a
+        # network mode is an error, not a sandbox quietly without network)
+        pol.check_network(policy, python=True)
         self.policy = policy
         if not policy.limits.defaults:  # built by hand, not by Policy.load: bound it too
             from corral import bounds
@@ -285,7 +299,14 @@ class Sandbox:
 
         self._door = open_door(policy, self.run_id, transport=self.tier.door_transport)
         self._closed = False
-        self.denials: list[str] = []  # what closing found undone (quarantine, restore)
+        # what closing found: quarantined and restored paths, refused writes, hosts
+        # the proxy refused (corral.report.Denial: str() is the line corral prints)
+        self.denials: list[Denial] = []
+        self._log = log
+        self._kind = kind
+        self._began = time.time()
+        self._execs = 0  # commands run, for the activity log; the last few kept
+        self._history: collections.deque[dict[str, object]] = collections.deque(maxlen=HISTORY)
         # unexpected errors inside corral's own parts (the agent), one line each
         self.errors: list[str] = []
         self._lock = threading.Lock()
@@ -322,6 +343,13 @@ class Sandbox:
             if self._instance:
                 self._discard()  # what is left of the one that died
             self._start()
+
+    @property
+    def notes(self) -> list[str]:
+        """What the plan decided beyond the policy (hard links made read-only, a
+        default limit not enforced here), once the sandbox has started."""
+        plan = getattr(self, "plan", None)
+        return list(plan.notes) if plan is not None else []
 
     @property
     def starts(self) -> int:
@@ -410,11 +438,63 @@ class Sandbox:
             if proc.running:
                 proc.result.exit_code = 128 + signal.SIGKILL
                 proc._done.set()
+                self._note(proc)
+        refused: list[dict[str, object]] = []
         if self._door is not None:
-            self._door.close()
-        self.denials = self._started.stop()
+            refused = self._door.close()
+        self.denials += self._started.stop()
         if self._started.care.guardian is not None:
             self._started.care.guardian.reap()
+        from corral import report
+
+        self.denials += report.network(refused, self.policy)
+        self._write_record()
+
+    def _note(self, proc: Process) -> None:
+        """One ended command, for the activity log (on the reader thread)."""
+        if proc._noted:
+            return
+        proc._noted = True
+        self._execs += 1
+        r = proc.result
+        self._history.append(
+            {"argv": proc.argv[:20], "exit": r.exit_code, "duration": round(r.duration, 4)}
+        )
+
+    def _write_record(self) -> None:
+        """The sandbox's one record in the activity log: what ``corral run`` writes,
+        with the commands it ran (how many, and the last HISTORY of them)."""
+        if self._log is False:
+            return
+        from corral import bounds, runlog
+        from corral.report import refusal
+
+        record: dict[str, object] = {
+            "run_id": self.run_id,
+            "kind": self._kind,
+            "start": runlog.iso(self._began),
+            "end": runlog.iso(time.time()),
+            "tier": self.plan.tier,
+            "policy_digest": runlog.digest(self.policy.to_dict()),
+            "policy_file": self.policy.source,
+            "workspace": self.policy.workspace,
+            "network": self.policy.network.mode,
+            "bounds": bounds.record(self.plan),
+            "duration": round(time.time() - self._began, 4),
+            "execs": self._execs,
+            "commands": list(self._history),
+            "starts": self._instance,
+            "denials": [d.to_dict() for d in self.denials if refusal(d)],
+            "errors": list(self.errors),
+        }
+        if self.plan.notes:
+            record["notes"] = self.plan.notes
+        if self._door is not None:
+            record["proxy_errors"] = self._door.errors
+        try:
+            runlog.append(record, self._log if isinstance(self._log, str) else None)
+        except OSError as exc:
+            self.errors.append(f"could not write the activity log: {exc}")
 
     def _wait_client(self, seconds: float) -> None:
         """Let the engine's client exit on its own (it removes the container)."""
@@ -503,6 +583,7 @@ class Sandbox:
                     self.errors.append(f"reader: {type(exc).__name__}: {exc}")
                 if header.get("ev") == "exit":
                     self._procs.pop(ident, None)
+                    self._note(proc)
                 continue
             waiter = self._waiting.pop(ident, None)
             if waiter is not None:
@@ -515,6 +596,7 @@ class Sandbox:
             waiter.put(({"ev": "done", "error": "the sandbox is gone", "errno": 0}, b""))
         for proc in list(self._procs.values()):
             proc._event({"ev": "exit", "code": 128 + signal.SIGKILL}, b"")
+            self._note(proc)
 
     def _new_id(self) -> int:
         with self._lock:
@@ -593,6 +675,8 @@ class Sandbox:
         proc = Process(self, ident, argv, on_stdout, on_stderr)
         self._procs[ident] = proc
         limit = self.policy.limits.output
+        if timeout is None:  # the policy's timeout bounds each command
+            timeout = self.policy.limits.timeout
         self._send(
             {
                 "op": "exec",

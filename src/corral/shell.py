@@ -15,6 +15,7 @@ import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from corral.report import Denial
     from corral.tiers.base import Plan
 
 # Runs inside: a session of its own (bwrap's --new-session made its parent the
@@ -51,8 +52,9 @@ def copy_winsize(src: int, dst: int) -> None:
         pass
 
 
-def run(plan: Plan, run_id: str) -> int:
-    """Run ``plan`` on a new pty wired to our stdin/stdout; returns the exit code."""
+def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
+    """Run ``plan`` on a new pty wired to our stdin/stdout; returns the exit code and
+    what the run's end found (quarantined and restored paths, refused writes)."""
     import termios
     import tty
 
@@ -113,12 +115,12 @@ def run(plan: Plan, run_id: str) -> int:
         os.close(master)
         if ended != started.status_r:
             os.close(ended)
-        started.stop()
+        found = started.stop()
     if code is None:
         from corral.launch import _status_value
 
         code = _status_value(text, "exit-code")
-    return 125 if code is None else code
+    return 125 if code is None else code, found
 
 
 def _drain(master: int) -> None:

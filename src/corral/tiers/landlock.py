@@ -232,6 +232,7 @@ class LandlockTier(Tier):
         plan.notes = list(fs.notes)
         plan.quarantine = fs.quarantine
         plan.restore = fs.write_protect
+        plan.hardlinks = fs.hardlinks
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
         plan.seccomp = (*seccomp.default_deny_rules(), *extra_seccomp_rules())

@@ -219,6 +219,8 @@ class NamespaceTier(Tier):
         plan.mounts = fs.mounts
         plan.quarantine = fs.quarantine
         plan.notes = fs.notes
+        plan.lock_watch = fs.lock_watch
+        plan.hardlinks = fs.hardlinks
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
         plan.cwd_in_argv = True
