@@ -72,6 +72,59 @@ def _status_value(text: str, key: str) -> int | None:
     return int(digits) if digits.lstrip("-").isdigit() else None
 
 
+def cannot_run(
+    name: str, enoent: bool, strerror: str, path: str, exists: bool | None, by_policy: bool = False
+) -> str:
+    """corral's one line for a command that could not be started (127 if ``enoent``,
+    else 126).  ``exists``: whether a path-like ``name`` is there (None: unknown);
+    ``by_policy``: the policy set PATH.  The sandbox-side helpers (relay, agent,
+    container boot, shell) say the same."""
+    if not enoent:
+        return f"corral: cannot run {name}: {strerror}"
+    if "/" not in name:
+        whose = ", set by the policy" if by_policy else ""
+        return f"corral: {name}: command not found in the sandbox (PATH={path}{whose})"
+    if exists:
+        return f"corral: {name}: the interpreter its #! line names is not in the sandbox"
+    if exists is None:
+        return f"corral: {name}: no such file in the sandbox (or its #! interpreter is missing)"
+    return f"corral: {name}: no such file in the sandbox"
+
+
+# bwrap's own words for a failed setup -> corral's (the first that matches wins)
+_BWRAP_SAYS = (
+    ("Can't chdir to ", "cannot enter the working directory {rest} inside the sandbox"),
+    ("Can't find source path ", "{rest}: a path to mount went away during setup; run again"),
+    ("Creating new namespace failed", "user namespaces are not available here ({rest}); "),
+    ("No permissions to creat", "user namespaces are not available here ({rest}); "),
+    ("setting up uid map", "user namespaces are not available here (uid map: {rest}); "),
+)
+
+
+def setup_failure(tier: str, lines: list[str]) -> str:
+    """One corral line for bwrap's setup error lines (``bwrap: ...``)."""
+    said = [line.removeprefix("bwrap: ") for line in lines]
+    for line in said:
+        for prefix, text in _BWRAP_SAYS:
+            if line.startswith(prefix):
+                rest = line[len(prefix) :].strip(": ")
+                message = text.format(rest=rest)
+                if message.endswith("; "):
+                    message += "see corral doctor, or try --tier landlock"
+                return f"the {tier} sandbox could not be set up: {message}"
+    return f"the {tier} sandbox could not be set up: bwrap: {'; '.join(said) or 'no reason given'}"
+
+
+def execvp_failure(line: str, path: str, by_policy: bool = False) -> tuple[str, int] | None:
+    """bwrap's ``execvp NAME: REASON`` as corral's line and exit code, or None."""
+    rest = line.removeprefix("bwrap: ").removeprefix("execvp ")
+    name, sep, strerror = rest.rpartition(": ")
+    if not line.startswith("bwrap: execvp ") or not sep:
+        return None
+    enoent = strerror == os.strerror(2)
+    return cannot_run(name, enoent, strerror, path, None, by_policy), 127 if enoent else 126
+
+
 def open_fds() -> list[int] | None:
     """Every descriptor open in this process now (one readdir), or None without /proc."""
     try:
@@ -570,15 +623,33 @@ def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) ->
             except Exception as exc:
                 os.write(2, f"corral: transparent network setup failed: {exc}\n".encode())
                 os._exit(125)
-        os.chdir(plan.cwd)
         _move_fds_into_place(child_fds)
+        try:
+            os.chdir(plan.cwd)
+        except OSError as exc:
+            if not plan.cwd_in_argv:  # (bwrap changes directory itself, inside)
+                os.write(2, f"corral: cannot enter {plan.cwd}: {exc.strerror}\n".encode())
+                os._exit(126)
         env = plan.launcher_env if plan.launcher_env is not None else plan.env
         os.execvpe(plan.argv[0], plan.argv, env)
     except OSError as exc:
-        os.write(2, f"corral: cannot start {plan.argv[0]}: {exc.strerror}\n".encode())
-        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+        _exec_failed(plan, exc, env)
     finally:
         os._exit(125)
+
+
+def _exec_failed(plan: Plan, exc: OSError, env: dict[str, str]) -> None:
+    """In a child whose exec failed: corral's line on its stderr, then 127 or 126."""
+    name = plan.argv[0]
+    enoent = isinstance(exc, FileNotFoundError)
+    by_policy = "PATH" in plan.policy.env.set_values
+    line = cannot_run(name, enoent, exc.strerror or str(exc), env.get("PATH", ""), None, by_policy)
+    if "/" in name and enoent:
+        line = cannot_run(name, True, "", "", os.path.exists(name))
+    if plan.tier == "none":
+        line = line.replace(" in the sandbox", "")
+    os.write(2, (line + "\n").encode())
+    os._exit(127 if enoent else 126)
 
 
 def _fork_confined(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) -> int:
@@ -594,8 +665,12 @@ def _fork_confined(plan: Plan, child_fds: dict[int, int], procs_files: list[str]
 
     def exec_command() -> None:
         try:
-            os.chdir(plan.cwd)
             _move_fds_into_place(child_fds)
+            os.chdir(plan.cwd)
+        except OSError as exc:
+            os.write(2, f"corral: cannot enter {plan.cwd}: {exc.strerror}\n".encode())
+            os._exit(126)
+        try:
             assert plan.landlock is not None
             confine.apply(plan.landlock, program)
         except (OSError, confine.ConfineError) as exc:
@@ -604,8 +679,7 @@ def _fork_confined(plan: Plan, child_fds: dict[int, int], procs_files: list[str]
         try:
             os.execvpe(plan.argv[0], plan.argv, plan.env)
         except OSError as exc:
-            os.write(2, f"corral: cannot start {plan.argv[0]}: {exc.strerror}\n".encode())
-            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+            _exec_failed(plan, exc, plan.env)
 
     try:
         for sig in RESET_SIGNALS:
@@ -675,6 +749,7 @@ def _pump(
     watch_setup = status_r >= 0  # without a status pipe there is no setup phase to watch
     started = not watch_setup
     held_err = b""  # stderr held back until the sandbox's child exists
+    suspect = b""  # a "bwrap: execvp" line, until it is known to be bwrap's own
     err_tail = b""  # the last stderr bytes: where the sandbox tool's own errors land
     killed = False
     exited_at: float | None = None
@@ -756,8 +831,16 @@ def _pump(
                 elif fd == err_r and not started:
                     held_err += chunk[: max(0, limit - len(held_err))]
                 else:
+                    if suspect:  # more output: it was the command's own, pass it on
+                        emit(err_fd, suspect)
+                        suspect = b""
                     if fd == err_r and watch_setup:
                         err_tail = (err_tail + chunk)[-4096:]
+                        if chunk.startswith(b"bwrap: execvp "):
+                            # bwrap could not exec the command: held back to say it
+                            # in corral's words if bwrap then exits without a code
+                            suspect = chunk[: max(0, limit - kept)]
+                            continue
                     emit(open_fds[fd], chunk)
                     if open_fds[fd] in broken:
                         # like a pipeline: the command's next write gets EPIPE/SIGPIPE
@@ -785,12 +868,19 @@ def _pump(
         # that record and with bwrap's own error text, setup failed.
         text = (held_err + err_tail).decode("utf-8", "replace")
         tool = [line for line in text.splitlines() if line.startswith("bwrap: ")]
-        if tool and all(line.startswith("bwrap: execvp ") for line in tool):
-            # the sandbox was fine; the command could not be executed: say it as a shell would
-            code = 127 if "No such file or directory" in tool[-1] else 126
+        path, by_policy = plan.env.get("PATH", ""), "PATH" in plan.policy.env.set_values
+        said = execvp_failure(tool[-1], path, by_policy) if tool else None
+        if said is not None and all(line.startswith("bwrap: execvp ") for line in tool):
+            # the sandbox was fine; the command could not be executed: say it as a
+            # shell would, in corral's words (127 not found, 126 not executable)
+            line, code = said
+            suspect = (line + "\n").encode()
         elif not started or (tool and os.waitstatus_to_exitcode(wait_status) == 1):
-            message = "; ".join(tool) or text.strip().replace("\n", "; ") or "no reason given"
-            raise SetupError(f"the {plan.tier} sandbox could not be set up: {message}")
+            if not tool:
+                tool = ["bwrap: " + text.strip().replace("\n", "; ")] if text.strip() else []
+            raise SetupError(setup_failure(plan.tier, tool))
+    if suspect:
+        emit(err_fd, suspect)
     if held_err:
         emit(err_fd, held_err)
     if code is None:

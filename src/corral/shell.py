@@ -26,9 +26,16 @@ CTTY_SHIM = (
     "    os.setsid()\n"
     "    fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
     "    os.execvp(sys.argv[1], sys.argv[1:])\n"
+    "except FileNotFoundError:\n"
+    "    name, path = sys.argv[1], os.environ.get('PATH', '')\n"
+    "    why = f'command not found in the sandbox (PATH={path})'\n"
+    "    if '/' in name:\n"
+    "        why = 'no such file in the sandbox'\n"
+    "    sys.stderr.write(f'corral: {name}: {why}\\n')\n"
+    "    os._exit(127)\n"
     "except OSError as exc:\n"
-    "    sys.stderr.write(f'corral: cannot start {sys.argv[1]}: {exc.strerror}\\n')\n"
-    "    os._exit(127 if isinstance(exc, FileNotFoundError) else 126)\n"
+    "    sys.stderr.write(f'corral: cannot run {sys.argv[1]}: {exc.strerror}\\n')\n"
+    "    os._exit(126)\n"
 )
 
 
