@@ -93,8 +93,8 @@ def cannot_run(
 
 # bwrap's own words for a failed setup -> corral's (the first that matches wins)
 _BWRAP_SAYS = (
-    ("Can't chdir to ", "cannot enter the working directory {rest} inside the sandbox"),
-    ("Can't find source path ", "{rest}: a path to mount went away during setup; run again"),
+    ("Can't chdir to ", "cannot enter the working directory {path} inside the sandbox: {why}"),
+    ("Can't find source path ", "{path} went away while the sandbox was set up ({why}); run again"),
     ("Creating new namespace failed", "user namespaces are not available here ({rest}); "),
     ("No permissions to creat", "user namespaces are not available here ({rest}); "),
     ("setting up uid map", "user namespaces are not available here (uid map: {rest}); "),
@@ -108,7 +108,8 @@ def setup_failure(tier: str, lines: list[str]) -> str:
         for prefix, text in _BWRAP_SAYS:
             if line.startswith(prefix):
                 rest = line[len(prefix) :].strip(": ")
-                message = text.format(rest=rest)
+                path, _, why = rest.rpartition(": ")
+                message = text.format(rest=rest, path=path or rest, why=why)
                 if message.endswith("; "):
                     message += "see corral doctor, or try --tier landlock"
                 return f"the {tier} sandbox could not be set up: {message}"

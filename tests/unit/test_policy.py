@@ -484,3 +484,44 @@ def test_hardlinks_key(tmp_path: Path) -> None:
     assert "filesystem.hardlinks" in err.message and "hardlinks must be" in err.message
     err = load_error(write(tmp_path, "[filesystem]\nhardlinks = true\n"), ws)
     assert "filesystem.hardlinks" in err.message and "expected a string" in err.message
+
+
+# -- a policy built or changed in code gets the file's checks -------------------------
+
+
+def test_allow_without_a_network_mode_is_an_error_in_code_too(tmp_path: Path) -> None:
+    pol = Policy(str(tmp_path))
+    pol.network.allow = ["pypi.org"]
+    with pytest.raises(PolicyError) as info:
+        policy.check_network(pol, python=True)
+    assert 'set policy.network.mode = "proxy"' in info.value.message
+    pol.network.mode = "proxy"
+    policy.check_network(pol, python=True)  # the allow twin
+    pol.network.allow = ["http://pypi.org/simple"]
+    with pytest.raises(PolicyError, match=r"^policy\.network\.allow: "):
+        policy.check_network(pol, python=True)
+    pol.network.allow, pol.network.mode = [], "open"
+    with pytest.raises(PolicyError, match="network.mode must be one of"):
+        policy.check_network(pol, python=True)
+    pol.network.mode, pol.network.transparent = "none", True
+    with pytest.raises(PolicyError, match="network.transparent has no effect"):
+        policy.check_network(pol, python=True)
+
+
+def test_explain_lists_the_network_rules(tmp_path: Path) -> None:
+    from corral.tiers.base import network_lines
+
+    pol = Policy(str(tmp_path))
+    assert network_lines(pol) == [
+        "network: none (the sandbox's own loopback only; allow a host with --allow)"
+    ]
+    pol.network.mode = "proxy"
+    pol.network.allow = ["pypi.org", "*.pythonhosted.org"]
+    pol.network.deny = ["*.internal.test"]
+    pol.network.hosts = {"mirror.test": "10.0.0.5"}
+    lines = network_lines(pol)
+    assert lines[0].startswith("network: proxy (")
+    assert "  allow: pypi.org, *.pythonhosted.org" in lines
+    assert "  deny: *.internal.test" in lines
+    assert "  pinned: mirror.test = 10.0.0.5 (no DNS)" in lines
+    assert any("rebinding" in line or "private" in line for line in lines)
