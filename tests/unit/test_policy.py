@@ -501,10 +501,10 @@ def test_allow_without_a_network_mode_is_an_error_in_code_too(tmp_path: Path) ->
     with pytest.raises(PolicyError, match=r"^policy\.network\.allow: "):
         policy.check_network(pol, python=True)
     pol.network.allow, pol.network.mode = [], "open"
-    with pytest.raises(PolicyError, match="network.mode must be one of"):
+    with pytest.raises(PolicyError, match=r"network\.mode must be one of"):
         policy.check_network(pol, python=True)
     pol.network.mode, pol.network.transparent = "none", True
-    with pytest.raises(PolicyError, match="network.transparent has no effect"):
+    with pytest.raises(PolicyError, match=r"network\.transparent has no effect"):
         policy.check_network(pol, python=True)
 
 
