@@ -678,9 +678,13 @@ def _failed(opts: dict[str, object], record: dict[str, object], exc: CorralError
 
     record.update(end=runlog.iso(time.time()), exit=exc.code, error=exc.message)
     _log(record, opts.get("log"))
-    if opts.get("report"):
+    target = str(opts.get("report") or "")
+    if target:
         doc = {"run_id": record["run_id"], "tier": record["tier"], "exit": exc.code}
-        _write_report(str(opts["report"]), {**doc, "error": exc.message, "denials": []})
+        if target == "json":  # the report stays the last line: say the error first
+            _err(f"corral: {exc.message}")
+            exc.message = ""
+        _write_report(target, {**doc, "error": record["error"], "denials": []})
 
 
 def _finish(
@@ -1092,7 +1096,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(help_text(args[0]))
             return 0
     except CorralError as exc:
-        _err(f"corral: {exc.message}")
+        if exc.message:  # empty: said already (before a --report json line)
+            _err(f"corral: {exc.message}")
         return exc.code
     except KeyboardInterrupt:
         return 130

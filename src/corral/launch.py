@@ -750,7 +750,7 @@ def _pump(
     watch_setup = status_r >= 0  # without a status pipe there is no setup phase to watch
     started = not watch_setup
     held_err = b""  # stderr held back until the sandbox's child exists
-    suspect = b""  # a "bwrap: execvp" line, until it is known to be bwrap's own
+    suspect = b""  # a "bwrap: " line, until it is known to be bwrap's own or not
     err_tail = b""  # the last stderr bytes: where the sandbox tool's own errors land
     killed = False
     exited_at: float | None = None
@@ -821,7 +821,9 @@ def _pump(
                 status_text += chunk.decode("utf-8", "replace")
                 if not started and _status_value(status_text, "child-pid") is not None:
                     started = True
-                    if held_err:
+                    if held_err.startswith(b"bwrap: "):  # the child's own setup failed
+                        suspect, held_err = held_err, b""
+                    elif held_err:
                         emit(err_fd, held_err)
                         held_err = b""
             else:
@@ -832,14 +834,20 @@ def _pump(
                 elif fd == err_r and not started:
                     held_err += chunk[: max(0, limit - len(held_err))]
                 else:
+                    if suspect and fd == err_r and not suspect.endswith(b"\n"):
+                        # bwrap writes its message in pieces: hold the whole line
+                        suspect += chunk[: max(0, limit - kept - len(suspect))]
+                        err_tail = (err_tail + chunk)[-4096:]
+                        continue
                     if suspect:  # more output: it was the command's own, pass it on
                         emit(err_fd, suspect)
                         suspect = b""
                     if fd == err_r and watch_setup:
                         err_tail = (err_tail + chunk)[-4096:]
-                        if chunk.startswith(b"bwrap: execvp "):
-                            # bwrap could not exec the command: held back to say it
-                            # in corral's words if bwrap then exits without a code
+                        if chunk.startswith(b"bwrap: "):
+                            # bwrap failed after reporting its child (chdir, exec):
+                            # held back to say it in corral's words if bwrap then
+                            # exits without the command's exit code
                             suspect = chunk[: max(0, limit - kept)]
                             continue
                     emit(open_fds[fd], chunk)
