@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -42,8 +43,10 @@ _spawn_lock = threading.Lock()
 
 def send(header: dict[str, object], payload: bytes = b"") -> None:
     data = json.dumps(header, separators=(",", ":")).encode()
+    frame = memoryview(HEADER.pack(len(data), len(payload)) + data + payload)
     with _write_lock:
-        os.write(1, HEADER.pack(len(data), len(payload)) + data + payload)
+        while frame:  # a write may take part of a frame (gVisor's pipes do)
+            frame = frame[os.write(1, frame) :]
 
 
 _channel: list[socket.socket] = []  # fd 0 as a socket, when it is one
@@ -265,24 +268,44 @@ def open_for_writing(path: str, root: object) -> int:
     dfd = os.open(root, DIR_FLAGS)
     try:
         for name in names:
-            try:
-                nfd = os.open(name, DIR_FLAGS, dir_fd=dfd)
-            except FileNotFoundError:
-                os.mkdir(name, 0o755, dir_fd=dfd)
-                nfd = os.open(name, DIR_FLAGS, dir_fd=dfd)
-            except OSError as exc:
-                if exc.errno in (20, 40):  # ENOTDIR, ELOOP: not a directory, or a symlink
-                    raise PermissionError(
-                        13,
-                        f"{name} on the way is a symlink or not a directory; parents "
-                        "are made only inside writable places, never through a symlink",
-                    ) from None
-                raise
+            nfd = _enter(dfd, name)
             os.close(dfd)
             dfd = nfd
         return os.open(os.path.basename(path), WRITE_FLAGS, 0o644, dir_fd=dfd)
     finally:
         os.close(dfd)
+
+
+def _enter(dfd: int, name: str) -> int:
+    """Open directory ``name`` in ``dfd``, making it if missing; PermissionError if
+    it is a symlink or not a directory.  Checked by lstat and by the identity of what
+    was opened, not by O_NOFOLLOW alone: gVisor follows a final symlink with it."""
+    refused = PermissionError(
+        13,
+        f"{name} on the way is a symlink or not a directory; parents are made only "
+        "inside writable places, never through a symlink",
+    )
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        try:
+            os.mkdir(name, 0o755, dir_fd=dfd)
+        except FileExistsError:  # a dangling symlink
+            raise refused from None
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        raise refused
+    try:
+        nfd = os.open(name, DIR_FLAGS, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno in (20, 40):  # ENOTDIR, ELOOP: swapped for a file or a link
+            raise refused from None
+        raise
+    opened = os.fstat(nfd)
+    if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+        os.close(nfd)
+        raise refused
+    return nfd
 
 
 def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import array
 import collections
+import concurrent.futures
 import json
 import os
 import queue
@@ -42,7 +43,6 @@ HISTORY = 100  # commands the activity log's record of a sandbox keeps (the last
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
-    import concurrent.futures
 
     from corral.policy import Policy
     from corral.report import Denial
@@ -982,7 +982,6 @@ class AsyncSandbox:
     async def _on_owner(self, call: Callable[[], T]) -> T:
         """Run ``call`` on this sandbox's own thread (see the class docstring)."""
         import asyncio
-        import concurrent.futures
 
         if self._owner is None:
             self._owner = concurrent.futures.ThreadPoolExecutor(
