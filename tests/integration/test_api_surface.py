@@ -205,13 +205,37 @@ def test_async_sandbox_has_the_sync_surface() -> None:
         assert inspect.iscoroutinefunction(getattr(AsyncProcess, name)), name
 
 
-# Everything the loop does is timed: asyncio's debug mode logs each callback that
-# runs longer than slow_callback_duration.  The twin at the end blocks on purpose
-# and must be caught, so a quiet log means the detector was listening.
+# Two detectors on the loop's thread.  Deterministic: every primitive that waits
+# (a blocking send or receive, a queue or event wait, waitpid, sleep, starting or
+# closing a Sandbox) is wrapped to note a call made from the loop's thread.  Timed,
+# as a backstop: asyncio's debug mode logs any callback longer than 0.25 s (wall
+# clock: lower would report a busy machine, not corral).  The twin at the end
+# blocks on purpose and must be caught by both.
 LOOP_WATCH = """
-import asyncio, logging, time
+import asyncio, logging, os, queue, socket, sys, threading, time
 from corral import policy as pol
-from corral.sandbox import AsyncSandbox
+from corral.sandbox import AsyncSandbox, Sandbox
+loop_thread = threading.get_ident()
+seen = []
+def can_wait(name, args):
+    if name in ("sendall", "sendmsg", "recv"):  # asyncio's own sockets never block
+        return args[0].getblocking()
+    if name == "wait":  # Thread.start waits a moment for the new thread: not ours
+        return sys._getframe(2).f_code.co_name != "start"
+    return True
+def watched(owner, name):
+    real = getattr(owner, name)
+    def call(*args, **kw):
+        if threading.get_ident() == loop_thread and can_wait(name, args):
+            seen.append(name)
+        return real(*args, **kw)
+    setattr(owner, name, call)
+for owner, name in (
+    (socket.socket, "sendall"), (socket.socket, "sendmsg"), (socket.socket, "recv"),
+    (queue.Queue, "get"), (threading.Event, "wait"), (os, "waitpid"), (time, "sleep"),
+    (Sandbox, "__init__"), (Sandbox, "close"), (Sandbox, "_start"), (Sandbox, "_ensure"),
+):
+    watched(owner, name)
 slow = []
 class Catch(logging.Handler):
     def emit(self, record):
@@ -223,7 +247,7 @@ policy = pol.load(WS)  # reading the policy file is the caller's business, not t
 async def go():
     loop = asyncio.get_running_loop()
     loop.set_debug(True)
-    loop.slow_callback_duration = 0.025
+    loop.slow_callback_duration = 0.25
     async with AsyncSandbox(policy, **API) as sb:
         rs = await asyncio.gather(*(sb.exec(["echo", str(i)]) for i in range(20)))
         assert [r.stdout for r in rs] == [f"{i}\\n".encode() for i in range(20)]
@@ -239,11 +263,12 @@ async def go():
         assert await sb.files.exists("d/e") and await sb.files.list("d")
         await sb.files.remove("d/e/f.txt")
         assert sb.processes() == [] and sb.describe()
-    print("quiet", len(slow), slow)
+    print("quiet", sorted(set(seen)), len(slow), slow)
+    seen.clear()
     slow.clear()
-    time.sleep(0.1)  # the twin: a blocking call on the loop is seen
+    time.sleep(0.3)  # the twin: a blocking call on the loop is seen
     await asyncio.sleep(0)
-    print("caught", len(slow) > 0)
+    print("caught", seen, len(slow) > 0)
 asyncio.run(go())
 """
 
@@ -253,8 +278,8 @@ def test_async_sandbox_never_blocks_the_event_loop(tsandbox: tuple[Corral, Path]
     r = script(c, ws, LOOP_WATCH)
     assert r.returncode == 0, r.stderr
     quiet, caught = r.stdout.splitlines()[-2:]
-    assert quiet == "quiet 0 []", r.stdout
-    assert caught == "caught True"
+    assert quiet == "quiet [] 0 []", r.stdout
+    assert caught == "caught ['sleep'] True"
 
 
 def test_large_replies_arrive_whole(tsandbox: tuple[Corral, Path]) -> None:
