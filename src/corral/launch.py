@@ -95,6 +95,7 @@ def cannot_run(
 _BWRAP_SAYS = (
     ("Can't chdir to ", "cannot enter the working directory {path} inside the sandbox: {why}"),
     ("Can't find source path ", "{path} went away while the sandbox was set up ({why}); run again"),
+    ("Can't create file at ", "{path} changed while the sandbox was set up ({why}); run again"),
     ("Creating new namespace failed", "user namespaces are not available here ({rest}); "),
     ("No permissions to creat", "user namespaces are not available here ({rest}); "),
     ("setting up uid map", "user namespaces are not available here (uid map: {rest}); "),
