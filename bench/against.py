@@ -184,10 +184,14 @@ def measure(rev: str, runs: int, calls: int, user: str | None) -> list[Row]:
             user_trees, prefix = _user_trees(trees, base, user)
             cases.append((f"as {user}", user_trees, prefix))
         for n, (who, case_trees, prefix) in enumerate(cases):
-            own_state = os.path.join(base, f"state-{n}")  # each user writes its own log
-            os.mkdir(own_state)
-            os.chmod(own_state, 0o1777)
-            got = cold(case_trees, {**env, "XDG_STATE_HOME": own_state}, ws, runs, prefix)
+            # each user writes its own log and bytecode (a cache root made would be
+            # read-only to the user, who would then compile corral on every run)
+            own = {}
+            for var, name in (("XDG_STATE_HOME", "state"), ("PYTHONPYCACHEPREFIX", "pycache")):
+                own[var] = os.path.join(base, f"{name}-{n}")
+                os.mkdir(own[var])
+                os.chmod(own[var], 0o1777)
+            got = cold(case_trees, {**env, **own}, ws, runs, prefix)
             name = f"corral run -q -- true, {who}"
             for t, s in zip(case_trees, got, strict=True):
                 rows.append(Row(f"against {rev}", f"{name} ({t.label})",

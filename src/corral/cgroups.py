@@ -337,6 +337,13 @@ class CgroupRun:
             pause = min(pause * 2, 0.01)
 
 
+def _other_threads() -> int:
+    """Threads started by the threading module besides the main one."""
+    import _thread
+
+    return int(_thread._count())
+
+
 def spawn_inside(procs_files: list[str], start: Callable[[], int]) -> int | None:
     """Run ``start`` (a posix_spawn) with this process inside the run's cgroups, then
     come back: the child starts inside, as a forked child that joins them would,
@@ -348,9 +355,7 @@ def spawn_inside(procs_files: list[str], start: Callable[[], int]) -> int | None
     forks instead.  Returns None when it cannot be used; the caller forks and
     joins then.
     """
-    import _thread
-
-    if _thread._count():
+    if _other_threads():
         return None
     # our own cgroup in each hierarchy: the parent of the run's (see CgroupRun)
     homes = [

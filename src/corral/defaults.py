@@ -180,4 +180,7 @@ SCAN_MAX_ENTRIES = 20000
 # file outside it.  At most this many are made read-only one by one; more are
 # refused rather than left writable.
 HARDLINK_MAX = 1000
+# When hard-linked files are found: how many entries of the secret paths are
+# looked at to tell whether one of them is a link to a secret.
+SECRET_WALK_MAX = 5000
 HARDLINK_POLICIES = ("read-only", "refuse")

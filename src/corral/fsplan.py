@@ -280,6 +280,37 @@ def _note_links(
         linked.setdefault((st.st_dev, st.st_ino), (st.st_nlink, []))[1].append(entry.path)
 
 
+def links_to(candidates: list[str], secrets: list[str]) -> list[str]:
+    """The candidates that are the same file as a secret (a file denied by path, or
+    one inside a denied directory, walked up to SECRET_WALK_MAX entries)."""
+    inodes: set[tuple[int, int]] = set()
+    budget = defaults.SECRET_WALK_MAX
+    stack = list(secrets)
+    while stack and budget > 0:
+        path = stack.pop()
+        budget -= 1
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            inodes.add((st.st_dev, st.st_ino))
+        elif stat.S_ISDIR(st.st_mode):
+            try:
+                stack.extend(os.path.join(path, n) for n in os.listdir(path))
+            except OSError:
+                continue
+    found = []
+    for path in candidates:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in inodes:
+            found.append(path)
+    return found
+
+
 def hardlink_decision(found: list[str], choice: str) -> str:
     """What happens to hard-linked files in the workspace: the note to print, or
     RefusedError when the policy says "refuse" (or there are too many to protect)."""
@@ -462,6 +493,12 @@ def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
         add_mask(secret, False, "secret file in workspace")
         plan.read_deny.append(secret)
     plan.hardlinks = [p for p in scan.hardlinks if p not in masks]
+    if plan.hardlinks:
+        # a link to a secret is the secret: masked like one, not merely read-only
+        for path in links_to(plan.hardlinks, plan.read_deny):
+            add_mask(path, False, "hard link to a secret")
+            plan.read_deny.append(path)
+        plan.hardlinks = [p for p in plan.hardlinks if p not in masks]
     if plan.hardlinks:
         plan.notes.append(hardlink_decision(plan.hardlinks, policy.filesystem.hardlinks))
 

@@ -576,6 +576,22 @@ def test_planted_hard_link_is_read_only(tsandbox: tuple[Corral, Path]) -> None:
     assert str(ws / "sub" / "a2.txt") not in " ".join(records[-1].get("notes", []))
 
 
+def test_hard_link_to_a_secret_is_unreadable(tsandbox: tuple[Corral, Path]) -> None:
+    """A key linked into the workspace is masked like the key itself; a link to a
+    plain file outside stays readable (and read-only)."""
+    c, ws = tsandbox
+    (c.home / ".ssh").mkdir()
+    key = c.home / ".ssh" / "id_ed25519"
+    key.write_text("SECRET-KEY\n")
+    os.link(key, ws / "key-link")
+    target, _planted = plant(c, ws)
+    c.chown(c.home / ".ssh", ws)
+    r = c.sh(ws, "cat key-link; echo; cat planted.txt")
+    assert b"SECRET-KEY" not in r.stdout + r.stderr, r
+    assert b"orig" in r.stdout, r  # the twin: the other link is readable
+    assert key.read_text() == "SECRET-KEY\n" and target.read_text() == "orig\n"
+
+
 def test_hard_links_refused_by_policy(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     target, planted = plant(c, ws)

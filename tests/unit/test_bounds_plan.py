@@ -251,7 +251,9 @@ def test_join_files_are_v1_tasks(tmp_path: Path) -> None:
     assert run.procs_files() == [str(tmp_path / "corral-t3" / "cgroup.procs")]
 
 
-def test_spawn_inside_joins_and_comes_back(tmp_path: Path) -> None:
+def test_spawn_inside_joins_and_comes_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # other tests of this process may have left threads behind (a Sandbox's reader)
+    monkeypatch.setattr(cgroups, "_other_threads", lambda: 0)
     home = tmp_path / "tasks"
     run_dir = tmp_path / "corral-x"
     run_dir.mkdir()
@@ -270,6 +272,9 @@ def test_spawn_inside_joins_and_comes_back(tmp_path: Path) -> None:
         raise OSError(11, "pids")
 
     assert cgroups.spawn_inside([str(run_dir / "tasks")], fails) is None  # caller forks
+    monkeypatch.setattr(cgroups, "_other_threads", lambda: 1)
+    assert cgroups.spawn_inside([str(run_dir / "tasks")], start) is None  # threads: fork
+    assert seen == ["0"]  # start was not called
 
 
 # -- plans -------------------------------------------------------------------------------

@@ -452,6 +452,29 @@ def test_hard_links_found_and_made_read_only(lay: Layout) -> None:
     assert plan_filesystem(policy_for(lay, read_deny=[]), mounts=False).hardlinks == [planted]
 
 
+def test_hard_links_to_secrets_are_masked(lay: Layout) -> None:
+    """A link to a secret (a denied file, or a file in a denied directory) is the
+    secret: masked and denied, on both kinds of tier; another link stays read-only."""
+    (lay.home / ".ssh").mkdir()
+    key = lay.home / ".ssh" / "id_ed25519"
+    key.write_text("key")
+    token = lay.home / "token.txt"
+    token.write_text("t")
+    os.link(key, lay.ws / "key-link")
+    os.link(token, lay.ws / "token-link")
+    plain = lay.root / "plain.txt"
+    plain.write_text("p")
+    os.link(plain, lay.ws / "plain-link")
+    pol = policy_for(lay, read_deny=["~/.ssh/", "~/token.txt"])
+    for mounts in (True, False):
+        plan = plan_filesystem(pol, mounts=mounts)
+        masked = {str(lay.ws / "key-link"), str(lay.ws / "token-link")}
+        assert masked <= set(plan.read_deny), plan.read_deny
+        assert plan.hardlinks == [str(lay.ws / "plain-link")]  # the twin: read-only only
+        if mounts:
+            assert {m.dest for m in plan.mounts if m.kind == "mask-file"} >= masked
+
+
 def test_hard_links_refused_or_too_many(lay: Layout, monkeypatch: pytest.MonkeyPatch) -> None:
     from corral import defaults
     from corral.errors import EXIT_REFUSED, RefusedError
