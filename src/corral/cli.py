@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from corral.errors import EXIT_CODES, EXIT_INTERNAL, EXIT_USAGE, CorralError
+from corral.errors import EXIT_INTERNAL, EXIT_USAGE, CorralError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 # option -> (attribute, kind, metavar, help).  kind: "flag" takes no value, "list"
 # repeats, "value" takes one.  The usage text is generated from these tables
-# (help_text), so what --help says and what is parsed cannot drift apart.
+# (corral.usage), so what --help says and what is parsed cannot drift apart.
 Options = dict[str, tuple[str, str, str, str]]
 
 RUN_OPTIONS: Options = {
@@ -257,64 +257,6 @@ COMMANDS: dict[str, tuple[str, str, Options]] = {
 
 class HelpRequested(Exception):
     """``-h``/``--help`` among a command's options: print its help, exit 0."""
-
-
-def _wrap(text: str, width: int, indent: str) -> list[str]:
-    """Greedy word wrap (textwrap would import re)."""
-    lines: list[str] = []
-    line = ""
-    for word in text.split():
-        if line and len(indent) + len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    return [*lines, line] if line else lines
-
-
-def options_text(table: Options) -> str:
-    """One entry per attribute (aliases together), help wrapped under 88 columns."""
-    seen: dict[str, list[str]] = {}
-    for name, (attr, *_rest) in table.items():
-        seen.setdefault(attr, []).append(name)
-    out = []
-    for names in seen.values():
-        documented = [n for n in names if table[n][3]] or names
-        _, kind, metavar, help_ = table[documented[0]]
-        head = "  " + ", ".join(names) + (f" {metavar}" if kind != "flag" else "")
-        body = _wrap(help_, 88, " " * 24)
-        if len(head) < 22 and body:
-            out.append(f"{head:<24}{body[0]}")
-            body = body[1:]
-        else:
-            out.append(head)
-        out.extend(" " * 24 + line for line in body)
-    return "\n".join(out) + "\n"
-
-
-def help_text(command: str | None = None) -> str:
-    """``corral --help`` (every command), or one command's usage and options."""
-    if command is None:
-        width = max(len(f"corral {n} {u}") for n, (u, _, _) in COMMANDS.items())
-        lines = [
-            f"{'usage:' if i == 0 else '      '} {f'corral {n} {u}':<{width}}  {what}"
-            for i, (n, (u, what, _)) in enumerate(COMMANDS.items())
-        ]
-        lines.append("       corral --version")
-        lines.append("\ncorral COMMAND --help (or corral help COMMAND) lists its options.")
-        return "\n".join(lines) + "\n\n" + _exit_codes()
-    usage, what, table = COMMANDS[command]
-    text = f"usage: corral {command} {usage}\n\n{what}\n\noptions:\n" + options_text(table)
-    text += "  -h, --help              this text\n"
-    if command in ("run", "shell", "mcp"):
-        text += "\n" + _exit_codes()
-    return text
-
-
-def _exit_codes() -> str:
-    return "exit codes: the command's own code; 128+N if it died of signal N; and\n" + "".join(
-        f"  {code:>3}  {text}\n" for code, text in EXIT_CODES.items()
-    )
 
 
 def parse(
@@ -1064,12 +1006,16 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
         if not args or args[0] in ("-h", "--help"):
+            from corral.usage import help_text
+
             sys.stdout.write(help_text())
             return 0 if args else EXIT_USAGE
         if args[0] == "help":
             topic = args[1] if len(args) > 1 else None
             if topic is not None and topic not in COMMANDS:
                 raise CorralError(f"no help for {topic!r}: commands are {', '.join(COMMANDS)}")
+            from corral.usage import help_text
+
             sys.stdout.write(help_text(topic))
             return 0
         if args[0] == "--version":
@@ -1093,6 +1039,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return commands[args[0]](args[1:])
         except HelpRequested:
+            from corral.usage import help_text
+
             sys.stdout.write(help_text(args[0]))
             return 0
     except CorralError as exc:
