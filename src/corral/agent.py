@@ -106,7 +106,7 @@ class NoCwd(OSError):
 
 
 def cannot_run(name: str, exc: OSError, path: str) -> str:
-    """corral's line for a command that could not start (as corral.launch.cannot_run;
+    """corral's line for a command that could not start (as corral.failures.cannot_run;
     this file runs inside the sandbox and imports nothing of corral)."""
     if isinstance(exc, NoCwd):
         return f"corral: cannot enter the working directory {exc.filename}: {exc.strerror}\n"

@@ -72,61 +72,6 @@ def _status_value(text: str, key: str) -> int | None:
     return int(digits) if digits.lstrip("-").isdigit() else None
 
 
-def cannot_run(
-    name: str, enoent: bool, strerror: str, path: str, exists: bool | None, by_policy: bool = False
-) -> str:
-    """corral's one line for a command that could not be started (127 if ``enoent``,
-    else 126).  ``exists``: whether a path-like ``name`` is there (None: unknown);
-    ``by_policy``: the policy set PATH.  The sandbox-side helpers (relay, agent,
-    container boot, shell) say the same."""
-    if not enoent:
-        return f"corral: cannot run {name}: {strerror}"
-    if "/" not in name:
-        whose = ", set by the policy" if by_policy else ""
-        return f"corral: {name}: command not found in the sandbox (PATH={path}{whose})"
-    if exists:
-        return f"corral: {name}: the interpreter its #! line names is not in the sandbox"
-    if exists is None:
-        return f"corral: {name}: no such file in the sandbox (or its #! interpreter is missing)"
-    return f"corral: {name}: no such file in the sandbox"
-
-
-# bwrap's own words for a failed setup -> corral's (the first that matches wins)
-_BWRAP_SAYS = (
-    ("Can't chdir to ", "cannot enter the working directory {path} inside the sandbox: {why}"),
-    ("Can't find source path ", "{path} went away while the sandbox was set up ({why}); run again"),
-    ("Can't create file at ", "{path} changed while the sandbox was set up ({why}); run again"),
-    ("Creating new namespace failed", "user namespaces are not available here ({rest}); "),
-    ("No permissions to creat", "user namespaces are not available here ({rest}); "),
-    ("setting up uid map", "user namespaces are not available here (uid map: {rest}); "),
-)
-
-
-def setup_failure(tier: str, lines: list[str]) -> str:
-    """One corral line for bwrap's setup error lines (``bwrap: ...``)."""
-    said = [line.removeprefix("bwrap: ") for line in lines]
-    for line in said:
-        for prefix, text in _BWRAP_SAYS:
-            if line.startswith(prefix):
-                rest = line[len(prefix) :].strip(": ")
-                path, _, why = rest.rpartition(": ")
-                message = text.format(rest=rest, path=path or rest, why=why)
-                if message.endswith("; "):
-                    message += "see corral doctor, or try --tier landlock"
-                return f"the {tier} sandbox could not be set up: {message}"
-    return f"the {tier} sandbox could not be set up: bwrap: {'; '.join(said) or 'no reason given'}"
-
-
-def execvp_failure(line: str, path: str, by_policy: bool = False) -> tuple[str, int] | None:
-    """bwrap's ``execvp NAME: REASON`` as corral's line and exit code, or None."""
-    rest = line.removeprefix("bwrap: ").removeprefix("execvp ")
-    name, sep, strerror = rest.rpartition(": ")
-    if not line.startswith("bwrap: execvp ") or not sep:
-        return None
-    enoent = strerror == os.strerror(2)
-    return cannot_run(name, enoent, strerror, path, None, by_policy), 127 if enoent else 126
-
-
 def open_fds() -> list[int] | None:
     """Every descriptor open in this process now (one readdir), or None without /proc."""
     try:
@@ -182,8 +127,13 @@ class _Guardian:
     """
 
     def __init__(
-        self, cleanup: Callable[[int], None], later: Callable[[], None] | None = None
+        self,
+        cleanup: Callable[[int], None],
+        later: Callable[[], None] | None = None,
+        hold: int = -1,
     ) -> None:
+        """``hold``: a descriptor the guardian keeps open until it exits, so that
+        the last close (slow for some kinds, see corral.lockwatch) is not corral's."""
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # guardian
@@ -192,7 +142,10 @@ class _Guardian:
                 for sig in FORWARDED_SIGNALS:
                     signal.signal(sig, signal.SIG_IGN)
                 null = os.open(os.devnull, os.O_RDWR)
-                _move_fds_into_place({0: null, 1: null, 2: null, 3: rfd})
+                keep = {0: null, 1: null, 2: null, 3: rfd}
+                if hold >= 0:
+                    keep[4] = hold
+                _move_fds_into_place(keep)
                 said = b""
                 while chunk := os.read(3, 64):
                     said += chunk
@@ -260,14 +213,24 @@ class Aftercare:
             if self.cg is not None:
                 self.cg.remove()
             raise
-        if self.cg is not None or plan.quarantine or plan.restore or plan.scratch or plan.teardown:
-            self.guardian = _Guardian(self._emergency, self.cg.remove if self.cg else None)
         # set before the sandbox starts, so no refused write can slip past it
         self.watch: LockWatch | None = None
         if plan.lock_watch:
             from corral.lockwatch import LockWatch
 
             self.watch = LockWatch(plan.lock_watch)
+        if (
+            self.cg is not None
+            or plan.quarantine
+            or plan.restore
+            or plan.scratch
+            or plan.teardown
+            or self.watch is not None
+        ):
+            # the guardian also holds the watch: tearing an inotify instance down
+            # waits for an RCU grace period (about 14 ms here), which its exit pays
+            hold = self.watch.fd if self.watch is not None else -1
+            self.guardian = _Guardian(self._emergency, self.cg.remove if self.cg else None, hold)
 
     def launched(self, pid: int) -> None:
         if self.guardian is not None:
@@ -642,6 +605,8 @@ def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) ->
 
 def _exec_failed(plan: Plan, exc: OSError, env: dict[str, str]) -> None:
     """In a child whose exec failed: corral's line on its stderr, then 127 or 126."""
+    from corral.failures import cannot_run
+
     name = plan.argv[0]
     enoent = isinstance(exc, FileNotFoundError)
     by_policy = "PATH" in plan.policy.env.set_values
@@ -879,6 +844,8 @@ def _pump(
         text = (held_err + err_tail).decode("utf-8", "replace")
         tool = [line for line in text.splitlines() if line.startswith("bwrap: ")]
         path, by_policy = plan.env.get("PATH", ""), "PATH" in plan.policy.env.set_values
+        from corral.failures import execvp_failure, setup_failure
+
         said = execvp_failure(tool[-1], path, by_policy) if tool else None
         if said is not None and all(line.startswith("bwrap: execvp ") for line in tool):
             # the sandbox was fine; the command could not be executed: say it as a

@@ -18,8 +18,10 @@ permission events) on every open of the run.
 
 inotify has no binding in the standard library; the three libc calls go
 through ``_ctypes`` directly (0.3 ms to import, against 1.5 ms for ``ctypes``),
-and only for runs in a git repository.  The watch reports what happens in
-those directories, by anyone: a git on the host failing in the same
+and only for runs in a git repository.  Tearing an inotify instance down
+waits for an RCU grace period (about 14 ms here): corral's guardian process
+holds the last reference, so that wait is its exit's, not the run's.  The
+watch reports what happens in those directories, by anyone: a git on the host failing in the same
 repository during the run would be named too.  The kernel queues 16384
 events per watch; a long-lived sandbox busy in ``.git`` beyond that between
 two reads loses the newest (git makes a handful per command there).

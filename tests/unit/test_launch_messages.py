@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.launch import cannot_run, execvp_failure, setup_failure
+from corral.failures import cannot_run, execvp_failure, setup_failure
 
 
 def test_cannot_run_says_what_is_missing_and_where_it_looked() -> None:
@@ -64,6 +64,13 @@ def test_other_lines_are_not_execvp() -> None:
         (
             ["bwrap: No permissions to creating new namespace, likely because ..."],
             "user namespaces are not available here",
+        ),
+        (
+            [
+                "bwrap: Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: "
+                'remount "/newroot/var/lib/containers/x/merged": No such file or directory'
+            ],
+            "a host mount changed during setup (Unable to apply mount flags: remount",
         ),
         (["bwrap: Unknown thing happened"], "could not be set up: bwrap: Unknown thing happened"),
         ([], "could not be set up: bwrap: no reason given"),

@@ -60,7 +60,7 @@ def _one_line(kind: type[BaseException], value: BaseException, _tb: object) -> N
 
 
 def cannot_run(name: str, exc: OSError, path: str) -> str:
-    """corral's line for a command that could not start (as corral.launch.cannot_run;
+    """corral's line for a command that could not start (as corral.failures.cannot_run;
     this file runs inside the sandbox and imports nothing of corral)."""
     if not isinstance(exc, FileNotFoundError):
         return f"corral: cannot run {name}: {exc.strerror}\n"

@@ -150,7 +150,7 @@ def parse(argv: list[str]) -> tuple[str, dict[str, int], list[str]]:
 
 
 def cannot_run(name: str, exc: OSError, path: str) -> str:
-    """corral's line for a command that could not start (as corral.launch.cannot_run;
+    """corral's line for a command that could not start (as corral.failures.cannot_run;
     this file runs inside the sandbox and imports nothing of corral)."""
     if not isinstance(exc, FileNotFoundError):
         return f"corral: cannot run {name}: {exc.strerror}\n"
