@@ -641,16 +641,21 @@ def _finish(
     """After the sandbox is gone: gather every denial, log the run, tell the user."""
     import time
 
-    from corral import report, runlog
+    from corral import bounds, runlog
 
     denials = list(found)
+    refused = door.close() if door is not None else []
     if door is not None:
-        denials += report.network(door.close(), plan.policy)
         record["proxy_errors"] = door.errors  # details: net.jsonl, decision "error"
-    denials += report.limits(
-        plan, result.limits_hit, result.timed_out, result.truncated, result.output_bytes
-    )
-    denials += report.hardlinks(plan.hardlinks)
+    limited = result.limits_hit or result.timed_out or result.truncated or bounds.unenforced(plan)
+    if refused or limited or plan.hardlinks:  # corral.report only when there is news
+        from corral import report
+
+        denials += report.network(refused, plan.policy)
+        denials += report.limits(
+            plan, result.limits_hit, result.timed_out, result.truncated, result.output_bytes
+        )
+        denials += report.hardlinks(plan.hardlinks)
     record.update(
         end=runlog.iso(time.time()),
         exit=code,
@@ -659,12 +664,14 @@ def _finish(
         truncated=result.truncated,
         output_bytes=result.output_bytes,
         limits_hit=result.limits_hit,
-        denials=[d.to_dict() for d in denials if report.refusal(d)],
+        denials=[d.to_dict() for d in denials if d.refused],
     )
     _log(record, opts.get("log"))
     target = str(opts.get("report") or "")
     if target:
-        _write_report(target, report.document(str(record["run_id"]), plan.tier, code, denials))
+        from corral.report import document
+
+        _write_report(target, document(str(record["run_id"]), plan.tier, code, denials))
     if target != "json":
         for line in closing_lines(denials, plan.policy, result.signal):
             _err(f"corral: {line}")
@@ -674,13 +681,12 @@ def _finish(
 def closing_lines(denials: list[Denial], policy: Policy, signum: int | None) -> list[str]:
     """What corral says on stderr after a run: limits, files, then one line for the
     network, then a signal it acted on."""
-    from corral.report import blocked_line
-
     lines = [d.text for d in denials if d.kind == "limit" and d.text]
     lines += [d.text for d in denials if d.kind == "file" and d.text]
-    blocked = blocked_line(denials, policy)
-    if blocked:
-        lines.append(blocked)
+    if any(d.kind == "network" for d in denials):
+        from corral.report import blocked_line
+
+        lines.append(blocked_line(denials, policy))
     if signum is not None:
         lines.append(f"received signal {signum}; killed the sandbox")
     return lines

@@ -42,6 +42,11 @@ class Denial:
     def to_dict(self) -> dict[str, object]:
         return {"kind": self.kind, **self.fields}
 
+    @property
+    def refused(self) -> bool:
+        """Something refused (what the run record lists), not a bound or a note."""
+        return self.kind in ("file", "network") and self.fields.get("action") != "read-only"
+
     def __str__(self) -> str:
         return self.text or f"{self.kind}: {self.fields}"
 
@@ -219,11 +224,6 @@ def limits(
         if b.enforced is False:  # said before the run (bounds.notice)
             out.append(Denial("bound", name=b.name, value=b.value, source=b.source, reason=b.how))
     return out
-
-
-def refusal(d: Denial) -> bool:
-    """A denial the run record lists: something refused, not a bound or a note."""
-    return d.kind in ("file", "network") and d.fields.get("action") != "read-only"
 
 
 def document(run_id: str, tier: str, exit_code: int, denials: list[Denial]) -> dict[str, object]:

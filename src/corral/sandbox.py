@@ -508,7 +508,6 @@ class Sandbox:
         if self._log is False:
             return
         from corral import bounds, runlog
-        from corral.report import refusal
 
         record: dict[str, object] = {
             "run_id": self.run_id,
@@ -525,7 +524,7 @@ class Sandbox:
             "execs": self._execs,
             "commands": list(self._history),
             "starts": self._instance,
-            "denials": [d.to_dict() for d in self.denials if refusal(d)],
+            "denials": [d.to_dict() for d in self.denials if d.refused],
             "errors": list(self.errors),
         }
         if self.plan.notes:

@@ -50,7 +50,7 @@ def test_each_rule_gets_the_flag_that_would_allow_it_or_none(tmp_path: Path) -> 
     assert found[0].fields["host"] == "example.org"  # most frequent first
     lookup = next(d for d in found if d.fields["host"] == "name.test")
     assert lookup.fields["port"] is None and lookup.fields["lookup"] is True
-    assert all(d.kind == "network" and report.refusal(d) for d in found)
+    assert all(d.kind == "network" and d.refused for d in found)
 
 
 def test_the_blocked_line_names_hosts_rules_reasons_and_flags(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_limits_hit_and_bounds_not_enforced(tmp_path: Path) -> None:
     ]
     assert texts[3] == ""  # said before the run, as a note
     assert found[3].fields["reason"] == "no cgroup delegation"
-    assert not any(report.refusal(d) for d in found)
+    assert not any(d.refused for d in found)
 
 
 def test_file_denials_carry_path_rule_and_action() -> None:
@@ -141,7 +141,7 @@ def test_file_denials_carry_path_rule_and_action() -> None:
     assert "2 writes through config.lock refused" in refused.text
     assert "Device or resource busy" in refused.text
     assert links[0].fields["action"] == "read-only" and links[0].text == ""
-    assert [report.refusal(d) for d in (moved, back, refused, links[0])] == [
+    assert [d.refused for d in (moved, back, refused, links[0])] == [
         True,
         True,
         True,
