@@ -937,7 +937,10 @@ class _FutureWaiter(_Waiter):
         self.future: asyncio.Future[tuple[dict[str, object], bytes]] = loop.create_future()
 
     def put(self, item: tuple[dict[str, object], bytes]) -> None:  # the reader thread
-        self.loop.call_soon_threadsafe(self._settle, item)
+        try:
+            self.loop.call_soon_threadsafe(self._settle, item)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
 
     def _settle(self, item: tuple[dict[str, object], bytes]) -> None:
         if not self.future.done():
@@ -978,15 +981,17 @@ class AsyncSandbox:
 
     # -- the owner thread ---------------------------------------------------------------
 
-    async def _on_owner(self, call: Callable[[], T]) -> T:
-        """Run ``call`` on this sandbox's own thread (see the class docstring)."""
+    async def _on_owner(self, call: Callable[[], T], must_run: bool = False) -> T:
+        """Run ``call`` on this sandbox's own thread (see the class docstring).
+        ``must_run``: a cancelled caller must not cancel it (it releases a lock)."""
         import asyncio
 
         if self._owner is None:
             self._owner = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="corral-async-sandbox"
             )
-        return await asyncio.get_running_loop().run_in_executor(self._owner, call)
+        done = asyncio.get_running_loop().run_in_executor(self._owner, call)
+        return await (asyncio.shield(done) if must_run else done)
 
     async def _send(self, header: dict[str, object], payload: bytes = b"") -> None:
         """One frame: from here if that cannot block, else from the owner thread
@@ -995,8 +1000,8 @@ class AsyncSandbox:
         rest = sb._send_now(header, payload)
         if rest is None:
             await self._on_owner(lambda: sb._send(header, payload))
-        elif rest:
-            await self._on_owner(lambda: sb._send_rest(rest))
+        elif rest:  # the frame's end, and the send lock with it
+            await self._on_owner(lambda: sb._send_rest(rest), must_run=True)
 
     async def _ensure(self) -> Sandbox:
         sb = self.sync

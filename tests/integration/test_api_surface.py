@@ -302,3 +302,31 @@ with Sandbox(pol.load(WS), **API) as sb:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[:3] == ["3072000", "True", "True"]
+
+
+@pytest.mark.tiers("namespace", "landlock", why="the socket's send path; containers use the same")
+def test_a_cancelled_large_write_leaves_the_sandbox_usable(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    r = script(
+        c,
+        ws,
+        """
+import asyncio
+from corral import policy as pol
+from corral.sandbox import AsyncSandbox
+async def go():
+    async with AsyncSandbox(pol.load(WS), **API) as sb:
+        slow = await sb.spawn(["sh", "-c", "sleep 1; cat > /dev/null"])  # reads late
+        try:  # far more than a socket buffer: sent in parts, cancelled on the way
+            await asyncio.wait_for(slow.write_stdin(b"x" * (32 << 20)), 0.2)
+        except asyncio.TimeoutError:
+            pass
+        r = await asyncio.wait_for(sb.exec(["echo", "still-usable"]), 30)
+        print(r.stdout.decode().strip())
+        await slow.kill()
+asyncio.run(go())
+""",
+        timeout=90,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "still-usable"
