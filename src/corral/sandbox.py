@@ -181,6 +181,7 @@ class Process:
             with self._lock:
                 r.stdout, r.stderr = bytes(self._out), bytes(self._err)
                 callbacks = list(self._exit_callbacks)
+            self.sandbox._note(self)  # counted before anyone hears it ended
             self._started.set()
             self._done.set()
             self._notify_started()
@@ -656,7 +657,6 @@ class Sandbox:
                     self.errors.append(f"reader: {type(exc).__name__}: {exc}")
                 if header.get("ev") == "exit":
                     self._procs.pop(ident, None)
-                    self._note(proc)
                 continue
             waiter = self._waiting.pop(ident, None)
             if waiter is not None:
@@ -669,7 +669,6 @@ class Sandbox:
             waiter.put(({"ev": "done", "error": "the sandbox is gone", "errno": 0}, b""))
         for proc in list(self._procs.values()):
             proc._event({"ev": "exit", "code": 128 + signal.SIGKILL}, b"")
-            self._note(proc)
 
     def _new_id(self) -> int:
         with self._lock:
@@ -1091,7 +1090,9 @@ class AsyncSandbox:
         on_stderr: Callable[[bytes], None] | None,
         pass_fds: Sequence[int],
     ) -> Process:
-        sb = await self._ensure()
+        sb = self.sync
+        if not sb._ready():
+            await self._on_owner(sb._ensure)
         if pass_fds:  # descriptors ride on a blocking sendmsg
             return await self._on_owner(
                 lambda: sb.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
@@ -1188,10 +1189,13 @@ class AsyncSandbox:
             loop.call_soon_threadsafe(settle, result)
 
         target.add_exit_callback(done)
-        try:
-            await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            raise TimeoutError(f"process {target.id} still running after {timeout}s") from None
+        if timeout is None:
+            await future
+        else:
+            try:
+                await asyncio.wait_for(future, timeout)
+            except TimeoutError:
+                raise TimeoutError(f"process {target.id} still running after {timeout}s") from None
         return target.outcome()
 
     # -- files (kept for callers of the first AsyncSandbox; see .files) -----------------------
