@@ -488,12 +488,16 @@ def cmd_shell(args: list[str]) -> int:
             if notice(plan):  # the defaults this host cannot enforce for this user
                 _err(f"corral: note: {notice(plan)}")
         record = _record(plan, run_id, "shell", argv)
+        import time
+
+        began = time.monotonic()
         try:
             code, found = pty_shell.run(plan, run_id)
         except CorralError as exc:
             _failed(opts, record, exc)
             raise
-        return _finish(opts, plan, record, code, found, door, _ShellResult(code))
+        ended = _ShellResult(code, time.monotonic() - began)
+        return _finish(opts, plan, record, code, found, door, ended)
     finally:
         if door is not None:
             door.close()
@@ -502,9 +506,9 @@ def cmd_shell(args: list[str]) -> int:
 class _ShellResult:
     """What a shell's end tells, in RunResult's terms (no timeout, no output bound)."""
 
-    def __init__(self, code: int) -> None:
+    def __init__(self, code: int, duration: float) -> None:
         self.exit_code = code
-        self.duration = 0.0
+        self.duration = duration
         self.timed_out = False
         self.truncated = False
         self.output_bytes = 0

@@ -104,6 +104,7 @@ def test_shell_is_recorded_and_speaks_corrals_words(tsandbox: tuple[Corral, Path
         ("shell", ["no-such-shell"], 127),
     ]
     assert "[shell] sh -c echo in-shell; exit 3" in c.run(["log"], cwd=ws).stdout.decode()
+    assert all(isinstance(x["duration"], float) and x["duration"] > 0 for x in records)
     # what the shell's end finds is told after it, as for corral run
     made = c.run(["shell", "-q", "--", "sh", "-c", "mkdir .idea"], cwd=ws, input=b"")
     assert made.returncode == 0
