@@ -94,6 +94,7 @@ class FsPlan:
 
     __slots__ = (
         "hardlinks",
+        "lock_watch",
         "mounts",
         "notes",
         "quarantine",
@@ -112,6 +113,9 @@ class FsPlan:
         # files in the workspace whose content may be shared with a file outside it:
         # read-only for the run (mount tiers bind them so; landlock withholds writing)
         self.hardlinks: list[str] = []
+        # read-only git files and the lock file git writes them through:
+        # git dir -> {"config.lock": ".../config"} (see corral.lockwatch)
+        self.lock_watch: dict[str, dict[str, str]] = {}
 
 
 def _inside(path: str, root: str) -> bool:
@@ -531,6 +535,10 @@ def plan_filesystem(policy: Policy, mounts: bool = True, home: str | None = None
         hooks = _hooks_path(git_dir)
         if hooks:
             add_write_deny(hooks, True, "core.hooksPath")
+        for name in defaults.GITDIR_WRITE_DENY:
+            path = os.path.join(git_dir, name)
+            if not name.endswith("/") and path in ro_binds:
+                plan.lock_watch.setdefault(git_dir, {})[name + ".lock"] = path
 
     plan.write_protect = sorted(ro_binds)
     for path in plan.hardlinks:

@@ -15,7 +15,7 @@ def test_policy_file_in_workspace_applies(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     (ws / "corral.toml").write_text(
         '[env]\npass = ["KEEP"]\nset = { FIXED = "from-policy" }\n'
-        '[limits]\ntimeout = "1s"\noutput = "10"\n'
+        '[limits]\ntimeout = "1s"\noutput = "10B"\n'
     )
     c.chown(ws)
     r = c.sh(ws, "echo $KEEP $FIXED", env={"KEEP": "kept", "DROP": "dropped"})

@@ -100,7 +100,10 @@ def test_http_forwarding_allowed_and_denied(
     assert body["decision"] == "deny" and body["port"] == bad.port and body["rule"] == "default"
     assert ok.hits == [("GET", "/hello")]
     assert bad.hits == []  # evidence from outside: nothing reached the forbidden origin
-    assert b"network: denied 1 request: 127.0.0.1:" in r.stderr
+    assert (
+        f"corral: blocked: 127.0.0.1:{bad.port} (rule default: address not in the allow list; "
+        f"allow with --allow 127.0.0.1:{bad.port})"
+    ).encode() in r.stderr
 
 
 def test_connect_tunnel_allowed_and_denied(

@@ -31,9 +31,10 @@ outlives the run.
 A proxy process never writes to the terminal it inherited (it is the user's):
 its stderr is /dev/null, and an unexpected exception becomes one line in the
 audit log and a count that :meth:`Door.close` returns to the run record.
-The tally pipe carries lines: ``used`` once, then tab-separated
-``deny HOST:PORT N`` per denied destination, ``errors N`` and, for a worker
-that failed outright, ``crash TEXT``.
+The tally pipe carries tab-separated lines: ``used`` once, then ``deny HOST
+PORT RULE REASON LOOKUP ADDRESS N`` per denied destination and reason
+(:func:`corral.net.audit.tally_lines`), ``errors N`` and, for a worker that
+failed outright, ``crash TEXT``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from corral.fsplan import Mount
+    from corral.net.audit import DenyKey
     from corral.net.hooks import Chain
     from corral.net.proxy import Proxy
     from corral.netns import Listener
@@ -232,10 +234,11 @@ class Door:
         (the door, or for netns the handoff socket the launcher hands listeners to)."""
         return f"127.0.0.1:{self.tcp_port}" if self.transport == "tcp" else self.path
 
-    def close(self) -> dict[str, int]:
-        """Stop the proxy; return {"host:port": denied count} and set ``errors``.
-        Idempotent."""
-        tally: dict[str, int] = {}
+    def close(self) -> list[dict[str, object]]:
+        """Stop the proxy; return what it denied, one dict per destination and reason
+        (host, port, rule, reason, lookup, address, count), and set ``errors``.
+        Idempotent: a second call returns nothing."""
+        tally: dict[DenyKey, int] = {}
         if self._life_w >= 0:
             os.close(self._life_w)
             self._life_w = -1
@@ -255,16 +258,21 @@ class Door:
             os.close(self._tally_r)
             self._tally_r = -1
         self.remove_files()
-        return tally
+        from corral.net.audit import denial_entries
 
-    def _read_tally(self, text: str) -> dict[str, int]:
-        tally: dict[str, int] = {}
+        return denial_entries(tally)
+
+    def _read_tally(self, text: str) -> dict[DenyKey, int]:
+        from corral.net.audit import read_tally_line
+
+        tally: dict[DenyKey, int] = {}
         for line in text.splitlines():
             kind, _, rest = line.partition("\t")
             if kind == "deny":
-                dest, _, count = rest.rpartition("\t")
-                if dest and count.isdigit():
-                    tally[dest] = tally.get(dest, 0) + int(count)
+                parsed = read_tally_line(rest)
+                if parsed is not None:  # every worker tallies its own: add them up
+                    key, count = parsed
+                    tally[key] = tally.get(key, 0) + count
             elif kind == "errors" and rest.isdigit():
                 self.errors += int(rest)
             elif kind == "crash":
@@ -490,8 +498,9 @@ def _serve(
         run_loop(main())
     finally:
         door.remove_files()
-        report = "".join(f"deny\t{dest}\t{n}\n" for dest, n in audit.denied.items())
-        report += f"errors\t{audit.errors}\n"
+        from corral.net.audit import tally_lines
+
+        report = tally_lines(audit.denied) + f"errors\t{audit.errors}\n"
         try:
             os.write(tally_w, report.encode())
         except OSError:

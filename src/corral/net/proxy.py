@@ -518,7 +518,7 @@ class Proxy:
                 "path": path or None,
                 "host": host,
                 "port": port,
-                "address": address or None,
+                "address": address or verdict.address or None,
                 "decision": verdict.decision,
                 "rule": verdict.rule,
                 "reason": verdict.reason or None,

@@ -151,6 +151,18 @@ def parse(argv: list[str]) -> tuple[str, dict[str, int], list[tuple[str, int]], 
     return door, ports, services, command
 
 
+def cannot_run(name: str, exc: OSError, path: str) -> str:
+    """corral's line for a command that could not start (as corral.failures.cannot_run;
+    this file runs inside the sandbox and imports nothing of corral)."""
+    if not isinstance(exc, FileNotFoundError):
+        return f"corral: cannot run {name}: {exc.strerror}\n"
+    if "/" not in name:
+        return f"corral: {name}: command not found in the sandbox (PATH={path})\n"
+    if os.path.exists(name):
+        return f"corral: {name}: the interpreter its #! line names is not in the sandbox\n"
+    return f"corral: {name}: no such file in the sandbox\n"
+
+
 def one_line_errors(who: str) -> None:
     """An unexpected error in corral's own code inside the sandbox reaches the
     command's stderr as one line, never as a traceback."""
@@ -181,7 +193,7 @@ def main(argv: list[str]) -> None:
         try:
             os.execvp(command[0], command)
         except OSError as exc:
-            sys.stderr.write(f"corral: cannot run {command[0]}: {exc.strerror}\n")
+            sys.stderr.write(cannot_run(command[0], exc, os.environ.get("PATH", "")))
             os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
     for sock in proxies:
         threading.Thread(target=accept_loop, args=(sock, door, PLAIN), daemon=True).start()

@@ -40,12 +40,13 @@ CGNAT = ipaddress.ip_network("100.64.0.0/10")
 
 
 class Verdict:
-    __slots__ = ("allowed", "reason", "rule")
+    __slots__ = ("address", "allowed", "reason", "rule")
 
-    def __init__(self, allowed: bool, rule: str, reason: str = "") -> None:
+    def __init__(self, allowed: bool, rule: str, reason: str = "", address: str = "") -> None:
         self.allowed = allowed
         self.rule = rule  # the entry that decided, or "default" / "rebinding"
         self.reason = reason
+        self.address = address  # the resolved address decided on, if that decided
 
     @property
     def decision(self) -> str:
@@ -232,7 +233,9 @@ class HostRules:
         addr = _unmapped(ipaddress.ip_address(address.split("%", 1)[0]))
         for rule in self.deny:
             if rule.network is not None and rule.matches_address(addr, port):
-                return Verdict(False, rule.text, f"{host} resolved to a denied address {addr}")
+                return Verdict(
+                    False, rule.text, f"{host} resolved to a denied address {addr}", str(addr)
+                )
         if not is_internal(addr):
             return Verdict(True, "resolved")
         for rule in self.allow:
@@ -242,6 +245,7 @@ class HostRules:
             False,
             "rebinding",
             f"{host} resolved to internal address {addr}; allow {addr} explicitly to permit it",
+            str(addr),
         )
 
 

@@ -165,6 +165,8 @@ class ContainerTier(Tier):
         fs = fsplan.plan_filesystem(policy)
         plan.quarantine = fs.quarantine
         plan.notes = list(fs.notes)
+        plan.lock_watch = fs.lock_watch
+        plan.hardlinks = fs.hardlinks
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
         plan.cwd_in_argv = True  # --workdir

@@ -245,6 +245,7 @@ class LandlockTier(Tier):
         plan.notes = list(fs.notes)
         plan.quarantine = fs.quarantine
         plan.restore = fs.write_protect
+        plan.hardlinks = fs.hardlinks
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
         # the home layer: no mount here, so $HOME names it where it is on the host

@@ -234,6 +234,8 @@ class NamespaceTier(Tier):
         plan.mounts = fs.mounts
         plan.quarantine = fs.quarantine
         plan.notes = fs.notes
+        plan.lock_watch = fs.lock_watch
+        plan.hardlinks = fs.hardlinks
         plan.env = environ.sandbox_env(policy)
         if layer is not None:
             layer.secrets = frozenset(fs.read_deny)
