@@ -453,9 +453,11 @@ def cmd_policy(args: list[str]) -> int:
 def cmd_home(args: list[str]) -> int:
     """``corral home path|list|clean``: the home layers (corral.home)."""
     usage = "usage: corral home path|list|clean [--workspace DIR | --gone | --all] [--container]"
+    if args[:1] in (["-h"], ["--help"]):
+        raise HelpRequested("home")
     if not args or args[0] not in ("path", "list", "clean"):
         raise CorralError(usage)
-    opts, rest = parse(args[1:], HOME_OPTIONS, positional=False)
+    opts, rest = parse(args[1:], HOME_OPTIONS, positional=False, command=f"home {args[0]}")
     if rest:
         raise CorralError(usage)
     from corral import home, homeseed

@@ -274,7 +274,7 @@ def test_a_lookup_without_a_network_is_refused_recorded_and_reported(
         ("dns", "deny", "no-network")
     }
     assert all("no network" in e["reason"] for e in lines)
-    assert f"{BLOCKED}:53" in err  # the run's summary names it
+    assert f"blocked: {BLOCKED} (2 lookups; no network" in err  # the run's summary names it
     twin = c.sh(ws, "curl -sS --max-time 10 http://127.0.0.1:9/ ; echo curl=$?")  # no lookup
     assert "curl=7" in twin.stdout.decode()  # refused at once, and nothing recorded
     assert len([e for e in net_log(c) if e["scheme"] == "dns"]) == len(lines)

@@ -341,7 +341,7 @@ def test_listeners_handed_to_the_door_are_served_and_die_with_the_proxy(tmp_path
 def test_a_door_nothing_reached_closes_at_once_and_leaves_nothing(tmp_path: Path) -> None:
     door = _door(tmp_path, ["127.0.0.1:9"])
     started = time.monotonic()
-    assert door.close() == {}
+    assert door.close() == []
     assert time.monotonic() - started < 0.5  # its proxy may still be importing: not waited for
     assert not os.path.exists(door.dir)
     twin = _door(tmp_path, ["127.0.0.1:9"])  # a door that was used is waited for, its tally read
@@ -352,6 +352,6 @@ def test_a_door_nothing_reached_closes_at_once_and_leaves_nothing(tmp_path: Path
         client.recv(100)
     for _, sock in made:
         sock.close()
-    assert twin.close() == {}  # allowed (nothing listening: 502), not denied
+    assert twin.close() == []  # allowed (nothing listening: 502), not denied
     lines = [json.loads(x) for x in (tmp_path / "net.jsonl").read_text().splitlines()]
     assert [(e["scheme"], e["status"]) for e in lines] == [("http", 502)]
