@@ -31,7 +31,7 @@ from typing import cast
 from corral.net import dns as dnsmsg
 from corral.net import http1, sniff
 from corral.net.dns import FakePool
-from corral.net.hooks import Chain, Destination
+from corral.net.hooks import Chain, Destination, Request
 from corral.net.http1 import HttpError
 from corral.net.names import BadName, authority, normalize, printable
 from corral.net.rules import Verdict
@@ -494,7 +494,16 @@ class Proxy:
         dest.method = request.method.decode("ascii", "replace")
         dest.path = path.decode("utf-8", "replace")
         verdict = self.chain.connect(dest)
-        extra = self.chain.request(dest, request) if verdict.allowed else None
+        extra = None
+        if verdict.allowed and self.chain.sees_requests:
+            length = body_len if body_kind == "length" else None if body_kind == "chunked" else 0
+            hooked = Request(
+                dest.method,
+                path.decode("latin-1"),
+                http1.forwardable(request, body_kind),
+                length,
+            )
+            extra = self.chain.request(dest, hooked)
         if extra is not None and not extra.allowed:
             verdict = extra
         if not verdict.allowed:
