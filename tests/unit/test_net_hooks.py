@@ -114,9 +114,9 @@ def test_deny_wins_over_ask_and_ask_over_allow() -> None:
 
 def test_body_limit_smallest_wins() -> None:
     request = Request("POST", "/", [], None)
-    request.limit_body(1000)
-    request.limit_body(5000)
-    assert request.body_limit == 1000
+    request.limit_body(1000, "a")
+    request.limit_body(5000, "b")
+    assert (request.body_limit, request.body_rule) == (1000, "a")
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ Requests (plain HTTP and intercepted HTTPS alike)
 
     The body is streamed, never handed to hooks whole: ``request.body_length``
     is the announced length (``None``: chunked, unknown until it ends).  A hook
-    bounds it by setting ``request.body_limit`` (the smallest wins): a longer
+    bounds it with ``request.limit_body(n, rule)`` (the smallest wins): a longer
     Content-Length gets 413 before anything is sent upstream, and a chunked
     body that grows past it is cut off (the upstream connection is closed, so
     the origin never sees a complete request) with a 413 to the client.
@@ -115,7 +115,7 @@ class Request:
     ``headers`` are (lower-case name, value) byte pairs, hop-by-hop ones
     already removed; a list hooks may edit in place in ``rewrite``."""
 
-    __slots__ = ("audit", "body_length", "body_limit", "headers", "method", "target")
+    __slots__ = ("audit", "body_length", "body_limit", "body_rule", "headers", "method", "target")
 
     def __init__(
         self,
@@ -128,7 +128,8 @@ class Request:
         self.target = target
         self.headers = headers
         self.body_length = body_length  # 0: no body; None: chunked
-        self.body_limit: int | None = None  # set by hooks; the smallest wins
+        self.body_limit: int | None = None  # set by hooks (limit_body); the smallest wins
+        self.body_rule = ""  # the rule that set it, for the audit line of a 413
         self.audit: dict[str, object] = {}
 
     def get(self, name: bytes) -> bytes | None:
@@ -137,9 +138,10 @@ class Request:
                 return value
         return None
 
-    def limit_body(self, limit: int) -> None:
+    def limit_body(self, limit: int, rule: str) -> None:
         if self.body_limit is None or limit < self.body_limit:
             self.body_limit = limit
+            self.body_rule = rule
 
 
 class Response:
