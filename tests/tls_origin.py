@@ -276,7 +276,7 @@ class _Reader:
 # TLS verification is Node's own, with NODE_EXTRA_CA_CERTS.
 NODE_CONNECT_CLIENT = r"""
 const http = require('http'), tls = require('tls');
-const target = new URL(process.argv[1]);
+const target = new URL(process.argv[process.argv.length - 1]);
 const proxy = new URL(process.env.HTTPS_PROXY);
 const req = http.request({host: proxy.hostname, port: proxy.port, method: 'CONNECT',
                           path: `${target.hostname}:${target.port}`});

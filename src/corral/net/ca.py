@@ -58,7 +58,16 @@ class CA:
 
     @property
     def expires(self) -> datetime.datetime:
-        return self.cert.not_valid_after_utc
+        return not_after(self.cert)
+
+
+def not_after(cert: x509.Certificate) -> datetime.datetime:
+    """When ``cert`` expires, timezone-aware (``not_valid_after_utc`` is only in
+    cryptography 42 and later; Debian 12 ships 38)."""
+    aware: datetime.datetime | None = getattr(cert, "not_valid_after_utc", None)
+    if aware is not None:
+        return aware
+    return cert.not_valid_after.replace(tzinfo=datetime.UTC)
 
 
 def ca_for(tls: TlsPolicy, state_dir: str) -> CA:
@@ -206,7 +215,7 @@ def load_own(cert_path: str, key_path: str) -> CA:
         raise PolicyError(f"tls.ca_key: {key_path}: only EC and RSA keys can sign here")
     if _spki(key.public_key()) != _spki(cert.public_key()):
         raise PolicyError(f"tls.ca_key: {key_path} is not the key of tls.ca_cert {cert_path}")
-    if cert.not_valid_after_utc <= _now():
+    if not_after(cert) <= _now():
         raise PolicyError(f"tls.ca_cert: {cert_path} has expired")
     return CA(cert, key, "own")
 
