@@ -285,17 +285,14 @@ class Chain:
         self._cache: dict[tuple[str, int], Verdict] = {}
         self._resolved_cache: dict[tuple[str, int, str], Verdict] = {}
         self._inspect_cache: dict[tuple[str, int], bool] = {}
-        # only hooks that look at requests are called for each one: the plain
-        # HTTP keep-alive path stays as fast as with host rules alone
+        # only hooks that look at requests are called for each one
         self._on_request = [h for h in hooks if _overrides(h, "on_request")]
         self._rewrite = [h for h in hooks if _overrides(h, "rewrite")]
         self._on_response = [h for h in hooks if _overrides(h, "on_response")]
         self._inspecting = [h for h in hooks if h.inspects() or _overrides(h, "needs_inspection")]
-
-    @property
-    def sees_requests(self) -> bool:
-        """Does any hook look at requests (plain HTTP then builds a Request)?"""
-        return bool(self._on_request or self._rewrite or self._on_response)
+        # does any hook look at requests?  (if not, none is built: the plain HTTP
+        # keep-alive path stays as fast as with host rules alone)
+        self.sees_requests = bool(self._on_request or self._rewrite or self._on_response)
 
     @property
     def may_inspect(self) -> bool:

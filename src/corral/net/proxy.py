@@ -56,6 +56,11 @@ IDLE_TIMEOUT = 120.0
 # long after its first byte: a slow trickle (slowloris) gets 408 and is closed.
 HEAD_TIMEOUT = 30.0
 SWEEP_EVERY = 1.0  # how often the timeouts above are checked (their precision)
+# An idle TLS connection to an intercepted origin is kept this long for the next
+# client connection of the same run (a new handshake costs more than the request);
+# short, so that an origin closing idle connections (Node: after 5 s) rarely races it.
+PARK_IDLE = 2.0
+PARK_MAX = 64  # idle connections kept per destination
 
 TRANSPARENT = b"\xfe"  # door preamble from the relay: a captured connection (see relay.py)
 DNS = b"\xfd"  # door preamble from the relay: one DNS query
@@ -79,6 +84,16 @@ class Refused(Exception):
         self.verdict = verdict
         self.status = status
         self.refused = refused  # the destination actively refused the connection
+
+
+class NoDestination(Exception):
+    """A request whose host can be no destination (audited already)."""
+
+    def __init__(self, verdict: Verdict, shown: str, port: int) -> None:
+        super().__init__(verdict.reason)
+        self.verdict = verdict
+        self.shown = shown
+        self.port = port
 
 
 class _Holding(asyncio.Protocol):
@@ -191,6 +206,8 @@ class Proxy:
         self._flush_scheduled = False
         self._clocks: set[_Clock] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        # (run id, host, port) -> idle upstream TLS connections, newest last
+        self._parked: dict[tuple[str, str, int], list[tuple[float, Upstream]]] = {}
 
     # -- doors -------------------------------------------------------------------
 
@@ -292,6 +309,8 @@ class Proxy:
                 if expired:
                     clock.since = 0.0
                     clock.reader.set_exception(TimeoutError())  # the waiting read raises
+            if self._parked:
+                self._unpark_stale(now)
 
     # -- decisions and upstream connections ---------------------------------------------
 
@@ -301,6 +320,40 @@ class Proxy:
         if verdict.ask:
             verdict = await self.asker.ask(dest, None, verdict)
         return verdict
+
+    def park(self, dest: Destination, upstream: Upstream) -> None:
+        """Keep an idle upstream TLS connection for the run's next client connection."""
+        key = (dest.run_id, upstream.host, upstream.port)
+        idle = self._parked.setdefault(key, [])
+        if len(idle) >= PARK_MAX or upstream.streams()[0].at_eof():
+            upstream.close()
+            return
+        idle.append((asyncio.get_running_loop().time(), upstream))
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def unpark(self, dest: Destination) -> Upstream | None:
+        """The newest parked connection to ``dest`` still open and fresh, if any."""
+        idle = self._parked.get((dest.run_id, dest.host, dest.port))
+        now = asyncio.get_running_loop().time()
+        while idle:
+            parked_at, upstream = idle.pop()
+            reader, writer = upstream.streams()
+            if now - parked_at < PARK_IDLE and not reader.at_eof() and not writer.is_closing():
+                return upstream
+            upstream.close()
+        return None
+
+    def _unpark_stale(self, now: float) -> None:
+        for key, idle in list(self._parked.items()):
+            keep = [(t, u) for t, u in idle if now - t < PARK_IDLE]
+            for t, u in idle:
+                if now - t >= PARK_IDLE:
+                    u.close()
+            if keep:
+                self._parked[key] = keep
+            else:
+                del self._parked[key]
 
     async def open_upstream(
         self,
@@ -500,7 +553,15 @@ class Proxy:
                         upstream = None
                     await self.connect(reader, writer, request, run_id)
                     return
-                keep, upstream = await self.forward(reader, writer, request, run_id, upstream)
+                try:  # (not a coroutine of its own: this runs for every request)
+                    dest, path = self.plain_target(request, run_id)
+                except HttpError as exc:
+                    await _send_error(writer, exc.status, exc.message)
+                    return
+                except NoDestination as exc:
+                    await _send_denial(writer, 400, exc.verdict, exc.shown, exc.port)
+                    return
+                keep, upstream = await self.exchange(reader, writer, dest, request, path, upstream)
                 if not keep:
                     return
                 clock.waiting(loop.time())
@@ -508,30 +569,18 @@ class Proxy:
             if upstream is not None:
                 upstream.close()
 
-    async def forward(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        request: http1.Message,
-        run_id: str,
-        upstream: Upstream | None,
-    ) -> tuple[bool, Upstream | None]:
-        """One plain-HTTP request (absolute-form target); returns (keep the client
-        connection, upstream)."""
-        try:
-            host, port, path = http1.split_absolute(request.target)
-        except HttpError as exc:
-            await _send_error(writer, exc.status, exc.message)
-            return False, upstream
+    def plain_target(self, request: http1.Message, run_id: str) -> tuple[Destination, bytes]:
+        """A plain-HTTP request's destination (absolute-form target) and origin-form
+        path; HttpError, or NoDestination (audited) for a host that is none."""
+        host, port, path = http1.split_absolute(request.target)
         try:
             dest = Destination(run_id, "http", host, port)
         except BadName as exc:
             verdict, shown = self.refuse_name(run_id, "http", host, port, exc, 400)
-            await _send_denial(writer, 400, verdict, shown, port)
-            return False, upstream
+            raise NoDestination(verdict, shown, port) from None
         dest.method = request.method.decode("ascii", "replace")
         dest.path = path.decode("utf-8", "replace")
-        return await self.exchange(reader, writer, dest, request, path, upstream)
+        return dest, path
 
     async def exchange(
         self,
@@ -553,7 +602,9 @@ class Proxy:
         except HttpError as exc:
             await _send_error(writer, exc.status, exc.message)
             return False, upstream
-        verdict = await self.decide(dest)
+        verdict = self.chain.connect(dest)
+        if verdict.ask:  # (decide(), inlined: this runs for every request)
+            verdict = await self.asker.ask(dest, None, verdict)
         headers = http1.forwardable(request, body_kind)
         hooked: Request | None = None
         if verdict.allowed and self.chain.sees_requests:
@@ -587,6 +638,8 @@ class Proxy:
         if upstream is not None and (upstream.host, upstream.port) != (dest.host, dest.port):
             upstream.close()
             upstream = None
+        if upstream is None and tls is not None:
+            upstream = self.unpark(dest)
         if upstream is None or upstream.streams()[0].at_eof():
             try:
                 upstream = await self.open_upstream(dest, tls=tls, verdict=verdict)
@@ -639,6 +692,9 @@ class Proxy:
                     await _send_denial(writer, 403, refused_response, dest.host, dest.port)
                     return request.keep_alive(), None
                 out_headers = seen.headers
+            keep = kind != "close" and request.keep_alive()
+            if not keep and status != 101:  # say so: a client must not reuse it
+                out_headers.append((b"connection", b"close"))
             first = response.version + b" " + str(status).encode() + b" " + response.reason
             out = http1.serialize_head(first, out_headers)
             down += len(out)
@@ -679,7 +735,7 @@ class Proxy:
         if not reusable:
             upstream.close()
             upstream = None
-        return kind != "close" and request.keep_alive(), upstream
+        return keep, upstream
 
     async def _decide_request(
         self, dest: Destination, request: Request, verdict: Verdict

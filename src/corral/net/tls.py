@@ -185,6 +185,7 @@ async def serve_requests(
     clock = proxy._clock(reader)  # idle and head timeouts, as for any client
     upstream: Upstream | None = None
     upstream_tls = proxy.tls.upstream if scheme == "https" and proxy.tls else None
+    idle = True
     try:
         while True:
             try:
@@ -204,16 +205,21 @@ async def serve_requests(
             inner = dest.for_request(
                 scheme, request.method.decode("ascii", "replace"), target.decode("utf-8", "replace")
             )
+            idle = False  # an exchange that does not return leaves it mid-response
             keep, upstream = await proxy.exchange(
                 reader, writer, inner, request, target, upstream, upstream_tls
             )
+            idle = True
             if not keep:
                 return
             clock.waiting(loop.time())
     finally:
         proxy._clocks.discard(clock)
         if upstream is not None:
-            upstream.close()
+            if upstream_tls is not None and idle:
+                proxy.park(dest, upstream)  # for this run's next connection to dest
+            else:
+                upstream.close()
         writer.close()
 
 
