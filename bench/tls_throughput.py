@@ -57,6 +57,7 @@ from bench.proxy_throughput import (
     BenchError,
     Service,
     _sbin,
+    _worker_init,
     ensure_tools,
     free_port,
     run_bulk,
@@ -462,7 +463,12 @@ def _client_process(
         loop = asyncio.get_running_loop()
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         deadline[0] = loop.time() + (end - time.monotonic())
-        await asyncio.gather(*(client() for _ in range(conns)))
+        clients = asyncio.gather(*(client() for _ in range(conns)))
+        try:  # a proxy that stops answering must not hold the bench forever
+            await asyncio.wait_for(clients, end - time.monotonic() + 10)
+        except TimeoutError:
+            counts[1] += 1
+            first_error[0] = first_error[0] or "connections hung past the end of the cell"
 
     try:
         import uvloop  # type: ignore[import-not-found, unused-ignore]
@@ -486,8 +492,8 @@ def tls_load(
     jobs = [
         (proxy_port, s.tls_port, cafile, handshakes, start_at, start_at + duration, n) for n in per
     ]
-    with ctx.Pool(procs) as pool:
-        results = pool.map(_client_process, jobs)
+    with ctx.Pool(procs, initializer=_worker_init) as pool:
+        results = pool.map_async(_client_process, jobs).get(timeout=duration + 60)
     done = sum(r[0] for r in results)
     errors = sum(r[1] for r in results)
     first = next((r[2] for r in results if r[2]), "")

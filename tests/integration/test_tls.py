@@ -376,3 +376,23 @@ def test_bad_tls_input_is_one_line_and_exit_2(
     assert r.returncode == 2, err
     assert len(err.strip().splitlines()) == 1 and message in err, err
     assert not (ws / "started").exists()  # nothing ran
+
+
+@pytest.mark.tiers("namespace", why="one tier is enough for the Python API's plumbing")
+def test_python_sandbox_trusts_corral_too(
+    tls_setup: Setup, who: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = tls_setup
+    if who != "root":
+        pytest.skip("the Python API runs in this (root) test process")
+    s.policy()
+    monkeypatch.setenv("XDG_STATE_HOME", str(s.c.state))  # the CA goes there, not to root's
+    from corral import Policy, Sandbox
+
+    with Sandbox(Policy.load(workspace=str(s.ws)), tier="namespace") as sb:
+        ok = sb.exec(["curl", "-sS", "--max-time", "20", s.url("/echo/api")])
+        bad = sb.exec(["curl", "-sS", "--max-time", "20", s.url("/echo", "bad.test", s.untrusted)])
+    assert ok.exit_code == 0, ok.stderr
+    assert json.loads(ok.stdout)["target"] == "/echo/api"
+    assert json.loads(bad.stdout)["rule"] == "upstream-tls"  # the deny twin
+    assert (s.c.state / "corral" / "ca" / "corral-ca.pem").exists()
