@@ -76,6 +76,19 @@ class DenyPath(Hook):
         return None
 
 
+class Careless(Hook):
+    """A rule that writes what it must not: framing, CR/LF, a bad target."""
+
+    name = "careless"
+
+    def rewrite(self, dest: Destination, request: Request) -> None:
+        request.headers.append((b"content-length", b"5"))  # the body is 1000 bytes
+        if request.target.startswith("/inject"):
+            request.headers.append((b"x-value", b"a\r\nx-smuggled: yes"))
+        if request.target.startswith("/target"):
+            request.target = "/a b"
+
+
 class Yes(Asker):
     async def ask(self, dest: Destination, request: Request | None, verdict: Verdict) -> Verdict:
         return Verdict(True, verdict.rule, "a person said yes")
@@ -533,3 +546,15 @@ def test_node_https_through_a_connect_tunnel_trusts_extra_ca(harness: Harness) -
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["target"] == "/echo/node"
+
+
+@pytest.mark.hooks(hooks=[InspectHook(["origin.test"]), Careless()])
+def test_what_a_rule_writes_is_checked_like_a_client(harness: Harness) -> None:
+    h = harness
+    body = "x" * 1000
+    ok = curl(h, "--data-binary", body, h.url("/count"))
+    assert ok.stdout == "1000"  # the body's own framing won over the rule's Content-Length
+    for path in ("/inject", "/target"):
+        bad = curl(h, "-D", "-", "--data-binary", body, h.url(path))
+        assert status(bad) == 502 and '"rule":"rewrite"' in bad.stdout.replace(" ", "")
+    assert [r["target"] for r in h.origin.requests] == ["/count"]  # nothing smuggled out

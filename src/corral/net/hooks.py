@@ -41,11 +41,15 @@ Requests (plain HTTP and intercepted HTTPS alike)
        order; may edit ``request.target`` and ``request.headers`` in place
        (swap a placeholder for a real credential, add a header).  Not
        ``host``, ``content-length`` or ``transfer-encoding``: the proxy writes
-       ``Host`` from the decided destination and frames the body itself.
+       ``Host`` from the decided destination and keeps the body's own framing
+       whatever a hook wrote.  What a hook writes is checked as a client's
+       request is (a CR/LF or other control byte in a value, a malformed name
+       or target: the request is refused, 502, ``rule: rewrite``).
     3. ``on_response(dest, request, response)``: the response head before the
        client sees it; may edit ``response.headers`` in place (replace an
-       echoed real value by its placeholder).  A deny here replaces the
-       response with a 403 and drops the upstream connection.
+       echoed real value by its placeholder; framing stays the origin's).  A
+       deny here replaces the response with a 403 and drops the upstream
+       connection.
 
     The body is streamed, never handed to hooks whole: ``request.body_length``
     is the announced length (``None``: chunked, unknown until it ends).  A hook

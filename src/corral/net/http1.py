@@ -156,6 +156,33 @@ def framing(msg: Message, request_method: bytes | None = None) -> tuple[str, int
     return "close", 0  # a response without framing runs until the server closes
 
 
+FRAMING_FIELDS = (b"content-length", b"transfer-encoding")
+
+
+def refit(
+    headers: list[tuple[bytes, bytes]], original: list[tuple[bytes, bytes]], status: int
+) -> list[tuple[bytes, bytes]]:
+    """Headers a hook rewrote, made safe to send: the framing of ``original`` (the
+    body is copied as it was framed, whatever a hook wrote) and every field
+    checked as a parser would (no CR/LF or other control byte: a value taken from
+    a file must not start a header of its own).  HttpError ``status`` otherwise."""
+    framing = [(k, v) for k, v in original if k in FRAMING_FIELDS]
+    kept = [(k, v) for k, v in headers if k not in FRAMING_FIELDS]
+    for name, value in kept:
+        if not name or name.translate(None, TOKEN_BYTES) or name != name.lower():
+            raise HttpError(status, "a rule produced a malformed header name")
+        if len(value.translate(None, CONTROL_BYTES)) != len(value):
+            raise HttpError(status, "a rule produced a control character in a header")
+    return kept + framing
+
+
+def check_target(target: bytes, status: int) -> bytes:
+    """A rewritten origin-form target: no whitespace or control byte."""
+    if not target.startswith(b"/") or not TARGET_CONTROL.isdisjoint(target) or b" " in target:
+        raise HttpError(status, "a rule produced a malformed request target")
+    return target
+
+
 def serialize_head(first_line: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
     out = [first_line]
     out += [name + b": " + value for name, value in headers]

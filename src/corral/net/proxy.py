@@ -608,8 +608,8 @@ class Proxy:
         headers = http1.forwardable(request, body_kind)
         hooked: Request | None = None
         if verdict.allowed and self.chain.sees_requests:
-            hooked = Request(
-                dest.method, path.decode("latin-1"), headers, _announced(body_kind, body_len)
+            hooked = Request(  # its own list: ``headers`` keeps the client's framing
+                dest.method, path.decode("latin-1"), list(headers), _announced(body_kind, body_len)
             )
             verdict = await self._decide_request(dest, hooked, verdict)
         extra = hooked.audit if hooked is not None else None
@@ -620,11 +620,15 @@ class Proxy:
         limit = None
         if hooked is not None:
             self.chain.rewrite(dest, hooked)
-            headers, path, limit = (
-                hooked.headers,
-                hooked.target.encode("latin-1"),
-                hooked.body_limit,
-            )
+            try:  # what a rule wrote is checked like what a client sends
+                headers = http1.refit(hooked.headers, headers, 502)
+                path = http1.check_target(hooked.target.encode("latin-1", "replace"), 502)
+            except HttpError as exc:
+                refused = Verdict(False, "rewrite", exc.message)
+                self.log(dest, refused, 502, 0, 0, started, extra=extra)
+                await _send_denial(writer, 502, refused, dest.host, dest.port)
+                return False, upstream
+            limit = hooked.body_limit
             if limit is not None and body_kind == "length" and body_len > limit:
                 refused = Verdict(
                     False, hooked.body_rule, f"request body larger than {limit} bytes"
@@ -684,14 +688,14 @@ class Proxy:
                     (b"upgrade", response.get(b"upgrade") or upgrade),
                 ]
             if hooked is not None:
-                seen = Response(status, out_headers)
+                seen = Response(status, list(out_headers))
                 refused_response = self.chain.response(dest, hooked, seen)
                 if refused_response is not None and not refused_response.allowed:
                     upstream.close()
                     self.log(dest, refused_response, 403, up, 0, started, upstream.address, extra)
                     await _send_denial(writer, 403, refused_response, dest.host, dest.port)
                     return request.keep_alive(), None
-                out_headers = seen.headers
+                out_headers = http1.refit(seen.headers, out_headers, 502)
             keep = kind != "close" and request.keep_alive()
             if not keep and status != 101:  # say so: a client must not reuse it
                 out_headers.append((b"connection", b"close"))
