@@ -365,8 +365,10 @@ class Proxy:
         """Connect to an address of ``dest`` the chain accepts (``verdict``: the
         chain's answer already asked for); with ``tls``, as a TLS client verifying
         ``dest.host`` (an untrusted origin is a 502 refusal, never a pass)."""
-        if verdict is None:
-            verdict = await self.decide(dest)
+        if verdict is None:  # (decide(), inlined: this runs for every tunnel)
+            verdict = self.chain.connect(dest)
+            if verdict.ask:
+                verdict = await self.asker.ask(dest, None, verdict)
         if not verdict.allowed:
             raise Refused(verdict)
         loop = asyncio.get_running_loop()
