@@ -558,3 +558,18 @@ def test_what_a_rule_writes_is_checked_like_a_client(harness: Harness) -> None:
         bad = curl(h, "-D", "-", "--data-binary", body, h.url(path))
         assert status(bad) == 502 and '"rule":"rewrite"' in bad.stdout.replace(" ", "")
     assert [r["target"] for r in h.origin.requests] == ["/count"]  # nothing smuggled out
+
+
+def test_an_idle_upstream_serves_the_runs_next_connection_then_expires(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.net import proxy
+
+    h = harness
+    for _ in range(3):  # three client connections, one after the other
+        assert json.loads(curl(h, h.url("/echo/again")).stdout)["target"] == "/echo/again"
+    assert h.origin.alpn == ["http/1.1"]  # one TLS connection to the origin for all three
+    monkeypatch.setattr(proxy, "PARK_IDLE", 0.05)
+    time.sleep(0.1)
+    assert curl(h, h.url("/echo/later")).returncode == 0
+    assert len(h.origin.alpn) == 2  # kept no longer than PARK_IDLE: a new one
