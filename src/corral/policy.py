@@ -21,11 +21,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
 NETWORK_MODES = ("none", "proxy")
-TIER_NAMES_HINT = "auto, namespace, none, ..."  # full list lives in corral.tiers
 
 
 class FilesystemPolicy:
-    __slots__ = ("hardlinks", "read_deny", "use_defaults", "writable", "write_deny")
+    __slots__ = ("hardlinks", "home", "read_deny", "use_defaults", "writable", "write_deny")
 
     def __init__(self) -> None:
         self.writable: list[str] = []  # beyond the workspace
@@ -34,6 +33,9 @@ class FilesystemPolicy:
         self.use_defaults = True  # the built-in secret and write-deny lists
         # hard-linked files in the workspace: "read-only" for the run, or "refuse" to run
         self.hardlinks = defaults.HARDLINK_POLICIES[0]
+        # where the command's writes under ~ go: "persist" (a per-workspace home layer
+        # kept between runs), "ephemeral" (a fresh one per run) or "read-only" (none)
+        self.home = defaults.HOME_MODES[0]
 
 
 class EnvPolicy:
@@ -243,10 +245,12 @@ class Policy:
                 "hosts": dict(sorted(self.network.hosts.items())),
             },
         }
+        fs = out["filesystem"]
+        assert isinstance(fs, dict)
         if self.filesystem.hardlinks != defaults.HARDLINK_POLICIES[0]:  # as for container
-            fs = out["filesystem"]
-            assert isinstance(fs, dict)
             fs["hardlinks"] = self.filesystem.hardlinks
+        if self.filesystem.home != defaults.HOME_MODES[0]:  # digests of older runs stay equal
+            fs["home"] = self.filesystem.home
         box = self.container
         if box.engine or box.runtime or box.image:  # absent: digests of older runs stay equal
             out["container"] = {"engine": box.engine, "runtime": box.runtime, "image": box.image}
@@ -299,17 +303,23 @@ _TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "h": 3600.0}
 
 
 def parse_size(value: object) -> int:
-    """``512M``, ``1.5G``, ``100k``, ``4096``: binary multiples; raises ValueError."""
+    """``512M``, ``1.5G``, ``100k``, ``4096B``: binary multiples; raises ValueError.
+
+    A number needs its unit (``B`` for bytes): ``memory = 512`` could mean bytes or
+    megabytes, and guessing either way gives a limit nobody asked for.  Only 0
+    stands alone."""
     if isinstance(value, bool):
         raise ValueError("expected a size such as 512M")
     if isinstance(value, int):
         if not 0 <= value < 2**63:
             raise ValueError(f"bad size {value!r}: out of range")
-        number, unit = float(value), ""
+        number, unit, bare = float(value), "", True
     elif isinstance(value, str):
-        text = value.strip().lower().removesuffix("ib").removesuffix("b")
-        digits = text.rstrip("kmgt")
-        unit = text[len(digits) :]
+        text = value.strip().lower()
+        stripped = text.removesuffix("ib").removesuffix("b")
+        digits = stripped.rstrip("kmgt")
+        unit = stripped[len(digits) :]
+        bare = stripped == text and not unit
         try:
             number = float(digits)
         except ValueError:
@@ -318,6 +328,11 @@ def parse_size(value: object) -> int:
         raise ValueError("expected a size such as 512M")
     if unit not in _SIZE_UNITS or not 0 <= number < 2**63 / _SIZE_UNITS[unit]:
         raise ValueError(f"bad size {value!r}: use a number with K, M, G or T")
+    if bare and number != 0:
+        shown = str(value).strip()
+        raise ValueError(
+            f"size {shown} has no unit: write {shown}M for megabytes, or {shown}B for bytes"
+        )
     return int(number * _SIZE_UNITS[unit])
 
 
@@ -417,6 +432,15 @@ def _expect_bool(v: object) -> bool:
     return v
 
 
+def _expect_tier(v: object) -> str:
+    from corral.tiers import REGISTRY  # the one table of tier names (imports no tier)
+
+    name = _expect_str(v)
+    if name != "auto" and name not in REGISTRY:
+        raise ValueError(f"unknown tier {name!r} (known: auto, {', '.join(REGISTRY)})")
+    return name
+
+
 def _expect_env_names(v: object) -> list[str]:
     return [check_env_name(x) for x in _expect_str_list(v)]
 
@@ -470,6 +494,14 @@ def _expect_mode(v: object) -> str:
     if mode not in NETWORK_MODES:
         raise ValueError(f"mode must be one of {', '.join(NETWORK_MODES)}; got {mode!r}")
     return mode
+
+
+def _expect_home(v: object) -> str:
+    choice = _expect_str(v)
+    if choice not in defaults.HOME_MODES:
+        allowed = ", ".join(f'"{c}"' for c in defaults.HOME_MODES)
+        raise ValueError(f"home must be one of {allowed}; got {choice!r}")
+    return choice
 
 
 def _expect_hardlinks(v: object) -> str:
@@ -557,13 +589,14 @@ def _set(attr_path: str, parse: Callable[[object], object]) -> Callable[[Policy,
 
 # TOML key -> how to parse it and where it lands.  An unknown key is an error.
 SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
-    "": {"tier": _set("tier", _expect_str)},
+    "": {"tier": _set("tier", _expect_tier)},
     "filesystem": {
         "writable": _set("filesystem.writable", _expect_str_list),
         "read_deny": _set("filesystem.read_deny", _expect_str_list),
         "write_deny": _set("filesystem.write_deny", _expect_str_list),
         "defaults": _set("filesystem.use_defaults", _expect_bool),
         "hardlinks": _set("filesystem.hardlinks", _expect_hardlinks),
+        "home": _set("filesystem.home", _expect_home),
     },
     "env": {
         "pass": _set("env.pass_names", _expect_env_names),
@@ -647,7 +680,8 @@ def load_file(path: str, policy: Policy) -> None:
     except UnicodeDecodeError:
         raise PolicyError(f"{path}: policy file is not UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"{path}: invalid TOML: {exc}") from None
+        last = max(1, text.count("\n") + (0 if text.endswith("\n") else 1))
+        raise PolicyError(_toml_error(path, str(exc), last)) from None
     lines = text.splitlines()
     policy.source = os.path.realpath(path)
 
@@ -668,6 +702,20 @@ def load_file(path: str, policy: Policy) -> None:
             _apply_one(policy, SCHEMA[""], "", top_key, value, where)
 
 
+def _toml_error(path: str, message: str, last_line: int) -> str:
+    """``FILE:LINE: invalid TOML: what (column N)`` from tomllib's "... (at line L,
+    column C)" or "... (at end of document)"; it has no position attributes
+    before Python 3.14."""
+    if message.endswith(" (at end of document)"):
+        return f"{path}:{last_line}: invalid TOML: {message[: -len(' (at end of document)')]}"
+    text, sep, where = message.rpartition(" (at line ")
+    line, _, column = where.rstrip(")").partition(", column ")
+    if not sep or not line.isdigit():
+        return f"{path}: invalid TOML: {message}"
+    at = f" (column {column})" if column.isdigit() else ""
+    return f"{path}:{line}: invalid TOML: {text}{at}"
+
+
 def _apply_one(
     policy: Policy,
     fields: dict[str, Callable[[Policy, object], None]],
@@ -685,25 +733,38 @@ def _apply_one(
         raise PolicyError(f"{where(section, key)}: {exc}") from None
 
 
-def check_network(policy: Policy) -> None:
-    """Network rules parse, and make sense together; PolicyError otherwise."""
+def check_network(policy: Policy, python: bool = False) -> None:
+    """Network rules parse, and make sense together; PolicyError otherwise.
+
+    ``python``: the policy was built or changed in code (``Sandbox``), so the
+    message names the attribute rather than the file's key."""
     check_tls(policy)
     net = policy.network
-    if not net.allow and not net.deny:
-        return
-    from corral.net.rules import Rule
-
-    for key in ("allow", "deny"):
-        for entry in getattr(net, key):
-            try:
-                Rule(entry)
-            except ValueError as exc:
-                where = f"{policy.source}: network.{key}" if policy.source else f"--{key}"
-                raise PolicyError(f"{where}: {exc}") from None
-    if net.mode == "none" and net.allow:
+    if net.mode not in NETWORK_MODES:
         raise PolicyError(
-            'network.allow has no effect with mode = "none": set [network] mode = "proxy"'
+            f"network.mode must be one of {', '.join(NETWORK_MODES)}; got {net.mode!r}"
         )
+    if net.allow or net.deny:
+        from corral.net.rules import Rule
+
+        for key in ("allow", "deny"):
+            for entry in getattr(net, key):
+                try:
+                    Rule(entry)
+                except (ValueError, TypeError) as exc:
+                    if python:
+                        where = f"policy.network.{key}"
+                    elif policy.source:
+                        where = f"{policy.source}: network.{key}"
+                    else:
+                        where = f"--{key}"
+                    raise PolicyError(f"{where}: {exc}") from None
+    if net.mode == "proxy":
+        return
+    fix = 'policy.network.mode = "proxy"' if python else '[network] mode = "proxy"'
+    for key, value in (("allow", net.allow), ("transparent", net.transparent)):
+        if value:
+            raise PolicyError(f'network.{key} has no effect with mode = "none": set {fix}')
 
 
 def check_tls(policy: Policy) -> None:

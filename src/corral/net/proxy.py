@@ -1,12 +1,18 @@
 """corral's governing proxy: HTTP/1.1 forwarding, CONNECT tunnels and SOCKS5.
 
-Every connection arrives through a door (a unix socket bound into one
-sandbox, or a TCP listener for ``corral proxy serve`` and the landlock tier)
-that is tagged with the run it belongs to.  The first byte tells the
-protocol: 0x05 is SOCKS5, anything else is HTTP.  Only a door that serves a
-transparent run through corral's relay also takes the relay's internal
-frames (0xfe a captured connection, 0xfd a DNS query); everywhere else those
-bytes are simply not HTTP and get a 400.
+Every connection arrives on a socket tagged with the run it belongs to: the
+sandbox's own listeners (made in its network namespace and handed over, see
+:mod:`corral.netns`), a unix door bound into a container for corral's
+relay, or a TCP listener for ``corral proxy serve`` and the landlock tier.
+On a proxy port the first byte tells the protocol: 0x05 is SOCKS5, anything
+else is HTTP.  A unix door also takes the relay's frames, each one byte
+first: 0xfb a proxy connection follows, 0xfc a connection to a host service
+at its own address (``ADDRESS PORT\n`` follows), 0xfd a DNS query.  A frame
+is only another way to ask what CONNECT and the resolver already answer, by
+the same rules; on a TCP port those bytes are simply not HTTP and get a 400.
+Besides: a service listener is a CONNECT to its own address, the resolver
+socket answers DNS from the policy, and transparent mode's capture port
+takes connections nftables redirected.
 
 Each destination is normalized once into a :class:`~corral.net.hooks.Destination`
 (:mod:`corral.net.names`), decided by the hook chain
@@ -62,8 +68,12 @@ SWEEP_EVERY = 1.0  # how often the timeouts above are checked (their precision)
 PARK_IDLE = 2.0
 PARK_MAX = 64  # idle connections kept per destination
 
-TRANSPARENT = b"\xfe"  # door preamble from the relay: a captured connection (see relay.py)
-DNS = b"\xfd"  # door preamble from the relay: one DNS query
+# The relay's frames on a unix door (see relay.py): what follows the first byte.
+PLAIN = b"\xfb"  # a proxy connection (HTTP or SOCKS5) from the relay's proxy port
+SERVICE = b"\xfc"  # "ADDRESS PORT\n", then a connection to that host service
+DNS = b"\xfd"  # one DNS query: 2-byte length + packet
+SO_ORIGINAL_DST = 80  # netfilter: where a redirected connection was going
+DNS_INFLIGHT = 64  # queries answered at once per resolver socket; more are dropped
 
 SOCKS_OK = 0x00
 SOCKS_FAILURE = 0x01
@@ -188,6 +198,7 @@ class Proxy:
         resolve: Resolver | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
         head_timeout: float = HEAD_TIMEOUT,
+        stand_ins: bool = False,
         tls: Interceptor | None = None,
         asker: Asker | None = None,
     ) -> None:
@@ -202,7 +213,12 @@ class Proxy:
         self.resolve: Resolver = resolve or system_resolve
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
+        # transparent mode: DNS answers are stand-in addresses mapped back to names
+        self.stand_ins = stand_ins
+        # called once, when the first connection or query arrives (the door's "used")
+        self.on_first_use: Callable[[], None] | None = None
         self.pools: dict[str, FakePool] = {}  # run id -> transparent-mode stand-in names
+        self._dns_inflight = 0
         self._flush_scheduled = False
         self._clocks: set[_Clock] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -212,12 +228,11 @@ class Proxy:
     # -- doors -------------------------------------------------------------------
 
     async def serve_unix(
-        self, sock: socket.socket, run_id: str, internal: bool = False
+        self, sock: socket.socket, run_id: str, frames: bool = True
     ) -> asyncio.Server:
-        """Serve a unix door; ``internal``: it also takes the relay's frames (only a
-        transparent run's own door, which only that run's sandbox can reach)."""
+        """Serve a unix door; ``frames``: it also takes the relay's frames."""
         return await asyncio.start_unix_server(
-            lambda r, w: self.handle(r, w, run_id, internal), sock=sock, limit=http1.MAX_HEAD
+            lambda r, w: self.handle(r, w, run_id, frames), sock=sock, limit=http1.MAX_HEAD
         )
 
     async def serve_sock(self, sock: socket.socket, run_id: str) -> asyncio.Server:
@@ -234,6 +249,51 @@ class Proxy:
             limit=http1.MAX_HEAD,
             reuse_address=True,
         )
+
+    async def serve_service(
+        self, sock: socket.socket, run_id: str, host: str, port: int
+    ) -> asyncio.Server:
+        """Serve a listener at a host service's own address inside the sandbox: each
+        connection is a CONNECT to ``host:port``, decided and audited as one."""
+
+        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.used()
+            await self._guarded(run_id, writer, self.service(reader, writer, run_id, host, port))
+
+        return await asyncio.start_server(on_client, sock=sock, limit=http1.MAX_HEAD)
+
+    async def serve_capture(
+        self,
+        sock: socket.socket,
+        run_id: str,
+        original: Callable[[object], tuple[str, int]] | None = None,
+    ) -> asyncio.Server:
+        """Serve transparent mode's capture port: where each connection was going
+        comes from netfilter (``original``, for tests: any function of the socket)."""
+        find = original or original_destination
+
+        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            clock = self._clock(reader)
+            clock.partial = True  # what the client sends first is read within HEAD_TIMEOUT
+            try:
+                address, port = find(writer.get_extra_info("socket"))
+            except (OSError, BadName):
+                self._clocks.discard(clock)
+                writer.close()
+                return
+            await self._guarded(
+                run_id, writer, self.captured(reader, writer, run_id, clock, address, port), clock
+            )
+
+        return await asyncio.start_server(on_client, sock=sock, limit=http1.MAX_HEAD)
+
+    async def serve_dns(self, sock: socket.socket, run_id: str) -> asyncio.BaseTransport:
+        """Serve the sandbox's resolver (a UDP socket): answers from the policy."""
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _Resolver(self, run_id), sock=sock
+        )
+        return transport
 
     def guard(self, run_id: str) -> None:
         """Send whatever the event loop would print (an exception in a callback, a
@@ -252,26 +312,63 @@ class Proxy:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         run_id: str,
-        internal: bool = False,
+        frames: bool = False,
     ) -> None:
         clock = self._clock(reader)
-        try:
-            first = await reader.read(1)
-            if not first:
-                return
+        await self._guarded(
+            run_id, writer, self._dispatch(reader, writer, run_id, frames, clock), clock
+        )
+
+    async def _dispatch(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        run_id: str,
+        frames: bool,
+        clock: _Clock,
+    ) -> None:
+        first = await reader.read(1)
+        if frames and first == PLAIN:
+            first = await reader.read(1)  # what follows is the client's, not a frame
+        elif frames and first == SERVICE:
             clock.partial = True
-            if first == b"\x05":
-                await self.socks5(reader, writer, run_id, clock)
-            elif internal and first == TRANSPARENT:
-                await self.captured(reader, writer, run_id, clock)
-            elif internal and first == DNS:
-                await self.dns(reader, writer, run_id, clock)
-            elif first[0] in http1.TOKEN or first in b"\r\n":
-                await self.http(reader, writer, run_id, first, clock)
-            else:  # no method starts so: say so now, not when a head never ends
-                await _send_error(writer, 400, "neither HTTP nor SOCKS5")
+            line = await reader.readuntil(b"\n")
+            clock.since = 0.0
+            try:
+                host, port = _address_frame(line)
+            except BadName as exc:
+                self.refuse_name(run_id, "service", line.decode("latin-1"), 0, exc, 400)
+                return
+            await self.service(reader, writer, run_id, host, port)
+            return
+        elif frames and first == DNS:
+            clock.partial = True
+            await self.dns(reader, writer, run_id, clock)
+            return
+        if not first:
+            return
+        clock.partial = True
+        if first == b"\x05":
+            await self.socks5(reader, writer, run_id, clock)
+        elif first[0] in http1.TOKEN or first in b"\r\n":
+            await self.http(reader, writer, run_id, first, clock)
+        else:  # no method starts so: say so now, not when a head never ends
+            await _send_error(writer, 400, "neither HTTP nor SOCKS5")
+
+    async def _guarded(
+        self,
+        run_id: str,
+        writer: asyncio.StreamWriter,
+        work: Coroutine[object, object, None],
+        clock: _Clock | None = None,
+    ) -> None:
+        """Run one connection's work; whatever happens, it ends closed and quiet."""
+        try:
+            await work
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
+        except asyncio.LimitOverrunError:
+            pass  # a frame line longer than any address
         except asyncio.CancelledError:
             # The worker is stopping.  Ending normally matters: Python 3.11's
             # start_server reports a cancelled connection task as an error, with
@@ -280,10 +377,18 @@ class Proxy:
         except Exception as exc:  # one bad connection must never take the proxy down
             self.audit.internal_error(run_id, "connection", exc)
         finally:
-            self._clocks.discard(clock)
+            if clock is not None:
+                self._clocks.discard(clock)
             writer.close()
 
+    def used(self) -> None:
+        """Something arrived: tell whoever waits for the first use, once."""
+        if self.on_first_use is not None:
+            first, self.on_first_use = self.on_first_use, None
+            first()
+
     def _clock(self, reader: asyncio.StreamReader) -> _Clock:
+        self.used()
         loop = asyncio.get_running_loop()
         clock = _Clock(reader, loop.time())
         self._clocks.add(clock)
@@ -505,7 +610,7 @@ class Proxy:
             "path": path or None,
             "host": host,
             "port": port,
-            "address": address or None,
+            "address": address or verdict.address or None,
             "decision": verdict.decision,
             "rule": verdict.rule,
             "reason": verdict.reason or None,
@@ -856,7 +961,37 @@ class Proxy:
         up, down = await tunnel(reader, writer, upstream)
         self.log(dest, upstream.verdict, SOCKS_OK, up, down, started, upstream.address)
 
-    # -- transparent mode (frames from corral's relay, on a transparent run's door) --------
+    # -- host services at their own address ------------------------------------------------
+
+    async def service(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        run_id: str,
+        host: str,
+        port: int,
+    ) -> None:
+        """A connection to a host service at its own address: a CONNECT to
+        ``host:port`` with nothing to say to the client but the service's bytes
+        (a refusal is a closed connection, and an audit line)."""
+        started = time.monotonic()
+        dest = Destination(run_id, "service", host, port)
+        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+            verdict = await self.decide(dest)
+            if not verdict.allowed:
+                self.log(dest, verdict, 403, 0, 0, started)
+                return
+            await intercept(self, reader, writer, dest, verdict)
+            return
+        try:
+            upstream = await self.open_upstream(dest, streams=False)
+        except Refused as exc:
+            self.log(dest, exc.verdict, exc.status, 0, 0, started)
+            return
+        up, down = await tunnel(reader, writer, upstream)
+        self.log(dest, upstream.verdict, 200, up, down, started, upstream.address)
+
+    # -- the sandbox's resolver -------------------------------------------------------------
 
     def pool(self, run_id: str) -> FakePool:
         return self.pools.setdefault(run_id, FakePool())
@@ -868,33 +1003,58 @@ class Proxy:
         run_id: str,
         clock: _Clock,
     ) -> None:
-        started = time.monotonic()
+        """One DNS query framed by the relay on a unix door; the reply goes back framed."""
         (size,) = struct.unpack("!H", await reader.readexactly(2))
         packet = await reader.readexactly(size)
         clock.since = 0.0
-        query = dnsmsg.parse_query(packet)
-        if query is None:
-            reply = dnsmsg.error_reply(packet, dnsmsg.RCODE_FORMERR)
-            self.refuse_name(run_id, "dns", "", 53, BadName("malformed DNS query"), 1)
-        else:
-            reply = self._dns_answer(run_id, query, started, len(packet))
+        reply = await self.dns_reply(run_id, packet)
         writer.write(struct.pack("!H", len(reply)) + reply)
         await writer.drain()
 
-    def _dns_answer(self, run_id: str, query: dnsmsg.Query, started: float, size: int) -> bytes:
+    async def dns_reply(self, run_id: str, packet: bytes) -> bytes:
+        """The answer to one query: NXDOMAIN for a name the policy refuses; for one it
+        allows, its addresses (or a stand-in in transparent mode).  Each query is
+        one audit line (``scheme`` dns, ``method`` the record type)."""
+        started = time.monotonic()
+        query = dnsmsg.parse_query(packet)
+        if query is None:
+            self.refuse_name(run_id, "dns", "", 53, BadName("malformed DNS query"), 1)
+            return dnsmsg.error_reply(packet, dnsmsg.RCODE_FORMERR)
         try:
             dest = Destination(run_id, "dns", query.name, 53)
         except BadName as exc:
             self.refuse_name(run_id, "dns", query.name, 53, exc, dnsmsg.RCODE_FORMERR)
             return dnsmsg.answer(query, None, dnsmsg.RCODE_FORMERR)
+        dest.method = dnsmsg.type_name(query.qtype)
         verdict = self.chain.dns(run_id, dest.host)
-        if verdict.allowed:
-            reply = dnsmsg.answer(query, self.pool(run_id).address_for(dest.host))
+        addresses: list[str] = []
+        rcode = 0
+        if not verdict.allowed:
+            rcode = dnsmsg.RCODE_NXDOMAIN
+        elif self.stand_ins:
+            addresses = [self.pool(run_id).address_for(dest.host)]
         else:
-            reply = dnsmsg.answer(query, None, dnsmsg.RCODE_NXDOMAIN)
-        status = 0 if verdict.allowed else dnsmsg.RCODE_NXDOMAIN
-        self.log(dest, verdict, status, size, len(reply), started)
+            addresses, rcode = await self._lookup(dest)
+        reply = dnsmsg.answer(query, addresses, rcode)
+        shown = [a for a in addresses if dnsmsg.answers(a, query.qtype)]
+        self.log(dest, verdict, rcode, len(packet), len(reply), started, ",".join(shown))
         return reply
+
+    async def _lookup(self, dest: Destination) -> tuple[list[str], int]:
+        """An allowed name's addresses, as the proxy itself would dial them (a pinned
+        name's address, or what the host's resolver says), and the rcode."""
+        pinned = self.pinned.get(dest.host)
+        if pinned is not None:
+            return [pinned], 0
+        try:
+            return await self.resolve(dest.host, 0), 0
+        except socket.gaierror as exc:
+            gone = exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", -5))
+            return [], dnsmsg.RCODE_NXDOMAIN if gone else dnsmsg.RCODE_SERVFAIL
+        except OSError:
+            return [], dnsmsg.RCODE_SERVFAIL
+
+    # -- transparent mode: connections nftables redirected to the capture port ----------------
 
     async def captured(
         self,
@@ -902,16 +1062,13 @@ class Proxy:
         writer: asyncio.StreamWriter,
         run_id: str,
         clock: _Clock,
+        address: str,
+        port: int,
     ) -> None:
-        """A connection the sandbox's nftables rules redirected: name it, decide, splice."""
+        """A connection the sandbox's nftables rules redirected (it was going to
+        ``address:port``): name it, decide, splice."""
         started = time.monotonic()
-        line = await reader.readuntil(b"\n")
-        clock.since = 0.0
-        try:
-            address, port = _captured_frame(line)
-        except BadName as exc:
-            self.refuse_name(run_id, "transparent", line.decode("latin-1"), 0, exc, 400)
-            return
+        clock.since = 0.0  # the peek below has its own bound
         named = self.pool(run_id).name_for(address)
         early = await _peek(reader)
         try:
@@ -969,15 +1126,56 @@ class Proxy:
             await _send_error(writer, status, verdict.reason)
 
 
-def _captured_frame(line: bytes) -> tuple[str, int]:
-    """The relay's ``ADDRESS PORT\\n`` line: where a captured connection was going."""
+def _address_frame(line: bytes) -> tuple[str, int]:
+    """The relay's ``ADDRESS PORT\\n`` line: which host service a connection is for."""
     address, _, port_text = line.decode("ascii", "replace").strip().rpartition(" ")
     if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
-        raise BadName("malformed capture frame")
+        raise BadName("malformed service frame")
     host = normalize(address)
     if not (":" in host or host.rpartition(".")[2].isdigit()):
-        raise BadName("malformed capture frame")
+        raise BadName("malformed service frame")
     return host, int(port_text)
+
+
+def original_destination(sock: object) -> tuple[str, int]:
+    """Where a connection nftables redirected to the capture port was going."""
+    get = sock.getsockopt  # type: ignore[attr-defined]
+    if sock.family == socket.AF_INET6:  # type: ignore[attr-defined]
+        raw = get(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+        port = struct.unpack("!H", raw[2:4])[0]
+        return normalize(socket.inet_ntop(socket.AF_INET6, raw[8:24])), port
+    raw = get(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    port = struct.unpack("!H", raw[2:4])[0]
+    return socket.inet_ntop(socket.AF_INET, raw[4:8]), port
+
+
+class _Resolver(asyncio.DatagramProtocol):
+    """The sandbox's resolver socket: each query answered by :meth:`Proxy.dns_reply`."""
+
+    def __init__(self, proxy: Proxy, run_id: str) -> None:
+        self.proxy = proxy
+        self.run_id = run_id
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.DatagramTransport", transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | object, ...]) -> None:
+        self.proxy.used()
+        if self.proxy._dns_inflight >= DNS_INFLIGHT:
+            return  # a flood: dropped, as a busy resolver would (clients retry)
+        self.proxy._dns_inflight += 1
+        asyncio.get_running_loop().create_task(self._answer(data, addr))
+
+    async def _answer(self, data: bytes, addr: tuple[str | object, ...]) -> None:
+        try:
+            reply = await self.proxy.dns_reply(self.run_id, data)
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.sendto(reply, addr)
+        except Exception as exc:  # one bad query must never take the resolver down
+            self.proxy.audit.internal_error(self.run_id, "dns", exc)
+        finally:
+            self.proxy._dns_inflight -= 1
 
 
 async def _peek(reader: asyncio.StreamReader) -> bytes:

@@ -44,19 +44,21 @@ class Verdict:
 
     An ask is never ``allowed``: code that knows nothing of asking denies it."""
 
-    __slots__ = ("allowed", "ask", "detail", "reason", "rule")
+    __slots__ = ("address", "allowed", "ask", "detail", "reason", "rule")
 
     def __init__(
         self,
         allowed: bool,
         rule: str,
         reason: str = "",
+        address: str = "",
         ask: bool = False,
         detail: dict[str, object] | None = None,
     ) -> None:
         self.allowed = allowed and not ask
         self.rule = rule  # the entry that decided, or "default" / "rebinding"
         self.reason = reason
+        self.address = address  # the resolved address decided on, if that decided
         self.ask = ask
         # extra fields for the audit line when this verdict is the one reported
         # (a guardrail's title, version and hash); never secret values
@@ -280,7 +282,9 @@ class HostRules:
         addr = _unmapped(ipaddress.ip_address(address.split("%", 1)[0]))
         for rule in self.deny:
             if rule.network is not None and rule.matches_address(addr, port):
-                return Verdict(False, rule.text, f"{host} resolved to a denied address {addr}")
+                return Verdict(
+                    False, rule.text, f"{host} resolved to a denied address {addr}", str(addr)
+                )
         if not is_internal(addr):
             return Verdict(True, "resolved")
         for rule in self.allow:
@@ -290,6 +294,7 @@ class HostRules:
             False,
             "rebinding",
             f"{host} resolved to internal address {addr}; allow {addr} explicitly to permit it",
+            str(addr),
         )
 
 
