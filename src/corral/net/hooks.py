@@ -67,7 +67,11 @@ Run start
     workers fork (read a secret's source there; raise a
     :class:`~corral.errors.CorralError` to refuse the run) and
     :meth:`Hook.sandbox_env` names variables the sandbox gets (a per-run
-    placeholder).  Hooks are then copied into each worker by ``fork``.
+    placeholder).  Hooks are then copied into each worker by ``fork``.  The
+    door builds the chain in corral's process only when
+    ``corral.net.door._hooks_act_here(policy)`` says so (host rules alone are
+    built in the proxy, off the run's path): a rule type that intercepts, or
+    whose hooks need ``open``/``sandbox_env``, adds its policy key there.
 """
 
 from __future__ import annotations
