@@ -10,7 +10,9 @@ available, next to sh and raw bwrap), ``network`` (a run with a network next
 to one without, and the first GET through a new door), ``warm_exec``
 (``Sandbox.exec`` against a
 fresh ``corral run``), ``proxy`` (corral's proxy next to squid and a direct
-connection, and the door's added latency), ``container_exec`` (when
+connection, and the door's added latency), ``tls`` (TLS inspection next to
+squid with ssl-bump and mitmdump, and the plain proxy next to ``main``),
+``container_exec`` (when
 bench/container_exec.py exists in this checkout) and ``peers`` (srt and codex
 sandbox; installed and measured only with ``--with-peers``).  ``--against REV``
 adds ``against`` (bench/against.py): this checkout's ``corral run -- true`` (as
@@ -37,7 +39,7 @@ from pathlib import Path
 from bench.common import Row, machine_line, table
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
-NAMES = ("run_latency", "network", "warm_exec", "proxy", "container_exec", "peers")
+NAMES = ("run_latency", "network", "warm_exec", "proxy", "tls", "container_exec", "peers")
 
 
 def _log(msg: str) -> None:
@@ -110,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import proxy_throughput
 
             rows += proxy_throughput.rows(args.quick)
+        elif name == "tls":
+            from bench import tls_throughput
+
+            rows += tls_throughput.rows(args.quick)
         elif name == "against":
             from bench import against
 

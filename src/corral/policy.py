@@ -115,6 +115,34 @@ class NetworkPolicy:
         self.hosts: dict[str, str] = {}  # name -> address, used by the proxy instead of DNS
 
 
+TLS_CA_CHOICES = ("user", "ephemeral")
+
+
+class TlsPolicy:
+    """``[tls]``: the CA that signs intercepted connections, and which hosts are
+    never (``passthrough``) or always (``inspect``) intercepted."""
+
+    __slots__ = ("ca", "ca_cert", "ca_key", "inspect", "passthrough", "upstream_ca")
+
+    def __init__(self) -> None:
+        self.ca = "user"  # one CA per user in corral's state directory; or "ephemeral"
+        self.ca_cert = ""  # the user's own CA (with ca_key); absolute once loaded
+        self.ca_key = ""
+        self.upstream_ca: list[str] = []  # CA files trusted upstream besides the host's
+        self.passthrough: list[str] = []  # host patterns never intercepted
+        self.inspect: list[str] = []  # host patterns intercepted for the audit log alone
+
+    def is_default(self) -> bool:
+        return not (
+            self.ca != "user"
+            or self.ca_cert
+            or self.ca_key
+            or self.upstream_ca
+            or self.passthrough
+            or self.inspect
+        )
+
+
 class ContainerPolicy:
     """The container tier's choices; empty means "detect" (engine) or "not set" (image)."""
 
@@ -137,6 +165,7 @@ class Policy:
         "network",
         "source",
         "tier",
+        "tls",
         "workspace",
     )
 
@@ -149,6 +178,7 @@ class Policy:
         self.limits = Limits()
         self.network = NetworkPolicy()
         self.container = ContainerPolicy()
+        self.tls = TlsPolicy()
 
     @classmethod
     def load(cls, path: str | None = None, workspace: str | None = None) -> Policy:
@@ -224,6 +254,16 @@ class Policy:
         box = self.container
         if box.engine or box.runtime or box.image:  # absent: digests of older runs stay equal
             out["container"] = {"engine": box.engine, "runtime": box.runtime, "image": box.image}
+        tls = self.tls
+        if not tls.is_default():  # as for container
+            out["tls"] = {
+                "ca": tls.ca,
+                "ca_cert": tls.ca_cert,
+                "ca_key": tls.ca_key,
+                "upstream_ca": list(tls.upstream_ca),
+                "passthrough": list(tls.passthrough),
+                "inspect": list(tls.inspect),
+            }
         return out
 
 
@@ -498,6 +538,38 @@ def _expect_image(v: object) -> str:
     return name
 
 
+def _expect_ca_choice(v: object) -> str:
+    choice = _expect_str(v)
+    if choice not in TLS_CA_CHOICES:
+        allowed = " or ".join(f'"{c}"' for c in TLS_CA_CHOICES)
+        raise ValueError(f"ca must be {allowed} (or set ca_cert and ca_key); got {choice!r}")
+    return choice
+
+
+def _expect_file(v: object) -> str:
+    path = _expect_str(v)
+    if not path.strip() or "\0" in path:
+        raise ValueError(f"not a file path: {v!r}")
+    return path
+
+
+def _expect_files(v: object) -> list[str]:
+    """One path or a list of them."""
+    return [_expect_file(x) for x in ([v] if isinstance(v, str) else _expect_str_list(v))]
+
+
+def _tls_path(attr: str) -> Callable[[Policy, object], None]:
+    """A [tls] file, made absolute (``~`` and relative to the workspace) when set."""
+
+    def apply(policy: Policy, raw: object) -> None:
+        if attr == "upstream_ca":
+            policy.tls.upstream_ca = [policy.expand(p) for p in _expect_files(raw)]
+        else:
+            setattr(policy.tls, attr, policy.expand(_expect_file(raw)))
+
+    return apply
+
+
 def _limit(name: str, parse: Callable[[object], object]) -> Callable[[Policy, object], None]:
     def apply(policy: Policy, raw: object) -> None:
         policy.limits.assign(name, raw, parse)
@@ -546,6 +618,14 @@ SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
         "deny": _set("network.deny", _expect_rules),
         "transparent": _set("network.transparent", _expect_bool),
         "hosts": _set("network.hosts", _expect_hosts),
+    },
+    "tls": {
+        "ca": _set("tls.ca", _expect_ca_choice),
+        "ca_cert": _tls_path("ca_cert"),
+        "ca_key": _tls_path("ca_key"),
+        "upstream_ca": _tls_path("upstream_ca"),
+        "passthrough": _set("tls.passthrough", _expect_rules),
+        "inspect": _set("tls.inspect", _expect_rules),
     },
     "container": {
         "engine": _set("container.engine", _expect_engine),
@@ -658,6 +738,7 @@ def check_network(policy: Policy, python: bool = False) -> None:
 
     ``python``: the policy was built or changed in code (``Sandbox``), so the
     message names the attribute rather than the file's key."""
+    check_tls(policy)
     net = policy.network
     if net.mode not in NETWORK_MODES:
         raise PolicyError(
@@ -686,6 +767,38 @@ def check_network(policy: Policy, python: bool = False) -> None:
             raise PolicyError(f'network.{key} has no effect with mode = "none": set {fix}')
 
 
+def check_tls(policy: Policy) -> None:
+    """``[tls]`` keys make sense together and name readable files; PolicyError
+    naming the key otherwise.  (The CA's content is checked when a run opens its
+    door: parsing it needs the ``cryptography`` package, kept off this path.)"""
+    tls = policy.tls
+    if tls.is_default():
+        return
+    where = f"{policy.source}: tls" if policy.source else "tls"
+    if bool(tls.ca_cert) != bool(tls.ca_key):
+        have, need = ("ca_cert", "ca_key") if tls.ca_cert else ("ca_key", "ca_cert")
+        raise PolicyError(f"{where}.{need}: needed with tls.{have} (the CA's certificate and key)")
+    if tls.ca_cert and tls.ca == "ephemeral":
+        raise PolicyError(f'{where}.ca_cert: cannot be used with ca = "ephemeral"')
+    for key, path in (
+        ("ca_cert", tls.ca_cert),
+        ("ca_key", tls.ca_key),
+        *(("upstream_ca", p) for p in tls.upstream_ca),
+    ):
+        if path:
+            try:
+                with open(path, "rb") as fh:
+                    fh.read(1)
+            except OSError as exc:
+                raise PolicyError(f"{where}.{key}: cannot read {path}: {exc.strerror}") from None
+    if tls.passthrough:
+        from corral.net.hooks import hooks_for, passthrough_conflict
+
+        conflict = passthrough_conflict(tls.passthrough, hooks_for(policy))
+        if conflict:
+            raise PolicyError(f"{policy.source}: {conflict}" if policy.source else conflict)
+
+
 def find_policy_file(workspace: str) -> str | None:
     candidate = os.path.join(workspace, defaults.POLICY_FILENAME)
     return candidate if os.path.isfile(candidate) else None
@@ -708,4 +821,5 @@ def load(workspace: str | None = None, path: str | None = None) -> Policy:
                 f'{chosen}: network.allow has no effect with mode = "none": '
                 'set [network] mode = "proxy"'
             )
+        check_tls(policy)
     return policy

@@ -54,8 +54,10 @@ if TYPE_CHECKING:
 
     from corral.fsplan import Mount
     from corral.net.audit import DenyKey
+    from corral.net.ca import CA
     from corral.net.hooks import Chain
     from corral.net.proxy import Proxy
+    from corral.net.trust import NetExtras
     from corral.netns import Listener
     from corral.policy import Policy
 
@@ -178,8 +180,17 @@ class Door:
         self.crashes: list[str] = []  # one line per worker that failed outright
         self._life_w = -1
         self._tally_r = -1
+        self.ca: CA | None = None  # corral's CA, when this run can intercept TLS
+        self.extras: NetExtras | None = None  # what the sandbox gets beside the address
+        self.chain: Chain | None = None  # built (and its hooks opened) here, when they act here
 
     def open(self) -> None:
+        if _hooks_act_here(self.policy):
+            try:
+                self._prepare()
+            except BaseException:
+                self.remove_files()
+                raise
         fds = self._bind()
         life_r, life_w = os.pipe()
         tally_r, tally_w = os.pipe()
@@ -204,6 +215,24 @@ class Door:
         os.close(life_r)
         os.close(tally_w)
         self._life_w, self._tally_r = life_w, tally_r
+
+    def _prepare(self) -> None:
+        """The hooks' start and, if this run can intercept TLS, its CA and bundle:
+        in corral's process, before the proxy forks, so a bad CA or a missing
+        secret refuses the run with one line (the workers build their own chain)."""
+        from corral.net.hooks import chain_for
+        from corral.net.trust import NetExtras
+
+        chain = self.chain = chain_for(self.policy)
+        chain.open()  # the workers get this chain, opened, by fork
+        self.extras = NetExtras(env=chain.sandbox_env())
+        if chain.may_inspect:
+            self.ca = _open_ca(self.policy)
+            from corral.net import trust
+
+            found = trust.system_bundles()
+            self.extras.ca_bundle = trust.write_bundle(self.dir, self.ca.cert_pem, found)
+            self.extras.system_bundles = found
 
     def _bind(self) -> list[int]:
         """The listening sockets the proxy inherits, as bare descriptors.  The
@@ -281,7 +310,13 @@ class Door:
         return tally
 
     def remove_files(self) -> None:
-        for name in (self.path, os.path.join(self.dir, "proxy.pid")):
+        from corral.net.trust import BUNDLE_NAME
+
+        for name in (
+            self.path,
+            os.path.join(self.dir, "proxy.pid"),
+            os.path.join(self.dir, BUNDLE_NAME),
+        ):
             try:
                 os.unlink(name)
             except FileNotFoundError:
@@ -329,6 +364,28 @@ def _ended(data: bytes) -> bool:
     return b"crash\t" in data
 
 
+def _hooks_act_here(policy: Policy) -> bool:
+    """Does this policy have hooks that act in corral's own process (TLS
+    interception's CA and bundle, a secret's source)?  Host rules alone do not:
+    their chain is built in the proxy, off the run's path.  A policy key whose
+    hooks need :meth:`corral.net.hooks.Hook.open` or ``sandbox_env`` adds itself here."""
+    return bool(policy.tls.inspect)
+
+
+def _open_ca(policy: Policy) -> CA:
+    """This run's CA (PolicyError naming the key when the user's own cannot be
+    used), after checking the ``upstream_ca`` files the workers will load."""
+    from corral.errors import PolicyError
+    from corral.net.ca import ca_for
+    from corral.net.trust import check_upstream_ca
+    from corral.runlog import state_dir
+
+    problem = check_upstream_ca(policy.tls.upstream_ca)
+    if problem:
+        raise PolicyError(problem)
+    return ca_for(policy.tls, state_dir())
+
+
 def _private_dir(prefix: str) -> str:
     """A fresh mode-0700 directory in the temporary area; tempfile costs ~7 ms to
     import on every networked run, and this is all of it that is needed."""
@@ -357,12 +414,12 @@ def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
     quiet_stderr()
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # corral decides when the proxy stops
-    _warm()
+    _warm(door.ca is not None)
     import socket
 
     from corral.net.hooks import chain_for
 
-    chain = chain_for(door.policy)
+    chain = door.chain or chain_for(door.policy)
     first = socket.socket(fileno=fds[0])
     if door.transport == "netns":
         got = _await_handoff(first, life_r)
@@ -391,7 +448,7 @@ def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
                 pass
 
 
-def _warm() -> None:
+def _warm(tls: bool = False) -> None:
     """The proxy's imports, done at once: they overlap the sandbox's own start."""
     import asyncio  # noqa: F401
 
@@ -400,7 +457,12 @@ def _warm() -> None:
     except ImportError:
         pass
     import corral.net.audit
-    import corral.net.proxy  # noqa: F401
+    import corral.net.proxy
+
+    if tls:  # TLS inspection: leaf certificates need cryptography (some 60 ms)
+        import cryptography.x509  # noqa: F401
+
+        import corral.net.tls  # noqa: F401
 
 
 def _await_handoff(
@@ -477,7 +539,12 @@ def _serve(
 
     async def main() -> None:
         net = door.policy.network
-        proxy = Proxy(chain, audit, net.hosts, stand_ins=net.transparent)
+        tls = None
+        if door.ca is not None:
+            from corral.net.tls import Interceptor
+
+            tls = Interceptor(door.ca, door.policy.tls.upstream_ca)
+        proxy = Proxy(chain, audit, net.hosts, stand_ins=net.transparent, tls=tls)
         proxy.guard(run_id)
         proxy.on_first_use = lambda: _say(tally_w, USED)  # corral waits for this run's tally
         servers = [await _serve_one(proxy, run_id, lis, sock) for lis, sock in listeners]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import ssl
 import struct
 import time
 from typing import cast
@@ -37,7 +38,7 @@ from typing import cast
 from corral.net import dns as dnsmsg
 from corral.net import http1, sniff
 from corral.net.dns import FakePool
-from corral.net.hooks import Chain, Destination
+from corral.net.hooks import Asker, Chain, Destination, Request, Response
 from corral.net.http1 import HttpError
 from corral.net.names import BadName, authority, normalize, printable
 from corral.net.rules import Verdict
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
     from corral.net.audit import Audit
+    from corral.net.tls import Interceptor
 
     Resolver = Callable[[str, int], Awaitable[list[str]]]
 
@@ -60,6 +62,11 @@ IDLE_TIMEOUT = 120.0
 # long after its first byte: a slow trickle (slowloris) gets 408 and is closed.
 HEAD_TIMEOUT = 30.0
 SWEEP_EVERY = 1.0  # how often the timeouts above are checked (their precision)
+# An idle TLS connection to an intercepted origin is kept this long for the next
+# client connection of the same run (a new handshake costs more than the request);
+# short, so that an origin closing idle connections (Node: after 5 s) rarely races it.
+PARK_IDLE = 2.0
+PARK_MAX = 64  # idle connections kept per destination
 
 # The relay's frames on a unix door (see relay.py): what follows the first byte.
 PLAIN = b"\xfb"  # a proxy connection (HTTP or SOCKS5) from the relay's proxy port
@@ -87,6 +94,16 @@ class Refused(Exception):
         self.verdict = verdict
         self.status = status
         self.refused = refused  # the destination actively refused the connection
+
+
+class NoDestination(Exception):
+    """A request whose host can be no destination (audited already)."""
+
+    def __init__(self, verdict: Verdict, shown: str, port: int) -> None:
+        super().__init__(verdict.reason)
+        self.verdict = verdict
+        self.shown = shown
+        self.port = port
 
 
 class _Holding(asyncio.Protocol):
@@ -182,9 +199,14 @@ class Proxy:
         idle_timeout: float = IDLE_TIMEOUT,
         head_timeout: float = HEAD_TIMEOUT,
         stand_ins: bool = False,
+        tls: Interceptor | None = None,
+        asker: Asker | None = None,
     ) -> None:
         self.chain = chain
         self.audit = audit
+        # TLS inspection, for the destinations the chain says need it (None: never)
+        self.tls = tls
+        self.asker = asker or Asker()
         # [network] hosts: name -> address, instead of DNS; keyed by the one spelling
         # a Destination has, so no other spelling of a pinned name reaches DNS
         self.pinned = {normalize(k): normalize(v) for k, v in (pinned or {}).items()}
@@ -200,6 +222,8 @@ class Proxy:
         self._flush_scheduled = False
         self._clocks: set[_Clock] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        # (run id, host, port) -> idle upstream TLS connections, newest last
+        self._parked: dict[tuple[str, str, int], list[tuple[float, Upstream]]] = {}
 
     # -- doors -------------------------------------------------------------------
 
@@ -390,11 +414,66 @@ class Proxy:
                 if expired:
                     clock.since = 0.0
                     clock.reader.set_exception(TimeoutError())  # the waiting read raises
+            if self._parked:
+                self._unpark_stale(now)
 
     # -- decisions and upstream connections ---------------------------------------------
 
-    async def open_upstream(self, dest: Destination, streams: bool = True) -> Upstream:
+    async def decide(self, dest: Destination) -> Verdict:
+        """The chain's verdict on a destination; an ask waits for its answer."""
         verdict = self.chain.connect(dest)
+        if verdict.ask:
+            verdict = await self.asker.ask(dest, None, verdict)
+        return verdict
+
+    def park(self, dest: Destination, upstream: Upstream) -> None:
+        """Keep an idle upstream TLS connection for the run's next client connection."""
+        key = (dest.run_id, upstream.host, upstream.port)
+        idle = self._parked.setdefault(key, [])
+        if len(idle) >= PARK_MAX or upstream.streams()[0].at_eof():
+            upstream.close()
+            return
+        idle.append((asyncio.get_running_loop().time(), upstream))
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def unpark(self, dest: Destination) -> Upstream | None:
+        """The newest parked connection to ``dest`` still open and fresh, if any."""
+        idle = self._parked.get((dest.run_id, dest.host, dest.port))
+        now = asyncio.get_running_loop().time()
+        while idle:
+            parked_at, upstream = idle.pop()
+            reader, writer = upstream.streams()
+            if now - parked_at < PARK_IDLE and not reader.at_eof() and not writer.is_closing():
+                return upstream
+            upstream.close()
+        return None
+
+    def _unpark_stale(self, now: float) -> None:
+        for key, idle in list(self._parked.items()):
+            keep = [(t, u) for t, u in idle if now - t < PARK_IDLE]
+            for t, u in idle:
+                if now - t >= PARK_IDLE:
+                    u.close()
+            if keep:
+                self._parked[key] = keep
+            else:
+                del self._parked[key]
+
+    async def open_upstream(
+        self,
+        dest: Destination,
+        streams: bool = True,
+        tls: ssl.SSLContext | None = None,
+        verdict: Verdict | None = None,
+    ) -> Upstream:
+        """Connect to an address of ``dest`` the chain accepts (``verdict``: the
+        chain's answer already asked for); with ``tls``, as a TLS client verifying
+        ``dest.host`` (an untrusted origin is a 502 refusal, never a pass)."""
+        if verdict is None:  # (decide(), inlined: this runs for every tunnel)
+            verdict = self.chain.connect(dest)
+            if verdict.ask:
+                verdict = await self.asker.ask(dest, None, verdict)
         if not verdict.allowed:
             raise Refused(verdict)
         loop = asyncio.get_running_loop()
@@ -414,7 +493,11 @@ class Proxy:
                 async with asyncio.timeout(CONNECT_TIMEOUT):
                     if streams:
                         upstream.reader, upstream.writer = await asyncio.open_connection(
-                            address, dest.port, limit=http1.MAX_HEAD
+                            address,
+                            dest.port,
+                            limit=http1.MAX_HEAD,
+                            ssl=tls,
+                            server_hostname=dest.host if tls else None,
                         )
                     else:
                         transport, holding = await loop.create_connection(
@@ -423,6 +506,10 @@ class Proxy:
                         upstream.transport = transport
                         upstream.holding = holding
             except (OSError, TimeoutError) as exc:
+                if isinstance(exc, ssl.SSLError):
+                    from corral.net.tls import upstream_refusal
+
+                    raise Refused(upstream_refusal(exc, dest.host), 502) from None
                 error = f"{address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}"
                 refused = isinstance(exc, ConnectionRefusedError)
                 continue
@@ -450,10 +537,11 @@ class Proxy:
     async def refuse_http(
         self, writer: asyncio.StreamWriter, dest: Destination, exc: Refused, started: float
     ) -> None:
-        """Audit a refusal and tell an HTTP client: 403 with the decision, or 502."""
+        """Audit a refusal and tell an HTTP client: 403 with the decision, or 502
+        (as JSON when the chain's parts refused, e.g. an untrusted origin)."""
         self.log(dest, exc.verdict, exc.status, 0, 0, started)
-        if exc.status == 403:
-            await _send_denial(writer, 403, exc.verdict, dest.host, dest.port)
+        if exc.status == 403 or not exc.verdict.allowed:
+            await _send_denial(writer, exc.status, exc.verdict, dest.host, dest.port)
         else:
             await _send_error(writer, exc.status, exc.verdict.reason)
 
@@ -479,7 +567,10 @@ class Proxy:
         down: int,
         started: float,
         address: str = "",
+        extra: dict[str, object] | None = None,
     ) -> None:
+        if verdict.detail:
+            extra = {**verdict.detail, **(extra or {})}
         self._record(
             dest.run_id,
             dest.scheme,
@@ -493,6 +584,7 @@ class Proxy:
             down,
             started,
             address,
+            extra,
         )
 
     def _record(
@@ -509,25 +601,27 @@ class Proxy:
         down: int,
         started: float,
         address: str = "",
+        extra: dict[str, object] | None = None,
     ) -> None:
-        self.audit.record(
-            {
-                "run_id": run_id,
-                "scheme": scheme,
-                "method": method or None,
-                "path": path or None,
-                "host": host,
-                "port": port,
-                "address": address or verdict.address or None,
-                "decision": verdict.decision,
-                "rule": verdict.rule,
-                "reason": verdict.reason or None,
-                "status": status,
-                "bytes_up": up,
-                "bytes_down": down,
-                "duration": round(time.monotonic() - started, 6) if started else 0.0,
-            }
-        )
+        entry: dict[str, object] = {
+            "run_id": run_id,
+            "scheme": scheme,
+            "method": method or None,
+            "path": path or None,
+            "host": host,
+            "port": port,
+            "address": address or verdict.address or None,
+            "decision": verdict.decision,
+            "rule": verdict.rule,
+            "reason": verdict.reason or None,
+            "status": status,
+            "bytes_up": up,
+            "bytes_down": down,
+            "duration": round(time.monotonic() - started, 6) if started else 0.0,
+        }
+        if extra:
+            entry.update(extra)
+        self.audit.record(entry)
         if not self._flush_scheduled:  # lines buffered in the audit reach disk within 50 ms
             self._flush_scheduled = True
             asyncio.get_running_loop().call_later(0.05, self._flush)
@@ -566,7 +660,15 @@ class Proxy:
                         upstream = None
                     await self.connect(reader, writer, request, run_id)
                     return
-                keep, upstream = await self.forward(reader, writer, request, run_id, upstream)
+                try:  # (not a coroutine of its own: this runs for every request)
+                    dest, path = self.plain_target(request, run_id)
+                except HttpError as exc:
+                    await _send_error(writer, exc.status, exc.message)
+                    return
+                except NoDestination as exc:
+                    await _send_denial(writer, 400, exc.verdict, exc.shown, exc.port)
+                    return
+                keep, upstream = await self.exchange(reader, writer, dest, request, path, upstream)
                 if not keep:
                     return
                 clock.waiting(loop.time())
@@ -574,58 +676,98 @@ class Proxy:
             if upstream is not None:
                 upstream.close()
 
-    async def forward(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        request: http1.Message,
-        run_id: str,
-        upstream: Upstream | None,
-    ) -> tuple[bool, Upstream | None]:
-        """One request/response exchange; returns (keep the client connection, upstream)."""
-        started = time.monotonic()
-        try:
-            host, port, path = http1.split_absolute(request.target)
-            body_kind, body_len = http1.framing(request)
-        except HttpError as exc:
-            await _send_error(writer, exc.status, exc.message)
-            return False, upstream
+    def plain_target(self, request: http1.Message, run_id: str) -> tuple[Destination, bytes]:
+        """A plain-HTTP request's destination (absolute-form target) and origin-form
+        path; HttpError, or NoDestination (audited) for a host that is none."""
+        host, port, path = http1.split_absolute(request.target)
         try:
             dest = Destination(run_id, "http", host, port)
         except BadName as exc:
             verdict, shown = self.refuse_name(run_id, "http", host, port, exc, 400)
-            await _send_denial(writer, 400, verdict, shown, port)
-            return False, upstream
+            raise NoDestination(verdict, shown, port) from None
         dest.method = request.method.decode("ascii", "replace")
         dest.path = path.decode("utf-8", "replace")
+        return dest, path
+
+    async def exchange(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        dest: Destination,
+        request: http1.Message,
+        path: bytes,
+        upstream: Upstream | None,
+        tls: ssl.SSLContext | None = None,
+    ) -> tuple[bool, Upstream | None]:
+        """One request/response exchange with ``dest``: plain HTTP, or a request
+        inside intercepted TLS (``tls`` then verifies the origin).  Both go through
+        the chain's request hooks (corral.net.hooks).  Returns (keep the client
+        connection, the upstream to reuse)."""
+        started = time.monotonic()
+        try:
+            body_kind, body_len = http1.framing(request)
+        except HttpError as exc:
+            await _send_error(writer, exc.status, exc.message)
+            return False, upstream
         verdict = self.chain.connect(dest)
-        extra = self.chain.request(dest, request) if verdict.allowed else None
-        if extra is not None and not extra.allowed:
-            verdict = extra
+        if verdict.ask:  # (decide(), inlined: this runs for every request)
+            verdict = await self.asker.ask(dest, None, verdict)
+        headers = http1.forwardable(request, body_kind)
+        hooked: Request | None = None
+        if verdict.allowed and self.chain.sees_requests:
+            hooked = Request(  # its own list: ``headers`` keeps the client's framing
+                dest.method, path.decode("latin-1"), list(headers), _announced(body_kind, body_len)
+            )
+            verdict = await self._decide_request(dest, hooked, verdict)
+        extra = hooked.audit if hooked is not None else None
         if not verdict.allowed:
-            self.log(dest, verdict, 403, 0, 0, started)
+            self.log(dest, verdict, 403, 0, 0, started, extra=extra)
             await _send_denial(writer, 403, verdict, dest.host, dest.port)
             return body_kind == "none" and request.keep_alive(), upstream
+        limit = None
+        if hooked is not None:
+            self.chain.rewrite(dest, hooked)
+            try:  # what a rule wrote is checked like what a client sends
+                headers = http1.refit(hooked.headers, headers, 502)
+                path = http1.check_target(hooked.target.encode("latin-1", "replace"), 502)
+            except HttpError as exc:
+                refused = Verdict(False, "rewrite", exc.message)
+                self.log(dest, refused, 502, 0, 0, started, extra=extra)
+                await _send_denial(writer, 502, refused, dest.host, dest.port)
+                return False, upstream
+            limit = hooked.body_limit
+            if limit is not None and body_kind == "length" and body_len > limit:
+                refused = Verdict(
+                    False, hooked.body_rule, f"request body larger than {limit} bytes"
+                )
+                self.log(dest, refused, 413, 0, 0, started, extra=extra)
+                await _send_denial(writer, 413, refused, dest.host, dest.port)
+                return False, upstream
+        upgrade = _websocket_upgrade(request)
+        if upgrade:  # hop-by-hop, so dropped above: the upgrade is asked for again
+            headers = [*headers, (b"connection", b"upgrade"), (b"upgrade", upgrade)]
         if upstream is not None and (upstream.host, upstream.port) != (dest.host, dest.port):
             upstream.close()
             upstream = None
+        if upstream is None and tls is not None:
+            upstream = self.unpark(dest)
         if upstream is None or upstream.streams()[0].at_eof():
             try:
-                upstream = await self.open_upstream(dest)
+                upstream = await self.open_upstream(dest, tls=tls, verdict=verdict)
             except Refused as exc:
                 await self.refuse_http(writer, dest, exc, started)
                 return False, None
         # RFC 9112 3.2.2: the target's authority replaces any Host the client sent,
         # so the origin cannot be steered to a virtual host the policy never saw; it
         # is written from the normalized host, the name that was decided.
-        headers = [(k, v) for k, v in http1.forwardable(request, body_kind) if k != b"host"]
-        headers.insert(0, (b"host", authority(dest.host, dest.port, 80).encode()))
+        headers = [(k, v) for k, v in headers if k != b"host"]
+        headers.insert(0, (b"host", authority(dest.host, dest.port, 443 if tls else 80).encode()))
         up = down = 0
         status = 0
         try:
             head = http1.serialize_head(request.method + b" " + path + b" HTTP/1.1", headers)
             up += len(head) + await http1.copy_body(
-                reader, upstream.streams()[1], body_kind, body_len, head
+                reader, upstream.streams()[1], body_kind, body_len, head, limit
             )
             response_head = await http1.read_head(upstream.streams()[0])
             if response_head is None:
@@ -634,33 +776,89 @@ class Proxy:
                 response = http1.parse_response(response_head)
                 status = response.status
                 kind, length = http1.framing(response, request.method)
-                first = response.version + b" " + str(status).encode() + b" " + response.reason
-                out = http1.serialize_head(first, http1.forwardable(response, kind))
-                down += len(out)
                 if 100 <= status < 200 and status != 101:
+                    first = response.version + b" " + str(status).encode() + b" " + response.reason
+                    out = http1.serialize_head(first, http1.forwardable(response, kind))
+                    down += len(out)
                     writer.write(out)
                     response_head = await http1.read_head(upstream.streams()[0])
                     if response_head is None:
                         raise HttpError(502, "upstream closed after an interim response")
                     continue
                 break
+            if status == 101 and not upgrade:
+                raise HttpError(502, "upstream switched protocols without being asked")
+            out_headers = http1.forwardable(response, kind)
+            if status == 101:
+                out_headers += [
+                    (b"connection", b"upgrade"),
+                    (b"upgrade", response.get(b"upgrade") or upgrade),
+                ]
+            if hooked is not None:
+                seen = Response(status, list(out_headers))
+                refused_response = self.chain.response(dest, hooked, seen)
+                if refused_response is not None and not refused_response.allowed:
+                    upstream.close()
+                    self.log(dest, refused_response, 403, up, 0, started, upstream.address, extra)
+                    await _send_denial(writer, 403, refused_response, dest.host, dest.port)
+                    return request.keep_alive(), None
+                out_headers = http1.refit(seen.headers, out_headers, 502)
+            keep = kind != "close" and request.keep_alive()
+            if not keep and status != 101:  # say so: a client must not reuse it
+                out_headers.append((b"connection", b"close"))
+            first = response.version + b" " + str(status).encode() + b" " + response.reason
+            out = http1.serialize_head(first, out_headers)
+            down += len(out)
+            if status == 101:  # decided: from here on, bytes both ways, unhooked
+                writer.write(out)
+                more_up, more_down = await _splice(reader, writer, *upstream.streams())
+                self.log(
+                    dest,
+                    verdict,
+                    101,
+                    up + more_up,
+                    down + more_down,
+                    started,
+                    upstream.address,
+                    extra,
+                )
+                upstream.close()
+                return False, None
             down += await http1.copy_body(upstream.streams()[0], writer, kind, length, out)
         except HttpError as exc:
-            self.log(dest, verdict, exc.status, up, down, started, upstream.address)
+            refused = verdict
+            if exc.status == 413 and hooked is not None:
+                refused = Verdict(False, hooked.body_rule, exc.message)
+            self.log(dest, refused, exc.status, up, down, started, upstream.address, extra)
             upstream.close()
             if not down:
-                await _send_error(writer, exc.status, exc.message)
+                if refused is verdict:
+                    await _send_error(writer, exc.status, exc.message)
+                else:
+                    await _send_denial(writer, exc.status, refused, dest.host, dest.port)
             return False, None
         except (ConnectionError, asyncio.IncompleteReadError):
-            self.log(dest, verdict, status or 502, up, down, started, upstream.address)
+            self.log(dest, verdict, status or 502, up, down, started, upstream.address, extra)
             upstream.close()
             return False, None
-        self.log(dest, verdict, status, up, down, started, upstream.address)
+        self.log(dest, verdict, status, up, down, started, upstream.address, extra)
         reusable = kind != "close" and response.keep_alive()
         if not reusable:
             upstream.close()
             upstream = None
-        return kind != "close" and request.keep_alive(), upstream
+        return keep, upstream
+
+    async def _decide_request(
+        self, dest: Destination, request: Request, verdict: Verdict
+    ) -> Verdict:
+        """The request hooks' verdict (an ask answered) where they have one, else the
+        destination's."""
+        decided = self.chain.request(dest, request)
+        if decided is None:
+            return verdict
+        if decided.ask:
+            decided = await self.asker.ask(dest, request, decided)
+        return decided
 
     async def connect(
         self,
@@ -680,6 +878,14 @@ class Proxy:
         except BadName as exc:
             verdict, shown = self.refuse_name(run_id, "connect", host, port, exc, 400)
             await _send_denial(writer, 400, verdict, shown, port)
+            return
+        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+            verdict = await self.decide(dest)
+            if not verdict.allowed:
+                await self.refuse_http(writer, dest, Refused(verdict), started)
+                return
+            writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            await intercept(self, reader, writer, dest, verdict)
             return
         try:
             upstream = await self.open_upstream(dest, streams=False)
@@ -733,6 +939,15 @@ class Proxy:
             self.log(dest, verdict, SOCKS_CMD_UNSUPPORTED, 0, 0, started)
             writer.write(_socks_reply(SOCKS_CMD_UNSUPPORTED))
             return
+        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+            verdict = await self.decide(dest)
+            if not verdict.allowed:
+                self.log(dest, verdict, SOCKS_NOT_ALLOWED, 0, 0, started)
+                writer.write(_socks_reply(SOCKS_NOT_ALLOWED))
+                return
+            writer.write(_socks_reply(SOCKS_OK))
+            await intercept(self, reader, writer, dest, verdict)
+            return
         try:
             upstream = await self.open_upstream(dest, streams=False)
         except Refused as exc:
@@ -761,6 +976,13 @@ class Proxy:
         (a refusal is a closed connection, and an audit line)."""
         started = time.monotonic()
         dest = Destination(run_id, "service", host, port)
+        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+            verdict = await self.decide(dest)
+            if not verdict.allowed:
+                self.log(dest, verdict, 403, 0, 0, started)
+                return
+            await intercept(self, reader, writer, dest, verdict)
+            return
         try:
             upstream = await self.open_upstream(dest, streams=False)
         except Refused as exc:
@@ -869,6 +1091,13 @@ class Proxy:
         if named is None and _in_pool(address):
             verdict = Verdict(False, "default", "stand-in address from an earlier run")
             await self._refuse_captured(writer, dest, verdict, 403, early, started)
+            return
+        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+            verdict = await self.decide(dest)
+            if not verdict.allowed:
+                await self._refuse_captured(writer, dest, verdict, 403, early, started)
+                return
+            await intercept(self, reader, writer, dest, verdict, early)
             return
         try:
             upstream = await self.open_upstream(dest, streams=False)
@@ -988,6 +1217,68 @@ def _in_pool(address: str) -> bool:
         return ipaddress.ip_address(address) in dnsmsg.POOL
     except ValueError:
         return False
+
+
+async def intercept(
+    proxy: Proxy,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    dest: Destination,
+    verdict: Verdict,
+    early: bytes = b"",
+) -> None:
+    """Hand an allowed connection that needs inspection to corral.net.tls (imported
+    only by runs that can intercept)."""
+    from corral.net import tls
+
+    await tls.intercept(proxy, reader, writer, dest, verdict, early)
+
+
+def _announced(kind: str, length: int) -> int | None:
+    """A body's announced length for hooks: 0 without one, None when chunked."""
+    return length if kind == "length" else None if kind == "chunked" else 0
+
+
+def _websocket_upgrade(request: http1.Message) -> bytes:
+    """The Upgrade value of a WebSocket handshake (b"" for anything else: other
+    upgrades, h2c among them, are not passed on)."""
+    value = request.get(b"upgrade")
+    if value is None or b"websocket" not in value.lower():
+        return b""
+    tokens = {t.strip().lower() for v in request.get_all(b"connection") for t in v.split(b",")}
+    return value if b"upgrade" in tokens else b""
+
+
+async def _splice(
+    client_r: asyncio.StreamReader,
+    client_w: asyncio.StreamWriter,
+    server_r: asyncio.StreamReader,
+    server_w: asyncio.StreamWriter,
+) -> tuple[int, int]:
+    """Bytes both ways after an upgrade (streams: either side may be TLS) until
+    one side ends; returns (bytes up, bytes down)."""
+
+    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> int:
+        count = 0
+        try:
+            while data := await src.read(TUNNEL_CHUNK):
+                dst.write(data)
+                count += len(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        return count
+
+    loop = asyncio.get_running_loop()
+    up = loop.create_task(pump(client_r, server_w))
+    down = loop.create_task(pump(server_r, client_w))
+    await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+    for task in (up, down):  # TLS has no half-close: one side ending ends both
+        task.cancel()
+    server_w.close()
+    results = await asyncio.gather(up, down, return_exceptions=True)
+    counts = [r if isinstance(r, int) else 0 for r in results]
+    return counts[0], counts[1]
 
 
 def _socks_reply(code: int) -> bytes:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from corral.container.engine import Engine
     from corral.fsplan import Mount
+    from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
@@ -149,6 +150,7 @@ class ContainerTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
         from corral import home, seccomp
         from corral.container import envelope
@@ -191,7 +193,7 @@ class ContainerTier(Tier):
         ]
         inner = list(command)
         if policy.network.mode == "proxy":
-            inner = self._through_door(plan, policy, bundle.argv, inner, own, door)
+            inner = self._through_door(plan, policy, bundle.argv, inner, own, door, net)
         # gVisor shows the container no cgroup files: nothing for boot to report
         report = "-" if eng.runtime == "runsc" else REPORT
         plan.argv = []
@@ -252,6 +254,8 @@ class ContainerTier(Tier):
         spec.roots = roots
         if policy.network.mode == "proxy":
             spec.roots.append("/etc/resolv.conf")  # ours, bound over the image's
+        if net is not None and net.ca_bundle is not None:  # the image's bundle paths too
+            spec.roots += list(net.system_bundles)
         spec.workdir = plan.cwd
         spec.host_uds = policy.network.mode == "proxy"
         # the relay binds the resolver (53) and host services at their own port,
@@ -346,6 +350,7 @@ class ContainerTier(Tier):
         command: list[str],
         own: list[Mount],
         door: str | None,
+        net: NetExtras | None = None,
     ) -> list[str]:
         """The relay runs first inside (the engine owns the container's network
         namespace): the proxy's ports, a resolver and the allowed host services
@@ -353,6 +358,7 @@ class ContainerTier(Tier):
         from corral import netns
         from corral.fsplan import Mount
         from corral.net import door as doors
+        from corral.net import trust
 
         if door is None:
             raise ValueError("network mode proxy needs the door's path")
@@ -366,6 +372,9 @@ class ContainerTier(Tier):
         own += doors.door_mounts(door)
         own.append(Mount("ro-bind", "/etc/resolv.conf", netns.resolv_conf(), "the resolver"))
         plan.env = {**doors.proxy_env(), **plan.env}
+        if net is not None:  # corral's CA, inside and over the image's system bundles
+            own += trust.trust_mounts(net)
+            plan.env = trust.sandbox_env(net, plan.env, trust.INSIDE_BUNDLE)
         return [*doors.relay_argv(python, services), "--", *command]
 
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from corral.fsplan import Mount
+    from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
@@ -58,6 +59,10 @@ DIFFERENCES = (
     "a hard-linked file in the workspace is read-only, and a new file created directly in "
     "a directory on the way to it (the workspace root included) cannot be opened for "
     "writing in that run (Landlock rights follow directories)",
+    "with TLS inspection, corral's CA is trusted through SSL_CERT_FILE, REQUESTS_CA_BUNDLE, "
+    "CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS, PIP_CERT, GIT_SSL_CAINFO and AWS_CA_BUNDLE only: "
+    "without mounts the system bundle (/etc/ssl/certs/ca-certificates.crt) stays the "
+    "host's, so a tool that reads only that file rejects intercepted connections",
 )
 
 # What bounds the scratch space here (corral cannot mount a sized tmpfs without
@@ -228,6 +233,7 @@ class LandlockTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
         from corral import bounds, home, landlock, seccomp
         from corral.errors import RefusedError
@@ -276,6 +282,12 @@ class LandlockTier(Tier):
             plan.env = {**proxy_env(port, port, through_proxy=hosts), **plan.env}
             if hosts:
                 plan.notes.append(SERVICES_NOTE)
+        bundle = net.ca_bundle if net is not None and port is not None else None
+        if net is not None and port is not None:
+            from corral.net.trust import sandbox_env
+
+            # no mounts: the variables name the host's file, granted below
+            plan.env = sandbox_env(net, plan.env, bundle or "")
         # No mounts here: a file a tier would bind in (the agent) is used where it is,
         # readable through its own grant.
         binds = {m.dest: m.src or m.dest for m in extra if m.kind == "ro-bind"}
@@ -305,6 +317,8 @@ class LandlockTier(Tier):
         if binds:
             grants = ((src, landlock.READ_FILE | landlock.EXECUTE) for src in binds.values())
             rules.paths = sorted({*rules.paths, *grants})
+        if bundle:
+            rules.paths = sorted({*rules.paths, (bundle, landlock.READ_FILE)})
         if layer is not None:
             # created by the launcher after planning (like the scratch directory); a
             # grant rooted inside corral's withheld state directory still holds

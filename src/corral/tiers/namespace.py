@@ -17,6 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterator, Sequence
 
+    from corral.net.trust import NetExtras
     from corral.policy import Limits, Policy
 
 FD_STATUS = 3  # bwrap's --json-status-fd: tells setup failure from the command's exit
@@ -141,7 +142,9 @@ class NamespaceTier(Tier):
     summary = "bubblewrap: user, pid, ipc, uts, net, cgroup namespaces + seccomp + cgroups"
     door_transport = "netns"
 
-    def _network(self, plan: Plan, policy: Policy, handoff: str | None) -> None:
+    def _network(
+        self, plan: Plan, policy: Policy, handoff: str | None, net: NetExtras | None = None
+    ) -> None:
         """corral makes the sandbox's network namespace (see corral.netns), and
         bwrap gets it instead of making one.  Without a network: loopback only,
         and a resolver that refuses every name and records it.  With one: the
@@ -167,6 +170,11 @@ class NamespaceTier(Tier):
 
             # the policy's own [env] values win over the proxy defaults
             plan.env = {**doors.proxy_env(), **plan.env}
+            if net is not None:  # corral's CA, inside and over the system bundles
+                from corral.net import trust
+
+                plan.mounts = [*plan.mounts, *trust.trust_mounts(net)]
+                plan.env = trust.sandbox_env(net, plan.env, trust.INSIDE_BUNDLE)
         target = netns.resolv_target(_real_resolv_conf(), fsplan.PRIVATE_TMP)
         if target is not None:
             plan.mounts = [
@@ -225,6 +233,7 @@ class NamespaceTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
         from corral import bounds, home, seccomp
 
@@ -249,7 +258,7 @@ class NamespaceTier(Tier):
         numbers = own_fd_numbers(pass_fds)
         status_fd, seccomp_fd = next(numbers), next(numbers)
         plan.fds = {status_fd: "status", seccomp_fd: "seccomp", **dict.fromkeys(pass_fds, "pass")}
-        self._network(plan, policy, door)
+        self._network(plan, policy, door, net)
         plan.mounts = [*plan.mounts, *extra]
         mounts, empty_fds = mount_args(plan.mounts, numbers, scratch_sizes(policy.limits))
         plan.fds.update(dict.fromkeys(empty_fds, "empty"))
