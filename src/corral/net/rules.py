@@ -40,12 +40,17 @@ CGNAT = ipaddress.ip_network("100.64.0.0/10")
 
 
 class Verdict:
-    __slots__ = ("allowed", "reason", "rule")
+    """A decision.  ``ask``: a person is to decide (a rule's ``action = "ask"``);
+    such a verdict is not allowed, so a proxy without an approver treats it as
+    the deny it is, and one with an approver can hold the request instead."""
 
-    def __init__(self, allowed: bool, rule: str, reason: str = "") -> None:
+    __slots__ = ("allowed", "ask", "reason", "rule")
+
+    def __init__(self, allowed: bool, rule: str, reason: str = "", ask: bool = False) -> None:
         self.allowed = allowed
         self.rule = rule  # the entry that decided, or "default" / "rebinding"
         self.reason = reason
+        self.ask = ask and not allowed
 
     @property
     def decision(self) -> str:
@@ -77,6 +82,13 @@ class Rule:
         if self.wildcard is not None:
             return self.wildcard == "" or host.endswith("." + self.wildcard)
         return self.host is not None and host == self.host
+
+    def matches(self, host: str, port: int) -> bool:
+        """A normalized host, name or address, on ``port`` (no DNS involved)."""
+        literal = _literal(host)
+        if literal is not None:
+            return self.matches_address(literal, port)
+        return self.matches_name(host, port)
 
     def matches_address(self, addr: IPAddress, port: int) -> bool:
         if not self.matches_port(port):
