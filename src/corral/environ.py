@@ -28,8 +28,6 @@ def sandbox_env(policy: Policy, source: Mapping[str, str] | None = None) -> dict
     env.setdefault("PATH", defaults.FALLBACK_PATH)
     env.setdefault("HOME", policy.home())
     env.update(policy.env.set_values)
-    for name, secret in policy.secrets.items():
-        env[name] = secret.placeholder  # the proxy swaps it for the real value, outside
     env["CORRAL_SANDBOX"] = "1"  # lets tools (and tests) know where they run
     return env
 

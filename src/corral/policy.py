@@ -119,11 +119,11 @@ class NetworkPolicy:
 class Secret:
     """``[secrets.NAME]``: where the real value is read from (``env:VAR`` or
     ``file:PATH``; the value itself is read only by the proxy's side, at the
-    start of a run, and never kept here), the hosts it may be sent to, an
-    optional header to set on every request to them, and the placeholder the
-    sandbox holds under ``NAME`` instead of the value."""
+    start of a run, and never kept here), the hosts it may be sent to, and an
+    optional header to set on every request to them.  The placeholder the
+    sandbox holds under ``NAME`` is made per run (:mod:`corral.net.secrets`)."""
 
-    __slots__ = ("format", "header", "hosts", "name", "placeholder", "source")
+    __slots__ = ("format", "header", "hosts", "name", "source")
 
     def __init__(
         self, name: str, source: str, hosts: list[str], header: str = "", format: str = ""
@@ -133,7 +133,6 @@ class Secret:
         self.hosts = hosts
         self.header = header  # lower-case header name, or "" for none
         self.format = format or "{value}"
-        self.placeholder = new_placeholder(name)
 
     @property
     def kind(self) -> str:
@@ -149,9 +148,32 @@ class Secret:
         return f"Secret({self.name!r}, from={self.source!r}, hosts={self.hosts!r})"
 
 
-def new_placeholder(name: str) -> str:
-    """What the sandbox holds under ``name``: 128 random bits, new for each run."""
-    return f"corral-secret-{name}-{os.urandom(16).hex()}"
+TLS_CA_CHOICES = ("user", "ephemeral")
+
+
+class TlsPolicy:
+    """``[tls]``: the CA that signs intercepted connections, and which hosts are
+    never (``passthrough``) or always (``inspect``) intercepted."""
+
+    __slots__ = ("ca", "ca_cert", "ca_key", "inspect", "passthrough", "upstream_ca")
+
+    def __init__(self) -> None:
+        self.ca = "user"  # one CA per user in corral's state directory; or "ephemeral"
+        self.ca_cert = ""  # the user's own CA (with ca_key); absolute once loaded
+        self.ca_key = ""
+        self.upstream_ca: list[str] = []  # CA files trusted upstream besides the host's
+        self.passthrough: list[str] = []  # host patterns never intercepted
+        self.inspect: list[str] = []  # host patterns intercepted for the audit log alone
+
+    def is_default(self) -> bool:
+        return not (
+            self.ca != "user"
+            or self.ca_cert
+            or self.ca_key
+            or self.upstream_ca
+            or self.passthrough
+            or self.inspect
+        )
 
 
 class ContainerPolicy:
@@ -177,6 +199,7 @@ class Policy:
         "secrets",
         "source",
         "tier",
+        "tls",
         "workspace",
     )
 
@@ -189,22 +212,8 @@ class Policy:
         self.limits = Limits()
         self.network = NetworkPolicy()
         self.container = ContainerPolicy()
+        self.tls = TlsPolicy()
         self.secrets: dict[str, Secret] = {}  # [secrets.NAME], by NAME
-
-    def for_run(self) -> Policy:
-        """This policy for one more run: the same object without secrets; with
-        them, a copy whose secrets have fresh placeholders (each run its own,
-        and two sandboxes started from one Policy never share one)."""
-        if not self.secrets:
-            return self
-        copy = Policy(self.workspace)
-        for name in self.__slots__:
-            setattr(copy, name, getattr(self, name))
-        copy.secrets = {
-            name: Secret(name, s.source, s.hosts, s.header, s.format)
-            for name, s in self.secrets.items()
-        }
-        return copy
 
     @classmethod
     def load(cls, path: str | None = None, workspace: str | None = None) -> Policy:
@@ -280,6 +289,16 @@ class Policy:
         box = self.container
         if box.engine or box.runtime or box.image:  # absent: digests of older runs stay equal
             out["container"] = {"engine": box.engine, "runtime": box.runtime, "image": box.image}
+        tls = self.tls
+        if not tls.is_default():  # as for container
+            out["tls"] = {
+                "ca": tls.ca,
+                "ca_cert": tls.ca_cert,
+                "ca_key": tls.ca_key,
+                "upstream_ca": list(tls.upstream_ca),
+                "passthrough": list(tls.passthrough),
+                "inspect": list(tls.inspect),
+            }
         if self.network.rules:  # as for container
             net = out["network"]
             assert isinstance(net, dict)
@@ -733,6 +752,38 @@ def _expect_image(v: object) -> str:
     return name
 
 
+def _expect_ca_choice(v: object) -> str:
+    choice = _expect_str(v)
+    if choice not in TLS_CA_CHOICES:
+        allowed = " or ".join(f'"{c}"' for c in TLS_CA_CHOICES)
+        raise ValueError(f"ca must be {allowed} (or set ca_cert and ca_key); got {choice!r}")
+    return choice
+
+
+def _expect_file(v: object) -> str:
+    path = _expect_str(v)
+    if not path.strip() or "\0" in path:
+        raise ValueError(f"not a file path: {v!r}")
+    return path
+
+
+def _expect_files(v: object) -> list[str]:
+    """One path or a list of them."""
+    return [_expect_file(x) for x in ([v] if isinstance(v, str) else _expect_str_list(v))]
+
+
+def _tls_path(attr: str) -> Callable[[Policy, object], None]:
+    """A [tls] file, made absolute (``~`` and relative to the workspace) when set."""
+
+    def apply(policy: Policy, raw: object) -> None:
+        if attr == "upstream_ca":
+            policy.tls.upstream_ca = [policy.expand(p) for p in _expect_files(raw)]
+        else:
+            setattr(policy.tls, attr, policy.expand(_expect_file(raw)))
+
+    return apply
+
+
 def _limit(name: str, parse: Callable[[object], object]) -> Callable[[Policy, object], None]:
     def apply(policy: Policy, raw: object) -> None:
         policy.limits.assign(name, raw, parse)
@@ -780,6 +831,14 @@ SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
         "deny": _set("network.deny", _expect_rules),
         "transparent": _set("network.transparent", _expect_bool),
         "hosts": _set("network.hosts", _expect_hosts),
+    },
+    "tls": {
+        "ca": _set("tls.ca", _expect_ca_choice),
+        "ca_cert": _tls_path("ca_cert"),
+        "ca_key": _tls_path("ca_key"),
+        "upstream_ca": _tls_path("upstream_ca"),
+        "passthrough": _set("tls.passthrough", _expect_rules),
+        "inspect": _set("tls.inspect", _expect_rules),
     },
     "container": {
         "engine": _set("container.engine", _expect_engine),
@@ -929,6 +988,7 @@ def _apply_one(
 
 def check_network(policy: Policy) -> None:
     """Network rules parse, and make sense together; PolicyError otherwise."""
+    check_tls(policy)
     net = policy.network
     if not net.allow and not net.deny:
         check_secrets(policy)
@@ -947,6 +1007,38 @@ def check_network(policy: Policy) -> None:
             'network.allow has no effect with mode = "none": set [network] mode = "proxy"'
         )
     check_secrets(policy)
+
+
+def check_tls(policy: Policy) -> None:
+    """``[tls]`` keys make sense together and name readable files; PolicyError
+    naming the key otherwise.  (The CA's content is checked when a run opens its
+    door: parsing it needs the ``cryptography`` package, kept off this path.)"""
+    tls = policy.tls
+    if tls.is_default():
+        return
+    where = f"{policy.source}: tls" if policy.source else "tls"
+    if bool(tls.ca_cert) != bool(tls.ca_key):
+        have, need = ("ca_cert", "ca_key") if tls.ca_cert else ("ca_key", "ca_cert")
+        raise PolicyError(f"{where}.{need}: needed with tls.{have} (the CA's certificate and key)")
+    if tls.ca_cert and tls.ca == "ephemeral":
+        raise PolicyError(f'{where}.ca_cert: cannot be used with ca = "ephemeral"')
+    for key, path in (
+        ("ca_cert", tls.ca_cert),
+        ("ca_key", tls.ca_key),
+        *(("upstream_ca", p) for p in tls.upstream_ca),
+    ):
+        if path:
+            try:
+                with open(path, "rb") as fh:
+                    fh.read(1)
+            except OSError as exc:
+                raise PolicyError(f"{where}.{key}: cannot read {path}: {exc.strerror}") from None
+    if tls.passthrough:
+        from corral.net.hooks import hooks_for, passthrough_conflict
+
+        conflict = passthrough_conflict(tls.passthrough, hooks_for(policy))
+        if conflict:
+            raise PolicyError(f"{policy.source}: {conflict}" if policy.source else conflict)
 
 
 def find_policy_file(workspace: str) -> str | None:
@@ -971,4 +1063,5 @@ def load(workspace: str | None = None, path: str | None = None) -> Policy:
                 f'{chosen}: network.allow has no effect with mode = "none": '
                 'set [network] mode = "proxy"'
             )
+        check_tls(policy)
     return policy

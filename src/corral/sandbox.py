@@ -259,7 +259,6 @@ class Sandbox:
             policy = pol.load(workspace)
         if not isinstance(policy, Policy):
             raise TypeError("policy must be a corral.policy.Policy (Policy.load(...))")
-        policy = policy.for_run()  # secrets: this sandbox's own placeholders
         self.policy = policy
         if not policy.limits.defaults:  # built by hand, not by Policy.load: bound it too
             from corral import bounds

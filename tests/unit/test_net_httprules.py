@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from corral.net.hooks import Chain, Destination, HostRulesHook, Request
-from corral.net.http1 import parse_request
 from corral.net.httprules import (
     ASK_REASON,
     BadPath,
@@ -247,26 +246,28 @@ def chain() -> Chain:
     return Chain([HostRulesHook(HostRules.parse(["*"], [])), HttpRulesHook.from_policy(ENTRIES)])
 
 
-def request(method: bytes, target: bytes, host: str = "api.test") -> Request:
+def request(method: str, target: str, host: str = "api.test") -> tuple[Destination, Request]:
     dest = Destination("run", "http", host, 80)
-    head = parse_request(method + b" http://" + host.encode() + target + b" HTTP/1.1\r\n")
-    return Request(dest, head, target)
+    dest.method, dest.path = method, target
+    return dest, Request(method, target, [], 0)
 
 
 def test_hook_sets_the_body_limit_and_names_its_rule() -> None:
-    req = request(b"POST", b"/v1/upload")
-    verdict = chain().request(req)
+    dest, req = request("POST", "/v1/upload")
+    verdict = chain().request(dest, req)
     assert verdict is not None and verdict.allowed
     assert (req.body_limit, req.body_rule) == (50, "network.rules[3]")
 
 
-def test_tunnels_to_ruled_hosts_need_inspection_and_plain_ones_do_not() -> None:
+def test_ruled_hosts_are_inspected_and_others_are_not() -> None:
     c = chain()
-    tunnel = Destination("run", "connect", "api.test", 443)
-    assert c.intercept(tunnel)
-    verdict = c.connect(tunnel)
-    assert not verdict.allowed and verdict.rule == "needs-inspection"
-    tunnel.inspected = True  # an intercepting proxy shows each request to the chain
-    assert c.connect(tunnel).allowed
-    other = Destination("run", "connect", "other.test", 443)
-    assert not c.intercept(other) and c.connect(other).allowed  # opaque, as before
+    assert c.needs_inspection("api.test", 443)
+    assert c.needs_inspection("code.git.test", 443)
+    assert not c.needs_inspection("other.test", 443)
+    assert not c.needs_inspection("git.test", 443)
+
+
+def test_hook_names_each_entry_for_passthrough_errors() -> None:
+    hook = HttpRulesHook.from_policy(ENTRIES)
+    assert hook.inspects()[0] == ("api.test", "network.rules[1].host")
+    assert hook.inspects()[5] == ("*.git.test", "network.rules[6].host")

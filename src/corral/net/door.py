@@ -24,7 +24,6 @@ import socket
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from corral.fsplan import Mount
-    from corral.net.hooks import Chain
     from corral.policy import Policy
 
 # Where the door and the relay appear inside a sandbox (a private tmpfs).
@@ -92,21 +91,13 @@ def open_door(
     """The run's door if its network goes through the proxy, else None.
     ``audit_path`` defaults to the XDG state directory's net.jsonl; ``transport``
     "tcp" adds a loopback port for tiers that cannot reach a unix socket."""
-    from corral.policy import check_secrets
-
-    check_secrets(policy)  # a policy built in Python has not been through the CLI's checks
     if policy.network.mode != "proxy":
         return None
     if audit_path is None:
         from corral.net.audit import default_path
 
         audit_path = default_path()
-    from corral.net.hooks import chain_for
-
-    # rules compiled and secrets read before anything exists: a missing secret
-    # refuses the run here, naming it
-    chain = chain_for(policy)
-    door = Door(policy, run_id, audit_path, tcp=transport == "tcp", chain=chain)
+    door = Door(policy, run_id, audit_path, tcp=transport == "tcp")
     door.open()
     return door
 
@@ -119,10 +110,8 @@ class Door:
         audit_path: str | None,
         workers: int = 0,
         tcp: bool = False,
-        chain: Chain | None = None,
     ) -> None:
         self.policy = policy
-        self.chain = chain
         self.tcp = tcp
         self.tcp_port = 0
         # Several processes accept on the one socket (more CPU for a busy sandbox);
@@ -141,8 +130,7 @@ class Door:
     def open(self) -> None:
         from corral.net.hooks import chain_for
 
-        # parsed (and secrets read) before forking: a bad rule fails here
-        chain = self.chain or chain_for(self.policy)
+        chain = chain_for(self.policy)  # parsed before forking: a bad rule fails here
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(self.path)
         sock.listen(1024)

@@ -54,14 +54,6 @@ class HttpError(Exception):
         self.message = message
 
 
-class BodyTooLarge(HttpError):
-    """A request body went past the limit a rule set; the origin got at most the
-    limit (a chunked body is cut off there, so the origin never sees it end)."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body over the limit of {limit} bytes")
-
-
 class Message:
     """A parsed request or response head."""
 
@@ -214,26 +206,21 @@ async def copy_body(
     kind: str,
     length: int,
     head: bytes = b"",
-    limit: int | None = None,
 ) -> int:
     """Write ``head``, then forward a body framed as ``kind``; returns the body bytes.
 
     The head goes out with the first piece of the body: for the small bodies a
     proxy mostly sees, one send instead of two.  Trailers of a chunked body are
     read, checked like header lines and dropped (what a trailer could say, e.g.
-    a second Content-Length, is for no proxy to pass on).  ``limit``: most body
-    bytes (chunk data) to pass on; more raises :class:`BodyTooLarge` before any
-    byte past it is written.
+    a second Content-Length, is for no proxy to pass on).
     """
-    if limit is not None and kind == "length" and length > limit:
-        raise BodyTooLarge(limit)
     if head and kind != "length":
         writer.write(head)
         head = b""
     if kind == "length":
         sent = await _copy_exactly(reader, writer, length, head)
     elif kind == "chunked":
-        sent = await _copy_chunked(reader, writer, limit)
+        sent = await _copy_chunked(reader, writer)
     elif kind == "close":
         sent = 0
         while data := await reader.read(CHUNK):
@@ -267,25 +254,17 @@ async def _copy_exactly(
     return length
 
 
-async def _copy_chunked(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int | None = None
-) -> int:
+async def _copy_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
     """Re-frame a chunked body chunk by chunk: clean size lines, data streamed."""
     import asyncio
 
     sent = 0
-    allowance = limit
     while True:
         try:
             line = await reader.readuntil(b"\r\n")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             raise HttpError(400, "bad chunked body") from None
         size = _chunk_size(line[:-2])
-        if allowance is not None:
-            allowance -= size
-            if allowance < 0:  # decided on the size line: none of this chunk goes out
-                assert limit is not None
-                raise BodyTooLarge(limit)
         if size == 0:
             await _skip_trailers(reader)
             writer.write(b"0\r\n\r\n")

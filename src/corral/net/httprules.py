@@ -45,6 +45,7 @@ Methods are compared case-insensitively (an origin that reads ``delete`` as
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 from corral.net.hooks import Hook
@@ -237,6 +238,18 @@ def _param_regex(param: str, text: str) -> tuple[re.Pattern[str], re.Pattern[str
     return key_re, re.compile(_star_regex(value, ".*")) if eq else None
 
 
+def covers(rule: Rule, host: str, port: int) -> bool:
+    """Does an entry in ``[network] allow`` syntax cover a normalized host (a name
+    or an address) on ``port``?"""
+    if rule.matches_name(host, port):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return rule.matches_address(address, port)
+
+
 class HttpRule:
     """One compiled entry (a git preset compiles to several, each with the entry's name)."""
 
@@ -317,7 +330,7 @@ class HttpRules:
         if found is None:
             if len(self._by_host) >= self.CACHE_SIZE:
                 self._by_host.clear()
-            found = self._by_host[key] = [r for r in self.rules if r.host.matches(host, port)]
+            found = self._by_host[key] = [r for r in self.rules if covers(r.host, host, port)]
         return found
 
     def decide(
@@ -359,25 +372,27 @@ class HttpRules:
 
 
 class HttpRulesHook(Hook):
-    """``[[network.rules]]`` in the chain: decides each request to a ruled host."""
+    """``[[network.rules]]`` in the chain: decides each request to a ruled host
+    (and asks for the HTTPS of every ruled host to be intercepted)."""
 
     name = "rules"
     connect_by_host_port = True
 
-    def __init__(self, rules: HttpRules) -> None:
+    def __init__(self, rules: HttpRules, patterns: list[tuple[str, str]]) -> None:
         self.rules = rules
+        self.patterns = patterns
 
     @classmethod
     def from_policy(cls, entries: list[dict[str, object]]) -> HttpRulesHook:
-        return cls(HttpRules.from_entries(entries))
+        patterns = [(str(e["host"]), f"network.rules[{i}].host") for i, e in enumerate(entries, 1)]
+        return cls(HttpRules.from_entries(entries), patterns)
 
-    def intercept(self, dest: Destination) -> bool:
-        return bool(self.rules.for_host(dest.host, dest.port))
+    def inspects(self) -> list[tuple[str, str]]:
+        return self.patterns
 
-    def on_request(self, request: Request) -> Verdict | None:
-        dest = request.dest
+    def on_request(self, dest: Destination, request: Request) -> Verdict | None:
         verdict, limit = self.rules.decide(
-            dest.host, dest.port, request.head.method.decode("latin-1"), request.target
+            dest.host, dest.port, request.method, request.target.encode("latin-1")
         )
         if limit is not None and limit.max_body is not None:
             request.limit_body(limit.max_body, limit.name)

@@ -374,7 +374,6 @@ class Proxy:
         down: int,
         started: float,
         address: str = "",
-        secrets: list[str] | None = None,
     ) -> None:
         self._record(
             dest.run_id,
@@ -389,7 +388,6 @@ class Proxy:
             down,
             started,
             address,
-            secrets,
         )
 
     def _record(
@@ -406,27 +404,25 @@ class Proxy:
         down: int,
         started: float,
         address: str = "",
-        secrets: list[str] | None = None,
     ) -> None:
-        entry: dict[str, object] = {
-            "run_id": run_id,
-            "scheme": scheme,
-            "method": method or None,
-            "path": path or None,
-            "host": host,
-            "port": port,
-            "address": address or None,
-            "decision": verdict.decision,
-            "rule": verdict.rule,
-            "reason": verdict.reason or None,
-            "status": status,
-            "bytes_up": up,
-            "bytes_down": down,
-            "duration": round(time.monotonic() - started, 6) if started else 0.0,
-        }
-        if secrets:  # the credentials the request carried: names, never values
-            entry["secrets"] = secrets
-        self.audit.record(entry)
+        self.audit.record(
+            {
+                "run_id": run_id,
+                "scheme": scheme,
+                "method": method or None,
+                "path": path or None,
+                "host": host,
+                "port": port,
+                "address": address or None,
+                "decision": verdict.decision,
+                "rule": verdict.rule,
+                "reason": verdict.reason or None,
+                "status": status,
+                "bytes_up": up,
+                "bytes_down": down,
+                "duration": round(time.monotonic() - started, 6) if started else 0.0,
+            }
+        )
         if not self._flush_scheduled:  # lines buffered in the audit reach disk within 50 ms
             self._flush_scheduled = True
             asyncio.get_running_loop().call_later(0.05, self._flush)
@@ -498,19 +494,22 @@ class Proxy:
         dest.method = request.method.decode("ascii", "replace")
         dest.path = path.decode("utf-8", "replace")
         verdict = self.chain.connect(dest)
-        inside = Request(dest, request, path)  # what request hooks see and may rewrite
-        extra = self.chain.request(inside) if verdict.allowed else None
-        if extra is not None:  # the rule that decided on the request itself, allow or not
+        extra = None
+        if verdict.allowed and self.chain.sees_requests:
+            length = body_len if body_kind == "length" else None if body_kind == "chunked" else 0
+            hooked = Request(
+                dest.method,
+                path.decode("latin-1"),
+                http1.forwardable(request, body_kind),
+                length,
+            )
+            extra = self.chain.request(dest, hooked)
+        if extra is not None and not extra.allowed:
             verdict = extra
-        status = 403
-        limit = inside.body_limit
-        if verdict.allowed and limit is not None and body_kind == "length" and body_len > limit:
-            status = 413  # decided now: none of the body goes anywhere
-            verdict = Verdict(False, inside.body_rule, http1.BodyTooLarge(limit).message)
         if not verdict.allowed:
-            self.log(dest, verdict, status, 0, 0, started, secrets=inside.secrets)
-            await _send_denial(writer, status, verdict, dest.host, dest.port, _plain(request))
-            return status == 403 and body_kind == "none" and request.keep_alive(), upstream
+            self.log(dest, verdict, 403, 0, 0, started)
+            await _send_denial(writer, 403, verdict, dest.host, dest.port)
+            return body_kind == "none" and request.keep_alive(), upstream
         if upstream is not None and (upstream.host, upstream.port) != (dest.host, dest.port):
             upstream.close()
             upstream = None
@@ -528,19 +527,15 @@ class Proxy:
         up = down = 0
         status = 0
         try:
-            head = http1.serialize_head(
-                request.method + b" " + inside.target + b" HTTP/1.1", headers
-            )
+            head = http1.serialize_head(request.method + b" " + path + b" HTTP/1.1", headers)
             up += len(head) + await http1.copy_body(
-                reader, upstream.streams()[1], body_kind, body_len, head, inside.body_limit
+                reader, upstream.streams()[1], body_kind, body_len, head
             )
             response_head = await http1.read_head(upstream.streams()[0])
             if response_head is None:
                 raise HttpError(502, "upstream closed the connection without a response")
             while True:
                 response = http1.parse_response(response_head)
-                for rewrite in inside.responses:
-                    rewrite(response)
                 status = response.status
                 kind, length = http1.framing(response, request.method)
                 first = response.version + b" " + str(status).encode() + b" " + response.reason
@@ -554,25 +549,17 @@ class Proxy:
                     continue
                 break
             down += await http1.copy_body(upstream.streams()[0], writer, kind, length, out)
-        except http1.BodyTooLarge as exc:  # cut off upstream: the origin never sees it end
-            upstream.close()
-            verdict = Verdict(False, inside.body_rule, exc.message)
-            self.log(dest, verdict, 413, up, down, started, upstream.address, inside.secrets)
-            await _send_denial(writer, 413, verdict, dest.host, dest.port, _plain(request))
-            return False, None
         except HttpError as exc:
-            self.log(dest, verdict, exc.status, up, down, started, upstream.address, inside.secrets)
+            self.log(dest, verdict, exc.status, up, down, started, upstream.address)
             upstream.close()
             if not down:
                 await _send_error(writer, exc.status, exc.message)
             return False, None
         except (ConnectionError, asyncio.IncompleteReadError):
-            self.log(
-                dest, verdict, status or 502, up, down, started, upstream.address, inside.secrets
-            )
+            self.log(dest, verdict, status or 502, up, down, started, upstream.address)
             upstream.close()
             return False, None
-        self.log(dest, verdict, status, up, down, started, upstream.address, inside.secrets)
+        self.log(dest, verdict, status, up, down, started, upstream.address)
         reusable = kind != "close" and response.keep_alive()
         if not reusable:
             upstream.close()
@@ -944,44 +931,24 @@ async def _send_error(writer: asyncio.StreamWriter, status: int, message: str) -
         pass
 
 
-def _plain(request: http1.Message) -> bool:
-    """A client that shows a plain-text refusal to its user and nothing else:
-    git prints a text/plain error body line by line as ``remote: ...``."""
-    agent = request.get(b"user-agent")
-    return agent is not None and agent.startswith(b"git/")
-
-
 async def _send_denial(
-    writer: asyncio.StreamWriter,
-    status: int,
-    verdict: Verdict,
-    host: str,
-    port: int,
-    plain: bool = False,
+    writer: asyncio.StreamWriter, status: int, verdict: Verdict, host: str, port: int
 ) -> None:
-    """A refusal as JSON (or one line of text for ``plain`` clients): 403 for the
-    policy's no, 413 for a body over a rule's limit, 400 for a host that is no
-    destination."""
-    if plain:
-        text = f"corral: denied by the sandbox's policy ({verdict.rule}): {verdict.reason}\n"
-        body = text.encode("utf-8", "replace")
-        kind = b"text/plain; charset=utf-8"
-    else:
-        body = (
-            dumps(
-                {
-                    "decision": "deny",
-                    "rule": verdict.rule,
-                    "reason": verdict.reason,
-                    "host": host,
-                    "port": port,
-                }
-            )
-            + "\n"
-        ).encode()
-        kind = b"application/json"
+    """A refusal as JSON: 403 for the policy's no, 400 for a host that is no destination."""
+    body = (
+        dumps(
+            {
+                "decision": "deny",
+                "rule": verdict.rule,
+                "reason": verdict.reason,
+                "host": host,
+                "port": port,
+            }
+        )
+        + "\n"
+    ).encode()
     headers = [
-        (b"content-type", kind),
+        (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"x-corral-decision", f"deny; rule={verdict.rule}".encode("ascii", "replace")),
     ]
@@ -999,7 +966,6 @@ _REASONS = {
     400: "Bad Request",
     403: "Forbidden",
     408: "Request Timeout",
-    413: "Content Too Large",
     431: "Request Header Fields Too Large",
     502: "Bad Gateway",
     505: "HTTP Version Not Supported",

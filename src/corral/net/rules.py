@@ -40,20 +40,32 @@ CGNAT = ipaddress.ip_network("100.64.0.0/10")
 
 
 class Verdict:
-    """A decision.  ``ask``: a person is to decide (a rule's ``action = "ask"``);
-    such a verdict is not allowed, so a proxy without an approver treats it as
-    the deny it is, and one with an approver can hold the request instead."""
+    """A decision: allow, deny, or ask (a person decides; see :mod:`corral.net.hooks`).
 
-    __slots__ = ("allowed", "ask", "reason", "rule")
+    An ask is never ``allowed``: code that knows nothing of asking denies it."""
 
-    def __init__(self, allowed: bool, rule: str, reason: str = "", ask: bool = False) -> None:
-        self.allowed = allowed
+    __slots__ = ("allowed", "ask", "detail", "reason", "rule")
+
+    def __init__(
+        self,
+        allowed: bool,
+        rule: str,
+        reason: str = "",
+        ask: bool = False,
+        detail: dict[str, object] | None = None,
+    ) -> None:
+        self.allowed = allowed and not ask
         self.rule = rule  # the entry that decided, or "default" / "rebinding"
         self.reason = reason
-        self.ask = ask and not allowed
+        self.ask = ask
+        # extra fields for the audit line when this verdict is the one reported
+        # (a guardrail's title, version and hash); never secret values
+        self.detail = detail
 
     @property
     def decision(self) -> str:
+        if self.ask:
+            return "ask"
         return "allow" if self.allowed else "deny"
 
     def __repr__(self) -> str:
@@ -83,12 +95,21 @@ class Rule:
             return self.wildcard == "" or host.endswith("." + self.wildcard)
         return self.host is not None and host == self.host
 
-    def matches(self, host: str, port: int) -> bool:
-        """A normalized host, name or address, on ``port`` (no DNS involved)."""
-        literal = _literal(host)
-        if literal is not None:
-            return self.matches_address(literal, port)
-        return self.matches_name(host, port)
+    def overlaps(self, other: Rule) -> bool:
+        """Is there a (host, port) both entries match?  A name and an address never
+        overlap: the proxy matches names and addresses separately."""
+        if not _ports_meet(self.ports, other.ports):
+            return False
+        if self.wildcard == "" or other.wildcard == "":
+            return True
+        if self.network is not None or other.network is not None:
+            return (
+                self.network is not None
+                and other.network is not None
+                and self.network.version == other.network.version
+                and self.network.overlaps(other.network)
+            )
+        return _names_meet(self, other) or _names_meet(other, self)
 
     def matches_address(self, addr: IPAddress, port: int) -> bool:
         if not self.matches_port(port):
@@ -101,6 +122,21 @@ class Rule:
             and addr.version == self.network.version
             and (addr in self.network)
         )
+
+
+def _ports_meet(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
+    return a is None or b is None or (a[0] <= b[1] and b[0] <= a[1])
+
+
+def _names_meet(a: Rule, b: Rule) -> bool:
+    """Does some name match both (``a`` an exact name or a suffix, ``b`` either)?"""
+    if a.host is not None:
+        if b.host is not None:
+            return a.host == b.host
+        return b.wildcard is not None and a.host.endswith("." + b.wildcard)
+    if a.wildcard is not None and b.wildcard is not None:
+        return a.wildcard == b.wildcard or a.wildcard.endswith("." + b.wildcard)
+    return False
 
 
 def _parse_ports(text: str, entry: str) -> tuple[int, int]:

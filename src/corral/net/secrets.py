@@ -19,9 +19,12 @@ carries the value is not rewritten, either way) and anything inside a tunnel
 it does not intercept.  Audit lines name the secrets a request carried, never
 a value.
 
-The values are read in corral's own process when the run starts (from its
-environment or a file; a file source is also masked inside the sandbox), and
-the proxy workers forked from it inherit them: nothing crosses the door.
+The values are read in corral's own process when the run starts
+(:meth:`SecretsHook.open`: from its environment or a file; a file source is
+also masked inside the sandbox), and the proxy workers forked from it inherit
+them: nothing crosses the door.  The placeholders are made there too, so each
+run has its own, and reach the sandbox's environment through
+:meth:`SecretsHook.sandbox_env`.
 """
 
 from __future__ import annotations
@@ -32,14 +35,12 @@ import os
 
 from corral.errors import RefusedError
 from corral.net.hooks import Hook
+from corral.net.httprules import covers
 from corral.net.rules import Rule, Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from corral.net.hooks import Destination, Request
-    from corral.net.http1 import Message
+    from corral.net.hooks import Destination, Request, Response
     from corral.policy import Policy, Secret
 
 PREFIX = b"corral-secret-"
@@ -49,15 +50,21 @@ WRONG_HOST = "secret-wrong-host"
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
 
+def new_placeholder(name: str) -> str:
+    """What the sandbox holds under ``name``: 128 random bits, new for each run."""
+    return f"corral-secret-{name}-{os.urandom(16).hex()}"
+
+
 class Loaded:
-    """One secret with its real value, in the proxy only.  Its repr never shows
-    the value (an exception or a debugger printing it must not leak it)."""
+    """One secret with its real value, in corral's process and the proxy only.
+    Its repr never shows the value (an exception or a debugger printing it must
+    not leak it)."""
 
     __slots__ = ("encoded", "header", "header_value", "hosts", "name", "placeholder", "value")
 
-    def __init__(self, secret: Secret, value: bytes) -> None:
+    def __init__(self, secret: Secret, value: bytes, placeholder: str) -> None:
         self.name = secret.name
-        self.placeholder = secret.placeholder.encode()
+        self.placeholder = placeholder.encode()
         self.value = value
         self.encoded = _percent_encode(value)  # the form that goes into a path or query
         self.hosts = [Rule(h) for h in secret.hosts]
@@ -65,7 +72,7 @@ class Loaded:
         self.header_value = secret.format.encode().replace(b"{value}", value)
 
     def allowed_to(self, host: str, port: int) -> bool:
-        return any(rule.matches(host, port) for rule in self.hosts)
+        return any(covers(rule, host, port) for rule in self.hosts)
 
     def __repr__(self) -> str:
         return f"<secret {self.name}>"
@@ -107,14 +114,13 @@ def read_value(secret: Secret, policy: Policy) -> bytes:
     return raw
 
 
-def _decoded_target(target: bytes) -> bytes:
+def _decoded(target: bytes) -> bytes:
     """The target with percent-escapes decoded (leniently: only to look for
     placeholders, never to send)."""
     if b"%" not in target:
         return target
-    out = bytearray()
     parts = target.split(b"%")
-    out += parts[0]
+    out = bytearray(parts[0])
     for part in parts[1:]:
         try:
             out.append(int(part[:2], 16))
@@ -136,17 +142,39 @@ def _basic(value: bytes) -> bytes | None:
 
 
 class SecretsHook(Hook):
+    """``[secrets]`` in the chain: refuses a placeholder bound for the wrong host
+    (on_request), puts the real values in (rewrite), hides echoed values
+    (on_response)."""
+
     name = "secrets"
     connect_by_host_port = True
 
-    def __init__(self, secrets: list[Loaded]) -> None:
-        self.secrets = secrets
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy  # nothing is read here: see open()
+        self.secrets: list[Loaded] = []
         self._by_host: dict[tuple[str, int], list[Loaded]] = {}
 
-    @classmethod
-    def from_policy(cls, policy: Policy) -> SecretsHook:
-        """Read every value now; the first one missing refuses the run."""
-        return cls([Loaded(s, read_value(s, policy)) for s in policy.secrets.values()])
+    def inspects(self) -> list[tuple[str, str]]:
+        return [
+            (host, f"secrets.{name}.hosts")
+            for name, secret in self.policy.secrets.items()
+            for host in secret.hosts
+        ]
+
+    def open(self) -> None:
+        """Read every value and make this run's placeholders; the first source
+        missing refuses the run, naming the secret."""
+        from corral.policy import check_secrets
+
+        check_secrets(self.policy)
+        self.secrets = [
+            Loaded(s, read_value(s, self.policy), new_placeholder(s.name))
+            for s in self.policy.secrets.values()
+        ]
+        self._by_host.clear()
+
+    def sandbox_env(self) -> dict[str, str]:
+        return {s.name: s.placeholder.decode() for s in self.secrets}
 
     def for_host(self, host: str, port: int) -> list[Loaded]:
         key = (host, port)
@@ -157,92 +185,79 @@ class SecretsHook(Hook):
             found = self._by_host[key] = [s for s in self.secrets if s.allowed_to(host, port)]
         return found
 
-    def intercept(self, dest: Destination) -> bool:
-        return bool(self.for_host(dest.host, dest.port))
-
-    def on_request(self, request: Request) -> Verdict | None:
-        dest = request.dest
+    def on_request(self, dest: Destination, request: Request) -> Verdict | None:
+        carried = self._carried(request)
         mine = self.for_host(dest.host, dest.port)
-        carried = self._carried(request) if self._may_carry(request) else []
         wrong = [s for s in carried if s not in mine]
-        if wrong:
-            request.secrets = sorted({s.name for s in carried})
-            names = ", ".join(s.name for s in wrong)
-            return Verdict(False, WRONG_HOST, f"secret {names} may not be sent to {dest.host}")
-        used = [s for s in mine if s in carried or s.header]
-        if not used:
+        used = sorted({s.name for s in (*carried, *(s for s in mine if s.header))})
+        if used:
+            request.audit["secrets"] = used  # names, never values
+        if not wrong:
             return None
-        for secret in carried:
-            _put_in(request, secret)
-        for secret in mine:
-            if secret.header:
-                head = request.head
-                head.headers = [(k, v) for k, v in head.headers if k != secret.header]
-                head.headers.append((secret.header, secret.header_value))
-        request.secrets = [s.name for s in used]
-        request.responses.append(_hider(used))
-        return None
+        names = ", ".join(s.name for s in wrong)
+        return Verdict(False, WRONG_HOST, f"secret {names} may not be sent to {dest.host}")
 
-    @staticmethod
-    def _may_carry(request: Request) -> bool:
-        """Cheap: could any placeholder be in this request at all?"""
-        if PREFIX in request.target or b"%" in request.target:
-            return True
-        for key, value in request.head.headers:
-            if PREFIX in value or (key == b"authorization" and value[:6].lower() == b"basic "):
-                return True
-        return False
+    def rewrite(self, dest: Destination, request: Request) -> None:
+        mine = self.for_host(dest.host, dest.port)
+        if not mine:
+            return
+        target = request.target.encode("latin-1")
+        for secret in mine:
+            if secret.placeholder in target:
+                target = target.replace(secret.placeholder, secret.encoded)
+        request.target = target.decode("latin-1")
+        headers = [(key, _swap(key, value, mine)) for key, value in request.headers]
+        for secret in mine:
+            if secret.header:  # set on every request, whatever the client sent
+                headers = [(k, v) for k, v in headers if k != secret.header]
+                headers.append((secret.header, secret.header_value))
+        request.headers[:] = headers
+
+    def on_response(self, dest: Destination, request: Request, response: Response) -> None:
+        mine = self.for_host(dest.host, dest.port)
+        if mine:
+            response.headers[:] = [(k, _hide(v, mine)) for k, v in response.headers]
 
     def _carried(self, request: Request) -> list[Loaded]:
-        """The secrets whose placeholder the request carries, anywhere we look."""
-        seen = [_decoded_target(request.target)]
-        for key, value in request.head.headers:
+        """The secrets whose placeholder the request carries anywhere we look:
+        the target (percent-decoded too), header values, Basic credentials."""
+        target = request.target.encode("latin-1")
+        seen = [target, _decoded(target)] if b"%" in target else [target]
+        for key, value in request.headers:
             seen.append(value)
             if key == b"authorization":
                 decoded = _basic(value)
                 if decoded is not None:
                     seen.append(decoded)
-        if not any(PREFIX in part for part in seen):
+        if not any(PREFIX in part for part in seen):  # the usual case: one scan, done
             return []
         return [s for s in self.secrets if any(s.placeholder in part for part in seen)]
 
 
-def _put_in(request: Request, secret: Loaded) -> None:
-    """Replace the placeholder with the value in the target and the headers."""
-    request.target = request.target.replace(secret.placeholder, secret.encoded)
-    headers = []
-    for key, value in request.head.headers:
+def _swap(key: bytes, value: bytes, secrets: list[Loaded]) -> bytes:
+    """A header value with the placeholders of ``secrets`` replaced by their values."""
+    for secret in secrets:
         if secret.placeholder in value:
             value = value.replace(secret.placeholder, secret.value)
-        elif key == b"authorization":
-            decoded = _basic(value)
-            if decoded is not None and secret.placeholder in decoded:
-                credentials = decoded.replace(secret.placeholder, secret.value)
-                value = b"Basic " + base64.b64encode(credentials)
-        headers.append((key, value))
-    request.head.headers = headers
+    if key == b"authorization":
+        decoded = _basic(value)
+        if decoded is not None and PREFIX in decoded:
+            for secret in secrets:
+                decoded = decoded.replace(secret.placeholder, secret.value)
+            value = b"Basic " + base64.b64encode(decoded)
+    return value
 
 
-def _hider(used: list[Loaded]) -> Callable[[Message], None]:
-    """A response-head rewrite: the values this request carried become placeholders."""
-    pairs = []
-    for secret in used:
-        pairs.append((secret.value, secret.placeholder))
-        if secret.encoded != secret.value:
-            pairs.append((secret.encoded, secret.placeholder))
-
-    def hide(response: Message) -> None:
-        headers = []
-        for key, value in response.headers:
-            for real, placeholder in pairs:
-                if real in value:
-                    value = value.replace(real, placeholder)
-            decoded = _basic(value) if value[:6].lower() == b"basic " else None
-            if decoded is not None and any(real in decoded for real, _ in pairs):
-                for real, placeholder in pairs:
-                    decoded = decoded.replace(real, placeholder)
-                value = b"Basic " + base64.b64encode(decoded)
-            headers.append((key, value))
-        response.headers = headers
-
-    return hide
+def _hide(value: bytes, secrets: list[Loaded]) -> bytes:
+    """A response header value with any real value of ``secrets`` (raw, as it went
+    into a path, or inside Basic credentials) replaced by its placeholder."""
+    for secret in secrets:
+        for real in (secret.value, secret.encoded):
+            if real in value:
+                value = value.replace(real, secret.placeholder)
+    decoded = _basic(value)
+    if decoded is not None and any(s.value in decoded for s in secrets):
+        for secret in secrets:
+            decoded = decoded.replace(secret.value, secret.placeholder)
+        value = b"Basic " + base64.b64encode(decoded)
+    return value
