@@ -508,7 +508,7 @@ class Proxy:
             verdict = extra
         if not verdict.allowed:
             self.log(dest, verdict, 403, 0, 0, started)
-            await _send_denial(writer, 403, verdict, dest.host, dest.port)
+            await _send_denial(writer, 403, verdict, dest.host, dest.port, _plain(request))
             return body_kind == "none" and request.keep_alive(), upstream
         if upstream is not None and (upstream.host, upstream.port) != (dest.host, dest.port):
             upstream.close()
@@ -931,24 +931,37 @@ async def _send_error(writer: asyncio.StreamWriter, status: int, message: str) -
         pass
 
 
+def _plain(request: http1.Message) -> bool:
+    """A client that shows its user a plain-text refusal and nothing else: git
+    prints a text/plain error body line by line as ``remote: ...``."""
+    agent = request.get(b"user-agent")
+    return agent is not None and agent.startswith(b"git/")
+
+
 async def _send_denial(
-    writer: asyncio.StreamWriter, status: int, verdict: Verdict, host: str, port: int
+    writer: asyncio.StreamWriter,
+    status: int,
+    verdict: Verdict,
+    host: str,
+    port: int,
+    plain: bool = False,
 ) -> None:
-    """A refusal as JSON: 403 for the policy's no, 400 for a host that is no destination."""
-    body = (
-        dumps(
-            {
-                "decision": "deny",
-                "rule": verdict.rule,
-                "reason": verdict.reason,
-                "host": host,
-                "port": port,
-            }
-        )
-        + "\n"
-    ).encode()
+    """A refusal as JSON (one line of text for ``plain`` clients): 403 for the
+    policy's no, 400 for a host that is no destination."""
+    if plain:
+        text = f"corral: denied by the sandbox's policy ({verdict.rule}): {verdict.reason}\n"
+        body, kind = text.encode("utf-8", "replace"), b"text/plain; charset=utf-8"
+    else:
+        record = {
+            "decision": "deny",
+            "rule": verdict.rule,
+            "reason": verdict.reason,
+            "host": host,
+            "port": port,
+        }
+        body, kind = (dumps(record) + "\n").encode(), b"application/json"
     headers = [
-        (b"content-type", b"application/json"),
+        (b"content-type", kind),
         (b"content-length", str(len(body)).encode()),
         (b"x-corral-decision", f"deny; rule={verdict.rule}".encode("ascii", "replace")),
     ]
