@@ -322,7 +322,13 @@ def cmd_shell(args: list[str]) -> int:
     try:
         argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
         shell_argv = pty_shell.command(argv, tier.python_argv())
-        plan = tier.plan(policy, shell_argv, door=door.address if door else None, pass_fds=passed)
+        plan = tier.plan(
+            policy,
+            shell_argv,
+            door=door.address if door else None,
+            pass_fds=passed,
+            net=door.extras if door else None,
+        )
         if not opts.get("quiet"):
             _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
             from corral.bounds import notice
@@ -380,7 +386,11 @@ def _run_plan(
     from corral import bounds, launch, runlog, tiers
 
     plan = tiers.get(tier_name).plan(
-        policy, command, door=door.address if door else None, pass_fds=passed
+        policy,
+        command,
+        door=door.address if door else None,
+        pass_fds=passed,
+        net=door.extras if door else None,
     )
     quiet = bool(opts.get("quiet"))
     if plan.warning:

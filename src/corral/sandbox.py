@@ -352,6 +352,7 @@ class Sandbox:
             command,
             door=self._door.address if self._door else None,
             extra=[agent_bind],
+            net=self._door.extras if self._door else None,
         )
         self.plan = plan
         err_r, err_w = os.pipe()

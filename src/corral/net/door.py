@@ -24,6 +24,8 @@ import socket
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from corral.fsplan import Mount
+    from corral.net.ca import CA
+    from corral.net.trust import NetExtras
     from corral.policy import Policy
 
 # Where the door and the relay appear inside a sandbox (a private tmpfs).
@@ -126,11 +128,36 @@ class Door:
         self.crashes: list[str] = []  # one line per worker that failed outright
         self._life_w = -1
         self._tally_r = -1
+        self.ca: CA | None = None  # corral's CA, when this run can intercept TLS
+        self.extras: NetExtras | None = None  # what the sandbox gets beside the address
 
     def open(self) -> None:
-        from corral.net.hooks import chain_for
+        try:
+            chain = self._prepare()
+        except BaseException:
+            self.remove_files()
+            raise
+        self._start(chain)
 
-        chain = chain_for(self.policy)  # parsed before forking: a bad rule fails here
+    def _prepare(self) -> object:
+        """The chain, the hooks' start and, if this run can intercept TLS, its CA
+        and bundle: all before forking, so a bad rule or CA fails here."""
+        from corral.net.hooks import chain_for
+        from corral.net.trust import NetExtras
+
+        chain = chain_for(self.policy)
+        chain.open()
+        self.extras = NetExtras(env=chain.sandbox_env())
+        if chain.may_inspect:
+            self.ca = _open_ca(self.policy)
+            from corral.net import trust
+
+            found = trust.system_bundles()
+            self.extras.ca_bundle = trust.write_bundle(self.dir, self.ca.cert_pem, found)
+            self.extras.system_bundles = found
+        return chain
+
+    def _start(self, chain: object) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(self.path)
         sock.listen(1024)
@@ -208,7 +235,13 @@ class Door:
         return tally
 
     def remove_files(self) -> None:
-        for name in (self.path, os.path.join(self.dir, "proxy.pid")):
+        from corral.net.trust import BUNDLE_NAME
+
+        for name in (
+            self.path,
+            os.path.join(self.dir, "proxy.pid"),
+            os.path.join(self.dir, BUNDLE_NAME),
+        ):
             try:
                 os.unlink(name)
             except FileNotFoundError:
@@ -217,6 +250,20 @@ class Door:
             os.rmdir(self.dir)
         except FileNotFoundError:
             pass
+
+
+def _open_ca(policy: Policy) -> CA:
+    """This run's CA (PolicyError naming the key when the user's own cannot be
+    used), after checking the ``upstream_ca`` files the workers will load."""
+    from corral.errors import PolicyError
+    from corral.net.ca import ca_for
+    from corral.net.tls import check_upstream_ca
+    from corral.runlog import state_dir
+
+    problem = check_upstream_ca(policy.tls.upstream_ca)
+    if problem:
+        raise PolicyError(problem)
+    return ca_for(policy.tls, state_dir())
 
 
 def _private_dir(prefix: str) -> str:
@@ -293,7 +340,12 @@ def _serve(
     guard_process(audit, run_id)
 
     async def main() -> None:
-        proxy = Proxy(chain, audit, door.policy.network.hosts)
+        tls = None
+        if door.ca is not None:
+            from corral.net.tls import Interceptor
+
+            tls = Interceptor(door.ca, door.policy.tls.upstream_ca)
+        proxy = Proxy(chain, audit, door.policy.network.hosts, tls=tls)
         proxy.guard(run_id)
         # The relay's internal frames only on the unix door, and only for a
         # transparent run: that door is reachable from this run's sandbox alone

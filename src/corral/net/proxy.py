@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import ssl
 import struct
 import time
 from typing import cast
@@ -31,7 +32,7 @@ from typing import cast
 from corral.net import dns as dnsmsg
 from corral.net import http1, sniff
 from corral.net.dns import FakePool
-from corral.net.hooks import Chain, Destination, Request
+from corral.net.hooks import Asker, Chain, Destination, Request, Response
 from corral.net.http1 import HttpError
 from corral.net.names import BadName, authority, normalize, printable
 from corral.net.rules import Verdict
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
     from corral.net.audit import Audit
+    from corral.net.tls import Interceptor
 
     Resolver = Callable[[str, int], Awaitable[list[str]]]
 
@@ -171,9 +173,14 @@ class Proxy:
         resolve: Resolver | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
         head_timeout: float = HEAD_TIMEOUT,
+        tls: Interceptor | None = None,
+        asker: Asker | None = None,
     ) -> None:
         self.chain = chain
         self.audit = audit
+        # TLS inspection, for the destinations the chain says need it (None: never)
+        self.tls = tls
+        self.asker = asker or Asker()
         # [network] hosts: name -> address, instead of DNS; keyed by the one spelling
         # a Destination has, so no other spelling of a pinned name reaches DNS
         self.pinned = {normalize(k): normalize(v) for k, v in (pinned or {}).items()}
@@ -288,8 +295,25 @@ class Proxy:
 
     # -- decisions and upstream connections ---------------------------------------------
 
-    async def open_upstream(self, dest: Destination, streams: bool = True) -> Upstream:
+    async def decide(self, dest: Destination) -> Verdict:
+        """The chain's verdict on a destination; an ask waits for its answer."""
         verdict = self.chain.connect(dest)
+        if verdict.ask:
+            verdict = await self.asker.ask(dest, None, verdict)
+        return verdict
+
+    async def open_upstream(
+        self,
+        dest: Destination,
+        streams: bool = True,
+        tls: ssl.SSLContext | None = None,
+        verdict: Verdict | None = None,
+    ) -> Upstream:
+        """Connect to an address of ``dest`` the chain accepts (``verdict``: the
+        chain's answer already asked for); with ``tls``, as a TLS client verifying
+        ``dest.host`` (an untrusted origin is a 502 refusal, never a pass)."""
+        if verdict is None:
+            verdict = await self.decide(dest)
         if not verdict.allowed:
             raise Refused(verdict)
         loop = asyncio.get_running_loop()
@@ -309,7 +333,11 @@ class Proxy:
                 async with asyncio.timeout(CONNECT_TIMEOUT):
                     if streams:
                         upstream.reader, upstream.writer = await asyncio.open_connection(
-                            address, dest.port, limit=http1.MAX_HEAD
+                            address,
+                            dest.port,
+                            limit=http1.MAX_HEAD,
+                            ssl=tls,
+                            server_hostname=dest.host if tls else None,
                         )
                     else:
                         transport, holding = await loop.create_connection(
@@ -318,6 +346,10 @@ class Proxy:
                         upstream.transport = transport
                         upstream.holding = holding
             except (OSError, TimeoutError) as exc:
+                if isinstance(exc, ssl.SSLError):
+                    from corral.net.tls import upstream_refusal
+
+                    raise Refused(upstream_refusal(exc, dest.host), 502) from None
                 error = f"{address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}"
                 refused = isinstance(exc, ConnectionRefusedError)
                 continue
@@ -345,10 +377,11 @@ class Proxy:
     async def refuse_http(
         self, writer: asyncio.StreamWriter, dest: Destination, exc: Refused, started: float
     ) -> None:
-        """Audit a refusal and tell an HTTP client: 403 with the decision, or 502."""
+        """Audit a refusal and tell an HTTP client: 403 with the decision, or 502
+        (as JSON when the chain's parts refused, e.g. an untrusted origin)."""
         self.log(dest, exc.verdict, exc.status, 0, 0, started)
-        if exc.status == 403:
-            await _send_denial(writer, 403, exc.verdict, dest.host, dest.port)
+        if exc.status == 403 or not exc.verdict.allowed:
+            await _send_denial(writer, exc.status, exc.verdict, dest.host, dest.port)
         else:
             await _send_error(writer, exc.status, exc.verdict.reason)
 
@@ -374,7 +407,10 @@ class Proxy:
         down: int,
         started: float,
         address: str = "",
+        extra: dict[str, object] | None = None,
     ) -> None:
+        if verdict.detail:
+            extra = {**verdict.detail, **(extra or {})}
         self._record(
             dest.run_id,
             dest.scheme,
@@ -388,6 +424,7 @@ class Proxy:
             down,
             started,
             address,
+            extra,
         )
 
     def _record(
@@ -404,25 +441,27 @@ class Proxy:
         down: int,
         started: float,
         address: str = "",
+        extra: dict[str, object] | None = None,
     ) -> None:
-        self.audit.record(
-            {
-                "run_id": run_id,
-                "scheme": scheme,
-                "method": method or None,
-                "path": path or None,
-                "host": host,
-                "port": port,
-                "address": address or None,
-                "decision": verdict.decision,
-                "rule": verdict.rule,
-                "reason": verdict.reason or None,
-                "status": status,
-                "bytes_up": up,
-                "bytes_down": down,
-                "duration": round(time.monotonic() - started, 6) if started else 0.0,
-            }
-        )
+        entry: dict[str, object] = {
+            "run_id": run_id,
+            "scheme": scheme,
+            "method": method or None,
+            "path": path or None,
+            "host": host,
+            "port": port,
+            "address": address or None,
+            "decision": verdict.decision,
+            "rule": verdict.rule,
+            "reason": verdict.reason or None,
+            "status": status,
+            "bytes_up": up,
+            "bytes_down": down,
+            "duration": round(time.monotonic() - started, 6) if started else 0.0,
+        }
+        if extra:
+            entry.update(extra)
+        self.audit.record(entry)
         if not self._flush_scheduled:  # lines buffered in the audit reach disk within 50 ms
             self._flush_scheduled = True
             asyncio.get_running_loop().call_later(0.05, self._flush)
@@ -477,11 +516,10 @@ class Proxy:
         run_id: str,
         upstream: Upstream | None,
     ) -> tuple[bool, Upstream | None]:
-        """One request/response exchange; returns (keep the client connection, upstream)."""
-        started = time.monotonic()
+        """One plain-HTTP request (absolute-form target); returns (keep the client
+        connection, upstream)."""
         try:
             host, port, path = http1.split_absolute(request.target)
-            body_kind, body_len = http1.framing(request)
         except HttpError as exc:
             await _send_error(writer, exc.status, exc.message)
             return False, upstream
@@ -493,43 +531,79 @@ class Proxy:
             return False, upstream
         dest.method = request.method.decode("ascii", "replace")
         dest.path = path.decode("utf-8", "replace")
-        verdict = self.chain.connect(dest)
-        extra = None
+        return await self.exchange(reader, writer, dest, request, path, upstream)
+
+    async def exchange(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        dest: Destination,
+        request: http1.Message,
+        path: bytes,
+        upstream: Upstream | None,
+        tls: ssl.SSLContext | None = None,
+    ) -> tuple[bool, Upstream | None]:
+        """One request/response exchange with ``dest``: plain HTTP, or a request
+        inside intercepted TLS (``tls`` then verifies the origin).  Both go through
+        the chain's request hooks (corral.net.hooks).  Returns (keep the client
+        connection, the upstream to reuse)."""
+        started = time.monotonic()
+        try:
+            body_kind, body_len = http1.framing(request)
+        except HttpError as exc:
+            await _send_error(writer, exc.status, exc.message)
+            return False, upstream
+        verdict = await self.decide(dest)
+        headers = http1.forwardable(request, body_kind)
+        hooked: Request | None = None
         if verdict.allowed and self.chain.sees_requests:
-            length = body_len if body_kind == "length" else None if body_kind == "chunked" else 0
             hooked = Request(
-                dest.method,
-                path.decode("latin-1"),
-                http1.forwardable(request, body_kind),
-                length,
+                dest.method, path.decode("latin-1"), headers, _announced(body_kind, body_len)
             )
-            extra = self.chain.request(dest, hooked)
-        if extra is not None and not extra.allowed:
-            verdict = extra
+            verdict = await self._decide_request(dest, hooked, verdict)
+        extra = hooked.audit if hooked is not None else None
         if not verdict.allowed:
-            self.log(dest, verdict, 403, 0, 0, started)
+            self.log(dest, verdict, 403, 0, 0, started, extra=extra)
             await _send_denial(writer, 403, verdict, dest.host, dest.port, _plain(request))
             return body_kind == "none" and request.keep_alive(), upstream
+        limit = None
+        if hooked is not None:
+            self.chain.rewrite(dest, hooked)
+            headers, path, limit = (
+                hooked.headers,
+                hooked.target.encode("latin-1"),
+                hooked.body_limit,
+            )
+            if limit is not None and body_kind == "length" and body_len > limit:
+                refused = Verdict(
+                    False, hooked.body_rule, f"request body larger than {limit} bytes"
+                )
+                self.log(dest, refused, 413, 0, 0, started, extra=extra)
+                await _send_denial(writer, 413, refused, dest.host, dest.port, _plain(request))
+                return False, upstream
+        upgrade = _websocket_upgrade(request)
+        if upgrade:  # hop-by-hop, so dropped above: the upgrade is asked for again
+            headers = [*headers, (b"connection", b"upgrade"), (b"upgrade", upgrade)]
         if upstream is not None and (upstream.host, upstream.port) != (dest.host, dest.port):
             upstream.close()
             upstream = None
         if upstream is None or upstream.streams()[0].at_eof():
             try:
-                upstream = await self.open_upstream(dest)
+                upstream = await self.open_upstream(dest, tls=tls, verdict=verdict)
             except Refused as exc:
                 await self.refuse_http(writer, dest, exc, started)
                 return False, None
         # RFC 9112 3.2.2: the target's authority replaces any Host the client sent,
         # so the origin cannot be steered to a virtual host the policy never saw; it
         # is written from the normalized host, the name that was decided.
-        headers = [(k, v) for k, v in http1.forwardable(request, body_kind) if k != b"host"]
-        headers.insert(0, (b"host", authority(dest.host, dest.port, 80).encode()))
+        headers = [(k, v) for k, v in headers if k != b"host"]
+        headers.insert(0, (b"host", authority(dest.host, dest.port, 443 if tls else 80).encode()))
         up = down = 0
         status = 0
         try:
             head = http1.serialize_head(request.method + b" " + path + b" HTTP/1.1", headers)
             up += len(head) + await http1.copy_body(
-                reader, upstream.streams()[1], body_kind, body_len, head
+                reader, upstream.streams()[1], body_kind, body_len, head, limit
             )
             response_head = await http1.read_head(upstream.streams()[0])
             if response_head is None:
@@ -538,33 +612,86 @@ class Proxy:
                 response = http1.parse_response(response_head)
                 status = response.status
                 kind, length = http1.framing(response, request.method)
-                first = response.version + b" " + str(status).encode() + b" " + response.reason
-                out = http1.serialize_head(first, http1.forwardable(response, kind))
-                down += len(out)
                 if 100 <= status < 200 and status != 101:
+                    first = response.version + b" " + str(status).encode() + b" " + response.reason
+                    out = http1.serialize_head(first, http1.forwardable(response, kind))
+                    down += len(out)
                     writer.write(out)
                     response_head = await http1.read_head(upstream.streams()[0])
                     if response_head is None:
                         raise HttpError(502, "upstream closed after an interim response")
                     continue
                 break
+            if status == 101 and not upgrade:
+                raise HttpError(502, "upstream switched protocols without being asked")
+            out_headers = http1.forwardable(response, kind)
+            if status == 101:
+                out_headers += [
+                    (b"connection", b"upgrade"),
+                    (b"upgrade", response.get(b"upgrade") or upgrade),
+                ]
+            if hooked is not None:
+                seen = Response(status, out_headers)
+                refused_response = self.chain.response(dest, hooked, seen)
+                if refused_response is not None and not refused_response.allowed:
+                    upstream.close()
+                    self.log(dest, refused_response, 403, up, 0, started, upstream.address, extra)
+                    await _send_denial(writer, 403, refused_response, dest.host, dest.port)
+                    return request.keep_alive(), None
+                out_headers = seen.headers
+            first = response.version + b" " + str(status).encode() + b" " + response.reason
+            out = http1.serialize_head(first, out_headers)
+            down += len(out)
+            if status == 101:  # decided: from here on, bytes both ways, unhooked
+                writer.write(out)
+                more_up, more_down = await _splice(reader, writer, *upstream.streams())
+                self.log(
+                    dest,
+                    verdict,
+                    101,
+                    up + more_up,
+                    down + more_down,
+                    started,
+                    upstream.address,
+                    extra,
+                )
+                upstream.close()
+                return False, None
             down += await http1.copy_body(upstream.streams()[0], writer, kind, length, out)
         except HttpError as exc:
-            self.log(dest, verdict, exc.status, up, down, started, upstream.address)
+            refused = verdict
+            if exc.status == 413 and hooked is not None:
+                refused = Verdict(False, hooked.body_rule, exc.message)
+            self.log(dest, refused, exc.status, up, down, started, upstream.address, extra)
             upstream.close()
             if not down:
-                await _send_error(writer, exc.status, exc.message)
+                if refused is verdict:
+                    await _send_error(writer, exc.status, exc.message)
+                else:
+                    await _send_denial(writer, exc.status, refused, dest.host, dest.port)
             return False, None
         except (ConnectionError, asyncio.IncompleteReadError):
-            self.log(dest, verdict, status or 502, up, down, started, upstream.address)
+            self.log(dest, verdict, status or 502, up, down, started, upstream.address, extra)
             upstream.close()
             return False, None
-        self.log(dest, verdict, status, up, down, started, upstream.address)
+        self.log(dest, verdict, status, up, down, started, upstream.address, extra)
         reusable = kind != "close" and response.keep_alive()
         if not reusable:
             upstream.close()
             upstream = None
         return kind != "close" and request.keep_alive(), upstream
+
+    async def _decide_request(
+        self, dest: Destination, request: Request, verdict: Verdict
+    ) -> Verdict:
+        """The request hooks' verdict (an ask answered) where they have one, else the
+        destination's."""
+        decided = self.chain.request(dest, request)
+        if decided is None:
+            return verdict
+        if decided.ask:
+            decided = await self.asker.ask(dest, request, decided)
+        return decided
 
     async def connect(
         self,
@@ -584,6 +711,14 @@ class Proxy:
         except BadName as exc:
             verdict, shown = self.refuse_name(run_id, "connect", host, port, exc, 400)
             await _send_denial(writer, 400, verdict, shown, port)
+            return
+        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+            verdict = await self.decide(dest)
+            if not verdict.allowed:
+                await self.refuse_http(writer, dest, Refused(verdict), started)
+                return
+            writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            await intercept(self, reader, writer, dest, verdict)
             return
         try:
             upstream = await self.open_upstream(dest, streams=False)
@@ -636,6 +771,15 @@ class Proxy:
             verdict = Verdict(False, "socks5", "only SOCKS5 CONNECT is supported")
             self.log(dest, verdict, SOCKS_CMD_UNSUPPORTED, 0, 0, started)
             writer.write(_socks_reply(SOCKS_CMD_UNSUPPORTED))
+            return
+        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+            verdict = await self.decide(dest)
+            if not verdict.allowed:
+                self.log(dest, verdict, SOCKS_NOT_ALLOWED, 0, 0, started)
+                writer.write(_socks_reply(SOCKS_NOT_ALLOWED))
+                return
+            writer.write(_socks_reply(SOCKS_OK))
+            await intercept(self, reader, writer, dest, verdict)
             return
         try:
             upstream = await self.open_upstream(dest, streams=False)
@@ -729,6 +873,13 @@ class Proxy:
             verdict = Verdict(False, "default", "stand-in address from an earlier run")
             await self._refuse_captured(writer, dest, verdict, 403, early, started)
             return
+        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+            verdict = await self.decide(dest)
+            if not verdict.allowed:
+                await self._refuse_captured(writer, dest, verdict, 403, early, started)
+                return
+            await intercept(self, reader, writer, dest, verdict, early)
+            return
         try:
             upstream = await self.open_upstream(dest, streams=False)
         except Refused as exc:
@@ -806,6 +957,68 @@ def _in_pool(address: str) -> bool:
         return ipaddress.ip_address(address) in dnsmsg.POOL
     except ValueError:
         return False
+
+
+async def intercept(
+    proxy: Proxy,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    dest: Destination,
+    verdict: Verdict,
+    early: bytes = b"",
+) -> None:
+    """Hand an allowed connection that needs inspection to corral.net.tls (imported
+    only by runs that can intercept)."""
+    from corral.net import tls
+
+    await tls.intercept(proxy, reader, writer, dest, verdict, early)
+
+
+def _announced(kind: str, length: int) -> int | None:
+    """A body's announced length for hooks: 0 without one, None when chunked."""
+    return length if kind == "length" else None if kind == "chunked" else 0
+
+
+def _websocket_upgrade(request: http1.Message) -> bytes:
+    """The Upgrade value of a WebSocket handshake (b"" for anything else: other
+    upgrades, h2c among them, are not passed on)."""
+    value = request.get(b"upgrade")
+    if value is None or b"websocket" not in value.lower():
+        return b""
+    tokens = {t.strip().lower() for v in request.get_all(b"connection") for t in v.split(b",")}
+    return value if b"upgrade" in tokens else b""
+
+
+async def _splice(
+    client_r: asyncio.StreamReader,
+    client_w: asyncio.StreamWriter,
+    server_r: asyncio.StreamReader,
+    server_w: asyncio.StreamWriter,
+) -> tuple[int, int]:
+    """Bytes both ways after an upgrade (streams: either side may be TLS) until
+    one side ends; returns (bytes up, bytes down)."""
+
+    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> int:
+        count = 0
+        try:
+            while data := await src.read(TUNNEL_CHUNK):
+                dst.write(data)
+                count += len(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        return count
+
+    loop = asyncio.get_running_loop()
+    up = loop.create_task(pump(client_r, server_w))
+    down = loop.create_task(pump(server_r, client_w))
+    await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+    for task in (up, down):  # TLS has no half-close: one side ending ends both
+        task.cancel()
+    server_w.close()
+    results = await asyncio.gather(up, down, return_exceptions=True)
+    counts = [r if isinstance(r, int) else 0 for r in results]
+    return counts[0], counts[1]
 
 
 def _socks_reply(code: int) -> bytes:

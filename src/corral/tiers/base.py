@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from corral.cgroups import CgroupPlan
     from corral.fsplan import Mount
     from corral.landlock import Ruleset
+    from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
@@ -160,10 +161,13 @@ class Tier:
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
         """What would run ``command`` under ``policy``.  ``door`` is the proxy's address
         when ``policy.network.mode`` is "proxy" (see ``door_transport``); ``extra``
         are corral's own files to bind in (the long-lived sandbox's agent);
         ``pass_fds`` are the caller's descriptors (numbers above 2) the user asked
-        to hand to the command at the same numbers."""
+        to hand to the command at the same numbers; ``net`` is what the run's door
+        adds inside beside its address (corral's CA bundle when this run can
+        intercept TLS, hooks' variables: :mod:`corral.net.trust`)."""
         raise NotImplementedError(f"tier {self.name} cannot run commands yet")

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from corral.container.engine import Engine
     from corral.fsplan import Mount
+    from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
@@ -149,6 +150,7 @@ class ContainerTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
         from corral import seccomp
         from corral.container import envelope
@@ -189,7 +191,7 @@ class ContainerTier(Tier):
         ]
         inner = list(command)
         if policy.network.mode == "proxy":
-            inner = self._through_door(plan, policy, bundle.argv, inner, own, door)
+            inner = self._through_door(plan, policy, bundle.argv, inner, own, door, net)
         # gVisor shows the container no cgroup files: nothing for boot to report
         report = "-" if eng.runtime == "runsc" else REPORT
         plan.argv = []
@@ -324,8 +326,10 @@ class ContainerTier(Tier):
         command: list[str],
         own: list[Mount],
         door: str | None,
+        net: NetExtras | None = None,
     ) -> list[str]:
         from corral.net import door as doors
+        from corral.net import trust
 
         if door is None:
             raise ValueError("network mode proxy needs the door's path")
@@ -336,6 +340,9 @@ class ContainerTier(Tier):
             )
         own += doors.door_mounts(door)
         plan.env = {**doors.proxy_env(), **plan.env}
+        if net is not None:  # corral's CA, inside and over the image's system bundles
+            own += trust.trust_mounts(net)
+            plan.env = trust.sandbox_env(net, plan.env, trust.INSIDE_BUNDLE)
         return [*doors.relay_argv(python), "--", *command]
 
 

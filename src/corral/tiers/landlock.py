@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from corral.fsplan import Mount
+    from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
@@ -215,6 +216,7 @@ class LandlockTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
         from corral import bounds, landlock, seccomp
         from corral.errors import RefusedError
@@ -249,6 +251,12 @@ class LandlockTier(Tier):
 
             port = door_port(door)
             plan.env = {**proxy_env(port, port), **plan.env}
+        bundle = net.ca_bundle if net is not None and port is not None else None
+        if net is not None and port is not None:
+            from corral.net.trust import sandbox_env
+
+            # no mounts: the variables name the host's file, granted below
+            plan.env = sandbox_env(net, plan.env, bundle or "")
         # No mounts here: a file a tier would bind in (the agent) is used where it is,
         # readable through its own grant.
         binds = {m.dest: m.src or m.dest for m in extra if m.kind == "ro-bind"}
@@ -278,5 +286,7 @@ class LandlockTier(Tier):
         if binds:
             grants = ((src, landlock.READ_FILE | landlock.EXECUTE) for src in binds.values())
             rules.paths = sorted({*rules.paths, *grants})
+        if bundle:
+            rules.paths = sorted({*rules.paths, (bundle, landlock.READ_FILE)})
         plan.landlock = rules
         return plan

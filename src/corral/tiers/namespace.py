@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Collection, Iterator, Sequence
 
     from corral.fsplan import Mount
+    from corral.net.trust import NetExtras
     from corral.policy import Limits, Policy
 
 FD_STATUS = 3  # bwrap's --json-status-fd: tells setup failure from the command's exit
@@ -133,16 +134,25 @@ class NamespaceTier(Tier):
     summary = "bubblewrap: user, pid, ipc, uts, net, cgroup namespaces + seccomp + cgroups"
 
     def _through_door(
-        self, plan: Plan, policy: Policy, command: list[str], door: str | None
+        self,
+        plan: Plan,
+        policy: Policy,
+        command: list[str],
+        door: str | None,
+        net: NetExtras | None = None,
     ) -> list[str]:
         """Bind the door and the relay in; the relay becomes the first process."""
         from corral.net import door as doors
+        from corral.net import trust
 
         if door is None:
             raise ValueError("network mode proxy needs the door's path")
         plan.mounts = [*plan.mounts, *doors.door_mounts(door)]
         # the policy's own [env] values win over the proxy defaults
         plan.env = {**doors.proxy_env(), **plan.env}
+        if net is not None:  # corral's CA, inside and over the system bundles
+            plan.mounts = [*plan.mounts, *trust.trust_mounts(net)]
+            plan.env = trust.sandbox_env(net, plan.env, trust.INSIDE_BUNDLE)
         relay = doors.relay_argv([inside_python()])
         if policy.network.transparent:
             from corral.errors import RefusedError
@@ -211,6 +221,7 @@ class NamespaceTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
         from corral import bounds, seccomp
 
@@ -229,7 +240,7 @@ class NamespaceTier(Tier):
         status_fd, seccomp_fd = next(numbers), next(numbers)
         plan.fds = {status_fd: "status", seccomp_fd: "seccomp", **dict.fromkeys(pass_fds, "pass")}
         if policy.network.mode == "proxy":
-            command = self._through_door(plan, policy, command, door)
+            command = self._through_door(plan, policy, command, door, net)
         plan.mounts = [*plan.mounts, *extra]
         mounts, empty_fds = mount_args(plan.mounts, numbers, scratch_sizes(policy.limits))
         plan.fds.update(dict.fromkeys(empty_fds, "empty"))
