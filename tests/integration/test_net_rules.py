@@ -13,6 +13,8 @@ from __future__ import annotations
 import base64
 import http.server
 import json
+import os
+import ssl
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -28,9 +30,10 @@ REAL_FILE = "file-real-31f4a7c2b9e8d605"
 
 class Echo:
     """Reflects each request's headers as ``x-echo-<name>`` response headers and
-    keeps (method, target, headers) of everything that reached it."""
+    keeps (method, target, headers) of everything that reached it; HTTPS with
+    ``tls`` (a server context)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.seen: list[tuple[str, str, dict[str, str]]] = []
         echo = self
 
@@ -76,9 +79,8 @@ class Echo:
 
             do_GET = do_POST = do_PUT = do_DELETE = _reply
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve(Handler, tls)
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def methods(self) -> list[tuple[str, str]]:
         return [(m, t) for m, t, _ in self.seen]
@@ -86,6 +88,16 @@ class Echo:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def serve(
+    handler: type[http.server.BaseHTTPRequestHandler], tls: ssl.SSLContext | None
+) -> http.server.ThreadingHTTPServer:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 @pytest.fixture
@@ -229,7 +241,7 @@ action = "ask"
 class GitOrigin:
     """``git http-backend`` as CGI behind a small threaded server on 127.0.0.1."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, tls: ssl.SSLContext | None = None) -> None:
         self.root = root
         bare = root / "repo.git"
         subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(bare)], check=True)
@@ -297,9 +309,8 @@ class GitOrigin:
 
             do_GET = do_POST = _cgi
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve(Handler, tls)
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def head(self) -> str:
         out = subprocess.run(
@@ -550,3 +561,168 @@ def test_bad_input_is_one_line_and_nothing_starts(
     assert err.count("\n") == 1 and says in err and "Traceback" not in err, err
     assert not (ws / "started").exists()
     assert not list((c.state / "corral").glob("runs.jsonl"))  # no run was recorded
+
+
+# -- the same over HTTPS, through corral's TLS interception ----------------------------------------
+
+
+class Https:
+    """An origin CA (the policy's ``[tls] upstream_ca``) and server contexts for
+    names pinned to 127.0.0.1; files the unprivileged user can read."""
+
+    NAMES = ("api.test", "other.test", "git.test", "127.0.0.1")
+
+    def __init__(self, c: Corral) -> None:
+        from tests import tls_origin
+
+        make_ca = getattr(tls_origin, "OriginCA", None) or tls_origin.TestCA
+        directory = c.base / "origin-ca"
+        self.ca = make_ca(directory)
+        cert, key = self.ca.server_files(self.NAMES)
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(str(cert), str(key))
+        os.chmod(directory, 0o755)
+        os.chmod(self.ca.cert_path, 0o644)
+
+    def policy(self, ports: list[int]) -> str:
+        allow = ["api.test", "other.test", "git.test", *(f"127.0.0.1:{p}" for p in ports)]
+        pins = ", ".join(f'"{n}" = "127.0.0.1"' for n in self.NAMES[:3])
+        return (
+            f"allow = {json.dumps(allow)}\nhosts = {{ {pins} }}\n\n"
+            f'[tls]\nupstream_ca = "{self.ca.cert_path}"\n'
+        )
+
+
+HTTPS_CLIENTS = r"""
+import base64, os, sys
+base, other = sys.argv[1], sys.argv[2]
+key = os.environ["API_KEY"]
+out = open("seen.dump", "ab")
+def see(*items):
+    for item in items:
+        out.write(str(item).encode("utf-8", "replace") + b"\n")
+import requests
+r = requests.get(f"{base}/api/requests", auth=("user", key))
+see(r.status_code, r.headers, r.text)
+print("requests", r.status_code, requests.delete(f"{base}/api/requests").status_code)
+r = requests.get(f"{other}/x", headers={"X-Key": key})
+print("requests-other", r.status_code, r.json()["rule"])
+import httpx
+r = httpx.get(f"{base}/api/httpx?key={key}", headers={"Authorization": f"Bearer {key}"})
+see(r.status_code, r.headers, r.text)
+print("httpx", r.status_code)
+see(dict(os.environ), open("/proc/self/environ", "rb").read())
+"""
+
+
+def test_https_rules_and_credentials(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    c, ws = tsandbox
+    https = Https(c)
+    api, other = Echo(https.context), Echo(https.context)
+    try:
+        write_policy(
+            ws,
+            c,
+            https.policy([api.port, other.port])
+            + f"""inspect = ["other.test"]
+
+[[network.rules]]
+host = "api.test:{api.port}"
+methods = ["GET"]
+paths = ["/api/**"]
+action = "allow"
+
+[secrets.API_KEY]
+from = "env:CORRAL_TEST_REAL_KEY"
+hosts = ["api.test"]
+""",
+        )
+        (ws / "clients.py").write_text(HTTPS_CLIENTS)
+        c.chown(ws)
+        base, elsewhere = f"https://api.test:{api.port}", f"https://other.test:{other.port}"
+        curl = "curl -sS --max-time 20"
+        r = c.run(
+            [
+                "run",
+                "-q",
+                "--",
+                "sh",
+                "-c",
+                f"""
+                {curl} -D - -H "X-Key: $API_KEY" {base}/api/curl >> seen.dump
+                {curl} -o /dev/null -w 'delete=%{{http_code}}\\n' -X DELETE {base}/api/curl
+                {curl} -o /dev/null -w 'path=%{{http_code}}\\n' {base}/admin
+                {curl} -o /dev/null -w 'other=%{{http_code}}\\n' "{elsewhere}/x?k=$API_KEY"
+                {curl} -o /dev/null -w 'other-plain=%{{http_code}}\\n' {elsewhere}/x
+                env -u ALL_PROXY -u all_proxy python3 clients.py {base} {elsewhere}
+                """,
+            ],
+            cwd=ws,
+            env={"CORRAL_TEST_REAL_KEY": REAL},
+        )
+        out, err = r.stdout.decode(), r.stderr.decode()
+        for line in ("delete=403", "path=403", "other=403", "other-plain=200"):
+            assert line in out, (line, out, err)
+        assert "requests 200 403" in out and "httpx 200" in out
+        assert "requests-other 403 secret-wrong-host" in out
+        seen = (ws / "seen.dump").read_bytes()
+        assert b"corral-secret-API_KEY-" in seen and b"x-echo-x-key" in seen.lower()
+        assert REAL.encode() not in seen + r.stdout + r.stderr
+        assert base64.b64encode(f"user:{REAL}".encode()) not in seen
+        # what the origins got, from outside: real values at api.test, nothing at other.test
+        targets = {t: h for _, t, h in api.seen}
+        assert targets["/api/curl"]["x-key"] == REAL
+        assert targets["/api/requests"]["authorization"] == (
+            "Basic " + base64.b64encode(f"user:{REAL}".encode()).decode()
+        )
+        assert targets[f"/api/httpx?key={REAL}"]["authorization"] == f"Bearer {REAL}"
+        assert sorted(m for m, _, _ in api.seen) == ["GET", "GET", "GET"]
+        assert other.methods() == [("GET", "/x")]
+        lines = [e for e in net_log(c) if e.get("scheme") == "https"]
+        assert any(e["rule"] == "secret-wrong-host" and e["secrets"] == ["API_KEY"] for e in lines)
+        assert REAL.encode() not in (c.state / "corral" / "net.jsonl").read_bytes()
+    finally:
+        api.close()
+        other.close()
+
+
+def test_git_over_https_clone_works_push_is_refused(
+    tsandbox: tuple[Corral, Path], tmp_path: Path
+) -> None:
+    c, ws = tsandbox
+    https = Https(c)
+    origin = GitOrigin(tmp_path, https.context)
+    try:
+        port = origin.port
+        write_policy(
+            ws,
+            c,
+            https.policy([port]) + '\n[[network.rules]]\nhost = "git.test"\ngit = "read"\n',
+        )
+        url = f"https://git.test:{port}/repo.git"
+        # made outside, for the landlock tier (no chmod there, which git clone needs)
+        subprocess.run(["git", "clone", "-q", str(origin.bare), str(ws / "ready")], check=True)
+        subprocess.run(["git", "-C", str(ws / "ready"), "remote", "set-url", "origin", url])
+        c.chown(ws)
+        clone = f"git clone -q {url} clone && cat clone/README"
+        if c.tier is not None and c.tier.id == "landlock":
+            clone = "git -C ready fetch -q origin && git -C ready show origin/main:README"
+        before = origin.head()
+        r = c.sh(
+            ws,
+            f"""
+            {clone}
+            cd ready && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m two
+            git push -q origin main; echo push=$?
+            """,
+        )
+        out, err = r.stdout.decode(), r.stderr.decode()
+        assert "hello from the origin" in out, (out, err)
+        assert "push=0" not in out
+        assert "remote: corral: denied by the sandbox's policy" in err, err
+        assert origin.head() == before
+        assert any(e.get("scheme") == "https" and e["decision"] == "allow" for e in net_log(c))
+    finally:
+        origin.close()
