@@ -312,6 +312,12 @@ class Proxy:
         """Connect to an address of ``dest`` the chain accepts (``verdict``: the
         chain's answer already asked for); with ``tls``, as a TLS client verifying
         ``dest.host`` (an untrusted origin is a 502 refusal, never a pass)."""
+        if not streams and self.chain.needs_inspection(dest.host, dest.port):
+            # an opaque tunnel to a host whose requests a rule must see (a proxy
+            # without TLS interception, e.g. `corral proxy serve`): fail closed
+            raise Refused(
+                Verdict(False, "needs-inspection", "a rule must see the requests to this host")
+            )
         if verdict is None:
             verdict = await self.decide(dest)
         if not verdict.allowed:
