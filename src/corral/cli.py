@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from corral.launch import RunResult
     from corral.net.door import Door
+    from corral.net.hooks import Chain
     from corral.policy import Policy
     from corral.tiers.base import Health, Tier
 
@@ -657,6 +658,10 @@ def cmd_proxy(args: list[str]) -> int:
             raise CorralError(f"--door {door}: {exc.strerror}") from None
         unix.listen(1024)
         sockets.append(unix)
+    from corral.net.hooks import chain_for
+
+    chain = chain_for(policy)
+    chain.open()  # secrets are read here, once: a missing one stops before any worker
     where = " and ".join(x for x in (listen, door) if x)
     _err(f"corral: proxy on {where} (HTTP and SOCKS5), {workers} worker(s), run id {run_id}")
     audit_path = str(opts["net_log"]) if opts.get("net_log") else default_path()
@@ -669,7 +674,7 @@ def cmd_proxy(args: list[str]) -> int:
             code = 0
             try:
                 quiet_stderr()  # the first worker speaks for all of them
-                _proxy_worker(policy, sockets, run_id, audit_path, life_r)
+                _proxy_worker(policy, chain, sockets, run_id, audit_path, life_r)
             except BaseException:
                 code = 1
             finally:
@@ -677,7 +682,7 @@ def cmd_proxy(args: list[str]) -> int:
         children.append(pid)
     os.close(life_r)
     try:
-        _proxy_worker(policy, sockets, run_id, audit_path, None)
+        _proxy_worker(policy, chain, sockets, run_id, audit_path, None)
     finally:
         os.close(life_w)  # the other workers see end-of-file and stop
         for pid in children:
@@ -691,7 +696,12 @@ def cmd_proxy(args: list[str]) -> int:
 
 
 def _proxy_worker(
-    policy: Policy, sockets: list[socket.socket], run_id: str, audit_path: str, life_r: int | None
+    policy: Policy,
+    chain: Chain,
+    sockets: list[socket.socket],
+    run_id: str,
+    audit_path: str,
+    life_r: int | None,
 ) -> None:
     """One proxy process serving pre-bound sockets until a signal (or, for the extra
     workers, until the first worker closes the life pipe)."""
@@ -700,10 +710,8 @@ def _proxy_worker(
     import socket
 
     from corral.net.audit import Audit, guard_process
-    from corral.net.hooks import chain_for
     from corral.net.proxy import Proxy, run_loop
 
-    chain = chain_for(policy)
     audit = Audit(audit_path)
     guard_process(audit, run_id)
 
