@@ -138,7 +138,8 @@ def test_echoed_values_come_back_as_placeholders(hook: SecretsHook) -> None:
     ph = placeholder(hook, "API_KEY")
     chain = Chain([hook])
     dest = Destination("run", "https", "api.test", 443)
-    req = Request("GET", "/", [], 0)
+    req = Request("GET", "/", [(b"x-key", ph.encode())], 0)
+    assert chain.request(dest, req) is None  # it carries the secret: its echo is hidden
     echo = b"Basic " + base64.b64encode(b"u:" + REAL)
     response = Response(
         200, [(b"x-echo", b"key=" + REAL), (b"x-basic", echo), (b"location", b"/a?k=" + REAL)]
@@ -148,6 +149,12 @@ def test_echoed_values_come_back_as_placeholders(hook: SecretsHook) -> None:
     assert values[b"x-echo"] == b"key=" + ph.encode()
     assert base64.b64decode(values[b"x-basic"].split()[1]) == b"u:" + ph.encode()
     assert values[b"location"] == b"/a?k=" + ph.encode()
+    # a request that carried no secret: nothing of one can come back, nothing is scanned
+    plain = Request("GET", "/", [], 0)
+    assert chain.request(Destination("run", "https", "other.test", 443), plain) is None
+    untouched = Response(200, [(b"x-echo", b"key=" + REAL)])
+    chain.response(dest, plain, untouched)
+    assert untouched.headers == [(b"x-echo", b"key=" + REAL)]
 
 
 def test_value_needing_escapes_is_percent_encoded_in_a_target(

@@ -71,6 +71,8 @@ GIT_WRITE = (
 ASK_REASON = "ask: no approver"  # until corral can ask a person, an ask is a deny
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")
+# bytes a path may hold and still be its own normal form (no %, \\, ;, #, controls)
+_SAFE_PATH = b"".join(bytes([b]) for b in range(0x21, 0x7F) if chr(b) not in "%\\;#?")
 _GLOB_REFUSED = "[]{}%\\;#"
 
 
@@ -123,6 +125,11 @@ def normalize_target(target: bytes) -> tuple[str, Query | None]:
 
     Raises :class:`BadPath` where origins could read the target differently."""
     raw_path, sep, raw_query = target.partition(b"?")
+    if _plain_path(raw_path):  # the usual case: nothing to decode or resolve
+        try:
+            return raw_path.decode("ascii"), _query(raw_query) if sep else None
+        except UnicodeDecodeError:
+            pass  # the long way says why
     if b"#" in target:
         raise BadPath("a fragment (#) in the request target")
     if raw_path == b"*":  # OPTIONS *: the server as a whole
@@ -149,6 +156,17 @@ def normalize_target(target: bytes) -> tuple[str, Query | None]:
         path += "/"  # a trailing slash is part of the path
     query = _query(raw_query) if sep else None
     return path, query
+
+
+def _plain_path(raw: bytes) -> bool:
+    """A path that normalizing would leave as it is: starts with /, no escapes,
+    no empty, ``.`` or ``..`` segments, none of the refused characters."""
+    return (
+        raw.startswith(b"/")
+        and not raw.translate(None, _SAFE_PATH)
+        and b"//" not in raw
+        and b"/." not in raw
+    )
 
 
 def _query(raw: bytes) -> Query:
@@ -316,6 +334,7 @@ class HttpRules:
     def __init__(self, rules: list[HttpRule]) -> None:
         self.rules = rules
         self._by_host: dict[tuple[str, int], list[HttpRule]] = {}
+        self._decided: dict[tuple[str, int, str, bytes], tuple[Verdict, HttpRule | None]] = {}
 
     @classmethod
     def from_entries(cls, entries: list[dict[str, object]]) -> HttpRules:
@@ -341,6 +360,17 @@ class HttpRules:
         ruled = self.for_host(host, port)
         if not ruled:
             return None, None
+        key = (host, port, method, target)
+        cached = self._decided.get(key)
+        if cached is None:  # keep-alive clients ask about the same URLs over and over
+            if len(self._decided) >= self.CACHE_SIZE:
+                self._decided.clear()
+            cached = self._decided[key] = self._decide(ruled, host, method, target)
+        return cached
+
+    def _decide(
+        self, ruled: list[HttpRule], host: str, method: str, target: bytes
+    ) -> tuple[Verdict, HttpRule | None]:
         try:
             path, query = normalize_target(target)
         except BadPath as exc:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from corral.policy import Policy, Secret
 
 PREFIX = b"corral-secret-"
+PREFIX_TEXT = PREFIX.decode()
 MAX_VALUE = 8 * 1024  # a credential, not a document; it has to fit in a header
 WRONG_HOST = "secret-wrong-host"
 # bytes a value keeps when it goes into a path or a query; the rest is percent-encoded
@@ -152,7 +153,7 @@ class SecretsHook(Hook):
     def __init__(self, policy: Policy) -> None:
         self.policy = policy  # nothing is read here: see open()
         self.secrets: list[Loaded] = []
-        self._by_host: dict[tuple[str, int], list[Loaded]] = {}
+        self._by_host: dict[tuple[str, int], _HostPlan] = {}
 
     def inspects(self) -> list[tuple[str, str]]:
         return [
@@ -176,62 +177,93 @@ class SecretsHook(Hook):
     def sandbox_env(self) -> dict[str, str]:
         return {s.name: s.placeholder.decode() for s in self.secrets}
 
-    def for_host(self, host: str, port: int) -> list[Loaded]:
+    def for_host(self, host: str, port: int) -> _HostPlan:
         key = (host, port)
         found = self._by_host.get(key)
         if found is None:
             if len(self._by_host) >= 4096:
                 self._by_host.clear()
-            found = self._by_host[key] = [s for s in self.secrets if s.allowed_to(host, port)]
+            found = self._by_host[key] = _HostPlan(
+                [s for s in self.secrets if s.allowed_to(host, port)]
+            )
         return found
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
+        plan = self.for_host(dest.host, dest.port)
         carried = self._carried(request)
-        mine = self.for_host(dest.host, dest.port)
-        wrong = [s for s in carried if s not in mine]
-        used = sorted({s.name for s in (*carried, *(s for s in mine if s.header))})
-        if used:
-            request.audit["secrets"] = used  # names, never values
+        if not carried:  # the usual case
+            if plan.header_names:
+                request.audit["secrets"] = plan.header_names
+            return None
+        wrong = [s for s in carried if id(s) not in plan.ids]
+        request.audit["secrets"] = sorted({*(s.name for s in carried), *plan.header_names})
         if not wrong:
             return None
         names = ", ".join(s.name for s in wrong)
         return Verdict(False, WRONG_HOST, f"secret {names} may not be sent to {dest.host}")
 
     def rewrite(self, dest: Destination, request: Request) -> None:
-        mine = self.for_host(dest.host, dest.port)
-        if not mine:
-            return
-        target = request.target.encode("latin-1")
-        for secret in mine:
-            if secret.placeholder in target:
+        if "secrets" not in request.audit:
+            return  # on_request found nothing to put in
+        plan = self.for_host(dest.host, dest.port)
+        if PREFIX_TEXT in request.target:
+            target = request.target.encode("latin-1")
+            for secret in plan.mine:
                 target = target.replace(secret.placeholder, secret.encoded)
-        request.target = target.decode("latin-1")
-        headers = [(key, _swap(key, value, mine)) for key, value in request.headers]
-        for secret in mine:
-            if secret.header:  # set on every request, whatever the client sent
-                headers = [(k, v) for k, v in headers if k != secret.header]
-                headers.append((secret.header, secret.header_value))
+            request.target = target.decode("latin-1")
+        headers = [
+            (k, _swap(k, v, plan.mine) if PREFIX in v or k == b"authorization" else v)
+            for k, v in request.headers
+            if k not in plan.header_keys  # set on every request, whatever the client sent
+        ]
+        headers += plan.header_pairs
         request.headers[:] = headers
 
     def on_response(self, dest: Destination, request: Request, response: Response) -> None:
-        mine = self.for_host(dest.host, dest.port)
-        if mine:
-            response.headers[:] = [(k, _hide(v, mine)) for k, v in response.headers]
+        if "secrets" not in request.audit:
+            return  # no value went out with this request: none can come back
+        pairs = self.for_host(dest.host, dest.port).pairs
+        blob = b"\n".join(v for _, v in response.headers)  # one scan in C for the usual case
+        if b"asic " in blob or any(real in blob for real, _ in pairs):
+            response.headers[:] = [(k, _hide(v, pairs)) for k, v in response.headers]
 
     def _carried(self, request: Request) -> list[Loaded]:
         """The secrets whose placeholder the request carries anywhere we look:
         the target (percent-decoded too), header values, Basic credentials."""
-        target = request.target.encode("latin-1")
-        seen = [target, _decoded(target)] if b"%" in target else [target]
+        seen: list[bytes] = []
+        if PREFIX_TEXT in request.target or "%" in request.target:
+            target = request.target.encode("latin-1")
+            seen += (target, _decoded(target))
+        blob = b"\n".join(v for _, v in request.headers)  # one scan in C for the usual case
+        if not seen and PREFIX not in blob and b"asic " not in blob:
+            return []
         for key, value in request.headers:
-            seen.append(value)
-            if key == b"authorization":
+            if PREFIX in value:
+                seen.append(value)
+            elif key == b"authorization":
                 decoded = _basic(value)
-                if decoded is not None:
+                if decoded is not None and PREFIX in decoded:
                     seen.append(decoded)
-        if not any(PREFIX in part for part in seen):  # the usual case: one scan, done
+        if not any(PREFIX in part for part in seen):
             return []
         return [s for s in self.secrets if any(s.placeholder in part for part in seen)]
+
+
+class _HostPlan:
+    """What a destination's requests need of the secrets, worked out once per host."""
+
+    __slots__ = ("header_keys", "header_names", "header_pairs", "ids", "mine", "pairs")
+
+    def __init__(self, mine: list[Loaded]) -> None:
+        self.mine = mine  # the secrets that may go there
+        self.ids = frozenset(id(s) for s in mine)
+        with_header = [s for s in mine if s.header]
+        self.header_names = sorted({s.name for s in with_header})
+        self.header_keys = frozenset(s.header for s in with_header)
+        self.header_pairs = [(s.header, s.header_value) for s in with_header]
+        # (real form, placeholder): what an echo in a response is turned back into
+        self.pairs = [(s.value, s.placeholder) for s in mine]
+        self.pairs += [(s.encoded, s.placeholder) for s in mine if s.encoded != s.value]
 
 
 def _swap(key: bytes, value: bytes, secrets: list[Loaded]) -> bytes:
@@ -248,16 +280,16 @@ def _swap(key: bytes, value: bytes, secrets: list[Loaded]) -> bytes:
     return value
 
 
-def _hide(value: bytes, secrets: list[Loaded]) -> bytes:
-    """A response header value with any real value of ``secrets`` (raw, as it went
-    into a path, or inside Basic credentials) replaced by its placeholder."""
-    for secret in secrets:
-        for real in (secret.value, secret.encoded):
-            if real in value:
-                value = value.replace(real, secret.placeholder)
-    decoded = _basic(value)
-    if decoded is not None and any(s.value in decoded for s in secrets):
-        for secret in secrets:
-            decoded = decoded.replace(secret.value, secret.placeholder)
-        value = b"Basic " + base64.b64encode(decoded)
+def _hide(value: bytes, pairs: list[tuple[bytes, bytes]]) -> bytes:
+    """A response header value with any real value (raw, as it went into a path, or
+    inside Basic credentials) replaced by its placeholder."""
+    for real, placeholder in pairs:
+        if real in value:
+            value = value.replace(real, placeholder)
+    if value[:1] in (b"B", b"b"):
+        decoded = _basic(value)
+        if decoded is not None and any(real in decoded for real, _ in pairs):
+            for real, placeholder in pairs:
+                decoded = decoded.replace(real, placeholder)
+            value = b"Basic " + base64.b64encode(decoded)
     return value
