@@ -88,16 +88,19 @@ def _policy(variant: str, origin_ca: str) -> object:
     policy.network.hosts = {HOST: "127.0.0.1"}
     policy.tls.upstream_ca = [origin_ca]
     policy.tls.ca = "ephemeral"
-    if variant.endswith("inspect"):
+    if variant.startswith("tls"):
         policy.tls.inspect = [HOST]
-    if variant.endswith("rules"):
+    if variant.endswith("rules") or variant.endswith("only"):
         policy.network.rules = [
             {"host": HOST, "methods": ["GET"], "paths": ["/api/**"], "action": "allow"},
             {"host": HOST, "paths": ["/api/admin/**"], "action": "deny"},
         ]
+    if variant.endswith("rules"):
         policy.secrets = {
             "KEY": Secret("KEY", "env:BENCH_REAL_KEY", [HOST]),
-            "TOKEN": Secret("TOKEN", "env:BENCH_REAL_KEY", [HOST], "authorization", "Bearer {value}"),
+            "TOKEN": Secret(
+                "TOKEN", "env:BENCH_REAL_KEY", [HOST], "authorization", "Bearer {value}"
+            ),
         }
     return policy
 
@@ -187,9 +190,11 @@ async def _load(
         target = TARGET.encode()
     else:
         target = f"http://{HOST}:{origin}{TARGET}".encode()
-    request = (
-        b"GET %s HTTP/1.1\r\nHost: %s:%d\r\nX-Key: %s\r\n\r\n"
-        % (target, HOST.encode(), origin, placeholder.encode())
+    request = b"GET %s HTTP/1.1\r\nHost: %s:%d\r\nX-Key: %s\r\n\r\n" % (
+        target,
+        HOST.encode(),
+        origin,
+        placeholder.encode(),
     )
 
     async def one() -> None:
@@ -218,8 +223,10 @@ def _client(args: tuple[int, int, bool, str, bytes, int, float], queue: object) 
 
 VARIANTS = (
     ("plain", "http", "host rules only"),
+    ("plain-rules-only", "http", "+ method/path rules"),
     ("plain-rules", "http", "+ method/path rules and secrets"),
     ("tls-inspect", "https", "interception alone ([tls] inspect)"),
+    ("tls-rules-only", "https", "+ method/path rules"),
     ("tls-rules", "https", "+ method/path rules and secrets"),
 )
 
