@@ -249,9 +249,12 @@ def _origin_files(directory: Path) -> tuple[str, str, str]:
     return str(ca.cert_path), str(cert), str(key)
 
 
-def measure(duration: float, rounds: int, conns: int) -> dict[str, list[float]]:
+def measure(
+    duration: float, rounds: int, conns: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     ctx = multiprocessing.get_context("fork")
     results: dict[str, list[float]] = {v: [] for v, _, _ in VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v, _, _ in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="corral-bench-rules-") as tmp:
         origin_ca, cert, key = _origin_files(Path(tmp))
         plain_port, tls_port = _free_port(), _free_port()
@@ -282,37 +285,55 @@ def measure(duration: float, rounds: int, conns: int) -> dict[str, list[float]]:
                         conns,
                         duration,
                     )
+                    before = _cpu_ns(proxies[variant][0].pid)
                     client = ctx.Process(target=_client, args=(args, queue))
                     client.start()
                     count = queue.get(timeout=duration + 30)
                     client.join()
                     results[variant].append(count / duration)
+                    spent = _cpu_ns(proxies[variant][0].pid) - before
+                    cpu[variant].append(spent / max(count, 1) / 1000)
         finally:
             for proc, _, _ in proxies.values():
                 proc.kill()
             origin.kill()
-    return results
+    return results, cpu
 
 
-def report(results: dict[str, list[float]], args: argparse.Namespace) -> str:
+def _cpu_ns(pid: int) -> int:
+    """Nanoseconds the process has run on a CPU (its own time, whatever else runs)."""
+    with open(f"/proc/{pid}/schedstat", encoding="ascii") as fh:
+        return int(fh.read().split()[0])
+
+
+def report(
+    results: dict[str, list[float]], cpu: dict[str, list[float]], args: argparse.Namespace
+) -> str:
     med = {k: statistics.median(v) for k, v in results.items()}
+    per = {k: statistics.median(v) for k, v in cpu.items()}
     lines = [
         "# Rules and credentials: cost in the proxy",
         "",
         f"`python -m bench.rules_cost --duration {args.duration:g} --rounds {args.rounds} "
         f"--connections {args.connections}`; one proxy worker, {args.connections} keep-alive "
         f"connections, small GETs; median of {args.rounds} interleaved rounds "
-        f"({os.cpu_count()} CPUs, Python {sys.version.split()[0]}).",
+        f"({os.cpu_count()} CPUs, Python {sys.version.split()[0]}).  CPU per request is the "
+        "proxy process's own time on a CPU (schedstat) over the requests it served: what a "
+        "rule costs, whatever else the machine runs; requests/s depends on that too.",
         "",
-        "| variant | requests/s | rounds | vs. its baseline |",
-        "|---|---:|---|---:|",
+        "| variant | requests/s | CPU µs/request | requests/s vs. baseline | CPU vs. baseline |",
+        "|---|---:|---:|---:|---:|",
     ]
     for variant, scheme, label in VARIANTS:
         base = "plain" if scheme == "http" else "tls-inspect"
-        ratio = med[variant] / med[base] if med[base] else 0.0
-        rounds = ", ".join(f"{x:.0f}" for x in results[variant])
-        cost = "baseline" if variant == base else f"{ratio:.3f} ({(1 - ratio) * 100:+.1f}% cost)"
-        lines.append(f"| {scheme}: {label} | {med[variant]:.0f} | {rounds} | {cost} |")
+        if variant == base:
+            rate = cost = "baseline"
+        else:
+            rate = f"{med[variant] / med[base]:.3f}"
+            cost = f"{per[variant] / per[base]:.3f}"
+        lines.append(
+            f"| {scheme}: {label} | {med[variant]:.0f} | {per[variant]:.1f} | {rate} | {cost} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -322,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--connections", type=int, default=32)
     args = parser.parse_args(argv)
-    text = report(measure(args.duration, args.rounds, args.connections), args)
+    results, cpu = measure(args.duration, args.rounds, args.connections)
+    text = report(results, cpu, args)
     print(text)
     out = Path(__file__).resolve().parent / "results" / "rules_cost.md"
     out.write_text(text)

@@ -189,18 +189,21 @@ class SecretsHook(Hook):
         return found
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
-        plan = self.for_host(dest.host, dest.port)
+        plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
         carried = self._carried(request)
         if not carried:  # the usual case
             if plan.header_names:
                 request.audit["secrets"] = plan.header_names
             return None
         wrong = [s for s in carried if id(s) not in plan.ids]
-        request.audit["secrets"] = sorted({*(s.name for s in carried), *plan.header_names})
+        names = [s.name for s in carried]
+        if plan.header_names:
+            names = sorted({*names, *plan.header_names})
+        request.audit["secrets"] = names
         if not wrong:
             return None
-        names = ", ".join(s.name for s in wrong)
-        return Verdict(False, WRONG_HOST, f"secret {names} may not be sent to {dest.host}")
+        shown = ", ".join(s.name for s in wrong)
+        return Verdict(False, WRONG_HOST, f"secret {shown} may not be sent to {dest.host}")
 
     def rewrite(self, dest: Destination, request: Request) -> None:
         if "secrets" not in request.audit:
@@ -211,10 +214,11 @@ class SecretsHook(Hook):
             for secret in plan.mine:
                 target = target.replace(secret.placeholder, secret.encoded)
             request.target = target.decode("latin-1")
+        keys = plan.header_keys  # set on every request, whatever the client sent
         headers = [
             (k, _swap(k, v, plan.mine) if PREFIX in v or k == b"authorization" else v)
             for k, v in request.headers
-            if k not in plan.header_keys  # set on every request, whatever the client sent
+            if k not in keys
         ]
         headers += plan.header_pairs
         request.headers[:] = headers
@@ -234,19 +238,22 @@ class SecretsHook(Hook):
         if PREFIX_TEXT in request.target or "%" in request.target:
             target = request.target.encode("latin-1")
             seen += (target, _decoded(target))
-        blob = b"\n".join(v for _, v in request.headers)  # one scan in C for the usual case
-        if not seen and PREFIX not in blob and b"asic " not in blob:
-            return []
-        for key, value in request.headers:
-            if PREFIX in value:
-                seen.append(value)
-            elif key == b"authorization":
-                decoded = _basic(value)
-                if decoded is not None and PREFIX in decoded:
-                    seen.append(decoded)
-        if not any(PREFIX in part for part in seen):
-            return []
-        return [s for s in self.secrets if any(s.placeholder in part for part in seen)]
+        blob = b"\n".join([v for _, v in request.headers])  # one scan in C, usually all
+        if PREFIX in blob:
+            seen.append(blob)
+        if b"asic " in blob:  # Basic credentials hide a placeholder in base64
+            for key, value in request.headers:
+                if key == b"authorization":
+                    decoded = _basic(value)
+                    if decoded is not None:
+                        seen.append(decoded)
+        found = []
+        for part in seen:
+            if PREFIX in part:
+                for secret in self.secrets:
+                    if secret.placeholder in part and secret not in found:
+                        found.append(secret)
+        return found
 
 
 class _HostPlan:
