@@ -202,12 +202,14 @@ async def _load(
             lambda: _Client(request, counter, deadline), "127.0.0.1", proxy
         )
         if tls:
+            assert context is not None
             client.tunnel = True
             transport.write(b"CONNECT %s:%d HTTP/1.1\r\n\r\n" % (HOST.encode(), origin))
             await client.ready
-            transport = await loop.start_tls(transport, client, context, server_hostname=HOST)  # type: ignore[arg-type]
-            client.transport = transport  # type: ignore[assignment]
-        transport.write(request)  # type: ignore[union-attr]
+            wrapped = await loop.start_tls(transport, client, context, server_hostname=HOST)
+            assert wrapped is not None
+            transport = client.transport = wrapped
+        transport.write(request)
 
     await asyncio.gather(*(one() for _ in range(conns)))
     await asyncio.sleep(max(0.0, deadline - time.monotonic()) + 0.2)
@@ -240,13 +242,53 @@ def _free_port() -> int:
 
 
 def _origin_files(directory: Path) -> tuple[str, str, str]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests import tls_origin
+    """A throwaway CA and a certificate for HOST signed by it: (CA, cert, key) paths."""
+    import datetime
 
-    make_ca = getattr(tls_origin, "OriginCA", None) or tls_origin.TestCA
-    ca = make_ca(directory)
-    cert, key = ca.server_files((HOST, "127.0.0.1"))
-    return str(ca.cert_path), str(cert), str(key)
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017 (cryptography 38 too)
+
+    def issue(
+        subject: str,
+        key: ec.EllipticCurvePrivateKey,
+        signer: ec.EllipticCurvePrivateKey,
+        issuer: str,
+        ca: bool,
+    ) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.DNSName(HOST)]), critical=False
+            )
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, leaf_key = (
+        ec.generate_private_key(ec.SECP256R1()),
+        ec.generate_private_key(ec.SECP256R1()),
+    )
+    ca = issue("bench origin CA", ca_key, ca_key, "bench origin CA", True)
+    leaf = issue(HOST, leaf_key, ca_key, "bench origin CA", False)
+    pem = serialization.Encoding.PEM
+    paths = (directory / "ca.pem", directory / "leaf.pem", directory / "leaf.key")
+    paths[0].write_bytes(ca.public_bytes(pem))
+    paths[1].write_bytes(leaf.public_bytes(pem))
+    paths[2].write_bytes(
+        leaf_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return str(paths[0]), str(paths[1]), str(paths[2])
 
 
 def measure(
@@ -285,13 +327,15 @@ def measure(
                         conns,
                         duration,
                     )
-                    before = _cpu_ns(proxies[variant][0].pid)
+                    pid = proxies[variant][0].pid
+                    assert pid is not None
+                    before = _cpu_ns(pid)
                     client = ctx.Process(target=_client, args=(args, queue))
                     client.start()
                     count = queue.get(timeout=duration + 30)
                     client.join()
                     results[variant].append(count / duration)
-                    spent = _cpu_ns(proxies[variant][0].pid) - before
+                    spent = _cpu_ns(pid) - before
                     cpu[variant].append(spent / max(count, 1) / 1000)
         finally:
             for proc, _, _ in proxies.values():
