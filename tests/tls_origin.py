@@ -30,7 +30,7 @@ from cryptography.x509.oid import NameOID
 ORIGIN_NAMES = ("origin.test", "other.test", "127.0.0.1", "::1")
 
 
-class TestCA:
+class OriginCA:
     """A CA the tests' origins use, written as PEM files into ``directory``."""
 
     def __init__(self, directory: Path, name: str = "corral test origin CA") -> None:
@@ -270,3 +270,26 @@ class _Reader:
     def rest(self) -> bytes:
         out, self.buffer = self.buffer, b""
         return out
+
+
+# A Node HTTPS GET through HTTPS_PROXY with CONNECT, as proxy agents do it; the
+# TLS verification is Node's own, with NODE_EXTRA_CA_CERTS.
+NODE_CONNECT_CLIENT = r"""
+const http = require('http'), tls = require('tls');
+const target = new URL(process.argv[process.argv.length - 1]);
+const proxy = new URL(process.env.HTTPS_PROXY);
+const req = http.request({host: proxy.hostname, port: proxy.port, method: 'CONNECT',
+                          path: `${target.hostname}:${target.port}`});
+req.on('connect', (res, socket) => {
+  if (res.statusCode !== 200) { console.error('CONNECT', res.statusCode); process.exit(2); }
+  const conn = tls.connect({socket, servername: target.hostname}, () => {
+    conn.write(`GET ${target.pathname} HTTP/1.1\r\nHost: ${target.host}\r\n` +
+               'Connection: close\r\n\r\n');
+  });
+  let data = '';
+  conn.on('data', d => data += d);
+  conn.on('end', () => { process.stdout.write(data.split('\r\n\r\n').slice(1).join('\r\n\r\n')); });
+  conn.on('error', e => { console.error(e.message); process.exit(3); });
+});
+req.end();
+"""

@@ -16,8 +16,10 @@ if TYPE_CHECKING:
     import socket
 
     from corral.launch import RunResult
+    from corral.net.ca import CA
     from corral.net.door import Door
     from corral.net.hooks import Chain
+    from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.tiers.base import Health, Tier
 
@@ -288,9 +290,11 @@ def cmd_run(args: list[str]) -> int:
     run_id = launch.new_run_id()
     if opts.get("explain"):
         door_path = None
+        net = None
         if policy.network.mode == "proxy":
             door_path = "127.0.0.1:3128" if tier.door_transport == "tcp" else "/DOOR"
-        print(tier.plan(policy, command, door=door_path, pass_fds=passed).describe())
+            net = _explained_extras(policy)
+        print(tier.plan(policy, command, door=door_path, pass_fds=passed, net=net).describe())
         return 0
     door = _open_door(opts, policy, run_id, tier.door_transport) if tier.name != "none" else None
     try:
@@ -298,6 +302,17 @@ def cmd_run(args: list[str]) -> int:
     finally:
         if door is not None:
             door.close()
+
+
+def _explained_extras(policy: Policy) -> NetExtras | None:
+    """What --explain shows of a run that can intercept TLS: the CA bundle (named
+    /DOOR/ca-bundle.pem, as the door is /DOOR) and the system paths it covers."""
+    from corral.net.hooks import chain_for
+    from corral.net.trust import BUNDLE_NAME, NetExtras, system_bundles
+
+    if not chain_for(policy).may_inspect:
+        return None
+    return NetExtras(f"/DOOR/{BUNDLE_NAME}", system_bundles())
 
 
 def cmd_shell(args: list[str]) -> int:
@@ -522,7 +537,24 @@ def cmd_doctor(args: list[str]) -> int:
 
     for line in report_lines(defaults):
         print(line)
+    print(_tls_line())
     return 0
+
+
+def _tls_line() -> str:
+    """TLS inspection: the package it needs, and the user's CA."""
+    import importlib.metadata
+
+    from corral.net.trust import USER_CA
+    from corral.runlog import state_dir
+
+    try:
+        version = importlib.metadata.version("cryptography")
+    except importlib.metadata.PackageNotFoundError:
+        return "tls inspection: unavailable (the cryptography package is not installed)"
+    path = os.path.join(state_dir(), USER_CA)
+    where = path if os.path.exists(path) else f"{path} (made on first use)"
+    return f"tls inspection: cryptography {version}; corral's CA {where}"
 
 
 def _defaults_report(rows: list[tuple[Tier, Health]]) -> dict[str, dict[str, object]]:
@@ -638,6 +670,7 @@ def cmd_proxy(args: list[str]) -> int:
         workers = int(str(opts.get("workers") or min(4, os.cpu_count() or 1)))
     except ValueError:
         raise CorralError("--workers needs a whole number") from None
+    ca = _serve_ca(policy)  # before forking: every worker signs with it
     listen = str(opts.get("listen") or ("" if opts.get("door") else "127.0.0.1:3128"))
     sockets: list[socket.socket] = []
     if listen:
@@ -674,7 +707,7 @@ def cmd_proxy(args: list[str]) -> int:
             code = 0
             try:
                 quiet_stderr()  # the first worker speaks for all of them
-                _proxy_worker(policy, chain, sockets, run_id, audit_path, life_r)
+                _proxy_worker(policy, chain, sockets, run_id, audit_path, life_r, ca)
             except BaseException:
                 code = 1
             finally:
@@ -682,7 +715,7 @@ def cmd_proxy(args: list[str]) -> int:
         children.append(pid)
     os.close(life_r)
     try:
-        _proxy_worker(policy, chain, sockets, run_id, audit_path, None)
+        _proxy_worker(policy, chain, sockets, run_id, audit_path, None, ca)
     finally:
         os.close(life_w)  # the other workers see end-of-file and stop
         for pid in children:
@@ -695,6 +728,32 @@ def cmd_proxy(args: list[str]) -> int:
     return 0
 
 
+def _serve_ca(policy: Policy) -> CA | None:
+    """``proxy serve``'s CA when its policy intercepts (its clients must trust the
+    certificate file named on stderr), else None."""
+    from corral.net.hooks import chain_for
+
+    if not chain_for(policy).may_inspect:
+        return None
+    if policy.tls.ca == "ephemeral" and not policy.tls.ca_cert:
+        raise CorralError(
+            'tls.ca = "ephemeral" is for runs: a served proxy\'s clients must trust a CA '
+            "they can find (the user's CA, or ca_cert / ca_key)"
+        )
+    from corral.net.door import _open_ca
+
+    ca = _open_ca(policy)
+    if ca.origin == "user":
+        from corral.net.ca import user_ca_cert
+        from corral.runlog import state_dir
+
+        shown = user_ca_cert(state_dir())
+    else:
+        shown = policy.tls.ca_cert
+    _err(f"corral: TLS inspection on: clients must trust {shown}")
+    return ca
+
+
 def _proxy_worker(
     policy: Policy,
     chain: Chain,
@@ -702,6 +761,7 @@ def _proxy_worker(
     run_id: str,
     audit_path: str,
     life_r: int | None,
+    ca: CA | None = None,
 ) -> None:
     """One proxy process serving pre-bound sockets until a signal (or, for the extra
     workers, until the first worker closes the life pipe)."""
@@ -716,7 +776,12 @@ def _proxy_worker(
     guard_process(audit, run_id)
 
     async def serve() -> None:
-        proxy = Proxy(chain, audit, policy.network.hosts)
+        tls = None
+        if ca is not None:
+            from corral.net.tls import Interceptor
+
+            tls = Interceptor(ca, policy.tls.upstream_ca)
+        proxy = Proxy(chain, audit, policy.network.hosts, tls=tls)
         proxy.guard(run_id)  # an unexpected exception: one audit line, not a traceback
         for sock in sockets:
             if sock.family == socket.AF_UNIX:

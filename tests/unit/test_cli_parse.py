@@ -266,6 +266,7 @@ def test_doctor_text_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 0
     assert err == ""
     tier_part, _, defaults = out.partition("\ndefaults (this host: ")
+    defaults, _, tls_line = defaults.rstrip("\n").rpartition("\n")
     lines = [line for line in tier_part.splitlines() if not line.startswith(" ")]
     assert len(lines) == len(tiers.REGISTRY) + 1
     for name, line in zip(tiers.REGISTRY, lines, strict=False):
@@ -284,6 +285,8 @@ def test_doctor_text_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> Non
 
     if abi_version() >= 6:  # what the landlock tier does not hide is said plainly
         assert "compared with namespace:" in out and "host processes are visible" in out
+    # last, TLS inspection: the package it needs and where the user's CA is
+    assert tls_line.startswith("tls inspection: ")
 
 
 def test_doctor_survives_a_broken_health_check(

@@ -178,7 +178,7 @@ class Door:
                     quiet_stderr()
                     os.close(life_w)
                     os.close(tally_r)
-                    if _first_use(socks, life_r):
+                    if _first_use(socks, life_r, self.ca is not None):
                         _serve(chain, socks, self.run_id, self.audit_path, life_r, tally_w, self)
                     else:
                         self.remove_files()  # the run ended without using the network
@@ -257,7 +257,7 @@ def _open_ca(policy: Policy) -> CA:
     used), after checking the ``upstream_ca`` files the workers will load."""
     from corral.errors import PolicyError
     from corral.net.ca import ca_for
-    from corral.net.tls import check_upstream_ca
+    from corral.net.trust import check_upstream_ca
     from corral.runlog import state_dir
 
     problem = check_upstream_ca(policy.tls.upstream_ca)
@@ -282,7 +282,7 @@ def _private_dir(prefix: str) -> str:
     raise FileExistsError(f"cannot create a private directory in {base}")
 
 
-def _first_use(socks: list[socket.socket], life_r: int) -> bool:
+def _first_use(socks: list[socket.socket], life_r: int, tls: bool = False) -> bool:
     """Wait until a connection arrives (True) or the run ends (False).
 
     The proxy's imports (asyncio, uvloop, the proxy itself) take tens of
@@ -292,7 +292,7 @@ def _first_use(socks: list[socket.socket], life_r: int) -> bool:
     import select
     import threading
 
-    warm = threading.Thread(target=_import_proxy, daemon=True)
+    warm = threading.Thread(target=_import_proxy, args=(tls,), daemon=True)
     warm.start()
     while True:
         try:
@@ -305,14 +305,18 @@ def _first_use(socks: list[socket.socket], life_r: int) -> bool:
         return True
 
 
-def _import_proxy() -> None:
+def _import_proxy(tls: bool = False) -> None:
     try:
         import asyncio  # noqa: F401
 
-        import uvloop  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
-
         import corral.net.audit
-        import corral.net.proxy  # noqa: F401
+        import corral.net.proxy
+
+        if tls:  # TLS inspection: leaf certificates need cryptography (some 60 ms)
+            import cryptography.x509  # noqa: F401
+
+            import corral.net.tls  # noqa: F401
+        import uvloop  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
     except Exception:  # the serving path imports again and reports for real
         pass
 

@@ -85,16 +85,6 @@ def upstream_context(extra_cas: list[str]) -> ssl.SSLContext:
     return context
 
 
-def check_upstream_ca(paths: list[str]) -> str | None:
-    """Why an ``upstream_ca`` file cannot be used (checked before a run starts)."""
-    for path in paths:
-        try:
-            ssl.create_default_context(cafile=path)
-        except (ssl.SSLError, OSError, ValueError):
-            return f"tls.upstream_ca: {path} holds no PEM CA certificate"
-    return None
-
-
 def _load_chain(context: ssl.SSLContext, pem: bytes) -> None:
     """load_cert_chain reads files only: hand it an anonymous in-memory one."""
     fd = os.memfd_create("corral-leaf", os.MFD_CLOEXEC)

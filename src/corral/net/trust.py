@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from corral.fsplan import Mount
 
 INSIDE_BUNDLE = "/run/corral/ca-bundle.pem"
+# The user's CA (key and certificate, 0600) and its certificate alone (0644), under
+# corral's state directory, which every tier masks (corral.net.ca makes them).
+USER_CA = os.path.join("ca", "corral-ca.pem")
+USER_CA_CERT = os.path.join("ca", "corral-ca.crt")
 BUNDLE_NAME = "ca-bundle.pem"
 # Where distributions keep the bundle most TLS libraries read (OpenSSL's default
 # file, Go, curl, Python's ssl, Node with --use-openssl-ca, rustls-native-certs).
@@ -71,26 +75,50 @@ def system_bundles(exists: Callable[[str], bool] = os.path.isfile) -> tuple[str,
 
 def write_bundle(directory: str, ca_pem: bytes, found: tuple[str, ...]) -> str:
     """The host's system bundle (the first of ``found``) plus corral's CA, as a
-    world-readable file in ``directory``; returns its path."""
-    system = b""
-    for path in found:
-        try:
-            with open(path, "rb") as fh:
-                system = fh.read()
-            break
-        except OSError:
-            continue
-    if system and not system.endswith(b"\n"):
-        system += b"\n"
-    data = system + b"# corral: the CA that signs intercepted connections\n" + ca_pem
+    world-readable file in ``directory``; returns its path.  The system part is
+    copied inside the kernel (some 200 KB on every intercepting run)."""
     path = os.path.join(directory, BUNDLE_NAME)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        os.write(fd, data)
+        last = b"\n"
+        for system in found:
+            try:
+                src = os.open(system, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                size = os.fstat(src).st_size
+                copied = 0
+                while copied < size:
+                    sent = os.sendfile(fd, src, copied, size - copied)
+                    if not sent:
+                        break
+                    copied += sent
+                last = os.pread(src, 1, size - 1) if size else b"\n"
+            finally:
+                os.close(src)
+            break
+        note = b"# corral: the CA that signs intercepted connections\n"
+        os.write(fd, (b"" if last == b"\n" else b"\n") + note + ca_pem)
     finally:
         os.close(fd)
     os.chmod(path, 0o644)  # whatever the umask: the sandbox reads it as the caller
     return path
+
+
+def check_upstream_ca(paths: list[str]) -> str | None:
+    """Why an ``upstream_ca`` file cannot be used (checked before a run starts)."""
+    if not paths:
+        return None
+    import ssl
+
+    for path in paths:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        try:
+            context.load_verify_locations(cafile=path)
+        except (ssl.SSLError, OSError, ValueError):
+            return f"tls.upstream_ca: {path} holds no PEM CA certificate"
+    return None
 
 
 def trust_env(bundle: str) -> dict[str, str]:

@@ -235,6 +235,8 @@ class ContainerTier(Tier):
         spec.seccomp = f"{scratch}/seccomp.json"
         spec.mounts = plan.mounts
         spec.roots = [*fs.writable, INSIDE]
+        if net is not None and net.ca_bundle is not None:  # the image's bundle paths too
+            spec.roots += list(net.system_bundles)
         spec.workdir = plan.cwd
         spec.host_uds = policy.network.mode == "proxy"
         if pass_fds:

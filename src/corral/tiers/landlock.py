@@ -52,6 +52,10 @@ DIFFERENCES = (
     "a hard-linked file in the workspace is read-only, and a new file created directly in "
     "a directory on the way to it (the workspace root included) cannot be opened for "
     "writing in that run (Landlock rights follow directories)",
+    "with TLS inspection, corral's CA is trusted through SSL_CERT_FILE, REQUESTS_CA_BUNDLE, "
+    "CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS, PIP_CERT, GIT_SSL_CAINFO and AWS_CA_BUNDLE only: "
+    "without mounts the system bundle (/etc/ssl/certs/ca-certificates.crt) stays the "
+    "host's, so a tool that reads only that file rejects intercepted connections",
 )
 
 # What bounds the scratch space here (corral cannot mount a sized tmpfs without
