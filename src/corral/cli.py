@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from corral.launch import RunResult
     from corral.net.ca import CA
     from corral.net.door import Door
+    from corral.net.hooks import Chain
     from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.report import Denial
@@ -1055,6 +1056,10 @@ def cmd_proxy(args: list[str]) -> int:
             raise CorralError(f"--door {door}: {exc.strerror}") from None
         unix.listen(1024)
         sockets.append(unix)
+    from corral.net.hooks import chain_for
+
+    chain = chain_for(policy)
+    chain.open()  # secrets are read here, once: a missing one stops before any worker
     where = " and ".join(x for x in (listen, door) if x)
     if not opts.get("quiet"):
         _err(f"corral: proxy on {where} (HTTP and SOCKS5), {workers} worker(s), run id {run_id}")
@@ -1068,7 +1073,7 @@ def cmd_proxy(args: list[str]) -> int:
             code = 0
             try:
                 quiet_stderr()  # the first worker speaks for all of them
-                _proxy_worker(policy, sockets, run_id, audit_path, life_r, ca)
+                _proxy_worker(policy, chain, sockets, run_id, audit_path, life_r, ca)
             except BaseException:
                 code = 1
             finally:
@@ -1076,7 +1081,7 @@ def cmd_proxy(args: list[str]) -> int:
         children.append(pid)
     os.close(life_r)
     try:
-        _proxy_worker(policy, sockets, run_id, audit_path, None, ca)
+        _proxy_worker(policy, chain, sockets, run_id, audit_path, None, ca)
     finally:
         os.close(life_w)  # the other workers see end-of-file and stop
         for pid in children:
@@ -1117,6 +1122,7 @@ def _serve_ca(policy: Policy) -> CA | None:
 
 def _proxy_worker(
     policy: Policy,
+    chain: Chain,
     sockets: list[socket.socket],
     run_id: str,
     audit_path: str,
@@ -1130,10 +1136,8 @@ def _proxy_worker(
     import socket
 
     from corral.net.audit import Audit, guard_process
-    from corral.net.hooks import chain_for
     from corral.net.proxy import Proxy, run_loop
 
-    chain = chain_for(policy)
     audit = Audit(audit_path)
     guard_process(audit, run_id)
 

@@ -930,6 +930,18 @@ class Sandbox:
             )
         else:
             lines.append("Network: none.")
+        if net.rules:
+            lines.append(
+                "Some hosts allow only certain HTTP methods and paths; a refused request "
+                "gets a 403 whose body says which rule refused it."
+            )
+        for name, secret in sorted(self.policy.secrets.items()):
+            lines.append(
+                f"${name} is a stand-in for a credential: use it as the real one in requests "
+                f"to {', '.join(secret.hosts)} (corral's proxy puts the real value in; "
+                "it is refused on its way anywhere else)."
+                + (f" The {secret.header} header is set for you there." if secret.header else "")
+            )
         lim = self.policy.limits
         if lim.timeout:
             lines.append(f"Each command is stopped after {lim.timeout:g}s.")

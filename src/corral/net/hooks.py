@@ -411,6 +411,14 @@ def hooks_for(policy: Policy) -> list[Hook]:
     hooks: list[Hook] = [HostRulesHook(HostRules.parse(net.allow, net.deny))]
     if policy.tls.inspect:
         hooks.append(InspectHook(policy.tls.inspect))
+    if net.rules:
+        from corral.net.httprules import HttpRulesHook
+
+        hooks.append(HttpRulesHook.from_policy(net.rules))
+    if policy.secrets:
+        from corral.net.secrets import SecretsHook
+
+        hooks.append(SecretsHook(policy))
     return hooks
 
 

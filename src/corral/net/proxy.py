@@ -470,6 +470,12 @@ class Proxy:
         """Connect to an address of ``dest`` the chain accepts (``verdict``: the
         chain's answer already asked for); with ``tls``, as a TLS client verifying
         ``dest.host`` (an untrusted origin is a 502 refusal, never a pass)."""
+        if not streams and self.chain.needs_inspection(dest.host, dest.port):
+            # an opaque tunnel to a host whose requests a rule must see (a proxy
+            # without TLS interception, e.g. `corral proxy serve`): fail closed
+            raise Refused(
+                Verdict(False, "needs-inspection", "a rule must see the requests to this host")
+            )
         if verdict is None:  # (decide(), inlined: this runs for every tunnel)
             verdict = self.chain.connect(dest)
             if verdict.ask:
@@ -722,7 +728,7 @@ class Proxy:
         extra = hooked.audit if hooked is not None else None
         if not verdict.allowed:
             self.log(dest, verdict, 403, 0, 0, started, extra=extra)
-            await _send_denial(writer, 403, verdict, dest.host, dest.port)
+            await _send_denial(writer, 403, verdict, dest.host, dest.port, _plain(request))
             return body_kind == "none" and request.keep_alive(), upstream
         limit = None
         if hooked is not None:
@@ -741,7 +747,7 @@ class Proxy:
                     False, hooked.body_rule, f"request body larger than {limit} bytes"
                 )
                 self.log(dest, refused, 413, 0, 0, started, extra=extra)
-                await _send_denial(writer, 413, refused, dest.host, dest.port)
+                await _send_denial(writer, 413, refused, dest.host, dest.port, _plain(request))
                 return False, upstream
         upgrade = _websocket_upgrade(request)
         if upgrade:  # hop-by-hop, so dropped above: the upgrade is asked for again
@@ -1404,24 +1410,37 @@ async def _send_error(writer: asyncio.StreamWriter, status: int, message: str) -
         pass
 
 
+def _plain(request: http1.Message) -> bool:
+    """A client that shows its user a plain-text refusal and nothing else: git
+    prints a text/plain error body line by line as ``remote: ...``."""
+    agent = request.get(b"user-agent")
+    return agent is not None and agent.startswith(b"git/")
+
+
 async def _send_denial(
-    writer: asyncio.StreamWriter, status: int, verdict: Verdict, host: str, port: int
+    writer: asyncio.StreamWriter,
+    status: int,
+    verdict: Verdict,
+    host: str,
+    port: int,
+    plain: bool = False,
 ) -> None:
-    """A refusal as JSON: 403 for the policy's no, 400 for a host that is no destination."""
-    body = (
-        dumps(
-            {
-                "decision": "deny",
-                "rule": verdict.rule,
-                "reason": verdict.reason,
-                "host": host,
-                "port": port,
-            }
-        )
-        + "\n"
-    ).encode()
+    """A refusal as JSON (one line of text for ``plain`` clients): 403 for the
+    policy's no, 400 for a host that is no destination."""
+    if plain:
+        text = f"corral: denied by the sandbox's policy ({verdict.rule}): {verdict.reason}\n"
+        body, kind = text.encode("utf-8", "replace"), b"text/plain; charset=utf-8"
+    else:
+        record = {
+            "decision": "deny",
+            "rule": verdict.rule,
+            "reason": verdict.reason,
+            "host": host,
+            "port": port,
+        }
+        body, kind = (dumps(record) + "\n").encode(), b"application/json"
     headers = [
-        (b"content-type", b"application/json"),
+        (b"content-type", kind),
         (b"content-length", str(len(body)).encode()),
         (b"x-corral-decision", f"deny; rule={verdict.rule}".encode("ascii", "replace")),
     ]
