@@ -6,9 +6,13 @@ Run from the repository root::
 
 Benchmarks (each a module in bench/ with ``rows(quick)``; see bench/common.py):
 ``run_latency`` (``corral run -- true`` on every tier ``corral doctor`` reports
-available, next to sh and raw bwrap), ``warm_exec`` (``Sandbox.exec`` against a
+available, next to sh and raw bwrap), ``network`` (a run with a network next
+to one without, and the first GET through a new door), ``warm_exec``
+(``Sandbox.exec`` against a
 fresh ``corral run``), ``proxy`` (corral's proxy next to squid and a direct
-connection, and the door's added latency), ``container_exec`` (when
+connection, and the door's added latency), ``tls`` (TLS inspection next to
+squid with ssl-bump and mitmdump, and the plain proxy next to ``main``),
+``container_exec`` (when
 bench/container_exec.py exists in this checkout) and ``peers`` (srt and codex
 sandbox; installed and measured only with ``--with-peers``).  ``--against REV``
 adds ``against`` (bench/against.py): this checkout's ``corral run -- true`` (as
@@ -35,7 +39,7 @@ from pathlib import Path
 from bench.common import Row, machine_line, table
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
-NAMES = ("run_latency", "warm_exec", "proxy", "container_exec", "peers")
+NAMES = ("run_latency", "network", "warm_exec", "proxy", "tls", "container_exec", "peers")
 
 
 def _log(msg: str) -> None:
@@ -96,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import run_latency
 
             rows += run_latency.rows(args.quick)
+        elif name == "network":
+            from bench import network
+
+            rows += network.rows(args.quick)
         elif name == "warm_exec":
             from bench import warm_exec
 
@@ -104,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import proxy_throughput
 
             rows += proxy_throughput.rows(args.quick)
+        elif name == "tls":
+            from bench import tls_throughput
+
+            rows += tls_throughput.rows(args.quick)
         elif name == "against":
             from bench import against
 

@@ -16,7 +16,8 @@ Rows, each pair interleaved (A, B, A, B, ...):
   unprivileged user (through ``setpriv``; the trees are copied where it can
   read them);
 - a warm ``Sandbox.exec(["true"])``: one worker process per tree holds a
-  Sandbox and runs batches of calls in turn.
+  Sandbox and runs batches of calls in turn; the same awaited on an
+  ``AsyncSandbox``.
 
 This is how a change shows it costs nothing per run ("no slower than today").
 """
@@ -58,6 +59,29 @@ with Sandbox(pol.load(ws)) as sb:
             assert sb.exec(["true"]).exit_code == 0
             times.append((time.perf_counter_ns() - t) // 1000)
         print(" ".join(map(str, times)), flush=True)
+"""
+
+
+# The same through AsyncSandbox: each call awaited on an event loop.
+ASYNC_WORKER = """\
+import asyncio, os, sys, time
+from corral import policy as pol
+from corral.sandbox import AsyncSandbox
+ws = sys.argv[1]
+os.chdir(ws)
+async def main():
+    async with AsyncSandbox(pol.load(ws)) as sb:
+        for _ in range(20):
+            await sb.exec(["true"])
+        print("ready", flush=True)
+        for line in sys.stdin:  # between batches only: the loop has nothing else to do
+            times = []
+            for _ in range(int(line)):
+                t = time.perf_counter_ns()
+                assert (await sb.exec(["true"])).exit_code == 0
+                times.append((time.perf_counter_ns() - t) // 1000)
+            print(" ".join(map(str, times)), flush=True)
+asyncio.run(main())
 """
 
 
@@ -115,11 +139,13 @@ def cold(
     return samples
 
 
-def warm(trees: list[Tree], env: dict[str, str], ws: str, calls: int) -> list[list[int]]:
+def warm(
+    trees: list[Tree], env: dict[str, str], ws: str, calls: int, worker: str = WORKER
+) -> list[list[int]]:
     """Warm execs per tree, in alternating batches of 20; µs per call."""
     workers = [
         subprocess.Popen(
-            [t.python, "-c", WORKER, ws],
+            [t.python, "-c", worker, ws],
             env=t.env(env),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -198,12 +224,16 @@ def measure(rev: str, runs: int, calls: int, user: str | None) -> list[Row]:
                                 statistics.median(s) / 1e6, "ms",
                                 f"{name} ({rev})" if t.label != rev else "",
                                 f"{len(s)} runs"))  # fmt: skip
-        got = warm(trees, env, ws, calls)
-        name = "warm Sandbox.exec(['true'])"
-        for t, s in zip(trees, got, strict=True):
-            rows.append(Row(f"against {rev}", f"{name} ({t.label})", statistics.median(s) / 1e3,
-                            "ms", f"{name} ({rev})" if t.label != rev else "",
-                            f"{len(s)} calls"))  # fmt: skip
+        for name, worker in (
+            ("warm Sandbox.exec(['true'])", WORKER),
+            ("warm await AsyncSandbox.exec(['true'])", ASYNC_WORKER),
+        ):
+            got = warm(trees, env, ws, calls, worker)
+            for t, s in zip(trees, got, strict=True):
+                rows.append(Row(f"against {rev}", f"{name} ({t.label})",
+                                statistics.median(s) / 1e3, "ms",
+                                f"{name} ({rev})" if t.label != rev else "",
+                                f"{len(s)} calls"))  # fmt: skip
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return rows

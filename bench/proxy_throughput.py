@@ -17,7 +17,8 @@ a 10 MB file):
 3. MB/s (10**6 bytes) of 10 MB bodies, each through a new CONNECT tunnel, for
    the same duration: one client, and four in parallel.
 4. latency of one small GET on a keep-alive connection (500 per loop), from
-   inside a ``corral run`` sandbox through relay + door + proxy, next to the
+   inside a ``corral run`` sandbox through the proxy (the listener it holds in
+   the sandbox's namespace), next to the
    same loop on the host against the origin, ``corral proxy serve`` and squid.
 
 The three contenders (direct, squid, corral) are measured in interleaved
@@ -889,7 +890,7 @@ class Bench:
                              absolute, host, n, warm],
             "host → corral proxy serve": [python, "-c", LAT_SCRIPT, "127.0.0.1",
                                           str(self.srv.corral_port), absolute, host, n, warm],
-            "sandbox → relay → door → proxy": [
+            "sandbox → proxy (per-run)": [
                 corral, "run", "-q", "--allow", host,
                 "--net-log", os.path.join(self.srv.tmp, "door-net.jsonl"),
                 "--log", os.path.join(self.srv.tmp, "runs.jsonl"),
@@ -1103,7 +1104,7 @@ def report(bench: Bench, args: argparse.Namespace, started: float) -> str:
             f"{_ratio(corral, med['direct'])} | ≥ {GOAL_RATIO:.1f}x squid | {status} |"
         )
     lat = bench.latency.samples
-    direct_name, door_name = "host → origin (direct)", "sandbox → relay → door → proxy"
+    direct_name, door_name = "host → origin (direct)", "sandbox → proxy (per-run)"
     serve_name, squid_name = "host → corral proxy serve", "host → squid"
     p50 = {name: _pct(values, 0.5) for name, values in lat.items()}
     added = p50.get(door_name, float("nan")) - p50.get(direct_name, float("nan"))
@@ -1170,8 +1171,9 @@ def report(bench: Bench, args: argparse.Namespace, started: float) -> str:
         out += [
             "",
             f"Split of the door's added p50: proxy {p50[serve_name] - p50[direct_name]:.0f} µs "
-            f"(`corral proxy serve` minus direct), relay + unix door "
-            f"{p50[door_name] - p50[serve_name]:.0f} µs (sandbox minus `corral proxy serve`).",
+            f"(`corral proxy serve` minus direct), the sandbox's side "
+            f"{p50[door_name] - p50[serve_name]:.0f} µs (sandbox minus `corral proxy serve`: "
+            "the per-run proxy's two workers and the namespace's loopback).",
         ]
     out.append("")
     return "\n".join(out)
@@ -1304,7 +1306,7 @@ def rows(quick: bool) -> list[BenchRow]:
             out.append(BenchRow(title, names[v], value, row.unit, base, note[:200], False))
     lat = bench.latency.samples
     direct = _pct(lat.get("host → origin (direct)", []), 0.5)
-    for name in ("host → squid", "host → corral proxy serve", "sandbox → relay → door → proxy"):
+    for name in ("host → squid", "host → corral proxy serve", "sandbox → proxy (per-run)"):
         p50 = _pct(lat.get(name, []), 0.5)
         value = None if p50 != p50 or direct != direct else (p50 - direct) / 1000
         note = bench.latency.failures.get(name, "")

@@ -104,7 +104,7 @@ def _test_image() -> tuple[bool, str]:
     engine, why = find()
     if engine is None:
         return False, why
-    from corral.container.image import IMAGE_VERSION
+    from corral.container.image import IMAGE_FEATURES, IMAGE_VERSION
 
     have = subprocess.run(
         [
@@ -112,13 +112,13 @@ def _test_image() -> tuple[bool, str]:
             "image",
             "inspect",
             "--format",
-            '{{index .Labels "corral.test-image"}}',
+            '{{index .Labels "corral.test-image"}} {{index .Labels "corral.test-image.features"}}',
             TEST_IMAGE,
         ],
         capture_output=True,
         text=True,
     )
-    if have.returncode == 0 and have.stdout.strip() == IMAGE_VERSION:
+    if have.returncode == 0 and have.stdout.split() == [IMAGE_VERSION, IMAGE_FEATURES]:
         return True, ""
     built = subprocess.run(
         [sys.executable, "-m", "corral.container.image", "--tag", TEST_IMAGE],

@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -42,8 +43,10 @@ _spawn_lock = threading.Lock()
 
 def send(header: dict[str, object], payload: bytes = b"") -> None:
     data = json.dumps(header, separators=(",", ":")).encode()
+    frame = memoryview(HEADER.pack(len(data), len(payload)) + data + payload)
     with _write_lock:
-        os.write(1, HEADER.pack(len(data), len(payload)) + data + payload)
+        while frame:  # a write may take part of a frame (gVisor's pipes do)
+            frame = frame[os.write(1, frame) :]
 
 
 _channel: list[socket.socket] = []  # fd 0 as a socket, when it is one
@@ -98,6 +101,24 @@ def open_fds() -> list[int]:
         return list(range(3, 1024))
 
 
+class NoCwd(OSError):
+    """The command's working directory cannot be entered inside the sandbox."""
+
+
+def cannot_run(name: str, exc: OSError, path: str) -> str:
+    """corral's line for a command that could not start (as corral.failures.cannot_run;
+    this file runs inside the sandbox and imports nothing of corral)."""
+    if isinstance(exc, NoCwd):
+        return f"corral: cannot enter the working directory {exc.filename}: {exc.strerror}\n"
+    if not isinstance(exc, FileNotFoundError):
+        return f"corral: cannot run {name}: {exc.strerror}\n"
+    if "/" not in name:
+        return f"corral: {name}: command not found in the sandbox (PATH={path})\n"
+    if os.path.exists(name):
+        return f"corral: {name}: the interpreter its #! line names is not in the sandbox\n"
+    return f"corral: {name}: no such file in the sandbox\n"
+
+
 class Proc:
     def __init__(self, ident: int, msg: dict[str, object], passed: dict[int, int]) -> None:
         self.id = ident
@@ -125,7 +146,10 @@ class Proc:
         actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in open_fds() if fd not in wanted]
         with _spawn_lock:
             try:
-                os.chdir(cwd)
+                try:
+                    os.chdir(cwd)
+                except OSError as exc:
+                    raise NoCwd(exc.errno or 0, exc.strerror or str(exc), cwd) from None
                 self.pid = os.posix_spawnp(
                     argv[0],
                     argv,
@@ -223,6 +247,67 @@ class Proc:
         )
 
 
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_for_writing(path: str, root: object) -> int:
+    """Open ``path`` to write it, making missing parent directories when the host
+    said it lies in the writable place ``root``.  Parents are walked from ``root``
+    one name at a time without following a symlink: a link on the way (even one
+    pointing into the workspace) is refused, so nothing is made anywhere else."""
+    try:
+        return os.open(path, WRITE_FLAGS, 0o644)
+    except FileNotFoundError:
+        if not isinstance(root, str) or not path.startswith(root.rstrip("/") + "/"):
+            raise
+    parent = os.path.dirname(path)
+    names = [n for n in parent[len(root.rstrip("/")) :].split("/") if n]
+    if any(n in (".", "..") for n in names):
+        raise PermissionError(13, "parent directories are made only inside writable places")
+    dfd = os.open(root, DIR_FLAGS)
+    try:
+        for name in names:
+            nfd = _enter(dfd, name)
+            os.close(dfd)
+            dfd = nfd
+        return os.open(os.path.basename(path), WRITE_FLAGS, 0o644, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def _enter(dfd: int, name: str) -> int:
+    """Open directory ``name`` in ``dfd``, making it if missing; PermissionError if
+    it is a symlink or not a directory.  Checked by lstat and by the identity of what
+    was opened, not by O_NOFOLLOW alone: gVisor follows a final symlink with it."""
+    refused = PermissionError(
+        13,
+        f"{name} on the way is a symlink or not a directory; parents are made only "
+        "inside writable places, never through a symlink",
+    )
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        try:
+            os.mkdir(name, 0o755, dir_fd=dfd)
+        except FileExistsError:  # a dangling symlink
+            raise refused from None
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        raise refused
+    try:
+        nfd = os.open(name, DIR_FLAGS, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno in (20, 40):  # ENOTDIR, ELOOP: swapped for a file or a link
+            raise refused from None
+        raise
+    opened = os.fstat(nfd)
+    if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+        os.close(nfd)
+        raise refused
+    return nfd
+
+
 def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:
     op = msg["op"]
     path = str(msg.get("path"))
@@ -233,8 +318,7 @@ def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:
             with open(path, "rb") as fh:
                 data = fh.read()
         elif op == "write":
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-            fd = os.open(path, flags, 0o644)
+            fd = open_for_writing(path, msg.get("root"))
             try:
                 view = memoryview(payload)
                 while view:
@@ -286,9 +370,11 @@ def handle(ident: int, msg: dict[str, object], payload: bytes) -> None:
             passed = take_fds([int(t) for t in msg.get("fds") or []])  # type: ignore[attr-defined]
             proc = Proc(ident, msg, passed)
         except OSError as exc:  # as a shell would say it
-            code = 127 if isinstance(exc, FileNotFoundError) else 126
-            argv0 = msg["argv"][0]  # type: ignore[index]
-            message = f"corral: cannot run {argv0}: {exc.strerror}\n"
+            missing = isinstance(exc, FileNotFoundError) and not isinstance(exc, NoCwd)
+            code = 127 if missing else 126
+            argv0 = str(msg["argv"][0])  # type: ignore[index]
+            path = str(dict(msg.get("env") or {}).get("PATH", ""))  # type: ignore[call-overload]
+            message = cannot_run(argv0, exc, path)
             send({"ev": "out", "id": ident, "fd": 2}, message.encode())
             send({"ev": "exit", "id": ident, "code": code})
             return

@@ -83,12 +83,13 @@ def defaults_for(facts: HostFacts) -> dict[str, int]:
 
 
 def size_text(size: float) -> str:
-    """``4G``, ``12052M``, ``1536K``: exact, and readable back by ``parse_size``."""
+    """``4G``, ``12052M``, ``1536K``, ``1000B``: exact, and readable back by
+    ``parse_size`` (which wants a unit on every number but 0)."""
     n = int(size)
     for unit, factor in (("T", 1 << 40), ("G", GiB), ("M", MiB), ("K", 1 << 10)):
         if n >= factor and n % factor == 0:
             return f"{n // factor}{unit}"
-    return str(n)
+    return f"{n}B" if n else "0"
 
 
 def value_text(name: str, value: float | None) -> str:

@@ -9,125 +9,286 @@ from __future__ import annotations
 import os
 import sys
 
-from corral.errors import EXIT_CODES, EXIT_INTERNAL, EXIT_USAGE, CorralError
+from corral.errors import EXIT_INTERNAL, EXIT_USAGE, CorralError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
 
     from corral.launch import RunResult
+    from corral.net.ca import CA
     from corral.net.door import Door
+    from corral.net.hooks import Chain
+    from corral.net.trust import NetExtras
     from corral.policy import Policy
-    from corral.tiers.base import Health, Tier
+    from corral.report import Denial
+    from corral.tiers.base import Health, Plan, Tier
 
-USAGE = """\
-usage: corral run [OPTIONS] [--] COMMAND [ARG...]   run a command in a sandbox
-       corral shell [OPTIONS] [-- SHELL...]         an interactive shell in a sandbox (a pty)
-       corral mcp [OPTIONS]                         an MCP server (stdio) on one sandbox
-       corral doctor [--json] [--probe]             which tiers can run here, and why not
-       corral log [-n N] [--json] [--log FILE]      the last runs
-       corral log --net [--run ID] [--host H] [--decision allow|deny|error]
-       corral policy import [--workspace DIR] FILE.json   srt settings as corral.toml
-       corral proxy serve [--policy FILE] [--listen HOST:PORT] [--door PATH]
-                          [--allow HOST...] [--workers N]
-       corral --version
+# option -> (attribute, kind, metavar, help).  kind: "flag" takes no value, "list"
+# repeats, "value" takes one.  The usage text is generated from these tables
+# (corral.usage), so what --help says and what is parsed cannot drift apart.
+Options = dict[str, tuple[str, str, str, str]]
 
-run options:
-  --tier NAME          auto (default: strongest available), namespace, landlock, none, ...
-  --engine NAME        container tier: podman or docker (default: $CORRAL_ENGINE, else
-                       the first of podman, docker found)
-  --oci-runtime NAME   container tier: runc (default), runsc (gVisor) or crun
-  --image REF          container tier: the image (default: [container] image, $CORRAL_IMAGE)
-  --policy FILE        policy file (default: corral.toml in the workspace, if any)
-  --settings FILE      srt's settings JSON as the policy file (not with --policy)
-  --workspace DIR      the writable workspace (default: current directory)
-  --timeout DURATION   wall-clock limit, e.g. 30s, 5m; kills the whole process tree
-  --memory SIZE        memory limit, e.g. 512M (default: half the RAM)
-  --pids N             process (task) limit (default: 4096)
-  --cpus N             CPU limit, e.g. 1.5
-  --tmp SIZE           size of the private /tmp and of /var/tmp (default: RAM/4, 512M-4G)
-  --shm SIZE           size of the private /dev/shm (default: RAM/16, 64M-1G)
-                       each of these six takes none: no bound, not even the default
-  --output-limit SIZE  bytes of stdout+stderr kept (default 64M); the rest is dropped
-  --writable PATH      another writable path (repeatable)
-  --read-deny PATH     another unreadable path (repeatable)
-  --write-deny PATH    another read-only path inside a writable one (repeatable)
-  --env NAME           pass this variable from the environment (repeatable)
-  --pass-fd N          hand this open descriptor (above 2) to the command at the same
-                       number (repeatable); no other descriptor but 0, 1, 2 crosses
-  --network MODE       none (default: no network) or proxy (only through corral's proxy)
-  --allow HOST         allow a destination through the proxy; implies --network proxy
-                       (example.org, *.example.org, host:443, 10.0.0.0/8, [::1]:8080)
-  --deny HOST          deny a destination (deny wins over allow)
-  --net-log FILE       network audit log (default: $XDG_STATE_HOME/corral/net.jsonl)
-  --transparent        (root) capture all TCP and DNS, for tools that ignore proxy variables
-  --log FILE           activity log (default: $XDG_STATE_HOME/corral/runs.jsonl)
-  --explain            print the plan (mounts, syscall rules, limits) and do not run
-  -q, --quiet          no informational lines on stderr (warnings still print)
-
-exit codes: the command's own code; 128+N if it died of signal N; and
-""" + "".join(f"  {code}  {text}\n" for code, text in EXIT_CODES.items())
-
-# option -> (attribute, kind); kind "flag" takes no value, "list" repeats.
-RUN_OPTIONS: dict[str, tuple[str, str]] = {
-    "--tier": ("tier", "value"),
-    "--engine": ("engine", "value"),
-    "--oci-runtime": ("oci_runtime", "value"),
-    "--image": ("image", "value"),
-    "--policy": ("policy", "value"),
-    "--settings": ("settings", "value"),
-    "--workspace": ("workspace", "value"),
-    "--timeout": ("timeout", "value"),
-    "--memory": ("memory", "value"),
-    "--pids": ("pids", "value"),
-    "--cpus": ("cpus", "value"),
-    "--tmp": ("tmp", "value"),
-    "--shm": ("shm", "value"),
-    "--output-limit": ("output", "value"),
-    "--writable": ("writable", "list"),
-    "--read-deny": ("read_deny", "list"),
-    "--write-deny": ("write_deny", "list"),
-    "--env": ("env", "list"),
-    "--pass-fd": ("pass_fd", "list"),
-    "--allow": ("allow", "list"),
-    "--deny": ("deny", "list"),
-    "--network": ("network", "value"),
-    "--net-log": ("net_log", "value"),
-    "--transparent": ("transparent", "flag"),
-    "--log": ("log", "value"),
-    "--explain": ("explain", "flag"),
-    "-q": ("quiet", "flag"),
-    "--quiet": ("quiet", "flag"),
+RUN_OPTIONS: Options = {
+    "--tier": (
+        "tier",
+        "value",
+        "NAME",
+        "auto (default: strongest available), namespace, landlock, container, gvisor, none",
+    ),
+    "--engine": (
+        "engine",
+        "value",
+        "NAME",
+        "container tier: podman or docker (default: $CORRAL_ENGINE, else the first found)",
+    ),
+    "--oci-runtime": (
+        "oci_runtime",
+        "value",
+        "NAME",
+        "container tier: runc (default), runsc (gVisor) or crun",
+    ),
+    "--image": (
+        "image",
+        "value",
+        "REF",
+        "container tier: the image (default: [container] image, $CORRAL_IMAGE)",
+    ),
+    "--policy": (
+        "policy",
+        "value",
+        "FILE",
+        "policy file (default: corral.toml in the workspace, if any)",
+    ),
+    "--settings": (
+        "settings",
+        "value",
+        "FILE",
+        "srt's settings JSON as the policy file (not with --policy)",
+    ),
+    "--workspace": ("workspace", "value", "DIR", "the writable workspace (default: cwd)"),
+    "--timeout": (
+        "timeout",
+        "value",
+        "DURATION",
+        "wall-clock limit, e.g. 30s, 5m; kills the whole process tree",
+    ),
+    "--memory": ("memory", "value", "SIZE", "memory limit, e.g. 512M (default: half the RAM)"),
+    "--pids": ("pids", "value", "N", "process (task) limit (default: 4096)"),
+    "--cpus": ("cpus", "value", "N", "CPU limit, e.g. 1.5"),
+    "--tmp": (
+        "tmp",
+        "value",
+        "SIZE",
+        "size of the private /tmp and of /var/tmp (default: RAM/4, 512M-4G)",
+    ),
+    "--shm": (
+        "shm",
+        "value",
+        "SIZE",
+        "size of the private /dev/shm (default: RAM/16, 64M-1G); "
+        "--timeout, --memory, --pids, --cpus, --tmp and --shm take none: no bound at all",
+    ),
+    "--output-limit": (
+        "output",
+        "value",
+        "SIZE",
+        "bytes of stdout+stderr kept (default 64M); the rest is dropped",
+    ),
+    "--writable": ("writable", "list", "PATH", "another writable path (repeatable)"),
+    "--home": (
+        "home",
+        "value",
+        "MODE",
+        "where writes under ~ go: persist (default: a per-workspace home layer, kept), "
+        "ephemeral (a fresh one per run) or read-only",
+    ),
+    "--read-deny": ("read_deny", "list", "PATH", "another unreadable path (repeatable)"),
+    "--write-deny": (
+        "write_deny",
+        "list",
+        "PATH",
+        "another read-only path inside a writable one (repeatable)",
+    ),
+    "--env": (
+        "env",
+        "list",
+        "NAME[=VALUE]",
+        "pass this variable from the environment, or set it to VALUE (repeatable); a value "
+        "given here is in corral's own command line: pass secrets by NAME",
+    ),
+    "--pass-fd": (
+        "pass_fd",
+        "list",
+        "N",
+        "hand this open descriptor (above 2) to the command at the same number "
+        "(repeatable); no other descriptor but 0, 1, 2 crosses",
+    ),
+    "--network": (
+        "network",
+        "value",
+        "MODE",
+        "none (default: no network) or proxy (only through corral's proxy)",
+    ),
+    "--allow": (
+        "allow",
+        "list",
+        "HOST",
+        "allow a destination through the proxy; implies --network proxy "
+        "(example.org, *.example.org, host:443, 10.0.0.0/8, [::1]:8080)",
+    ),
+    "--deny": ("deny", "list", "HOST", "deny a destination (deny wins over allow)"),
+    "--net-log": (
+        "net_log",
+        "value",
+        "FILE",
+        "network audit log (default: $XDG_STATE_HOME/corral/net.jsonl)",
+    ),
+    "--transparent": (
+        "transparent",
+        "flag",
+        "",
+        "(root) capture all TCP and DNS, for tools that ignore proxy variables",
+    ),
+    "--log": (
+        "log",
+        "value",
+        "FILE",
+        "activity log (default: $XDG_STATE_HOME/corral/runs.jsonl)",
+    ),
+    "--report": (
+        "report",
+        "value",
+        "json|FILE",
+        "every denial of the run as JSON: json prints it as the last line on stderr "
+        "(in place of corral's closing lines), FILE writes it there",
+    ),
+    "--explain": (
+        "explain",
+        "flag",
+        "",
+        "print the plan (mounts, network rules, syscall rules, limits) and run nothing",
+    ),
+    "-q": ("quiet", "flag", "", "no informational lines on stderr (warnings still print)"),
+    "--quiet": ("quiet", "flag", "", ""),
 }
-POLICY_IMPORT_OPTIONS = {"--workspace": ("workspace", "value")}
-DOCTOR_OPTIONS = {"--json": ("json", "flag"), "--probe": ("probe", "flag")}
-LOG_OPTIONS = {
-    "--json": ("json", "flag"),
-    "-n": ("n", "value"),
-    "--log": ("log", "value"),
-    "--net": ("net", "flag"),
-    "--net-log": ("net_log", "value"),
-    "--run": ("run", "value"),
-    "--host": ("host", "value"),
-    "--decision": ("decision", "value"),
+
+# Run options that mean nothing for another command: an error naming why, never
+# silently ignored.
+NOT_FOR_SHELL = {
+    "--timeout": "an interactive shell ends when you leave it (it has no wall-clock limit)",
+    "--output-limit": "a shell's output goes straight to your terminal",
 }
-SERVE_OPTIONS = {
-    "--workers": ("workers", "value"),
-    "--policy": ("policy", "value"),
-    "--workspace": ("workspace", "value"),
-    "--listen": ("listen", "value"),
-    "--door": ("door", "value"),
-    "--allow": ("allow", "list"),
-    "--deny": ("deny", "list"),
-    "--net-log": ("net_log", "value"),
-    "-q": ("quiet", "flag"),
+NOT_FOR_MCP = {
+    "--explain": "the server speaks MCP on stdout; corral run --explain with the same "
+    "options prints the plan",
+    "--pass-fd": "it is for corral run and corral shell",
+    "--report": "the server's denials are in the activity log (corral log --json)",
 }
+SHELL_OPTIONS: Options = {k: v for k, v in RUN_OPTIONS.items() if k not in NOT_FOR_SHELL}
+MCP_OPTIONS: Options = {k: v for k, v in RUN_OPTIONS.items() if k not in NOT_FOR_MCP}
+POLICY_IMPORT_OPTIONS: Options = {
+    "--workspace": (
+        "workspace",
+        "value",
+        "DIR",
+        "where relative paths in the settings point (default: cwd)",
+    ),
+}
+HOME_OPTIONS: Options = {
+    "--workspace": ("workspace", "value", "DIR", "the workspace (default: cwd)"),
+    "--container": ("container", "flag", "", "path: the container tiers' layer"),
+    "--all": ("all", "flag", "", "clean: every workspace's layer"),
+    "--gone": ("gone", "flag", "", "clean: the layers of workspaces that no longer exist"),
+}
+DOCTOR_OPTIONS: Options = {
+    "--json": ("json", "flag", "", "the report as JSON"),
+    "--probe": ("probe", "flag", "", "start a tiny sandbox per tier to prove it works"),
+}
+LOG_OPTIONS: Options = {
+    "-n": ("n", "value", "N", "how many records (default 20; 0: none)"),
+    "--json": ("json", "flag", "", "the raw JSON lines"),
+    "--run": ("run", "value", "ID", "only the run whose id starts with ID"),
+    "--log": (
+        "log",
+        "value",
+        "FILE",
+        "activity log (default: $XDG_STATE_HOME/corral/runs.jsonl)",
+    ),
+    "--net": ("net", "flag", "", "the proxy's decisions (the network audit log) instead"),
+    "--net-log": (
+        "net_log",
+        "value",
+        "FILE",
+        "with --net: the audit log (default: $XDG_STATE_HOME/corral/net.jsonl)",
+    ),
+    "--host": ("host", "value", "H", "with --net: only this host"),
+    "--decision": ("decision", "value", "D", "with --net: only allow, deny or error"),
+}
+SERVE_OPTIONS: Options = {
+    "--listen": (
+        "listen",
+        "value",
+        "HOST:PORT",
+        "TCP address to serve (default 127.0.0.1:3128 unless --door is given)",
+    ),
+    "--door": ("door", "value", "PATH", "a unix socket to serve as well (or instead)"),
+    "--policy": ("policy", "value", "FILE", "policy file for the network rules"),
+    "--workspace": ("workspace", "value", "DIR", "where the policy file is looked for"),
+    "--allow": ("allow", "list", "HOST", "allow a destination (repeatable)"),
+    "--deny": ("deny", "list", "HOST", "deny a destination (deny wins over allow)"),
+    "--net-log": (
+        "net_log",
+        "value",
+        "FILE",
+        "audit log (default: $XDG_STATE_HOME/corral/net.jsonl)",
+    ),
+    "--workers": ("workers", "value", "N", "proxy processes (default: up to 4)"),
+    "-q": ("quiet", "flag", "", "no line on stderr saying where it listens"),
+}
+
+# command -> (what follows its name, what it does, its options)
+COMMANDS: dict[str, tuple[str, str, Options]] = {
+    "run": ("[OPTIONS] [--] COMMAND [ARG...]", "run a command in a sandbox", RUN_OPTIONS),
+    "shell": (
+        "[OPTIONS] [-- SHELL...]",
+        "an interactive shell in a sandbox (a pty)",
+        SHELL_OPTIONS,
+    ),
+    "mcp": ("[OPTIONS]", "an MCP server (stdio) on one sandbox", MCP_OPTIONS),
+    "doctor": ("[OPTIONS]", "which tiers can run here, and why not", DOCTOR_OPTIONS),
+    "log": ("[OPTIONS]", "the last runs; with --net, the proxy's decisions", LOG_OPTIONS),
+    "policy": (
+        "import [OPTIONS] FILE.json",
+        "srt's settings JSON as corral.toml, on stdout",
+        POLICY_IMPORT_OPTIONS,
+    ),
+    "home": (
+        "path|list|clean [OPTIONS]",
+        "the per-workspace home layers (where writes under ~ go)",
+        HOME_OPTIONS,
+    ),
+    "proxy": (
+        "serve [OPTIONS]",
+        "corral's proxy alone (HTTP, SOCKS5), for programs outside a sandbox",
+        SERVE_OPTIONS,
+    ),
+}
+
+
+class HelpRequested(Exception):
+    """``-h``/``--help`` among a command's options: print its help, exit 0."""
 
 
 def parse(
-    args: list[str], table: dict[str, tuple[str, str]], positional: bool
+    args: list[str],
+    table: Options,
+    positional: bool,
+    command: str = "",
+    refused: dict[str, str] | None = None,
 ) -> tuple[dict[str, object], list[str]]:
-    """Options from ``table`` until ``--`` or the first non-option (if ``positional``)."""
+    """Options from ``table`` until ``--`` or the first non-option (if ``positional``).
+    ``refused``: options of other commands that this one rejects, with the reason."""
     opts: dict[str, object] = {}
     i = 0
     while i < len(args):
@@ -139,9 +300,14 @@ def parse(
                 return opts, args[i:]
             raise CorralError(f"unexpected argument {arg!r}")
         name, eq, inline = arg.partition("=")
+        if name in ("-h", "--help") and name not in table:
+            raise HelpRequested(command)
         if name not in table:
-            raise CorralError(f"unknown option {name} (see corral --help)")
-        attr, kind = table[name]
+            where = f"corral {command}" if command else "corral"
+            if refused and name in refused:
+                raise CorralError(f"{name} does not apply to {where}: {refused[name]}")
+            raise CorralError(f"unknown option {name} for {where} (see {where} --help)")
+        attr, kind = table[name][:2]
         if kind == "flag":
             if eq:
                 raise CorralError(f"option {name} takes no value")
@@ -195,17 +361,27 @@ def build_policy(opts: dict[str, object]) -> Policy:
             policy.limits.output = pol.parse_size(opts["output"])
         except ValueError as exc:
             raise CorralError(f"--output-limit: {exc}") from None
+    if "home" in opts:
+        try:
+            policy.filesystem.home = pol._expect_home(opts["home"])
+        except ValueError as exc:
+            raise CorralError(f"--home: {exc}") from None
     for attr in ("writable", "read_deny", "write_deny"):
         extra = opts.get(attr)
         if isinstance(extra, list):
             getattr(policy.filesystem, attr).extend(extra)
     envs = opts.get("env")
     if isinstance(envs, list):
-        for name in envs:
+        for item in envs:
+            name, eq, value = item.partition("=")  # NAME passes it, NAME=VALUE sets it
             try:
-                policy.env.pass_names.append(pol.check_env_name(name))
+                pol.check_env_name(name)
             except ValueError as exc:
                 raise CorralError(f"--env: {exc}") from None
+            if eq:
+                policy.env.set_values[name] = value
+            else:
+                policy.env.pass_names.append(name)
     if "tier" in opts:
         policy.tier = str(opts["tier"])
     for attr, flag, parse_value in (
@@ -263,9 +439,11 @@ def _settings_policy(path: str, with_policy: bool, workspace: object) -> Policy:
 
 def cmd_policy(args: list[str]) -> int:
     """``corral policy import FILE.json``: srt's settings as corral.toml on stdout."""
+    if args[:1] in (["-h"], ["--help"]):
+        raise HelpRequested("policy")
     if not args or args[0] != "import":
         raise CorralError("usage: corral policy import [--workspace DIR] FILE.json")
-    opts, files = parse(args[1:], POLICY_IMPORT_OPTIONS, positional=True)
+    opts, files = parse(args[1:], POLICY_IMPORT_OPTIONS, positional=True, command="policy import")
     if len(files) != 1:
         raise CorralError("usage: corral policy import [--workspace DIR] FILE.json")
     from corral import srt_settings
@@ -275,8 +453,53 @@ def cmd_policy(args: list[str]) -> int:
     return 0
 
 
+def cmd_home(args: list[str]) -> int:
+    """``corral home path|list|clean``: the home layers (corral.home)."""
+    usage = "usage: corral home path|list|clean [--workspace DIR | --gone | --all] [--container]"
+    if args[:1] in (["-h"], ["--help"]):
+        raise HelpRequested("home")
+    if not args or args[0] not in ("path", "list", "clean"):
+        raise CorralError(usage)
+    opts, rest = parse(args[1:], HOME_OPTIONS, positional=False, command=f"home {args[0]}")
+    if rest:
+        raise CorralError(usage)
+    from corral import home, homeseed
+
+    which = [o for o in ("workspace", "all", "gone") if o in opts]
+    if len(which) > 1 or (args[0] != "clean" and which[:1] in (["all"], ["gone"])):
+        raise CorralError("--all and --gone are for corral home clean, instead of --workspace")
+    if opts.get("container") and args[0] != "path":
+        raise CorralError("--container is for corral home path")
+    workspace = os.path.realpath(str(opts.get("workspace") or os.getcwd()))
+    if args[0] == "path":
+        print(home.layer_path(workspace, "container" if opts.get("container") else "host"))
+        return 0
+    if args[0] == "list":
+        for path in homeseed.all_layers():
+            owner = homeseed.manifest_workspace(path + ".seed") or "?"
+            print(f"{path}  {homeseed.size_of(path) >> 10} KiB  workspace {owner}")
+        return 0
+    if opts.get("all"):
+        found, what = homeseed.all_layers(), "any workspace"
+    elif opts.get("gone"):
+        found, what = homeseed.gone_layers(), "a workspace that is gone"
+    else:
+        found, what = homeseed.layers_of(workspace), workspace
+    for path in found:
+        home.remove(path)
+        print(f"removed {path}")
+    if not found:
+        _err(f"corral: no home layer for {what}")
+    return 0
+
+
 def cmd_run(args: list[str]) -> int:
-    opts, command = parse(args, RUN_OPTIONS, positional=True)
+    import gc
+
+    # One run, then exit: the cyclic collector only costs here (a pass over the
+    # modules just imported is a millisecond a run).  Proxy workers turn it back on.
+    gc.disable()
+    opts, command = parse(args, RUN_OPTIONS, positional=True, command="run")
     if not command:
         raise CorralError("nothing to run: corral run [OPTIONS] -- COMMAND [ARG...]")
     passed = pass_fds(opts)
@@ -286,11 +509,7 @@ def cmd_run(args: list[str]) -> int:
     tier, _health = tiers.select(policy.tier, policy)
     run_id = launch.new_run_id()
     if opts.get("explain"):
-        door_path = None
-        if policy.network.mode == "proxy":
-            door_path = "127.0.0.1:3128" if tier.door_transport == "tcp" else "/DOOR"
-        print(tier.plan(policy, command, door=door_path, pass_fds=passed).describe())
-        return 0
+        return _explain(tier, policy, command, passed)
     door = _open_door(opts, policy, run_id, tier.door_transport) if tier.name != "none" else None
     try:
         return _run_plan(opts, policy, tier.name, command, run_id, door, passed)
@@ -299,9 +518,30 @@ def cmd_run(args: list[str]) -> int:
             door.close()
 
 
+def _explain(tier: Tier, policy: Policy, command: list[str], passed: tuple[int, ...]) -> int:
+    door_path = None
+    net = None
+    if policy.network.mode == "proxy":
+        door_path = "127.0.0.1:3128" if tier.door_transport == "tcp" else "/DOOR"
+        net = _explained_extras(policy)
+    print(tier.plan(policy, command, door=door_path, pass_fds=passed, net=net).describe())
+    return 0
+
+
+def _explained_extras(policy: Policy) -> NetExtras | None:
+    """What --explain shows of a run that can intercept TLS: the CA bundle (named
+    /DOOR/ca-bundle.pem, as the door is /DOOR) and the system paths it covers."""
+    from corral.net.hooks import chain_for
+    from corral.net.trust import BUNDLE_NAME, NetExtras, system_bundles
+
+    if not chain_for(policy).may_inspect:
+        return None
+    return NetExtras(f"/DOOR/{BUNDLE_NAME}", system_bundles())
+
+
 def cmd_shell(args: list[str]) -> int:
     """An interactive shell in a sandbox: the run options, then optionally -- SHELL."""
-    opts, shell = parse(args, RUN_OPTIONS, positional=True)
+    opts, shell = parse(args, SHELL_OPTIONS, True, command="shell", refused=NOT_FOR_SHELL)
     passed = pass_fds(opts)
     policy = build_policy(opts)
     from corral import launch, tiers
@@ -317,29 +557,58 @@ def cmd_shell(args: list[str]) -> int:
             f"corral shell is not built for the {tier.name} tier yet "
             "(use corral run, or the Python API's Sandbox)"
         )
+    argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
+    shell_argv = pty_shell.command(argv, tier.python_argv())
+    if opts.get("explain"):
+        return _explain(tier, policy, shell_argv, passed)
     run_id = launch.new_run_id()
     door = _open_door(opts, policy, run_id, tier.door_transport)
     try:
-        argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
-        shell_argv = pty_shell.command(argv, tier.python_argv())
-        plan = tier.plan(policy, shell_argv, door=door.address if door else None, pass_fds=passed)
+        plan = tier.plan(
+            policy,
+            shell_argv,
+            door=door.address if door else None,
+            pass_fds=passed,
+            net=door.extras if door else None,
+        )
         if not opts.get("quiet"):
             _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
             from corral.bounds import notice
 
             if notice(plan):  # the defaults this host cannot enforce for this user
                 _err(f"corral: note: {notice(plan)}")
-        return pty_shell.run(plan, run_id)
+        record = _record(plan, run_id, "shell", argv)
+        import time
+
+        began = time.monotonic()
+        try:
+            code, found = pty_shell.run(plan, run_id)
+        except CorralError as exc:
+            _failed(opts, record, exc)
+            raise
+        ended = _ShellResult(code, time.monotonic() - began)
+        return _finish(opts, plan, record, code, found, door, ended)
     finally:
         if door is not None:
             door.close()
 
 
+class _ShellResult:
+    """What a shell's end tells, in RunResult's terms (no timeout, no output bound)."""
+
+    def __init__(self, code: int, duration: float) -> None:
+        self.exit_code = code
+        self.duration = duration
+        self.timed_out = False
+        self.truncated = False
+        self.output_bytes = 0
+        self.limits_hit: list[str] = []
+        self.signal: int | None = None
+
+
 def cmd_mcp(args: list[str]) -> int:
     """An MCP server on stdio whose tools act on one long-lived sandbox."""
-    opts, _ = parse(args, RUN_OPTIONS, positional=False)
-    if opts.get("pass_fd"):
-        raise CorralError("--pass-fd is for corral run and corral shell, not mcp")
+    opts, _ = parse(args, MCP_OPTIONS, False, command="mcp", refused=NOT_FOR_MCP)
     policy = build_policy(opts)
     try:
         import mcp.server.mcpserver  # noqa: F401  (the SDK, checked before a sandbox starts)
@@ -351,9 +620,18 @@ def cmd_mcp(args: list[str]) -> int:
         raise RefusedError("corral mcp needs the mcp package: pip install 'corral[mcp]'") from None
     from corral.sandbox import Sandbox
 
-    # stdout carries the protocol: nothing else may be printed there
-    with Sandbox(policy) as sb:
+    # stdout carries the protocol: nothing else may be printed there; stderr is
+    # the server's log, where the tier line and notes go as for corral run
+    log = opts.get("log")
+    with Sandbox(policy, log=str(log) if log else None, kind="mcp") as sb:
+        if not opts.get("quiet"):
+            _err(f"corral: mcp server on a {sb.tier.name} sandbox; workspace {policy.workspace}")
+            for note in sb.notes:
+                _err(f"corral: note: {note}")
         mcp_server.serve(sb)
+    for denial in sb.denials:
+        if denial.text:
+            _err(f"corral: {denial.text}")
     return 0
 
 
@@ -366,6 +644,30 @@ def _open_door(opts: dict[str, object], policy: Policy, run_id: str, transport: 
     return open_door(policy, run_id, str(net_log) if net_log else None, transport)
 
 
+def _record(plan: Plan, run_id: str, kind: str, argv: list[str]) -> dict[str, object]:
+    """The activity log's record of a run, as far as it is known before it starts."""
+    import time
+
+    from corral import bounds, runlog
+
+    policy = plan.policy
+    record: dict[str, object] = {
+        "run_id": run_id,
+        "kind": kind,
+        "start": runlog.iso(time.time()),
+        "tier": plan.tier,
+        "policy_digest": runlog.digest(policy.to_dict()),
+        "policy_file": policy.source,
+        "workspace": policy.workspace,
+        "argv": argv,
+        "network": policy.network.mode,
+        "bounds": bounds.record(plan),  # each limit: value, source, enforced
+    }
+    if plan.notes:  # what the plan decided beyond the policy (hard links made read-only...)
+        record["notes"] = plan.notes
+    return record
+
+
 def _run_plan(
     opts: dict[str, object],
     policy: Policy,
@@ -375,12 +677,14 @@ def _run_plan(
     door: Door | None,
     passed: tuple[int, ...] = (),
 ) -> int:
-    import time
-
-    from corral import bounds, launch, runlog, tiers
+    from corral import bounds, launch, tiers
 
     plan = tiers.get(tier_name).plan(
-        policy, command, door=door.address if door else None, pass_fds=passed
+        policy,
+        command,
+        door=door.address if door else None,
+        pass_fds=passed,
+        net=door.extras if door else None,
     )
     quiet = bool(opts.get("quiet"))
     if plan.warning:
@@ -390,54 +694,125 @@ def _run_plan(
     for note in plan.notes:
         if not quiet:
             _err(f"corral: note: {note}")
-    started = time.time()
-    log_path = opts.get("log")
-    record: dict[str, object] = {
-        "run_id": run_id,
-        "start": runlog.iso(started),
-        "tier": plan.tier,
-        "policy_digest": runlog.digest(policy.to_dict()),
-        "policy_file": policy.source,
-        "workspace": policy.workspace,
-        "argv": command,
-        "network": policy.network.mode,
-        "bounds": bounds.record(plan),  # each limit: value, source, enforced
-    }
-    if plan.notes:  # what the plan decided beyond the policy (hard links made read-only...)
-        record["notes"] = plan.notes
+    record = _record(plan, run_id, "run", command)
     if passed:
         record["pass_fds"] = list(passed)
     try:
         result = launch.run(plan, run_id)
     except CorralError as exc:
-        record.update(end=runlog.iso(time.time()), exit=exc.code, error=exc.message)
-        _log(record, log_path)
+        _failed(opts, record, exc)
         raise
     late = bounds.skipped_at_setup(plan)  # a default's cgroup could not be set up
     if late:
         record["bounds"] = bounds.record(plan)
         if not quiet:
             _err(f"corral: note: {late}")
-    if door is not None:
-        from corral.net.audit import summary_line
+    return _finish(opts, plan, record, result.exit_code, result.denials, door, result)
 
-        tally = door.close()
-        if tally:
-            result.denials.append(summary_line(tally))
+
+def _failed(opts: dict[str, object], record: dict[str, object], exc: CorralError) -> None:
+    """A run that could not start: its record, and its report if one was asked for."""
+    import time
+
+    from corral import runlog
+
+    record.update(end=runlog.iso(time.time()), exit=exc.code, error=exc.message)
+    _log(record, opts.get("log"))
+    target = str(opts.get("report") or "")
+    if target:
+        doc = {"run_id": record["run_id"], "tier": record["tier"], "exit": exc.code}
+        if target == "json":  # the report stays the last line: say the error first
+            _err(f"corral: {exc.message}")
+            exc.message = ""
+        _write_report(target, {**doc, "error": record["error"], "denials": []})
+
+
+def _finish(
+    opts: dict[str, object],
+    plan: Plan,
+    record: dict[str, object],
+    code: int,
+    found: list[Denial],
+    door: Door | None,
+    result: RunResult | _ShellResult,
+) -> int:
+    """After the sandbox is gone: gather every denial, log the run, tell the user."""
+    import time
+
+    from corral import bounds, runlog
+
+    denials = list(found)
+    refused = door.close() if door is not None else []
+    if door is not None:
         record["proxy_errors"] = door.errors  # details: net.jsonl, decision "error"
+    elif getattr(result, "lookups", None):  # looked up in a sandbox without a network
+        from corral.net.audit import record_lookups
+
+        net_log = opts.get("net_log")
+        lookups = getattr(result, "lookups")  # noqa: B009  (RunResult only)
+        refused = record_lookups(str(net_log) if net_log else None, str(record["run_id"]), lookups)
+    limited = result.limits_hit or result.timed_out or result.truncated or bounds.unenforced(plan)
+    if refused or limited or plan.hardlinks:  # corral.report only when there is news
+        from corral import report
+
+        denials += report.network(refused, plan.policy)
+        denials += report.limits(
+            plan, result.limits_hit, result.timed_out, result.truncated, result.output_bytes
+        )
+        denials += report.hardlinks(plan.hardlinks)
     record.update(
         end=runlog.iso(time.time()),
-        exit=result.exit_code,
+        exit=code,
         duration=round(result.duration, 4),
         timed_out=result.timed_out,
         truncated=result.truncated,
         output_bytes=result.output_bytes,
         limits_hit=result.limits_hit,
-        denials=result.denials,
+        denials=[d.to_dict() for d in denials if d.refused],
     )
-    _log(record, log_path)
-    _report(result, policy)
-    return result.exit_code
+    _log(record, opts.get("log"))
+    target = str(opts.get("report") or "")
+    if target:
+        from corral.report import document
+
+        _write_report(target, document(str(record["run_id"]), plan.tier, code, denials))
+    if target != "json":
+        for line in closing_lines(denials, plan.policy, result.signal):
+            _err(f"corral: {line}")
+    return code
+
+
+def closing_lines(denials: list[Denial], policy: Policy, signum: int | None) -> list[str]:
+    """What corral says on stderr after a run: limits, files, then one line for the
+    network, then a signal it acted on."""
+    lines = [d.text for d in denials if d.kind == "limit" and d.text]
+    lines += [d.text for d in denials if d.kind == "file" and d.text]
+    if any(d.kind == "network" for d in denials):
+        from corral.report import blocked_line
+
+        lines.append(blocked_line(denials, policy))
+    if signum is not None:
+        lines.append(f"received signal {signum}; killed the sandbox")
+    return lines
+
+
+def _write_report(target: str, doc: dict[str, object]) -> None:
+    """``--report json``: the last line on stderr; ``--report FILE``: that file."""
+    from corral.runlog import dumps
+
+    text = dumps(doc) + "\n"
+    if target == "json":
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        return
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, text.encode("utf-8", "backslashreplace"))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        _err(f"corral: warning: could not write the report to {target}: {exc.strerror}")
 
 
 def _log(record: dict[str, object], path: object) -> None:
@@ -449,24 +824,8 @@ def _log(record: dict[str, object], path: object) -> None:
         _err(f"corral: warning: could not write the activity log: {exc}")
 
 
-def _report(result: RunResult, policy: Policy) -> None:
-    if result.timed_out:
-        _err(f"corral: timed out after {policy.limits.timeout:g}s; killed the whole process tree")
-    if result.truncated:
-        _err(
-            f"corral: output truncated: kept {policy.limits.output} of {result.output_bytes} bytes"
-        )
-    for hit in result.limits_hit:
-        if hit != "timeout":
-            _err(f"corral: limit hit: {hit}")
-    for denial in result.denials:
-        _err(f"corral: {denial}")
-    if result.signal is not None:
-        _err(f"corral: received signal {result.signal}; killed the sandbox")
-
-
 def cmd_doctor(args: list[str]) -> int:
-    opts, _ = parse(args, DOCTOR_OPTIONS, positional=False)
+    opts, _ = parse(args, DOCTOR_OPTIONS, positional=False, command="doctor")
     from corral import tiers
 
     rows = []
@@ -481,6 +840,9 @@ def cmd_doctor(args: list[str]) -> int:
         rows.append((tier, health))
     auto = next((t.name for t, h in rows if h.available and t.name in tiers.AUTO_ORDER), None)
     defaults = _defaults_report(rows)
+    from corral.homeseed import report
+
+    home_report = report()
     if opts.get("json"):
         import json
 
@@ -492,6 +854,7 @@ def cmd_doctor(args: list[str]) -> int:
                         {"name": t.name, "summary": t.summary, **h.to_dict()} for t, h in rows
                     ],
                     "defaults": defaults,
+                    "home": home_report,
                 },
                 indent=2,
             )
@@ -511,7 +874,27 @@ def cmd_doctor(args: list[str]) -> int:
 
     for line in report_lines(defaults):
         print(line)
+    print(f"home layers ({home_report.pop('layers')}; corral home list):")
+    for kind, text in home_report.items():
+        print(f"  {kind}: {text}")
+    print(_tls_line())
     return 0
+
+
+def _tls_line() -> str:
+    """TLS inspection: the package it needs, and the user's CA."""
+    import importlib.metadata
+
+    from corral.net.trust import USER_CA
+    from corral.runlog import state_dir
+
+    try:
+        version = importlib.metadata.version("cryptography")
+    except importlib.metadata.PackageNotFoundError:
+        return "tls inspection: unavailable (the cryptography package is not installed)"
+    path = os.path.join(state_dir(), USER_CA)
+    where = path if os.path.exists(path) else f"{path} (made on first use)"
+    return f"tls inspection: cryptography {version}; corral's CA {where}"
 
 
 def _defaults_report(rows: list[tuple[Tier, Health]]) -> dict[str, dict[str, object]]:
@@ -529,7 +912,7 @@ def _defaults_report(rows: list[tuple[Tier, Health]]) -> dict[str, dict[str, obj
 
 
 def cmd_log(args: list[str]) -> int:
-    opts, _ = parse(args, LOG_OPTIONS, positional=False)
+    opts, _ = parse(args, LOG_OPTIONS, positional=False, command="log")
     from corral import runlog
 
     try:
@@ -539,14 +922,24 @@ def cmd_log(args: list[str]) -> int:
     if count < 0:
         raise CorralError("-n needs a whole number, 0 or more")
     if opts.get("net"):
+        if "log" in opts:
+            raise CorralError("--log is the activity log; with --net, name the audit log --net-log")
         return _log_net(opts, count)
-    records = list(runlog.read(str(opts["log"]) if opts.get("log") else None))
+    for name in ("net_log", "host", "decision"):
+        if name in opts:
+            flag = "--" + name.replace("_", "-")
+            raise CorralError(f"{flag} filters the network audit log: use it with --net")
+    run = str(opts.get("run") or "")
+    records = [
+        r
+        for r in runlog.read(str(opts["log"]) if opts.get("log") else None)
+        if str(r.get("run_id", "")).startswith(run)
+    ]
     records = records[-count:] if count else []
     if opts.get("json"):
         return _print_json_lines(records)
     for r in records:
-        argv = r.get("argv")
-        command = " ".join(str(a) for a in argv) if isinstance(argv, list) else ""
+        command = _shown_command(r)
         hits = r.get("limits_hit") or []
         extra = f"  limits: {','.join(map(str, hits))}" if isinstance(hits, list) and hits else ""
         denials = r.get("denials") or []
@@ -564,6 +957,19 @@ def cmd_log(args: list[str]) -> int:
         )
         print(f"{start}  {run_id}  {tier:<9}  exit {code:<3}  {dur:>8}  {command[:80]}{extra}")
     return 0
+
+
+def _shown_command(r: dict[str, object]) -> str:
+    """A record's command for ``corral log``: the argv, or what a sandbox ran."""
+    argv = r.get("argv")
+    command = " ".join(str(a) for a in argv) if isinstance(argv, list) else ""
+    kind = r.get("kind")
+    if kind in ("sandbox", "mcp"):
+        execs = r.get("execs")
+        return f"[{kind}: {execs if isinstance(execs, int) else 0} command(s)]"
+    if kind == "shell":
+        return f"[shell] {command}"
+    return command
 
 
 def _print_json_lines(records: list[dict[str, object]]) -> int:
@@ -605,9 +1011,11 @@ def _log_net(opts: dict[str, object], count: int) -> int:
 
 
 def cmd_proxy(args: list[str]) -> int:
+    if args[:1] in (["-h"], ["--help"]):
+        raise HelpRequested("proxy")
     if not args or args[0] != "serve":
         raise CorralError("usage: corral proxy serve [--listen HOST:PORT] [--door PATH] ...")
-    opts, _ = parse(args[1:], SERVE_OPTIONS, positional=False)
+    opts, _ = parse(args[1:], SERVE_OPTIONS, positional=False, command="proxy serve")
     policy = build_policy({**opts, "network": "proxy"})
     import signal
     import socket
@@ -627,6 +1035,7 @@ def cmd_proxy(args: list[str]) -> int:
         workers = int(str(opts.get("workers") or min(4, os.cpu_count() or 1)))
     except ValueError:
         raise CorralError("--workers needs a whole number") from None
+    ca = _serve_ca(policy)  # before forking: every worker signs with it
     listen = str(opts.get("listen") or ("" if opts.get("door") else "127.0.0.1:3128"))
     sockets: list[socket.socket] = []
     if listen:
@@ -647,8 +1056,13 @@ def cmd_proxy(args: list[str]) -> int:
             raise CorralError(f"--door {door}: {exc.strerror}") from None
         unix.listen(1024)
         sockets.append(unix)
+    from corral.net.hooks import chain_for
+
+    chain = chain_for(policy)
+    chain.open()  # secrets are read here, once: a missing one stops before any worker
     where = " and ".join(x for x in (listen, door) if x)
-    _err(f"corral: proxy on {where} (HTTP and SOCKS5), {workers} worker(s), run id {run_id}")
+    if not opts.get("quiet"):
+        _err(f"corral: proxy on {where} (HTTP and SOCKS5), {workers} worker(s), run id {run_id}")
     audit_path = str(opts["net_log"]) if opts.get("net_log") else default_path()
     life_r, life_w = os.pipe()
     children = []
@@ -659,7 +1073,7 @@ def cmd_proxy(args: list[str]) -> int:
             code = 0
             try:
                 quiet_stderr()  # the first worker speaks for all of them
-                _proxy_worker(policy, sockets, run_id, audit_path, life_r)
+                _proxy_worker(policy, chain, sockets, run_id, audit_path, life_r, ca)
             except BaseException:
                 code = 1
             finally:
@@ -667,7 +1081,7 @@ def cmd_proxy(args: list[str]) -> int:
         children.append(pid)
     os.close(life_r)
     try:
-        _proxy_worker(policy, sockets, run_id, audit_path, None)
+        _proxy_worker(policy, chain, sockets, run_id, audit_path, None, ca)
     finally:
         os.close(life_w)  # the other workers see end-of-file and stop
         for pid in children:
@@ -680,8 +1094,40 @@ def cmd_proxy(args: list[str]) -> int:
     return 0
 
 
+def _serve_ca(policy: Policy) -> CA | None:
+    """``proxy serve``'s CA when its policy intercepts (its clients must trust the
+    certificate file named on stderr), else None."""
+    from corral.net.hooks import chain_for
+
+    if not chain_for(policy).may_inspect:
+        return None
+    if policy.tls.ca == "ephemeral" and not policy.tls.ca_cert:
+        raise CorralError(
+            'tls.ca = "ephemeral" is for runs: a served proxy\'s clients must trust a CA '
+            "they can find (the user's CA, or ca_cert / ca_key)"
+        )
+    from corral.net.door import _open_ca
+
+    ca = _open_ca(policy)
+    if ca.origin == "user":
+        from corral.net.ca import user_ca_cert
+        from corral.runlog import state_dir
+
+        shown = user_ca_cert(state_dir())
+    else:
+        shown = policy.tls.ca_cert
+    _err(f"corral: TLS inspection on: clients must trust {shown}")
+    return ca
+
+
 def _proxy_worker(
-    policy: Policy, sockets: list[socket.socket], run_id: str, audit_path: str, life_r: int | None
+    policy: Policy,
+    chain: Chain,
+    sockets: list[socket.socket],
+    run_id: str,
+    audit_path: str,
+    life_r: int | None,
+    ca: CA | None = None,
 ) -> None:
     """One proxy process serving pre-bound sockets until a signal (or, for the extra
     workers, until the first worker closes the life pipe)."""
@@ -690,20 +1136,22 @@ def _proxy_worker(
     import socket
 
     from corral.net.audit import Audit, guard_process
-    from corral.net.hooks import chain_for
     from corral.net.proxy import Proxy, run_loop
 
-    chain = chain_for(policy)
     audit = Audit(audit_path)
     guard_process(audit, run_id)
 
     async def serve() -> None:
-        proxy = Proxy(chain, audit, policy.network.hosts)
+        tls = None
+        if ca is not None:
+            from corral.net.tls import Interceptor
+
+            tls = Interceptor(ca, policy.tls.upstream_ca)
+        proxy = Proxy(chain, audit, policy.network.hosts, tls=tls)
         proxy.guard(run_id)  # an unexpected exception: one audit line, not a traceback
         for sock in sockets:
             if sock.family == socket.AF_UNIX:
-                # a relay's internal frames only where a transparent relay can be
-                await proxy.serve_unix(sock, run_id, policy.network.transparent)
+                await proxy.serve_unix(sock, run_id)  # a relay's frames too (a door)
             else:
                 await proxy.serve_sock(sock, run_id)
         stop = asyncio.Event()
@@ -730,9 +1178,19 @@ def _err(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
-        if not args or args[0] in ("-h", "--help", "help"):
-            sys.stdout.write(USAGE)
+        if not args or args[0] in ("-h", "--help"):
+            from corral.usage import help_text
+
+            sys.stdout.write(help_text())
             return 0 if args else EXIT_USAGE
+        if args[0] == "help":
+            topic = args[1] if len(args) > 1 else None
+            if topic is not None and topic not in COMMANDS:
+                raise CorralError(f"no help for {topic!r}: commands are {', '.join(COMMANDS)}")
+            from corral.usage import help_text
+
+            sys.stdout.write(help_text(topic))
+            return 0
         if args[0] == "--version":
             from corral import __version__
 
@@ -746,14 +1204,22 @@ def main(argv: list[str] | None = None) -> int:
             "log": cmd_log,
             "proxy": cmd_proxy,
             "policy": cmd_policy,
+            "home": cmd_home,
         }
         if args[0] not in commands:
             raise CorralError(
-                f"unknown command {args[0]!r} (run, doctor, log, proxy, policy; see corral --help)"
+                f"unknown command {args[0]!r} ({', '.join(COMMANDS)}; see corral --help)"
             )
-        return commands[args[0]](args[1:])
+        try:
+            return commands[args[0]](args[1:])
+        except HelpRequested:
+            from corral.usage import help_text
+
+            sys.stdout.write(help_text(args[0]))
+            return 0
     except CorralError as exc:
-        _err(f"corral: {exc.message}")
+        if exc.message:  # empty: said already (before a --report json line)
+            _err(f"corral: {exc.message}")
         return exc.code
     except KeyboardInterrupt:
         return 130

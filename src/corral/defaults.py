@@ -15,6 +15,49 @@ OUTPUT_LIMIT = 64 << 20  # bytes of stdout+stderr kept per run by default
 BASE_ENV = ("PATH", "HOME", "LANG", "TERM", "TZ", "USER")
 FALLBACK_PATH = "/usr/local/bin:/usr/bin:/bin"
 
+# Where tools find extra certificate authorities (a company's TLS-inspecting
+# proxy, a private registry's CA).  A path to a bundle is no secret, and without
+# it every download fails verification: these pass by default, when set.
+CA_ENV = (
+    "SSL_CERT_FILE",  # OpenSSL and everything on it: Python's ssl, Ruby, Go, curl
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",  # Node, npm
+    "REQUESTS_CA_BUNDLE",  # requests, pip's vendored copy
+    "CURL_CA_BUNDLE",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+    "GIT_SSL_CAPATH",
+    "AWS_CA_BUNDLE",
+    "CARGO_HTTP_CAINFO",
+    "NPM_CONFIG_CAFILE",
+    "npm_config_cafile",
+    "YARN_HTTPS_CA_FILE_PATH",
+    "DENO_CERT",
+    "BUNDLE_SSL_CA_CERT",
+    "NIX_SSL_CERT_FILE",
+    "HTTPLIB2_CA_CERTS",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+)
+
+# Registry settings whose values can carry a token (https://user:TOKEN@host/...).
+# Like every name not listed above they pass only when named ([env] pass or
+# --env); listed here so that stays so, and tested.
+REGISTRY_ENV = (
+    "NPM_CONFIG_REGISTRY",
+    "npm_config_registry",
+    "YARN_NPM_REGISTRY_SERVER",
+    "YARN_REGISTRY",
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_FIND_LINKS",
+    "UV_INDEX_URL",
+    "UV_EXTRA_INDEX_URL",
+    "UV_INDEX",
+    "UV_DEFAULT_INDEX",
+    "GOPROXY",
+    "BUNDLE_MIRROR__ALL",
+)
+
 # Secrets under the user's home.  Masked even where the path does not exist
 # yet, so a key written there after launch stays hidden.  Everything here lives
 # directly in ~ or ~/.config, so one snapshot of each covers all missing ones.
@@ -46,6 +89,10 @@ READ_DENY_HOME = (
     "~/.yarnrc.yml",
     "~/.pypirc",
     "~/.config/pip/",
+    "~/.pip/",  # pip's legacy per-user config (pip.conf: index-url with a token)
+    "~/.yarnrc",  # yarn 1: registry settings and _authToken
+    "~/.bunfig.toml",  # bun: registry tokens
+    "~/.condarc",  # conda: channel URLs with tokens
     "~/.config/composer/auth.json",
     # databases
     "~/.pgpass",
@@ -137,3 +184,6 @@ HARDLINK_MAX = 1000
 # looked at to tell whether one of them is a link to a secret.
 SECRET_WALK_MAX = 5000
 HARDLINK_POLICIES = ("read-only", "refuse")
+
+# [filesystem] home: where writes under ~ go (corral.home); the first is the default.
+HOME_MODES = ("persist", "ephemeral", "read-only")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def sandbox_env(policy: Policy, source: Mapping[str, str] | None = None) -> dict[str, str]:
     src = os.environ if source is None else source
     env: dict[str, str] = {}
-    for name in (*defaults.BASE_ENV, *policy.env.pass_names):
+    for name in (*defaults.BASE_ENV, *defaults.CA_ENV, *policy.env.pass_names):
         value = src.get(name)
         if value is not None:
             env[name] = value

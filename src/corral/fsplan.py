@@ -20,7 +20,10 @@ The rules, in the order the mounts are laid:
 4. write-deny paths that exist, bound read-only over themselves; read-deny
    paths that exist, replaced by an empty mode-000 directory or file; host unix
    sockets still visible (from /proc/net/unix), replaced by an empty file;
-5. shadows remounted read-only.
+5. the home layer (:mod:`corral.home`), bound read-write at its own path under
+   corral's state directory: the mask over that directory becomes an empty
+   tmpfs the sandbox can pass through, holding nothing but this one layer;
+6. shadows remounted read-only.
 
 A write-deny path that does not exist and lies in a writable area cannot be
 mounted over without creating it on the host; it goes into ``quarantine``:
@@ -91,6 +94,7 @@ class FsPlan:
 
     __slots__ = (
         "hardlinks",
+        "lock_watch",
         "mounts",
         "notes",
         "quarantine",
@@ -109,6 +113,9 @@ class FsPlan:
         # files in the workspace whose content may be shared with a file outside it:
         # read-only for the run (mount tiers bind them so; landlock withholds writing)
         self.hardlinks: list[str] = []
+        # read-only git files and the lock file git writes them through:
+        # git dir -> {"config.lock": ".../config"} (see corral.lockwatch)
+        self.lock_watch: dict[str, dict[str, str]] = {}
 
 
 def _inside(path: str, root: str) -> bool:
@@ -385,9 +392,10 @@ def _hooks_path(git_dir: str) -> str | None:
     return os.path.normpath(os.path.join(tree, value))
 
 
-def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
+def plan_filesystem(policy: Policy, mounts: bool = True, home: str | None = None) -> FsPlan:
     """The filesystem decisions for ``policy``; with ``mounts=False`` (tiers that do
-    not mount) only the decisions, without the mount list and what only it needs."""
+    not mount) only the decisions, without the mount list and what only it needs.
+    ``home``: the home layer's directory, to bind writable (it need not exist yet)."""
     plan = FsPlan()
     writable = []
     for path in policy.writable_paths():
@@ -527,6 +535,10 @@ def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
         hooks = _hooks_path(git_dir)
         if hooks:
             add_write_deny(hooks, True, "core.hooksPath")
+        for name in defaults.GITDIR_WRITE_DENY:
+            path = os.path.join(git_dir, name)
+            if not name.endswith("/") and path in ro_binds:
+                plan.lock_watch.setdefault(git_dir, {})[name + ".lock"] = path
 
     plan.write_protect = sorted(ro_binds)
     for path in plan.hardlinks:
@@ -538,7 +550,15 @@ def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
         if not in_private_tmp(sock) and _lkind(sock) == "socket":
             add_mask(sock, False, "host unix socket")
 
-    # Lay out: base, shadows, writable, masks, remount.  A snapshot inside a
+    home_binds = []
+    if home is not None:
+        for path, m in list(masks.items()):
+            if m.kind == "mask-dir" and _inside(home, path):
+                # mode 000 would bar the way to the layer; an empty tmpfs hides
+                # corral's state (other layers, the logs) just as well
+                masks[path] = Mount("tmpfs", path, why="corral's state: hidden but the home layer")
+        home_binds.append(Mount("bind", home, home, "home layer: this workspace's $HOME"))
+    # Lay out: base, shadows, writable, masks, home, remount.  A snapshot inside a
     # masked directory is pointless and would fail: the mask hides it anyway.
     masked_dirs = [m.dest for m in masks.values() if m.kind == "mask-dir"]
     shadows = {r for r in shadows if not any(_inside(r, d) for d in masked_dirs)}
@@ -553,6 +573,7 @@ def plan_filesystem(policy: Policy, mounts: bool = True) -> FsPlan:
         if not any(m.dest != d and _inside(m.dest, d) for d in masked_dirs)
     ]
     plan.mounts.extend(sorted(protect, key=lambda m: (_depth(m.dest), m.dest)))
+    plan.mounts.extend(home_binds)
     for root in sorted(shadows, key=lambda p: (-_depth(p), p)):
         plan.mounts.append(Mount("remount-ro", root, why="snapshot stays read-only"))
     return plan

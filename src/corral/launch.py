@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from corral.cgroups import CgroupRun
+    from corral.lockwatch import LockWatch
+    from corral.netns import Resolver
+    from corral.report import Denial
     from corral.tiers.base import Plan
 
 CHUNK = 65536
@@ -39,6 +42,7 @@ class RunResult:
         "duration",
         "exit_code",
         "limits_hit",
+        "lookups",
         "output_bytes",
         "signal",
         "timed_out",
@@ -52,8 +56,10 @@ class RunResult:
         self.duration = 0.0
         self.output_bytes = 0  # bytes the command wrote, kept or not
         self.limits_hit: list[str] = []
-        self.denials: list[str] = []
+        self.denials: list[Denial] = []  # what the run's own files told (corral.report)
         self.signal: int | None = None  # a signal corral received and acted on
+        # names a sandbox without a network tried to look up: (name, record type)
+        self.lookups: list[tuple[str, str]] = []
 
 
 def new_run_id() -> str:
@@ -125,8 +131,13 @@ class _Guardian:
     """
 
     def __init__(
-        self, cleanup: Callable[[int], None], later: Callable[[], None] | None = None
+        self,
+        cleanup: Callable[[int], None],
+        later: Callable[[], None] | None = None,
+        hold: int = -1,
     ) -> None:
+        """``hold``: a descriptor the guardian keeps open until it exits, so that
+        the last close (slow for some kinds, see corral.lockwatch) is not corral's."""
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # guardian
@@ -135,7 +146,10 @@ class _Guardian:
                 for sig in FORWARDED_SIGNALS:
                     signal.signal(sig, signal.SIG_IGN)
                 null = os.open(os.devnull, os.O_RDWR)
-                _move_fds_into_place({0: null, 1: null, 2: null, 3: rfd})
+                keep = {0: null, 1: null, 2: null, 3: rfd}
+                if hold >= 0:
+                    keep[4] = hold
+                _move_fds_into_place(keep)
                 said = b""
                 while chunk := os.read(3, 64):
                     said += chunk
@@ -199,12 +213,33 @@ class Aftercare:
                     raise RefusedError(f"cannot protect a write-deny path: {exc}") from None
             if plan.scratch:
                 prepare_scratch(plan)
+            if plan.home is not None:
+                prepare_home(plan)
         except BaseException:
             if self.cg is not None:
                 self.cg.remove()
+            if plan.scratch:
+                remove_scratch(plan)
             raise
-        if self.cg is not None or plan.quarantine or plan.restore or plan.scratch or plan.teardown:
-            self.guardian = _Guardian(self._emergency, self.cg.remove if self.cg else None)
+        # set before the sandbox starts, so no refused write can slip past it
+        self.watch: LockWatch | None = None
+        if plan.lock_watch:
+            from corral.lockwatch import LockWatch
+
+            self.watch = LockWatch(plan.lock_watch)
+        if (
+            self.cg is not None
+            or plan.quarantine
+            or plan.restore
+            or plan.scratch
+            or plan.teardown
+            or (plan.home is not None and plan.home.mode == "ephemeral")
+            or self.watch is not None
+        ):
+            # the guardian also holds the watch: tearing an inotify instance down
+            # waits for an RCU grace period (about 14 ms here), which its exit pays
+            hold = self.watch.fd if self.watch is not None else -1
+            self.guardian = _Guardian(self._emergency, self.cg.remove if self.cg else None, hold)
 
     def launched(self, pid: int) -> None:
         if self.guardian is not None:
@@ -227,8 +262,8 @@ class Aftercare:
         time.sleep(0.05)
         self._undo()
 
-    def _undo(self, wait: bool = True) -> list[str]:
-        said = []
+    def _undo(self, wait: bool = True) -> list[Denial]:
+        said: list[Denial] = []
         if not self.clean:
             run_teardown(self.plan)
         if self.cg is not None:
@@ -247,14 +282,21 @@ class Aftercare:
                 import shutil
 
                 shutil.rmtree(self.plan.scratch, ignore_errors=True)
+        if self.plan.home is not None and self.plan.home.mode == "ephemeral":
+            from corral import home
+
+            home.remove(self.plan.home.path)
         return said
 
-    def finish(self) -> list[str]:
+    def finish(self) -> list[Denial]:
         """Undo everything (the sandbox is gone); the denials found on the way."""
         # The sandbox's last process may still be exiting (bwrap's init tears its
         # mounts down after bwrap has told us the exit code): its cgroup is left
         # for the guardian to remove rather than waited for on every run.
         said = self._undo(wait=self.guardian is None)
+        if self.watch is not None:
+            said += self.watch.finish()
+            self.watch = None
         if self.guardian is not None:
             self.guardian.release(later=self.cg is not None and bool(self.cg.dirs))
         return said
@@ -273,13 +315,14 @@ def stop_plan(plan: Plan, pid: int) -> None:
         pass
 
 
-def quarantine(paths: list[str], run_id: str) -> list[str]:
+def quarantine(paths: list[str], run_id: str) -> list[Denial]:
     """Move anything created at a write-deny path out of the workspace; say what moved."""
     moved = []
     for path in paths:
         if not os.path.lexists(path):
             continue
         from corral import runlog
+        from corral.report import quarantined
 
         dest = os.path.join(runlog.state_dir(), "quarantine", run_id, path.lstrip("/"))
         try:
@@ -287,9 +330,9 @@ def quarantine(paths: list[str], run_id: str) -> list[str]:
             import shutil
 
             shutil.move(path, dest)
-            moved.append(f"denied write: {path} (write-deny) was created; moved to {dest}")
+            moved.append(quarantined(path, moved_to=dest))
         except OSError as exc:
-            moved.append(f"denied write: {path} (write-deny) was created; could not move it: {exc}")
+            moved.append(quarantined(path, error=str(exc)))
     return moved
 
 
@@ -301,7 +344,12 @@ def run(
     in_fd: int = 0,
     on_output: Callable[[int, bytes], None] | None = None,
 ) -> RunResult:
-    """Launch ``plan`` and pump its output until it ends; the caller handles errors."""
+    """Launch ``plan`` and pump its output until it ends; the caller handles errors.
+
+    For the CLI: a process that runs this one sandbox.  When the plan has a
+    network namespace to make, this process moves into it before starting the
+    sandbox (no fork needed: bwrap is still spawned), and answers the resolver
+    of a sandbox without a network itself.  :func:`start` forks for it instead."""
     result = RunResult()
     care = Aftercare(plan, run_id)
     start = time.monotonic()
@@ -339,6 +387,19 @@ def prepare_scratch(plan: Plan) -> None:
     except OSError as exc:
         remove_scratch(plan)
         raise SetupError(f"cannot prepare {plan.scratch}: {exc.strerror or exc}") from None
+
+
+def prepare_home(plan: Plan) -> None:
+    """Create and seed the run's home layer (corral.home)."""
+    from corral import home
+
+    assert plan.home is not None
+    try:
+        home.prepare(plan.home)
+    except home.HomeError as exc:
+        if plan.home.mode == "ephemeral":
+            home.remove(plan.home.path)
+        raise SetupError(str(exc)) from None
 
 
 def remove_scratch(plan: Plan) -> None:
@@ -438,7 +499,7 @@ class Started:
                 raise SetupError("the sandbox could not be set up (see its stderr)")
             text += chunk.decode("utf-8", "replace")
 
-    def stop(self) -> list[str]:
+    def stop(self) -> list[Denial]:
         """Kill the sandbox and undo what the run set up; the denials found."""
         if self.pid > 0:  # -1: already reaped (and never killpg(-1))
             stop_plan(self.plan, self.pid)
@@ -497,17 +558,32 @@ def _launch_and_pump(
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
 
+    resolver = _enter_netns(plan) if plan.netns is not None else None
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in FORWARDED_SIGNALS}
     old_wakeup = signal.set_wakeup_fd(wake_w)
     try:
-        pid = _exec_plan(plan, child_fds, procs_files)
+        pid = _exec_plan(plan, child_fds, procs_files, netns_made=plan.netns is not None)
         care.launched(pid)
         for fd in to_close:
             os.close(fd)
         _pump(
-            plan, result, pid, out_r, err_r, status_r, wake_r, received, out_fd, err_fd, on_output
+            plan,
+            result,
+            pid,
+            out_r,
+            err_r,
+            status_r,
+            wake_r,
+            received,
+            out_fd,
+            err_fd,
+            on_output,
+            resolver,
         )
     finally:
+        if resolver is not None:
+            result.lookups = resolver.refused
+            resolver.close()
         signal.set_wakeup_fd(old_wakeup)
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
@@ -518,12 +594,28 @@ def _launch_and_pump(
                 pass
 
 
-def _exec_plan(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) -> int:
+def _enter_netns(plan: Plan) -> Resolver | None:
+    """Move this process into the sandbox's new network namespace (see run()); the
+    resolver to serve if the sandbox has no network."""
+    from corral import netns
+
+    assert plan.netns is not None
+    try:
+        held = netns.enter(plan.netns)
+    except OSError as exc:
+        raise SetupError(f"the {plan.tier} sandbox's network could not be set up: {exc}") from None
+    return netns.Resolver(held) if held else None
+
+
+def _exec_plan(
+    plan: Plan, child_fds: dict[int, int], procs_files: list[str], netns_made: bool = False
+) -> int:
     """posix_spawn when nothing must happen between fork and exec; fork otherwise
-    (join a cgroup, change directory, enter a prepared network namespace)."""
+    (join a cgroup, change directory, make the sandbox's network namespace unless
+    this process already lives in it: ``netns_made``)."""
     if plan.landlock is not None:
         return _fork_confined(plan, child_fds, procs_files)
-    if not plan.cwd_in_argv or plan.netns_rules is not None:
+    if not plan.cwd_in_argv or (plan.netns is not None and not netns_made):
         return _fork_exec(plan, child_fds, procs_files)
     if procs_files and plan.cgroup is not None and plan.cgroup.version == "v1":
         # every run as root has a cgroup (the default limits): spawn into it
@@ -550,23 +642,44 @@ def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) ->
         for procs in procs_files:
             with open(procs, "w", encoding="utf-8") as fh:
                 fh.write("0")  # ourselves (see CgroupRun.procs_files)
-        if plan.netns_rules is not None:
-            from corral.net import transparent
+        _move_fds_into_place(child_fds)
+        try:
+            os.chdir(plan.cwd)
+        except OSError as exc:
+            if not plan.cwd_in_argv:  # (bwrap changes directory itself, inside)
+                os.write(2, f"corral: cannot enter {plan.cwd}: {exc.strerror}\n".encode())
+                os._exit(126)
+        if plan.netns is not None:
+            from corral import netns
 
             try:
-                transparent.enter(plan.netns_rules)
+                netns.enter(plan.netns)
             except Exception as exc:
-                os.write(2, f"corral: transparent network setup failed: {exc}\n".encode())
+                # on the run's stderr pipe: _pump reports it as why setup failed
+                os.write(2, f"network: {exc}\n".encode())
                 os._exit(125)
-        os.chdir(plan.cwd)
-        _move_fds_into_place(child_fds)
         env = plan.launcher_env if plan.launcher_env is not None else plan.env
         os.execvpe(plan.argv[0], plan.argv, env)
     except OSError as exc:
-        os.write(2, f"corral: cannot start {plan.argv[0]}: {exc.strerror}\n".encode())
-        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+        _exec_failed(plan, exc, env)
     finally:
         os._exit(125)
+
+
+def _exec_failed(plan: Plan, exc: OSError, env: dict[str, str]) -> None:
+    """In a child whose exec failed: corral's line on its stderr, then 127 or 126."""
+    from corral.failures import cannot_run
+
+    name = plan.argv[0]
+    enoent = isinstance(exc, FileNotFoundError)
+    by_policy = "PATH" in plan.policy.env.set_values
+    line = cannot_run(name, enoent, exc.strerror or str(exc), env.get("PATH", ""), None, by_policy)
+    if "/" in name and enoent:
+        line = cannot_run(name, True, "", "", os.path.exists(name))
+    if plan.tier == "none":
+        line = line.replace(" in the sandbox", "")
+    os.write(2, (line + "\n").encode())
+    os._exit(127 if enoent else 126)
 
 
 def _fork_confined(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) -> int:
@@ -582,8 +695,12 @@ def _fork_confined(plan: Plan, child_fds: dict[int, int], procs_files: list[str]
 
     def exec_command() -> None:
         try:
-            os.chdir(plan.cwd)
             _move_fds_into_place(child_fds)
+            os.chdir(plan.cwd)
+        except OSError as exc:
+            os.write(2, f"corral: cannot enter {plan.cwd}: {exc.strerror}\n".encode())
+            os._exit(126)
+        try:
             assert plan.landlock is not None
             confine.apply(plan.landlock, program)
         except (OSError, confine.ConfineError) as exc:
@@ -592,8 +709,7 @@ def _fork_confined(plan: Plan, child_fds: dict[int, int], procs_files: list[str]
         try:
             os.execvpe(plan.argv[0], plan.argv, plan.env)
         except OSError as exc:
-            os.write(2, f"corral: cannot start {plan.argv[0]}: {exc.strerror}\n".encode())
-            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+            _exec_failed(plan, exc, plan.env)
 
     try:
         for sig in RESET_SIGNALS:
@@ -654,6 +770,7 @@ def _pump(
     out_fd: int,
     err_fd: int,
     on_output: Callable[[int, bytes], None] | None,
+    resolver: Resolver | None = None,
 ) -> None:
     limit = plan.policy.limits.output
     timeout = plan.policy.limits.timeout
@@ -663,6 +780,7 @@ def _pump(
     watch_setup = status_r >= 0  # without a status pipe there is no setup phase to watch
     started = not watch_setup
     held_err = b""  # stderr held back until the sandbox's child exists
+    suspect = b""  # a "bwrap: " line, until it is known to be bwrap's own or not
     err_tail = b""  # the last stderr bytes: where the sandbox tool's own errors land
     killed = False
     exited_at: float | None = None
@@ -673,6 +791,9 @@ def _pump(
         poller.register(fd, select.POLLIN)
     if status_r >= 0:
         poller.register(status_r, select.POLLIN)
+    lookups = set(resolver.fds()) if resolver is not None else set()
+    for fd in lookups:
+        poller.register(fd, select.POLLIN)
 
     def kill() -> None:
         nonlocal killed
@@ -719,7 +840,10 @@ def _pump(
         if not events and exited_at is not None:
             break  # the command is gone and its pipes went quiet (e.g. a daemon kept them)
         for fd, _mask in events:
-            if fd == wake_r:
+            if fd in lookups:
+                assert resolver is not None
+                resolver.answer(fd)
+            elif fd == wake_r:
                 os.read(wake_r, 512)
             elif fd == pidfd:
                 exited_at = time.monotonic()
@@ -733,7 +857,9 @@ def _pump(
                 status_text += chunk.decode("utf-8", "replace")
                 if not started and _status_value(status_text, "child-pid") is not None:
                     started = True
-                    if held_err:
+                    if held_err.startswith(b"bwrap: "):  # the child's own setup failed
+                        suspect, held_err = held_err, b""
+                    elif held_err:
                         emit(err_fd, held_err)
                         held_err = b""
             else:
@@ -744,8 +870,22 @@ def _pump(
                 elif fd == err_r and not started:
                     held_err += chunk[: max(0, limit - len(held_err))]
                 else:
+                    if suspect and fd == err_r and not suspect.endswith(b"\n"):
+                        # bwrap writes its message in pieces: hold the whole line
+                        suspect += chunk[: max(0, limit - kept - len(suspect))]
+                        err_tail = (err_tail + chunk)[-4096:]
+                        continue
+                    if suspect:  # more output: it was the command's own, pass it on
+                        emit(err_fd, suspect)
+                        suspect = b""
                     if fd == err_r and watch_setup:
                         err_tail = (err_tail + chunk)[-4096:]
+                        if chunk.startswith(b"bwrap: "):
+                            # bwrap failed after reporting its child (chdir, exec):
+                            # held back to say it in corral's words if bwrap then
+                            # exits without the command's exit code
+                            suspect = chunk[: max(0, limit - kept)]
+                            continue
                     emit(open_fds[fd], chunk)
                     if open_fds[fd] in broken:
                         # like a pipeline: the command's next write gets EPIPE/SIGPIPE
@@ -773,12 +913,21 @@ def _pump(
         # that record and with bwrap's own error text, setup failed.
         text = (held_err + err_tail).decode("utf-8", "replace")
         tool = [line for line in text.splitlines() if line.startswith("bwrap: ")]
-        if tool and all(line.startswith("bwrap: execvp ") for line in tool):
-            # the sandbox was fine; the command could not be executed: say it as a shell would
-            code = 127 if "No such file or directory" in tool[-1] else 126
+        path, by_policy = plan.env.get("PATH", ""), "PATH" in plan.policy.env.set_values
+        from corral.failures import execvp_failure, setup_failure
+
+        said = execvp_failure(tool[-1], path, by_policy) if tool else None
+        if said is not None and all(line.startswith("bwrap: execvp ") for line in tool):
+            # the sandbox was fine; the command could not be executed: say it as a
+            # shell would, in corral's words (127 not found, 126 not executable)
+            line, code = said
+            suspect = (line + "\n").encode()
         elif not started or (tool and os.waitstatus_to_exitcode(wait_status) == 1):
-            message = "; ".join(tool) or text.strip().replace("\n", "; ") or "no reason given"
-            raise SetupError(f"the {plan.tier} sandbox could not be set up: {message}")
+            if not tool:
+                tool = ["bwrap: " + text.strip().replace("\n", "; ")] if text.strip() else []
+            raise SetupError(setup_failure(plan.tier, tool))
+    if suspect:
+        emit(err_fd, suspect)
     if held_err:
         emit(err_fd, held_err)
     if code is None:

@@ -21,11 +21,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
 NETWORK_MODES = ("none", "proxy")
-TIER_NAMES_HINT = "auto, namespace, none, ..."  # full list lives in corral.tiers
 
 
 class FilesystemPolicy:
-    __slots__ = ("hardlinks", "read_deny", "use_defaults", "writable", "write_deny")
+    __slots__ = ("hardlinks", "home", "read_deny", "use_defaults", "writable", "write_deny")
 
     def __init__(self) -> None:
         self.writable: list[str] = []  # beyond the workspace
@@ -34,6 +33,9 @@ class FilesystemPolicy:
         self.use_defaults = True  # the built-in secret and write-deny lists
         # hard-linked files in the workspace: "read-only" for the run, or "refuse" to run
         self.hardlinks = defaults.HARDLINK_POLICIES[0]
+        # where the command's writes under ~ go: "persist" (a per-workspace home layer
+        # kept between runs), "ephemeral" (a fresh one per run) or "read-only" (none)
+        self.home = defaults.HOME_MODES[0]
 
 
 class EnvPolicy:
@@ -103,7 +105,7 @@ class Limits:
 
 
 class NetworkPolicy:
-    __slots__ = ("allow", "deny", "hosts", "mode", "transparent")
+    __slots__ = ("allow", "deny", "hosts", "mode", "rules", "transparent")
 
     def __init__(self) -> None:
         self.mode = "none"
@@ -111,6 +113,69 @@ class NetworkPolicy:
         self.deny: list[str] = []
         self.transparent = False  # capture all TCP/DNS, not only proxy-aware tools (root)
         self.hosts: dict[str, str] = {}  # name -> address, used by the proxy instead of DNS
+        # [[network.rules]]: methods and paths per host, each entry validated and
+        # normalized (see corral.net.httprules); compiled by the proxy
+        self.rules: list[dict[str, object]] = []
+
+
+class Secret:
+    """``[secrets.NAME]``: where the real value is read from (``env:VAR`` or
+    ``file:PATH``; the value itself is read only by the proxy's side, at the
+    start of a run, and never kept here), the hosts it may be sent to, and an
+    optional header to set on every request to them.  The placeholder the
+    sandbox holds under ``NAME`` is made per run (:mod:`corral.net.secrets`)."""
+
+    __slots__ = ("format", "header", "hosts", "name", "source")
+
+    def __init__(
+        self, name: str, source: str, hosts: list[str], header: str = "", format: str = ""
+    ) -> None:
+        self.name = name
+        self.source = source
+        self.hosts = hosts
+        self.header = header  # lower-case header name, or "" for none
+        self.format = format or "{value}"
+
+    @property
+    def kind(self) -> str:
+        """``env`` or ``file``."""
+        return self.source.partition(":")[0]
+
+    @property
+    def ref(self) -> str:
+        """The variable's name or the file's path, as written."""
+        return self.source.partition(":")[2]
+
+    def __repr__(self) -> str:
+        return f"Secret({self.name!r}, from={self.source!r}, hosts={self.hosts!r})"
+
+
+TLS_CA_CHOICES = ("user", "ephemeral")
+
+
+class TlsPolicy:
+    """``[tls]``: the CA that signs intercepted connections, and which hosts are
+    never (``passthrough``) or always (``inspect``) intercepted."""
+
+    __slots__ = ("ca", "ca_cert", "ca_key", "inspect", "passthrough", "upstream_ca")
+
+    def __init__(self) -> None:
+        self.ca = "user"  # one CA per user in corral's state directory; or "ephemeral"
+        self.ca_cert = ""  # the user's own CA (with ca_key); absolute once loaded
+        self.ca_key = ""
+        self.upstream_ca: list[str] = []  # CA files trusted upstream besides the host's
+        self.passthrough: list[str] = []  # host patterns never intercepted
+        self.inspect: list[str] = []  # host patterns intercepted for the audit log alone
+
+    def is_default(self) -> bool:
+        return not (
+            self.ca != "user"
+            or self.ca_cert
+            or self.ca_key
+            or self.upstream_ca
+            or self.passthrough
+            or self.inspect
+        )
 
 
 class ContainerPolicy:
@@ -133,8 +198,10 @@ class Policy:
         "filesystem",
         "limits",
         "network",
+        "secrets",
         "source",
         "tier",
+        "tls",
         "workspace",
     )
 
@@ -147,6 +214,8 @@ class Policy:
         self.limits = Limits()
         self.network = NetworkPolicy()
         self.container = ContainerPolicy()
+        self.tls = TlsPolicy()
+        self.secrets: dict[str, Secret] = {}  # [secrets.NAME], by NAME
 
     @classmethod
     def load(cls, path: str | None = None, workspace: str | None = None) -> Policy:
@@ -173,6 +242,8 @@ class Policy:
         """Absolute read-deny paths; entries ending in ``/`` stay marked as directories."""
         items = list(defaults.READ_DENY_HOME) if self.filesystem.use_defaults else []
         items += self.filesystem.read_deny
+        # a secret's file is the real value: never readable inside, defaults or not
+        items += [s.ref for s in self.secrets.values() if s.kind == "file"]
         return _expand_keep_slash(self, items)
 
     def read_deny_if_present(self) -> list[str]:
@@ -213,13 +284,39 @@ class Policy:
                 "hosts": dict(sorted(self.network.hosts.items())),
             },
         }
+        fs = out["filesystem"]
+        assert isinstance(fs, dict)
         if self.filesystem.hardlinks != defaults.HARDLINK_POLICIES[0]:  # as for container
-            fs = out["filesystem"]
-            assert isinstance(fs, dict)
             fs["hardlinks"] = self.filesystem.hardlinks
+        if self.filesystem.home != defaults.HOME_MODES[0]:  # digests of older runs stay equal
+            fs["home"] = self.filesystem.home
         box = self.container
         if box.engine or box.runtime or box.image:  # absent: digests of older runs stay equal
             out["container"] = {"engine": box.engine, "runtime": box.runtime, "image": box.image}
+        tls = self.tls
+        if not tls.is_default():  # as for container
+            out["tls"] = {
+                "ca": tls.ca,
+                "ca_cert": tls.ca_cert,
+                "ca_key": tls.ca_key,
+                "upstream_ca": list(tls.upstream_ca),
+                "passthrough": list(tls.passthrough),
+                "inspect": list(tls.inspect),
+            }
+        if self.network.rules:  # as for container
+            net = out["network"]
+            assert isinstance(net, dict)
+            net["rules"] = [dict(entry) for entry in self.network.rules]
+        if self.secrets:  # where each comes from and where it may go: never a value
+            out["secrets"] = {
+                name: {
+                    "from": s.source,
+                    "hosts": list(s.hosts),
+                    "header": s.header,
+                    "format": s.format,
+                }
+                for name, s in sorted(self.secrets.items())
+            }
         return out
 
 
@@ -259,17 +356,23 @@ _TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "h": 3600.0}
 
 
 def parse_size(value: object) -> int:
-    """``512M``, ``1.5G``, ``100k``, ``4096``: binary multiples; raises ValueError."""
+    """``512M``, ``1.5G``, ``100k``, ``4096B``: binary multiples; raises ValueError.
+
+    A number needs its unit (``B`` for bytes): ``memory = 512`` could mean bytes or
+    megabytes, and guessing either way gives a limit nobody asked for.  Only 0
+    stands alone."""
     if isinstance(value, bool):
         raise ValueError("expected a size such as 512M")
     if isinstance(value, int):
         if not 0 <= value < 2**63:
             raise ValueError(f"bad size {value!r}: out of range")
-        number, unit = float(value), ""
+        number, unit, bare = float(value), "", True
     elif isinstance(value, str):
-        text = value.strip().lower().removesuffix("ib").removesuffix("b")
-        digits = text.rstrip("kmgt")
-        unit = text[len(digits) :]
+        text = value.strip().lower()
+        stripped = text.removesuffix("ib").removesuffix("b")
+        digits = stripped.rstrip("kmgt")
+        unit = stripped[len(digits) :]
+        bare = stripped == text and not unit
         try:
             number = float(digits)
         except ValueError:
@@ -278,6 +381,11 @@ def parse_size(value: object) -> int:
         raise ValueError("expected a size such as 512M")
     if unit not in _SIZE_UNITS or not 0 <= number < 2**63 / _SIZE_UNITS[unit]:
         raise ValueError(f"bad size {value!r}: use a number with K, M, G or T")
+    if bare and number != 0:
+        shown = str(value).strip()
+        raise ValueError(
+            f"size {shown} has no unit: write {shown}M for megabytes, or {shown}B for bytes"
+        )
     return int(number * _SIZE_UNITS[unit])
 
 
@@ -377,6 +485,15 @@ def _expect_bool(v: object) -> bool:
     return v
 
 
+def _expect_tier(v: object) -> str:
+    from corral.tiers import REGISTRY  # the one table of tier names (imports no tier)
+
+    name = _expect_str(v)
+    if name != "auto" and name not in REGISTRY:
+        raise ValueError(f"unknown tier {name!r} (known: auto, {', '.join(REGISTRY)})")
+    return name
+
+
 def _expect_env_names(v: object) -> list[str]:
     return [check_env_name(x) for x in _expect_str_list(v)]
 
@@ -425,11 +542,212 @@ def _expect_hosts(v: object) -> dict[str, str]:
     return out
 
 
+class EntryError(ValueError):
+    """A problem with one key of a table inside a list or a named table
+    (``[[network.rules]]``, ``[secrets.NAME]``): ``key`` is "" for the table itself."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def _expect_http_rule(entry: object) -> dict[str, object]:
+    """One ``[[network.rules]]`` table -> its normalized form; EntryError names the key."""
+    if not isinstance(entry, dict):
+        raise EntryError("", "expected a table: [[network.rules]] with host = ... below it")
+    from corral.net import httprules
+
+    for key in entry:
+        if key not in httprules.KEYS:
+            raise EntryError(key, f"unknown key (known here: {', '.join(httprules.KEYS)})")
+    if "host" not in entry:
+        raise EntryError("", 'missing host = "..." (the syntax of [network] allow)')
+    out: dict[str, object] = {"host": _entry_value("host", entry["host"], _expect_rule)}
+    if "git" in entry:
+        git = _entry_value("git", entry["git"], _expect_str)
+        if git not in httprules.GIT_MODES:
+            raise EntryError("git", f'git must be "read" or "write"; got {git!r}')
+        for key in ("methods", "paths", "action", "max_body"):
+            if key in entry:
+                raise EntryError(key, "cannot be combined with git (the preset names them)")
+        out["git"] = git
+        return out
+    if "action" not in entry:
+        raise EntryError("", 'missing action = "allow", "deny" or "ask"')
+    action = _entry_value("action", entry["action"], _expect_str)
+    if action not in httprules.ACTIONS:
+        raise EntryError("action", f'action must be "allow", "deny" or "ask"; got {action!r}')
+    if "methods" in entry:
+        out["methods"] = _entry_value("methods", entry["methods"], _expect_methods)
+    if "paths" in entry:
+        try:
+            paths = _expect_str_list(entry["paths"])
+            for glob in paths:
+                httprules.PathGlob(glob)  # ValueError names the glob
+        except ValueError as exc:
+            raise EntryError("paths", str(exc)) from None
+        if not paths:
+            raise EntryError("paths", "an empty list matches nothing: leave paths out for any")
+        out["paths"] = paths
+    if "max_body" in entry:
+        if action == "deny":
+            raise EntryError("max_body", "a deny has no body to bound: use it with allow or ask")
+        out["max_body"] = _entry_value("max_body", entry["max_body"], parse_size)
+    out["action"] = action
+    return out
+
+
+def _entry_value(key: str, raw: object, parse: Callable[[object], object]) -> object:
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise EntryError(key, str(exc)) from None
+
+
+def _expect_rule(v: object) -> str:
+    text = _expect_str(v)
+    from corral.net.rules import Rule
+
+    Rule(text)  # ValueError names the entry
+    return text
+
+
+def _expect_methods(v: object) -> list[str]:
+    methods = _expect_str_list(v)
+    if not methods:
+        raise ValueError("an empty list matches nothing: leave methods out for any")
+    for method in methods:
+        if not method or not all(
+            c.isascii() and (c.isalnum() or c in "!#$%&'*+-.^_`|~") for c in method
+        ):
+            raise ValueError(f"not an HTTP method: {method!r}")
+    return [m.upper() for m in methods]
+
+
+SECRET_KEYS = ("from", "hosts", "header", "format")
+# variables corral sets inside the sandbox itself: a secret may not take their names
+RESERVED_ENV = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+    "PIP_PROXY",
+)
+
+
+def _is_identifier(name: str) -> bool:
+    """``[A-Za-z_][A-Za-z0-9_]*``: a name that is an environment variable everywhere
+    and survives a URL or a header unescaped (it is part of the placeholder)."""
+    return (
+        bool(name)
+        and name.isascii()
+        and not name[0].isdigit()
+        and all(c.isalnum() or c == "_" for c in name)
+    )
+
+
+def _expect_secret(name: str, table: object) -> Secret:
+    """One ``[secrets.NAME]`` table; EntryError names the key."""
+    if not _is_identifier(name):
+        raise EntryError("", f"{name!r} is not a variable name (letters, digits and _)")
+    if name in defaults.BASE_ENV or name in RESERVED_ENV or name.startswith("CORRAL_"):
+        raise EntryError("", f"{name} is a variable corral sets inside the sandbox")
+    if not isinstance(table, dict):
+        raise EntryError("", f'expected a table: [secrets.{name}] with from = "env:VAR"')
+    for key in table:
+        if key not in SECRET_KEYS:
+            raise EntryError(key, f"unknown key (known here: {', '.join(SECRET_KEYS)})")
+    for key in ("from", "hosts"):
+        if key not in table:
+            raise EntryError("", f"missing {key}")
+    source = _entry_value("from", table["from"], _expect_source)
+    hosts = _entry_value("hosts", table["hosts"], _expect_str_list)
+    assert isinstance(source, str) and isinstance(hosts, list)
+    if not hosts:
+        raise EntryError("hosts", "an empty list: name the hosts the secret may be sent to")
+    for host in hosts:
+        _entry_value("hosts", host, _expect_rule)
+    header = (
+        str(_entry_value("header", table["header"], _expect_header)) if "header" in table else ""
+    )
+    fmt = ""
+    if "format" in table:
+        if not header:
+            raise EntryError("format", "format needs header = ... (the header it fills in)")
+        fmt = str(_entry_value("format", table["format"], _expect_format))
+    return Secret(name, source, hosts, header, fmt)
+
+
+def _expect_source(v: object) -> str:
+    text = _expect_str(v)
+    kind, sep, ref = text.partition(":")
+    if kind == "env" and sep and _is_identifier(ref):
+        return text
+    if kind == "file" and sep and ref.strip() and "\0" not in ref:
+        return text
+    raise ValueError(f'from must be "env:VARIABLE" or "file:PATH"; got {text!r}')
+
+
+def _expect_header(v: object) -> str:
+    name = _expect_str(v)
+    from corral.net import http1
+
+    if not name or name.encode("utf-8", "replace").translate(None, http1.TOKEN_BYTES):
+        raise ValueError(f"not a header name: {name!r}")
+    if name.lower().encode() in http1.HOP_BY_HOP | http1.FRAMING | {b"transfer-encoding"}:
+        raise ValueError(f"{name} frames or routes the request: corral does not let it be set")
+    return name.lower()
+
+
+def _expect_format(v: object) -> str:
+    text = _expect_str(v)
+    if "{value}" not in text:
+        raise ValueError('format must contain {value}, e.g. "Bearer {value}"')
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        raise ValueError("control character in format")
+    return text
+
+
+def check_secrets(policy: Policy) -> None:
+    """Secrets make sense with the rest of the policy: the proxy is on, and no real
+    value could reach the sandbox through ``[env]``.  PolicyError otherwise."""
+    if not policy.secrets:
+        return
+    where = f"{policy.source}: " if policy.source else ""
+    if policy.network.mode != "proxy":
+        raise PolicyError(
+            f'{where}[secrets] need the proxy: set [network] mode = "proxy" (and allow the hosts)'
+        )
+    passed = {*defaults.BASE_ENV, *policy.env.pass_names}
+    for name, secret in sorted(policy.secrets.items()):
+        if name in passed or name in policy.env.set_values:
+            raise PolicyError(
+                f"{where}secrets.{name}: {name} is also given to the sandbox by [env] or --env"
+            )
+        if secret.kind == "env" and secret.ref in passed:
+            raise PolicyError(
+                f"{where}secrets.{name}: its source {secret.ref} is passed into the sandbox "
+                "([env] pass, --env or a base variable): the real value would be inside"
+            )
+
+
 def _expect_mode(v: object) -> str:
     mode = _expect_str(v)
     if mode not in NETWORK_MODES:
         raise ValueError(f"mode must be one of {', '.join(NETWORK_MODES)}; got {mode!r}")
     return mode
+
+
+def _expect_home(v: object) -> str:
+    choice = _expect_str(v)
+    if choice not in defaults.HOME_MODES:
+        allowed = ", ".join(f'"{c}"' for c in defaults.HOME_MODES)
+        raise ValueError(f"home must be one of {allowed}; got {choice!r}")
+    return choice
 
 
 def _expect_hardlinks(v: object) -> str:
@@ -466,6 +784,38 @@ def _expect_image(v: object) -> str:
     return name
 
 
+def _expect_ca_choice(v: object) -> str:
+    choice = _expect_str(v)
+    if choice not in TLS_CA_CHOICES:
+        allowed = " or ".join(f'"{c}"' for c in TLS_CA_CHOICES)
+        raise ValueError(f"ca must be {allowed} (or set ca_cert and ca_key); got {choice!r}")
+    return choice
+
+
+def _expect_file(v: object) -> str:
+    path = _expect_str(v)
+    if not path.strip() or "\0" in path:
+        raise ValueError(f"not a file path: {v!r}")
+    return path
+
+
+def _expect_files(v: object) -> list[str]:
+    """One path or a list of them."""
+    return [_expect_file(x) for x in ([v] if isinstance(v, str) else _expect_str_list(v))]
+
+
+def _tls_path(attr: str) -> Callable[[Policy, object], None]:
+    """A [tls] file, made absolute (``~`` and relative to the workspace) when set."""
+
+    def apply(policy: Policy, raw: object) -> None:
+        if attr == "upstream_ca":
+            policy.tls.upstream_ca = [policy.expand(p) for p in _expect_files(raw)]
+        else:
+            setattr(policy.tls, attr, policy.expand(_expect_file(raw)))
+
+    return apply
+
+
 def _limit(name: str, parse: Callable[[object], object]) -> Callable[[Policy, object], None]:
     def apply(policy: Policy, raw: object) -> None:
         policy.limits.assign(name, raw, parse)
@@ -485,13 +835,14 @@ def _set(attr_path: str, parse: Callable[[object], object]) -> Callable[[Policy,
 
 # TOML key -> how to parse it and where it lands.  An unknown key is an error.
 SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
-    "": {"tier": _set("tier", _expect_str)},
+    "": {"tier": _set("tier", _expect_tier)},
     "filesystem": {
         "writable": _set("filesystem.writable", _expect_str_list),
         "read_deny": _set("filesystem.read_deny", _expect_str_list),
         "write_deny": _set("filesystem.write_deny", _expect_str_list),
         "defaults": _set("filesystem.use_defaults", _expect_bool),
         "hardlinks": _set("filesystem.hardlinks", _expect_hardlinks),
+        "home": _set("filesystem.home", _expect_home),
     },
     "env": {
         "pass": _set("env.pass_names", _expect_env_names),
@@ -513,6 +864,14 @@ SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
         "deny": _set("network.deny", _expect_rules),
         "transparent": _set("network.transparent", _expect_bool),
         "hosts": _set("network.hosts", _expect_hosts),
+    },
+    "tls": {
+        "ca": _set("tls.ca", _expect_ca_choice),
+        "ca_cert": _tls_path("ca_cert"),
+        "ca_key": _tls_path("ca_key"),
+        "upstream_ca": _tls_path("upstream_ca"),
+        "passthrough": _set("tls.passthrough", _expect_rules),
+        "inspect": _set("tls.inspect", _expect_rules),
     },
     "container": {
         "engine": _set("container.engine", _expect_engine),
@@ -567,7 +926,8 @@ def load_file(path: str, policy: Policy) -> None:
     except UnicodeDecodeError:
         raise PolicyError(f"{path}: policy file is not UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"{path}: invalid TOML: {exc}") from None
+        last = max(1, text.count("\n") + (0 if text.endswith("\n") else 1))
+        raise PolicyError(_toml_error(path, str(exc), last)) from None
     lines = text.splitlines()
     policy.source = os.path.realpath(path)
 
@@ -577,15 +937,84 @@ def load_file(path: str, policy: Policy) -> None:
         return f"{path}:{line}: {dotted}" if line else f"{path}: {dotted}"
 
     for top_key, value in data.items():
-        if isinstance(value, dict):
+        if top_key == "secrets" and isinstance(value, dict):
+            _load_secrets(policy, value, lines, path)
+        elif isinstance(value, dict):
             if top_key not in SCHEMA or not top_key:
-                known = ", ".join(f"[{s}]" for s in SCHEMA if s)
+                known = ", ".join(f"[{s}]" for s in (*SCHEMA, "secrets.NAME") if s)
                 raise PolicyError(f"{where(top_key, '')}: unknown section (known: {known})")
             fields = SCHEMA[top_key]
             for key, item in value.items():
-                _apply_one(policy, fields, top_key, key, item, where)
+                if top_key == "network" and key == "rules":
+                    _load_http_rules(policy, item, lines, path, where)
+                else:
+                    _apply_one(policy, fields, top_key, key, item, where)
         else:
             _apply_one(policy, SCHEMA[""], "", top_key, value, where)
+
+
+def _toml_error(path: str, message: str, last_line: int) -> str:
+    """``FILE:LINE: invalid TOML: what (column N)`` from tomllib's "... (at line L,
+    column C)" or "... (at end of document)"; it has no position attributes
+    before Python 3.14."""
+    if message.endswith(" (at end of document)"):
+        return f"{path}:{last_line}: invalid TOML: {message[: -len(' (at end of document)')]}"
+    text, sep, where = message.rpartition(" (at line ")
+    line, _, column = where.rstrip(")").partition(", column ")
+    if not sep or not line.isdigit():
+        return f"{path}: invalid TOML: {message}"
+    at = f" (column {column})" if column.isdigit() else ""
+    return f"{path}:{line}: invalid TOML: {text}{at}"
+
+
+def _load_http_rules(
+    policy: Policy, value: object, lines: list[str], path: str, where: Callable[[str, str], str]
+) -> None:
+    if not isinstance(value, list):
+        raise PolicyError(f"{where('network', 'rules')}: expected [[network.rules]] tables")
+    rules = []
+    for index, entry in enumerate(value, 1):
+        try:
+            rules.append(_expect_http_rule(entry))
+        except EntryError as exc:
+            line = _entry_line(lines, "network.rules", index, exc.key) or _key_line(
+                lines, "network", "rules"
+            )
+            dotted = f"network.rules[{index}]" + (f".{exc.key}" if exc.key else "")
+            at = f"{path}:{line}" if line else path
+            raise PolicyError(f"{at}: {dotted}: {exc}") from None
+    policy.network.rules = rules
+
+
+def _load_secrets(policy: Policy, value: dict[str, object], lines: list[str], path: str) -> None:
+    for name, table in value.items():
+        try:
+            policy.secrets[name] = _expect_secret(name, table)
+        except EntryError as exc:
+            line = _key_line(lines, f"secrets.{name}", exc.key)
+            dotted = f"secrets.{name}" + (f".{exc.key}" if exc.key else "")
+            at = f"{path}:{line}" if line else path
+            raise PolicyError(f"{at}: {dotted}: {exc}") from None
+
+
+def _entry_line(lines: list[str], table: str, index: int, key: str) -> int:
+    """The line of ``key`` in the ``index``-th ``[[table]]`` block (or of its
+    header when the key is not written there); 0 when there are no such blocks."""
+    seen = 0
+    start = 0
+    for number, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith("["):
+            if start:
+                break  # the block ended
+            if line.startswith("[[") and _dotted(line.strip("[] \t")) == table:
+                seen += 1
+                if seen == index:
+                    start = number
+            continue
+        if start and key and "=" in line and _dotted(line.split("=", 1)[0]) == key:
+            return number
+    return start
 
 
 def _apply_one(
@@ -605,24 +1034,71 @@ def _apply_one(
         raise PolicyError(f"{where(section, key)}: {exc}") from None
 
 
-def check_network(policy: Policy) -> None:
-    """Network rules parse, and make sense together; PolicyError otherwise."""
-    net = policy.network
-    if not net.allow and not net.deny:
-        return
-    from corral.net.rules import Rule
+def check_network(policy: Policy, python: bool = False) -> None:
+    """Network rules parse, and make sense together; PolicyError otherwise.
 
-    for key in ("allow", "deny"):
-        for entry in getattr(net, key):
-            try:
-                Rule(entry)
-            except ValueError as exc:
-                where = f"{policy.source}: network.{key}" if policy.source else f"--{key}"
-                raise PolicyError(f"{where}: {exc}") from None
-    if net.mode == "none" and net.allow:
+    ``python``: the policy was built or changed in code (``Sandbox``), so the
+    message names the attribute rather than the file's key."""
+    check_tls(policy)
+    check_secrets(policy)
+    net = policy.network
+    if net.mode not in NETWORK_MODES:
         raise PolicyError(
-            'network.allow has no effect with mode = "none": set [network] mode = "proxy"'
+            f"network.mode must be one of {', '.join(NETWORK_MODES)}; got {net.mode!r}"
         )
+    if net.allow or net.deny:
+        from corral.net.rules import Rule
+
+        for key in ("allow", "deny"):
+            for entry in getattr(net, key):
+                try:
+                    Rule(entry)
+                except (ValueError, TypeError) as exc:
+                    if python:
+                        where = f"policy.network.{key}"
+                    elif policy.source:
+                        where = f"{policy.source}: network.{key}"
+                    else:
+                        where = f"--{key}"
+                    raise PolicyError(f"{where}: {exc}") from None
+    if net.mode == "proxy":
+        return
+    fix = 'policy.network.mode = "proxy"' if python else '[network] mode = "proxy"'
+    for key, value in (("allow", net.allow), ("transparent", net.transparent)):
+        if value:
+            raise PolicyError(f'network.{key} has no effect with mode = "none": set {fix}')
+
+
+def check_tls(policy: Policy) -> None:
+    """``[tls]`` keys make sense together and name readable files; PolicyError
+    naming the key otherwise.  (The CA's content is checked when a run opens its
+    door: parsing it needs the ``cryptography`` package, kept off this path.)"""
+    tls = policy.tls
+    if tls.is_default():
+        return
+    where = f"{policy.source}: tls" if policy.source else "tls"
+    if bool(tls.ca_cert) != bool(tls.ca_key):
+        have, need = ("ca_cert", "ca_key") if tls.ca_cert else ("ca_key", "ca_cert")
+        raise PolicyError(f"{where}.{need}: needed with tls.{have} (the CA's certificate and key)")
+    if tls.ca_cert and tls.ca == "ephemeral":
+        raise PolicyError(f'{where}.ca_cert: cannot be used with ca = "ephemeral"')
+    for key, path in (
+        ("ca_cert", tls.ca_cert),
+        ("ca_key", tls.ca_key),
+        *(("upstream_ca", p) for p in tls.upstream_ca),
+    ):
+        if path:
+            try:
+                with open(path, "rb") as fh:
+                    fh.read(1)
+            except OSError as exc:
+                raise PolicyError(f"{where}.{key}: cannot read {path}: {exc.strerror}") from None
+    if tls.passthrough:
+        from corral.net.hooks import hooks_for, passthrough_conflict
+
+        conflict = passthrough_conflict(tls.passthrough, hooks_for(policy))
+        if conflict:
+            raise PolicyError(f"{policy.source}: {conflict}" if policy.source else conflict)
 
 
 def find_policy_file(workspace: str) -> str | None:
@@ -647,4 +1123,5 @@ def load(workspace: str | None = None, path: str | None = None) -> Policy:
                 f'{chosen}: network.allow has no effect with mode = "none": '
                 'set [network] mode = "proxy"'
             )
+        check_tls(policy)
     return policy

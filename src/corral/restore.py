@@ -19,6 +19,10 @@ from __future__ import annotations
 import os
 import stat
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.report import Denial
+
 MAX_BYTES = 16 * 1024 * 1024  # a hooks directory is kilobytes; refuse surprises
 MAX_ENTRIES = 5000
 
@@ -107,9 +111,10 @@ def _write(path: str, tree: Tree) -> None:
             os.utime(full, ns=(atime, mtime), follow_symlinks=False)
 
 
-def restore(snap: dict[str, Tree], run_id: str) -> list[str]:
-    """Put changed paths back; one line per path that had been changed."""
+def restore(snap: dict[str, Tree], run_id: str) -> list[Denial]:
+    """Put changed paths back; one denial per path that had been changed."""
     from corral.launch import quarantine
+    from corral.report import restored
 
     said = []
     for path, before in snap.items():
@@ -121,26 +126,23 @@ def restore(snap: dict[str, Tree], run_id: str) -> list[str]:
             continue
         parent = os.path.dirname(path)
         if os.path.realpath(parent) != parent:
-            said.append(
-                f"denied write: {path} (write-deny) was changed, and {parent} was replaced; "
-                "not restored"
-            )
+            said.append(restored(path, parent=parent))
             continue
         try:
             left = os.stat(parent)  # as the run left it: the undo must not show there
         except OSError:
             left = None
         moved = quarantine([path], run_id) if os.path.lexists(path) else []
+        error = ""
         try:
             _write(path, before)
-            note = "; restored from the snapshot taken at launch"
         except OSError as exc:
-            note = f"; could not restore it: {exc}"
+            error = str(exc)
         if left is not None:
             try:
                 os.utime(parent, ns=(left.st_atime_ns, left.st_mtime_ns))
             except OSError:
                 pass  # not ours to set (another owner): a trace, not a failure
-        where = moved[0].split("; ", 1)[1] if moved and "; " in moved[0] else "removed"
-        said.append(f"denied write: {path} (write-deny) was changed ({where}){note}")
+        moved_to = str(moved[0].fields.get("moved_to") or "") if moved else ""
+        said.append(restored(path, moved_to, error))
     return said

@@ -20,6 +20,8 @@ the callers waiting for them.
 from __future__ import annotations
 
 import array
+import collections
+import concurrent.futures
 import json
 import os
 import queue
@@ -29,12 +31,24 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from corral.errors import CorralError
 
 HEADER = struct.Struct("!II")
 SANDBOX_AGENT = "/run/corral/agent.py"
 SPAWN_WAIT = 30.0  # seconds for the agent to report a started command's pid
+HISTORY = 100  # commands the activity log's record of a sandbox keeps (the last ones)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import asyncio
+
+    from corral.policy import Policy
+    from corral.report import Denial
+    from corral.tiers.base import Plan, Tier
+
+T = TypeVar("T")
 
 
 class SandboxError(CorralError):
@@ -62,6 +76,19 @@ class CallbackError(SandboxError):
     def __init__(self, result: ExecResult, error: BaseException) -> None:
         super().__init__(f"a callback raised {type(error).__name__}: {error}")
         self.result = result
+
+
+def _frame(header: dict[str, object], payload: bytes = b"") -> bytes:
+    data = json.dumps(header, separators=(",", ":")).encode()
+    return HEADER.pack(len(data), len(payload)) + data + payload
+
+
+class _Waiter:
+    """Where the reader thread puts a file operation's reply: a queue (a blocked
+    caller) or an event loop's future (AsyncSandbox)."""
+
+    def put(self, item: tuple[dict[str, object], bytes]) -> None:
+        raise NotImplementedError
 
 
 class ExecResult:
@@ -112,7 +139,9 @@ class Process:
         self._on = {1: on_stdout, 2: on_stderr}
         self._began = time.monotonic()
         self._exit_callbacks: list[Callable[[ExecResult], None]] = []
+        self._start_callbacks: list[Callable[[], None]] = []
         self.error: BaseException | None = None  # the first callback error, if any
+        self._noted = False  # counted in the sandbox's activity record
 
     def _call(self, callback: Callable[..., None], arg: object) -> None:
         """Run a caller's callback on the reader thread; its error must not kill the
@@ -135,6 +164,7 @@ class Process:
         if ev == "started":
             self.pid = int(str(header["pid"]))
             self._started.set()
+            self._notify_started()
         elif ev == "out":
             which = int(str(header["fd"]))
             with self._lock:
@@ -151,10 +181,27 @@ class Process:
             with self._lock:
                 r.stdout, r.stderr = bytes(self._out), bytes(self._err)
                 callbacks = list(self._exit_callbacks)
+            self.sandbox._note(self)  # counted before anyone hears it ended
             self._started.set()
             self._done.set()
+            self._notify_started()
             for notify in callbacks:
                 self._call(notify, r)
+
+    def _notify_started(self) -> None:
+        with self._lock:
+            waiting, self._start_callbacks = self._start_callbacks, []
+        for notify in waiting:
+            notify()
+
+    def add_start_callback(self, callback: Callable[[], None]) -> None:
+        """Called once the process has its pid, or has ended without one (at once if
+        either happened already); on the sandbox's reader thread."""
+        with self._lock:
+            if not self._started.is_set():
+                self._start_callbacks.append(callback)
+                return
+        callback()
 
     def add_exit_callback(self, callback: Callable[[ExecResult], None]) -> None:
         """Called with the result once the process ends (at once if it already has)."""
@@ -248,9 +295,13 @@ class Sandbox:
         image: str | None = None,
         oci_runtime: str | None = None,
         engine: str | None = None,
+        log: str | bool | None = None,
+        kind: str = "sandbox",
     ) -> None:
         """``image``, ``oci_runtime`` and ``engine`` set the policy's [container] keys
-        (the container and gvisor tiers)."""
+        (the container and gvisor tiers).  ``log``: the activity log that gets one
+        record when the sandbox closes (default: corral's, as for ``corral run``;
+        False: none); ``kind`` is what that record calls it."""
         from corral import launch, tiers
         from corral import policy as pol
         from corral.policy import Policy
@@ -259,6 +310,9 @@ class Sandbox:
             policy = pol.load(workspace)
         if not isinstance(policy, Policy):
             raise TypeError("policy must be a corral.policy.Policy (Policy.load(...))")
+        # built or changed in code: the checks a policy file gets (allow without a
+        # network mode is an error, not a sandbox quietly without network)
+        pol.check_network(policy, python=True)
         self.policy = policy
         if not policy.limits.defaults:  # built by hand, not by Policy.load: bound it too
             from corral import bounds
@@ -285,12 +339,21 @@ class Sandbox:
 
         self._door = open_door(policy, self.run_id, transport=self.tier.door_transport)
         self._closed = False
-        self.denials: list[str] = []  # what closing found undone (quarantine, restore)
+        # what closing found: quarantined and restored paths, refused writes, hosts
+        # the proxy refused (corral.report.Denial: str() is the line corral prints)
+        self.denials: list[Denial] = []
+        self._log = log
+        self._kind = kind
+        # writable places as the sandbox sees them (files.write makes parents there)
+        self._roots = [os.path.realpath(p) for p in policy.writable_paths()]
+        self._began = time.time()
+        self._execs = 0  # commands run, for the activity log; the last few kept
+        self._history: collections.deque[dict[str, object]] = collections.deque(maxlen=HISTORY)
         # unexpected errors inside corral's own parts (the agent), one line each
         self.errors: list[str] = []
         self._lock = threading.Lock()
         self._next_id = 0
-        self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]]] = {}
+        self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]] | _Waiter] = {}
         self._procs: dict[int, Process] = {}
         self.files = Files(self)
         # A container starts on first use and again after it died; the lock makes
@@ -324,6 +387,13 @@ class Sandbox:
             self._start()
 
     @property
+    def notes(self) -> list[str]:
+        """What the plan decided beyond the policy (hard links made read-only, a
+        default limit not enforced here), once the sandbox has started."""
+        plan = getattr(self, "plan", None)
+        return list(plan.notes) if plan is not None else []
+
+    @property
     def starts(self) -> int:
         """How many times the sandbox was started (a container restarts if it dies)."""
         return self._instance
@@ -352,6 +422,7 @@ class Sandbox:
             command,
             door=self._door.address if self._door else None,
             extra=[agent_bind],
+            net=self._door.extras if self._door else None,
         )
         self.plan = plan
         err_r, err_w = os.pipe()
@@ -410,11 +481,62 @@ class Sandbox:
             if proc.running:
                 proc.result.exit_code = 128 + signal.SIGKILL
                 proc._done.set()
+                self._note(proc)
+        refused: list[dict[str, object]] = []
         if self._door is not None:
-            self._door.close()
-        self.denials = self._started.stop()
+            refused = self._door.close()
+        self.denials += self._started.stop()
         if self._started.care.guardian is not None:
             self._started.care.guardian.reap()
+        from corral import report
+
+        self.denials += report.network(refused, self.policy)
+        self._write_record()
+
+    def _note(self, proc: Process) -> None:
+        """One ended command, for the activity log (on the reader thread)."""
+        if proc._noted:
+            return
+        proc._noted = True
+        self._execs += 1
+        r = proc.result
+        self._history.append(
+            {"argv": proc.argv[:20], "exit": r.exit_code, "duration": round(r.duration, 4)}
+        )
+
+    def _write_record(self) -> None:
+        """The sandbox's one record in the activity log: what ``corral run`` writes,
+        with the commands it ran (how many, and the last HISTORY of them)."""
+        if self._log is False:
+            return
+        from corral import bounds, runlog
+
+        record: dict[str, object] = {
+            "run_id": self.run_id,
+            "kind": self._kind,
+            "start": runlog.iso(self._began),
+            "end": runlog.iso(time.time()),
+            "tier": self.plan.tier,
+            "policy_digest": runlog.digest(self.policy.to_dict()),
+            "policy_file": self.policy.source,
+            "workspace": self.policy.workspace,
+            "network": self.policy.network.mode,
+            "bounds": bounds.record(self.plan),
+            "duration": round(time.time() - self._began, 4),
+            "execs": self._execs,
+            "commands": list(self._history),
+            "starts": self._instance,
+            "denials": [d.to_dict() for d in self.denials if d.refused],
+            "errors": list(self.errors),
+        }
+        if self.plan.notes:
+            record["notes"] = self.plan.notes
+        if self._door is not None:
+            record["proxy_errors"] = self._door.errors
+        try:
+            runlog.append(record, self._log if isinstance(self._log, str) else None)
+        except OSError as exc:
+            self.errors.append(f"could not write the activity log: {exc}")
 
     def _wait_client(self, seconds: float) -> None:
         """Let the engine's client exit on its own (it removes the container)."""
@@ -444,11 +566,44 @@ class Sandbox:
 
     # -- the wire ------------------------------------------------------------------
 
+    def _ready(self) -> bool:
+        """Started and not known dead: a request needs no start first."""
+        return not self._closed and (not self._lazy or self._alive)
+
+    def _send_now(self, header: dict[str, object], payload: bytes = b"") -> bytes | None:
+        """Send a frame only as far as that cannot block (an event loop's thread):
+        None if nothing was sent (the caller sends it the blocking way elsewhere);
+        else what the socket did not take, b"" when all went.  With a rest, the
+        send lock stays held: :meth:`_send_rest` sends it and releases the lock."""
+        if not self._ready() or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._closed:
+                raise SandboxClosed()
+            frame = _frame(header, payload)
+            sent = self._sock.send(frame, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            self._lock.release()
+            return None
+        except BaseException:
+            self._lock.release()
+            raise
+        if sent == len(frame):
+            self._lock.release()
+            return b""
+        return frame[sent:]  # frames must not interleave: the lock stays taken
+
+    def _send_rest(self, rest: bytes) -> None:
+        """The end of a frame :meth:`_send_now` began; releases the send lock."""
+        try:
+            self._sock.sendall(rest)
+        finally:
+            self._lock.release()
+
     def _raw_send(
         self, header: dict[str, object], payload: bytes = b"", fds: Sequence[int] = ()
     ) -> None:
-        data = json.dumps(header, separators=(",", ":")).encode()
-        frame = HEADER.pack(len(data), len(payload)) + data + payload
+        frame = _frame(header, payload)
         if not fds:
             self._sock.sendall(frame)
             return
@@ -586,28 +741,42 @@ class Sandbox:
         pass_fds: Sequence[int] = (),
     ) -> Process:
         """Ask the agent to start ``command``; do not wait for its pid."""
-        fds = self._check_pass_fds(pass_fds)
         self._ensure()
+        proc, header, fds = self._prepare(
+            command, cwd, env, timeout, stdin, on_stdout, on_stderr, pass_fds
+        )
+        self._send(header, fds=fds)
+        return proc
+
+    def _prepare(
+        self,
+        command: str | list[str],
+        cwd: str | None,
+        env: dict[str, str] | list[str] | None,
+        timeout: float | None,
+        stdin: bool,
+        on_stdout: Callable[[bytes], None] | None,
+        on_stderr: Callable[[bytes], None] | None,
+        pass_fds: Sequence[int] = (),
+    ) -> tuple[Process, dict[str, object], tuple[int, ...]]:
+        """The exec request for a started sandbox, its Process registered; not sent."""
+        fds = self._check_pass_fds(pass_fds)
         argv = self._argv(command)
-        ident = self._new_id()
+        header: dict[str, object] = {
+            "op": "exec",
+            "argv": argv,
+            "cwd": self._cwd(cwd),
+            "env": self._env(env),
+            # the policy's timeout bounds each command unless the call says otherwise
+            "timeout": self.policy.limits.timeout if timeout is None else timeout,
+            "stdin": stdin,
+            "output_limit": self.policy.limits.output,
+            "fds": list(fds),
+        }
+        ident = header["id"] = self._new_id()
         proc = Process(self, ident, argv, on_stdout, on_stderr)
         self._procs[ident] = proc
-        limit = self.policy.limits.output
-        self._send(
-            {
-                "op": "exec",
-                "id": ident,
-                "argv": argv,
-                "cwd": self._cwd(cwd),
-                "env": self._env(env),
-                "timeout": timeout,
-                "stdin": stdin,
-                "output_limit": limit,
-                "fds": list(fds),
-            },
-            fds=fds,
-        )
-        return proc
+        return proc, header, fds
 
     def _check_pass_fds(self, pass_fds: Sequence[int]) -> tuple[int, ...]:
         fds = tuple(sorted(set(pass_fds)))
@@ -683,24 +852,46 @@ class Sandbox:
         extra: dict[str, object] | None = None,
     ) -> tuple[dict[str, object], bytes]:
         self._ensure()
+        waiter: queue.Queue[tuple[dict[str, object], bytes]] = queue.Queue()
+        header = self._file_request(op, path, writing, extra, waiter)
+        try:
+            self._send(header, payload)
+        except BaseException:
+            self._waiting.pop(int(str(header["id"])), None)
+            raise
+        return self._file_result(path, *waiter.get())
+
+    def _file_request(
+        self,
+        op: str,
+        path: str,
+        writing: bool,
+        extra: dict[str, object] | None,
+        waiter: queue.Queue[tuple[dict[str, object], bytes]] | _Waiter,
+    ) -> dict[str, object]:
+        """The request for a file operation, its waiter registered; not sent."""
         full = os.path.normpath(
             path if os.path.isabs(path) else os.path.join(self.policy.workspace, path)
         )
+        header: dict[str, object] = {"op": op, "path": full, **(extra or {})}
         if writing:
             # write-deny paths mounts cannot cover (missing ones), or a tier without
             # mounts cannot cover at all (landlock restores them only after the run)
             for guarded in (*self.plan.quarantine, *self.plan.restore):
                 if full == guarded or full.startswith(guarded + "/"):
                     raise PathDenied(f"{path}: write-deny by policy")
-        ident = self._new_id()
-        waiter: queue.Queue[tuple[dict[str, object], bytes]] = queue.Queue()
+            # the writable place it is in: where missing parent directories may be
+            # made (the agent makes them without following a symlink)
+            roots = [r for r in self._roots if full.startswith(r.rstrip("/") + "/")]
+            if roots:
+                header["root"] = max(roots, key=len)
+        ident = header["id"] = self._new_id()
         self._waiting[ident] = waiter
-        try:
-            self._send({"op": op, "id": ident, "path": full, **(extra or {})}, payload)
-        except BaseException:
-            self._waiting.pop(ident, None)
-            raise
-        header, data = waiter.get()
+        return header
+
+    def _file_result(
+        self, path: str, header: dict[str, object], data: bytes
+    ) -> tuple[dict[str, object], bytes]:
         if "error" in header:
             code = int(str(header.get("errno") or 0))
             message = f"{path}: {header['error']}"
@@ -723,6 +914,13 @@ class Sandbox:
             "everything else is read-only, and credentials such as ~/.ssh and ~/.aws "
             "are unreadable.",
         ]
+        plan = getattr(self, "plan", None)  # a container is planned on first use
+        if plan is not None and plan.home is not None:
+            kept = "kept for this workspace" if plan.home.mode == "persist" else "fresh each time"
+            lines.append(
+                f"$HOME is writable and {kept} (caches, tool settings); the real home "
+                "stays read-only."
+            )
         if net.mode == "proxy":
             allowed = ", ".join(net.allow) or "nothing"
             lines.append(
@@ -732,22 +930,57 @@ class Sandbox:
             )
         else:
             lines.append("Network: none.")
+        if net.rules:
+            lines.append(
+                "Some hosts allow only certain HTTP methods and paths; a refused request "
+                "gets a 403 whose body says which rule refused it."
+            )
+        for name, secret in sorted(self.policy.secrets.items()):
+            lines.append(
+                f"${name} is a stand-in for a credential: use it as the real one in requests "
+                f"to {', '.join(secret.hosts)} (corral's proxy puts the real value in; "
+                "it is refused on its way anywhere else)."
+                + (f" The {secret.header} header is set for you there." if secret.header else "")
+            )
         lim = self.policy.limits
         if lim.timeout:
             lines.append(f"Each command is stopped after {lim.timeout:g}s.")
         return "\n".join(lines)
 
 
+class _FutureWaiter(_Waiter):
+    """A file operation's reply, handed to an event loop's future."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[tuple[dict[str, object], bytes]] = loop.create_future()
+
+    def put(self, item: tuple[dict[str, object], bytes]) -> None:  # the reader thread
+        try:
+            self.loop.call_soon_threadsafe(self._settle, item)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def _settle(self, item: tuple[dict[str, object], bytes]) -> None:
+        if not self.future.done():
+            self.future.set_result(item)
+
+
 class AsyncSandbox:
-    """The same surface as :class:`Sandbox`, awaited::
+    """The surface of :class:`Sandbox`, awaited, never blocking the event loop::
 
         async with AsyncSandbox(policy) as sb:
             r = await sb.exec("make")
+            await sb.files.write("notes.txt", "hello")
 
-    Commands are awaited through the agent's events (no thread per call), so
-    many can be in flight on one event loop.  File calls run in a worker thread.
-    The sandbox is created on the event loop's own thread: bubblewrap is tied to
-    the thread that starts it and would die with a short-lived worker thread.
+    bubblewrap is tied to the thread that starts it (it sets PR_SET_PDEATHSIG,
+    which fires when that *thread* exits), so each AsyncSandbox has one thread
+    of its own, alive as long as the sandbox, that creates, starts and closes
+    it; a short-lived worker thread would take the sandbox down with it.  A
+    request (exec, spawn, a file operation, kill, stdin) is sent from the
+    loop's thread when the socket takes it at once, else by that thread; its
+    answer arrives through the sandbox's reader thread as a future's result.
+    So a warm ``exec`` costs no thread switch.
     """
 
     def __init__(
@@ -755,21 +988,59 @@ class AsyncSandbox:
         policy: object = None,
         tier: str = "auto",
         workspace: str | None = None,
-        **container: str,
+        **options: object,
     ) -> None:
+        """As :class:`Sandbox` (``image``, ``oci_runtime``, ``engine``, ``log``,
+        ``kind``); nothing starts until ``start()`` or ``async with``."""
         self._args = (policy, tier, workspace)
-        self._container = container  # image, oci_runtime, engine: as for Sandbox
+        self._options = options
         self._sb: Sandbox | None = None
+        self._owner: concurrent.futures.ThreadPoolExecutor | None = None
+        self.files = AsyncFiles(self)
+
+    # -- the owner thread ---------------------------------------------------------------
+
+    async def _on_owner(self, call: Callable[[], T], must_run: bool = False) -> T:
+        """Run ``call`` on this sandbox's own thread (see the class docstring).
+        ``must_run``: a cancelled caller must not cancel it (it releases a lock)."""
+        import asyncio
+
+        if self._owner is None:
+            self._owner = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="corral-async-sandbox"
+            )
+        done = asyncio.get_running_loop().run_in_executor(self._owner, call)
+        return await (asyncio.shield(done) if must_run else done)
+
+    async def _send(self, header: dict[str, object], payload: bytes = b"") -> None:
+        """One frame: from here if that cannot block, else from the owner thread
+        (which also starts a container that is not running)."""
+        sb = self.sync
+        rest = sb._send_now(header, payload)
+        if rest is None:
+            await self._on_owner(lambda: sb._send(header, payload))
+        elif rest:  # the frame's end, and the send lock with it
+            await self._on_owner(lambda: sb._send_rest(rest), must_run=True)
+
+    async def _ensure(self) -> Sandbox:
+        sb = self.sync
+        if not sb._ready():
+            await self._on_owner(sb._ensure)
+        return sb
+
+    # -- life cycle ---------------------------------------------------------------------
 
     @property
     def sync(self) -> Sandbox:
+        """The :class:`Sandbox` underneath (its blocking methods block)."""
         if self._sb is None:
             raise SandboxClosed()
         return self._sb
 
     async def start(self) -> AsyncSandbox:
         if self._sb is None:
-            self._sb = Sandbox(*self._args, **self._container)
+            args, options = self._args, self._options
+            self._sb = await self._on_owner(lambda: Sandbox(*args, **options))  # type: ignore[arg-type]
         return self
 
     async def __aenter__(self) -> AsyncSandbox:
@@ -779,25 +1050,85 @@ class AsyncSandbox:
         await self.close()
 
     async def close(self) -> None:
+        """Kill everything inside, remove the sandbox, its door and cgroup."""
         if self._sb is not None:
-            self._sb.close()
+            await self._on_owner(self._sb.close)
+        if self._owner is not None:
+            self._owner.shutdown(wait=False)
+            self._owner = None
 
-    async def wait(self, proc: Process) -> ExecResult:
-        import asyncio
+    # -- what Sandbox says about itself --------------------------------------------------
 
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[ExecResult] = loop.create_future()
+    @property
+    def policy(self) -> Policy:
+        return self.sync.policy
 
-        def settle(result: ExecResult) -> None:
-            if not future.done():
-                future.set_result(result)
+    @property
+    def tier(self) -> Tier:
+        return self.sync.tier
 
-        def done(result: ExecResult) -> None:  # on the sandbox's reader thread
-            loop.call_soon_threadsafe(settle, result)
+    @property
+    def run_id(self) -> str:
+        return self.sync.run_id
 
-        proc.add_exit_callback(done)
-        await future
-        return proc.outcome()
+    @property
+    def plan(self) -> Plan:
+        return self.sync.plan
+
+    @property
+    def notes(self) -> list[str]:
+        return self.sync.notes
+
+    @property
+    def denials(self) -> list[Denial]:
+        return self.sync.denials
+
+    @property
+    def errors(self) -> list[str]:
+        return self.sync.errors
+
+    @property
+    def starts(self) -> int:
+        return self.sync.starts
+
+    def describe(self) -> str:
+        return self.sync.describe()
+
+    def processes(self) -> list[AsyncProcess]:
+        return [AsyncProcess(self, p) for p in self.sync.processes()]
+
+    # -- commands -----------------------------------------------------------------------
+
+    async def _begin(
+        self,
+        command: str | list[str],
+        timeout: float | None,
+        cwd: str | None,
+        env: dict[str, str] | list[str] | None,
+        stdin: bytes | str | None,
+        on_stdout: Callable[[bytes], None] | None,
+        on_stderr: Callable[[bytes], None] | None,
+        pass_fds: Sequence[int],
+    ) -> Process:
+        sb = self.sync
+        if not sb._ready():
+            await self._on_owner(sb._ensure)
+        if pass_fds:  # descriptors ride on a blocking sendmsg
+            return await self._on_owner(
+                lambda: sb.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
+            )
+        wants = stdin is not None
+        proc, header, _ = sb._prepare(command, cwd, env, timeout, wants, on_stdout, on_stderr)
+        try:
+            await self._send(header)
+        except BaseException:
+            sb._procs.pop(proc.id, None)
+            raise
+        if stdin is not None:
+            raw = stdin.encode() if isinstance(stdin, str) else stdin
+            await self._send({"op": "stdin", "id": proc.id}, raw)
+            await self._send({"op": "close_stdin", "id": proc.id})
+        return proc
 
     async def exec(
         self,
@@ -811,29 +1142,202 @@ class AsyncSandbox:
         on_stderr: Callable[[bytes], None] | None = None,
         pass_fds: Sequence[int] = (),
     ) -> ExecResult:
-        proc = self.sync.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
+        """As :meth:`Sandbox.exec`, awaited."""
+        proc = await self._begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
         return await self.wait(proc)
 
-    def spawn(self, command: str | list[str], **kw: object) -> Process:
-        return self.sync.spawn(command, **kw)  # type: ignore[arg-type]
+    async def spawn(
+        self,
+        command: str | list[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | list[str] | None = None,
+        timeout: float | None = None,
+        stdin: bool = True,
+        on_stdout: Callable[[bytes], None] | None = None,
+        on_stderr: Callable[[bytes], None] | None = None,
+        pass_fds: Sequence[int] = (),
+    ) -> AsyncProcess:
+        """As :meth:`Sandbox.spawn`: returns once the command has its pid."""
+        import asyncio
 
-    def processes(self) -> list[Process]:
-        return self.sync.processes()
+        sb = await self._ensure()
+        if pass_fds:
+            fds = tuple(pass_fds)
+            proc = await self._on_owner(
+                lambda: sb._launch(command, cwd, env, timeout, stdin, on_stdout, on_stderr, fds)
+            )
+        else:
+            proc, header, _ = sb._prepare(command, cwd, env, timeout, stdin, on_stdout, on_stderr)
+            try:
+                await self._send(header)
+            except BaseException:
+                sb._procs.pop(proc.id, None)
+                raise
+        loop = asyncio.get_running_loop()
+        started: asyncio.Future[None] = loop.create_future()
 
-    def describe(self) -> str:
-        return self.sync.describe()
+        def settle() -> None:
+            if not started.done():
+                started.set_result(None)
+
+        def on_start() -> None:  # on the sandbox's reader thread
+            loop.call_soon_threadsafe(settle)
+
+        proc.add_start_callback(on_start)
+        try:
+            await asyncio.wait_for(started, SPAWN_WAIT)
+        except TimeoutError:
+            raise SandboxError(
+                f"the sandbox did not start {proc.argv[0]} in {SPAWN_WAIT:g}s"
+            ) from None
+        return AsyncProcess(self, proc)
+
+    async def wait(self, proc: Process | AsyncProcess, timeout: float | None = None) -> ExecResult:
+        """The result once ``proc`` ends (CallbackError if a callback raised)."""
+        import asyncio
+
+        target = proc.proc if isinstance(proc, AsyncProcess) else proc
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ExecResult] = loop.create_future()
+
+        def settle(result: ExecResult) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        def done(result: ExecResult) -> None:  # on the sandbox's reader thread
+            loop.call_soon_threadsafe(settle, result)
+
+        target.add_exit_callback(done)
+        if timeout is None:
+            await future
+        else:
+            try:
+                await asyncio.wait_for(future, timeout)
+            except TimeoutError:
+                raise TimeoutError(f"process {target.id} still running after {timeout}s") from None
+        return target.outcome()
+
+    # -- files (kept for callers of the first AsyncSandbox; see .files) -----------------------
 
     async def read(self, path: str) -> bytes:
-        import asyncio
-
-        return await asyncio.to_thread(self.sync.files.read, path)
+        return await self.files.read(path)
 
     async def write(self, path: str, data: bytes | str) -> None:
-        import asyncio
-
-        await asyncio.to_thread(self.sync.files.write, path, data)
+        await self.files.write(path, data)
 
     async def list(self, path: str = ".") -> list[dict[str, object]]:
+        return await self.files.list(path)
+
+    async def _file(
+        self,
+        op: str,
+        path: str,
+        payload: bytes = b"",
+        writing: bool = False,
+        extra: dict[str, object] | None = None,
+    ) -> tuple[dict[str, object], bytes]:
         import asyncio
 
-        return await asyncio.to_thread(self.sync.files.list, path)
+        sb = await self._ensure()
+        waiter = _FutureWaiter(asyncio.get_running_loop())
+        header = sb._file_request(op, path, writing, extra, waiter)
+        try:
+            await self._send(header, payload)
+        except BaseException:
+            sb._waiting.pop(int(str(header["id"])), None)
+            raise
+        return sb._file_result(path, *await waiter.future)
+
+
+class AsyncFiles:
+    """:class:`Files`, awaited: the same operations, under the same policy."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self.sb = sandbox
+
+    async def read(self, path: str) -> bytes:
+        return (await self.sb._file("read", path))[1]
+
+    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        return (await self.read(path)).decode(encoding)
+
+    async def write(self, path: str, data: bytes | str) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        await self.sb._file("write", path, raw, writing=True)
+
+    async def list(self, path: str = ".") -> list[dict[str, object]]:
+        entries = (await self.sb._file("list", path))[0].get("entries", [])
+        return list(entries) if isinstance(entries, list) else []
+
+    async def exists(self, path: str) -> bool:
+        return bool((await self.sb._file("exists", path))[0].get("exists"))
+
+    async def remove(self, path: str) -> None:
+        await self.sb._file("remove", path, writing=True)
+
+    async def mkdir(self, path: str, exist_ok: bool = True) -> None:
+        await self.sb._file("mkdir", path, writing=True, extra={"exist_ok": exist_ok})
+
+
+class AsyncProcess:
+    """A command started with :meth:`AsyncSandbox.spawn`: :class:`Process`'s surface,
+    with waiting, signals and stdin awaited."""
+
+    def __init__(self, sandbox: AsyncSandbox, proc: Process) -> None:
+        self.sandbox = sandbox
+        self.proc = proc  # the Process underneath
+
+    @property
+    def id(self) -> int:
+        return self.proc.id
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def argv(self) -> list[str]:
+        return self.proc.argv
+
+    @property
+    def result(self) -> ExecResult:
+        return self.proc.result
+
+    @property
+    def running(self) -> bool:
+        return self.proc.running
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.proc.error
+
+    def read_output(self) -> tuple[bytes, bytes]:
+        return self.proc.read_output()
+
+    def add_exit_callback(self, callback: Callable[[ExecResult], None]) -> None:
+        self.proc.add_exit_callback(callback)
+
+    def outcome(self) -> ExecResult:
+        return self.proc.outcome()
+
+    async def wait(self, timeout: float | None = None) -> ExecResult:
+        return await self.sandbox.wait(self.proc, timeout)
+
+    async def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.running:
+            await self.sandbox._send({"op": "kill", "id": self.proc.id, "signal": int(sig)})
+
+    async def write_stdin(self, data: bytes | str) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        await self.sandbox._send({"op": "stdin", "id": self.proc.id}, raw)
+
+    async def close_stdin(self) -> None:
+        await self.sandbox._send({"op": "close_stdin", "id": self.proc.id})
+
+    def __repr__(self) -> str:
+        return f"Async{self.proc!r}"

@@ -288,6 +288,14 @@ class SyscallRule:
     def __repr__(self) -> str:
         return f"SyscallRule({self.name!r}, errno={self.errno}, when={self.when!r})"
 
+    def describe(self) -> str:
+        """``socket(domain not in AF_UNIX, AF_INET, AF_INET6) -> EAFNOSUPPORT``: the
+        call, its conditions with arguments and constants named, and the errno."""
+        call = self.name
+        if self.when:
+            call += "(" + " and ".join(_describe_cond(self.name, c) for c in self.when) + ")"
+        return f"{call} -> {_errno.errorcode.get(self.errno, str(self.errno))}"
+
     def _validate(self) -> None:
         if not 0 <= self.errno <= _MAX_ERRNO:
             raise ValueError(f"errno {self.errno} out of range 0..{_MAX_ERRNO}")
@@ -445,6 +453,62 @@ _TIOCLINUX = 0x541C
 # and 0xffffffff which only queries.  Everything else toggles behaviour that
 # helps exploits (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, MMAP_PAGE_ZERO, ...).
 _SAFE_PERSONALITIES = (0x0, 0x0008, 0x20000, 0x20008, 0xFFFFFFFF)
+
+
+# How --explain names the arguments rules test and the constants they compare with.
+_ARG_NAMES = {
+    "clone": ("flags",),
+    "unshare": ("flags",),
+    "clock_adjtime": ("clock",),
+    "personality": ("persona",),
+    "socket": ("domain", "type"),
+    "socketpair": ("domain",),
+    "ioctl": ("fd", "request"),
+}
+_NAMESPACE_FLAGS = {
+    0x00020000: "CLONE_NEWNS",
+    0x02000000: "CLONE_NEWCGROUP",
+    0x04000000: "CLONE_NEWUTS",
+    0x08000000: "CLONE_NEWIPC",
+    _CLONE_NEWUSER: "CLONE_NEWUSER",
+    0x20000000: "CLONE_NEWPID",
+    0x40000000: "CLONE_NEWNET",
+}
+_CONSTANTS: dict[str, dict[int, str]] = {
+    "flags": _NAMESPACE_FLAGS,
+    "clock": {_CLOCK_REALTIME: "CLOCK_REALTIME"},
+    "persona": {
+        0x0: "PER_LINUX",
+        0x0008: "PER_LINUX32",
+        0x20000: "UNAME26",
+        0x20008: "PER_LINUX32|UNAME26",
+        0xFFFFFFFF: "0xffffffff (query)",
+    },
+    "domain": {_AF_UNIX: "AF_UNIX", _AF_INET: "AF_INET", _AF_INET6: "AF_INET6"},
+    "request": {_TIOCSTI: "TIOCSTI", _TIOCLINUX: "TIOCLINUX"},
+}
+
+
+def _describe_cond(call: str, cond: ArgCond) -> str:
+    names = _ARG_NAMES.get(call, ())
+    arg = names[cond.index] if cond.index < len(names) else f"arg{cond.index}"
+    known = _CONSTANTS.get(arg, {})
+
+    def show(value: int) -> str:
+        return known.get(value, f"{value:#x}")
+
+    if cond.op == "not_in":
+        return f"{arg} not in {', '.join(show(v) for v in cond.values)}"
+    if cond.op == "bits_set":
+        if arg == "type" and cond.value == 0xE:  # SOCK_DGRAM, SOCK_RAW, ... (STREAM is 1)
+            return "type is not SOCK_STREAM"
+        if cond.value in known:
+            return f"{arg} has {known[cond.value]}"
+        bits = [name for bit, name in known.items() if cond.value & bit == bit and bit]
+        if bits and sum(b for b in known if cond.value & b == b and b) == cond.value:
+            return f"{arg} has any of {', '.join(bits)}"
+        return f"{arg} has any bit of {cond.value:#x}"
+    return f"{arg} {'==' if cond.op == 'eq' else '!='} {show(cond.value)}"
 
 
 def _deny(name: str, why: str, err: int = _errno.EPERM) -> SyscallRule:

@@ -15,6 +15,7 @@ import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from corral.report import Denial
     from corral.tiers.base import Plan
 
 # Runs inside: a session of its own (bwrap's --new-session made its parent the
@@ -25,9 +26,16 @@ CTTY_SHIM = (
     "    os.setsid()\n"
     "    fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
     "    os.execvp(sys.argv[1], sys.argv[1:])\n"
+    "except FileNotFoundError:\n"
+    "    name, path = sys.argv[1], os.environ.get('PATH', '')\n"
+    "    why = f'command not found in the sandbox (PATH={path})'\n"
+    "    if '/' in name:\n"
+    "        why = 'no such file in the sandbox'\n"
+    "    sys.stderr.write(f'corral: {name}: {why}\\n')\n"
+    "    os._exit(127)\n"
     "except OSError as exc:\n"
-    "    sys.stderr.write(f'corral: cannot start {sys.argv[1]}: {exc.strerror}\\n')\n"
-    "    os._exit(127 if isinstance(exc, FileNotFoundError) else 126)\n"
+    "    sys.stderr.write(f'corral: cannot run {sys.argv[1]}: {exc.strerror}\\n')\n"
+    "    os._exit(126)\n"
 )
 
 
@@ -51,8 +59,9 @@ def copy_winsize(src: int, dst: int) -> None:
         pass
 
 
-def run(plan: Plan, run_id: str) -> int:
-    """Run ``plan`` on a new pty wired to our stdin/stdout; returns the exit code."""
+def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
+    """Run ``plan`` on a new pty wired to our stdin/stdout; returns the exit code and
+    what the run's end found (quarantined and restored paths, refused writes)."""
     import termios
     import tty
 
@@ -113,12 +122,12 @@ def run(plan: Plan, run_id: str) -> int:
         os.close(master)
         if ended != started.status_r:
             os.close(ended)
-        started.stop()
+        found = started.stop()
     if code is None:
         from corral.launch import _status_value
 
         code = _status_value(text, "exit-code")
-    return 125 if code is None else code
+    return 125 if code is None else code, found
 
 
 def _drain(master: int) -> None:

@@ -184,19 +184,22 @@ def test_abstract_unix_socket(box: Box) -> None:
 
 
 def test_proxy_bypass(box: Box, origins: tuple[Origin, Origin]) -> None:
-    """With a host allowed, a direct connection to it still goes nowhere."""
-    ok, _ = origins
+    """With one host port allowed, a direct connection to another goes nowhere.  (The
+    allowed one is served at its own address, through the proxy, on tiers with a
+    network namespace: tests/integration/test_host_services.py.)"""
+    ok, bad = origins
     r = box.py(
         "import subprocess\n"
         f"s = socket.socket(); s.settimeout(2)\n"
-        f"attempt('attack', lambda: (s.connect(('127.0.0.1', {ok.port})), s.sendall(b'GET /direct HTTP/1.0\\r\\n\\r\\n'))[1])\n"
+        f"attempt('attack', lambda: (s.connect(('127.0.0.1', {bad.port})), s.sendall(b'GET /direct HTTP/1.0\\r\\n\\r\\n'))[1])\n"
         f"p = subprocess.run(['sh', '-c', \"{CURL} -x $HTTP_PROXY http://127.0.0.1:{ok.port}/via-proxy\"], capture_output=True, text=True)\n"
         "print('twin=' + p.stdout.strip())\n",
         "--allow",
         f"127.0.0.1:{ok.port}",
     )
     assert r.got.get("twin") == "hello from origin", r
-    assert ok.hits == ["/via-proxy"], r  # evidence: only the proxied request arrived
+    assert ok.hits == ["/via-proxy"], r  # the proxied request arrived
+    assert bad.hits == [], r  # evidence: the direct one did not
 
 
 def _through_proxy(box: Box, ok: Origin, bad: Origin, how: str) -> None:

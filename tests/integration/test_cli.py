@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import Corral
 
 
@@ -14,7 +15,7 @@ def test_policy_file_in_workspace_applies(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     (ws / "corral.toml").write_text(
         '[env]\npass = ["KEEP"]\nset = { FIXED = "from-policy" }\n'
-        '[limits]\ntimeout = "1s"\noutput = "10"\n'
+        '[limits]\ntimeout = "1s"\noutput = "10B"\n'
     )
     c.chown(ws)
     r = c.sh(ws, "echo $KEEP $FIXED", env={"KEEP": "kept", "DROP": "dropped"})
@@ -116,10 +117,12 @@ def test_pipeline_reader_exit_stops_the_command(sandbox: tuple[Corral, Path]) ->
     assert proc.wait(timeout=10) == 128 + 13  # SIGPIPE, as in a shell pipeline
 
 
-def test_setup_failure_is_reported_as_such(tmp_path: Path) -> None:
+def test_setup_failure_is_reported_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sandbox that cannot be built is exit 125 with bwrap's reason, never the
     command's exit code; its allow twin is the same plan without the broken mount."""
     from corral import launch, policy
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # not root's own
     from corral.errors import EXIT_SETUP, SetupError
     from corral.tiers.namespace import NamespaceTier
 

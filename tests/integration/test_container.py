@@ -43,9 +43,17 @@ def runtime(case: TierCase) -> str:
     return case.flags[case.flags.index("--oci-runtime") + 1]
 
 
-def corral_containers() -> set[str]:
+def corral_containers(workspace: object = None) -> set[str]:
     out = subprocess.run(
-        ["podman", "ps", "-a", "--filter", "label=corral=1", "--format", "{{.Names}}"],
+        [
+            "podman",
+            "ps",
+            "-a",
+            "--filter",
+            f"label=corral.workspace={workspace}" if workspace else "label=corral=1",
+            "--format",
+            "{{.Names}}",
+        ],
         capture_output=True,
         text=True,
     )
@@ -55,7 +63,7 @@ def corral_containers() -> set[str]:
 def test_env_values_not_in_inspect(root_sandbox: tuple[Corral, Path]) -> None:
     c, ws = root_sandbox
     canary = "CANARY-" + uuid.uuid4().hex
-    before = corral_containers()
+    before = corral_containers(ws)
     proc = c.popen(
         ["run", "-q", "--env", "PASSME", "--", "sh", "-c", "echo $PASSME; sleep 30"],
         cwd=ws,
@@ -65,7 +73,7 @@ def test_env_values_not_in_inspect(root_sandbox: tuple[Corral, Path]) -> None:
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip().decode() == canary  # allow twin: it arrived
-        (name,) = corral_containers() - before
+        (name,) = corral_containers(ws) - before
         inspect = subprocess.run(["podman", "inspect", name], capture_output=True, text=True)
         assert inspect.returncode == 0 and name in inspect.stdout
         assert canary not in inspect.stdout
@@ -73,16 +81,16 @@ def test_env_values_not_in_inspect(root_sandbox: tuple[Corral, Path]) -> None:
     finally:
         proc.kill()
         proc.wait()
-    assert wait_for(lambda: not (corral_containers() - before), 10)
+    assert wait_for(lambda: not (corral_containers(ws) - before), 10)
 
 
 def test_nothing_left_after_a_run_or_a_sigkill(root_sandbox: tuple[Corral, Path]) -> None:
     c, ws = root_sandbox
-    before = corral_containers()
+    before = corral_containers(ws)
     scratch = set(Path("/tmp").glob("corral-ctr-*"))
     ok = c.sh(ws, "echo done")
     assert ok.returncode == 0 and ok.stdout == b"done\n"  # allow twin
-    assert corral_containers() - before == set()
+    assert corral_containers(ws) - before == set()
     assert set(Path("/tmp").glob("corral-ctr-*")) <= scratch  # its private files are gone
     marker = f"34{uuid.uuid4().int % 1000:03d}"
     proc = c.popen(
@@ -93,19 +101,22 @@ def test_nothing_left_after_a_run_or_a_sigkill(root_sandbox: tuple[Corral, Path]
     )
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"up\n"
-    assert corral_containers() - before
+    assert corral_containers(ws) - before
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert wait_for(lambda: not (corral_containers() - before), 15), corral_containers()
+    assert wait_for(lambda: not (corral_containers(ws) - before), 15), corral_containers(ws)
     assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5)
     assert wait_for(lambda: set(Path("/tmp").glob("corral-ctr-*")) <= scratch, 5)
 
 
 @pytest.fixture
-def policy(root_sandbox: tuple[Corral, Path], case: TierCase) -> Iterator[object]:
+def policy(
+    root_sandbox: tuple[Corral, Path], case: TierCase, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[object]:
     from corral.policy import Policy
 
-    _, ws = root_sandbox
+    c, ws = root_sandbox
+    monkeypatch.setenv("XDG_STATE_HOME", str(c.state))  # its home layer: not in root's own
     p = Policy(str(ws))
     p.container.runtime = runtime(case)
     p.container.image = TEST_IMAGE
@@ -115,10 +126,11 @@ def policy(root_sandbox: tuple[Corral, Path], case: TierCase) -> Iterator[object
 def test_sandbox_is_lazy_shared_restarted_and_removed(policy: object) -> None:
     from corral import Sandbox
 
-    before = corral_containers()
+    ws = getattr(policy, "workspace")  # noqa: B009  (policy: object, for the fixture's sake)
+    before = corral_containers(ws)
     sb = Sandbox(policy, tier="container")
     try:
-        assert sb.starts == 0 and corral_containers() == before  # lazy: nothing yet
+        assert sb.starts == 0 and corral_containers(ws) == before  # lazy: nothing yet
         results: list[int] = []
 
         def call(i: int) -> None:
@@ -131,7 +143,7 @@ def test_sandbox_is_lazy_shared_restarted_and_removed(policy: object) -> None:
             t.join()
         assert results == [0] * 20
         assert sb.starts == 1  # 20 concurrent first calls, one container
-        mine = corral_containers() - before
+        mine = corral_containers(ws) - before
         assert len(mine) == 1
         # killed from outside while in use: the next call notices and starts afresh
         subprocess.run(["podman", "rm", "--force", "--time=0", *mine], capture_output=True)
@@ -139,10 +151,10 @@ def test_sandbox_is_lazy_shared_restarted_and_removed(policy: object) -> None:
         again = sb.exec("echo again")
         assert again.exit_code == 0 and again.stdout == b"again\n"
         assert sb.starts == 2
-        assert len(corral_containers() - before) == 1
+        assert len(corral_containers(ws) - before) == 1
     finally:
         sb.close()
-    assert wait_for(lambda: corral_containers() - before == set(), 10)
+    assert wait_for(lambda: corral_containers(ws) - before == set(), 10)
 
 
 def test_tiers_cases_are_listed() -> None:

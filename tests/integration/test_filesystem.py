@@ -47,7 +47,8 @@ def test_workspace_is_writable_and_outside_is_not(tsandbox: tuple[Corral, Path])
         echo x > {outside}/abs.txt 2>/dev/null && echo abs=WROTE || echo abs=denied
         echo x > ../outside/dotdot.txt 2>/dev/null && echo dotdot=WROTE || echo dotdot=denied
         echo x > /etc/corral-test 2>/dev/null && echo etc=WROTE || echo etc=denied
-        echo x > $HOME/home.txt 2>/dev/null && echo home=WROTE || echo home=denied
+        echo x > {c.home}/home.txt 2>/dev/null && echo home=WROTE || echo home=denied
+        echo x > $HOME/home.txt && echo layer=ok
         echo x > ${{TMPDIR:-/tmp}}/scratch && echo tmp=ok
         echo x > /tmp/scratch-{ws.parent.name} 2>/dev/null \
             && echo hosttmp=WROTE || echo hosttmp=denied
@@ -55,9 +56,12 @@ def test_workspace_is_writable_and_outside_is_not(tsandbox: tuple[Corral, Path])
     )
     out = r.stdout.decode()
     assert r.returncode == 0, r.stderr
-    assert "inside=ok" in out and "tmp=ok" in out
-    for key in ("abs", "dotdot", "etc", "home"):
+    # $HOME is the workspace's home layer (corral.home), not the real home
+    assert "inside=ok" in out and "tmp=ok" in out and "layer=ok" in out
+    for key in ("abs", "dotdot", "etc"):
         assert f"{key}=denied" in out, out
+    # containers: the home's path holds the layer itself (the host home is absent)
+    assert ("home=denied" in out) == sees_host_root(c), out
     assert (ws / "inside.txt").read_text() == "ok\n"
     assert list(outside.iterdir()) == []
     assert not Path("/etc/corral-test").exists()
@@ -129,9 +133,11 @@ def test_default_secrets_are_unreadable(tsandbox: tuple[Corral, Path]) -> None:
     (c.home / "notes.txt").write_text("public-notes\n")
     (c.home / ".config" / "app.conf").write_text("public-config\n")
     c.chown(c.home)
-    script = "; ".join(f"cat $HOME/{rel} 2>&1" for rel in SECRET_FILES)
-    script += "; echo LS:$(ls -A $HOME/.ssh $HOME/.aws 2>/dev/null):LS"
-    script += "; cat $HOME/notes.txt $HOME/.config/app.conf"
+    # the real home's own paths: $HOME inside is the home layer (tests/integration/test_home.py)
+    home = c.home
+    script = "; ".join(f"cat {home}/{rel} 2>&1" for rel in SECRET_FILES)
+    script += f"; echo LS:$(ls -A {home}/.ssh {home}/.aws 2>/dev/null):LS"
+    script += f"; cat {home}/notes.txt {home}/.config/app.conf"
     r = c.sh(ws, script)
     out = r.stdout.decode()
     assert "CANARY" not in out, out
@@ -159,8 +165,8 @@ def test_secret_created_after_launch_stays_hidden(tsandbox: tuple[Corral, Path])
             "--",
             "sh",
             "-c",
-            "cat $HOME/notes.txt; while [ ! -e ready ]; do sleep 0.05; done; "
-            "cat $HOME/.aws/credentials $HOME/.ssh/id_rsa 2>&1; ls $HOME; echo done",
+            f"cat {c.home}/notes.txt; while [ ! -e ready ]; do sleep 0.05; done; "
+            f"cat {c.home}/.aws/credentials {c.home}/.ssh/id_rsa 2>&1; ls {c.home}; echo done",
         ],
         cwd=ws,
         stdout=subprocess.PIPE,
@@ -296,7 +302,7 @@ def test_concurrent_runs_share_nothing(tsandbox: tuple[Corral, Path]) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert all(r.returncode == 0 for r in results)
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
     assert sorted(int(r.stdout.split()[0]) for r in results) == [0, 1, 2, 3]
     assert all((ws / f"out{i}").exists() for i in range(4))
 

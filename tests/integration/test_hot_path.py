@@ -3,6 +3,7 @@ milliseconds (bench/run_latency.py measures it; this test keeps it from creeping
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,7 @@ def test_default_run_imports_nothing_heavy(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-c", PROBE.format(heavy=HEAVY)],
         cwd=tmp_path,
+        env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")},  # not the user's own
         capture_output=True,
         text=True,
         timeout=60,

@@ -96,3 +96,35 @@ def test_mcp_tools_over_stdio(ws: Path) -> None:
     assert (ws / "a.txt").read_text() == "x"
     assert not (ws / ".git" / "hooks" / "pre-commit").exists()
     assert os.listdir(ws / ".git" / "hooks") == []
+
+
+def test_mcp_applies_the_run_options_and_is_recorded(ws: Path) -> None:
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    state = ws.parent / "state"
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "corral", "mcp", "--workspace", str(ws), "--timeout", "1", "-q"],
+        env={
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(ws.parent / "home"),
+            "PYTHONPATH": src,
+            "XDG_STATE_HOME": str(state),
+        },
+    )
+
+    async def go() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            slow = payload(await s.call_tool("run_command", {"command": "sleep 5"}))
+            assert isinstance(slow, dict) and slow["timed_out"] and slow["exit_code"] == 124
+            quick = payload(await s.call_tool("run_command", {"command": "echo ok"}))
+            assert isinstance(quick, dict) and quick["stdout"] == "ok\n"  # the allow twin
+            missing = payload(await s.call_tool("run_command", {"command": "no-such-cmd"}))
+            assert isinstance(missing, dict) and missing["exit_code"] == 127
+            text = payload(await s.call_tool("describe_sandbox", {}))
+            assert "Each command is stopped after 1s." in str(text)
+
+    anyio.run(go)
+    (record,) = [json.loads(x) for x in (state / "corral" / "runs.jsonl").read_text().splitlines()]
+    assert record["kind"] == "mcp" and record["execs"] == 3
+    assert [c["exit"] for c in record["commands"]] == [124, 0, 127]

@@ -7,7 +7,6 @@ passes only if the same path works under the same policy.
 
 from __future__ import annotations
 
-import glob
 import http.server
 import json
 import os
@@ -101,7 +100,10 @@ def test_http_forwarding_allowed_and_denied(
     assert body["decision"] == "deny" and body["port"] == bad.port and body["rule"] == "default"
     assert ok.hits == [("GET", "/hello")]
     assert bad.hits == []  # evidence from outside: nothing reached the forbidden origin
-    assert b"network: denied 1 request: 127.0.0.1:" in r.stderr
+    assert (
+        f"corral: blocked: 127.0.0.1:{bad.port} (rule default: address not in the allow list; "
+        f"allow with --allow 127.0.0.1:{bad.port})"
+    ).encode() in r.stderr
 
 
 def test_connect_tunnel_allowed_and_denied(
@@ -213,23 +215,31 @@ def test_wildcard_and_port_rules(
 def test_no_route_around_the_proxy(
     tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
+    """Without proxy variables, a host port is reached only where the policy allows it,
+    and then through the proxy (an audit line), never around it."""
     c, ws = tsandbox
-    ok, _ = origins
+    ok, bad = origins
     r = c.sh(
         ws,
         f"""
         env -u http_proxy -u HTTP_PROXY -u ALL_PROXY -u all_proxy \
-            curl -sS --max-time 5 http://127.0.0.1:{ok.port}/direct || echo direct=failed
-        curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{ok.port}/np || echo noproxy=failed
+            curl -sS --max-time 5 http://127.0.0.1:{bad.port}/direct || echo direct=failed
+        curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{bad.port}/np || echo noproxy=failed
+        curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{ok.port}/own || echo own=failed
         {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/via-proxy
     """,
         "--allow",
         f"127.0.0.1:{ok.port}",
     )
     out = r.stdout.decode()
-    assert "direct=failed" in out and "noproxy=failed" in out
+    assert "direct=failed" in out and "noproxy=failed" in out and bad.hits == []
     assert "hello from origin" in out  # allow twin in the same run
-    assert ok.hits == [("GET", "/via-proxy")]
+    services = [e for e in net_log(c) if e["scheme"] == "service"]
+    if c.has("netns"):  # the allowed host service at its own address, through the proxy
+        assert ok.hits == [("GET", "/own"), ("GET", "/via-proxy")]
+        assert [(e["port"], e["decision"]) for e in services] == [(ok.port, "allow")]
+    else:  # landlock: no namespace to serve it in; TCP only to the proxy's port
+        assert "own=failed" in out and ok.hits == [("GET", "/via-proxy")] and services == []
 
 
 def test_mode_none_has_no_network_at_all(
@@ -256,19 +266,19 @@ def test_proxy_killed_mid_run_fails_closed(
         {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/after || echo after=failed
         echo x > still-writable && echo finished
     """
+    tmp = ws.parent / "tmp"  # this run's own TMPDIR: other runs on the machine have doors too
+    tmp.mkdir()
+    c.chown(tmp)
     proc = c.popen(
         ["run", "-q", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script],
         cwd=ws,
+        env={"TMPDIR": str(tmp)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     try:
         assert wait_for(lambda: (ws / "first-ok").exists(), 20)
-        doors = [
-            d
-            for d in glob.glob("/tmp/corral-door-*")
-            if os.path.exists(os.path.join(d, "proxy.pid")) and os.stat(d).st_uid == c.uid
-        ]
+        doors = [str(d) for d in tmp.glob("corral-door-*") if (d / "proxy.pid").exists()]
         pids = [int(p) for d in doors for p in Path(d, "proxy.pid").read_text().split()]
         own = [p for p in pids if _parent(p) == proc.pid]
         assert own, (pids, proc.pid)
@@ -283,7 +293,8 @@ def test_proxy_killed_mid_run_fails_closed(
     assert proc.returncode == 0  # nothing else changed
     assert ok.hits == [("GET", "/before")]
     assert not any(os.path.exists(d) for d in doors)  # no socket file left behind
-    assert wait_for(lambda: not pids_matching("relay.py --door"), 5)
+    # nothing of this run's is left: its processes all carry the allowed port
+    assert wait_for(lambda: not pids_matching(f"127.0.0.1:{ok.port}"), 5)
 
 
 def _parent(pid: int) -> int:
@@ -395,7 +406,9 @@ def test_nothing_left_after_network_runs(
 ) -> None:
     c, ws = tsandbox
     ok, _ = origins
-    before = set(glob.glob("/tmp/corral-door-*"))
+    tmp = ws.parent / "tmp"  # this run's own TMPDIR: other runs on the machine have doors too
+    tmp.mkdir()
+    c.chown(tmp)
     r = c.sh(
         ws,
         f"sleep 30 & {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/; wait",
@@ -403,8 +416,10 @@ def test_nothing_left_after_network_runs(
         f"127.0.0.1:{ok.port}",
         "--timeout",
         "2",
+        env={"TMPDIR": str(tmp)},
     )
     assert r.returncode == 124 and b"hello from origin" in r.stdout
     time.sleep(0.2)
-    assert set(glob.glob("/tmp/corral-door-*")) <= before
-    assert not pids_matching("relay.py --door")
+    assert list(tmp.glob("corral-door-*")) == []
+    # nothing of this run's is left: its processes all carry the allowed port
+    assert wait_for(lambda: not pids_matching(f"127.0.0.1:{ok.port}"), 5)

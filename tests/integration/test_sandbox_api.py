@@ -225,11 +225,13 @@ def test_files_obey_the_policy(sb: Sandbox, home_ws: tuple[Path, Path], tier: Ti
             box.files.write(".vscode/tasks.json", "{}")  # missing write-deny path
         with pytest.raises(PathDenied):
             box.files.read(".env")
-        # containers: the host home is not in the image at all (absent, not read-only)
+        # containers: the host is not in the image at all (absent, not read-only);
+        # there the home's own path holds the home layer, so look beside it
+        outside = home if "host-root" in tier.props else home.parent
         denied = PathDenied if "host-root" in tier.props else (PathDenied, FileNotFoundError)
         with pytest.raises(denied):
-            box.files.write(str(home / "outside.txt"), "x")
-        os.symlink(home, ws / "escape")
+            box.files.write(str(outside / "outside.txt"), "x")
+        os.symlink(outside, ws / "escape")
         with pytest.raises(denied):
             box.files.write("escape/through-link.txt", "x")
         with pytest.raises(FileNotFoundError):
@@ -246,10 +248,10 @@ def test_closed_sandbox_and_nothing_left(home_ws: tuple[Path, Path], tier: TierC
     box.spawn(f"sleep {marker}")
     box.spawn(f"setsid sleep {marker}")
     if tier.id == "gvisor":  # its processes live in gVisor's kernel, not the host's
-        before = corral_containers()
+        before = corral_containers(ws)
         assert wait_for(lambda: len(box.processes()) == 2, 5)
         box.close()
-        assert wait_for(lambda: not (corral_containers() & before), 10)
+        assert wait_for(lambda: not (corral_containers(ws) & before), 10)
         return
     assert wait_for(lambda: len(pids_matching(f"sleep {marker}")) >= 2, 5)
     box.close()
@@ -298,7 +300,7 @@ def test_async_sandbox_fifty_concurrent(home_ws: tuple[Path, Path], tier: TierCa
     asyncio.run(go())
 
 
-def corral_containers() -> set[str]:
+def corral_containers(workspace: object = None) -> set[str]:
     """Names of corral's containers (the evidence on gVisor, whose processes the
     host's ps cannot see)."""
     import shutil
@@ -307,7 +309,15 @@ def corral_containers() -> set[str]:
     if not shutil.which("podman"):
         return set()
     out = subprocess.run(
-        ["podman", "ps", "-a", "--filter", "label=corral=1", "--format", "{{.Names}}"],
+        [
+            "podman",
+            "ps",
+            "-a",
+            "--filter",
+            f"label=corral.workspace={workspace}" if workspace else "label=corral=1",
+            "--format",
+            "{{.Names}}",
+        ],
         capture_output=True,
         text=True,
     )
@@ -339,11 +349,11 @@ time.sleep(60)
     assert host.stdout is not None
     assert host.stdout.readline() == b"up\n"
     if tier.id == "gvisor":  # its processes live in gVisor's kernel: watch the container
-        mine = corral_containers()
+        mine = corral_containers(ws)
         assert mine
         host.kill()
         host.wait()
-        assert wait_for(lambda: not (corral_containers() & mine), 15)
+        assert wait_for(lambda: not (corral_containers(ws) & mine), 15)
     else:
         assert wait_for(lambda: bool(pids_matching(f"sleep {marker}")), 5)
         host.kill()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import select
@@ -83,6 +84,29 @@ def test_shell_that_cannot_start_is_one_line(tsandbox: tuple[Corral, Path]) -> N
     r = c.run(["shell", "-q", "--", "no-such-shell"], cwd=ws, input=b"")
     text = r.stdout + r.stderr  # the pty carries the shim's words to our stdout
     assert r.returncode == 127, text
-    assert b"cannot start no-such-shell" in text and b"Traceback" not in text
+    assert b"corral: no-such-shell: command not found in the sandbox" in text
+    assert b"Traceback" not in text
     ok = c.run(["shell", "-q", "--", "sh", "-c", "echo started"], cwd=ws, input=b"")
     assert ok.returncode == 0 and b"started" in ok.stdout + ok.stderr  # the twin
+
+
+@pytest.mark.tiers("namespace", "landlock", why="corral shell is refused on the container tiers")
+def test_shell_is_recorded_and_speaks_corrals_words(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    r = c.run(["shell", "-q", "--", "sh", "-c", "echo in-shell; exit 3"], cwd=ws, input=b"")
+    assert r.returncode == 3 and b"in-shell" in r.stdout
+    missing = c.run(["shell", "-q", "--", "no-such-shell"], cwd=ws, input=b"")
+    assert missing.returncode == 127
+    assert b"corral: no-such-shell: command not found in the sandbox (PATH=" in missing.stdout
+    records = [json.loads(x) for x in c.run(["log", "--json"], cwd=ws).stdout.splitlines()]
+    assert [(x["kind"], x["argv"], x["exit"]) for x in records] == [
+        ("shell", ["sh", "-c", "echo in-shell; exit 3"], 3),
+        ("shell", ["no-such-shell"], 127),
+    ]
+    assert "[shell] sh -c echo in-shell; exit 3" in c.run(["log"], cwd=ws).stdout.decode()
+    assert all(isinstance(x["duration"], float) and x["duration"] > 0 for x in records)
+    # what the shell's end finds is told after it, as for corral run
+    made = c.run(["shell", "-q", "--", "sh", "-c", "mkdir .idea"], cwd=ws, input=b"")
+    assert made.returncode == 0
+    assert f"corral: denied write: {ws / '.idea'} (write-deny) was created".encode() in made.stderr
+    assert not (ws / ".idea").exists()

@@ -123,4 +123,5 @@ def test_transparent_explain_shows_the_rules(sandbox: tuple[Corral, Path]) -> No
         return
     text = r.stdout.decode()
     assert "--unshare-net" not in text  # corral makes the namespace itself
-    assert "--transparent 15001" in text and "--dns 15053" in text
+    assert "  capture 127.0.0.1:15001" in text and "  dns 127.0.0.1:53/udp" in text
+    assert "nftables: every TCP connection to capture, every DNS query to dns" in text

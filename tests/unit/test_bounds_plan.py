@@ -68,7 +68,7 @@ def test_gvisor_minimum_is_below_the_default() -> None:
 
 @pytest.mark.parametrize(
     ("size", "text"),
-    [(4 * GiB, "4G"), (12052 * MiB, "12052M"), (1536 << 10, "1536K"), (1000, "1000")],
+    [(4 * GiB, "4G"), (12052 * MiB, "12052M"), (1536 << 10, "1536K"), (1000, "1000B")],
 )
 def test_size_text_reads_back(size: int, text: str) -> None:
     assert bounds.size_text(size) == text

@@ -133,7 +133,8 @@ def test_parse_errors(args: list[str], positional: bool, fragment: str) -> None:
         (["run", "--cpus", "many", "--", "true"], "--cpus"),
         (["run", "--pids", "-1", "--", "true"], "--pids"),
         (["run", "--output-limit", "x", "--", "true"], "--output-limit"),
-        (["run", "--env", "A=B", "--", "true"], "--env"),
+        (["run", "--env", "=B", "--", "true"], "--env"),
+        (["run", "--env", "A\0=B", "--", "true"], "--env"),
         (["run", "--tier", "nosuchtier", "--", "true"], "unknown tier 'nosuchtier'"),
         (["run", "--workspace", "/", "--", "true"], "workspace cannot be /"),
         (["run", "--tier"], "needs a value"),
@@ -266,6 +267,9 @@ def test_doctor_text_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 0
     assert err == ""
     tier_part, _, defaults = out.partition("\ndefaults (this host: ")
+    defaults, _, home = defaults.partition("\nhome layers (")
+    assert "namespace, landlock: $HOME is the workspace's home layer" in home
+    home, _, tls_line = home.rstrip("\n").rpartition("\n")
     lines = [line for line in tier_part.splitlines() if not line.startswith(" ")]
     assert len(lines) == len(tiers.REGISTRY) + 1
     for name, line in zip(tiers.REGISTRY, lines, strict=False):
@@ -284,6 +288,8 @@ def test_doctor_text_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> Non
 
     if abi_version() >= 6:  # what the landlock tier does not hide is said plainly
         assert "compared with namespace:" in out and "host processes are visible" in out
+    # last, TLS inspection: the package it needs and where the user's CA is
+    assert tls_line.startswith("tls inspection: ")
 
 
 def test_doctor_survives_a_broken_health_check(
@@ -327,3 +333,90 @@ def test_broken_pipe_ends_like_a_pipeline(
     assert code == 141 and err == ""
     code, out, err = run_main(["--version"], capsys)  # allow twin: a reader that stays
     assert code == 0 and out.startswith("corral ")
+
+
+# -- help from the option tables; options that do not apply ---------------------------
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_every_command_has_help_listing_every_option_it_parses(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    usage, _, table = cli.COMMANDS[command]
+    prefix = {"policy": ["policy"], "proxy": ["proxy"]}.get(command, [command])
+    for args in ([*prefix, "--help"], [*prefix, "-h"], ["help", command]):
+        code, out, err = run_main(args, capsys)
+        assert (code, err) == (0, ""), args
+        assert out.startswith(f"usage: corral {command} {usage}\n"), out
+        for option in table:  # generated from the table: nothing parsed goes unlisted
+            assert f"  {option}" in out or f", {option}" in out, (command, option)
+    if command in ("policy", "proxy"):  # the subcommand's own --help too
+        sub = ["import"] if command == "policy" else ["serve"]
+        code, out, _ = run_main([command, *sub, "--help"], capsys)
+        assert code == 0 and out.startswith(f"usage: corral {command} ")
+
+
+def test_top_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run_main(["--help"], capsys)
+    for command, (usage, what, _) in cli.COMMANDS.items():
+        assert f"corral {command} {usage}" in out and what in out
+    assert "125  the sandbox could not be set up" in out
+    code, _, err = run_main(["help", "nosuch"], capsys)
+    assert code == EXIT_USAGE
+    assert_one_error_line(err, "no help for 'nosuch'")
+
+
+def test_help_after_the_command_is_the_commands_own() -> None:
+    opts, command = cli.parse(["-q", "ls", "--help"], cli.RUN_OPTIONS, True, "run")
+    assert opts == {"quiet": True} and command == ["ls", "--help"]
+    _, command = cli.parse(["--", "--help"], cli.RUN_OPTIONS, True, "run")
+    assert command == ["--help"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["shell", "--timeout", "5"], "--timeout does not apply to corral shell"),
+        (["shell", "--output-limit=1M"], "--output-limit does not apply to corral shell"),
+        (["mcp", "--explain"], "--explain does not apply to corral mcp"),
+        (["mcp", "--pass-fd", "3"], "--pass-fd does not apply to corral mcp"),
+        (["mcp", "--report", "json"], "--report does not apply to corral mcp"),
+        (["doctor", "--allow", "x"], "unknown option --allow for corral doctor"),
+        (["log", "--host", "x"], "--host filters the network audit log: use it with --net"),
+        (["log", "--decision", "deny"], "--decision filters the network audit log"),
+        (["log", "--net-log", "f"], "--net-log filters the network audit log"),
+        (["log", "--net", "--log", "f"], "--log is the activity log; with --net"),
+        (["proxy", "serve", "--tier", "x"], "unknown option --tier for corral proxy serve"),
+        (["policy", "import", "--allow", "x", "f.json"], "unknown option --allow"),
+    ],
+)
+def test_options_that_do_not_apply_are_errors(
+    args: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_main(args, capsys)
+    assert (code, out) == (EXIT_USAGE, "")
+    assert_one_error_line(err, fragment)
+
+
+def test_the_same_options_apply_where_they_mean_something() -> None:
+    # the allow twins of the refusals above: each parses for the command it belongs to
+    assert cli.parse(["--explain"], cli.SHELL_OPTIONS, True, "shell")[0] == {"explain": True}
+    assert cli.parse(["--timeout", "5"], cli.MCP_OPTIONS, False, "mcp")[0] == {"timeout": "5"}
+    opts, _ = cli.parse(["--report", "json", "--timeout", "5"], cli.RUN_OPTIONS, True, "run")
+    assert opts == {"report": "json", "timeout": "5"}
+
+
+def test_shell_explain_prints_the_plan(isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["shell", "--tier", "none", "--explain", "--", "sh"], capsys)
+    # tier none is refused for a shell before any plan: the refusal is the answer
+    assert code == EXIT_USAGE
+    code, out, err = run_main(["shell", "--tier", "landlock", "--explain", "--", "sh"], capsys)
+    assert (code, err) == (0, "")
+    assert out.startswith("tier: landlock\n") and "TIOCSCTTY" in out  # the pty shim, not run
+
+
+def test_env_name_passes_and_name_value_sets(isolated: Path) -> None:
+    pol = cli.build_policy({"env": ["KEEP", "GIVEN=a=b", "EMPTY="]})
+    assert pol.env.pass_names == ["KEEP"]
+    assert pol.env.set_values == {"GIVEN": "a=b", "EMPTY": ""}
+    assert "a=b" not in json.dumps(pol.to_dict())  # values stay out of digests and --explain

@@ -108,3 +108,32 @@ def test_cwd_through_symlink_is_resolved(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.chdir(tmp_path / "alias")
     pol = Policy(os.path.realpath(tmp_path / "ws"))
     assert environ.sandbox_cwd(pol, [pol.workspace]) == pol.workspace
+
+
+def test_certificate_bundle_variables_pass_by_default(tmp_path: Path) -> None:
+    host = {**HOST_ENV, **{name: f"/etc/ca/{name}.pem" for name in defaults.CA_ENV}}
+    env = environ.sandbox_env(Policy(str(tmp_path)), host)
+    for name in ("SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "PIP_CERT"):
+        assert env[name] == f"/etc/ca/{name}.pem"
+    assert set(defaults.CA_ENV) <= set(env)
+    assert "AWS_SECRET_ACCESS_KEY" not in env  # the deny twin: everything else still stays out
+
+
+def test_registry_variables_pass_only_when_named(tmp_path: Path) -> None:
+    token = {name: f"https://user:tok-{name}@registry.test/" for name in defaults.REGISTRY_ENV}
+    pol = Policy(str(tmp_path))
+    env = environ.sandbox_env(pol, {**HOST_ENV, **token})
+    assert not set(defaults.REGISTRY_ENV) & set(env)
+    assert not any("tok-" in v for v in env.values())
+    pol.env.pass_names = ["PIP_INDEX_URL", "NPM_CONFIG_REGISTRY"]
+    env = environ.sandbox_env(pol, {**HOST_ENV, **token})
+    assert env["PIP_INDEX_URL"] == token["PIP_INDEX_URL"]
+    assert env["NPM_CONFIG_REGISTRY"] == token["NPM_CONFIG_REGISTRY"]
+    assert "UV_INDEX_URL" not in env
+
+
+def test_no_registry_or_token_name_among_the_defaults() -> None:
+    passing = {*defaults.BASE_ENV, *defaults.CA_ENV}
+    assert not passing & set(defaults.REGISTRY_ENV)
+    words = ("TOKEN", "KEY", "SECRET", "PASSWORD", "_URL", "REGISTRY", "INDEX")
+    assert not any(w in n for n in passing for w in words)

@@ -500,3 +500,41 @@ def test_hardlink_note_lists_at_most_ten() -> None:
     found = [f"/ws/f{n}" for n in range(12)]
     note = fsplan.hardlink_decision(found, "read-only")
     assert "/ws/f9" in note and "/ws/f10" not in note and "and 2 more" in note
+
+
+def test_read_only_git_files_are_watched_through_their_lock(lay: Layout) -> None:
+    ws = lay.ws
+    git, sub = ws / ".git", ws / "sub" / ".git"
+    for d in (git, sub):
+        (d / "hooks").mkdir(parents=True)
+        (d / "config").write_text("")
+    (git / "config.worktree").write_text("")
+    plan = plan_filesystem(policy_for(lay, []))
+    assert plan.lock_watch == {
+        str(git): {
+            "config.lock": str(git / "config"),
+            "config.worktree.lock": str(git / "config.worktree"),
+        },
+        str(sub): {"config.lock": str(sub / "config")},  # a missing config.worktree: quarantined
+    }
+    (ws / "plain").mkdir()
+    assert plan_filesystem(policy_for(lay, [])).lock_watch.keys() == {str(git), str(sub)}
+
+
+def test_configs_that_hold_registry_tokens_are_unreadable_by_default(lay: Layout) -> None:
+    home = lay.home
+    (home / ".npmrc").write_text("//registry.npmjs.org/:_authToken=npm_secret\n")
+    (home / ".pip").mkdir()
+    (home / ".pip" / "pip.conf").write_text("[global]\nindex-url = https://u:tok@host/\n")
+    (home / ".config" / "pip").mkdir(parents=True)
+    (home / ".config" / "pip" / "pip.conf").write_text("[global]\n")
+    (home / ".config" / "other.conf").write_text("fine\n")  # the allow twin: not a secret
+    plan = plan_filesystem(policy_for(lay))
+    assert str(home / ".npmrc") in dests(plan, "mask-file")
+    assert {str(home / ".pip"), str(home / ".config" / "pip")} <= set(dests(plan, "mask-dir"))
+    masked = set(dests(plan, "mask-file")) | set(dests(plan, "mask-dir"))
+    assert str(home / ".config" / "other.conf") not in masked
+    # absent ones are still hidden if created later: their parent is snapshotted
+    for name in (".yarnrc", ".bunfig.toml", ".condarc"):
+        assert str(home / name) in plan.read_deny
+    assert str(home) in dests(plan, "remount-ro")

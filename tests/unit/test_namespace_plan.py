@@ -50,13 +50,20 @@ def test_argv_has_every_hardening_flag(workspace: Path, monkeypatch: pytest.Monk
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
-        "--unshare-net",
         "--unshare-cgroup",
         "--disable-userns",
         "--die-with-parent",
         "--new-session",
     ):
         assert flag in options, flag
+    # the network namespace is corral's own: the launcher makes it (loopback and a
+    # resolver that refuses every name), bwrap must not replace it with another
+    assert "--unshare-net" not in options
+    assert plan.netns is not None and plan.netns.handoff is None
+    assert [str(listener) for listener in plan.netns.listeners] == [
+        "dns 127.0.0.1:53/udp",
+        "dns [::1]:53/udp",
+    ]
     assert options[options.index("--cap-drop") + 1] == "ALL"
     assert options[options.index("--json-status-fd") + 1] == str(FD_STATUS) == "3"
     assert options[options.index("--seccomp") + 1] == str(FD_SECCOMP) == "4"

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from corral.net.audit import describe, summary_line
+from corral.net.audit import Audit, DenyKey, describe, tally_lines
 from corral.net.door import Door
 
 
-def read(text: str) -> tuple[dict[str, int], Door]:
+def read(text: str) -> tuple[dict[DenyKey, int], Door]:
     door = Door.__new__(Door)  # only the reader's state; no sockets, no processes
     door.errors = 0
     door.crashes = []
     return door._read_tally(text), door
 
 
+EVIL = ("evil.test", 443, "default", "host not in the allow list", "", "")
+
+
 def test_denials_from_every_worker_add_up() -> None:
-    tally, door = read("deny\tevil.test:443\t2\nerrors\t0\ndeny\tevil.test:443\t1\nerrors\t0\n")
-    assert tally == {"evil.test:443": 3}
+    line = "deny\t" + "\t".join(map(str, EVIL))
+    tally, door = read(f"{line}\t2\nerrors\t0\n{line}\t1\nerrors\t0\n")
+    assert tally == {EVIL: 3}
     assert door.errors == 0 and door.crashes == []
 
 
@@ -26,10 +30,39 @@ def test_errors_and_crashes_are_counted() -> None:
     assert door.crashes == ["proxy worker: OSError: no space (audit.py:40)"]
 
 
+def test_the_tally_carries_rule_reason_lookup_and_address() -> None:
+    audit = Audit(None)  # counts only: no file
+    entries = [
+        {"host": "evil.test", "port": 443, "decision": "deny", "rule": "default", "reason": "x"},
+        {"host": "evil.test", "port": 443, "decision": "deny", "rule": "default", "reason": "x"},
+        {
+            "host": "svc.test",
+            "port": 8080,
+            "decision": "deny",
+            "rule": "rebinding",
+            "reason": "svc.test resolved to internal address 127.0.0.1\tand\nmore",
+            "address": "127.0.0.1",
+        },
+        {"host": "name.test", "port": 53, "scheme": "dns", "decision": "deny", "rule": "default"},
+        {"host": "ok.test", "port": 443, "decision": "allow", "rule": "ok.test"},
+    ]
+    for entry in entries:
+        audit.record(entry)
+    text = tally_lines(audit.denied)
+    assert text.count("\n") == 3  # one line per destination and reason; allows are not tallied
+    tally, _ = read(text)
+    assert tally[("evil.test", 443, "default", "x", "", "")] == 2
+    rebinding = ("svc.test", 8080, "rebinding", next(k[3] for k in tally if k[0] == "svc.test"))
+    assert "\t" not in rebinding[3] and "\n" not in rebinding[3]  # a field stays one field
+    assert tally[(*rebinding, "", "127.0.0.1")] == 1
+    assert tally[("name.test", 53, "default", "", "1", "")] == 1  # a lookup
+
+
 def test_an_escaped_bad_name_stays_one_line_and_printable() -> None:
-    tally, _ = read("deny\tevil.test\\x00.wild.test:1080\t1\nnot a line\n")
-    assert tally == {"evil.test\\x00.wild.test:1080": 1}
-    assert summary_line(tally).isprintable()
+    key = ("evil.test\\x00.wild.test", 1080, "bad-name", "control character", "", "")
+    tally, _ = read(tally_lines({key: 1}) + "not a line\ndeny\tshort\t1\n")
+    assert tally == {key: 1}
+    assert all(part.isprintable() for part in key[0])
 
 
 def test_describe_is_one_line_with_the_innermost_frame() -> None:

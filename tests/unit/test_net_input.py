@@ -8,9 +8,10 @@ origin (tests/unit/test_net_proxy_unit.py) records every connection and
 request.  Each deny has an allow twin under the same rules: the correctly
 spelled name reaches the origin by the same path.
 
-Paths: HTTP absolute-form, CONNECT, SOCKS5 domain names, and, through a unix
-door that takes corral's relay frames, transparent connections named by Host
-or by TLS SNI, and DNS frames.
+Paths: HTTP absolute-form, CONNECT, SOCKS5 domain names, transparent mode's
+capture port (connections named by Host or by TLS SNI; where each was going
+comes from a stand-in for netfilter), and DNS frames through a unix door that
+takes corral's relay frames.
 """
 
 from __future__ import annotations
@@ -61,18 +62,31 @@ class LoggingResolver:
 
 class World:
     def __init__(
-        self, origin: Origin, proxy: Proxy, resolver: LoggingResolver, port: int, door: str
+        self,
+        origin: Origin,
+        proxy: Proxy,
+        resolver: LoggingResolver,
+        port: int,
+        door: str,
+        capture_port: int,
     ) -> None:
         self.origin = origin
         self.proxy = proxy
         self.resolver = resolver
         self.port = port  # the proxy's TCP listener: no relay frames there
-        self.door = door  # a unix door that takes the relay's frames (a transparent run's)
+        self.door = door  # a unix door that takes the relay's frames
+        # transparent mode's capture port: every connection "was going" to the origin
+        self.capture_port = capture_port
         self.audit_path = Path(door).with_name("net.jsonl")
         self.clients: list[asyncio.StreamWriter] = []
 
     async def tcp(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.clients.append(writer)
+        return reader, writer
+
+    async def capture(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.capture_port)
         self.clients.append(writer)
         return reader, writer
 
@@ -114,14 +128,26 @@ async def world(
     resolver = LoggingResolver(table or {})
     audit = Audit(str(here / "net.jsonl"))
     chain = Chain([HostRulesHook(rules), *(hooks or [])])
-    proxy = Proxy(chain, audit, hosts, resolver, **timeouts)
+    # a transparent run's proxy: DNS answers are stand-ins
+    proxy = Proxy(chain, audit, hosts, resolver, stand_ins=True, **timeouts)
     tcp = await proxy.serve_tcp("127.0.0.1", 0, RUN_ID)
     door = str(here / "door.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(door)
     sock.listen(16)
-    unix = await proxy.serve_unix(sock, RUN_ID, internal=True)
-    w = World(origin, proxy, resolver, tcp.sockets[0].getsockname()[1], door)
+    unix = await proxy.serve_unix(sock, RUN_ID)
+    listener = socket.create_server(("127.0.0.1", 0))
+    capture = await proxy.serve_capture(
+        listener, RUN_ID, original=lambda _sock: ("127.0.0.1", origin.port)
+    )
+    w = World(
+        origin,
+        proxy,
+        resolver,
+        tcp.sockets[0].getsockname()[1],
+        door,
+        listener.getsockname()[1],
+    )
     try:
         yield w
     finally:
@@ -129,6 +155,7 @@ async def world(
             client.close()
         tcp.close()
         unix.close()
+        capture.close()
         origin.close()
         audit.close()
 
@@ -192,18 +219,14 @@ async def via_socks5(w: World, name: bytes) -> Outcome:
 
 
 def capture_frame(port: int) -> bytes:
-    """What corral's relay sends for a captured connection to 127.0.0.1:PORT."""
+    """What corral's relay once sent for a captured connection to 127.0.0.1:PORT;
+    the proxy now reads that from netfilter, and this is a frame on no door."""
     return b"\xfe" + b"127.0.0.1 %d\n" % port
 
 
 async def via_transparent_host(w: World, name: bytes) -> Outcome:
-    reader, writer = await w.unix()
-    writer.write(
-        capture_frame(w.origin.port)
-        + b"GET /named HTTP/1.1\r\nHost: "
-        + name
-        + b"\r\nConnection: close\r\n\r\n"
-    )
+    reader, writer = await w.capture()
+    writer.write(b"GET /named HTTP/1.1\r\nHost: " + name + b"\r\nConnection: close\r\n\r\n")
     data = await reader.read()
     writer.close()  # the tunnel ends, and its audit line is written
     if not data:
@@ -231,8 +254,8 @@ def client_hello(server_name: bytes) -> bytes:
 
 async def via_transparent_sni(w: World, name: bytes) -> Outcome:
     before = w.origin.accepts
-    reader, writer = await w.unix()
-    writer.write(capture_frame(w.origin.port) + client_hello(name))
+    reader, writer = await w.capture()
+    writer.write(client_hello(name))
     # Refused: the proxy closes (nothing to say to TLS).  Allowed: the origin accepts.
     for _ in range(200):
         if w.origin.accepts > before:
@@ -653,7 +676,7 @@ def test_an_idle_keep_alive_connection_is_closed_and_a_busy_one_is_not(tmp_path:
     run(go)
 
 
-# -- internal frames belong to a transparent run's unix door only ---------------------------
+# -- the relay's frames belong to a unix door only ------------------------------------------
 
 
 def test_relay_frames_on_a_tcp_port_are_not_http_and_get_400(tmp_path: Path) -> None:
@@ -669,21 +692,24 @@ def test_relay_frames_on_a_tcp_port_are_not_http_and_get_400(tmp_path: Path) -> 
                 response = await read_response(reader)
                 assert response.status == 400
             assert w.origin.accepts == 0 and w.resolver.asked == []
-            # twin: the same frames on the door of a transparent run are served
+            # twins: a DNS frame on the unix door, and the capture port, are served
             assert (await via_dns(w, b"good.wild.test")).reached
             assert (await via_transparent_host(w, b"good.wild.test")).reached
 
     run(go)
 
 
-def test_a_unix_door_that_is_not_a_transparent_runs_takes_no_frames(tmp_path: Path) -> None:
+def test_the_old_capture_frame_is_no_frame_on_a_unix_door(tmp_path: Path) -> None:
+    """A captured connection's destination comes from netfilter on the capture
+    port, never from bytes a client sends: the relay's old 0xfe frame is not HTTP."""
+
     async def go() -> None:
         async with world(tmp_path, ["127.0.0.1:{port}"]) as w:
             path = str(tmp_path / "plain.sock")
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.bind(path)
             sock.listen(4)
-            server = await w.proxy.serve_unix(sock, RUN_ID)  # internal defaults to False
+            server = await w.proxy.serve_unix(sock, RUN_ID)  # with the relay's frames
             try:
                 reader, writer = await asyncio.open_unix_connection(path)
                 writer.write(capture_frame(w.origin.port) + b"GET / HTTP/1.1\r\n\r\n")

@@ -501,7 +501,8 @@ def test_denied_host_gets_403_json_and_allowed_twin_works(tmp_path: Path) -> Non
             assert denied_line["address"] is None
             assert (denied_line["bytes_up"], denied_line["bytes_down"]) == (0, 0)
             assert allowed_line["decision"] == "allow"
-            assert w.proxy.audit.denied == {"blocked.example:8080": 1}
+            key = ("blocked.example", 8080, "default", "host not in the allow list", "", "")
+            assert w.proxy.audit.denied == {key: 1}
 
     run(go)
 

@@ -175,19 +175,53 @@ def test_error_names_file_line_and_key(
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "line"),
     [
-        "[limits\nmemory = 1\n",
-        'tier = "none"\ntier = "auto"\n',
-        'tier = "unterminated\n',
+        ("[limits\nmemory = 1\n", 1),
+        ('tier = "none"\ntier = "auto"\n', 2),
+        ('\n\ntier = "unterminated\n', 3),
+        ("[limits]\nmemory = ", 2),  # tomllib: "at end of document"
     ],
 )
-def test_invalid_toml_names_file_and_position(tmp_path: Path, text: str) -> None:
+def test_invalid_toml_names_file_and_line(tmp_path: Path, text: str, line: int) -> None:
     path = write(tmp_path, text)
     err = load_error(path, tmp_path)
     assert err.code == EXIT_USAGE
-    assert err.message.startswith(f"{path}: invalid TOML")
-    assert "line" in err.message
+    assert err.message.startswith(f"{path}:{line}: invalid TOML: "), err.message
+    assert "\n" not in err.message
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "dotted", "fragment"),
+    [
+        ("[limits]\nmemory = 512\n", 2, "limits.memory", "512 has no unit: write 512M"),
+        ('[limits]\n\ntmp = "2048"\n', 3, "limits.tmp", "2048 has no unit"),
+        ("[limits]\noutput = 10\n", 2, "limits.output", "or 10B for bytes"),
+        ('[limits]\nmemory = "512K"\n', 2, "limits.memory", "too small: at least 16M"),
+        ('[limits]\nshm = "10K"\n', 2, "limits.shm", "too small: at least 1M"),
+        ('tier = "namespce"\n', 1, "tier", "unknown tier 'namespce' (known: auto, "),
+        ('# a comment\ntier = ""\n', 2, "tier", "unknown tier ''"),
+    ],
+)
+def test_sizes_need_a_unit_and_tiers_a_known_name(
+    tmp_path: Path, text: str, line: int, dotted: str, fragment: str
+) -> None:
+    err = load_error(write(tmp_path, text), tmp_path)
+    assert err.code == EXIT_USAGE
+    assert f":{line}: {dotted}: " in err.message and fragment in err.message, err.message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[limits]\nmemory = "512M"\ntmp = "2G"\noutput = "10B"\nshm = "64M"\n',
+        'tier = "namespace"\n',
+        'tier = "auto"\n',
+    ],
+)
+def test_sizes_with_units_and_known_tiers_load(tmp_path: Path, text: str) -> None:
+    pol = policy.load(str(tmp_path), str(write(tmp_path, text)))  # the allow twin
+    assert pol.source is not None
 
 
 def test_not_utf8_and_unreadable(tmp_path: Path) -> None:
@@ -235,11 +269,11 @@ M = 1 << 20
         ("1.5G", 3 << 29),
         ("100k", 100 << 10),
         ("2T", 2 << 40),
-        ("4096", 4096),
         ("4096b", 4096),
+        ("4096B", 4096),
         (" 64M ", 64 * M),
         ("0", 0),
-        (4096, 4096),
+        (0, 0),
     ],
 )
 def test_parse_size_good(value: object, expected: int) -> None:
@@ -248,7 +282,23 @@ def test_parse_size_good(value: object, expected: int) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["12Q", "-1M", "abc", "", "M", "1kk", "nan", "1..5M", True, 1.5, None, ["1M"]],
+    [
+        "12Q",
+        "-1M",
+        "abc",
+        "",
+        "M",
+        "1kk",
+        "nan",
+        "1..5M",
+        True,
+        1.5,
+        None,
+        ["1M"],
+        "4096",
+        4096,
+        "1.5",
+    ],
 )
 def test_parse_size_bad(value: object) -> None:
     with pytest.raises(ValueError):
@@ -434,3 +484,44 @@ def test_hardlinks_key(tmp_path: Path) -> None:
     assert "filesystem.hardlinks" in err.message and "hardlinks must be" in err.message
     err = load_error(write(tmp_path, "[filesystem]\nhardlinks = true\n"), ws)
     assert "filesystem.hardlinks" in err.message and "expected a string" in err.message
+
+
+# -- a policy built or changed in code gets the file's checks -------------------------
+
+
+def test_allow_without_a_network_mode_is_an_error_in_code_too(tmp_path: Path) -> None:
+    pol = Policy(str(tmp_path))
+    pol.network.allow = ["pypi.org"]
+    with pytest.raises(PolicyError) as info:
+        policy.check_network(pol, python=True)
+    assert 'set policy.network.mode = "proxy"' in info.value.message
+    pol.network.mode = "proxy"
+    policy.check_network(pol, python=True)  # the allow twin
+    pol.network.allow = ["http://pypi.org/simple"]
+    with pytest.raises(PolicyError, match=r"^policy\.network\.allow: "):
+        policy.check_network(pol, python=True)
+    pol.network.allow, pol.network.mode = [], "open"
+    with pytest.raises(PolicyError, match=r"network\.mode must be one of"):
+        policy.check_network(pol, python=True)
+    pol.network.mode, pol.network.transparent = "none", True
+    with pytest.raises(PolicyError, match=r"network\.transparent has no effect"):
+        policy.check_network(pol, python=True)
+
+
+def test_explain_lists_the_network_rules(tmp_path: Path) -> None:
+    from corral.tiers.base import network_lines
+
+    pol = Policy(str(tmp_path))
+    assert network_lines(pol) == [
+        "network: none (the sandbox's own loopback only; allow a host with --allow)"
+    ]
+    pol.network.mode = "proxy"
+    pol.network.allow = ["pypi.org", "*.pythonhosted.org"]
+    pol.network.deny = ["*.internal.test"]
+    pol.network.hosts = {"mirror.test": "10.0.0.5"}
+    lines = network_lines(pol)
+    assert lines[0].startswith("network: proxy (")
+    assert "  allow: pypi.org, *.pythonhosted.org" in lines
+    assert "  deny: *.internal.test" in lines
+    assert "  pinned: mirror.test = 10.0.0.5 (no DNS)" in lines
+    assert any("rebinding" in line or "private" in line for line in lines)

@@ -44,7 +44,9 @@ def test_content_mode_and_times_come_back(git: Path) -> None:
     os.utime(git / "hooks" / "pre-commit")  # a touch alone is a change
     os.utime(git, ns=(OLD + 5, OLD + 5))  # as the run leaves the parent
     said = restore.restore(snap, "run-1")
-    assert len(said) == 2 and all("restored from the snapshot" in s for s in said), said
+    assert len(said) == 2 and all("restored from the snapshot" in str(s) for s in said), said
+    assert {d.fields["action"] for d in said} == {"restored"}
+    assert {d.fields["path"] for d in said} == {str(git / "config"), str(git / "hooks")}
     for path, was in before.items():
         assert state(path) == was, path
     assert os.stat(git).st_mtime_ns == OLD + 5  # the undo itself leaves no trace there

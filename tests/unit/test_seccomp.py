@@ -671,3 +671,27 @@ def test_x32_syscall_is_killed_on_real_kernel() -> None:
     status, report = _run_filtered(_call_x32_getpid)
     assert os.WIFSIGNALED(status), f"child was not killed: {report}"
     assert os.WTERMSIG(status) == signal.SIGSYS
+
+
+def test_rules_describe_themselves_readably() -> None:
+    from corral.tiers.container import gvisor_namespace_rules
+    from corral.tiers.landlock import extra_seccomp_rules
+
+    said = {r.describe() for r in (*default_deny_rules(), *extra_seccomp_rules())}
+    for text in (
+        "ptrace -> EPERM",
+        "clone3 -> ENOSYS",
+        "clone(flags has CLONE_NEWUSER) -> EPERM",
+        "clock_adjtime(clock != CLOCK_REALTIME) -> EPERM",
+        "socket(domain not in AF_UNIX, AF_INET, AF_INET6) -> EAFNOSUPPORT",
+        "socketpair(domain != AF_UNIX) -> EAFNOSUPPORT",
+        "ioctl(request == TIOCSTI) -> EPERM",
+        "socket(domain == AF_INET and type is not SOCK_STREAM) -> EACCES",
+    ):
+        assert text in said, text
+    personality = next(t for t in said if t.startswith("personality("))
+    assert "PER_LINUX32" in personality and "ArgCond" not in personality
+    gvisor = gvisor_namespace_rules()[0].describe()
+    assert gvisor.startswith("unshare(flags has any of CLONE_NEWNS, ") and "CLONE_NEWNET" in gvisor
+    odd = SyscallRule("ioctl", 1, (ArgCond(2, "bits_set", 0x3),), "test")
+    assert odd.describe() == "ioctl(arg2 has any bit of 0x3) -> EPERM"

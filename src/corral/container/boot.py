@@ -59,6 +59,18 @@ def _one_line(kind: type[BaseException], value: BaseException, _tb: object) -> N
     sys.stderr.write(f"corral boot: internal error: {kind.__name__}: {value}\n")
 
 
+def cannot_run(name: str, exc: OSError, path: str) -> str:
+    """corral's line for a command that could not start (as corral.failures.cannot_run;
+    this file runs inside the sandbox and imports nothing of corral)."""
+    if not isinstance(exc, FileNotFoundError):
+        return f"corral: cannot run {name}: {exc.strerror}\n"
+    if "/" not in name:
+        return f"corral: {name}: command not found in the sandbox (PATH={path})\n"
+    if os.path.exists(name):
+        return f"corral: {name}: the interpreter its #! line names is not in the sandbox\n"
+    return f"corral: {name}: no such file in the sandbox\n"
+
+
 def close_others(keep: set[int]) -> None:
     """Close every descriptor above 2 not in ``keep`` (the engine's fillers below a
     passed one, anything its init left open)."""
@@ -96,7 +108,7 @@ def main(argv: list[str]) -> None:
         try:
             os.execvpe(command[0], command, env)
         except OSError as exc:
-            sys.stderr.write(f"corral: cannot run {command[0]}: {exc.strerror}\n")
+            sys.stderr.write(cannot_run(command[0], exc, env.get("PATH", "")))
             os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
     def forward(signum: int, _frame: object) -> None:

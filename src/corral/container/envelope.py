@@ -35,6 +35,7 @@ class Spec:
         "init",
         "interactive",
         "labels",
+        "low_ports",
         "memory",
         "mounts",
         "name",
@@ -83,6 +84,9 @@ class Spec:
         self.init = True  # the engine's init as pid 1 (reaps, forwards signals)
         self.tty = False
         self.host_uds = False  # gVisor: may the sandbox connect to host unix sockets (the door)
+        # any port may be bound inside (its own network namespace; the relay's
+        # resolver listens on 53)
+        self.low_ports = False
         self.preserve_fds = 0  # podman: hand descriptors 3..2+N to the container (--pass-fd)
         self.labels: dict[str, str] = {}
 
@@ -202,6 +206,8 @@ def run_argv(spec: Spec, mask_file: str = "/dev/null") -> list[str]:
             argv.append("--userns=keep-id")
         if spec.preserve_fds:
             argv.append(f"--preserve-fds={spec.preserve_fds}")
+    if spec.low_ports and spec.runtime_name != "runsc":  # gVisor has no such sysctl
+        argv.append("--sysctl=net.ipv4.ip_unprivileged_port_start=0")
     if spec.runtime_name == "runsc":
         # gVisor builds its own network stack unless told there is none, and
         # must be told to apply the OCI seccomp profile

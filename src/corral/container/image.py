@@ -3,9 +3,10 @@
     python -m corral.container.image [--tag localhost/corral-test:latest] [--engine podman]
 
 The root file system holds busybox (static: sh and the usual tools), and each
-program in ``DEFAULT_PROGRAMS`` (python3, curl, procps' pkill and pgrep) with the shared
-libraries ``ldd`` says it needs; a Python brings its standard library and the
-libraries of its extension modules.  The tree is packed with tar and given to
+program in ``DEFAULT_PROGRAMS`` (python3, curl, procps' pkill and pgrep, git) with the
+shared libraries ``ldd`` says it needs; a Python brings its standard library, the
+libraries of its extension modules and the HTTP clients of ``PYTHON_PACKAGES``
+the host has; git brings its HTTP helper.  The tree is packed with tar and given to
 ``ENGINE import``.  Tests and CI use it; users point corral at their own image
 with ``--image`` or ``[container] image``.
 """
@@ -19,9 +20,34 @@ import sys
 import tempfile
 
 DEFAULT_TAG = "localhost/corral-test:latest"
-DEFAULT_PROGRAMS = ("python3", "curl", "pkill", "pgrep")
+DEFAULT_PROGRAMS = ("python3", "curl", "pkill", "pgrep", "git")
+# git's own helpers: it re-executes itself from its exec path, and speaks HTTP
+# through git-remote-http (git-remote-https is the same program)
+GIT_HELPERS = ("git", "git-remote-http")
+# Python packages the network tests use as real clients, when the host has them
+# (Debian: python3-requests, python3-httpx), with what they import
+PYTHON_PACKAGES = (
+    "requests",
+    "urllib3",
+    "idna",
+    "certifi",
+    "charset_normalizer",
+    "chardet",
+    "httpx",
+    "httpcore",
+    "h11",
+    "anyio",
+    "sniffio",
+    "rfc3986",
+    "six.py",
+)
+DIST_PACKAGES = "/usr/lib/python3/dist-packages"
 # bumped when the contents change, so tests rebuild an older image they find
 IMAGE_VERSION = "2"
+# what was added on top of version 2, as a label of its own: a checkout that only
+# knows version 2 accepts this image as it is (it holds all of version 2) rather
+# than rebuilding it from under another checkout's tests
+IMAGE_FEATURES = "git,http-clients"
 
 
 def _ldd(path: str) -> list[str]:
@@ -79,6 +105,10 @@ def populate(root: str, programs: tuple[str, ...] = DEFAULT_PROGRAMS) -> None:
                 libs += _ldd(os.path.join(dynload, so))
         for lib in libs:
             _copy(lib, root)
+        if name == "git":
+            _git_helpers(root)
+        if name == "python3":
+            _python_packages(root)
     etc = os.path.join(root, "etc")
     os.makedirs(etc, exist_ok=True)
     with open(os.path.join(etc, "passwd"), "w", encoding="utf-8") as fh:
@@ -87,6 +117,36 @@ def populate(root: str, programs: tuple[str, ...] = DEFAULT_PROGRAMS) -> None:
         fh.write("root:x:0:\nnogroup:x:65534:\n")
     for d in ("tmp", "var/tmp", "run", "root", "home", "proc", "sys", "dev"):
         os.makedirs(os.path.join(root, d), exist_ok=True)
+
+
+def _git_helpers(root: str) -> None:
+    core = "/usr/lib/git-core"
+    for helper in GIT_HELPERS:
+        path = os.path.join(core, helper)
+        if not os.path.exists(path):
+            continue
+        _copy(path, root)
+        for lib in _ldd(os.path.realpath(path)):
+            _copy(lib, root)
+    if os.path.exists(os.path.join(root, core.lstrip("/"), "git-remote-http")):
+        link = os.path.join(root, core.lstrip("/"), "git-remote-https")
+        if not os.path.lexists(link):
+            os.symlink("git-remote-http", link)
+
+
+def _python_packages(root: str) -> None:
+    for package in PYTHON_PACKAGES:
+        source = os.path.join(DIST_PACKAGES, package)
+        if os.path.isfile(source):
+            _copy(source, root)
+        elif os.path.isdir(source):
+            shutil.copytree(
+                source,
+                os.path.join(root, source.lstrip("/")),
+                symlinks=True,
+                ignore=shutil.ignore_patterns("__pycache__"),
+                dirs_exist_ok=True,
+            )
 
 
 def build(tag: str = DEFAULT_TAG, engine: str = "podman") -> None:
@@ -103,6 +163,8 @@ def build(tag: str = DEFAULT_TAG, engine: str = "podman") -> None:
                 "CMD=/bin/sh",
                 "--change",
                 f"LABEL corral.test-image={IMAGE_VERSION}",
+                "--change",
+                f"LABEL corral.test-image.features={IMAGE_FEATURES}",
                 "-",
                 tag,
             ],

@@ -1,5 +1,9 @@
 """One JSON line per request or tunnel, and a per-run tally of denials.
 
+The tally keeps what a person needs to act on a denial, not just a count: per
+destination, the rule that decided, its reason, whether it was a name lookup,
+and the address an allowed name resolved to (the rebinding guard's refusals).
+
 Lines are buffered and written in batches (every 50 ms, at 64 KiB, and on
 close): one ``write`` per request was a third of the proxy's CPU.  Each batch
 is one ``write`` with O_APPEND, so lines from concurrent proxies never
@@ -8,11 +12,14 @@ interleave.  At most the last 50 ms of lines are lost if the proxy is killed.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 from corral.runlog import iso, state_dir
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 FLUSH_BYTES = 64 * 1024
 FLUSH_SECONDS = 0.05
@@ -29,19 +36,19 @@ class Audit:
         if path:
             os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
             self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self.denied: dict[str, int] = {}  # "host:port" -> count
+        self.denied: dict[DenyKey, int] = {}  # (host, port, rule, reason, ...) -> count
         self.errors = 0  # unexpected exceptions inside the proxy (bugs), each one line here
         self.requests = 0
         self._buffer: list[bytes] = []
         self._size = 0
         self._first = 0.0  # when the oldest buffered line was added
-        self._encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+        self._encode = _encoder()
         self._stamp = (0, "")  # (whole second, its ISO text) reused within a second
 
     def record(self, entry: dict[str, object]) -> None:
         self.requests += 1
         if entry.get("decision") == "deny":
-            key = f"{entry.get('host')}:{entry.get('port')}"
+            key = deny_key(entry)
             self.denied[key] = self.denied.get(key, 0) + 1
         if self.fd < 0:
             return
@@ -91,6 +98,28 @@ class Audit:
             self.fd = -1
 
 
+def _encoder() -> Callable[[dict[str, object]], str]:
+    """Compact JSON by json's own C encoder, without importing the json package
+    (its decoder compiles regular expressions: ~2.5 ms on every proxy's start,
+    which the first request through a new door waits for)."""
+    try:
+        from _json import encode_basestring, make_encoder
+
+        encode = make_encoder(
+            None, _unserializable, encode_basestring, None, ":", ",", False, False, True
+        )
+        encode({}, 0)  # the signature json.encoder uses; anything else falls back below
+        return lambda entry: "".join(encode(entry, 0))
+    except (ImportError, TypeError):
+        import json
+
+        return json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _unserializable(value: object) -> object:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
 def describe(where: str, exc: BaseException | None) -> str:
     """``where: Type: message (file.py:123)`` on one line, from the innermost frame."""
     if exc is None:
@@ -103,11 +132,98 @@ def describe(where: str, exc: BaseException | None) -> str:
     return f"{where}: {type(exc).__name__}: {exc}{place}".replace("\n", " ")
 
 
-def summary_line(denied: dict[str, int]) -> str:
-    """``denied 3 requests: evil.example:443 (2), 10.0.0.1:80``"""
-    total = sum(denied.values())
-    parts = [f"{dest} ({n})" if n > 1 else dest for dest, n in sorted(denied.items())]
-    return f"network: denied {total} request{'s' if total != 1 else ''}: {', '.join(parts)}"
+# host, port (0: none), rule, reason, lookup ("1" for a name lookup), address
+DenyKey = tuple[str, int, str, str, str, str]
+
+
+def deny_key(entry: dict[str, object]) -> DenyKey:
+    """What one denied request is tallied under (an audit entry's fields)."""
+    port = entry.get("port")
+    return (
+        str(entry.get("host") or ""),
+        port if isinstance(port, int) else 0,
+        str(entry.get("rule") or ""),
+        str(entry.get("reason") or ""),
+        "1" if entry.get("scheme") == "dns" else "",
+        str(entry.get("address") or ""),
+    )
+
+
+def _field(text: str) -> str:
+    return text.replace("\t", " ").replace("\n", " ").replace("\r", " ")
+
+
+def tally_lines(denied: dict[DenyKey, int]) -> str:
+    """``deny HOST PORT RULE REASON LOOKUP ADDRESS N`` lines, tab-separated, for the
+    door's tally pipe (one field never holds a tab or a newline)."""
+    return "".join(
+        "deny\t" + "\t".join(_field(str(v)) for v in key) + f"\t{n}\n" for key, n in denied.items()
+    )
+
+
+def read_tally_line(rest: str) -> tuple[DenyKey, int] | None:
+    """The inverse of one :func:`tally_lines` line (after ``deny\t``); None if malformed."""
+    fields = rest.split("\t")
+    if len(fields) != 7 or not fields[1].isdigit() or not fields[6].isdigit():
+        return None
+    host, port, rule, reason, lookup, address, count = fields
+    return (host, int(port), rule, reason, lookup, address), int(count)
+
+
+def denial_entries(denied: dict[DenyKey, int]) -> list[dict[str, object]]:
+    """The tally as one dict per refused destination (corral.report reads these)."""
+    return [
+        {
+            "host": host,
+            "port": port or None,
+            "rule": rule,
+            "reason": reason or None,
+            "lookup": bool(lookup),
+            "address": address or None,
+            "count": n,
+        }
+        for (host, port, rule, reason, lookup, address), n in denied.items()
+    ]
+
+
+NO_NETWORK = "no-network"  # the rule an audit line names for a lookup in a run without one
+
+
+def record_lookups(
+    path: str | None, run_id: str, lookups: list[tuple[str, str]]
+) -> list[dict[str, object]]:
+    """Audit the lookups a sandbox without a network made (each one refused by its
+    resolver); returns them as the proxy's denials are (:func:`denial_entries`)."""
+    from corral.net.names import BadName, normalize, printable
+
+    audit = Audit(path or default_path())
+    try:
+        for name, qtype in lookups:
+            try:
+                host = normalize(name)
+            except BadName:
+                host = printable(name)
+            audit.record(
+                {
+                    "run_id": run_id,
+                    "scheme": "dns",
+                    "method": qtype,
+                    "path": None,
+                    "host": host,
+                    "port": 53,
+                    "address": None,
+                    "decision": "deny",
+                    "rule": NO_NETWORK,
+                    "reason": "the sandbox has no network (network mode none)",
+                    "status": 3,  # NXDOMAIN
+                    "bytes_up": 0,
+                    "bytes_down": 0,
+                    "duration": 0.0,
+                }
+            )
+    finally:
+        audit.close()
+    return denial_entries(audit.denied)
 
 
 def guard_process(audit: Audit, run_id: str) -> None:

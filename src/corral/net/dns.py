@@ -1,12 +1,14 @@
-"""The transparent mode's DNS: allowed names get a stand-in address, others NXDOMAIN.
+"""DNS messages for the sandbox's resolver: a name the policy refuses gets NXDOMAIN.
 
-A sandbox in transparent mode sends its DNS queries to the proxy (through the
-relay and the door).  The proxy answers an allowed name with an address from
-a private pool (198.18.0.0/15, reserved for benchmarking) and remembers the
-pairing; when the sandbox then connects to that address, the captured
-connection is mapped back to the name.  The sandbox never learns a real
-address, so it cannot aim at one, and names the policy does not allow do not
-resolve at all.
+The sandbox's ``/etc/resolv.conf`` names a resolver on its own loopback whose
+socket the proxy serves (or, in a container, the relay forwards through the
+door).  A name the policy allows is answered with the addresses the proxy's
+own resolver finds for it (those the rebinding guard lets through), or, in
+transparent mode, with a stand-in from a private pool (198.18.0.0/15,
+reserved for benchmarking) whose pairing the proxy remembers: a captured
+connection to that address is mapped back to the name, so the sandbox never
+learns a real address to aim at.  Names the policy does not allow do not
+resolve at all, and each refusal is an audit line with its rule.
 """
 
 from __future__ import annotations
@@ -18,8 +20,18 @@ POOL = ipaddress.ip_network("198.18.0.0/15")
 TTL = 5
 TYPE_A = 1
 TYPE_AAAA = 28
+TYPE_NAMES = {
+    TYPE_A: "A",
+    TYPE_AAAA: "AAAA",
+    5: "CNAME",
+    15: "MX",
+    16: "TXT",
+    33: "SRV",
+    65: "HTTPS",
+}
 RCODE_NXDOMAIN = 3
 RCODE_FORMERR = 1
+RCODE_SERVFAIL = 2
 RCODE_REFUSED = 5
 
 
@@ -90,18 +102,47 @@ def parse_query(packet: bytes) -> Query | None:
     return Query(ident, name, qtype, packet[12 : at + 4])
 
 
-def answer(query: Query, address: str | None, rcode: int = 0) -> bytes:
-    """A response: one A record for ``address``, or an empty answer / error code."""
+def answer(query: Query, addresses: list[str] | str | None, rcode: int = 0) -> bytes:
+    """A response: one record per address of the asked type (A or AAAA; others are
+    skipped), or an empty answer / error code."""
+    if isinstance(addresses, str):
+        addresses = [addresses]
     records = b""
-    if address is not None and rcode == 0 and query.qtype == TYPE_A:
-        records = (
+    count = 0
+    for address in (addresses or []) if rcode == 0 else []:
+        packed = _packed(address, query.qtype)
+        if packed is None:
+            continue
+        records += (
             b"\xc0\x0c"  # pointer to the question's name
-            + struct.pack("!HHIH", TYPE_A, 1, TTL, 4)
-            + ipaddress.IPv4Address(address).packed
+            + struct.pack("!HHIH", query.qtype, 1, TTL, len(packed))
+            + packed
         )
+        count += 1
     flags = 0x8180 | rcode  # response, recursion desired and available
-    count = 1 if records else 0
     return struct.pack("!HHHHHH", query.id, flags, 1, count, 0, 0) + query.question + records
+
+
+def _packed(address: str, qtype: int) -> bytes | None:
+    """The record data of ``address`` if it answers a question of type ``qtype``."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return None
+    if qtype == TYPE_A and ip.version == 4:
+        return ip.packed
+    if qtype == TYPE_AAAA and ip.version == 6:
+        return ip.packed
+    return None
+
+
+def answers(address: str, qtype: int) -> bool:
+    """Whether ``address`` is a record of the asked type."""
+    return _packed(address, qtype) is not None
+
+
+def type_name(qtype: int) -> str:
+    return TYPE_NAMES.get(qtype, f"TYPE{qtype}")
 
 
 def error_reply(packet: bytes, rcode: int) -> bytes:

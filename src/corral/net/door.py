@@ -1,46 +1,85 @@
-"""The door: one unix socket per run, served by a proxy process forked for it.
+"""The door: where a run's sandbox meets its proxy, a process forked for it.
 
-The parent (corral) binds and listens on the socket *before* forking, so the
-door accepts connections from the moment the sandbox starts.  The proxy
-process holds the read end of a "life" pipe: when corral closes it (the run
-ended) or dies (the kernel closes it), the proxy writes its tally of denials
-back, removes the socket and its directory, and exits.  So the door never
-outlives the run, and if the proxy dies first, the socket has no listener and
-the sandbox simply has no network.
+How the sandbox reaches the proxy depends on the tier (``transport``):
+
+* "netns" (the namespace tier): corral makes the sandbox's network namespace
+  itself and creates its listening sockets in it (:mod:`corral.netns`);
+  they are handed to the proxy over ``handoff.sock`` in the door's private
+  directory.  The proxy holds the only copies, so if it dies they close and
+  every connection inside is refused at once.
+* "unix" (the container tiers): a unix socket bound into the sandbox at
+  ``/run/corral/door.sock``, reached through corral's relay inside.
+* "tcp" (landlock, seatbelt): a fresh loopback port.
+
+The parent (corral) binds the socket *before* forking, so connections wait in
+its backlog from the moment the sandbox starts.  One proxy process is forked
+when the door opens; it imports the proxy (tens of milliseconds, overlapping
+the sandbox's own start), and says ``used`` on the tally pipe when the first
+connection or query arrives.  A run that ends before anything
+arrived has nothing to report, so :meth:`Door.close` ends its proxy at once
+(SIGKILL, reaped later) instead of waiting for imports or an exit it does not
+need; otherwise it waits for every worker's tally.  Once ready (and, for
+netns, handed its listeners), the first worker forks its siblings, which
+share every socket and stop when it does (a pipe between them), so killing
+the first worker is killing the proxy.
+
+Each worker holds the read end of a "life" pipe: when corral closes it (the
+run ended) or dies (the kernel closes it), the worker writes its tally of
+denials back, removes the door's files, and exits.  So the door never
+outlives the run.
 
 A proxy process never writes to the terminal it inherited (it is the user's):
 its stderr is /dev/null, and an unexpected exception becomes one line in the
 audit log and a count that :meth:`Door.close` returns to the run record.
-The tally pipe carries tab-separated lines: ``deny HOST:PORT N`` per denied
-destination, ``errors N`` and, for a worker that failed outright,
-``crash TEXT``.
+The tally pipe carries tab-separated lines: ``used`` once, then ``deny HOST
+PORT RULE REASON LOOKUP ADDRESS N`` per denied destination and reason
+(:func:`corral.net.audit.tally_lines`), ``errors N`` and, for a worker that
+failed outright, ``crash TEXT``.
 """
 
 from __future__ import annotations
 
 import os
-import socket
+
+try:  # the C module: `signal` itself imports enum (~2 ms on every networked run)
+    import _signal as signal  # type: ignore[import-not-found, unused-ignore]
+except ImportError:  # pragma: no cover - other Pythons
+    import signal  # type: ignore[no-redef, unused-ignore]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import asyncio
+    import socket
+    from collections.abc import Sequence
+
     from corral.fsplan import Mount
+    from corral.net.audit import DenyKey
+    from corral.net.ca import CA
+    from corral.net.hooks import Chain
+    from corral.net.proxy import Proxy
+    from corral.net.trust import NetExtras
+    from corral.netns import Listener
     from corral.policy import Policy
 
-# Where the door and the relay appear inside a sandbox (a private tmpfs).
+# Where the door and the relay appear inside a container sandbox (a private tmpfs).
 SANDBOX_DOOR = "/run/corral/door.sock"
 SANDBOX_RELAY = "/run/corral/relay.py"
 HTTP_PORT = 3128
 SOCKS_PORT = 1080
+DNS_PORT = 53
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+USED = b"used\n"
 
 
 def relay_script() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
 
 
-def relay_argv(python: list[str]) -> list[str]:
-    """The relay as the sandbox's first process (``python`` as the sandbox sees it);
-    the command follows after ``--``."""
-    return [
+def relay_argv(python: list[str], services: Sequence[tuple[str, int]] = ()) -> list[str]:
+    """The relay as the sandbox's first process (``python`` as the sandbox sees it),
+    with a resolver and ``services`` (host services at their own address); the
+    command follows after ``--``."""
+    argv = [
         *python,
         "-I",
         "-S",
@@ -51,7 +90,12 @@ def relay_argv(python: list[str]) -> list[str]:
         str(HTTP_PORT),
         "--socks",
         str(SOCKS_PORT),
+        "--dns",
+        str(DNS_PORT),
     ]
+    for host, port in services:
+        argv += ["--service", f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    return argv
 
 
 def door_mounts(door: str) -> list[Mount]:
@@ -64,16 +108,21 @@ def door_mounts(door: str) -> list[Mount]:
     ]
 
 
-def proxy_env(http_port: int = HTTP_PORT, socks_port: int = SOCKS_PORT) -> dict[str, str]:
-    """What tools read to find a proxy: the relay inside the sandbox, or the
-    door's own TCP port (one port speaks both HTTP and SOCKS5)."""
+def proxy_env(
+    http_port: int = HTTP_PORT, socks_port: int = SOCKS_PORT, through_proxy: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """What tools read to find a proxy: the sandbox's own proxy ports, or the door's
+    TCP port (one port speaks both HTTP and SOCKS5).  ``NO_PROXY`` keeps loopback
+    local, except the hosts in ``through_proxy`` (allowed host services that
+    are reached only through the proxy, as on the landlock tier)."""
     http = f"http://127.0.0.1:{http_port}"
     socks = f"socks5h://127.0.0.1:{socks_port}"
     env = {}
     for name in ("HTTP_PROXY", "HTTPS_PROXY"):
         env[name] = env[name.lower()] = http
     env["ALL_PROXY"] = env["all_proxy"] = socks
-    env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
+    local = ",".join(h for h in LOOPBACK_NAMES if h not in through_proxy)
+    env["NO_PROXY"] = env["no_proxy"] = local
     for name in (
         "npm_config_proxy",
         "npm_config_https_proxy",
@@ -89,15 +138,17 @@ def open_door(
     policy: Policy, run_id: str, audit_path: str | None = None, transport: str = "unix"
 ) -> Door | None:
     """The run's door if its network goes through the proxy, else None.
-    ``audit_path`` defaults to the XDG state directory's net.jsonl; ``transport``
-    "tcp" adds a loopback port for tiers that cannot reach a unix socket."""
+    ``audit_path`` defaults to the XDG state directory's net.jsonl; ``transport``:
+    "netns", "unix" or "tcp" (see the module's docstring)."""
     if policy.network.mode != "proxy":
         return None
     if audit_path is None:
-        from corral.net.audit import default_path
+        # not corral.net.audit.default_path: importing the audit (json) costs the
+        # launcher milliseconds; the proxy imports it off the critical path
+        from corral.runlog import state_dir
 
-        audit_path = default_path()
-    door = Door(policy, run_id, audit_path, tcp=transport == "tcp")
+        audit_path = os.path.join(state_dir(), "net.jsonl")
+    door = Door(policy, run_id, audit_path, transport=transport)
     door.open()
     return door
 
@@ -109,97 +160,148 @@ class Door:
         run_id: str,
         audit_path: str | None,
         workers: int = 0,
-        tcp: bool = False,
+        transport: str = "unix",
     ) -> None:
+        if transport not in ("netns", "unix", "tcp"):
+            raise ValueError(f"unknown door transport {transport!r}")
         self.policy = policy
-        self.tcp = tcp
+        self.transport = transport
         self.tcp_port = 0
-        # Several processes accept on the one socket (more CPU for a busy sandbox);
+        # Several processes accept on the same sockets (more CPU for a busy sandbox);
         # transparent mode keeps one, as its stand-in addresses live in memory.
         self.workers = workers or (1 if policy.network.transparent else 2)
         self.run_id = run_id
         self.audit_path = audit_path
         self.dir = _private_dir("corral-door-")
-        self.path = os.path.join(self.dir, "door.sock")
+        name = "handoff.sock" if transport == "netns" else "door.sock"
+        self.path = os.path.join(self.dir, name)
         self.pids: list[int] = []
         self.errors = 0  # the proxy's own unexpected exceptions, known after close()
         self.crashes: list[str] = []  # one line per worker that failed outright
         self._life_w = -1
         self._tally_r = -1
+        self.ca: CA | None = None  # corral's CA, when this run can intercept TLS
+        self.extras: NetExtras | None = None  # what the sandbox gets beside the address
+        self.chain: Chain | None = None  # built (and its hooks opened) here, when they act here
 
     def open(self) -> None:
-        from corral.net.hooks import chain_for
-
-        chain = chain_for(self.policy)  # parsed before forking: a bad rule fails here
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(self.path)
-        sock.listen(1024)
-        socks = [sock]
-        if self.tcp:
-            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            tcp.bind(("127.0.0.1", 0))  # a fresh port per run, loopback only
-            tcp.listen(1024)
-            self.tcp_port = tcp.getsockname()[1]
-            socks.append(tcp)
+        if _hooks_act_here(self.policy):
+            try:
+                self._prepare()
+            except BaseException:
+                self.remove_files()
+                raise
+        fds = self._bind()
         life_r, life_w = os.pipe()
         tally_r, tally_w = os.pipe()
-        for _ in range(self.workers):
-            pid = os.fork()
-            if pid == 0:  # a proxy process
-                code = 0
-                try:
-                    quiet_stderr()
-                    os.close(life_w)
-                    os.close(tally_r)
-                    if _first_use(socks, life_r):
-                        _serve(chain, socks, self.run_id, self.audit_path, life_r, tally_w, self)
-                    else:
-                        self.remove_files()  # the run ended without using the network
-                except BaseException as exc:  # the top-level guard: a line, never a traceback
-                    code = 1
-                    _report_crash(tally_w, exc)
-                finally:
-                    os._exit(code)
-            self.pids.append(pid)
+        pid = os.fork()
+        if pid == 0:  # the proxy
+            code = 0
+            try:
+                os.close(life_w)
+                os.close(tally_r)
+                _worker(self, fds, life_r, tally_w)
+            except BaseException as exc:  # the top-level guard: a line, never a traceback
+                code = 1
+                _report_crash(tally_w, exc)
+            finally:
+                self.remove_files()  # whatever happened (corral killed early too)
+                os._exit(code)
+        self.pids.append(pid)
         with open(os.path.join(self.dir, "proxy.pid"), "w", encoding="utf-8") as fh:
-            fh.write("".join(f"{pid}\n" for pid in self.pids))  # for operators (and tests)
-        for listener in socks:
-            listener.close()
+            fh.write(f"{pid}\n")  # for operators (and tests); siblings add theirs
+        for fd in fds:
+            os.close(fd)
         os.close(life_r)
         os.close(tally_w)
         self._life_w, self._tally_r = life_w, tally_r
 
+    def _prepare(self) -> None:
+        """The hooks' start and, if this run can intercept TLS, its CA and bundle:
+        in corral's process, before the proxy forks, so a bad CA or a missing
+        secret refuses the run with one line (the workers build their own chain)."""
+        from corral.net.hooks import chain_for
+        from corral.net.trust import NetExtras
+
+        chain = self.chain = chain_for(self.policy)
+        chain.open()  # the workers get this chain, opened, by fork
+        self.extras = NetExtras(env=chain.sandbox_env())
+        if chain.may_inspect:
+            self.ca = _open_ca(self.policy)
+            from corral.net import trust
+
+            found = trust.system_bundles()
+            self.extras.ca_bundle = trust.write_bundle(self.dir, self.ca.cert_pem, found)
+            self.extras.system_bundles = found
+
+    def _bind(self) -> list[int]:
+        """The listening sockets the proxy inherits, as bare descriptors.  The
+        netns transport uses the C module directly: `socket` costs milliseconds."""
+        if self.transport == "netns":
+            import _socket
+
+            handoff = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
+            handoff.bind(self.path)
+            handoff.listen(4)
+            return [handoff.detach()]
+        import socket
+
+        if self.transport == "tcp":
+            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            tcp.bind(("127.0.0.1", 0))  # a fresh port per run, loopback only
+            tcp.listen(1024)
+            self.tcp_port = tcp.getsockname()[1]
+            return [tcp.detach()]
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(self.path)
+        unix.listen(1024)
+        return [unix.detach()]
+
     @property
     def address(self) -> str:
-        """What a tier's plan() takes: the socket's path, or 127.0.0.1:PORT."""
-        return f"127.0.0.1:{self.tcp_port}" if self.tcp else self.path
+        """What a tier's plan() takes: 127.0.0.1:PORT (tcp), else the socket's path
+        (the door, or for netns the handoff socket the launcher hands listeners to)."""
+        return f"127.0.0.1:{self.tcp_port}" if self.transport == "tcp" else self.path
 
-    def close(self) -> dict[str, int]:
-        """Stop the proxy; return {"host:port": denied count} and set ``errors``.
-        Idempotent."""
-        tally: dict[str, int] = {}
+    def close(self) -> list[dict[str, object]]:
+        """Stop the proxy; return what it denied, one dict per destination and reason
+        (host, port, rule, reason, lookup, address, count), and set ``errors``.
+        Idempotent: a second call returns nothing."""
+        tally: dict[DenyKey, int] = {}
         if self._life_w >= 0:
             os.close(self._life_w)
             self._life_w = -1
-            data = b""
-            while chunk := os.read(self._tally_r, 65536):
-                data += chunk
+            data = _read_now(self._tally_r)
+            if USED in data or _ended(data):
+                while chunk := os.read(self._tally_r, 65536):
+                    data += chunk
+                tally = self._read_tally(data.decode("utf-8", "replace"))
+                for pid in self.pids:
+                    os.waitpid(pid, 0)
+            else:
+                # Nothing arrived, so nothing was decided and there is nothing to
+                # collect: end the proxy (importing, or idle) without waiting for
+                # it to exit, which costs the run a millisecond or more.
+                for pid in self.pids:
+                    _abandon(pid)
             os.close(self._tally_r)
             self._tally_r = -1
-            tally = self._read_tally(data.decode("utf-8", "replace"))
-            for pid in self.pids:
-                os.waitpid(pid, 0)
         self.remove_files()
-        return tally
+        from corral.net.audit import denial_entries
 
-    def _read_tally(self, text: str) -> dict[str, int]:
-        tally: dict[str, int] = {}
+        return denial_entries(tally)
+
+    def _read_tally(self, text: str) -> dict[DenyKey, int]:
+        from corral.net.audit import read_tally_line
+
+        tally: dict[DenyKey, int] = {}
         for line in text.splitlines():
             kind, _, rest = line.partition("\t")
             if kind == "deny":
-                dest, _, count = rest.rpartition("\t")
-                if dest and count.isdigit():
-                    tally[dest] = tally.get(dest, 0) + int(count)
+                parsed = read_tally_line(rest)
+                if parsed is not None:  # every worker tallies its own: add them up
+                    key, count = parsed
+                    tally[key] = tally.get(key, 0) + count
             elif kind == "errors" and rest.isdigit():
                 self.errors += int(rest)
             elif kind == "crash":
@@ -208,7 +310,13 @@ class Door:
         return tally
 
     def remove_files(self) -> None:
-        for name in (self.path, os.path.join(self.dir, "proxy.pid")):
+        from corral.net.trust import BUNDLE_NAME
+
+        for name in (
+            self.path,
+            os.path.join(self.dir, "proxy.pid"),
+            os.path.join(self.dir, BUNDLE_NAME),
+        ):
             try:
                 os.unlink(name)
             except FileNotFoundError:
@@ -217,6 +325,65 @@ class Door:
             os.rmdir(self.dir)
         except FileNotFoundError:
             pass
+
+
+_UNREAPED: list[int] = []  # ended workers not yet waited for (reaped on the next close)
+
+
+def _abandon(pid: int) -> None:
+    """SIGKILL a worker and reap it later (it, and any it forked, stop with it)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    _UNREAPED.append(pid)
+    for old in list(_UNREAPED):
+        try:
+            done, _ = os.waitpid(old, os.WNOHANG)
+        except ChildProcessError:
+            done = old
+        if done:
+            _UNREAPED.remove(old)
+
+
+def _read_now(fd: int) -> bytes:
+    """What the pipe holds now, without waiting."""
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    except BlockingIOError:
+        pass
+    os.set_blocking(fd, True)
+    return data
+
+
+def _ended(data: bytes) -> bool:
+    """The worker already failed outright (its crash line is in)."""
+    return b"crash\t" in data
+
+
+def _hooks_act_here(policy: Policy) -> bool:
+    """Does this policy have hooks that act in corral's own process (TLS
+    interception's CA and bundle, a secret's source)?  Host rules alone do not:
+    their chain is built in the proxy, off the run's path.  A policy key whose
+    hooks need :meth:`corral.net.hooks.Hook.open` or ``sandbox_env`` adds itself here."""
+    return bool(policy.tls.inspect)
+
+
+def _open_ca(policy: Policy) -> CA:
+    """This run's CA (PolicyError naming the key when the user's own cannot be
+    used), after checking the ``upstream_ca`` files the workers will load."""
+    from corral.errors import PolicyError
+    from corral.net.ca import ca_for
+    from corral.net.trust import check_upstream_ca
+    from corral.runlog import state_dir
+
+    problem = check_upstream_ca(policy.tls.upstream_ca)
+    if problem:
+        raise PolicyError(problem)
+    return ca_for(policy.tls, state_dir())
 
 
 def _private_dir(prefix: str) -> str:
@@ -235,99 +402,205 @@ def _private_dir(prefix: str) -> str:
     raise FileExistsError(f"cannot create a private directory in {base}")
 
 
-def _first_use(socks: list[socket.socket], life_r: int) -> bool:
-    """Wait until a connection arrives (True) or the run ends (False).
+# -- the proxy process ------------------------------------------------------------------------
 
-    The proxy's imports (asyncio, uvloop, the proxy itself) take tens of
-    milliseconds; they start at once on a thread, overlapping the sandbox's own
-    start, but a run that ends without touching the network does not wait for
-    them: the worker just exits."""
+
+def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
+    """The first proxy worker: import, take the listeners, fork the
+    siblings, serve until the run ends."""
+    import gc
+
+    gc.enable()  # `corral run` turns it off for itself; a proxy lives as long as its run
+    quiet_stderr()
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # corral decides when the proxy stops
+    _warm(door.ca is not None)
+    import socket
+
+    from corral.net.hooks import chain_for
+
+    chain = door.chain or chain_for(door.policy)
+    first = socket.socket(fileno=fds[0])
+    if door.transport == "netns":
+        got = _await_handoff(first, life_r)
+        # One handoff per door: with the listening socket closed, nobody else can
+        # hand listeners over.  The path stays until the run ends: the sandbox's
+        # plan may already cover it (a host socket outside its private /tmp).
+        first.close()
+        if got is None:  # the run ended before its sandbox started
+            door.remove_files()
+            return
+        listeners = got
+    else:
+        from corral.netns import Listener
+
+        listeners = [(Listener("door", door.transport, 0), first)]
+    siblings, sibling_life = _fork_siblings(door, chain, listeners, life_r, tally_w)
+    try:
+        _serve(door, chain, listeners, [life_r], tally_w)
+    finally:
+        if sibling_life >= 0:
+            os.close(sibling_life)  # they stop too
+        for pid in siblings:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _warm(tls: bool = False) -> None:
+    """The proxy's imports, done at once: they overlap the sandbox's own start."""
+    import asyncio  # noqa: F401
+
+    try:
+        import uvloop  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
+    except ImportError:
+        pass
+    import corral.net.audit
+    import corral.net.proxy
+
+    if tls:  # TLS inspection: leaf certificates need cryptography (some 60 ms)
+        import cryptography.x509  # noqa: F401
+
+        import corral.net.tls  # noqa: F401
+
+
+def _await_handoff(
+    handoff: socket.socket, life_r: int
+) -> list[tuple[Listener, socket.socket]] | None:
+    """The listeners the launcher's child made in the sandbox's namespace, or None
+    if the run ended first."""
     import select
-    import threading
 
-    warm = threading.Thread(target=_import_proxy, daemon=True)
-    warm.start()
+    from corral.netns import receive
+
     while True:
         try:
-            ready = select.select([*(s.fileno() for s in socks), life_r], [], [])[0]
+            ready = select.select([handoff.fileno(), life_r], [], [])[0]
         except InterruptedError:
             continue
         if life_r in ready:
-            return False
-        warm.join()
-        return True
+            return None
+        return receive(handoff)
 
 
-def _import_proxy() -> None:
+def _fork_siblings(
+    door: Door,
+    chain: Chain,
+    listeners: list[tuple[Listener, socket.socket]],
+    life_r: int,
+    tally_w: int,
+) -> tuple[list[int], int]:
+    """Workers sharing every socket, forked once the imports are done (so they cost
+    no second import).  Each also watches a pipe from this worker: killing the
+    first worker stops them all."""
+    if door.workers < 2:
+        return [], -1
+    alive_r, alive_w = os.pipe()
+    pids = []
+    for _ in range(door.workers - 1):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(alive_w)
+                _serve(door, chain, listeners, [life_r, alive_r], tally_w)
+            except BaseException as exc:
+                code = 1
+                _report_crash(tally_w, exc)
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    os.close(alive_r)
     try:
-        import asyncio  # noqa: F401
-
-        import uvloop  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
-
-        import corral.net.audit
-        import corral.net.proxy  # noqa: F401
-    except Exception:  # the serving path imports again and reports for real
+        with open(os.path.join(door.dir, "proxy.pid"), "a", encoding="utf-8") as fh:
+            fh.write("".join(f"{pid}\n" for pid in pids))
+    except OSError:
         pass
+    return pids, alive_w
 
 
 def _serve(
-    chain: object,
-    socks: list[socket.socket],
-    run_id: str,
-    audit_path: str | None,
-    life_r: int,
-    tally_w: int,
     door: Door,
+    chain: Chain,
+    listeners: list[tuple[Listener, socket.socket]],
+    stop_on: list[int],
+    tally_w: int,
 ) -> None:
+    """Serve ``listeners`` until any of ``stop_on`` (pipes) ends."""
     import asyncio
-    import signal
 
     from corral.net.audit import Audit, guard_process
-    from corral.net.hooks import Chain
-    from corral.net.proxy import Proxy
+    from corral.net.proxy import Proxy, run_loop
 
-    assert isinstance(chain, Chain)
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)  # corral decides when the proxy stops
-    audit = Audit(audit_path)
+    run_id = door.run_id
+    audit = Audit(door.audit_path)
     guard_process(audit, run_id)
 
     async def main() -> None:
-        proxy = Proxy(chain, audit, door.policy.network.hosts)
+        net = door.policy.network
+        tls = None
+        if door.ca is not None:
+            from corral.net.tls import Interceptor
+
+            tls = Interceptor(door.ca, door.policy.tls.upstream_ca)
+        proxy = Proxy(chain, audit, net.hosts, stand_ins=net.transparent, tls=tls)
         proxy.guard(run_id)
-        # The relay's internal frames only on the unix door, and only for a
-        # transparent run: that door is reachable from this run's sandbox alone
-        # (its directory is private), and only a transparent relay sends them.
-        # The TCP port of the landlock tier, which any local process can reach,
-        # never takes them.
-        internal = door.policy.network.transparent
-        servers = [await proxy.serve_unix(socks[0], run_id, internal)]
-        servers += [await proxy.serve_sock(s, run_id) for s in socks[1:]]
+        proxy.on_first_use = lambda: _say(tally_w, USED)  # corral waits for this run's tally
+        servers = [await _serve_one(proxy, run_id, lis, sock) for lis, sock in listeners]
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
 
-        def life_ended() -> None:
+        def ended() -> None:
             if not done.done():
                 done.set_result(None)
 
-        loop.add_reader(life_r, life_ended)
+        for fd in stop_on:
+            loop.add_reader(fd, ended)
         await done
         for server in servers:
             server.close()
-
-    from corral.net.proxy import run_loop
 
     try:
         run_loop(main())
     finally:
         door.remove_files()
-        report = "".join(f"deny\t{dest}\t{n}\n" for dest, n in audit.denied.items())
-        report += f"errors\t{audit.errors}\n"
+        from corral.net.audit import tally_lines
+
+        report = tally_lines(audit.denied) + f"errors\t{audit.errors}\n"
         try:
             os.write(tally_w, report.encode())
         except OSError:
             pass
         audit.close()
+
+
+async def _serve_one(
+    proxy: Proxy, run_id: str, listener: Listener, sock: socket.socket
+) -> asyncio.AbstractServer | asyncio.BaseTransport:
+    """Start serving one socket as its kind says; returns what close() stops."""
+    kind = listener.kind
+    if kind == "door":  # the relay's unix door (its frames too), or landlock's TCP port
+        if listener.host == "unix":
+            return await proxy.serve_unix(sock, run_id)
+        return await proxy.serve_sock(sock, run_id)
+    if kind == "proxy":
+        return await proxy.serve_sock(sock, run_id)
+    if kind == "service":
+        return await proxy.serve_service(sock, run_id, listener.host, listener.port)
+    if kind == "dns":
+        return await proxy.serve_dns(sock, run_id)
+    if kind == "capture":
+        return await proxy.serve_capture(sock, run_id)
+    sock.close()  # nothing this proxy knows: never served
+    raise ValueError(f"unknown listener kind {kind!r}")
+
+
+def _say(tally_w: int, line: bytes) -> None:
+    try:
+        os.write(tally_w, line)
+    except OSError:
+        pass
 
 
 def quiet_stderr() -> None:

@@ -1,19 +1,88 @@
 """The decision chain of the proxy: small hooks, composed, deny wins.
 
-The proxy core never grows per rule type.  A rule is a :class:`Hook` with up to
-three callbacks; each returns a :class:`~corral.net.rules.Verdict` to take part
-in the decision or ``None`` to stay out of it.  Composition: any deny denies
-(the first one is reported); otherwise any allow allows; otherwise deny.
+The proxy core never grows per rule type.  A rule type is a :class:`Hook`
+subclass built from the policy by :func:`hooks_for`; the proxy only ever
+talks to the :class:`Chain` of them.
+
+Destinations (every request, tunnel and SOCKS connection)
+    ``on_connect`` before DNS, ``on_resolved`` per address after it.  Each
+    returns a :class:`~corral.net.rules.Verdict` or ``None`` (no opinion).
+    Composition (:func:`combine`): any deny denies (the first is reported);
+    else any ask asks; else any allow allows; else deny.
+
+Which destinations are intercepted (TLS inspection)
+    A hook that must see inside HTTPS to do its job (credentials, methods and
+    paths, body limits, guardrails) lists the host patterns it needs in
+    :meth:`Hook.inspects`, each with the policy key that asked for it:
+    ``[("api.github.com", "secrets.GH.hosts"), ("*.example.org",
+    "network.rules[2].host")]``.  Patterns use ``[network] allow`` syntax
+    (:class:`corral.net.rules.Rule`: names, ``*.suffix``, ``:port``,
+    addresses).  :meth:`Chain.needs_inspection` ORs :meth:`Hook.needs_inspection`
+    over the hooks (by default: one of its patterns matches), minus ``[tls]
+    passthrough``, cached per (host, port).  A CONNECT (or SOCKS5, or
+    transparent) connection to such a destination is terminated with a leaf
+    certificate from corral's CA (:mod:`corral.net.tls`); every other one stays
+    an opaque tunnel.  A pattern both in ``passthrough`` and in some
+    ``inspects()`` is a policy error naming both keys
+    (:func:`passthrough_conflict`).  Hook constructors therefore run at policy
+    load time: parse the policy there and do no I/O (read secret sources in
+    :meth:`Hook.open`).
+
+Requests (plain HTTP and intercepted HTTPS alike)
+    Every HTTP request goes through the same three steps, on a
+    :class:`Request` (method, origin-form target, headers, body length) and a
+    per-request :class:`Destination` whose ``scheme`` is ``"http"`` or
+    ``"https"``:
+
+    1. ``on_request(dest, request)``: decide, without changing anything.
+       Verdicts combine as above.  An ask holds the request (nothing goes
+       upstream) until :class:`Asker` answers allow or deny.
+    2. ``rewrite(dest, request)``: only once the request is allowed, in chain
+       order; may edit ``request.target`` and ``request.headers`` in place
+       (swap a placeholder for a real credential, add a header).  Not
+       ``host``, ``content-length`` or ``transfer-encoding``: the proxy writes
+       ``Host`` from the decided destination and keeps the body's own framing
+       whatever a hook wrote.  What a hook writes is checked as a client's
+       request is (a CR/LF or other control byte in a value, a malformed name
+       or target: the request is refused, 502, ``rule: rewrite``).
+    3. ``on_response(dest, request, response)``: the response head before the
+       client sees it; may edit ``response.headers`` in place (replace an
+       echoed real value by its placeholder; framing stays the origin's).  A
+       deny here replaces the response with a 403 and drops the upstream
+       connection.
+
+    The body is streamed, never handed to hooks whole: ``request.body_length``
+    is the announced length (``None``: chunked, unknown until it ends).  A hook
+    bounds it with ``request.limit_body(n, rule)`` (the smallest wins): a longer
+    Content-Length gets 413 before anything is sent upstream, and a chunked
+    body that grows past it is cut off (the upstream connection is closed, so
+    the origin never sees a complete request) with a 413 to the client.
+    ``request.audit`` holds extra fields for this request's audit line
+    (``{"secrets": ["GH"]}``: names, never values); a deciding verdict's
+    ``detail`` is merged into it too.  A WebSocket upgrade is one request like
+    any other; after the origin's 101, bytes pass raw both ways, unhooked.
+
+Run start
+    :meth:`Hook.open` runs once in corral's own process before the proxy
+    workers fork (read a secret's source there; raise a
+    :class:`~corral.errors.CorralError` to refuse the run) and
+    :meth:`Hook.sandbox_env` names variables the sandbox gets (a per-run
+    placeholder).  Hooks are then copied into each worker by ``fork``.  The
+    door builds the chain in corral's process only when
+    ``corral.net.door._hooks_act_here(policy)`` says so (host rules alone are
+    built in the proxy, off the run's path): a rule type that intercepts, or
+    whose hooks need ``open``/``sandbox_env``, adds its policy key there.
 """
 
 from __future__ import annotations
 
 from corral.net.names import normalize
-from corral.net.rules import HostRules, Verdict
+from corral.net.rules import HostRules, Rule, Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from corral.net.http1 import Message
+    from collections.abc import Iterable
+
     from corral.policy import Policy
 
 
@@ -30,11 +99,68 @@ class Destination:
 
     def __init__(self, run_id: str, scheme: str, host: str, port: int) -> None:
         self.run_id = run_id
-        self.scheme = scheme  # "http", "connect", "socks5", "transparent" or "dns"
+        # "http", "https" (a request inside intercepted TLS), "connect", "socks5",
+        # "transparent" or "dns"
+        self.scheme = scheme
         self.host = normalize(host)
         self.port = port
         self.method = ""
         self.path = ""
+
+    def for_request(self, scheme: str, method: str, path: str) -> Destination:
+        """The same (already normalized) destination, for one request inside it."""
+        dest = Destination.__new__(Destination)
+        dest.run_id, dest.scheme, dest.host, dest.port = self.run_id, scheme, self.host, self.port
+        dest.method, dest.path = method, path
+        return dest
+
+
+class Request:
+    """One HTTP request as hooks see it.
+
+    ``target`` is origin-form (``/path?query``), one character per byte
+    (latin-1: lossless; ``target.encode("latin-1")`` gives the bytes back).
+    ``headers`` are (lower-case name, value) byte pairs, hop-by-hop ones
+    already removed; a list hooks may edit in place in ``rewrite``."""
+
+    __slots__ = ("audit", "body_length", "body_limit", "body_rule", "headers", "method", "target")
+
+    def __init__(
+        self,
+        method: str,
+        target: str,
+        headers: list[tuple[bytes, bytes]],
+        body_length: int | None,
+    ) -> None:
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.body_length = body_length  # 0: no body; None: chunked
+        self.body_limit: int | None = None  # set by hooks (limit_body); the smallest wins
+        self.body_rule = ""  # the rule that set it, for the audit line of a 413
+        self.audit: dict[str, object] = {}
+
+    def get(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    def limit_body(self, limit: int, rule: str) -> None:
+        if self.body_limit is None or limit < self.body_limit:
+            self.body_limit = limit
+            self.body_rule = rule
+
+
+class Response:
+    """A response head as hooks see it: status and (lower-case name, value) pairs,
+    hop-by-hop ones removed; ``headers`` may be edited in place."""
+
+    __slots__ = ("headers", "status")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        self.headers = headers
 
 
 class Hook:
@@ -42,6 +168,28 @@ class Hook:
     # True when on_connect depends only on (host, port), and on_resolved only on
     # (host, port, address): the chain may cache both
     connect_by_host_port = False
+
+    def inspects(self) -> list[tuple[str, str]]:
+        """Host patterns whose HTTPS this hook must see, each with the policy key
+        that names it (for error messages)."""
+        return []
+
+    def needs_inspection(self, host: str, port: int) -> bool:
+        """Must a connection to (normalized host, port) be intercepted for this hook?"""
+        return any(_matches(rule, host, port) for rule in self._inspected())
+
+    def _inspected(self) -> list[Rule]:
+        rules: list[Rule] | None = self.__dict__.get("_inspected_rules")
+        if rules is None:
+            rules = self.__dict__["_inspected_rules"] = [Rule(p) for p, _ in self.inspects()]
+        return rules
+
+    def open(self) -> None:
+        """Once per run, in corral's process, before the proxy workers fork."""
+
+    def sandbox_env(self) -> dict[str, str]:
+        """Variables the sandbox gets for this hook (after :meth:`open`)."""
+        return {}
 
     def on_connect(self, dest: Destination) -> Verdict | None:
         """Before any DNS lookup, for every request, tunnel and SOCKS connection."""
@@ -51,13 +199,30 @@ class Hook:
         """For each address the destination resolved to, before connecting."""
         return None
 
-    def on_request(self, dest: Destination, request: Message) -> Verdict | None:
-        """For each plain-HTTP request (method and path are visible)."""
+    def on_request(self, dest: Destination, request: Request) -> Verdict | None:
+        """Decide one HTTP request (plain, or inside intercepted TLS); change nothing."""
+        return None
+
+    def rewrite(self, dest: Destination, request: Request) -> None:
+        """Edit an allowed request in place before it goes upstream."""
+
+    def on_response(
+        self, dest: Destination, request: Request, response: Response
+    ) -> Verdict | None:
+        """See (and edit in place) a response head before the client does."""
         return None
 
     def on_dns(self, run_id: str, name: str) -> Verdict | None:
         """Transparent mode: may ``name`` resolve at all (on some port)?"""
         return None
+
+
+class Asker:
+    """Answers an ``ask`` verdict (held request, or a CONNECT when ``request`` is
+    None).  This default answers no: nobody is there to ask."""
+
+    async def ask(self, dest: Destination, request: Request | None, verdict: Verdict) -> Verdict:
+        return Verdict(False, verdict.rule, "approval needed, and nobody can answer here")
 
 
 class HostRulesHook(Hook):
@@ -79,25 +244,83 @@ class HostRulesHook(Hook):
         return self.rules.check_name_any_port(name)
 
 
-def combine(verdicts: list[Verdict | None]) -> Verdict:
+class InspectHook(Hook):
+    """``[tls] inspect``: hosts intercepted with no other rule, so that every
+    request's method and path reach the audit log (and the chain's other hooks)."""
+
+    name = "inspect"
+    connect_by_host_port = True
+
+    def __init__(self, patterns: list[str]) -> None:
+        self.patterns = patterns
+
+    def inspects(self) -> list[tuple[str, str]]:
+        return [(p, "tls.inspect") for p in self.patterns]
+
+
+def combine(verdicts: Iterable[Verdict | None]) -> Verdict:
+    found = _strongest(verdicts)
+    return found or Verdict(False, "default", "no rule allows this destination")
+
+
+def _strongest(verdicts: Iterable[Verdict | None]) -> Verdict | None:
+    """Deny over ask over allow; None when nobody had an opinion."""
     allowed: Verdict | None = None
+    ask: Verdict | None = None
     for verdict in verdicts:
         if verdict is None:
             continue
-        if not verdict.allowed:
+        if verdict.ask:
+            ask = ask or verdict
+        elif not verdict.allowed:
             return verdict
-        allowed = allowed or verdict
-    return allowed or Verdict(False, "default", "no rule allows this destination")
+        else:
+            allowed = allowed or verdict
+    return ask or allowed
+
+
+def _overrides(hook: Hook, method: str) -> bool:
+    return getattr(type(hook), method) is not getattr(Hook, method)
 
 
 class Chain:
     CACHE_SIZE = 4096
 
-    def __init__(self, hooks: list[Hook]) -> None:
+    def __init__(self, hooks: list[Hook], passthrough: list[str] | None = None) -> None:
         self.hooks = hooks
+        self.passthrough = [Rule(p) for p in passthrough or []]
         self._cacheable = all(h.connect_by_host_port for h in hooks)
         self._cache: dict[tuple[str, int], Verdict] = {}
         self._resolved_cache: dict[tuple[str, int, str], Verdict] = {}
+        self._inspect_cache: dict[tuple[str, int], bool] = {}
+        # only hooks that look at requests are called for each one
+        self._on_request = [h for h in hooks if _overrides(h, "on_request")]
+        self._rewrite = [h for h in hooks if _overrides(h, "rewrite")]
+        self._on_response = [h for h in hooks if _overrides(h, "on_response")]
+        self._inspecting = [h for h in hooks if h.inspects() or _overrides(h, "needs_inspection")]
+        # does any hook look at requests?  (if not, none is built: the plain HTTP
+        # keep-alive path stays as fast as with host rules alone)
+        self.sees_requests = bool(self._on_request or self._rewrite or self._on_response)
+
+    @property
+    def may_inspect(self) -> bool:
+        """Can any destination of this run be intercepted (so the sandbox needs the CA)?"""
+        return bool(self._inspecting)
+
+    def needs_inspection(self, host: str, port: int) -> bool:
+        """Must a connection to the (normalized) host and port be intercepted?"""
+        if not self._inspecting:
+            return False
+        key = (host, port)
+        found = self._inspect_cache.get(key)
+        if found is None:
+            if len(self._inspect_cache) >= self.CACHE_SIZE:
+                self._inspect_cache.clear()
+            found = not any(_matches(r, host, port) for r in self.passthrough) and any(
+                h.needs_inspection(host, port) for h in self._inspecting
+            )
+            self._inspect_cache[key] = found
+        return found
 
     def connect(self, dest: Destination) -> Verdict:
         if not self._cacheable:
@@ -129,14 +352,76 @@ class Chain:
     def dns(self, run_id: str, name: str) -> Verdict:
         return combine([h.on_dns(run_id, name) for h in self.hooks])
 
-    def request(self, dest: Destination, request: Message) -> Verdict | None:
-        verdicts = [h.on_request(dest, request) for h in self.hooks]
-        if all(v is None for v in verdicts):
-            return None
-        return combine(verdicts)
+    def request(self, dest: Destination, request: Request) -> Verdict | None:
+        """The request hooks' decision, or None when none of them had an opinion."""
+        return _strongest(h.on_request(dest, request) for h in self._on_request)
+
+    def rewrite(self, dest: Destination, request: Request) -> None:
+        for hook in self._rewrite:
+            hook.rewrite(dest, request)
+
+    def response(self, dest: Destination, request: Request, response: Response) -> Verdict | None:
+        return _strongest(h.on_response(dest, request, response) for h in self._on_response)
+
+    def open(self) -> None:
+        for hook in self.hooks:
+            hook.open()
+
+    def sandbox_env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for hook in self.hooks:
+            env.update(hook.sandbox_env())
+        return env
+
+
+def _matches(rule: Rule, host: str, port: int) -> bool:
+    """Does an allow-syntax pattern cover a normalized host (a name or an address)?"""
+    if rule.matches_name(host, port):
+        return True
+    if rule.network is None and rule.wildcard != "":
+        return False
+    import ipaddress
+
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return rule.matches_address(address, port)
+
+
+def passthrough_conflict(passthrough: list[str], hooks: list[Hook]) -> str | None:
+    """A policy error naming both keys when a host is passed through (``[tls]
+    passthrough``) and also needs interception for some hook; else None."""
+    for entry in passthrough:
+        through = Rule(entry)
+        for hook in hooks:
+            for pattern, key in hook.inspects():
+                if through.overlaps(Rule(pattern)):
+                    return (
+                        f"tls.passthrough: {entry!r} is never intercepted, but {key} "
+                        f"({pattern!r}) needs to see inside its HTTPS: remove one of them"
+                    )
+    return None
+
+
+def hooks_for(policy: Policy) -> list[Hook]:
+    """The hooks a policy asks for, in chain order (no I/O: see :meth:`Hook.open`).
+    A new rule type adds its hooks here."""
+    net = policy.network
+    hooks: list[Hook] = [HostRulesHook(HostRules.parse(net.allow, net.deny))]
+    if policy.tls.inspect:
+        hooks.append(InspectHook(policy.tls.inspect))
+    if net.rules:
+        from corral.net.httprules import HttpRulesHook
+
+        hooks.append(HttpRulesHook.from_policy(net.rules))
+    if policy.secrets:
+        from corral.net.secrets import SecretsHook
+
+        hooks.append(SecretsHook(policy))
+    return hooks
 
 
 def chain_for(policy: Policy) -> Chain:
-    """The hooks a policy's ``[network]`` section asks for (today: host rules)."""
-    net = policy.network
-    return Chain([HostRulesHook(HostRules.parse(net.allow, net.deny))])
+    """The chain of :func:`hooks_for`, with ``[tls] passthrough`` applied."""
+    return Chain(hooks_for(policy), policy.tls.passthrough)

@@ -156,6 +156,33 @@ def framing(msg: Message, request_method: bytes | None = None) -> tuple[str, int
     return "close", 0  # a response without framing runs until the server closes
 
 
+FRAMING_FIELDS = (b"content-length", b"transfer-encoding")
+
+
+def refit(
+    headers: list[tuple[bytes, bytes]], original: list[tuple[bytes, bytes]], status: int
+) -> list[tuple[bytes, bytes]]:
+    """Headers a hook rewrote, made safe to send: the framing of ``original`` (the
+    body is copied as it was framed, whatever a hook wrote) and every field
+    checked as a parser would (no CR/LF or other control byte: a value taken from
+    a file must not start a header of its own).  HttpError ``status`` otherwise."""
+    framing = [(k, v) for k, v in original if k in FRAMING_FIELDS]
+    kept = [(k, v) for k, v in headers if k not in FRAMING_FIELDS]
+    for name, value in kept:
+        if not name or name.translate(None, TOKEN_BYTES) or name != name.lower():
+            raise HttpError(status, "a rule produced a malformed header name")
+        if len(value.translate(None, CONTROL_BYTES)) != len(value):
+            raise HttpError(status, "a rule produced a control character in a header")
+    return kept + framing
+
+
+def check_target(target: bytes, status: int) -> bytes:
+    """A rewritten origin-form target: no whitespace or control byte."""
+    if not target.startswith(b"/") or not TARGET_CONTROL.isdisjoint(target) or b" " in target:
+        raise HttpError(status, "a rule produced a malformed request target")
+    return target
+
+
 def serialize_head(first_line: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
     out = [first_line]
     out += [name + b": " + value for name, value in headers]
@@ -206,13 +233,16 @@ async def copy_body(
     kind: str,
     length: int,
     head: bytes = b"",
+    limit: int | None = None,
 ) -> int:
     """Write ``head``, then forward a body framed as ``kind``; returns the body bytes.
 
     The head goes out with the first piece of the body: for the small bodies a
     proxy mostly sees, one send instead of two.  Trailers of a chunked body are
     read, checked like header lines and dropped (what a trailer could say, e.g.
-    a second Content-Length, is for no proxy to pass on).
+    a second Content-Length, is for no proxy to pass on).  ``limit`` bounds a
+    chunked body's data: past it, HttpError 413 before the chunk is written
+    (a Content-Length is checked by the caller, before anything is sent).
     """
     if head and kind != "length":
         writer.write(head)
@@ -220,7 +250,7 @@ async def copy_body(
     if kind == "length":
         sent = await _copy_exactly(reader, writer, length, head)
     elif kind == "chunked":
-        sent = await _copy_chunked(reader, writer)
+        sent = await _copy_chunked(reader, writer, limit)
     elif kind == "close":
         sent = 0
         while data := await reader.read(CHUNK):
@@ -254,17 +284,23 @@ async def _copy_exactly(
     return length
 
 
-async def _copy_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
+async def _copy_chunked(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int | None = None
+) -> int:
     """Re-frame a chunked body chunk by chunk: clean size lines, data streamed."""
     import asyncio
 
     sent = 0
+    data_bytes = 0
     while True:
         try:
             line = await reader.readuntil(b"\r\n")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             raise HttpError(400, "bad chunked body") from None
         size = _chunk_size(line[:-2])
+        data_bytes += size
+        if limit is not None and data_bytes > limit:
+            raise HttpError(413, f"request body larger than {limit} bytes")
         if size == 0:
             await _skip_trailers(reader)
             writer.write(b"0\r\n\r\n")
@@ -364,21 +400,27 @@ def split_authority(authority: bytes, default_port: int) -> tuple[str, int]:
     return host, port
 
 
-def split_absolute(target: bytes) -> tuple[str, int, bytes]:
-    """``http://host:port/path?q`` -> (host as sent, port, b"/path?q")."""
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def split_absolute(target: bytes, schemes: tuple[str, ...] = ("http",)) -> tuple[str, int, bytes]:
+    """``http://host:port/path?q`` -> (host as sent, port, b"/path?q"); ``schemes``
+    are the ones accepted (a plain proxy request: only http)."""
     scheme, sep, rest = target.partition(b"://")
     if not sep:
         raise HttpError(400, "a proxy request needs an absolute URL (http://host/path)")
     scheme_text = scheme.lower().decode("ascii", "replace")
-    if scheme_text != "http":
-        raise HttpError(400, f"unsupported scheme {scheme_text!r}: use CONNECT for https")
+    if scheme_text not in schemes:
+        if scheme_text == "https" and "https" not in schemes:
+            raise HttpError(400, f"unsupported scheme {scheme_text!r}: use CONNECT for https")
+        raise HttpError(400, f"unsupported scheme {scheme_text!r} here")
     slash = rest.find(b"/")
     question = rest.find(b"?")
     cut = min(x for x in (slash, question, len(rest)) if x >= 0)
     authority, path = rest[:cut], rest[cut:]
     if b"@" in authority:
         raise HttpError(400, "credentials in proxy URLs are not forwarded")
-    host, port = split_authority(authority, 80)
+    host, port = split_authority(authority, DEFAULT_PORTS[scheme_text])
     if not path.startswith(b"/"):
         path = b"/" + path
     return host, port, path

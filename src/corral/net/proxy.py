@@ -1,12 +1,18 @@
 """corral's governing proxy: HTTP/1.1 forwarding, CONNECT tunnels and SOCKS5.
 
-Every connection arrives through a door (a unix socket bound into one
-sandbox, or a TCP listener for ``corral proxy serve`` and the landlock tier)
-that is tagged with the run it belongs to.  The first byte tells the
-protocol: 0x05 is SOCKS5, anything else is HTTP.  Only a door that serves a
-transparent run through corral's relay also takes the relay's internal
-frames (0xfe a captured connection, 0xfd a DNS query); everywhere else those
-bytes are simply not HTTP and get a 400.
+Every connection arrives on a socket tagged with the run it belongs to: the
+sandbox's own listeners (made in its network namespace and handed over, see
+:mod:`corral.netns`), a unix door bound into a container for corral's
+relay, or a TCP listener for ``corral proxy serve`` and the landlock tier.
+On a proxy port the first byte tells the protocol: 0x05 is SOCKS5, anything
+else is HTTP.  A unix door also takes the relay's frames, each one byte
+first: 0xfb a proxy connection follows, 0xfc a connection to a host service
+at its own address (``ADDRESS PORT\n`` follows), 0xfd a DNS query.  A frame
+is only another way to ask what CONNECT and the resolver already answer, by
+the same rules; on a TCP port those bytes are simply not HTTP and get a 400.
+Besides: a service listener is a CONNECT to its own address, the resolver
+socket answers DNS from the policy, and transparent mode's capture port
+takes connections nftables redirected.
 
 Each destination is normalized once into a :class:`~corral.net.hooks.Destination`
 (:mod:`corral.net.names`), decided by the hook chain
@@ -24,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import ssl
 import struct
 import time
 from typing import cast
@@ -31,7 +38,7 @@ from typing import cast
 from corral.net import dns as dnsmsg
 from corral.net import http1, sniff
 from corral.net.dns import FakePool
-from corral.net.hooks import Chain, Destination
+from corral.net.hooks import Asker, Chain, Destination, Request, Response
 from corral.net.http1 import HttpError
 from corral.net.names import BadName, authority, normalize, printable
 from corral.net.rules import Verdict
@@ -42,6 +49,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
     from corral.net.audit import Audit
+    from corral.net.tls import Interceptor
 
     Resolver = Callable[[str, int], Awaitable[list[str]]]
 
@@ -54,9 +62,18 @@ IDLE_TIMEOUT = 120.0
 # long after its first byte: a slow trickle (slowloris) gets 408 and is closed.
 HEAD_TIMEOUT = 30.0
 SWEEP_EVERY = 1.0  # how often the timeouts above are checked (their precision)
+# An idle TLS connection to an intercepted origin is kept this long for the next
+# client connection of the same run (a new handshake costs more than the request);
+# short, so that an origin closing idle connections (Node: after 5 s) rarely races it.
+PARK_IDLE = 2.0
+PARK_MAX = 64  # idle connections kept per destination
 
-TRANSPARENT = b"\xfe"  # door preamble from the relay: a captured connection (see relay.py)
-DNS = b"\xfd"  # door preamble from the relay: one DNS query
+# The relay's frames on a unix door (see relay.py): what follows the first byte.
+PLAIN = b"\xfb"  # a proxy connection (HTTP or SOCKS5) from the relay's proxy port
+SERVICE = b"\xfc"  # "ADDRESS PORT\n", then a connection to that host service
+DNS = b"\xfd"  # one DNS query: 2-byte length + packet
+SO_ORIGINAL_DST = 80  # netfilter: where a redirected connection was going
+DNS_INFLIGHT = 64  # queries answered at once per resolver socket; more are dropped
 
 SOCKS_OK = 0x00
 SOCKS_FAILURE = 0x01
@@ -77,6 +94,16 @@ class Refused(Exception):
         self.verdict = verdict
         self.status = status
         self.refused = refused  # the destination actively refused the connection
+
+
+class NoDestination(Exception):
+    """A request whose host can be no destination (audited already)."""
+
+    def __init__(self, verdict: Verdict, shown: str, port: int) -> None:
+        super().__init__(verdict.reason)
+        self.verdict = verdict
+        self.shown = shown
+        self.port = port
 
 
 class _Holding(asyncio.Protocol):
@@ -171,29 +198,41 @@ class Proxy:
         resolve: Resolver | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
         head_timeout: float = HEAD_TIMEOUT,
+        stand_ins: bool = False,
+        tls: Interceptor | None = None,
+        asker: Asker | None = None,
     ) -> None:
         self.chain = chain
         self.audit = audit
+        # TLS inspection, for the destinations the chain says need it (None: never)
+        self.tls = tls
+        self.asker = asker or Asker()
         # [network] hosts: name -> address, instead of DNS; keyed by the one spelling
         # a Destination has, so no other spelling of a pinned name reaches DNS
         self.pinned = {normalize(k): normalize(v) for k, v in (pinned or {}).items()}
         self.resolve: Resolver = resolve or system_resolve
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
+        # transparent mode: DNS answers are stand-in addresses mapped back to names
+        self.stand_ins = stand_ins
+        # called once, when the first connection or query arrives (the door's "used")
+        self.on_first_use: Callable[[], None] | None = None
         self.pools: dict[str, FakePool] = {}  # run id -> transparent-mode stand-in names
+        self._dns_inflight = 0
         self._flush_scheduled = False
         self._clocks: set[_Clock] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        # (run id, host, port) -> idle upstream TLS connections, newest last
+        self._parked: dict[tuple[str, str, int], list[tuple[float, Upstream]]] = {}
 
     # -- doors -------------------------------------------------------------------
 
     async def serve_unix(
-        self, sock: socket.socket, run_id: str, internal: bool = False
+        self, sock: socket.socket, run_id: str, frames: bool = True
     ) -> asyncio.Server:
-        """Serve a unix door; ``internal``: it also takes the relay's frames (only a
-        transparent run's own door, which only that run's sandbox can reach)."""
+        """Serve a unix door; ``frames``: it also takes the relay's frames."""
         return await asyncio.start_unix_server(
-            lambda r, w: self.handle(r, w, run_id, internal), sock=sock, limit=http1.MAX_HEAD
+            lambda r, w: self.handle(r, w, run_id, frames), sock=sock, limit=http1.MAX_HEAD
         )
 
     async def serve_sock(self, sock: socket.socket, run_id: str) -> asyncio.Server:
@@ -210,6 +249,51 @@ class Proxy:
             limit=http1.MAX_HEAD,
             reuse_address=True,
         )
+
+    async def serve_service(
+        self, sock: socket.socket, run_id: str, host: str, port: int
+    ) -> asyncio.Server:
+        """Serve a listener at a host service's own address inside the sandbox: each
+        connection is a CONNECT to ``host:port``, decided and audited as one."""
+
+        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.used()
+            await self._guarded(run_id, writer, self.service(reader, writer, run_id, host, port))
+
+        return await asyncio.start_server(on_client, sock=sock, limit=http1.MAX_HEAD)
+
+    async def serve_capture(
+        self,
+        sock: socket.socket,
+        run_id: str,
+        original: Callable[[object], tuple[str, int]] | None = None,
+    ) -> asyncio.Server:
+        """Serve transparent mode's capture port: where each connection was going
+        comes from netfilter (``original``, for tests: any function of the socket)."""
+        find = original or original_destination
+
+        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            clock = self._clock(reader)
+            clock.partial = True  # what the client sends first is read within HEAD_TIMEOUT
+            try:
+                address, port = find(writer.get_extra_info("socket"))
+            except (OSError, BadName):
+                self._clocks.discard(clock)
+                writer.close()
+                return
+            await self._guarded(
+                run_id, writer, self.captured(reader, writer, run_id, clock, address, port), clock
+            )
+
+        return await asyncio.start_server(on_client, sock=sock, limit=http1.MAX_HEAD)
+
+    async def serve_dns(self, sock: socket.socket, run_id: str) -> asyncio.BaseTransport:
+        """Serve the sandbox's resolver (a UDP socket): answers from the policy."""
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _Resolver(self, run_id), sock=sock
+        )
+        return transport
 
     def guard(self, run_id: str) -> None:
         """Send whatever the event loop would print (an exception in a callback, a
@@ -228,26 +312,63 @@ class Proxy:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         run_id: str,
-        internal: bool = False,
+        frames: bool = False,
     ) -> None:
         clock = self._clock(reader)
-        try:
-            first = await reader.read(1)
-            if not first:
-                return
+        await self._guarded(
+            run_id, writer, self._dispatch(reader, writer, run_id, frames, clock), clock
+        )
+
+    async def _dispatch(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        run_id: str,
+        frames: bool,
+        clock: _Clock,
+    ) -> None:
+        first = await reader.read(1)
+        if frames and first == PLAIN:
+            first = await reader.read(1)  # what follows is the client's, not a frame
+        elif frames and first == SERVICE:
             clock.partial = True
-            if first == b"\x05":
-                await self.socks5(reader, writer, run_id, clock)
-            elif internal and first == TRANSPARENT:
-                await self.captured(reader, writer, run_id, clock)
-            elif internal and first == DNS:
-                await self.dns(reader, writer, run_id, clock)
-            elif first[0] in http1.TOKEN or first in b"\r\n":
-                await self.http(reader, writer, run_id, first, clock)
-            else:  # no method starts so: say so now, not when a head never ends
-                await _send_error(writer, 400, "neither HTTP nor SOCKS5")
+            line = await reader.readuntil(b"\n")
+            clock.since = 0.0
+            try:
+                host, port = _address_frame(line)
+            except BadName as exc:
+                self.refuse_name(run_id, "service", line.decode("latin-1"), 0, exc, 400)
+                return
+            await self.service(reader, writer, run_id, host, port)
+            return
+        elif frames and first == DNS:
+            clock.partial = True
+            await self.dns(reader, writer, run_id, clock)
+            return
+        if not first:
+            return
+        clock.partial = True
+        if first == b"\x05":
+            await self.socks5(reader, writer, run_id, clock)
+        elif first[0] in http1.TOKEN or first in b"\r\n":
+            await self.http(reader, writer, run_id, first, clock)
+        else:  # no method starts so: say so now, not when a head never ends
+            await _send_error(writer, 400, "neither HTTP nor SOCKS5")
+
+    async def _guarded(
+        self,
+        run_id: str,
+        writer: asyncio.StreamWriter,
+        work: Coroutine[object, object, None],
+        clock: _Clock | None = None,
+    ) -> None:
+        """Run one connection's work; whatever happens, it ends closed and quiet."""
+        try:
+            await work
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
+        except asyncio.LimitOverrunError:
+            pass  # a frame line longer than any address
         except asyncio.CancelledError:
             # The worker is stopping.  Ending normally matters: Python 3.11's
             # start_server reports a cancelled connection task as an error, with
@@ -256,10 +377,18 @@ class Proxy:
         except Exception as exc:  # one bad connection must never take the proxy down
             self.audit.internal_error(run_id, "connection", exc)
         finally:
-            self._clocks.discard(clock)
+            if clock is not None:
+                self._clocks.discard(clock)
             writer.close()
 
+    def used(self) -> None:
+        """Something arrived: tell whoever waits for the first use, once."""
+        if self.on_first_use is not None:
+            first, self.on_first_use = self.on_first_use, None
+            first()
+
     def _clock(self, reader: asyncio.StreamReader) -> _Clock:
+        self.used()
         loop = asyncio.get_running_loop()
         clock = _Clock(reader, loop.time())
         self._clocks.add(clock)
@@ -285,11 +414,72 @@ class Proxy:
                 if expired:
                     clock.since = 0.0
                     clock.reader.set_exception(TimeoutError())  # the waiting read raises
+            if self._parked:
+                self._unpark_stale(now)
 
     # -- decisions and upstream connections ---------------------------------------------
 
-    async def open_upstream(self, dest: Destination, streams: bool = True) -> Upstream:
+    async def decide(self, dest: Destination) -> Verdict:
+        """The chain's verdict on a destination; an ask waits for its answer."""
         verdict = self.chain.connect(dest)
+        if verdict.ask:
+            verdict = await self.asker.ask(dest, None, verdict)
+        return verdict
+
+    def park(self, dest: Destination, upstream: Upstream) -> None:
+        """Keep an idle upstream TLS connection for the run's next client connection."""
+        key = (dest.run_id, upstream.host, upstream.port)
+        idle = self._parked.setdefault(key, [])
+        if len(idle) >= PARK_MAX or upstream.streams()[0].at_eof():
+            upstream.close()
+            return
+        idle.append((asyncio.get_running_loop().time(), upstream))
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def unpark(self, dest: Destination) -> Upstream | None:
+        """The newest parked connection to ``dest`` still open and fresh, if any."""
+        idle = self._parked.get((dest.run_id, dest.host, dest.port))
+        now = asyncio.get_running_loop().time()
+        while idle:
+            parked_at, upstream = idle.pop()
+            reader, writer = upstream.streams()
+            if now - parked_at < PARK_IDLE and not reader.at_eof() and not writer.is_closing():
+                return upstream
+            upstream.close()
+        return None
+
+    def _unpark_stale(self, now: float) -> None:
+        for key, idle in list(self._parked.items()):
+            keep = [(t, u) for t, u in idle if now - t < PARK_IDLE]
+            for t, u in idle:
+                if now - t >= PARK_IDLE:
+                    u.close()
+            if keep:
+                self._parked[key] = keep
+            else:
+                del self._parked[key]
+
+    async def open_upstream(
+        self,
+        dest: Destination,
+        streams: bool = True,
+        tls: ssl.SSLContext | None = None,
+        verdict: Verdict | None = None,
+    ) -> Upstream:
+        """Connect to an address of ``dest`` the chain accepts (``verdict``: the
+        chain's answer already asked for); with ``tls``, as a TLS client verifying
+        ``dest.host`` (an untrusted origin is a 502 refusal, never a pass)."""
+        if not streams and self.chain.needs_inspection(dest.host, dest.port):
+            # an opaque tunnel to a host whose requests a rule must see (a proxy
+            # without TLS interception, e.g. `corral proxy serve`): fail closed
+            raise Refused(
+                Verdict(False, "needs-inspection", "a rule must see the requests to this host")
+            )
+        if verdict is None:  # (decide(), inlined: this runs for every tunnel)
+            verdict = self.chain.connect(dest)
+            if verdict.ask:
+                verdict = await self.asker.ask(dest, None, verdict)
         if not verdict.allowed:
             raise Refused(verdict)
         loop = asyncio.get_running_loop()
@@ -309,7 +499,11 @@ class Proxy:
                 async with asyncio.timeout(CONNECT_TIMEOUT):
                     if streams:
                         upstream.reader, upstream.writer = await asyncio.open_connection(
-                            address, dest.port, limit=http1.MAX_HEAD
+                            address,
+                            dest.port,
+                            limit=http1.MAX_HEAD,
+                            ssl=tls,
+                            server_hostname=dest.host if tls else None,
                         )
                     else:
                         transport, holding = await loop.create_connection(
@@ -318,6 +512,10 @@ class Proxy:
                         upstream.transport = transport
                         upstream.holding = holding
             except (OSError, TimeoutError) as exc:
+                if isinstance(exc, ssl.SSLError):
+                    from corral.net.tls import upstream_refusal
+
+                    raise Refused(upstream_refusal(exc, dest.host), 502) from None
                 error = f"{address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}"
                 refused = isinstance(exc, ConnectionRefusedError)
                 continue
@@ -345,10 +543,11 @@ class Proxy:
     async def refuse_http(
         self, writer: asyncio.StreamWriter, dest: Destination, exc: Refused, started: float
     ) -> None:
-        """Audit a refusal and tell an HTTP client: 403 with the decision, or 502."""
+        """Audit a refusal and tell an HTTP client: 403 with the decision, or 502
+        (as JSON when the chain's parts refused, e.g. an untrusted origin)."""
         self.log(dest, exc.verdict, exc.status, 0, 0, started)
-        if exc.status == 403:
-            await _send_denial(writer, 403, exc.verdict, dest.host, dest.port)
+        if exc.status == 403 or not exc.verdict.allowed:
+            await _send_denial(writer, exc.status, exc.verdict, dest.host, dest.port)
         else:
             await _send_error(writer, exc.status, exc.verdict.reason)
 
@@ -374,7 +573,10 @@ class Proxy:
         down: int,
         started: float,
         address: str = "",
+        extra: dict[str, object] | None = None,
     ) -> None:
+        if verdict.detail:
+            extra = {**verdict.detail, **(extra or {})}
         self._record(
             dest.run_id,
             dest.scheme,
@@ -388,6 +590,7 @@ class Proxy:
             down,
             started,
             address,
+            extra,
         )
 
     def _record(
@@ -404,25 +607,27 @@ class Proxy:
         down: int,
         started: float,
         address: str = "",
+        extra: dict[str, object] | None = None,
     ) -> None:
-        self.audit.record(
-            {
-                "run_id": run_id,
-                "scheme": scheme,
-                "method": method or None,
-                "path": path or None,
-                "host": host,
-                "port": port,
-                "address": address or None,
-                "decision": verdict.decision,
-                "rule": verdict.rule,
-                "reason": verdict.reason or None,
-                "status": status,
-                "bytes_up": up,
-                "bytes_down": down,
-                "duration": round(time.monotonic() - started, 6) if started else 0.0,
-            }
-        )
+        entry: dict[str, object] = {
+            "run_id": run_id,
+            "scheme": scheme,
+            "method": method or None,
+            "path": path or None,
+            "host": host,
+            "port": port,
+            "address": address or verdict.address or None,
+            "decision": verdict.decision,
+            "rule": verdict.rule,
+            "reason": verdict.reason or None,
+            "status": status,
+            "bytes_up": up,
+            "bytes_down": down,
+            "duration": round(time.monotonic() - started, 6) if started else 0.0,
+        }
+        if extra:
+            entry.update(extra)
+        self.audit.record(entry)
         if not self._flush_scheduled:  # lines buffered in the audit reach disk within 50 ms
             self._flush_scheduled = True
             asyncio.get_running_loop().call_later(0.05, self._flush)
@@ -461,7 +666,15 @@ class Proxy:
                         upstream = None
                     await self.connect(reader, writer, request, run_id)
                     return
-                keep, upstream = await self.forward(reader, writer, request, run_id, upstream)
+                try:  # (not a coroutine of its own: this runs for every request)
+                    dest, path = self.plain_target(request, run_id)
+                except HttpError as exc:
+                    await _send_error(writer, exc.status, exc.message)
+                    return
+                except NoDestination as exc:
+                    await _send_denial(writer, 400, exc.verdict, exc.shown, exc.port)
+                    return
+                keep, upstream = await self.exchange(reader, writer, dest, request, path, upstream)
                 if not keep:
                     return
                 clock.waiting(loop.time())
@@ -469,58 +682,98 @@ class Proxy:
             if upstream is not None:
                 upstream.close()
 
-    async def forward(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        request: http1.Message,
-        run_id: str,
-        upstream: Upstream | None,
-    ) -> tuple[bool, Upstream | None]:
-        """One request/response exchange; returns (keep the client connection, upstream)."""
-        started = time.monotonic()
-        try:
-            host, port, path = http1.split_absolute(request.target)
-            body_kind, body_len = http1.framing(request)
-        except HttpError as exc:
-            await _send_error(writer, exc.status, exc.message)
-            return False, upstream
+    def plain_target(self, request: http1.Message, run_id: str) -> tuple[Destination, bytes]:
+        """A plain-HTTP request's destination (absolute-form target) and origin-form
+        path; HttpError, or NoDestination (audited) for a host that is none."""
+        host, port, path = http1.split_absolute(request.target)
         try:
             dest = Destination(run_id, "http", host, port)
         except BadName as exc:
             verdict, shown = self.refuse_name(run_id, "http", host, port, exc, 400)
-            await _send_denial(writer, 400, verdict, shown, port)
-            return False, upstream
+            raise NoDestination(verdict, shown, port) from None
         dest.method = request.method.decode("ascii", "replace")
         dest.path = path.decode("utf-8", "replace")
+        return dest, path
+
+    async def exchange(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        dest: Destination,
+        request: http1.Message,
+        path: bytes,
+        upstream: Upstream | None,
+        tls: ssl.SSLContext | None = None,
+    ) -> tuple[bool, Upstream | None]:
+        """One request/response exchange with ``dest``: plain HTTP, or a request
+        inside intercepted TLS (``tls`` then verifies the origin).  Both go through
+        the chain's request hooks (corral.net.hooks).  Returns (keep the client
+        connection, the upstream to reuse)."""
+        started = time.monotonic()
+        try:
+            body_kind, body_len = http1.framing(request)
+        except HttpError as exc:
+            await _send_error(writer, exc.status, exc.message)
+            return False, upstream
         verdict = self.chain.connect(dest)
-        extra = self.chain.request(dest, request) if verdict.allowed else None
-        if extra is not None and not extra.allowed:
-            verdict = extra
+        if verdict.ask:  # (decide(), inlined: this runs for every request)
+            verdict = await self.asker.ask(dest, None, verdict)
+        headers = http1.forwardable(request, body_kind)
+        hooked: Request | None = None
+        if verdict.allowed and self.chain.sees_requests:
+            hooked = Request(  # its own list: ``headers`` keeps the client's framing
+                dest.method, path.decode("latin-1"), list(headers), _announced(body_kind, body_len)
+            )
+            verdict = await self._decide_request(dest, hooked, verdict)
+        extra = hooked.audit if hooked is not None else None
         if not verdict.allowed:
-            self.log(dest, verdict, 403, 0, 0, started)
-            await _send_denial(writer, 403, verdict, dest.host, dest.port)
+            self.log(dest, verdict, 403, 0, 0, started, extra=extra)
+            await _send_denial(writer, 403, verdict, dest.host, dest.port, _plain(request))
             return body_kind == "none" and request.keep_alive(), upstream
+        limit = None
+        if hooked is not None:
+            self.chain.rewrite(dest, hooked)
+            try:  # what a rule wrote is checked like what a client sends
+                headers = http1.refit(hooked.headers, headers, 502)
+                path = http1.check_target(hooked.target.encode("latin-1", "replace"), 502)
+            except HttpError as exc:
+                refused = Verdict(False, "rewrite", exc.message)
+                self.log(dest, refused, 502, 0, 0, started, extra=extra)
+                await _send_denial(writer, 502, refused, dest.host, dest.port)
+                return False, upstream
+            limit = hooked.body_limit
+            if limit is not None and body_kind == "length" and body_len > limit:
+                refused = Verdict(
+                    False, hooked.body_rule, f"request body larger than {limit} bytes"
+                )
+                self.log(dest, refused, 413, 0, 0, started, extra=extra)
+                await _send_denial(writer, 413, refused, dest.host, dest.port, _plain(request))
+                return False, upstream
+        upgrade = _websocket_upgrade(request)
+        if upgrade:  # hop-by-hop, so dropped above: the upgrade is asked for again
+            headers = [*headers, (b"connection", b"upgrade"), (b"upgrade", upgrade)]
         if upstream is not None and (upstream.host, upstream.port) != (dest.host, dest.port):
             upstream.close()
             upstream = None
+        if upstream is None and tls is not None:
+            upstream = self.unpark(dest)
         if upstream is None or upstream.streams()[0].at_eof():
             try:
-                upstream = await self.open_upstream(dest)
+                upstream = await self.open_upstream(dest, tls=tls, verdict=verdict)
             except Refused as exc:
                 await self.refuse_http(writer, dest, exc, started)
                 return False, None
         # RFC 9112 3.2.2: the target's authority replaces any Host the client sent,
         # so the origin cannot be steered to a virtual host the policy never saw; it
         # is written from the normalized host, the name that was decided.
-        headers = [(k, v) for k, v in http1.forwardable(request, body_kind) if k != b"host"]
-        headers.insert(0, (b"host", authority(dest.host, dest.port, 80).encode()))
+        headers = [(k, v) for k, v in headers if k != b"host"]
+        headers.insert(0, (b"host", authority(dest.host, dest.port, 443 if tls else 80).encode()))
         up = down = 0
         status = 0
         try:
             head = http1.serialize_head(request.method + b" " + path + b" HTTP/1.1", headers)
             up += len(head) + await http1.copy_body(
-                reader, upstream.streams()[1], body_kind, body_len, head
+                reader, upstream.streams()[1], body_kind, body_len, head, limit
             )
             response_head = await http1.read_head(upstream.streams()[0])
             if response_head is None:
@@ -529,33 +782,89 @@ class Proxy:
                 response = http1.parse_response(response_head)
                 status = response.status
                 kind, length = http1.framing(response, request.method)
-                first = response.version + b" " + str(status).encode() + b" " + response.reason
-                out = http1.serialize_head(first, http1.forwardable(response, kind))
-                down += len(out)
                 if 100 <= status < 200 and status != 101:
+                    first = response.version + b" " + str(status).encode() + b" " + response.reason
+                    out = http1.serialize_head(first, http1.forwardable(response, kind))
+                    down += len(out)
                     writer.write(out)
                     response_head = await http1.read_head(upstream.streams()[0])
                     if response_head is None:
                         raise HttpError(502, "upstream closed after an interim response")
                     continue
                 break
+            if status == 101 and not upgrade:
+                raise HttpError(502, "upstream switched protocols without being asked")
+            out_headers = http1.forwardable(response, kind)
+            if status == 101:
+                out_headers += [
+                    (b"connection", b"upgrade"),
+                    (b"upgrade", response.get(b"upgrade") or upgrade),
+                ]
+            if hooked is not None:
+                seen = Response(status, list(out_headers))
+                refused_response = self.chain.response(dest, hooked, seen)
+                if refused_response is not None and not refused_response.allowed:
+                    upstream.close()
+                    self.log(dest, refused_response, 403, up, 0, started, upstream.address, extra)
+                    await _send_denial(writer, 403, refused_response, dest.host, dest.port)
+                    return request.keep_alive(), None
+                out_headers = http1.refit(seen.headers, out_headers, 502)
+            keep = kind != "close" and request.keep_alive()
+            if not keep and status != 101:  # say so: a client must not reuse it
+                out_headers.append((b"connection", b"close"))
+            first = response.version + b" " + str(status).encode() + b" " + response.reason
+            out = http1.serialize_head(first, out_headers)
+            down += len(out)
+            if status == 101:  # decided: from here on, bytes both ways, unhooked
+                writer.write(out)
+                more_up, more_down = await _splice(reader, writer, *upstream.streams())
+                self.log(
+                    dest,
+                    verdict,
+                    101,
+                    up + more_up,
+                    down + more_down,
+                    started,
+                    upstream.address,
+                    extra,
+                )
+                upstream.close()
+                return False, None
             down += await http1.copy_body(upstream.streams()[0], writer, kind, length, out)
         except HttpError as exc:
-            self.log(dest, verdict, exc.status, up, down, started, upstream.address)
+            refused = verdict
+            if exc.status == 413 and hooked is not None:
+                refused = Verdict(False, hooked.body_rule, exc.message)
+            self.log(dest, refused, exc.status, up, down, started, upstream.address, extra)
             upstream.close()
             if not down:
-                await _send_error(writer, exc.status, exc.message)
+                if refused is verdict:
+                    await _send_error(writer, exc.status, exc.message)
+                else:
+                    await _send_denial(writer, exc.status, refused, dest.host, dest.port)
             return False, None
         except (ConnectionError, asyncio.IncompleteReadError):
-            self.log(dest, verdict, status or 502, up, down, started, upstream.address)
+            self.log(dest, verdict, status or 502, up, down, started, upstream.address, extra)
             upstream.close()
             return False, None
-        self.log(dest, verdict, status, up, down, started, upstream.address)
+        self.log(dest, verdict, status, up, down, started, upstream.address, extra)
         reusable = kind != "close" and response.keep_alive()
         if not reusable:
             upstream.close()
             upstream = None
-        return kind != "close" and request.keep_alive(), upstream
+        return keep, upstream
+
+    async def _decide_request(
+        self, dest: Destination, request: Request, verdict: Verdict
+    ) -> Verdict:
+        """The request hooks' verdict (an ask answered) where they have one, else the
+        destination's."""
+        decided = self.chain.request(dest, request)
+        if decided is None:
+            return verdict
+        if decided.ask:
+            decided = await self.asker.ask(dest, request, decided)
+        return decided
 
     async def connect(
         self,
@@ -575,6 +884,14 @@ class Proxy:
         except BadName as exc:
             verdict, shown = self.refuse_name(run_id, "connect", host, port, exc, 400)
             await _send_denial(writer, 400, verdict, shown, port)
+            return
+        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+            verdict = await self.decide(dest)
+            if not verdict.allowed:
+                await self.refuse_http(writer, dest, Refused(verdict), started)
+                return
+            writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            await intercept(self, reader, writer, dest, verdict)
             return
         try:
             upstream = await self.open_upstream(dest, streams=False)
@@ -628,6 +945,15 @@ class Proxy:
             self.log(dest, verdict, SOCKS_CMD_UNSUPPORTED, 0, 0, started)
             writer.write(_socks_reply(SOCKS_CMD_UNSUPPORTED))
             return
+        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+            verdict = await self.decide(dest)
+            if not verdict.allowed:
+                self.log(dest, verdict, SOCKS_NOT_ALLOWED, 0, 0, started)
+                writer.write(_socks_reply(SOCKS_NOT_ALLOWED))
+                return
+            writer.write(_socks_reply(SOCKS_OK))
+            await intercept(self, reader, writer, dest, verdict)
+            return
         try:
             upstream = await self.open_upstream(dest, streams=False)
         except Refused as exc:
@@ -641,7 +967,37 @@ class Proxy:
         up, down = await tunnel(reader, writer, upstream)
         self.log(dest, upstream.verdict, SOCKS_OK, up, down, started, upstream.address)
 
-    # -- transparent mode (frames from corral's relay, on a transparent run's door) --------
+    # -- host services at their own address ------------------------------------------------
+
+    async def service(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        run_id: str,
+        host: str,
+        port: int,
+    ) -> None:
+        """A connection to a host service at its own address: a CONNECT to
+        ``host:port`` with nothing to say to the client but the service's bytes
+        (a refusal is a closed connection, and an audit line)."""
+        started = time.monotonic()
+        dest = Destination(run_id, "service", host, port)
+        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+            verdict = await self.decide(dest)
+            if not verdict.allowed:
+                self.log(dest, verdict, 403, 0, 0, started)
+                return
+            await intercept(self, reader, writer, dest, verdict)
+            return
+        try:
+            upstream = await self.open_upstream(dest, streams=False)
+        except Refused as exc:
+            self.log(dest, exc.verdict, exc.status, 0, 0, started)
+            return
+        up, down = await tunnel(reader, writer, upstream)
+        self.log(dest, upstream.verdict, 200, up, down, started, upstream.address)
+
+    # -- the sandbox's resolver -------------------------------------------------------------
 
     def pool(self, run_id: str) -> FakePool:
         return self.pools.setdefault(run_id, FakePool())
@@ -653,33 +1009,58 @@ class Proxy:
         run_id: str,
         clock: _Clock,
     ) -> None:
-        started = time.monotonic()
+        """One DNS query framed by the relay on a unix door; the reply goes back framed."""
         (size,) = struct.unpack("!H", await reader.readexactly(2))
         packet = await reader.readexactly(size)
         clock.since = 0.0
-        query = dnsmsg.parse_query(packet)
-        if query is None:
-            reply = dnsmsg.error_reply(packet, dnsmsg.RCODE_FORMERR)
-            self.refuse_name(run_id, "dns", "", 53, BadName("malformed DNS query"), 1)
-        else:
-            reply = self._dns_answer(run_id, query, started, len(packet))
+        reply = await self.dns_reply(run_id, packet)
         writer.write(struct.pack("!H", len(reply)) + reply)
         await writer.drain()
 
-    def _dns_answer(self, run_id: str, query: dnsmsg.Query, started: float, size: int) -> bytes:
+    async def dns_reply(self, run_id: str, packet: bytes) -> bytes:
+        """The answer to one query: NXDOMAIN for a name the policy refuses; for one it
+        allows, its addresses (or a stand-in in transparent mode).  Each query is
+        one audit line (``scheme`` dns, ``method`` the record type)."""
+        started = time.monotonic()
+        query = dnsmsg.parse_query(packet)
+        if query is None:
+            self.refuse_name(run_id, "dns", "", 53, BadName("malformed DNS query"), 1)
+            return dnsmsg.error_reply(packet, dnsmsg.RCODE_FORMERR)
         try:
             dest = Destination(run_id, "dns", query.name, 53)
         except BadName as exc:
             self.refuse_name(run_id, "dns", query.name, 53, exc, dnsmsg.RCODE_FORMERR)
             return dnsmsg.answer(query, None, dnsmsg.RCODE_FORMERR)
+        dest.method = dnsmsg.type_name(query.qtype)
         verdict = self.chain.dns(run_id, dest.host)
-        if verdict.allowed:
-            reply = dnsmsg.answer(query, self.pool(run_id).address_for(dest.host))
+        addresses: list[str] = []
+        rcode = 0
+        if not verdict.allowed:
+            rcode = dnsmsg.RCODE_NXDOMAIN
+        elif self.stand_ins:
+            addresses = [self.pool(run_id).address_for(dest.host)]
         else:
-            reply = dnsmsg.answer(query, None, dnsmsg.RCODE_NXDOMAIN)
-        status = 0 if verdict.allowed else dnsmsg.RCODE_NXDOMAIN
-        self.log(dest, verdict, status, size, len(reply), started)
+            addresses, rcode = await self._lookup(dest)
+        reply = dnsmsg.answer(query, addresses, rcode)
+        shown = [a for a in addresses if dnsmsg.answers(a, query.qtype)]
+        self.log(dest, verdict, rcode, len(packet), len(reply), started, ",".join(shown))
         return reply
+
+    async def _lookup(self, dest: Destination) -> tuple[list[str], int]:
+        """An allowed name's addresses, as the proxy itself would dial them (a pinned
+        name's address, or what the host's resolver says), and the rcode."""
+        pinned = self.pinned.get(dest.host)
+        if pinned is not None:
+            return [pinned], 0
+        try:
+            return await self.resolve(dest.host, 0), 0
+        except socket.gaierror as exc:
+            gone = exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", -5))
+            return [], dnsmsg.RCODE_NXDOMAIN if gone else dnsmsg.RCODE_SERVFAIL
+        except OSError:
+            return [], dnsmsg.RCODE_SERVFAIL
+
+    # -- transparent mode: connections nftables redirected to the capture port ----------------
 
     async def captured(
         self,
@@ -687,16 +1068,13 @@ class Proxy:
         writer: asyncio.StreamWriter,
         run_id: str,
         clock: _Clock,
+        address: str,
+        port: int,
     ) -> None:
-        """A connection the sandbox's nftables rules redirected: name it, decide, splice."""
+        """A connection the sandbox's nftables rules redirected (it was going to
+        ``address:port``): name it, decide, splice."""
         started = time.monotonic()
-        line = await reader.readuntil(b"\n")
-        clock.since = 0.0
-        try:
-            address, port = _captured_frame(line)
-        except BadName as exc:
-            self.refuse_name(run_id, "transparent", line.decode("latin-1"), 0, exc, 400)
-            return
+        clock.since = 0.0  # the peek below has its own bound
         named = self.pool(run_id).name_for(address)
         early = await _peek(reader)
         try:
@@ -719,6 +1097,13 @@ class Proxy:
         if named is None and _in_pool(address):
             verdict = Verdict(False, "default", "stand-in address from an earlier run")
             await self._refuse_captured(writer, dest, verdict, 403, early, started)
+            return
+        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+            verdict = await self.decide(dest)
+            if not verdict.allowed:
+                await self._refuse_captured(writer, dest, verdict, 403, early, started)
+                return
+            await intercept(self, reader, writer, dest, verdict, early)
             return
         try:
             upstream = await self.open_upstream(dest, streams=False)
@@ -747,15 +1132,56 @@ class Proxy:
             await _send_error(writer, status, verdict.reason)
 
 
-def _captured_frame(line: bytes) -> tuple[str, int]:
-    """The relay's ``ADDRESS PORT\\n`` line: where a captured connection was going."""
+def _address_frame(line: bytes) -> tuple[str, int]:
+    """The relay's ``ADDRESS PORT\\n`` line: which host service a connection is for."""
     address, _, port_text = line.decode("ascii", "replace").strip().rpartition(" ")
     if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
-        raise BadName("malformed capture frame")
+        raise BadName("malformed service frame")
     host = normalize(address)
     if not (":" in host or host.rpartition(".")[2].isdigit()):
-        raise BadName("malformed capture frame")
+        raise BadName("malformed service frame")
     return host, int(port_text)
+
+
+def original_destination(sock: object) -> tuple[str, int]:
+    """Where a connection nftables redirected to the capture port was going."""
+    get = sock.getsockopt  # type: ignore[attr-defined]
+    if sock.family == socket.AF_INET6:  # type: ignore[attr-defined]
+        raw = get(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+        port = struct.unpack("!H", raw[2:4])[0]
+        return normalize(socket.inet_ntop(socket.AF_INET6, raw[8:24])), port
+    raw = get(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    port = struct.unpack("!H", raw[2:4])[0]
+    return socket.inet_ntop(socket.AF_INET, raw[4:8]), port
+
+
+class _Resolver(asyncio.DatagramProtocol):
+    """The sandbox's resolver socket: each query answered by :meth:`Proxy.dns_reply`."""
+
+    def __init__(self, proxy: Proxy, run_id: str) -> None:
+        self.proxy = proxy
+        self.run_id = run_id
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.DatagramTransport", transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | object, ...]) -> None:
+        self.proxy.used()
+        if self.proxy._dns_inflight >= DNS_INFLIGHT:
+            return  # a flood: dropped, as a busy resolver would (clients retry)
+        self.proxy._dns_inflight += 1
+        asyncio.get_running_loop().create_task(self._answer(data, addr))
+
+    async def _answer(self, data: bytes, addr: tuple[str | object, ...]) -> None:
+        try:
+            reply = await self.proxy.dns_reply(self.run_id, data)
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.sendto(reply, addr)
+        except Exception as exc:  # one bad query must never take the resolver down
+            self.proxy.audit.internal_error(self.run_id, "dns", exc)
+        finally:
+            self.proxy._dns_inflight -= 1
 
 
 async def _peek(reader: asyncio.StreamReader) -> bytes:
@@ -797,6 +1223,68 @@ def _in_pool(address: str) -> bool:
         return ipaddress.ip_address(address) in dnsmsg.POOL
     except ValueError:
         return False
+
+
+async def intercept(
+    proxy: Proxy,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    dest: Destination,
+    verdict: Verdict,
+    early: bytes = b"",
+) -> None:
+    """Hand an allowed connection that needs inspection to corral.net.tls (imported
+    only by runs that can intercept)."""
+    from corral.net import tls
+
+    await tls.intercept(proxy, reader, writer, dest, verdict, early)
+
+
+def _announced(kind: str, length: int) -> int | None:
+    """A body's announced length for hooks: 0 without one, None when chunked."""
+    return length if kind == "length" else None if kind == "chunked" else 0
+
+
+def _websocket_upgrade(request: http1.Message) -> bytes:
+    """The Upgrade value of a WebSocket handshake (b"" for anything else: other
+    upgrades, h2c among them, are not passed on)."""
+    value = request.get(b"upgrade")
+    if value is None or b"websocket" not in value.lower():
+        return b""
+    tokens = {t.strip().lower() for v in request.get_all(b"connection") for t in v.split(b",")}
+    return value if b"upgrade" in tokens else b""
+
+
+async def _splice(
+    client_r: asyncio.StreamReader,
+    client_w: asyncio.StreamWriter,
+    server_r: asyncio.StreamReader,
+    server_w: asyncio.StreamWriter,
+) -> tuple[int, int]:
+    """Bytes both ways after an upgrade (streams: either side may be TLS) until
+    one side ends; returns (bytes up, bytes down)."""
+
+    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> int:
+        count = 0
+        try:
+            while data := await src.read(TUNNEL_CHUNK):
+                dst.write(data)
+                count += len(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        return count
+
+    loop = asyncio.get_running_loop()
+    up = loop.create_task(pump(client_r, server_w))
+    down = loop.create_task(pump(server_r, client_w))
+    await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+    for task in (up, down):  # TLS has no half-close: one side ending ends both
+        task.cancel()
+    server_w.close()
+    results = await asyncio.gather(up, down, return_exceptions=True)
+    counts = [r if isinstance(r, int) else 0 for r in results]
+    return counts[0], counts[1]
 
 
 def _socks_reply(code: int) -> bytes:
@@ -922,24 +1410,37 @@ async def _send_error(writer: asyncio.StreamWriter, status: int, message: str) -
         pass
 
 
+def _plain(request: http1.Message) -> bool:
+    """A client that shows its user a plain-text refusal and nothing else: git
+    prints a text/plain error body line by line as ``remote: ...``."""
+    agent = request.get(b"user-agent")
+    return agent is not None and agent.startswith(b"git/")
+
+
 async def _send_denial(
-    writer: asyncio.StreamWriter, status: int, verdict: Verdict, host: str, port: int
+    writer: asyncio.StreamWriter,
+    status: int,
+    verdict: Verdict,
+    host: str,
+    port: int,
+    plain: bool = False,
 ) -> None:
-    """A refusal as JSON: 403 for the policy's no, 400 for a host that is no destination."""
-    body = (
-        dumps(
-            {
-                "decision": "deny",
-                "rule": verdict.rule,
-                "reason": verdict.reason,
-                "host": host,
-                "port": port,
-            }
-        )
-        + "\n"
-    ).encode()
+    """A refusal as JSON (one line of text for ``plain`` clients): 403 for the
+    policy's no, 400 for a host that is no destination."""
+    if plain:
+        text = f"corral: denied by the sandbox's policy ({verdict.rule}): {verdict.reason}\n"
+        body, kind = text.encode("utf-8", "replace"), b"text/plain; charset=utf-8"
+    else:
+        record = {
+            "decision": "deny",
+            "rule": verdict.rule,
+            "reason": verdict.reason,
+            "host": host,
+            "port": port,
+        }
+        body, kind = (dumps(record) + "\n").encode(), b"application/json"
     headers = [
-        (b"content-type", b"application/json"),
+        (b"content-type", kind),
         (b"content-length", str(len(body)).encode()),
         (b"x-corral-decision", f"deny; rule={verdict.rule}".encode("ascii", "replace")),
     ]

@@ -1,16 +1,22 @@
-"""The relay: the sandbox's first process when its network goes through corral.
+"""The relay: the first process of a container sandbox whose network goes through corral.
 
-It runs *inside* the sandbox (``python -I -S relay.py --door PATH --http PORT
---socks PORT -- COMMAND...``), using only the standard library because the
-sandbox sees no site-packages.  It binds the HTTP-proxy and SOCKS5 ports on
-the sandbox's own loopback, then starts the command.  Because the sockets
-listen before the command exists, the command's first connection waits in the
+The namespace tier needs no relay (corral makes that sandbox's network
+namespace itself and hands its sockets to the proxy, see netns.py); a
+container's namespace belongs to its engine, so this relay runs *inside* it
+(``python -I -S relay.py --door PATH --http PORT --socks PORT [--dns PORT]
+[--service ADDRESS:PORT ...] -- COMMAND...``), using only the standard library
+because the sandbox sees no site-packages.  It binds its ports on the
+sandbox's own loopback, then starts the command.  Because the sockets listen
+before the command exists, the command's first connection waits in the
 backlog instead of being refused (a race that fails a peer's first requests).
 
 Each accepted connection is paired with a new connection to the door, a unix
-socket leading to the proxy on the host, and bytes are pumped both ways
-unchanged; the proxy tells HTTP from SOCKS5 by the first byte.  If the door
-is gone (the proxy died), the client's connection is closed: no network.
+socket leading to the proxy on the host, with one frame byte first (see
+proxy.py): a proxy connection (HTTP or SOCKS5, told apart by the proxy), a
+connection to a host service at its own address (``--service``: the proxy
+decides it as a CONNECT to that address), or a DNS query (``--dns``, UDP).
+Bytes are then pumped both ways unchanged.  If the door is gone (the proxy
+died), the client's connection is closed: no network.
 
 The relay exits with the command's exit status.
 """
@@ -23,9 +29,9 @@ import sys
 import threading
 
 CHUNK = 256 * 1024
-SO_ORIGINAL_DST = 80  # netfilter: where a redirected connection was going
-TRANSPARENT = b"\xfe"  # door preamble: a captured connection, "ADDRESS PORT\n" follows
-DNS = b"\xfd"  # door preamble: one DNS query, 2-byte length + packet
+PLAIN = b"\xfb"  # door frame: a proxy connection follows
+SERVICE = b"\xfc"  # door frame: "ADDRESS PORT\n", then a connection to that host service
+DNS = b"\xfd"  # door frame: one DNS query, 2-byte length + packet
 
 
 def pump(src: socket.socket, dst: socket.socket) -> None:
@@ -43,24 +49,11 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
         pass
 
 
-def original_destination(client: socket.socket) -> tuple[str, int]:
-    """Where a connection redirected by the sandbox's nftables rules was headed."""
-    if client.family == socket.AF_INET6:
-        raw = client.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
-        port = struct.unpack("!H", raw[2:4])[0]
-        return socket.inet_ntop(socket.AF_INET6, raw[8:24]), port
-    raw = client.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
-    port = struct.unpack("!H", raw[2:4])[0]
-    return socket.inet_ntop(socket.AF_INET, raw[4:8]), port
-
-
-def serve(client: socket.socket, door: str, transparent: bool = False) -> None:
+def serve(client: socket.socket, door: str, frame: bytes) -> None:
     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         upstream.connect(door)
-        if transparent:
-            address, port = original_destination(client)
-            upstream.sendall(TRANSPARENT + f"{address} {port}\n".encode())
+        upstream.sendall(frame)
     except OSError:
         client.close()  # fail closed: no proxy, no network
         upstream.close()
@@ -73,14 +66,14 @@ def serve(client: socket.socket, door: str, transparent: bool = False) -> None:
     upstream.close()
 
 
-def accept_loop(listener: socket.socket, door: str, transparent: bool = False) -> None:
+def accept_loop(listener: socket.socket, door: str, frame: bytes) -> None:
     while True:
         try:
             client, _ = listener.accept()
         except OSError:
             continue
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=serve, args=(client, door, transparent), daemon=True).start()
+        threading.Thread(target=serve, args=(client, door, frame), daemon=True).start()
 
 
 def dns_loop(sock: socket.socket, door: str) -> None:
@@ -109,34 +102,43 @@ def dns_one(sock: socket.socket, door: str, packet: bytes, peer: tuple[str, int]
 
 
 def listen(port: int, kind: int = socket.SOCK_STREAM) -> list[socket.socket]:
-    sockets = []
-    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
-        try:
-            sock = socket.socket(family, kind)
-        except OSError:
-            continue
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            sock.close()
-            continue  # e.g. no IPv6 in this namespace
-        if kind == socket.SOCK_STREAM:
-            sock.listen(1024)
-        sockets.append(sock)
+    """``port`` on both loopback addresses (IPv6 only where the sandbox has it)."""
+    sockets = [s for host in ("127.0.0.1", "::1") if (s := bind(host, port, kind)) is not None]
     if not sockets:
         raise SystemExit(f"corral-relay: cannot listen on loopback port {port}")
     return sockets
 
 
-def parse(argv: list[str]) -> tuple[str, dict[str, int], list[str]]:
-    door, ports = "", {}
+def bind(host: str, port: int, kind: int = socket.SOCK_STREAM) -> socket.socket | None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.socket(family, kind)
+    except OSError:
+        return None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        return None  # e.g. no IPv6 in this namespace
+    if kind == socket.SOCK_STREAM:
+        sock.listen(1024)
+    return sock
+
+
+def parse(argv: list[str]) -> tuple[str, dict[str, int], list[tuple[str, int]], list[str]]:
+    door, ports, services = "", {}, []
     i = 0
     while i < len(argv) and argv[i] != "--":
+        if i + 1 >= len(argv):
+            raise SystemExit(f"corral-relay: {argv[i]} needs a value")
         if argv[i] == "--door":
             door = argv[i + 1]
-        elif argv[i] in ("--http", "--socks", "--transparent", "--dns"):
+        elif argv[i] in ("--http", "--socks", "--dns"):
             ports[argv[i][2:]] = int(argv[i + 1])
+        elif argv[i] == "--service":
+            host, _, port = argv[i + 1].rpartition(":")
+            services.append((host.strip("[]"), int(port)))
         else:
             raise SystemExit(f"corral-relay: unknown argument {argv[i]!r}")
         i += 2
@@ -144,9 +146,21 @@ def parse(argv: list[str]) -> tuple[str, dict[str, int], list[str]]:
     if not door or not ports or not command:
         raise SystemExit(
             "usage: relay.py --door PATH --http PORT --socks PORT "
-            "[--transparent PORT --dns PORT] -- COMMAND..."
+            "[--dns PORT] [--service ADDRESS:PORT ...] -- COMMAND..."
         )
-    return door, ports, command
+    return door, ports, services, command
+
+
+def cannot_run(name: str, exc: OSError, path: str) -> str:
+    """corral's line for a command that could not start (as corral.failures.cannot_run;
+    this file runs inside the sandbox and imports nothing of corral)."""
+    if not isinstance(exc, FileNotFoundError):
+        return f"corral: cannot run {name}: {exc.strerror}\n"
+    if "/" not in name:
+        return f"corral: {name}: command not found in the sandbox (PATH={path})\n"
+    if os.path.exists(name):
+        return f"corral: {name}: the interpreter its #! line names is not in the sandbox\n"
+    return f"corral: {name}: no such file in the sandbox\n"
 
 
 def one_line_errors(who: str) -> None:
@@ -165,11 +179,11 @@ def one_line_errors(who: str) -> None:
 
 def main(argv: list[str]) -> None:
     one_line_errors("corral-relay")
-    door, ports, command = parse(argv)
+    door, ports, services, command = parse(argv)
     proxies = [sock for k in ("http", "socks") if k in ports for sock in listen(ports[k])]
-    captured = listen(ports["transparent"]) if "transparent" in ports else []
     resolvers = listen(ports["dns"], socket.SOCK_DGRAM) if "dns" in ports else []
-    listeners = proxies + captured + resolvers
+    served = [(sock, host, port) for host, port in services if (sock := bind(host, port))]
+    listeners = proxies + resolvers + [sock for sock, _, _ in served]
     pid = os.fork()
     if pid == 0:
         for sock in listeners:
@@ -179,12 +193,13 @@ def main(argv: list[str]) -> None:
         try:
             os.execvp(command[0], command)
         except OSError as exc:
-            sys.stderr.write(f"corral: cannot run {command[0]}: {exc.strerror}\n")
+            sys.stderr.write(cannot_run(command[0], exc, os.environ.get("PATH", "")))
             os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
     for sock in proxies:
-        threading.Thread(target=accept_loop, args=(sock, door), daemon=True).start()
-    for sock in captured:
-        threading.Thread(target=accept_loop, args=(sock, door, True), daemon=True).start()
+        threading.Thread(target=accept_loop, args=(sock, door, PLAIN), daemon=True).start()
+    for sock, host, port in served:
+        frame = SERVICE + f"{host} {port}\n".encode()
+        threading.Thread(target=accept_loop, args=(sock, door, frame), daemon=True).start()
     for sock in resolvers:
         threading.Thread(target=dns_loop, args=(sock, door), daemon=True).start()
     while True:

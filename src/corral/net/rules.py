@@ -40,15 +40,34 @@ CGNAT = ipaddress.ip_network("100.64.0.0/10")
 
 
 class Verdict:
-    __slots__ = ("allowed", "reason", "rule")
+    """A decision: allow, deny, or ask (a person decides; see :mod:`corral.net.hooks`).
 
-    def __init__(self, allowed: bool, rule: str, reason: str = "") -> None:
-        self.allowed = allowed
+    An ask is never ``allowed``: code that knows nothing of asking denies it."""
+
+    __slots__ = ("address", "allowed", "ask", "detail", "reason", "rule")
+
+    def __init__(
+        self,
+        allowed: bool,
+        rule: str,
+        reason: str = "",
+        address: str = "",
+        ask: bool = False,
+        detail: dict[str, object] | None = None,
+    ) -> None:
+        self.allowed = allowed and not ask
         self.rule = rule  # the entry that decided, or "default" / "rebinding"
         self.reason = reason
+        self.address = address  # the resolved address decided on, if that decided
+        self.ask = ask
+        # extra fields for the audit line when this verdict is the one reported
+        # (a guardrail's title, version and hash); never secret values
+        self.detail = detail
 
     @property
     def decision(self) -> str:
+        if self.ask:
+            return "ask"
         return "allow" if self.allowed else "deny"
 
     def __repr__(self) -> str:
@@ -78,6 +97,22 @@ class Rule:
             return self.wildcard == "" or host.endswith("." + self.wildcard)
         return self.host is not None and host == self.host
 
+    def overlaps(self, other: Rule) -> bool:
+        """Is there a (host, port) both entries match?  A name and an address never
+        overlap: the proxy matches names and addresses separately."""
+        if not _ports_meet(self.ports, other.ports):
+            return False
+        if self.wildcard == "" or other.wildcard == "":
+            return True
+        if self.network is not None or other.network is not None:
+            return (
+                self.network is not None
+                and other.network is not None
+                and self.network.version == other.network.version
+                and self.network.overlaps(other.network)
+            )
+        return _names_meet(self, other) or _names_meet(other, self)
+
     def matches_address(self, addr: IPAddress, port: int) -> bool:
         if not self.matches_port(port):
             return False
@@ -89,6 +124,21 @@ class Rule:
             and addr.version == self.network.version
             and (addr in self.network)
         )
+
+
+def _ports_meet(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
+    return a is None or b is None or (a[0] <= b[1] and b[0] <= a[1])
+
+
+def _names_meet(a: Rule, b: Rule) -> bool:
+    """Does some name match both (``a`` an exact name or a suffix, ``b`` either)?"""
+    if a.host is not None:
+        if b.host is not None:
+            return a.host == b.host
+        return b.wildcard is not None and a.host.endswith("." + b.wildcard)
+    if a.wildcard is not None and b.wildcard is not None:
+        return a.wildcard == b.wildcard or a.wildcard.endswith("." + b.wildcard)
+    return False
 
 
 def _parse_ports(text: str, entry: str) -> tuple[int, int]:
@@ -232,7 +282,9 @@ class HostRules:
         addr = _unmapped(ipaddress.ip_address(address.split("%", 1)[0]))
         for rule in self.deny:
             if rule.network is not None and rule.matches_address(addr, port):
-                return Verdict(False, rule.text, f"{host} resolved to a denied address {addr}")
+                return Verdict(
+                    False, rule.text, f"{host} resolved to a denied address {addr}", str(addr)
+                )
         if not is_internal(addr):
             return Verdict(True, "resolved")
         for rule in self.allow:
@@ -242,6 +294,7 @@ class HostRules:
             False,
             "rebinding",
             f"{host} resolved to internal address {addr}; allow {addr} explicitly to permit it",
+            str(addr),
         )
 
 

@@ -1,17 +1,21 @@
 """Transparent mode: every TCP connection and DNS query of the sandbox goes to corral.
 
 Tools that ignore proxy variables (Node's fetch, Go programs, raw sockets)
-still leave only through the proxy.  As root, corral creates the sandbox's
-network namespace itself, before bubblewrap starts, and installs:
+still leave only through the proxy.  The sandbox's network namespace is made
+by corral as for every networked run (:mod:`corral.netns`); as root, in
+transparent mode, it also gets:
 
 * a default route through loopback (so any address is "reachable" ...),
 * nftables rules that redirect every TCP connection not to loopback to the
-  relay's capture port, and every UDP packet to port 53 to the relay's DNS
-  port, and drop everything else that is not loopback (other UDP, ICMP, ...).
+  capture port, and every UDP packet to port 53 to the sandbox's resolver,
+  and drop everything else that is not loopback (other UDP, ICMP, ...).
 
-The namespace is owned by the host's user namespace, so the sandbox (in a
-user namespace of its own, without capabilities) cannot change the rules.  It
-lives only as long as the sandbox's processes: nothing to clean up.
+The proxy serves the capture port and the resolver from the host side (their
+sockets were handed to it), reading where each connection was going from
+netfilter.  The namespace is owned by the host's user namespace, so the
+sandbox (in a user namespace of its own, without capabilities) cannot change
+the rules.  It lives only as long as the sandbox's processes and the proxy's
+sockets: nothing to clean up.
 
 What it cannot see, by construction: the contents of TLS (only the SNI name
 of the ClientHello, which Encrypted Client Hello hides); names of protocols
@@ -25,8 +29,7 @@ from __future__ import annotations
 import os
 
 TRANSPARENT_PORT = 15001
-DNS_PORT = 15053
-CLONE_NEWNET = 0x40000000
+DNS_PORT = 53
 
 
 def ruleset(tcp_port: int = TRANSPARENT_PORT, dns_port: int = DNS_PORT) -> str:
@@ -66,19 +69,15 @@ def unavailable() -> str | None:
     return None
 
 
-def enter(rules: str) -> None:
-    """In the launcher's child, before bubblewrap: a new, captured network namespace."""
-    import ctypes
+def capture(rules: str) -> None:
+    """In the launcher's child, inside the sandbox's new network namespace (as
+    root): the routes and the nftables rules that send everything to corral."""
     import subprocess
 
     from pyroute2 import IPRoute  # type: ignore[import-untyped, unused-ignore]
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
     with IPRoute() as ipr:
         lo = ipr.link_lookup(ifname="lo")[0]
-        ipr.link("set", index=lo, state="up")
         # a source address on the route, or packets leave as 0.0.0.0 and replies
         # to redirected UDP (DNS) cannot be matched back to their socket
         ipr.route("add", dst="0.0.0.0/0", oif=lo, prefsrc="127.0.0.1")

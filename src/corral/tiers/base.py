@@ -15,7 +15,10 @@ if TYPE_CHECKING:
     from corral.bounds import Bound
     from corral.cgroups import CgroupPlan
     from corral.fsplan import Mount
+    from corral.home import HomeLayer
     from corral.landlock import Ruleset
+    from corral.net.trust import NetExtras
+    from corral.netns import NetPlan
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
@@ -51,10 +54,13 @@ class Plan:
         "cwd_in_argv",
         "env",
         "fds",
+        "hardlinks",
+        "home",
         "landlock",
         "launcher_env",
+        "lock_watch",
         "mounts",
-        "netns_rules",
+        "netns",
         "notes",
         "policy",
         "prepare",
@@ -75,14 +81,21 @@ class Plan:
         self.env: dict[str, str] = {}
         self.cwd = policy.workspace
         self.cwd_in_argv = False  # True when argv itself changes to cwd (bwrap --chdir)
-        # nftables rules for a network namespace the launcher creates (transparent mode)
-        self.netns_rules: str | None = None
+        # a network namespace the launcher creates, with the listeners it hands to
+        # the proxy (namespace tier with a network; see corral.netns)
+        self.netns: NetPlan | None = None
         self.mounts: list[Mount] = []
         self.seccomp: tuple[SyscallRule, ...] = ()
         self.cgroup: CgroupPlan | None = None
         self.bounds: dict[str, Bound] = {}  # each limit: value, where from, enforced or not
         self.fds: dict[int, str] = {}
         self.quarantine: list[str] = []
+        # where $HOME points, made and seeded by the launcher (corral.home)
+        self.home: HomeLayer | None = None
+        # read-only files git writes through a lock file beside them: directory ->
+        # {lock name: protected path}, watched during the run (corral.lockwatch)
+        self.lock_watch: dict[str, dict[str, str]] = {}
+        self.hardlinks: list[str] = []  # files made read-only: may share content outside
         # tiers without mounts (landlock): the ruleset, write-deny paths put back
         # after the run, and a private scratch directory the launcher creates
         self.landlock: Ruleset | None = None
@@ -100,6 +113,8 @@ class Plan:
         """A human-readable account of the plan; never prints environment values."""
         lines = [f"tier: {self.tier}", f"workspace: {self.policy.workspace}", f"cwd: {self.cwd}"]
         lines.append("env: " + " ".join(sorted(self.env)))
+        if self.home is not None:
+            lines.append(self.home.describe())
         from corral.bounds import describe
 
         lines.extend(describe(self))
@@ -115,18 +130,42 @@ class Plan:
         if self.restore:
             lines.append("snapshotted at launch, restored after the run if changed:")
             lines.extend(f"  {p}" for p in self.restore)
+        if self.netns is not None:
+            lines.extend(self.netns.describe())
+        lines.extend(network_lines(self.policy))
         if self.seccomp:
-            lines.append("seccomp (errno unless allowed):")
-            lines.extend(
-                f"  {r.name}{' when ' + repr(r.when) if r.when else ''}: {r.why}"
-                for r in self.seccomp
-            )
+            lines.append("seccomp (each call below fails with that errno; all others allowed):")
+            shown = [(r.describe(), r.why) for r in self.seccomp]
+            width = min(44, max(len(call) for call, _ in shown))
+            lines.extend(f"  {call:<{width}}  {why}" for call, why in shown)
         if self.quarantine:
             lines.append("quarantined after the run if created:")
             lines.extend(f"  {p}" for p in self.quarantine)
         lines.extend(f"note: {n}" for n in self.notes)
         lines.append("argv: " + " ".join(self.argv))
         return "\n".join(lines)
+
+
+def network_lines(policy: Policy) -> list[str]:
+    """The network rules as ``--explain`` prints them."""
+    net = policy.network
+    if net.mode != "proxy":
+        return ["network: none (the sandbox's own loopback only; allow a host with --allow)"]
+    lines = [
+        "network: proxy (only through corral's proxy; deny wins, anything not allowed is denied)",
+        f"  allow: {', '.join(net.allow) or 'nothing'}",
+    ]
+    if net.deny:
+        lines.append(f"  deny: {', '.join(net.deny)}")
+    for name, address in sorted(net.hosts.items()):
+        lines.append(f"  pinned: {name} = {address} (no DNS)")
+    lines.append(
+        "  an allowed name that resolves to a loopback, private, link-local, CGNAT or "
+        "metadata address is refused unless an address rule allows that address"
+    )
+    if net.transparent:
+        lines.append("  transparent: every TCP connection and DNS query is captured")
+    return lines
 
 
 class Tier:
@@ -160,10 +199,13 @@ class Tier:
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
         """What would run ``command`` under ``policy``.  ``door`` is the proxy's address
         when ``policy.network.mode`` is "proxy" (see ``door_transport``); ``extra``
         are corral's own files to bind in (the long-lived sandbox's agent);
         ``pass_fds`` are the caller's descriptors (numbers above 2) the user asked
-        to hand to the command at the same numbers."""
+        to hand to the command at the same numbers; ``net`` is what the run's door
+        adds inside beside its address (corral's CA bundle when this run can
+        intercept TLS, hooks' variables: :mod:`corral.net.trust`)."""
         raise NotImplementedError(f"tier {self.name} cannot run commands yet")

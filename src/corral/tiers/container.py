@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from corral.container.engine import Engine
     from corral.fsplan import Mount
+    from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
@@ -149,8 +150,9 @@ class ContainerTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
-        from corral import seccomp
+        from corral import home, seccomp
         from corral.container import envelope
         from corral.container.bundle import host_bundle
         from corral.fsplan import Mount
@@ -165,6 +167,8 @@ class ContainerTier(Tier):
         fs = fsplan.plan_filesystem(policy)
         plan.quarantine = fs.quarantine
         plan.notes = list(fs.notes)
+        plan.lock_watch = fs.lock_watch
+        plan.hardlinks = fs.hardlinks
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
         plan.cwd_in_argv = True  # --workdir
@@ -189,7 +193,7 @@ class ContainerTier(Tier):
         ]
         inner = list(command)
         if policy.network.mode == "proxy":
-            inner = self._through_door(plan, policy, bundle.argv, inner, own, door)
+            inner = self._through_door(plan, policy, bundle.argv, inner, own, door, net)
         # gVisor shows the container no cgroup files: nothing for boot to report
         report = "-" if eng.runtime == "runsc" else REPORT
         plan.argv = []
@@ -198,7 +202,20 @@ class ContainerTier(Tier):
         mounts = list(fs.mounts)
         if eng.runtime == "runsc":
             mounts = self._gvisor_sockets(policy, mounts)
-        plan.mounts = [*mounts, *own, *extra]
+        roots = [*fs.writable, INSIDE]
+        layer = home.plan_home(policy, kind="container")
+        first: list[Mount] = []
+        if layer is not None:
+            # the host's home is absent here: the layer is bound at $HOME itself, and
+            # the host home's masks (secrets that are not in the container) are dropped
+            # but those of a workspace inside it
+            dest = plan.env["HOME"]
+            mounts = [m for m in mounts if not _inside(m.dest, dest) or _under(m.dest, fs.writable)]
+            # first: a workspace inside the home is bound over it, not under it
+            first.append(Mount("bind", dest, layer.path, "home layer at $HOME"))
+            roots.append(dest)
+            plan.home = layer
+        plan.mounts = [*first, *mounts, *own, *extra]
         spec = envelope.Spec(eng.path, image, full)
         spec.engine_name = eng.name
         spec.runtime = eng.runtime_path
@@ -221,7 +238,9 @@ class ContainerTier(Tier):
             # not bind
             spec.ulimits = {}
         spec.name = f"corral-{suffix}"
-        spec.labels = {"corral": "1"}
+        # the workspace label lets `podman ps --filter label=corral.workspace=DIR`
+        # find one project's sandboxes (and tests find their own, not a neighbour's)
+        spec.labels = {"corral": "1", "corral.workspace": policy.workspace}
         spec.uid, spec.gid = os.getuid(), os.getgid()
         if enforce:
             spec.memory = int(lim.get("memory") or 0)
@@ -232,9 +251,16 @@ class ContainerTier(Tier):
         spec.shm = None if shm is None else int(shm)
         spec.seccomp = f"{scratch}/seccomp.json"
         spec.mounts = plan.mounts
-        spec.roots = [*fs.writable, INSIDE]
+        spec.roots = roots
+        if policy.network.mode == "proxy":
+            spec.roots.append("/etc/resolv.conf")  # ours, bound over the image's
+        if net is not None and net.ca_bundle is not None:  # the image's bundle paths too
+            spec.roots += list(net.system_bundles)
         spec.workdir = plan.cwd
         spec.host_uds = policy.network.mode == "proxy"
+        # the relay binds the resolver (53) and host services at their own port,
+        # which may be below 1024, in the container's own network namespace
+        spec.low_ports = policy.network.mode == "proxy"
         if pass_fds:
             plan.fds = self._pass_fds(eng, pass_fds)
             spec.preserve_fds = max(pass_fds) - 2
@@ -324,8 +350,15 @@ class ContainerTier(Tier):
         command: list[str],
         own: list[Mount],
         door: str | None,
+        net: NetExtras | None = None,
     ) -> list[str]:
+        """The relay runs first inside (the engine owns the container's network
+        namespace): the proxy's ports, a resolver and the allowed host services
+        at their own address, each forwarded through the door."""
+        from corral import netns
+        from corral.fsplan import Mount
         from corral.net import door as doors
+        from corral.net import trust
 
         if door is None:
             raise ValueError("network mode proxy needs the door's path")
@@ -334,9 +367,15 @@ class ContainerTier(Tier):
                 f"tier {self.name}: --transparent is not built for containers; "
                 "use the proxy variables (the default)"
             )
+        services, notes = netns.loopback_services(policy.network.allow, policy.network.deny)
+        plan.notes = [*plan.notes, *notes]
         own += doors.door_mounts(door)
+        own.append(Mount("ro-bind", "/etc/resolv.conf", netns.resolv_conf(), "the resolver"))
         plan.env = {**doors.proxy_env(), **plan.env}
-        return [*doors.relay_argv(python), "--", *command]
+        if net is not None:  # corral's CA, inside and over the image's system bundles
+            own += trust.trust_mounts(net)
+            plan.env = trust.sandbox_env(net, plan.env, trust.INSIDE_BUNDLE)
+        return [*doors.relay_argv(python, services), "--", *command]
 
 
 class GVisorTier(ContainerTier):
@@ -372,6 +411,14 @@ def gvisor_namespace_rules() -> tuple[SyscallRule, ...]:
         )
         for name in ("unshare", "clone")
     )
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(_inside(path, r) for r in roots)
 
 
 def _tmpdir() -> str:

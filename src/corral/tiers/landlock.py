@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from corral.fsplan import Mount
+    from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
@@ -34,6 +35,10 @@ DIFFERENCES = (
     "the hostname and the network stack are shared; TCP may connect only to the "
     "proxy's port (Landlock rules name ports, not addresses: a server elsewhere on "
     "that same port would be reachable), no TCP bind, no UDP or raw sockets (seccomp)",
+    "an allowed host service on loopback (--allow 127.0.0.1:8080) is reached only "
+    "through the proxy (NO_PROXY leaves it out), not at its own address: a client "
+    "that ignores proxy variables cannot reach it; name lookups are not answered "
+    "(no resolver, and none are recorded)",
     "/tmp, /var/tmp, /run and /dev/shm are the host's: the sandbox cannot read or "
     "write them; TMPDIR points at a private scratch directory removed after the run",
     "no unix sockets can be created (seccomp): a path unix socket is not covered by "
@@ -44,6 +49,9 @@ DIFFERENCES = (
     "beside a secret file in the workspace (e.g. next to .env) cannot be read back",
     "chmod and chown are refused everywhere, the workspace included (Landlock does not "
     "govern file modes; a read-only file the sandbox owns could otherwise be opened up)",
+    "$HOME is the workspace's home layer here too, but tools that set file modes in it "
+    "stop at that refused chmod: pip install (--user included) and git config --global "
+    "on an existing ~/.gitconfig fail (npm install, caches and new files work)",
     "timestamps (touch, utimensat) of any file the sandbox can see can be changed, outside "
     "the workspace too: Landlock does not govern file times and seccomp cannot tell the "
     "paths apart (content, modes and owners stay protected; restored write-deny paths "
@@ -51,6 +59,10 @@ DIFFERENCES = (
     "a hard-linked file in the workspace is read-only, and a new file created directly in "
     "a directory on the way to it (the workspace root included) cannot be opened for "
     "writing in that run (Landlock rights follow directories)",
+    "with TLS inspection, corral's CA is trusted through SSL_CERT_FILE, REQUESTS_CA_BUNDLE, "
+    "CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS, PIP_CERT, GIT_SSL_CAINFO and AWS_CA_BUNDLE only: "
+    "without mounts the system bundle (/etc/ssl/certs/ca-certificates.crt) stays the "
+    "host's, so a tool that reads only that file rejects intercepted connections",
 )
 
 # What bounds the scratch space here (corral cannot mount a sized tmpfs without
@@ -166,6 +178,12 @@ def _parents(path: str, roots: list[str]) -> list[str]:
     return chain
 
 
+SERVICES_NOTE = (
+    "allowed host services on loopback are reached through the proxy here (NO_PROXY "
+    "leaves them out); a client that ignores proxy variables cannot reach them on this tier"
+)
+
+
 def door_port(door: str | None) -> int:
     """The proxy's TCP port from a door address ``127.0.0.1:PORT``."""
     host, _, port = (door or "").rpartition(":")
@@ -215,8 +233,9 @@ class LandlockTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
-        from corral import bounds, landlock, seccomp
+        from corral import bounds, home, landlock, seccomp
         from corral.errors import RefusedError
 
         if policy.network.transparent:
@@ -232,8 +251,15 @@ class LandlockTier(Tier):
         plan.notes = list(fs.notes)
         plan.quarantine = fs.quarantine
         plan.restore = fs.write_protect
+        plan.hardlinks = fs.hardlinks
         plan.env = environ.sandbox_env(policy)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
+        # the home layer: no mount here, so $HOME names it where it is on the host
+        layer = home.plan_home(policy)
+        if layer is not None:
+            layer.secrets = frozenset(fs.read_deny)
+            plan.home = layer
+            plan.env["HOME"] = layer.path
         plan.seccomp = (*seccomp.default_deny_rules(), *extra_seccomp_rules())
         plan.fds = dict.fromkeys(pass_fds, "pass")
         bounds.apply_cgroup(plan, policy.limits)
@@ -246,9 +272,22 @@ class LandlockTier(Tier):
         port = None
         if policy.network.mode == "proxy":
             from corral.net.door import proxy_env
+            from corral.netns import loopback_services
 
             port = door_port(door)
-            plan.env = {**proxy_env(port, port), **plan.env}
+            # No namespace of its own: an allowed host service cannot be served at
+            # its own address, so proxy-aware clients must send it to the proxy.
+            services, _ = loopback_services(policy.network.allow, policy.network.deny)
+            hosts = tuple(dict.fromkeys(h for h, _ in services))
+            plan.env = {**proxy_env(port, port, through_proxy=hosts), **plan.env}
+            if hosts:
+                plan.notes.append(SERVICES_NOTE)
+        bundle = net.ca_bundle if net is not None and port is not None else None
+        if net is not None and port is not None:
+            from corral.net.trust import sandbox_env
+
+            # no mounts: the variables name the host's file, granted below
+            plan.env = sandbox_env(net, plan.env, bundle or "")
         # No mounts here: a file a tier would bind in (the agent) is used where it is,
         # readable through its own grant.
         binds = {m.dest: m.src or m.dest for m in extra if m.kind == "ro-bind"}
@@ -278,5 +317,12 @@ class LandlockTier(Tier):
         if binds:
             grants = ((src, landlock.READ_FILE | landlock.EXECUTE) for src in binds.values())
             rules.paths = sorted({*rules.paths, *grants})
+        if bundle:
+            rules.paths = sorted({*rules.paths, (bundle, landlock.READ_FILE)})
+        if layer is not None:
+            # created by the launcher after planning (like the scratch directory); a
+            # grant rooted inside corral's withheld state directory still holds
+            access = (landlock.READ | landlock.WRITE) & rules.handled_fs
+            rules.paths = sorted({*rules.paths, (layer.path, access)})
         plan.landlock = rules
         return plan

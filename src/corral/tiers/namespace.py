@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 
 from corral import environ, fsplan
+from corral.fsplan import Mount
 from corral.tiers.base import Health, Plan, Tier
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterator, Sequence
 
-    from corral.fsplan import Mount
+    from corral.net.trust import NetExtras
     from corral.policy import Limits, Policy
 
 FD_STATUS = 3  # bwrap's --json-status-fd: tells setup failure from the command's exit
@@ -127,38 +128,59 @@ def inside_python() -> str:
     return "/usr/bin/python3"
 
 
+def _real_resolv_conf() -> tuple[str, bool] | None:
+    """The host's /etc/resolv.conf with symlinks resolved and whether that file
+    exists, or None without any (host facts, for the pure planner)."""
+    if not os.path.lexists("/etc/resolv.conf"):
+        return None
+    return os.path.realpath("/etc/resolv.conf"), os.path.exists("/etc/resolv.conf")
+
+
 class NamespaceTier(Tier):
     name = "namespace"
     strength = 50
     summary = "bubblewrap: user, pid, ipc, uts, net, cgroup namespaces + seccomp + cgroups"
+    door_transport = "netns"
 
-    def _through_door(
-        self, plan: Plan, policy: Policy, command: list[str], door: str | None
-    ) -> list[str]:
-        """Bind the door and the relay in; the relay becomes the first process."""
-        from corral.net import door as doors
+    def _network(
+        self, plan: Plan, policy: Policy, handoff: str | None, net: NetExtras | None = None
+    ) -> None:
+        """corral makes the sandbox's network namespace (see corral.netns), and
+        bwrap gets it instead of making one.  Without a network: loopback only,
+        and a resolver that refuses every name and records it.  With one: the
+        proxy's ports, the resolver and the allowed host services listen inside,
+        held by the proxy; no process of ours runs inside."""
+        from corral import netns
 
-        if door is None:
-            raise ValueError("network mode proxy needs the door's path")
-        plan.mounts = [*plan.mounts, *doors.door_mounts(door)]
-        # the policy's own [env] values win over the proxy defaults
-        plan.env = {**doors.proxy_env(), **plan.env}
-        relay = doors.relay_argv([inside_python()])
-        if policy.network.transparent:
-            from corral.errors import RefusedError
-            from corral.net import transparent
+        if policy.network.mode != "proxy":
+            plan.netns = netns.offline_plan()
+        else:
+            if handoff is None:
+                raise ValueError("network mode proxy needs the door's handoff socket")
+            if policy.network.transparent:
+                from corral.errors import RefusedError
+                from corral.net import transparent
 
-            why = transparent.unavailable()
-            if why:
-                raise RefusedError(why)
-            plan.netns_rules = transparent.ruleset()
-            relay += [
-                "--transparent",
-                str(transparent.TRANSPARENT_PORT),
-                "--dns",
-                str(transparent.DNS_PORT),
+                why = transparent.unavailable()
+                if why:
+                    raise RefusedError(why)
+            plan.netns, notes = netns.plan_for(policy, handoff)
+            plan.notes = [*plan.notes, *notes]
+            from corral.net import door as doors
+
+            # the policy's own [env] values win over the proxy defaults
+            plan.env = {**doors.proxy_env(), **plan.env}
+            if net is not None:  # corral's CA, inside and over the system bundles
+                from corral.net import trust
+
+                plan.mounts = [*plan.mounts, *trust.trust_mounts(net)]
+                plan.env = trust.sandbox_env(net, plan.env, trust.INSIDE_BUNDLE)
+        target = netns.resolv_target(_real_resolv_conf(), fsplan.PRIVATE_TMP)
+        if target is not None:
+            plan.mounts = [
+                *plan.mounts,
+                Mount("ro-bind", target, netns.resolv_conf(), "the sandbox's resolver"),
             ]
-        return [*relay, "--", *command]
 
     def health(self, probe: bool = False) -> Health:
         bwrap = find_bwrap()
@@ -211,15 +233,23 @@ class NamespaceTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
-        from corral import bounds, seccomp
+        from corral import bounds, home, seccomp
 
         plan = Plan(self.name, policy)
-        fs = fsplan.plan_filesystem(policy)
+        layer = home.plan_home(policy)
+        fs = fsplan.plan_filesystem(policy, home=layer.path if layer else None)
         plan.mounts = fs.mounts
         plan.quarantine = fs.quarantine
         plan.notes = fs.notes
+        plan.lock_watch = fs.lock_watch
+        plan.hardlinks = fs.hardlinks
         plan.env = environ.sandbox_env(policy)
+        if layer is not None:
+            layer.secrets = frozenset(fs.read_deny)
+            plan.home = layer
+            plan.env["HOME"] = layer.path
         plan.cwd = environ.sandbox_cwd(policy, fs.writable)
         plan.cwd_in_argv = True
         plan.seccomp = seccomp.default_deny_rules()
@@ -228,14 +258,13 @@ class NamespaceTier(Tier):
         numbers = own_fd_numbers(pass_fds)
         status_fd, seccomp_fd = next(numbers), next(numbers)
         plan.fds = {status_fd: "status", seccomp_fd: "seccomp", **dict.fromkeys(pass_fds, "pass")}
-        if policy.network.mode == "proxy":
-            command = self._through_door(plan, policy, command, door)
+        self._network(plan, policy, door, net)
         plan.mounts = [*plan.mounts, *extra]
         mounts, empty_fds = mount_args(plan.mounts, numbers, scratch_sizes(policy.limits))
         plan.fds.update(dict.fromkeys(empty_fds, "empty"))
         bwrap = find_bwrap() or "bwrap"
         hardening = list(HARDENING)
-        if plan.netns_rules is not None:  # the launcher provides the network namespace
+        if plan.netns is not None:  # the launcher provides the network namespace
             hardening.remove("--unshare-net")
         plan.argv = [
             bwrap,

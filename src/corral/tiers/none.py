@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from corral.fsplan import Mount
+    from corral.net.trust import NetExtras
     from corral.policy import Policy
 
 WARNING = (
@@ -33,6 +34,7 @@ class NoneTier(Tier):
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
         from corral import bounds
 

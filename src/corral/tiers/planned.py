@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from corral.fsplan import Mount
+    from corral.net.trust import NetExtras
     from corral.policy import Policy
 
 
@@ -89,6 +90,7 @@ class SeatbeltTier(_Planned):
         door: str | None = None,
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
+        net: NetExtras | None = None,
     ) -> Plan:
         """The pure part: what would run on macOS (``sandbox-exec -p PROFILE``)."""
         from corral import environ, seatbelt

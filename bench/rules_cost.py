@@ -1,0 +1,399 @@
+"""What ``[[network.rules]]`` and ``[secrets]`` cost in corral's proxy.
+
+Run from the repository root::
+
+    python -m bench.rules_cost [--duration S] [--rounds N] [--connections N]
+
+Keep-alive requests/s through one proxy worker (a process of its own, as in a
+run), 32 connections, small GETs to an origin on 127.0.0.1, side by side:
+
+* plain HTTP: host rules only, then with a method/path rule pair (allow GET
+  ``/api/**``, deny ``/api/admin/**``) and a secret whose placeholder each
+  request carries in a header and whose ``header`` the proxy sets;
+* HTTPS through corral's interception: ``[tls] inspect`` alone (interception,
+  no rule), then the same rules and secret (which need interception anyway).
+
+The variants run in interleaved rounds (a slow stretch of the machine hits them
+alike); the median of the rounds is reported with the ratio.  The client is one
+process of raw asyncio protocols that counts fixed-size responses, so it costs
+the proxy as little as it can.  A benchmark, not a test: exit 0 either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HOST = "api.test"
+TARGET = "/api/items"
+BODY = b"ok"
+
+
+# -- the origin --------------------------------------------------------------------------------
+
+
+class _OriginProtocol(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        count = self.buffer.count(b"\r\n\r\n")
+        if count:
+            self.buffer = self.buffer[self.buffer.rfind(b"\r\n\r\n") + 4 :]
+            reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+            self.transport.write(reply * count)  # type: ignore[attr-defined]
+
+
+def _origin(port_plain: int, port_tls: int, cert: str, key: str) -> None:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await loop.create_server(_OriginProtocol, "127.0.0.1", port_plain)
+        await loop.create_server(_OriginProtocol, "127.0.0.1", port_tls, ssl=context)
+        await asyncio.Event().wait()
+
+    _run(main())
+
+
+def _run(main: object) -> None:
+    try:
+        import uvloop  # type: ignore[import-not-found, unused-ignore]
+
+        uvloop.run(main)  # type: ignore[arg-type]
+    except ImportError:
+        asyncio.run(main)  # type: ignore[arg-type]
+
+
+# -- the proxy ---------------------------------------------------------------------------------
+
+
+def _policy(variant: str, origin_ca: str) -> object:
+    from corral.policy import Policy, Secret
+
+    policy = Policy(tempfile.gettempdir())
+    policy.network.mode = "proxy"
+    policy.network.allow = [HOST, "127.0.0.1"]
+    policy.network.hosts = {HOST: "127.0.0.1"}
+    policy.tls.upstream_ca = [origin_ca]
+    policy.tls.ca = "ephemeral"
+    if variant.startswith("tls"):
+        policy.tls.inspect = [HOST]
+    if variant.endswith("rules") or variant.endswith("only"):
+        policy.network.rules = [
+            {"host": HOST, "methods": ["GET"], "paths": ["/api/**"], "action": "allow"},
+            {"host": HOST, "paths": ["/api/admin/**"], "action": "deny"},
+        ]
+    if variant.endswith("rules"):
+        policy.secrets = {
+            "KEY": Secret("KEY", "env:BENCH_REAL_KEY", [HOST]),
+            "TOKEN": Secret(
+                "TOKEN", "env:BENCH_REAL_KEY", [HOST], "authorization", "Bearer {value}"
+            ),
+        }
+    return policy
+
+
+def _proxy(variant: str, port: int, origin_ca: str, out: str) -> None:
+    """One proxy worker, as a run's door forks it; writes the placeholder and
+    the CA's certificate for the client to ``out``."""
+    os.environ["BENCH_REAL_KEY"] = "sk-bench-" + "x" * 40
+    from corral.net.audit import Audit
+    from corral.net.ca import ca_for
+    from corral.net.hooks import chain_for
+    from corral.net.proxy import Proxy
+    from corral.net.tls import Interceptor
+
+    policy = _policy(variant, origin_ca)
+    chain = chain_for(policy)  # type: ignore[arg-type]
+    chain.open()
+    ca = ca_for(policy.tls, tempfile.gettempdir())  # type: ignore[attr-defined]
+    placeholder = chain.sandbox_env().get("KEY", "none")
+    Path(out).write_bytes(placeholder.encode() + b"\n" + ca.cert_pem)
+
+    async def main() -> None:
+        tls = Interceptor(ca, [origin_ca])
+        proxy = Proxy(chain, Audit(None), policy.network.hosts, tls=tls)  # type: ignore[attr-defined]
+        await proxy.serve_tcp("127.0.0.1", port, "bench")
+        await asyncio.Event().wait()
+
+    _run(main())
+
+
+# -- the client --------------------------------------------------------------------------------
+
+
+class _Client(asyncio.Protocol):
+    """Sends one request, waits for one whole response, repeats; counts them."""
+
+    def __init__(self, request: bytes, counter: list[int], deadline: float) -> None:
+        self.request = request
+        self.counter = counter
+        self.deadline = deadline
+        self.buffer = b""
+        self.need = 0
+        self.transport: asyncio.Transport | None = None
+        self.ready: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.tunnel = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.tunnel:  # the CONNECT reply
+            self.tunnel = False
+            if not self.ready.done():
+                self.ready.set_result(data)
+            return
+        self.buffer += data
+        while True:
+            if not self.need:
+                end = self.buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                head = self.buffer[:end].lower()
+                at = head.find(b"content-length:")
+                length = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
+                self.need = end + 4 + length
+            if len(self.buffer) < self.need:
+                return
+            self.buffer = self.buffer[self.need :]
+            self.need = 0
+            self.counter[0] += 1
+            if time.monotonic() < self.deadline and self.transport is not None:
+                self.transport.write(self.request)
+            elif self.transport is not None:
+                self.transport.close()
+                return
+
+
+async def _load(
+    proxy: int, origin: int, tls: bool, placeholder: str, ca_pem: bytes, conns: int, seconds: float
+) -> int:
+    loop = asyncio.get_running_loop()
+    counter = [0]
+    deadline = time.monotonic() + seconds
+    context = None
+    if tls:
+        context = ssl.create_default_context(cadata=ca_pem.decode())
+        target = TARGET.encode()
+    else:
+        target = f"http://{HOST}:{origin}{TARGET}".encode()
+    request = b"GET %s HTTP/1.1\r\nHost: %s:%d\r\nX-Key: %s\r\n\r\n" % (
+        target,
+        HOST.encode(),
+        origin,
+        placeholder.encode(),
+    )
+
+    async def one() -> None:
+        transport, client = await loop.create_connection(
+            lambda: _Client(request, counter, deadline), "127.0.0.1", proxy
+        )
+        if tls:
+            assert context is not None
+            client.tunnel = True
+            transport.write(b"CONNECT %s:%d HTTP/1.1\r\n\r\n" % (HOST.encode(), origin))
+            await client.ready
+            wrapped = await loop.start_tls(transport, client, context, server_hostname=HOST)
+            assert wrapped is not None
+            transport = client.transport = wrapped
+        transport.write(request)
+
+    await asyncio.gather(*(one() for _ in range(conns)))
+    await asyncio.sleep(max(0.0, deadline - time.monotonic()) + 0.2)
+    return counter[0]
+
+
+def _client(args: tuple[int, int, bool, str, bytes, int, float], queue: object) -> None:
+    count = asyncio.run(_load(*args))
+    queue.put(count)  # type: ignore[attr-defined]
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+VARIANTS = (
+    ("plain", "http", "host rules only"),
+    ("plain-rules-only", "http", "+ method/path rules"),
+    ("plain-rules", "http", "+ method/path rules and secrets"),
+    ("tls-inspect", "https", "interception alone ([tls] inspect)"),
+    ("tls-rules-only", "https", "+ method/path rules"),
+    ("tls-rules", "https", "+ method/path rules and secrets"),
+)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _origin_files(directory: Path) -> tuple[str, str, str]:
+    """A throwaway CA and a certificate for HOST signed by it: (CA, cert, key) paths."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017 (cryptography 38 too)
+
+    def issue(
+        subject: str,
+        key: ec.EllipticCurvePrivateKey,
+        signer: ec.EllipticCurvePrivateKey,
+        issuer: str,
+        ca: bool,
+    ) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.DNSName(HOST)]), critical=False
+            )
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, leaf_key = (
+        ec.generate_private_key(ec.SECP256R1()),
+        ec.generate_private_key(ec.SECP256R1()),
+    )
+    ca = issue("bench origin CA", ca_key, ca_key, "bench origin CA", True)
+    leaf = issue(HOST, leaf_key, ca_key, "bench origin CA", False)
+    pem = serialization.Encoding.PEM
+    paths = (directory / "ca.pem", directory / "leaf.pem", directory / "leaf.key")
+    paths[0].write_bytes(ca.public_bytes(pem))
+    paths[1].write_bytes(leaf.public_bytes(pem))
+    paths[2].write_bytes(
+        leaf_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return str(paths[0]), str(paths[1]), str(paths[2])
+
+
+def measure(
+    duration: float, rounds: int, conns: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    ctx = multiprocessing.get_context("fork")
+    results: dict[str, list[float]] = {v: [] for v, _, _ in VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v, _, _ in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="corral-bench-rules-") as tmp:
+        origin_ca, cert, key = _origin_files(Path(tmp))
+        plain_port, tls_port = _free_port(), _free_port()
+        origin = ctx.Process(target=_origin, args=(plain_port, tls_port, cert, key), daemon=True)
+        origin.start()
+        proxies = {}
+        for variant, _, _ in VARIANTS:
+            port = _free_port()
+            out = os.path.join(tmp, variant + ".out")
+            proc = ctx.Process(target=_proxy, args=(variant, port, origin_ca, out), daemon=True)
+            proc.start()
+            proxies[variant] = (proc, port, out)
+        time.sleep(1.5)
+        try:
+            for round_no in range(rounds):
+                order = VARIANTS[round_no % 2 :] + VARIANTS[: round_no % 2]
+                for variant, scheme, _ in order:
+                    _, port, out = proxies[variant]
+                    placeholder, _, ca_pem = Path(out).read_bytes().partition(b"\n")
+                    tls = scheme == "https"
+                    queue = ctx.Queue()
+                    args = (
+                        port,
+                        tls_port if tls else plain_port,
+                        tls,
+                        placeholder.decode(),
+                        ca_pem,
+                        conns,
+                        duration,
+                    )
+                    pid = proxies[variant][0].pid
+                    assert pid is not None
+                    before = _cpu_ns(pid)
+                    client = ctx.Process(target=_client, args=(args, queue))
+                    client.start()
+                    count = queue.get(timeout=duration + 30)
+                    client.join()
+                    results[variant].append(count / duration)
+                    spent = _cpu_ns(pid) - before
+                    cpu[variant].append(spent / max(count, 1) / 1000)
+        finally:
+            for proc, _, _ in proxies.values():
+                proc.kill()
+            origin.kill()
+    return results, cpu
+
+
+def _cpu_ns(pid: int) -> int:
+    """Nanoseconds the process has run on a CPU (its own time, whatever else runs)."""
+    with open(f"/proc/{pid}/schedstat", encoding="ascii") as fh:
+        return int(fh.read().split()[0])
+
+
+def report(
+    results: dict[str, list[float]], cpu: dict[str, list[float]], args: argparse.Namespace
+) -> str:
+    med = {k: statistics.median(v) for k, v in results.items()}
+    per = {k: statistics.median(v) for k, v in cpu.items()}
+    lines = [
+        "# Rules and credentials: cost in the proxy",
+        "",
+        f"`python -m bench.rules_cost --duration {args.duration:g} --rounds {args.rounds} "
+        f"--connections {args.connections}`; one proxy worker, {args.connections} keep-alive "
+        f"connections, small GETs; median of {args.rounds} interleaved rounds "
+        f"({os.cpu_count()} CPUs, Python {sys.version.split()[0]}).  CPU per request is the "
+        "proxy process's own time on a CPU (schedstat) over the requests it served: what a "
+        "rule costs, whatever else the machine runs; requests/s depends on that too.",
+        "",
+        "| variant | requests/s | CPU µs/request | requests/s vs. baseline | CPU vs. baseline |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for variant, scheme, label in VARIANTS:
+        base = "plain" if scheme == "http" else "tls-inspect"
+        if variant == base:
+            rate = cost = "baseline"
+        else:
+            rate = f"{med[variant] / med[base]:.3f}"
+            cost = f"{per[variant] / per[base]:.3f}"
+        lines.append(
+            f"| {scheme}: {label} | {med[variant]:.0f} | {per[variant]:.1f} | {rate} | {cost} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.rules_cost")
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--connections", type=int, default=32)
+    args = parser.parse_args(argv)
+    results, cpu = measure(args.duration, args.rounds, args.connections)
+    text = report(results, cpu, args)
+    print(text)
+    out = Path(__file__).resolve().parent / "results" / "rules_cost.md"
+    out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,429 @@
+"""Method and path rules per host (``[[network.rules]]``): pure matching.
+
+An entry names a ``host`` (the syntax of ``[network] allow``: a name,
+``*.name``, an address or network, optionally ``:port``), optionally
+``methods`` and ``paths`` (no key: any), an optional ``max_body``, and an
+``action``: ``allow``, ``deny`` or ``ask``.  Or it is a git preset:
+``git = "read"`` allows clone and fetch over smart HTTP, ``"write"`` push too.
+
+For a request to a host that some entry names:
+
+* every entry whose host, method and path match is found; a ``deny`` among
+  them decides (deny wins), else an ``ask``, else an ``allow``;
+* a request that no entry matches is denied: a host with rules has no
+  default allow;
+* ``max_body`` of the matching ``allow`` entries bounds the request body (the
+  smallest applies), enforced while the body streams.
+
+Entries narrow; they never open a host: it must be reachable through
+``[network] allow`` as before.  A host no entry names is not affected.
+
+**Paths.**  A glob is matched against the request's path after it is
+decoded and normalized once, as an origin would before routing:
+
+* percent-escapes are decoded once (``%2F`` is a ``/``, ``%41`` an ``A``);
+  a malformed escape, a path that is not UTF-8, a control character, a
+  backslash, a ``;`` (path parameters: servers disagree on them) or an escape
+  that decodes to another escape (``%252F``: double decoding) make the
+  request ambiguous, and an ambiguous request to a ruled host is denied;
+* empty segments (``//``) and ``.`` are dropped and ``..`` removes the segment
+  before it (never above the root), so ``/public/..%2Fadmin`` is ``/admin``;
+  a trailing ``/`` is kept (``/a`` and ``/a/`` differ);
+* ``*`` matches any characters within one segment (not ``/``), ``**`` as a
+  whole segment matches any number of segments, none included: ``/api/**``
+  matches ``/api``, ``/api/`` and ``/api/v1/x``; ``/**/info/refs`` matches
+  ``/info/refs`` and ``/a/b.git/info/refs``.  Nothing else is a wildcard;
+  ``[``, ``]``, ``{``, ``}``, ``%``, ``\\``, ``;`` and ``#`` are refused in a
+  glob so that no pattern means something other than it reads.
+* Without a ``?``, a glob ignores the query.  With one (``/x?service=git-upload-pack``)
+  the request's query must have the same parameters in the same order, each
+  key and value decoded once and matched with ``*`` as any characters.
+
+Methods are compared case-insensitively (an origin that reads ``delete`` as
+``DELETE`` must not slip past a rule for ``DELETE``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from corral.net.hooks import Hook
+from corral.net.rules import Rule, Verdict
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.net.hooks import Destination, Request
+
+ACTIONS = ("allow", "deny", "ask")
+GIT_MODES = ("read", "write")
+KEYS = ("host", "methods", "paths", "max_body", "action", "git")
+# What each git preset allows: smart HTTP only (the dumb protocol reads files
+# such as /objects/... and /HEAD that no preset can tell from anything else).
+GIT_READ = (
+    ("GET", "/**/info/refs?service=git-upload-pack"),
+    ("POST", "/**/git-upload-pack"),
+)
+GIT_WRITE = (
+    ("GET", "/**/info/refs?service=git-receive-pack"),
+    ("POST", "/**/git-receive-pack"),
+)
+ASK_REASON = "ask: no approver"  # until corral can ask a person, an ask is a deny
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+# bytes a path may hold and still be its own normal form (no %, \\, ;, #, controls)
+_SAFE_PATH = b"".join(bytes([b]) for b in range(0x21, 0x7F) if chr(b) not in "%\\;#?")
+_GLOB_REFUSED = "[]{}%\\;#"
+
+
+class BadPath(ValueError):
+    """A request target that cannot be read one way only; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+Query = list[tuple[str, str | None]]
+
+
+def _unquote(raw: bytes, what: str) -> str:
+    """Decode percent-escapes once, strictly."""
+    if b"%" not in raw:
+        data = raw
+    else:
+        out = bytearray()
+        i = 0
+        while i < len(raw):
+            byte = raw[i]
+            if byte == 0x25:  # %
+                pair = raw[i + 1 : i + 3]
+                if len(pair) != 2 or not _HEX.issuperset(pair):
+                    raise BadPath(f"malformed percent-escape in the {what}")
+                out.append(int(pair, 16))
+                i += 3
+            else:
+                out.append(byte)
+                i += 1
+        data = bytes(out)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadPath(f"the {what} is not UTF-8") from None
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        raise BadPath(f"control character in the {what}")
+    return text
+
+
+def _is_escape(text: str, at: int) -> bool:
+    pair = text[at + 1 : at + 3].encode("ascii", "replace")
+    return len(pair) == 2 and _HEX.issuperset(pair)
+
+
+def normalize_target(target: bytes) -> tuple[str, Query | None]:
+    """An origin-form target -> (normalized decoded path, query parameters or None).
+
+    Raises :class:`BadPath` where origins could read the target differently."""
+    raw_path, sep, raw_query = target.partition(b"?")
+    if _plain_path(raw_path):  # the usual case: nothing to decode or resolve
+        try:
+            return raw_path.decode("ascii"), _query(raw_query) if sep else None
+        except UnicodeDecodeError:
+            pass  # the long way says why
+    if b"#" in target:
+        raise BadPath("a fragment (#) in the request target")
+    if raw_path == b"*":  # OPTIONS *: the server as a whole
+        return "*", None
+    if not raw_path.startswith(b"/"):
+        raise BadPath("the request path does not start with /")
+    text = _unquote(raw_path, "path")
+    if "\\" in text:
+        raise BadPath("a backslash in the path (some servers read it as /)")
+    if ";" in text:
+        raise BadPath("a ';' in the path (path parameters are read differently by servers)")
+    if "%" in text and any(_is_escape(text, i) for i, c in enumerate(text) if c == "%"):
+        raise BadPath("a double-encoded path (an escape that decodes to another escape)")
+    segments: list[str] = []
+    parts = text.split("/")
+    for part in parts:
+        if part == "..":
+            if segments:
+                segments.pop()
+        elif part not in ("", "."):
+            segments.append(part)
+    path = "/" + "/".join(segments)
+    if segments and parts[-1] in ("", ".", ".."):
+        path += "/"  # a trailing slash is part of the path
+    query = _query(raw_query) if sep else None
+    return path, query
+
+
+def _plain_path(raw: bytes) -> bool:
+    """A path that normalizing would leave as it is: starts with /, no escapes,
+    no empty, ``.`` or ``..`` segments, none of the refused characters."""
+    return (
+        raw.startswith(b"/")
+        and not raw.translate(None, _SAFE_PATH)
+        and b"//" not in raw
+        and b"/." not in raw
+    )
+
+
+def _query(raw: bytes) -> Query:
+    if not raw:
+        return []
+    params: Query = []
+    for item in raw.split(b"&"):
+        key, eq, value = item.partition(b"=")
+        params.append((_unquote(key, "query"), _unquote(value, "query") if eq else None))
+    return params
+
+
+class PathGlob:
+    """One entry of ``paths``: a path glob and, after ``?``, query parameters."""
+
+    __slots__ = ("path", "query", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        path_text, sep, query_text = text.partition("?")
+        self.path = re.compile(_path_regex(path_text, text))
+        self.query: list[tuple[re.Pattern[str], re.Pattern[str] | None]] | None = None
+        if sep:
+            if not query_text:
+                raise ValueError(f"bad path glob {text!r}: nothing after '?'")
+            self.query = [_param_regex(p, text) for p in query_text.split("&")]
+
+    def matches(self, path: str, query: Query | None) -> bool:
+        if self.path.fullmatch(path) is None:
+            return False
+        if self.query is None:
+            return True
+        if query is None or len(query) != len(self.query):
+            return False
+        for (key, value), (key_re, value_re) in zip(query, self.query, strict=True):
+            if key_re.fullmatch(key) is None:
+                return False
+            if (value is None) != (value_re is None):
+                return False
+            if value is not None and value_re is not None and value_re.fullmatch(value) is None:
+                return False
+        return True
+
+
+def _check_glob_chars(part: str, text: str) -> None:
+    for char in part:
+        if char in _GLOB_REFUSED or ord(char) < 0x20 or ord(char) == 0x7F:
+            shown = repr(char) if char.isprintable() else f"U+{ord(char):04X}"
+            raise ValueError(
+                f"bad path glob {text!r}: {shown} is not allowed "
+                "(write paths decoded; only * and ** are wildcards)"
+            )
+
+
+def _path_regex(glob: str, text: str) -> str:
+    if not glob.startswith("/"):
+        raise ValueError(f"bad path glob {text!r}: must start with /")
+    _check_glob_chars(glob, text)
+    segments = glob[1:].split("/")
+    out = ""
+    for index, segment in enumerate(segments):
+        last = index == len(segments) - 1
+        if segment == "" and not last:
+            raise ValueError(f"bad path glob {text!r}: empty segment (//)")
+        if segment in (".", ".."):
+            raise ValueError(f"bad path glob {text!r}: '.' and '..' segments never match")
+        if segment == "**":
+            # any number of whole segments, none included
+            out += "(?:/.*)?" if last else "(?:/[^/]+)*"
+            continue
+        if "**" in segment:
+            raise ValueError(f"bad path glob {text!r}: ** must be a whole segment")
+        out += "/" + _star_regex(segment, "[^/]*")
+    return out or "/"
+
+
+def _star_regex(part: str, star: str) -> str:
+    return star.join(re.escape(piece) for piece in part.split("*"))
+
+
+def _param_regex(param: str, text: str) -> tuple[re.Pattern[str], re.Pattern[str] | None]:
+    _check_glob_chars(param, text)
+    if "**" in param:
+        raise ValueError(f"bad path glob {text!r}: ** has no meaning in a query")
+    key, eq, value = param.partition("=")
+    key_re = re.compile(_star_regex(key, ".*"))
+    return key_re, re.compile(_star_regex(value, ".*")) if eq else None
+
+
+def covers(rule: Rule, host: str, port: int) -> bool:
+    """Does an entry in ``[network] allow`` syntax cover a normalized host (a name
+    or an address) on ``port``?"""
+    if rule.matches_name(host, port):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return rule.matches_address(address, port)
+
+
+class HttpRule:
+    """One compiled entry (a git preset compiles to several, each with the entry's name)."""
+
+    __slots__ = ("action", "host", "max_body", "methods", "name", "paths")
+
+    def __init__(
+        self,
+        name: str,
+        host: Rule,
+        action: str,
+        methods: frozenset[str] | None,
+        paths: list[PathGlob],
+        max_body: int | None = None,
+    ) -> None:
+        self.name = name
+        self.host = host
+        self.action = action
+        self.methods = methods  # None: any method
+        self.paths = paths  # empty: any path
+        self.max_body = max_body
+
+    def matches(self, method: str, path: str, query: Query | None) -> bool:
+        if self.methods is not None and method not in self.methods:
+            return False
+        return not self.paths or any(glob.matches(path, query) for glob in self.paths)
+
+
+def compile_entry(index: int, entry: dict[str, object]) -> list[HttpRule]:
+    """A validated entry (see :func:`corral.policy._expect_http_rules`) -> rules.
+    ``index`` is 1-based, as a person counts the ``[[network.rules]]`` blocks."""
+    host_text = entry["host"]
+    assert isinstance(host_text, str)
+    host = Rule(host_text)
+    git = entry.get("git")
+    if isinstance(git, str):
+        name = f"network.rules[{index}] (git {git})"
+        pairs = GIT_READ + (GIT_WRITE if git == "write" else ())
+        return [
+            HttpRule(name, host, "allow", frozenset({method}), [PathGlob(path)])
+            for method, path in pairs
+        ]
+    methods = entry.get("methods")
+    paths = entry.get("paths")
+    max_body = entry.get("max_body")
+    action = entry.get("action")
+    assert isinstance(action, str)
+    return [
+        HttpRule(
+            f"network.rules[{index}]",
+            host,
+            action,
+            frozenset(methods) if isinstance(methods, list) else None,
+            [PathGlob(p) for p in paths] if isinstance(paths, list) else [],
+            max_body if isinstance(max_body, int) else None,
+        )
+    ]
+
+
+class HttpRules:
+    """All entries, with the ones that apply to each (host, port) cached."""
+
+    CACHE_SIZE = 4096
+
+    def __init__(self, rules: list[HttpRule]) -> None:
+        self.rules = rules
+        self._by_host: dict[tuple[str, int], list[HttpRule]] = {}
+        self._decided: dict[tuple[str, int, str, bytes], tuple[Verdict, HttpRule | None]] = {}
+
+    @classmethod
+    def from_entries(cls, entries: list[dict[str, object]]) -> HttpRules:
+        rules: list[HttpRule] = []
+        for index, entry in enumerate(entries, 1):
+            rules += compile_entry(index, entry)
+        return cls(rules)
+
+    def for_host(self, host: str, port: int) -> list[HttpRule]:
+        key = (host, port)
+        found = self._by_host.get(key)
+        if found is None:
+            if len(self._by_host) >= self.CACHE_SIZE:
+                self._by_host.clear()
+            found = self._by_host[key] = [r for r in self.rules if covers(r.host, host, port)]
+        return found
+
+    def decide(
+        self, host: str, port: int, method: str, target: bytes
+    ) -> tuple[Verdict | None, HttpRule | None]:
+        """(verdict, the allow rule whose max_body applies); (None, None) when no
+        entry names the host."""
+        ruled = self.for_host(host, port)
+        if not ruled:
+            return None, None
+        key = (host, port, method, target)
+        cached = self._decided.get(key)
+        if cached is None:  # keep-alive clients ask about the same URLs over and over
+            if len(self._decided) >= self.CACHE_SIZE:
+                self._decided.clear()
+            cached = self._decided[key] = self._decide(ruled, host, method, target)
+        return cached
+
+    def _decide(
+        self, ruled: list[HttpRule], host: str, method: str, target: bytes
+    ) -> tuple[Verdict, HttpRule | None]:
+        try:
+            path, query = normalize_target(target)
+        except BadPath as exc:
+            return Verdict(False, "bad-path", exc.reason), None
+        method = method.upper()
+        allow: HttpRule | None = None
+        ask: HttpRule | None = None
+        limit: HttpRule | None = None
+        limit_size = 0
+        for rule in ruled:
+            if not rule.matches(method, path, query):
+                continue
+            if rule.action == "deny":
+                return Verdict(False, rule.name, f"{method} {path} is denied"), None
+            if rule.action == "ask":
+                ask = ask or rule
+                continue
+            allow = allow or rule
+            if rule.max_body is not None and (limit is None or rule.max_body < limit_size):
+                limit, limit_size = rule, rule.max_body
+        if ask is not None:
+            return Verdict(False, ask.name, ASK_REASON, ask=True), None
+        if allow is not None:
+            return Verdict(True, allow.name), limit
+        return (
+            Verdict(False, "network.rules", f"no rule for {host} allows {method} {path}"),
+            None,
+        )
+
+
+class HttpRulesHook(Hook):
+    """``[[network.rules]]`` in the chain: decides each request to a ruled host
+    (and asks for the HTTPS of every ruled host to be intercepted)."""
+
+    name = "rules"
+    connect_by_host_port = True
+
+    def __init__(self, rules: HttpRules, patterns: list[tuple[str, str]]) -> None:
+        self.rules = rules
+        self.patterns = patterns
+
+    @classmethod
+    def from_policy(cls, entries: list[dict[str, object]]) -> HttpRulesHook:
+        patterns = [(str(e["host"]), f"network.rules[{i}].host") for i, e in enumerate(entries, 1)]
+        return cls(HttpRules.from_entries(entries), patterns)
+
+    def inspects(self) -> list[tuple[str, str]]:
+        return self.patterns
+
+    def on_request(self, dest: Destination, request: Request) -> Verdict | None:
+        verdict, limit = self.rules.decide(
+            dest.host, dest.port, request.method, request.target.encode("latin-1")
+        )
+        if limit is not None and limit.max_body is not None:
+            request.limit_body(limit.max_body, limit.name)
+        return verdict

@@ -1,0 +1,148 @@
+"""What a sandbox gets from its door beyond the address: trust in corral's CA
+(when this run can intercept TLS) and the variables hooks ask for.
+
+The trust is a bundle: the host's system CA bundle followed by corral's CA
+certificate, written next to the door for this run (certificates only, never
+a key).  Inside, it is at :data:`INSIDE_BUNDLE` and the usual variables
+(:data:`TRUST_VARIABLES`) name it; where a tier can mount (namespace,
+container, gvisor), it also covers the distribution bundle paths
+(:data:`SYSTEM_BUNDLES`), so tools that ignore the variables trust it too.  The
+landlock tier cannot mount: there the variables name the host file, which the
+tier grants read access to, and tools that read only the system bundle do not
+trust corral's CA.
+
+Pure, apart from :func:`system_bundles` and :func:`write_bundle` (host facts
+and the one file), so tier plans stay unit-testable.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from corral.fsplan import Mount
+
+INSIDE_BUNDLE = "/run/corral/ca-bundle.pem"
+# The user's CA (key and certificate, 0600) and its certificate alone (0644), under
+# corral's state directory, which every tier masks (corral.net.ca makes them).
+USER_CA = os.path.join("ca", "corral-ca.pem")
+USER_CA_CERT = os.path.join("ca", "corral-ca.crt")
+BUNDLE_NAME = "ca-bundle.pem"
+# Where distributions keep the bundle most TLS libraries read (OpenSSL's default
+# file, Go, curl, Python's ssl, Node with --use-openssl-ca, rustls-native-certs).
+SYSTEM_BUNDLES = (
+    "/etc/ssl/certs/ca-certificates.crt",  # Debian, Ubuntu, Alpine, Arch, Gentoo
+    "/etc/pki/tls/certs/ca-bundle.crt",  # Fedora, RHEL, CentOS
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",  # Fedora, RHEL (the real file)
+    "/etc/ssl/ca-bundle.pem",  # openSUSE
+    "/etc/ssl/cert.pem",  # Alpine, Arch, the BSDs' layout
+)
+TRUST_VARIABLES = (
+    "SSL_CERT_FILE",  # OpenSSL, Python's ssl, Go, Ruby, rustls-native-certs
+    "REQUESTS_CA_BUNDLE",  # Python requests
+    "CURL_CA_BUNDLE",  # curl, and Python requests too
+    "NODE_EXTRA_CA_CERTS",  # Node (added to its own roots)
+    "PIP_CERT",  # pip
+    "GIT_SSL_CAINFO",  # git over HTTPS
+    "AWS_CA_BUNDLE",  # the AWS CLI and SDKs
+)
+
+
+class NetExtras:
+    """Per run: the host path of the CA bundle (None: this run never intercepts),
+    the system bundle paths that exist on the host, and hooks' variables."""
+
+    __slots__ = ("ca_bundle", "env", "system_bundles")
+
+    def __init__(
+        self,
+        ca_bundle: str | None = None,
+        system_bundles: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.ca_bundle = ca_bundle
+        self.system_bundles = system_bundles
+        self.env = env or {}
+
+
+def system_bundles(exists: Callable[[str], bool] = os.path.isfile) -> tuple[str, ...]:
+    """The distribution bundle paths this host has (a host fact for the plans)."""
+    return tuple(p for p in SYSTEM_BUNDLES if exists(p))
+
+
+def write_bundle(directory: str, ca_pem: bytes, found: tuple[str, ...]) -> str:
+    """The host's system bundle (the first of ``found``) plus corral's CA, as a
+    world-readable file in ``directory``; returns its path.  The system part is
+    copied inside the kernel (some 200 KB on every intercepting run)."""
+    path = os.path.join(directory, BUNDLE_NAME)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        last = b"\n"
+        for system in found:
+            try:
+                src = os.open(system, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                size = os.fstat(src).st_size
+                copied = 0
+                while copied < size:
+                    sent = os.sendfile(fd, src, copied, size - copied)
+                    if not sent:
+                        break
+                    copied += sent
+                last = os.pread(src, 1, size - 1) if size else b"\n"
+            finally:
+                os.close(src)
+            break
+        note = b"# corral: the CA that signs intercepted connections\n"
+        os.write(fd, (b"" if last == b"\n" else b"\n") + note + ca_pem)
+    finally:
+        os.close(fd)
+    os.chmod(path, 0o644)  # whatever the umask: the sandbox reads it as the caller
+    return path
+
+
+def check_upstream_ca(paths: list[str]) -> str | None:
+    """Why an ``upstream_ca`` file cannot be used (checked before a run starts)."""
+    if not paths:
+        return None
+    import ssl
+
+    for path in paths:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        try:
+            context.load_verify_locations(cafile=path)
+        except (ssl.SSLError, OSError, ValueError):
+            return f"tls.upstream_ca: {path} holds no PEM CA certificate"
+    return None
+
+
+def trust_env(bundle: str) -> dict[str, str]:
+    return dict.fromkeys(TRUST_VARIABLES, bundle)
+
+
+def trust_mounts(extras: NetExtras) -> list[Mount]:
+    """Read-only binds of the bundle: at INSIDE_BUNDLE and over each system path."""
+    from corral.fsplan import Mount
+
+    if extras.ca_bundle is None:
+        return []
+    why = "corral's CA with the system's (TLS inspection)"
+    return [
+        Mount("ro-bind", dest, extras.ca_bundle, why)
+        for dest in (INSIDE_BUNDLE, *extras.system_bundles)
+    ]
+
+
+def sandbox_env(extras: NetExtras | None, env: dict[str, str], bundle: str) -> dict[str, str]:
+    """A plan's environment with the trust variables (the policy's own ``[env]``
+    wins over them) and hooks' variables (which win over everything: a secret's
+    placeholder must never give way to a real value passed in)."""
+    if extras is None:
+        return env
+    trust = trust_env(bundle) if extras.ca_bundle is not None else {}
+    return {**trust, **env, **extras.env}

@@ -1,0 +1,236 @@
+"""Every denial of a run, as data: for corral's closing lines on stderr, for
+``--report``, for the activity log and for ``Sandbox.denials``.
+
+A :class:`Denial` is one thing the policy refused or bounded, with the fields
+a program needs (``to_dict``) and, when a person should hear of it after the
+run, the line corral prints (``text``).  Kinds:
+
+- ``file``: a write-deny path created and quarantined, changed and restored
+  (landlock), or refused (a lock file beside it that never replaced it); a
+  hard-linked file made read-only for the run;
+- ``network``: a destination (or a name lookup) the proxy refused, with the
+  rule, the reason, how often, and the flag that would allow it;
+- ``limit``: a limit the run hit (memory, pids, timeout, output);
+- ``bound``: a default limit this host could not enforce for this user.
+
+Nothing here imports more than ``os``: it runs after every ``corral run``.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from corral.policy import Policy
+    from corral.tiers.base import Plan
+
+# Destinations named on the one "blocked" line; the rest are counted.
+BLOCKED_SHOWN = 5
+
+
+class Denial:
+    __slots__ = ("fields", "kind", "text")
+
+    def __init__(self, kind: str, text: str = "", **fields: object) -> None:
+        self.kind = kind
+        self.text = text  # the closing line on stderr ("" if said before the run)
+        self.fields = fields
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, **self.fields}
+
+    @property
+    def refused(self) -> bool:
+        """Something refused (what the run record lists), not a bound or a note."""
+        return self.kind in ("file", "network") and self.fields.get("action") != "read-only"
+
+    def __str__(self) -> str:
+        return self.text or f"{self.kind}: {self.fields}"
+
+    def __repr__(self) -> str:
+        return f"Denial({self.kind!r}, {self.fields!r})"
+
+
+# -- files ------------------------------------------------------------------------
+
+
+def quarantined(path: str, moved_to: str = "", error: str = "") -> Denial:
+    """A write-deny path that did not exist at launch and was created."""
+    where = f"moved to {moved_to}" if moved_to else f"could not move it: {error}"
+    return Denial(
+        "file",
+        f"denied write: {path} (write-deny) was created; {where}",
+        path=path,
+        rule="write-deny",
+        action="quarantined",
+        moved_to=moved_to or None,
+        error=error or None,
+    )
+
+
+def restored(path: str, moved_to: str = "", error: str = "", parent: str = "") -> Denial:
+    """A write-deny path changed during the run and put back (tiers without mounts).
+    ``parent``: the directory holding it was replaced, so nothing was put back."""
+    if parent:
+        text = f"denied write: {path} (write-deny) was changed, and {parent} was replaced; "
+        text += "not restored"
+        error = f"{parent} was replaced"
+    else:
+        text = f"denied write: {path} (write-deny) was changed "
+        text += f"(moved to {moved_to})" if moved_to else "(removed)"
+        text += (
+            f"; could not restore it: {error}"
+            if error
+            else ("; restored from the snapshot taken at launch")
+        )
+    return Denial(
+        "file",
+        text,
+        path=path,
+        rule="write-deny",
+        action="not restored" if error else "restored",
+        moved_to=moved_to or None,
+        error=error or None,
+    )
+
+
+def refused_write(path: str, lock: str, times: int) -> Denial:
+    """A write to a read-only write-deny file that went through a lock file beside it
+    (git's ``config.lock``): the lock appeared and went without replacing the file."""
+    writes = f"{times} writes" if times > 1 else "a write"
+    return Denial(
+        "file",
+        f"denied write: {path} (write-deny, read-only in the sandbox): {writes} through "
+        f"{os.path.basename(lock)} refused, which git reports as 'Device or resource busy'",
+        path=path,
+        rule="write-deny",
+        action="refused",
+        lock=lock,
+        count=times,
+    )
+
+
+def hardlinks(paths: Iterable[str]) -> list[Denial]:
+    """Hard-linked files made read-only for the run (said before it, as a note)."""
+    return [
+        Denial("file", path=p, rule="hardlinks", action="read-only", reason="hard link")
+        for p in paths
+    ]
+
+
+# -- network ----------------------------------------------------------------------
+
+
+def _dest(host: str, port: int | None) -> str:
+    if not port:
+        return host
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def allow_flag(entry: dict[str, object], policy: Policy) -> str:
+    """The flag that would let this refused destination through ("" if none would)."""
+    host, rule = str(entry.get("host") or ""), str(entry.get("rule") or "")
+    port = entry.get("port") if not entry.get("lookup") else None
+    number = port if isinstance(port, int) else None
+    if rule == "rebinding":  # the name is allowed; its private address is not
+        address = entry.get("address")
+        return f"--allow {_dest(str(address), number)}" if address else ""
+    if rule in policy.network.deny or (policy.network.mode == "proxy" and rule != "default"):
+        return ""  # a deny rule said no, or the request itself was refused (a bad name)
+    return f"--allow {_dest(host, number)}" if host else ""
+
+
+def network(entries: Iterable[dict[str, object]], policy: Policy) -> list[Denial]:
+    """The proxy's refusals (from the door's tally), each with its hint; most frequent
+    first.  ``entries``: host, port, rule, reason, count, and ``lookup`` (a name
+    lookup, no port) and ``address`` (what an allowed name resolved to) when known."""
+    out = []
+    for e in sorted(entries, key=lambda e: (-int(str(e.get("count") or 1)), str(e.get("host")))):
+        lookup = bool(e.get("lookup"))
+        out.append(
+            Denial(
+                "network",
+                host=e.get("host"),
+                port=None if lookup else e.get("port"),
+                lookup=lookup,
+                rule=e.get("rule"),
+                reason=e.get("reason"),
+                address=e.get("address"),
+                count=int(str(e.get("count") or 1)),
+                allow_with=allow_flag(e, policy) or None,
+            )
+        )
+    return out
+
+
+def _why(d: Denial, offline: bool) -> str:
+    f = d.fields
+    parts = []
+    count = int(str(f.get("count") or 1))
+    if count > 1:
+        parts.append(f"{count} {'lookups' if f.get('lookup') else 'requests'}")
+    if offline:
+        parts.append("no network")
+    else:
+        reason = str(f.get("reason") or "")
+        parts.append(f"rule {f.get('rule')}" + (f": {reason}" if reason else ""))
+    if f.get("allow_with"):
+        parts.append(f"allow with {f['allow_with']}")
+    return "; ".join(parts)
+
+
+def blocked_line(denials: list[Denial], policy: Policy) -> str:
+    """``blocked: example.org:443 (no network; allow with --allow example.org:443), ...``:
+    one line for every refused destination of the run ("" if none)."""
+    net = [d for d in denials if d.kind == "network"]
+    if not net:
+        return ""
+    offline = policy.network.mode != "proxy"
+    shown = []
+    for d in net[:BLOCKED_SHOWN]:
+        port = d.fields.get("port")
+        dest = _dest(str(d.fields.get("host")), port if isinstance(port, int) else None)
+        shown.append(f"{dest} ({_why(d, offline)})")
+    more = len(net) - BLOCKED_SHOWN
+    tail = f", and {more} more (corral run --report json lists them)" if more > 0 else ""
+    return "blocked: " + ", ".join(shown) + tail
+
+
+# -- limits -----------------------------------------------------------------------
+
+
+def limits(
+    plan: Plan, hit: list[str], timed_out: bool, truncated: bool, output_bytes: int
+) -> list[Denial]:
+    """Limits the run hit, and default bounds this host did not enforce."""
+    lim = plan.policy.limits
+    out = []
+    for name in hit:
+        if name == "timeout":
+            text = f"timed out after {lim.timeout:g}s; killed the whole process tree"
+            out.append(Denial("limit", text, name="timeout", value=lim.timeout))
+        else:
+            out.append(Denial("limit", f"limit hit: {name}", name=name, value=lim.get(name)))
+    if timed_out and "timeout" not in hit:
+        text = f"timed out after {lim.timeout:g}s; killed the whole process tree"
+        out.append(Denial("limit", text, name="timeout", value=lim.timeout))
+    if truncated:
+        text = f"output truncated: kept {lim.output} of {output_bytes} bytes"
+        out.append(Denial("limit", text, name="output", value=lim.output, bytes=output_bytes))
+    for b in plan.bounds.values():
+        if b.enforced is False:  # said before the run (bounds.notice)
+            out.append(Denial("bound", name=b.name, value=b.value, source=b.source, reason=b.how))
+    return out
+
+
+def document(run_id: str, tier: str, exit_code: int, denials: list[Denial]) -> dict[str, object]:
+    """What ``--report`` writes."""
+    return {
+        "run_id": run_id,
+        "tier": tier,
+        "exit": exit_code,
+        "denials": [d.to_dict() for d in denials],
+    }

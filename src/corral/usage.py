@@ -1,0 +1,66 @@
+"""``corral --help`` and ``corral COMMAND --help``, generated from the option tables
+in :mod:`corral.cli` (what is parsed is what is documented).  A module of its
+own so that ``corral run`` never loads it."""
+
+from __future__ import annotations
+
+from corral.cli import COMMANDS, Options
+from corral.errors import EXIT_CODES
+
+
+def wrap(text: str, width: int, indent: str) -> list[str]:
+    """Greedy word wrap (textwrap would import re)."""
+    lines: list[str] = []
+    line = ""
+    for word in text.split():
+        if line and len(indent) + len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return [*lines, line] if line else lines
+
+
+def options_text(table: Options) -> str:
+    """One entry per attribute (aliases together), help wrapped under 88 columns."""
+    seen: dict[str, list[str]] = {}
+    for name, (attr, *_rest) in table.items():
+        seen.setdefault(attr, []).append(name)
+    out = []
+    for names in seen.values():
+        documented = [n for n in names if table[n][3]] or names
+        _, kind, metavar, help_ = table[documented[0]]
+        head = "  " + ", ".join(names) + (f" {metavar}" if kind != "flag" else "")
+        body = wrap(help_, 88, " " * 24)
+        if len(head) < 22 and body:
+            out.append(f"{head:<24}{body[0]}")
+            body = body[1:]
+        else:
+            out.append(head)
+        out.extend(" " * 24 + line for line in body)
+    return "\n".join(out) + "\n"
+
+
+def help_text(command: str | None = None) -> str:
+    """``corral --help`` (every command), or one command's usage and options."""
+    if command is None:
+        width = max(len(f"corral {n} {u}") for n, (u, _, _) in COMMANDS.items())
+        lines = [
+            f"{'usage:' if i == 0 else '      '} {f'corral {n} {u}':<{width}}  {what}"
+            for i, (n, (u, what, _)) in enumerate(COMMANDS.items())
+        ]
+        lines.append("       corral --version")
+        lines.append("\ncorral COMMAND --help (or corral help COMMAND) lists its options.")
+        return "\n".join(lines) + "\n\n" + _exit_codes()
+    usage, what, table = COMMANDS[command]
+    text = f"usage: corral {command} {usage}\n\n{what}\n\noptions:\n" + options_text(table)
+    text += "  -h, --help              this text\n"
+    if command in ("run", "shell", "mcp"):
+        text += "\n" + _exit_codes()
+    return text
+
+
+def _exit_codes() -> str:
+    return "exit codes: the command's own code; 128+N if it died of signal N; and\n" + "".join(
+        f"  {code:>3}  {text}\n" for code, text in EXIT_CODES.items()
+    )

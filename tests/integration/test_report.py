@@ -1,0 +1,221 @@
+"""What a run was refused, told after it: the "blocked" line, --report, refused writes.
+
+Real CLI on every tier, as root and as an unprivileged user; origins on 127.0.0.1
+count what reached them, so a denial is checked from outside as well.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import Corral
+from test_network import CURL, HTTP_PROXY, Origin, origins  # noqa: F401  (fixture)
+
+
+def last_json(stderr: bytes) -> dict[str, object]:
+    doc: dict[str, object] = json.loads(stderr.decode().strip().splitlines()[-1])
+    return doc
+
+
+def corral_lines(stderr: bytes) -> list[str]:
+    return [x for x in stderr.decode().splitlines() if x.startswith("corral: ")]
+
+
+def test_blocked_line_names_host_rule_and_flag(
+    tsandbox: tuple[Corral, Path],
+    origins: tuple[Origin, Origin],  # noqa: F811
+) -> None:
+    c, ws = tsandbox
+    ok, bad = origins
+    script = f"""
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{bad.port}/a
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{bad.port}/b
+        {CURL} {HTTP_PROXY} -p http://blocked.test:443/ || true
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/ok
+    """
+    r = c.sh(ws, script, "--allow", f"127.0.0.1:{ok.port}")
+    assert b"hello from origin" in r.stdout  # the allow twin, same run and policy
+    assert ok.hits == [("GET", "/ok")] and bad.hits == []
+    blocked = [x for x in corral_lines(r.stderr) if x.startswith("corral: blocked: ")]
+    assert len(blocked) == 1, r.stderr  # one line for every refused destination
+    line = blocked[0]
+    assert (
+        f"127.0.0.1:{bad.port} (2 requests; rule default: address not in the allow list; "
+        f"allow with --allow 127.0.0.1:{bad.port})"
+    ) in line
+    assert (
+        "blocked.test:443 (rule default: host not in the allow list; "
+        "allow with --allow blocked.test:443)"
+    ) in line
+    # the flag it names does what it says
+    flag = f"127.0.0.1:{bad.port}"
+    again = c.sh(ws, f"{CURL} {HTTP_PROXY} http://{flag}/now", "--allow", flag)
+    assert b"hello from origin" in again.stdout and bad.hits == [("GET", "/now")]
+    assert not [x for x in corral_lines(again.stderr) if "blocked" in x]
+
+
+def test_rebinding_refusal_gives_its_reason_and_the_address_flag(
+    tsandbox: tuple[Corral, Path],
+    origins: tuple[Origin, Origin],  # noqa: F811
+) -> None:
+    c, ws = tsandbox
+    ok, _ = origins
+    (ws / "corral.toml").write_text(
+        f'[network]\nmode = "proxy"\nallow = ["svc.test:{ok.port}"]\n'
+        'hosts = { "svc.test" = "127.0.0.1" }\n'
+    )
+    c.chown(ws)
+    url = f"http://svc.test:{ok.port}/pinned"
+    denied = c.sh(ws, f"{CURL} {HTTP_PROXY} {url}")
+    assert json.loads(denied.stdout)["rule"] == "rebinding" and ok.hits == []
+    line = next(x for x in corral_lines(denied.stderr) if x.startswith("corral: blocked: "))
+    assert f"svc.test:{ok.port} (rule rebinding: svc.test resolved to internal address " in line
+    assert line.endswith(f"allow with --allow 127.0.0.1:{ok.port})")
+    allowed = c.sh(ws, f"{CURL} {HTTP_PROXY} {url}", "--allow", f"127.0.0.1:{ok.port}")
+    assert b"hello from origin" in allowed.stdout and ok.hits == [("GET", "/pinned")]
+    assert not [x for x in corral_lines(allowed.stderr) if "blocked" in x]
+
+
+def test_report_json_lists_every_denial_as_data(
+    tsandbox: tuple[Corral, Path],
+    origins: tuple[Origin, Origin],  # noqa: F811
+) -> None:
+    c, ws = tsandbox
+    ok, bad = origins
+    script = f"""
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{bad.port}/x
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/y
+        mkdir .vscode && echo '{{}}' > .vscode/settings.json
+        exit 3
+    """
+    r = c.sh(ws, script, "--allow", f"127.0.0.1:{ok.port}", "--report", "json")
+    assert r.returncode == 3 and b"hello from origin" in r.stdout
+    doc = last_json(r.stderr)
+    assert doc["exit"] == 3 and isinstance(doc["run_id"], str) and doc["tier"]
+    denials = doc["denials"]
+    assert isinstance(denials, list)
+    net = [d for d in denials if d["kind"] == "network"]
+    assert net == [
+        {
+            "kind": "network",
+            "host": "127.0.0.1",
+            "port": bad.port,
+            "lookup": False,
+            "rule": "default",
+            "reason": "address not in the allow list",
+            "address": None,
+            "count": 1,
+            "allow_with": f"--allow 127.0.0.1:{bad.port}",
+        }
+    ]
+    moved = [d for d in denials if d["kind"] == "file"]
+    assert [(d["path"], d["action"], d["rule"]) for d in moved] == [
+        (str(ws / ".vscode"), "quarantined", "write-deny")
+    ]
+    assert not (ws / ".vscode").exists()
+    # --report json replaces corral's closing lines: the JSON is the last word
+    assert not [x for x in corral_lines(r.stderr) if "blocked" in x or "denied write" in x]
+    # the run record keeps the same denials
+    record = json.loads(c.run(["log", "--json", "-n", "1"], cwd=ws).stdout)
+    assert record["denials"] == [*moved, *net] or record["denials"] == [*net, *moved]
+
+
+def test_report_file_and_limits(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    target = c.state / "report.json"
+    r = c.sh(
+        ws,
+        "head -c 5000 /dev/zero; sleep 5",
+        "--timeout",
+        "1",
+        "--output-limit",
+        "1K",
+        "--report",
+        str(target),
+    )
+    assert r.returncode == 124
+    doc = json.loads(target.read_text())
+    limits = {d["name"]: d for d in doc["denials"] if d["kind"] == "limit"}
+    assert limits["timeout"]["value"] == 1.0
+    assert limits["output"]["value"] == 1024 and limits["output"]["bytes"] >= 5000
+    # with a file, the closing lines still go to the person watching
+    assert b"corral: timed out after 1s" in r.stderr
+    assert b"corral: output truncated: kept 1024 of 50" in r.stderr
+    quiet = c.sh(ws, "true", "--report", str(target))  # the allow twin: nothing refused
+    assert quiet.returncode == 0
+    assert [d for d in json.loads(target.read_text())["denials"] if d["kind"] != "bound"] == []
+
+
+# What git does to write .git/config: a lock file beside it, renamed over it.
+LOCK_WRITE = """
+import os
+fd = os.open(".git/config.lock", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+os.write(fd, b"[user]\\n\\tname = x\\n")
+os.close(fd)
+try:
+    os.rename(".git/config.lock", ".git/config")
+except OSError as exc:
+    print("refused:", exc.strerror)
+    os.unlink(".git/config.lock")
+"""
+
+
+@pytest.mark.tiers(
+    "namespace",
+    "container",
+    "gvisor",
+    why="tiers that mount .git/config read-only (landlock restores it after the run instead)",
+)
+def test_git_config_write_refused_is_named(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    git = shutil.which("git")
+    if git is not None:
+        subprocess.run([git, "init", "-q", str(ws)], check=True)
+    else:  # enough of a repository for corral to protect it
+        (ws / ".git" / "hooks").mkdir(parents=True)
+        (ws / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    (ws / "w.py").write_text(LOCK_WRITE)
+    c.chown(ws)
+    before = (ws / ".git" / "config").read_bytes()
+    r = c.run(["run", "-q", "--report", "json", "--", "python3", "w.py"], cwd=ws)
+    assert r.stdout == b"refused: Device or resource busy\n", r
+    assert (ws / ".git" / "config").read_bytes() == before
+    assert not (ws / ".git" / "config.lock").exists()
+    denials = last_json(r.stderr)["denials"]
+    assert isinstance(denials, list)
+    refused = [d for d in denials if d.get("action") == "refused"]
+    assert refused == [
+        {
+            "kind": "file",
+            "path": str(ws / ".git" / "config"),
+            "rule": "write-deny",
+            "action": "refused",
+            "lock": str(ws / ".git" / "config.lock"),
+            "count": 1,
+        }
+    ]
+    said = c.run(["run", "-q", "--", "python3", "w.py"], cwd=ws)  # in words, no --report
+    line = f"corral: denied write: {ws / '.git' / 'config'} (write-deny, read-only in the sandbox)"
+    assert line.encode() in said.stderr and b"a write through config.lock refused" in said.stderr
+    if git is not None and c.has("host-root"):  # git itself, as a user meets it
+        real = c.sh(ws, "git config user.name x; git config --get core.bare")
+        assert b"could not write config file .git/config: Device or resource busy" in real.stderr
+        assert real.stdout == b"false\n"  # reading works
+        assert line.encode() in real.stderr
+
+
+def test_an_unprotected_git_write_is_not_a_denial(tsandbox: tuple[Corral, Path]) -> None:
+    """The allow twin of the refused write: a lock renamed over a writable file."""
+    c, ws = tsandbox
+    (ws / ".git").mkdir()
+    (ws / ".git" / "config").write_text("[core]\n")
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    c.chown(ws)
+    script = "echo new > .git/HEAD.lock && mv .git/HEAD.lock .git/HEAD && cat .git/HEAD"
+    r = c.sh(ws, script, "--report", "json")
+    assert r.returncode == 0 and r.stdout.startswith(b"new")
+    assert [d for d in last_json(r.stderr)["denials"] if d["kind"] == "file"] == []  # type: ignore[index, union-attr]

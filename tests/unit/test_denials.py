@@ -1,0 +1,173 @@
+"""corral.report: every denial of a run as data, its hint, and the lines corral prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral import report
+from corral.bounds import Bound
+from corral.cli import closing_lines
+from corral.policy import Policy
+from corral.tiers.base import Plan
+
+
+def proxy_policy(tmp_path: Path, allow: list[str], deny: list[str] | None = None) -> Policy:
+    pol = Policy(str(tmp_path))
+    pol.network.mode = "proxy"
+    pol.network.allow = allow
+    pol.network.deny = deny or []
+    return pol
+
+
+def entry(host: str, port: int | None, rule: str, reason: str = "", **more: object) -> dict:
+    return {"host": host, "port": port, "rule": rule, "reason": reason, "count": 1, **more}
+
+
+def test_each_rule_gets_the_flag_that_would_allow_it_or_none(tmp_path: Path) -> None:
+    pol = proxy_policy(tmp_path, ["svc.test:8080"], ["*.evil.test"])
+    found = report.network(
+        [
+            entry("example.org", 443, "default", "host not in the allow list", count=3),
+            entry("svc.test", 8080, "rebinding", "svc.test resolved to ...", address="127.0.0.1"),
+            entry("::1", 9000, "default", "address not in the allow list"),
+            entry("name.test", 53, "default", "host not in the allow list", lookup=True),
+            entry("a.evil.test", 443, "*.evil.test", "denied by rule"),
+            entry("bad\\x00name", 443, "bad-name", "control character"),
+        ],
+        pol,
+    )
+    hints = {str(d.fields["host"]): d.fields["allow_with"] for d in found}
+    assert hints == {
+        "example.org": "--allow example.org:443",
+        "svc.test": "--allow 127.0.0.1:8080",  # the name is allowed; its address is not
+        "::1": "--allow [::1]:9000",
+        "name.test": "--allow name.test",  # a lookup: no port
+        "a.evil.test": None,  # a deny rule said no: no flag undoes that
+        "bad\\x00name": None,  # not a destination at all
+    }
+    assert found[0].fields["host"] == "example.org"  # most frequent first
+    lookup = next(d for d in found if d.fields["host"] == "name.test")
+    assert lookup.fields["port"] is None and lookup.fields["lookup"] is True
+    assert all(d.kind == "network" and d.refused for d in found)
+
+
+def test_the_blocked_line_names_hosts_rules_reasons_and_flags(tmp_path: Path) -> None:
+    pol = proxy_policy(tmp_path, ["svc.test:8080"])
+    found = report.network(
+        [
+            entry("example.org", 443, "default", "host not in the allow list", count=2),
+            entry("svc.test", 8080, "rebinding", "svc.test resolved to 127.0.0.1", address="::1"),
+        ],
+        pol,
+    )
+    line = report.blocked_line(found, pol)
+    assert line == (
+        "blocked: example.org:443 (2 requests; rule default: host not in the allow list; "
+        "allow with --allow example.org:443), svc.test:8080 (rule rebinding: svc.test "
+        "resolved to 127.0.0.1; allow with --allow [::1]:8080)"
+    )
+    assert report.blocked_line([], pol) == ""
+
+
+def test_without_a_network_the_line_says_so(tmp_path: Path) -> None:
+    pol = Policy(str(tmp_path))  # mode none: a refused lookup (a resolver that records)
+    found = report.network([entry("example.org", 443, "no-network", "no network")], pol)
+    assert report.blocked_line(found, pol) == (
+        "blocked: example.org:443 (no network; allow with --allow example.org:443)"
+    )
+
+
+def test_many_destinations_are_counted_not_listed(tmp_path: Path) -> None:
+    pol = proxy_policy(tmp_path, [])
+    found = report.network([entry(f"h{i}.test", 443, "default") for i in range(8)], pol)
+    line = report.blocked_line(found, pol)
+    assert line.count("allow with") == report.BLOCKED_SHOWN
+    assert line.endswith(", and 3 more (corral run --report json lists them)")
+
+
+def test_limits_hit_and_bounds_not_enforced(tmp_path: Path) -> None:
+    pol = Policy(str(tmp_path))
+    pol.limits.timeout = 2.0
+    pol.limits.output = 10
+    plan = Plan("namespace", pol)
+    plan.bounds["memory"] = Bound("memory", 1 << 30, "default", False, "no cgroup delegation")
+    plan.bounds["pids"] = Bound("pids", 4096, "default", True, "cgroup v1")
+    found = report.limits(plan, ["memory", "timeout"], True, True, 99)
+    kinds = [(d.kind, d.fields["name"]) for d in found]
+    assert kinds == [
+        ("limit", "memory"),
+        ("limit", "timeout"),
+        ("limit", "output"),
+        ("bound", "memory"),
+    ]
+    texts = [d.text for d in found]
+    assert texts[:3] == [
+        "limit hit: memory",
+        "timed out after 2s; killed the whole process tree",
+        "output truncated: kept 10 of 99 bytes",
+    ]
+    assert texts[3] == ""  # said before the run, as a note
+    assert found[3].fields["reason"] == "no cgroup delegation"
+    assert not any(d.refused for d in found)
+
+
+def test_file_denials_carry_path_rule_and_action() -> None:
+    moved = report.quarantined("/ws/.vscode", moved_to="/state/q/ws/.vscode")
+    failed = report.quarantined("/ws/.envrc", error="Permission denied")
+    back = report.restored("/ws/.git/config", moved_to="/state/q/config")
+    lost = report.restored("/ws/.git/hooks", parent="/ws/.git")
+    refused = report.refused_write("/ws/.git/config", "/ws/.git/config.lock", 2)
+    links = report.hardlinks(["/ws/linked"])
+    assert moved.to_dict() == {
+        "kind": "file",
+        "path": "/ws/.vscode",
+        "rule": "write-deny",
+        "action": "quarantined",
+        "moved_to": "/state/q/ws/.vscode",
+        "error": None,
+    }
+    assert "could not move it: Permission denied" in failed.text
+    assert back.fields["action"] == "restored" and "restored from the snapshot" in back.text
+    assert lost.fields["action"] == "not restored" and "was replaced; not restored" in lost.text
+    assert refused.fields == {
+        "path": "/ws/.git/config",
+        "rule": "write-deny",
+        "action": "refused",
+        "lock": "/ws/.git/config.lock",
+        "count": 2,
+    }
+    assert "2 writes through config.lock refused" in refused.text
+    assert "Device or resource busy" in refused.text
+    assert links[0].fields["action"] == "read-only" and links[0].text == ""
+    assert [d.refused for d in (moved, back, refused, links[0])] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+
+
+def test_closing_lines_order_and_the_report_document(tmp_path: Path) -> None:
+    pol = proxy_policy(tmp_path, [])
+    net = report.network([entry("example.org", 443, "default", "x")], pol)
+    moved = report.quarantined("/ws/.vscode", moved_to="/q")
+    limit = report.Denial("limit", "limit hit: pids", name="pids", value=8)
+    lines = closing_lines([*net, moved, limit], pol, 15)
+    assert lines == [
+        "limit hit: pids",
+        "denied write: /ws/.vscode (write-deny) was created; moved to /q",
+        "blocked: example.org:443 (rule default: x; allow with --allow example.org:443)",
+        "received signal 15; killed the sandbox",
+    ]
+    doc = report.document("r1", "namespace", 3, [*net, moved])
+    assert doc["run_id"] == "r1" and doc["exit"] == 3
+    assert [d["kind"] for d in doc["denials"]] == ["network", "file"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("port", [None, 0])
+def test_a_destination_without_port_is_a_name(tmp_path: Path, port: int | None) -> None:
+    pol = proxy_policy(tmp_path, [])
+    found = report.network([entry("name.test", port, "default")], pol)
+    assert found[0].fields["allow_with"] == "--allow name.test"

@@ -1,0 +1,169 @@
+"""The hook seam: which destinations are intercepted, how verdicts combine, and the
+passthrough check, with stub hooks (no proxy, no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.errors import PolicyError
+from corral.net.hooks import (
+    Chain,
+    Destination,
+    Hook,
+    HostRulesHook,
+    Request,
+    Response,
+    combine,
+    hooks_for,
+    passthrough_conflict,
+)
+from corral.net.rules import HostRules, Rule, Verdict
+from corral.policy import Policy, check_tls
+
+
+class Stub(Hook):
+    """Needs inspection of its patterns, and denies one path."""
+
+    name = "stub"
+
+    def __init__(self, patterns: list[tuple[str, str]], deny_path: str = "/secret") -> None:
+        self.patterns = patterns
+        self.deny_path = deny_path
+        self.rewritten = 0
+
+    def inspects(self) -> list[tuple[str, str]]:
+        return self.patterns
+
+    def on_request(self, dest: Destination, request: Request) -> Verdict | None:
+        if request.target.startswith(self.deny_path):
+            return Verdict(False, "stub", "path denied")
+        return Verdict(True, "stub")
+
+    def rewrite(self, dest: Destination, request: Request) -> None:
+        self.rewritten += 1
+        request.headers.append((b"x-stub", b"1"))
+
+    def on_response(self, dest: Destination, request: Request, response: Response) -> None:
+        response.headers = [(k, v) for k, v in response.headers if k != b"x-drop"]
+
+
+def _dest(host: str = "api.example.org", port: int = 443) -> Destination:
+    return Destination("run", "https", host, port)
+
+
+def test_inspection_follows_the_hooks_patterns_and_passthrough_wins() -> None:
+    hooks: list[Hook] = [
+        HostRulesHook(HostRules.parse(["*"], [])),
+        Stub([("api.example.org", "x.hosts"), ("*.git.example:443", "y.hosts")]),
+    ]
+    chain = Chain(hooks, passthrough=["pinned.git.example"])
+    assert chain.may_inspect
+    assert chain.needs_inspection("api.example.org", 443)
+    assert chain.needs_inspection("a.git.example", 443)
+    assert not chain.needs_inspection("a.git.example", 8443)  # the pattern's port
+    assert not chain.needs_inspection("git.example", 443)  # *.x is not x
+    assert not chain.needs_inspection("pinned.git.example", 443)  # passed through
+    assert not chain.needs_inspection("other.example", 443)
+
+
+def test_addresses_are_inspected_by_address_patterns() -> None:
+    chain = Chain([Stub([("127.0.0.1:8443", "k"), ("[::1]", "k")])])
+    assert chain.needs_inspection("127.0.0.1", 8443)
+    assert chain.needs_inspection("::1", 443)
+    assert not chain.needs_inspection("127.0.0.1", 443)
+
+
+def test_a_chain_without_inspecting_hooks_never_intercepts() -> None:
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], []))])
+    assert not chain.may_inspect
+    assert not chain.needs_inspection("api.example.org", 443)
+    assert not chain.sees_requests
+
+
+def test_request_hooks_decide_rewrite_and_see_responses() -> None:
+    stub = Stub([("api.example.org", "k")])
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), stub])
+    assert chain.sees_requests
+    denied = Request("GET", "/secret/x", [], 0)
+    verdict = chain.request(_dest(), denied)
+    assert verdict is not None and not verdict.allowed and verdict.rule == "stub"
+    allowed = Request("GET", "/public", [(b"accept", b"*/*")], 0)
+    verdict = chain.request(_dest(), allowed)
+    assert verdict is not None and verdict.allowed
+    chain.rewrite(_dest(), allowed)
+    assert allowed.headers[-1] == (b"x-stub", b"1") and stub.rewritten == 1
+    response = Response(200, [(b"x-drop", b"v"), (b"x-keep", b"w")])
+    assert chain.response(_dest(), allowed, response) is None
+    assert response.headers == [(b"x-keep", b"w")]
+
+
+def test_no_request_hook_means_no_opinion() -> None:
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], []))])
+    assert chain.request(_dest(), Request("GET", "/", [], 0)) is None
+
+
+def test_deny_wins_over_ask_and_ask_over_allow() -> None:
+    allow, ask, deny = Verdict(True, "a"), Verdict(False, "q", ask=True), Verdict(False, "d")
+    assert combine([allow, ask, deny]) is deny
+    assert combine([allow, ask]) is ask
+    assert combine([None, allow]) is allow
+    assert combine([None]).rule == "default" and not combine([None]).allowed
+    assert ask.decision == "ask" and not ask.allowed
+    assert not Verdict(True, "x", ask=True).allowed  # an ask never allows by itself
+
+
+def test_body_limit_smallest_wins() -> None:
+    request = Request("POST", "/", [], None)
+    request.limit_body(1000, "a")
+    request.limit_body(5000, "b")
+    assert (request.body_limit, request.body_rule) == (1000, "a")
+
+
+@pytest.mark.parametrize(
+    ("through", "inspected", "conflict"),
+    [
+        ("api.example.org", "api.example.org", True),
+        ("*.example.org", "api.example.org", True),
+        ("api.example.org", "*.example.org", True),
+        ("*.a.example.org", "*.example.org", True),
+        ("*", "api.example.org", True),
+        ("api.example.org:443", "api.example.org:8443", False),
+        ("api.example.org:400-500", "api.example.org:443", True),
+        ("example.org", "*.example.org", False),  # a wildcard is not its apex
+        ("other.org", "api.example.org", False),
+        ("10.0.0.0/8", "10.1.2.3", True),
+        ("10.0.0.0/8", "api.example.org", False),
+        ("[::1]", "127.0.0.1", False),
+    ],
+)
+def test_passthrough_conflicts_with_a_stub_hook(
+    through: str, inspected: str, conflict: bool
+) -> None:
+    hooks: list[Hook] = [Stub([(inspected, "secrets.GH.hosts")])]
+    message = passthrough_conflict([through], hooks)
+    assert (message is not None) is conflict
+    assert Rule(through).overlaps(Rule(inspected)) is conflict
+    assert Rule(inspected).overlaps(Rule(through)) is conflict
+    if message:
+        assert "tls.passthrough" in message and "secrets.GH.hosts" in message
+
+
+def test_policy_load_refuses_passthrough_of_an_inspected_host(tmp_path: object) -> None:
+    import pathlib
+
+    assert isinstance(tmp_path, pathlib.Path)
+    policy_file = tmp_path / "corral.toml"
+    policy_file.write_text(
+        '[network]\nmode = "proxy"\nallow = ["api.example.org"]\n'
+        '[tls]\ninspect = ["api.example.org"]\npassthrough = ["*.example.org"]\n'
+    )
+    with pytest.raises(PolicyError, match=r"tls\.passthrough: '\*\.example\.org'.*tls\.inspect"):
+        Policy.load(str(policy_file), str(tmp_path))
+
+
+def test_hooks_for_adds_inspect_only_when_asked() -> None:
+    policy = Policy("/ws")
+    assert [h.name for h in hooks_for(policy)] == ["hosts"]
+    policy.tls.inspect = ["api.example.org"]
+    assert [h.name for h in hooks_for(policy)] == ["hosts", "inspect"]
+    check_tls(policy)  # no passthrough: nothing to conflict with

@@ -1,0 +1,273 @@
+"""Method and path rules (corral.net.httprules): path normalization, glob semantics,
+decisions (deny wins, ask, default deny, body limits) and the git preset, pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.net.hooks import Chain, Destination, HostRulesHook, Request
+from corral.net.httprules import (
+    ASK_REASON,
+    BadPath,
+    HttpRules,
+    HttpRulesHook,
+    PathGlob,
+    normalize_target,
+)
+from corral.net.rules import HostRules
+
+# -- normalization ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "path"),
+    [
+        (b"/", "/"),
+        (b"/a/b", "/a/b"),
+        (b"/a/b/", "/a/b/"),  # a trailing slash is part of the path
+        (b"//a///b", "/a/b"),  # empty segments merge, as nginx and most routers do
+        (b"/a/./b", "/a/b"),
+        (b"/a/../b", "/b"),
+        (b"/../../etc/passwd", "/etc/passwd"),  # never above the root
+        (b"/public/..%2Fadmin", "/admin"),  # %2F is a / before dot segments resolve
+        (b"/public/%2e%2e/admin", "/admin"),  # so is an encoded dot
+        (b"/a%2Fb", "/a/b"),
+        (b"/%41pi", "/Api"),
+        (b"/a/b/..", "/a/"),
+        (b"/a/.", "/a/"),
+        (b"/caf%C3%A9", "/caf\u00e9"),
+        (b"/a%20b", "/a b"),
+        (b"*", "*"),
+    ],
+)
+def test_paths_are_decoded_once_and_normalized(target: bytes, path: str) -> None:
+    assert normalize_target(target)[0] == path
+
+
+@pytest.mark.parametrize(
+    ("target", "why"),
+    [
+        (b"/a%2", "malformed percent-escape"),
+        (b"/a%zz", "malformed percent-escape"),
+        (b"/a%252Fb", "double-encoded"),  # %25 2F: a server that decodes twice sees a /
+        (b"/%ff", "not UTF-8"),
+        (b"/a%00b", "control character"),
+        (b"/a%0Ab", "control character"),
+        (b"/a%5Cb", "backslash"),
+        (b"/a\\b", "backslash"),
+        (b"/admin;x=1/secret", "';'"),  # Tomcat reads /admin/secret
+        (b"/public/..;/admin", "';'"),
+        (b"/a%3Bb", "';'"),
+        (b"/a#frag", "fragment"),
+        (b"a/b", "does not start with /"),
+        (b"/x?a=%zz", "malformed percent-escape in the query"),
+    ],
+)
+def test_ambiguous_targets_are_refused(target: bytes, why: str) -> None:
+    with pytest.raises(BadPath, match=why):
+        normalize_target(target)
+
+
+def test_query_is_split_into_decoded_parameters() -> None:
+    assert normalize_target(b"/x") == ("/x", None)
+    assert normalize_target(b"/x?") == ("/x", [])
+    assert normalize_target(b"/x?a=1&b&c=%26") == ("/x", [("a", "1"), ("b", None), ("c", "&")])
+
+
+# -- globs --------------------------------------------------------------------------------------
+
+
+def match(glob: str, target: bytes) -> bool:
+    path, query = normalize_target(target)
+    return PathGlob(glob).matches(path, query)
+
+
+@pytest.mark.parametrize(
+    ("glob", "target", "expected"),
+    [
+        ("/api/*", b"/api/users", True),
+        ("/api/*", b"/api/users/1", False),  # * stays within a segment
+        ("/api/*", b"/api/a%2Fb", False),  # ... an encoded / included
+        ("/api/*", b"/api/", True),  # * matches an empty segment
+        ("/api/*", b"/api", False),
+        ("/api/**", b"/api", True),  # ** matches no segment at all
+        ("/api/**", b"/api/", True),
+        ("/api/**", b"/api/v1/users/7", True),
+        ("/api/**", b"/apix", False),
+        ("/api/**", b"/api/../admin", False),  # normalized to /admin first
+        ("/**/info/refs", b"/info/refs", True),
+        ("/**/info/refs", b"/o/r.git/info/refs", True),
+        ("/**/info/refs", b"/o/r.git/info/refsx", False),
+        ("/a/**/z", b"/a/z", True),
+        ("/a/**/z", b"/a/b/c/z", True),
+        ("/a/**/z", b"/a/b/c/zz", False),
+        ("/v*/users", b"/v2/users", True),
+        ("/v*/users", b"/v2/x/users", False),
+        ("/a", b"/a/", False),  # a trailing slash is significant
+        ("/a/", b"/a/", True),
+        ("/a/b", b"//a//b", True),
+        ("/files/a b", b"/files/a%20b", True),  # globs are written decoded
+        ("/x", b"/x?anything=1", True),  # no ? in the glob: any query
+        ("/x?service=git-upload-pack", b"/x?service=git-upload-pack", True),
+        ("/x?service=git-upload-pack", b"/x?service=git-receive-pack", False),
+        ("/x?service=git-upload-pack", b"/x", False),
+        ("/x?service=git-upload-pack", b"/x?service=git-upload-pack&service=x", False),
+        ("/x?service=git-upload-pack", b"/x?service%3Dgit-upload-pack", False),  # one key
+        ("/x?service=git-upload-pack", b"/x?service=git%2Dupload-pack", True),  # decoded
+        ("/x?a=*&b", b"/x?a=anything&b", True),
+        ("/x?a=*&b", b"/x?a=1&b=2", False),  # b has no value in the glob
+        ("/*", b"/", True),
+        ("/", b"/", True),
+        ("/**", b"/any/thing", True),
+    ],
+)
+def test_glob_semantics(glob: str, target: bytes, expected: bool) -> None:
+    assert match(glob, target) is expected
+
+
+@pytest.mark.parametrize(
+    ("glob", "why"),
+    [
+        ("api/*", "must start with /"),
+        ("/a//b", "empty segment"),
+        ("/a/../b", "'.' and '..'"),
+        ("/a**", "whole segment"),
+        ("/***", "whole segment"),
+        ("/[ab]", "'\\[' is not allowed"),
+        ("/{a,b}", "is not allowed"),
+        ("/a%20b", "'%' is not allowed"),
+        ("/a;b", "is not allowed"),
+        ("/a\\b", "is not allowed"),
+        ("/x?", "nothing after"),
+        ("/x?a=**", "no meaning in a query"),
+    ],
+)
+def test_bad_globs_are_refused_with_the_reason(glob: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        PathGlob(glob)
+
+
+# -- decisions ----------------------------------------------------------------------------------
+
+ENTRIES: list[dict[str, object]] = [
+    {"host": "api.test", "methods": ["GET", "HEAD"], "paths": ["/v1/**"], "action": "allow"},
+    {"host": "api.test", "methods": ["POST"], "paths": ["/v1/upload"], "action": "allow",
+     "max_body": 100},
+    {"host": "api.test", "methods": ["POST"], "paths": ["/v1/**"], "action": "allow",
+     "max_body": 50},
+    {"host": "api.test", "paths": ["/v1/admin/**"], "action": "deny"},
+    {"host": "api.test", "methods": ["PUT"], "action": "ask"},
+    {"host": "*.git.test", "git": "read"},
+    {"host": "push.git.test", "git": "write"},
+]  # fmt: skip
+
+
+def decide(
+    method: str, target: bytes, host: str = "api.test", port: int = 443
+) -> tuple[bool, str, str, int | None]:
+    verdict, limit = HttpRules.from_entries(ENTRIES).decide(host, port, method, target)
+    assert verdict is not None
+    return verdict.allowed, verdict.rule, verdict.reason, limit.max_body if limit else None
+
+
+def test_allowed_method_and_path_and_its_deny_twin() -> None:
+    assert decide("GET", b"/v1/users")[:2] == (True, "network.rules[1]")
+    allowed, rule, reason, _ = decide("DELETE", b"/v1/users")
+    assert not allowed and rule == "network.rules" and "DELETE /v1/users" in reason
+
+
+def test_a_host_with_rules_denies_what_no_rule_matches() -> None:
+    assert decide("GET", b"/v2/users")[:2] == (False, "network.rules")
+
+
+def test_deny_wins_over_a_matching_allow() -> None:
+    assert decide("GET", b"/v1/admin/keys")[:2] == (False, "network.rules[4]")
+    assert decide("GET", b"/v1/x/../admin/keys")[:2] == (False, "network.rules[4]")
+    assert decide("GET", b"//v1//admin//keys")[:2] == (False, "network.rules[4]")
+
+
+def test_methods_are_compared_case_insensitively() -> None:
+    assert decide("get", b"/v1/users")[0] is True
+    assert decide("delete", b"/v1/users")[0] is False
+
+
+def test_ask_is_a_structured_verdict_denied_until_an_approver_exists() -> None:
+    verdict, _ = HttpRules.from_entries(ENTRIES).decide("api.test", 443, "PUT", b"/v1/x")
+    assert verdict is not None
+    assert not verdict.allowed and verdict.ask and verdict.reason == ASK_REASON
+    assert verdict.rule == "network.rules[5]"
+    # deny still wins over ask
+    verdict, _ = HttpRules.from_entries(ENTRIES).decide("api.test", 443, "PUT", b"/v1/admin/x")
+    assert verdict is not None and not verdict.ask and verdict.rule == "network.rules[4]"
+
+
+def test_the_smallest_body_limit_of_the_matching_allows_applies() -> None:
+    assert decide("POST", b"/v1/upload") == (True, "network.rules[2]", "", 50)
+    assert decide("POST", b"/v1/other")[3] == 50
+    assert decide("GET", b"/v1/upload")[3] is None
+
+
+def test_ambiguous_path_to_a_ruled_host_is_denied() -> None:
+    allowed, rule, reason, _ = decide("GET", b"/v1/admin;x/keys")
+    assert not allowed and rule == "bad-path" and "';'" in reason
+
+
+def test_hosts_without_rules_are_not_decided() -> None:
+    rules = HttpRules.from_entries(ENTRIES)
+    assert rules.decide("other.test", 443, "DELETE", b"/anything") == (None, None)
+    assert rules.decide("git.test", 443, "GET", b"/") == (None, None)  # *. is not the apex
+
+
+def test_git_read_preset_allows_clone_and_fetch_only() -> None:
+    host = "code.git.test"
+    assert decide("GET", b"/o/r.git/info/refs?service=git-upload-pack", host)[0]
+    assert decide("POST", b"/o/r.git/git-upload-pack", host)[0]
+    assert decide("GET", b"/o/r/info/refs?service=git-upload-pack", host)[0]
+    assert not decide("GET", b"/o/r.git/info/refs?service=git-receive-pack", host)[0]
+    assert not decide("POST", b"/o/r.git/git-receive-pack", host)[0]
+    assert not decide("GET", b"/o/r.git/info/refs", host)[0]  # the dumb protocol
+    assert not decide("GET", b"/o/r.git/HEAD", host)[0]
+    assert decide("GET", b"/o/r.git/info/refs?service=git-upload-pack", host)[1] == (
+        "network.rules[6] (git read)"
+    )
+
+
+def test_git_write_preset_allows_push_too() -> None:
+    host = "push.git.test"
+    assert decide("GET", b"/r.git/info/refs?service=git-receive-pack", host)[0]
+    assert decide("POST", b"/r.git/git-receive-pack", host)[0]
+    assert decide("POST", b"/r.git/git-upload-pack", host)[0]
+
+
+# -- the hook in a chain ------------------------------------------------------------------------
+
+
+def chain() -> Chain:
+    return Chain([HostRulesHook(HostRules.parse(["*"], [])), HttpRulesHook.from_policy(ENTRIES)])
+
+
+def request(method: str, target: str, host: str = "api.test") -> tuple[Destination, Request]:
+    dest = Destination("run", "http", host, 80)
+    dest.method, dest.path = method, target
+    return dest, Request(method, target, [], 0)
+
+
+def test_hook_sets_the_body_limit_and_names_its_rule() -> None:
+    dest, req = request("POST", "/v1/upload")
+    verdict = chain().request(dest, req)
+    assert verdict is not None and verdict.allowed
+    assert (req.body_limit, req.body_rule) == (50, "network.rules[3]")
+
+
+def test_ruled_hosts_are_inspected_and_others_are_not() -> None:
+    c = chain()
+    assert c.needs_inspection("api.test", 443)
+    assert c.needs_inspection("code.git.test", 443)
+    assert not c.needs_inspection("other.test", 443)
+    assert not c.needs_inspection("git.test", 443)
+
+
+def test_hook_names_each_entry_for_passthrough_errors() -> None:
+    hook = HttpRulesHook.from_policy(ENTRIES)
+    assert hook.inspects()[0] == ("api.test", "network.rules[1].host")
+    assert hook.inspects()[5] == ("*.git.test", "network.rules[6].host")

@@ -1,0 +1,233 @@
+"""Credentials that never enter the sandbox (corral.net.secrets), pure: the hook's
+decisions, rewrites and response hiding, and reading the sources."""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+
+import pytest
+
+from corral.errors import EXIT_REFUSED, CorralError, PolicyError
+from corral.net.hooks import Chain, Destination, HostRulesHook, Request, Response
+from corral.net.rules import HostRules
+from corral.net.secrets import SecretsHook, new_placeholder, read_value
+from corral.policy import Policy, Secret
+
+REAL = b"sk-real-9f8e7d6c5b4a"
+OTHER_REAL = b"other-real-value"
+
+
+def make_policy(tmp_path: Path) -> Policy:
+    policy = Policy(str(tmp_path))
+    policy.network.mode = "proxy"
+    policy.secrets = {
+        "API_KEY": Secret("API_KEY", "env:CORRAL_TEST_REAL", ["api.test"]),
+        "BEARER": Secret(
+            "BEARER", "file:token.txt", ["bearer.test:443"], "authorization", "Bearer {value}"
+        ),
+    }
+    (tmp_path / "token.txt").write_bytes(OTHER_REAL + b"\n")
+    return policy
+
+
+@pytest.fixture
+def hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SecretsHook:
+    monkeypatch.setenv("CORRAL_TEST_REAL", REAL.decode())
+    h = SecretsHook(make_policy(tmp_path))
+    h.open()
+    return h
+
+
+def placeholder(h: SecretsHook, name: str) -> str:
+    return h.sandbox_env()[name]
+
+
+def exchange(
+    h: SecretsHook,
+    host: str,
+    target: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    port: int = 443,
+) -> tuple[bool | None, Request, Destination]:
+    """on_request, then (if not denied) rewrite, as the proxy does."""
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), h])
+    dest = Destination("run", "https", host, port)
+    req = Request("GET", target, list(headers or []), 0)
+    verdict = chain.request(dest, req)
+    if verdict is None or verdict.allowed:
+        chain.rewrite(dest, req)
+    return (None if verdict is None else verdict.allowed), req, dest
+
+
+def test_placeholders_are_per_run_with_128_random_bits(hook: SecretsHook, tmp_path: Path) -> None:
+    first = placeholder(hook, "API_KEY")
+    assert first.startswith("corral-secret-API_KEY-") and len(first.rsplit("-", 1)[1]) == 32
+    hook.open()  # a new run
+    assert placeholder(hook, "API_KEY") != first
+    assert REAL.decode() not in str(hook.sandbox_env())
+    assert new_placeholder("X") != new_placeholder("X")
+
+
+def test_values_swapped_in_headers_path_and_query_for_the_right_host(hook: SecretsHook) -> None:
+    ph = placeholder(hook, "API_KEY")
+    verdict, req, _ = exchange(
+        hook, "api.test", f"/v1/{ph}/x?key={ph}&b=1", [(b"x-api-key", ph.encode())]
+    )
+    assert verdict is None  # the secrets hook has no say in allowing
+    assert req.target == f"/v1/{REAL.decode()}/x?key={REAL.decode()}&b=1"
+    assert req.headers == [(b"x-api-key", REAL)]
+    assert req.audit == {"secrets": ["API_KEY"]}
+
+
+def test_basic_auth_credentials_are_swapped_inside_the_base64(hook: SecretsHook) -> None:
+    ph = placeholder(hook, "API_KEY")
+    basic = b"Basic " + base64.b64encode(f"user:{ph}".encode())
+    _, req, _ = exchange(hook, "api.test", "/", [(b"authorization", basic)])
+    assert req.headers == [(b"authorization", b"Basic " + base64.b64encode(b"user:" + REAL))]
+    assert req.audit == {"secrets": ["API_KEY"]}
+
+
+def test_header_is_set_on_every_request_to_its_hosts(hook: SecretsHook) -> None:
+    _, req, _ = exchange(hook, "bearer.test", "/", [(b"authorization", b"Bearer stolen")])
+    assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL)]
+    assert req.audit == {"secrets": ["BEARER"]}
+    _, other, _ = exchange(hook, "bearer.test", "/", [], port=8443)  # not its port
+    assert other.headers == [] and other.audit == {}
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["header", "path", "query", "encoded-path", "basic"],
+)
+def test_placeholder_to_another_host_is_denied_wherever_it_is(
+    hook: SecretsHook, where: str
+) -> None:
+    ph = placeholder(hook, "API_KEY")
+    encoded = "".join(f"%{b:02X}" for b in ph.encode())
+    target, headers = "/", []
+    if where == "header":
+        headers = [(b"x-api-key", ph.encode())]
+    elif where == "path":
+        target = f"/{ph}"
+    elif where == "query":
+        target = f"/x?k={ph}"
+    elif where == "encoded-path":
+        target = f"/{encoded}"
+    else:
+        headers = [(b"authorization", b"Basic " + base64.b64encode(f"u:{ph}".encode()))]
+    allowed, req, _ = exchange(hook, "evil.test", target, headers)
+    assert allowed is False
+    assert req.audit == {"secrets": ["API_KEY"]}  # the audit line names the secret
+    assert REAL not in req.target.encode() and all(REAL not in v for _, v in req.headers)
+    # the twin: the same request to the secret's own host goes through
+    assert exchange(hook, "api.test", target, headers)[0] is None
+
+
+def test_wrong_host_verdict_names_the_secret_not_the_value(hook: SecretsHook) -> None:
+    ph = placeholder(hook, "API_KEY")
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), hook])
+    dest = Destination("run", "http", "evil.test", 80)
+    verdict = chain.request(dest, Request("GET", f"/?k={ph}", [], 0))
+    assert verdict is not None and verdict.rule == "secret-wrong-host"
+    assert "API_KEY" in verdict.reason and REAL.decode() not in verdict.reason
+
+
+def test_echoed_values_come_back_as_placeholders(hook: SecretsHook) -> None:
+    ph = placeholder(hook, "API_KEY")
+    chain = Chain([hook])
+    dest = Destination("run", "https", "api.test", 443)
+    req = Request("GET", "/", [(b"x-key", ph.encode())], 0)
+    assert chain.request(dest, req) is None  # it carries the secret: its echo is hidden
+    echo = b"Basic " + base64.b64encode(b"u:" + REAL)
+    response = Response(
+        200, [(b"x-echo", b"key=" + REAL), (b"x-basic", echo), (b"location", b"/a?k=" + REAL)]
+    )
+    chain.response(dest, req, response)
+    values = dict(response.headers)
+    assert values[b"x-echo"] == b"key=" + ph.encode()
+    assert base64.b64decode(values[b"x-basic"].split()[1]) == b"u:" + ph.encode()
+    assert values[b"location"] == b"/a?k=" + ph.encode()
+    # a request that carried no secret: nothing of one can come back, nothing is scanned
+    plain = Request("GET", "/", [], 0)
+    assert chain.request(Destination("run", "https", "other.test", 443), plain) is None
+    untouched = Response(200, [(b"x-echo", b"key=" + REAL)])
+    chain.response(dest, plain, untouched)
+    assert untouched.headers == [(b"x-echo", b"key=" + REAL)]
+
+
+def test_value_needing_escapes_is_percent_encoded_in_a_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORRAL_TEST_REAL", "a b&c")
+    h = SecretsHook(make_policy(tmp_path))
+    h.open()
+    _, req, _ = exchange(h, "api.test", f"/?k={placeholder(h, 'API_KEY')}")
+    assert req.target == "/?k=a%20b%26c"
+
+
+def test_no_placeholder_no_work(hook: SecretsHook) -> None:
+    allowed, req, _ = exchange(hook, "evil.test", "/plain?x=%41", [(b"accept", b"*/*")])
+    assert allowed is None and req.audit == {} and req.target == "/plain?x=%41"
+
+
+def test_hook_asks_to_inspect_each_secret_host(hook: SecretsHook) -> None:
+    assert hook.inspects() == [
+        ("api.test", "secrets.API_KEY.hosts"),
+        ("bearer.test:443", "secrets.BEARER.hosts"),
+    ]
+
+
+def test_loaded_secrets_never_show_their_value(hook: SecretsHook) -> None:
+    assert REAL.decode() not in repr(hook.secrets) and "API_KEY" in repr(hook.secrets)
+
+
+# -- reading the sources ------------------------------------------------------------------------
+
+
+def refused(secret: Secret, policy: Policy) -> str:
+    with pytest.raises(CorralError) as info:
+        read_value(secret, policy)
+    assert info.value.code == EXIT_REFUSED
+    assert secret.name in info.value.message
+    return info.value.message
+
+
+def test_missing_env_source_refuses_naming_the_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CORRAL_TEST_ABSENT", raising=False)
+    message = refused(Secret("K", "env:CORRAL_TEST_ABSENT", ["a.test"]), Policy(str(tmp_path)))
+    assert "CORRAL_TEST_ABSENT is not set" in message
+
+
+def test_unreadable_empty_or_unfit_sources_refuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = Policy(str(tmp_path))
+    assert "cannot read" in refused(Secret("K", "file:nope.txt", ["a.test"]), policy)
+    (tmp_path / "empty.txt").write_bytes(b"\n")
+    assert "is empty" in refused(Secret("K", "file:empty.txt", ["a.test"]), policy)
+    monkeypatch.setenv("CORRAL_TEST_EMPTY", "")
+    assert "is empty" in refused(Secret("K", "env:CORRAL_TEST_EMPTY", ["a.test"]), policy)
+    (tmp_path / "two.txt").write_bytes(b"line1\nline2")
+    message = refused(Secret("K", "file:two.txt", ["a.test"]), policy)
+    assert "control character" in message and "line1" not in message
+    if os.geteuid() != 0:  # root reads anything
+        (tmp_path / "locked.txt").write_bytes(b"x")
+        os.chmod(tmp_path / "locked.txt", 0)
+        assert "Permission denied" in refused(Secret("K", "file:locked.txt", ["a.test"]), policy)
+
+
+def test_file_source_loses_one_trailing_newline_only(tmp_path: Path) -> None:
+    (tmp_path / "t.txt").write_bytes(b"tok en\r\n")
+    assert read_value(Secret("K", "file:t.txt", ["a.test"]), Policy(str(tmp_path))) == b"tok en"
+
+
+def test_open_checks_the_policy_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_TEST_REAL", REAL.decode())
+    policy = make_policy(tmp_path)
+    policy.env.pass_names.append("CORRAL_TEST_REAL")  # the real value would be inside
+    with pytest.raises(PolicyError, match="CORRAL_TEST_REAL is passed into the sandbox"):
+        SecretsHook(policy).open()

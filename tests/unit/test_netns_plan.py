@@ -1,0 +1,131 @@
+"""The sandbox's network namespace as a plan: pure builders, nothing launched.
+
+Which listeners a run gets (proxy ports, resolver, allowed host services at
+their own address, transparent capture), what the tiers put in NO_PROXY and
+the relay's argv, and where the resolver's file is bound.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from corral import netns
+from corral.net.door import proxy_env, relay_argv
+from corral.netns import Listener, loopback_services, offline_plan, plan_for, resolv_target
+from corral.policy import Policy
+
+
+def policy(allow: list[str], transparent: bool = False) -> Policy:
+    p = Policy("/tmp")
+    p.network.mode = "proxy"
+    p.network.allow = list(allow)
+    p.network.transparent = transparent
+    return p
+
+
+@pytest.mark.parametrize(
+    ("allow", "deny", "served"),
+    [
+        (["127.0.0.1:8080"], [], [("127.0.0.1", 8080)]),
+        (["[::1]:8080"], [], [("::1", 8080)]),
+        (["127.0.0.2:80"], [], [("127.0.0.2", 80)]),  # any loopback address, a low port too
+        (["127.0.0.1:8000-8002"], [], [("127.0.0.1", p) for p in (8000, 8001, 8002)]),
+        (["127.0.0.1:8000-8002"], ["127.0.0.1:8001"], [("127.0.0.1", 8000), ("127.0.0.1", 8002)]),
+        (["127.0.0.1:8080", "127.0.0.1:8080"], [], [("127.0.0.1", 8080)]),  # once
+        (["localhost:8080"], [], []),  # a name: through the proxy (and the rebinding guard)
+        (["*"], [], []),  # not a host service: nothing to listen for
+        (["example.org:443", "10.0.0.1:80"], [], []),  # not loopback
+    ],
+)
+def test_loopback_services_are_the_explicit_loopback_address_and_port_rules(
+    allow: list[str], deny: list[str], served: list[tuple[str, int]]
+) -> None:
+    found, notes = loopback_services(allow, deny)
+    assert found == served
+    assert notes == []
+
+
+@pytest.mark.parametrize(
+    ("rule", "says"),
+    [
+        ("127.0.0.1", "one loopback address with a port"),
+        ("127.0.0.0/8:8080", "one loopback address with a port"),
+        ("127.0.0.1:1-100", "more than 64 host ports"),
+        ("127.0.0.1:3128", "the sandbox's own proxy port"),
+        ("[::1]:1080", "the sandbox's own proxy port"),
+    ],
+)
+def test_a_loopback_rule_that_cannot_be_served_at_its_address_says_so(rule: str, says: str) -> None:
+    found, notes = loopback_services([rule], [])
+    assert found == []
+    (note,) = notes
+    assert rule in note and says in note and "through the proxy" in note
+
+
+def test_the_plan_has_proxy_ports_a_resolver_and_the_services() -> None:
+    plan, notes = plan_for(policy(["pypi.org", "127.0.0.1:8080"]), "/door/handoff.sock")
+    assert notes == []
+    assert plan.handoff == "/door/handoff.sock" and plan.rules is None
+    assert [str(listener) for listener in plan.listeners] == [
+        "proxy 127.0.0.1:3128",
+        "proxy [::1]:3128",
+        "proxy 127.0.0.1:1080",
+        "proxy [::1]:1080",
+        "dns 127.0.0.1:53/udp",
+        "dns [::1]:53/udp",
+        "service 127.0.0.1:8080",
+    ]
+    text = "\n".join(plan.describe())
+    assert "held by the proxy" in text and "service 127.0.0.1:8080" in text
+
+
+def test_transparent_mode_adds_the_capture_port_and_its_rules() -> None:
+    plan, _ = plan_for(policy(["pypi.org"], transparent=True), "/h")
+    assert Listener("capture", "127.0.0.1", netns.CAPTURE_PORT) in plan.listeners
+    assert plan.rules is not None and f"redirect to :{netns.CAPTURE_PORT}" in plan.rules
+    assert "udp dport 53 redirect to :53" in plan.rules  # every DNS query to the resolver
+
+
+def test_a_run_without_a_network_gets_a_resolver_the_launcher_keeps() -> None:
+    plan = offline_plan()
+    assert plan.handoff is None and plan.rules is None
+    assert {listener.kind for listener in plan.listeners} == {"dns"}
+    assert "refusing and recording every lookup" in plan.describe()[0]
+
+
+def test_no_proxy_keeps_loopback_local_except_what_goes_through_the_proxy() -> None:
+    env = proxy_env()
+    assert env["NO_PROXY"] == env["no_proxy"] == "localhost,127.0.0.1,::1"
+    assert env["HTTP_PROXY"] == "http://127.0.0.1:3128"
+    landlock = proxy_env(4000, 4000, through_proxy=("127.0.0.1",))
+    assert landlock["NO_PROXY"] == "localhost,::1"
+    assert landlock["ALL_PROXY"] == "socks5h://127.0.0.1:4000"
+
+
+def test_the_relay_gets_a_resolver_and_each_service() -> None:
+    argv = relay_argv(["python3"], [("127.0.0.1", 8080), ("::1", 9000)])
+    assert argv[argv.index("--dns") + 1] == "53"
+    services = [argv[i + 1] for i, a in enumerate(argv) if a == "--service"]
+    assert services == ["127.0.0.1:8080", "[::1]:9000"]
+
+
+@pytest.mark.parametrize(
+    ("host", "target"),
+    [
+        (("/etc/resolv.conf", True), "/etc/resolv.conf"),
+        # systemd-resolved's link: bwrap creates the target in the private /run
+        (("/run/systemd/resolve/stub-resolv.conf", False), "/run/systemd/resolve/stub-resolv.conf"),
+        (("/etc/resolvconf/run/resolv.conf", False), None),  # a dangling link elsewhere
+        (None, None),  # no file at all
+    ],
+)
+def test_where_the_resolver_file_is_bound(
+    host: tuple[str, bool] | None, target: str | None
+) -> None:
+    assert resolv_target(host, ("/tmp", "/run")) == target
+
+
+def test_the_resolver_file_names_the_sandbox_loopback() -> None:
+    with open(netns.resolv_conf(), encoding="utf-8") as fh:
+        lines = [line for line in fh.read().splitlines() if not line.startswith("#")]
+    assert lines == ["nameserver 127.0.0.1"]
