@@ -615,21 +615,66 @@ def _exec_plan(
     this process already lives in it: ``netns_made``)."""
     if plan.landlock is not None:
         return _fork_confined(plan, child_fds, procs_files)
-    if not plan.cwd_in_argv or (plan.netns is not None and not netns_made):
-        return _fork_exec(plan, child_fds, procs_files)
+    before = None
+    if plan.netns is not None and not netns_made:
+        before = _netns_entry(plan)
+    env = plan.launcher_env if plan.launcher_env is not None else plan.env
+    return spawn_process(plan, child_fds, procs_files, not plan.cwd_in_argv, env, before)
+
+
+def _netns_entry(plan: Plan) -> Callable[[], None]:
+    def enter() -> None:
+        from corral import netns
+
+        assert plan.netns is not None
+        try:
+            netns.enter(plan.netns)
+        except Exception as exc:
+            raise SetupError(f"network: {exc}") from None
+
+    return enter
+
+
+def spawn_process(
+    plan: Plan,
+    child_fds: dict[int, int],
+    procs_files: list[str],
+    chdir: bool = True,
+    env: dict[str, str] | None = None,
+    before_exec: Callable[[], None] | None = None,
+) -> int:
+    """Start ``plan.argv`` with ``env`` (default ``plan.env``) in a new session; the
+    building block of :meth:`LaunchStrategy.spawn`.  ``chdir``: change to
+    ``plan.cwd`` first (a tool that changes directory inside itself does not
+    need it); ``before_exec``: called in the child just before the exec (its
+    SetupError's text goes to the child's stderr, exit 125).
+
+    posix_spawn when nothing must happen between fork and exec; fork otherwise
+    (join a cgroup, change directory, ``before_exec``)."""
+    if env is None:
+        env = plan.env
+    if chdir or before_exec is not None:
+        return _fork_exec(plan, child_fds, procs_files, env, chdir, before_exec)
     if procs_files and plan.cgroup is not None and plan.cgroup.version == "v1":
         # every run as root has a cgroup (the default limits): spawn into it
         from corral.cgroups import spawn_inside
 
-        pid = spawn_inside(procs_files, lambda: _spawn(plan, child_fds))
+        pid = spawn_inside(procs_files, lambda: _spawn(plan, child_fds, env))
         if pid is not None:
             return pid
     if procs_files:
-        return _fork_exec(plan, child_fds, procs_files)
-    return _spawn(plan, child_fds)
+        return _fork_exec(plan, child_fds, procs_files, env, False, None)
+    return _spawn(plan, child_fds, env)
 
 
-def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) -> int:
+def _fork_exec(
+    plan: Plan,
+    child_fds: dict[int, int],
+    procs_files: list[str],
+    env: dict[str, str],
+    chdir: bool,
+    before_exec: Callable[[], None] | None,
+) -> int:
     """Fork, join the cgroup before anything runs, arrange fds, exec."""
     pid = os.fork()
     if pid:
@@ -646,19 +691,16 @@ def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) ->
         try:
             os.chdir(plan.cwd)
         except OSError as exc:
-            if not plan.cwd_in_argv:  # (bwrap changes directory itself, inside)
+            if chdir:  # (a tool that changes directory itself does it inside)
                 os.write(2, f"corral: cannot enter {plan.cwd}: {exc.strerror}\n".encode())
                 os._exit(126)
-        if plan.netns is not None:
-            from corral import netns
-
+        if before_exec is not None:
             try:
-                netns.enter(plan.netns)
+                before_exec()
             except Exception as exc:
                 # on the run's stderr pipe: _pump reports it as why setup failed
-                os.write(2, f"network: {exc}\n".encode())
+                os.write(2, f"{exc}\n".encode())
                 os._exit(125)
-        env = plan.launcher_env if plan.launcher_env is not None else plan.env
         os.execvpe(plan.argv[0], plan.argv, env)
     except OSError as exc:
         _exec_failed(plan, exc, env)
@@ -676,8 +718,9 @@ def _exec_failed(plan: Plan, exc: OSError, env: dict[str, str]) -> None:
     line = cannot_run(name, enoent, exc.strerror or str(exc), env.get("PATH", ""), None, by_policy)
     if "/" in name and enoent:
         line = cannot_run(name, True, "", "", os.path.exists(name))
-    if plan.tier == "none":
-        line = line.replace(" in the sandbox", "")
+    where = "" if plan.tier == "none" else plan.strategy.cannot_run_where()
+    if where != " in the sandbox":
+        line = line.replace(" in the sandbox", where)
     os.write(2, (line + "\n").encode())
     os._exit(127 if enoent else 126)
 
@@ -726,7 +769,7 @@ def _fork_confined(plan: Plan, child_fds: dict[int, int], procs_files: list[str]
         os._exit(125)
 
 
-def _spawn(plan: Plan, child_fds: dict[int, int]) -> int:
+def _spawn(plan: Plan, child_fds: dict[int, int], env: dict[str, str]) -> int:
     """posix_spawn (vfork underneath): cheaper than a Python fork when no cgroup must be
     joined by the child (or spawn_inside has put us in it) and the tier changes
     directory itself.  Every other descriptor open here is
@@ -738,7 +781,7 @@ def _spawn(plan: Plan, child_fds: dict[int, int]) -> int:
     try:
         found = open_fds()
         if found is None:  # no /proc to list them: the fork path closes by range
-            return _fork_exec(plan, child_fds, [])
+            return _fork_exec(plan, child_fds, [], env, False, None)
         actions: list[tuple[int, ...]] = [
             (os.POSIX_SPAWN_DUP2, src, target) for target, src in high.items()
         ]
@@ -748,7 +791,7 @@ def _spawn(plan: Plan, child_fds: dict[int, int]) -> int:
         return os.posix_spawnp(
             plan.argv[0],
             plan.argv,
-            plan.launcher_env if plan.launcher_env is not None else plan.env,
+            env,
             file_actions=actions,
             setsid=True,
             setsigdef=RESET_SIGNALS,

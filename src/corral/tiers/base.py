@@ -1,9 +1,15 @@
-"""The interface every tier implements, and the plan it returns.
+"""The interface every tier implements, the plan it returns and how that plan runs.
 
 A tier is a name, a strength, ``health()`` (can it run here, and if not, exactly
-why) and a pure ``plan(policy, command)``: what would be launched, with which
-mounts, syscall rules and limits.  Launching a plan is the launcher's job
-(:mod:`corral.launch`), so plans can be unit-tested without running anything.
+why), ``gather(policy)`` (the host facts its plan needs, read once:
+:mod:`corral.tiers.host`) and a pure ``plan(policy, command, ..., host=facts)``:
+what would be launched, with which mounts, syscall rules and limits.
+
+A plan carries its tier's :class:`LaunchStrategy` (``plan.strategy``): how that
+kind of sandbox is started, stopped and cleaned up, with the data only that
+tier needs.  :mod:`corral.launch` does what every tier shares and calls the
+strategy for the rest, so the launcher, the CLI and ``Sandbox`` never ask which
+tier they run.  Plans can be unit-tested without running anything.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ if TYPE_CHECKING:
     from corral.home import HomeLayer
     from corral.landlock import Ruleset
     from corral.net.trust import NetExtras
-    from corral.netns import NetPlan
+    from corral.netns import NetPlan, Resolver
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
+    from corral.tiers.host import HostFacts
 
 
 class Health:
@@ -33,6 +40,121 @@ class Health:
 
     def to_dict(self) -> dict[str, object]:
         return {"available": self.available, "reason": self.reason, **self.details}
+
+
+class LaunchStrategy:
+    """How one tier's plans are started, watched, stopped and cleaned up.
+
+    A tier names its strategy class (``Tier.strategy``); its ``plan()`` puts an
+    instance holding whatever only that tier needs (bwrap's network namespace,
+    a Landlock ruleset, a container's removal command, a VM's sockets) in
+    ``plan.strategy``.  Callers read the class attributes below before any plan
+    exists (``tier.strategy.lazy``); they never compare a tier's name.
+
+    What the launcher (:mod:`corral.launch`) does for every tier, in order:
+
+    1. ``Aftercare(plan)``: the cgroup (``plan.cgroup``), the private directory
+       ``plan.scratch`` with the files ``plan.prepare`` lists, the home layer,
+       the snapshot of ``plan.restore``, the lock watch; and a guardian process
+       if any of those, or :meth:`needs_guardian`, must be undone after a
+       ``kill -9`` of corral.
+    2. The descriptors ``plan.fds`` names ("status", "seccomp", "empty", "pass").
+    3. ``corral run`` only: :meth:`enter`, in corral's own process.
+    4. :meth:`spawn` -> a pid: the process whose exit is the sandbox's end.
+    5. The output pump: stdout/stderr relayed and bounded; on the timeout, a
+       forwarded SIGINT/SIGTERM/SIGHUP or ``Sandbox.close()``: :meth:`stop`.
+    6. The pid reaped; the code (from a "status" pipe if the plan has one, else
+       the wait status, shell style) passed through :meth:`exit_code`; the
+       limits hit are the cgroup's plus :meth:`limits_hit`.
+    7. :meth:`cleanup`, then the common undoing (cgroup, quarantine, restore,
+       scratch, home).  If corral was killed, the guardian calls
+       :meth:`cleanup` (``clean=False``), waits for the pid to end, and undoes
+       the rest.
+
+    ``Sandbox`` (the long-lived API) starts the plan of ``tier.python_argv()
+    + ["-I", "-S", "/run/corral/agent.py"]`` with ``extra=[agent bind]``, its
+    stdin and stdout one end of a socket pair and stderr a pipe, through
+    ``corral.launch.start`` (steps 1, 2, 4; no :meth:`enter`: :meth:`spawn`
+    gets ``entered=False`` and does any such step in the child).  The agent's
+    first frame ("ready") says the sandbox is up.  ``close()`` asks the agent to
+    shut down, waits up to :attr:`close_grace` seconds, then steps 5-7.
+
+    The defaults are a plain process: fork (or posix_spawn), join the cgroup,
+    change to ``plan.cwd``, exec ``plan.argv`` with ``plan.env``; killed by its
+    process group; nothing of its own to remove.
+    """
+
+    # -- what callers ask before any plan exists (class attributes) ------------
+    confines = True  # False: no sandbox at all (tier none): no door, no Sandbox, no shell
+    lazy = False  # Sandbox starts it on first use, and again after it died
+    shell = ""  # why `corral shell` cannot run on this tier ("" when it can)
+    close_grace = 0.0  # seconds Sandbox.close() lets the agent's exit end it first
+    warning = ""  # printed on stderr before every run (tier none's warning)
+
+    def enter(self, plan: Plan) -> Resolver | None:
+        """In corral's own process just before :meth:`spawn`, for ``corral run``
+        (whose process serves this one sandbox): e.g. move into the sandbox's new
+        network namespace.  Returns a resolver the output pump must serve, or
+        None.  Raises SetupError with one line a person can act on."""
+        return None
+
+    def spawn(
+        self, plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool
+    ) -> int:
+        """Start ``plan``; return the pid of a child of this process whose exit is
+        the sandbox's end, in a new session (its own process group).
+
+        ``child_fds``: descriptor number in the child -> our descriptor (0, 1, 2
+        and the numbers of ``plan.fds``); nothing else may cross.  ``procs_files``:
+        cgroup.procs files the child joins before the command runs.  ``entered``:
+        :meth:`enter` ran in this process.  A failure inside the child before the
+        command runs exits 125 with one line on its stderr; a command that cannot
+        be executed exits 127 (not found) or 126, as a shell would."""
+        from corral import launch
+
+        return launch.spawn_process(plan, child_fds, procs_files, chdir=True)
+
+    def stop(self, plan: Plan, pid: int) -> None:
+        """Kill the whole tree at once, without waiting (the timeout, a forwarded
+        signal, ``Sandbox.close()``).  ``pid`` is :meth:`spawn`'s; the launcher
+        reaps it.  Never raises."""
+        import os
+
+        try:
+            os.killpg(pid, 9)  # SIGKILL; its own process group (a new session)
+        except OSError:
+            pass
+
+    def exit_code(self, plan: Plan, code: int) -> int:
+        """The command's exit code from what the launcher found: the "status" pipe's
+        exit-code if the plan has one, else the pid's wait status as a shell says it
+        (128+N for a signal).  A tier whose command's code travels another way (a
+        guest kernel's) returns that instead."""
+        return code
+
+    def limits_hit(self, plan: Plan) -> list[str]:
+        """Limit names hit that the launcher's cgroup cannot see ("memory", "pids"),
+        e.g. from a file written inside.  Called after the pid is reaped."""
+        return []
+
+    def needs_guardian(self) -> bool:
+        """Whether :meth:`cleanup` has work to do if corral is killed (something
+        that outlives corral's process: a container, a VM)."""
+        return False
+
+    def cleanup(self, plan: Plan, clean: bool) -> None:
+        """Remove what only this kind of sandbox made, once the pid is gone (or, from
+        the guardian after corral was killed, before waiting for it).  ``clean``:
+        the sandbox ended on its own, nothing is left to remove by force.  Runs in
+        the guardian too, so: idempotent, bounded in time, never raises."""
+
+    def describe(self) -> list[str]:
+        """Lines ``--explain`` prints for what only this strategy holds."""
+        return []
+
+    def cannot_run_where(self) -> str:
+        """Where a command that cannot be executed was looked for, for its message."""
+        return " in the sandbox"
 
 
 class Plan:
@@ -69,6 +191,7 @@ class Plan:
         "restore",
         "scratch",
         "seccomp",
+        "strategy",
         "teardown",
         "tier",
         "warning",
@@ -77,6 +200,8 @@ class Plan:
     def __init__(self, tier: str, policy: Policy) -> None:
         self.tier = tier
         self.policy = policy
+        # how it is started, stopped and cleaned up, with its tier's own data
+        self.strategy: LaunchStrategy = LaunchStrategy()
         self.argv: list[str] = []
         self.env: dict[str, str] = {}
         self.cwd = policy.workspace
@@ -177,6 +302,16 @@ class Tier:
     # How the sandbox reaches the proxy: "unix" (a socket bound in; plan() gets its
     # path) or "tcp" (a loopback port; plan() gets "127.0.0.1:PORT").
     door_transport = "unix"
+    # how its plans are started, stopped and cleaned up (see LaunchStrategy)
+    strategy: type[LaunchStrategy] = LaunchStrategy
+
+    def gather(self, policy: Policy) -> HostFacts:
+        """Read what :meth:`plan` needs to know about this host, once, with a fresh
+        token each call (the caller's job: ``corral run``, each ``Sandbox`` start).
+        Tiers that need more extend this and return their own subclass."""
+        from corral.tiers import host
+
+        return host.common(policy, host.HostFacts())
 
     def health(self, probe: bool = False) -> Health:
         """Can this tier run here?  ``probe`` may launch a tiny test sandbox (doctor)."""
@@ -200,12 +335,15 @@ class Tier:
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
         net: NetExtras | None = None,
+        host: HostFacts | None = None,
     ) -> Plan:
-        """What would run ``command`` under ``policy``.  ``door`` is the proxy's address
-        when ``policy.network.mode`` is "proxy" (see ``door_transport``); ``extra``
-        are corral's own files to bind in (the long-lived sandbox's agent);
-        ``pass_fds`` are the caller's descriptors (numbers above 2) the user asked
-        to hand to the command at the same numbers; ``net`` is what the run's door
+        """What would run ``command`` under ``policy`` on the host ``host`` describes
+        (from :meth:`gather`; gathered here when None); reads nothing else.
+        ``door`` is the proxy's address when ``policy.network.mode`` is "proxy"
+        (see ``door_transport``); ``extra`` are corral's own files to bind in
+        (the long-lived sandbox's agent); ``pass_fds`` are the caller's
+        descriptors (numbers above 2) the user asked to hand to the command at
+        the same numbers; ``net`` is what the run's door
         adds inside beside its address (corral's CA bundle when this run can
         intercept TLS, hooks' variables: :mod:`corral.net.trust`)."""
         raise NotImplementedError(f"tier {self.name} cannot run commands yet")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
+    from corral.tiers.host import HostFacts
 
 INSIDE = "/run/corral"
 BOOT = f"{INSIDE}/boot.py"
@@ -151,6 +152,7 @@ class ContainerTier(Tier):
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
         net: NetExtras | None = None,
+        host: HostFacts | None = None,
     ) -> Plan:
         from corral import home, seccomp
         from corral.container import envelope

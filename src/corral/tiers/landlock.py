@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
+    from corral.tiers.host import HostFacts
 
 # What this tier does not hide compared with the namespace tier, and how corral
 # compensates.  `corral doctor` prints these.
@@ -234,6 +235,7 @@ class LandlockTier(Tier):
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
         net: NetExtras | None = None,
+        host: HostFacts | None = None,
     ) -> Plan:
         from corral import bounds, home, landlock, seccomp
         from corral.errors import RefusedError

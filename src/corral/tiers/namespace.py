@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from corral.net.trust import NetExtras
     from corral.policy import Limits, Policy
+    from corral.tiers.host import HostFacts
 
 FD_STATUS = 3  # bwrap's --json-status-fd: tells setup failure from the command's exit
 FD_SECCOMP = 4  # the compiled filter
@@ -234,6 +235,7 @@ class NamespaceTier(Tier):
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
         net: NetExtras | None = None,
+        host: HostFacts | None = None,
     ) -> Plan:
         from corral import bounds, home, seccomp
 

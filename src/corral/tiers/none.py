@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from corral.fsplan import Mount
     from corral.net.trust import NetExtras
     from corral.policy import Policy
+    from corral.tiers.host import HostFacts
 
 WARNING = (
     "corral: WARNING: tier none: running UNCONFINED (no filesystem, network, "
@@ -35,6 +36,7 @@ class NoneTier(Tier):
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
         net: NetExtras | None = None,
+        host: HostFacts | None = None,
     ) -> Plan:
         from corral import bounds
 
