@@ -39,7 +39,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from corral.vm.setup import Assets
 
-BUILD_VERSION = "1"  # bumped when the layout changes, so old cached archives are not used
+BUILD_VERSION = "2"  # bumped when the layout changes, so old cached archives are not used
 # corral's own files the guest needs when its network goes through the door
 HELPERS = (("vm", "mux.py"), ("vm", "guestdoor.py"), ("net", "relay.py"))
 MSIZE = 512000  # the largest 9p message the virtio transport takes: fewer round trips
@@ -156,6 +156,9 @@ run() {  # UID GID PIDS NET CWD ENV... -- ARGV...
 	want=4
 	if [ "$net" = 1 ]; then
 		want=5
+		# the relay binds the resolver's port 53 as the command's user, as it does in
+		# the namespace tier's own network namespace; this kernel is the guest's alone
+		echo 0 >/proc/sys/net/ipv4/ip_unprivileged_port_start || fail "cannot open low ports"
 		mkdir -p $R/run/corral && cp /corral/* $R/run/corral/ && chown "$uid:$gid" $R/run/corral \
 			|| fail "cannot prepare /run/corral"
 	fi
