@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover - other Pythons
     import signal  # type: ignore[no-redef, unused-ignore]
 
 from corral.errors import EXIT_TIMEOUT, SetupError
+from corral.tiers.base import LaunchStrategy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -361,7 +362,7 @@ def run(
         result.duration = time.monotonic() - start
         if care.cg is not None:
             result.limits_hit = care.cg.limits_hit()
-        result.limits_hit += read_report(plan)
+        result.limits_hit += read_report(plan) + plan.strategy.limits_hit(plan)
         result.denials += care.finish()
     if result.timed_out:
         result.limits_hit.append("timeout")
@@ -615,6 +616,8 @@ def _exec_plan(
     this process already lives in it: ``netns_made``)."""
     if plan.landlock is not None:
         return _fork_confined(plan, child_fds, procs_files)
+    if plan.strategy.__class__ is not LaunchStrategy:  # a tier that launches its own way
+        return plan.strategy.spawn(plan, child_fds, procs_files, netns_made)
     before = None
     if plan.netns is not None and not netns_made:
         before = _netns_entry(plan)

@@ -358,7 +358,7 @@ class Sandbox:
         self.files = Files(self)
         # A container starts on first use and again after it died; the lock makes
         # concurrent first calls share one start.  Other tiers start here, as before.
-        self._lazy = self.tier.name in ("container", "gvisor")
+        self._lazy = self.tier.strategy.lazy or self.tier.name in ("container", "gvisor")
         self._start_lock = threading.Lock()
         self._alive = False
         self._instance = 0  # starts so far

@@ -411,9 +411,9 @@ def test_the_request_quotes_every_word_for_the_guests_shell() -> None:
     assert words[:2] == ["root[root", "root[loose"]
     assert words[2:5] == ["rw[w0", "rw[/work space/it's", "rw[mmap"]
     run = [w.removeprefix("run[") for w in words[5:]]
-    assert run[:6] == ["1000", "1001", "64", "0", "/work space/it's", "A=va'l"]
-    assert run[6:9] == ["B=x\ny", "PATH=/usr/bin:/bin", "--"]
-    assert run[9:] == ["printf", *awkward]
+    assert run[:7] == ["1000", "1001", "64", "0", "0", "/work space/it's", "A=va'l"]
+    assert run[7:10] == ["B=x\ny", "PATH=/usr/bin:/bin", "--"]
+    assert run[10:] == ["printf", *awkward]
 
 
 def test_environment_values_are_never_in_qemus_argv() -> None:

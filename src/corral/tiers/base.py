@@ -267,6 +267,9 @@ class Plan:
             lines.append("quarantined after the run if created:")
             lines.extend(f"  {p}" for p in self.quarantine)
         lines.extend(f"note: {n}" for n in self.notes)
+        own = self.strategy.describe()
+        if own:  # the strategy's own account ends with what it runs
+            return "\n".join([*lines, *own])
         lines.append("argv: " + " ".join(self.argv))
         return "\n".join(lines)
 

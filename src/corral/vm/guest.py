@@ -109,7 +109,7 @@ def guest_mounts(
 class Launch:
     """Who runs what in the guest."""
 
-    __slots__ = ("argv", "cwd", "env", "gid", "network", "pids", "uid")
+    __slots__ = ("argv", "cwd", "duplex", "env", "gid", "network", "pids", "uid")
 
     def __init__(
         self,
@@ -120,6 +120,7 @@ class Launch:
         gid: int,
         pids: int | None,
         network: bool,
+        duplex: bool = False,
     ) -> None:
         self.argv = list(argv)
         self.env = dict(env)
@@ -128,6 +129,9 @@ class Launch:
         self.gid = gid
         self.pids = pids
         self.network = network
+        # stdin and stdout are one port, read and written (corral's agent: the
+        # host's end is the Sandbox's socket, handed to QEMU as it is)
+        self.duplex = duplex
 
 
 def request(
@@ -150,6 +154,7 @@ def request(
         str(launch.gid),
         str(launch.pids) if launch.pids is not None else "-",
         "1" if launch.network else "0",
+        "1" if launch.duplex else "0",
         q(launch.cwd),
         *(q(f"{k}={v}") for k, v in sorted(launch.env.items())),
         "--",

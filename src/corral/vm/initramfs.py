@@ -39,9 +39,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from corral.vm.setup import Assets
 
-BUILD_VERSION = "2"  # bumped when the layout changes, so old cached archives are not used
+BUILD_VERSION = "3"  # bumped when the layout changes, so old cached archives are not used
 # corral's own files the guest needs when its network goes through the door
-HELPERS = (("vm", "mux.py"), ("vm", "guestdoor.py"), ("net", "relay.py"))
+HELPERS = (("vm", "mux.py"), ("vm", "guestdoor.py"), ("net", "relay.py"), ("", "agent.py"))
 MSIZE = 512000  # the largest 9p message the virtio transport takes: fewer round trips
 
 INIT = r"""#!/bin/busybox sh
@@ -146,9 +146,16 @@ counter() {
 	while read -r k v; do [ "$k" = "$3" ] && eval "$1=\$v"; done <"$2"
 }
 
-run() {  # UID GID PIDS NET CWD ENV... -- ARGV...
-	uid=$1 gid=$2 pids=$3 net=$4 cwd=$5
-	shift 5
+become() {  # ENV... PROGRAM ARGS, in a subshell that joins the cgroup (0: the
+	# writer itself), then becomes the command: chroot, directory, uid and gid in one
+	# step; only the request's environment
+	(echo 0 >$c/corral/cgroup.procs \
+		&& exec nsenter -r"$R" -w"$R$cwd" -S "$uid" -G "$gid" env -i "$@")
+}
+
+run() {  # UID GID PIDS NET DUPLEX CWD ENV... -- ARGV...
+	uid=$1 gid=$2 pids=$3 net=$4 duplex=$5 cwd=$6
+	shift 6
 	[ -d "$R$cwd" ] || fail "cannot enter $cwd"
 	c=$R/sys/fs/cgroup
 	echo "+pids +memory" >$c/cgroup.subtree_control && mkdir $c/corral || fail "no cgroup"
@@ -159,6 +166,8 @@ run() {  # UID GID PIDS NET CWD ENV... -- ARGV...
 		# the relay binds the resolver's port 53 as the command's user, as it does in
 		# the namespace tier's own network namespace; this kernel is the guest's alone
 		echo 0 >/proc/sys/net/ipv4/ip_unprivileged_port_start || fail "cannot open low ports"
+	fi
+	if [ "$net" = 1 ] || [ "$duplex" = 1 ]; then  # corral's helpers: relay, agent
 		mkdir -p $R/run/corral && cp /corral/* $R/run/corral/ && chown "$uid:$gid" $R/run/corral \
 			|| fail "cannot prepare /run/corral"
 	fi
@@ -191,11 +200,11 @@ run() {  # UID GID PIDS NET CWD ENV... -- ARGV...
 		set -- "$@" "$a"
 	done
 	if [ -z "$code" ]; then
-		# the subshell joins the cgroup (0: the writer itself), then becomes the command:
-		# chroot, directory, uid and gid in one step; only the request's environment
-		(echo 0 >$c/corral/cgroup.procs \
-			&& exec nsenter -r"$R" -w"$R$cwd" -S "$uid" -G "$gid" env -i "$@") \
-			<"$PORT_stdin" >"$PORT_stdout" 2>"$PORT_stderr" 3>&-
+		if [ "$duplex" = 1 ]; then  # a port opens once: stdout is stdin's descriptor
+			become "$@" <>"$PORT_stdin" >&0 2>"$PORT_stderr" 3>&-
+		else
+			become "$@" <"$PORT_stdin" >"$PORT_stdout" 2>"$PORT_stderr" 3>&-
+		fi
 		code=$?
 	fi
 	exec 4>&-

@@ -32,27 +32,18 @@ from corral.vm import guest, initramfs, probe, qemu, setup
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from corral.fsplan import Mount
+    from collections.abc import Mapping, Sequence
+
+    from corral.fsplan import FsPlan, Mount
     from corral.policy import Policy
 
-RUN_OPTIONS = {
-    "--policy": ("policy", "value"),
-    "--workspace": ("workspace", "value"),
-    "--timeout": ("timeout", "value"),
-    "--memory": ("memory", "value"),
-    "--cpus": ("cpus", "value"),
-    "--pids": ("pids", "value"),
-    "--allow": ("allow", "list"),
-    "--deny": ("deny", "list"),
-    "--network": ("network", "value"),
-    "--writable": ("writable", "list"),
-    "--read-deny": ("read_deny", "list"),
-    "--write-deny": ("write_deny", "list"),
-    "--env": ("env", "list"),
-    "--explain": ("explain", "flag"),
-    "--console": ("console", "flag"),
-    "-q": ("quiet", "flag"),
-}
+# corral run's options this runner takes (their entries are corral run's), and its own
+RUN_NAMES = [
+    *("--policy", "--workspace", "--timeout", "--memory", "--cpus", "--pids", "--allow"),
+    *("--deny", "--network", "--writable", "--read-deny", "--write-deny", "--env"),
+    *("--explain", "-q"),
+]
+CONSOLE = ("console", "flag", "", "the guest's serial console on stderr (debugging)")
 DRAIN_TIMEOUT = 10.0  # seconds to collect output the guest said it sent
 POWEROFF_GRACE = 2.0  # seconds the guest gets to power off after its report
 # seconds for the guest to boot and take the request: 2 to 5 s under TCG, more on a
@@ -87,6 +78,7 @@ class VmPlan:
         self.argv: list[str] = []  # bwrap ... -- qemu ...
         self.fds: dict[int, str] = {}  # number in the sandbox -> "seccomp", "empty", a port
         self.request = b""
+        self.launch: guest.Launch | None = None
         self.machine: qemu.Machine | None = None
         self.view: list[Mount] = []
         self.shares: list[guest.Export] = []
@@ -146,10 +138,66 @@ def health(probe_now: bool = False) -> Health:
         return Health(False, f"microvm: cannot use the cache {setup.cache_dir()}: {exc}")
     details: dict[str, object] = {
         "accelerator": decision.accel,
+        "why": decision.reason,
         "guest_kernel": assets.release,
         "qemu": qemu_path,
     }
     return Health(True, f"QEMU microvm, guest kernel {assets.release}; {decision.reason}", details)
+
+
+class VmHost:
+    """What a VM plan needs to know about this host, read once by :func:`gather`:
+    the guest kernel, busybox, QEMU and bubblewrap, the initramfs built from
+    them, the accelerator decision, the TSC and merged-/usr facts, the host's
+    CPUs and the caller's ids."""
+
+    __slots__ = ("assets", "bwrap", "cpus", "decision", "facts", "gid", "initrd", "qemu", "uid")
+
+    def __init__(
+        self,
+        assets: setup.Assets,
+        qemu_path: str,
+        bwrap: str,
+        initrd: str,
+        decision: probe.Decision,
+        facts: qemu.HostFacts,
+        cpus: int = 1,
+        uid: int = 1000,
+        gid: int = 1000,
+    ) -> None:
+        self.assets = assets
+        self.qemu = qemu_path
+        self.bwrap = bwrap
+        self.initrd = initrd
+        self.decision = decision
+        self.facts = facts
+        self.cpus = cpus
+        self.uid = uid
+        self.gid = gid
+
+
+def gather(probe_now: bool = True) -> VmHost:
+    """Read this host for a VM plan: RefusedError naming what is missing, the
+    initramfs built if this cache has none of its digest, and the accelerator
+    probed once per host kernel, QEMU and guest kernel (``probe_now``)."""
+    assets, busybox, qemu_path, bwrap = requirements()
+    cache = setup.cache_dir()
+    try:
+        initrd = initramfs.cached(assets, busybox, cache)
+        decision = probe.decide(qemu_path, assets, initrd, cache, probe=probe_now)
+    except OSError as exc:
+        raise SetupError(f"microvm: cannot use the cache {cache}: {exc}") from None
+    return VmHost(
+        assets,
+        qemu_path,
+        bwrap,
+        initrd,
+        decision,
+        qemu.host_facts(),
+        os.cpu_count() or 1,
+        os.getuid(),
+        os.getgid(),
+    )
 
 
 def prepare(
@@ -161,6 +209,27 @@ def prepare(
 ) -> VmPlan:
     """The plan for ``command`` under ``policy``: reads the host, starts nothing
     (except the accelerator probe, once per host, QEMU and guest kernel)."""
+    from corral import fsplan
+
+    host = gather()
+    return build(policy, command, host, fsplan.plan_filesystem(policy), door, console, name)
+
+
+def build(
+    policy: Policy,
+    command: list[str],
+    host: VmHost,
+    fs: FsPlan,
+    door: str | None = None,
+    console: bool = False,
+    name: str = "corral-vm",
+    view_extra: Sequence[Mount] = (),
+    env_extra: Mapping[str, str] | None = None,
+) -> VmPlan:
+    """The plan for ``command`` under ``policy`` on the host ``host`` describes, with
+    the filesystem decision ``fs``; reads nothing.  ``view_extra``: more read-only
+    binds in QEMU's view (the guest's root); ``env_extra``: variables that win
+    over the policy's (hooks' placeholders)."""
     from corral import environ, fsplan
     from corral.tiers import namespace
 
@@ -168,25 +237,16 @@ def prepare(
         raise RefusedError(
             "microvm: --transparent is not available (the guest has no network device)"
         )
-    assets, busybox, qemu_path, bwrap = requirements()
-    cache = setup.cache_dir()
     plan = VmPlan()
-    try:
-        initrd = initramfs.cached(assets, busybox, cache)
-        plan.decision = probe.decide(qemu_path, assets, initrd, cache)
-    except OSError as exc:
-        raise SetupError(f"microvm: cannot use the cache {cache}: {exc}") from None
-    facts = qemu.host_facts()
+    plan.decision = host.decision
     limits = policy.limits
     vcpus, memory_mib = qemu.size(
-        limits.get("memory"), limits.source("memory"), limits.get("cpus"), os.cpu_count() or 1
+        limits.get("memory"), limits.source("memory"), limits.get("cpus"), host.cpus
     )
     pids = limits.get("pids")
     plan.timeout = limits.get("timeout")
-
-    fs = fsplan.plan_filesystem(policy)
     plan.notes = list(fs.notes)
-    plan.view = guest.view_mounts(fs.mounts)
+    plan.view = guest.view_mounts([*fs.mounts, *view_extra])
     plan.shares = guest.exports(fs.writable)
     present = [m.dest for m in fs.mounts if m.kind == "tmpfs" and m.dest in fsplan.PRIVATE_TMP]
     plan.guest_mounts = guest.guest_mounts(plan.shares, namespace.scratch_sizes(limits), present)
@@ -202,22 +262,24 @@ def prepare(
         bridge = [relay[0], "-I", "-S", "/run/corral/guestdoor.py", "4", doors.SANDBOX_DOOR]
         relay_args = relay[relay.index(doors.SANDBOX_RELAY) + 1 :]
         command = [*bridge, "--", *relay_args, "--", *command]
-    launch = guest.Launch(
+    if env_extra:
+        env = {**env, **env_extra}
+    plan.launch = guest.Launch(
         command,
         env,
         environ.sandbox_cwd(policy, fs.writable),
-        os.getuid(),
-        os.getgid(),
+        host.uid,
+        host.gid,
         None if pids is None else int(pids),
         policy.network.mode == "proxy",
     )
-    plan.request = guest.request(plan.shares, plan.guest_mounts, launch)
+    plan.request = guest.request(plan.shares, plan.guest_mounts, plan.launch)
 
     numbers = iter(range(3, 1 << 16))
     status_fd, seccomp_fd = next(numbers), next(numbers)
     plan.fds[status_fd] = "status"
     plan.fds[seccomp_fd] = "seccomp"
-    ports = list(qemu.PORTS if launch.network else qemu.PORTS[:-1])
+    ports = list(qemu.PORTS if plan.launch.network else qemu.PORTS[:-1])
     port_fds = []
     for port in ports:
         number = next(numbers)
@@ -226,19 +288,19 @@ def prepare(
     view_args, empty = namespace.mount_args(plan.view, numbers)
     plan.fds.update(dict.fromkeys(empty, "empty"))
     plan.machine = qemu.Machine(
-        accel=plan.decision.accel,
+        accel=host.decision.accel,
         cpus=vcpus,
         memory_mib=memory_mib,
-        cmdline=qemu.kernel_cmdline(facts.tsc_khz, console=console),
+        cmdline=qemu.kernel_cmdline(host.facts.tsc_khz, console=console),
         ports=port_fds,
         exports=plan.shares,
         name=name,
-        qemu=qemu_path,
+        qemu=host.qemu,
         console=console,
     )
-    own = qemu.own_root(facts, assets.vmlinux, initrd, plan.decision.accel == "kvm")
+    own = qemu.own_root(host.facts, host.assets.vmlinux, host.initrd, host.decision.accel == "kvm")
     plan.argv = qemu.sandbox_argv(
-        bwrap,
+        host.bwrap,
         own,
         bound_tmpfs(view_args, 65536),
         status_fd,
@@ -300,7 +362,9 @@ def _pump_stdin(src: int, sock: socket.socket) -> None:
 class _Vm:
     """A started VM: bwrap's pid, its child's (the sandbox's pid 1), our socket ends."""
 
-    def __init__(self, plan: VmPlan) -> None:
+    def __init__(self, plan: VmPlan, given: dict[str, int] | None = None) -> None:
+        """``given``: ports whose host end is a caller's socket, handed to QEMU as
+        it is (the Sandbox's channel to its agent) instead of a new socket pair."""
         from corral import seccomp
         from corral.launch import _move_fds_into_place
 
@@ -328,6 +392,8 @@ class _Vm:
                 theirs.append(sec_r)
             elif what == "empty":
                 wanted[number] = null
+            elif given and what in given:
+                wanted[number] = given[what]
             else:  # a port: one socket pair, QEMU holds one end
                 ours, other = socket.socketpair()
                 self.socks[what] = ours
@@ -419,20 +485,32 @@ def _child_pid(status_r: int) -> int:
 
 
 def execute(
-    plan: VmPlan, door: str | None, stdin: int = 0, stdout: int = 1, stderr: int = 2
+    plan: VmPlan,
+    door: str | None,
+    stdin: int = 0,
+    stdout: int = 1,
+    stderr: int = 2,
+    duplex: bool = False,
 ) -> Result:
-    """Boot the VM, run the request, stream the output; the result once the VM is gone."""
+    """Boot the VM, run the request, stream the output; the result once the VM is gone.
+    ``duplex``: ``stdin`` is a socket that is the command's stdin and stdout both
+    (corral's agent), handed to QEMU as the stdin port."""
     result = Result()
     started = time.monotonic()
-    vm = _Vm(plan)
+    request = plan.request
+    if duplex and plan.launch is not None:
+        plan.launch.duplex = True
+        request = guest.request(plan.shares, plan.guest_mounts, plan.launch)
+    vm = _Vm(plan, {"corral.stdin": stdin} if duplex else None)
     try:
         try:
-            vm.socks["corral.ctl"].sendall(b"%d\n" % len(plan.request) + plan.request)
+            vm.socks["corral.ctl"].sendall(b"%d\n" % len(request) + request)
         except OSError:
             pass  # QEMU is gone already: _follow reports why
-        threading.Thread(
-            target=_pump_stdin, args=(stdin, vm.socks["corral.stdin"]), daemon=True
-        ).start()
+        if not duplex:
+            threading.Thread(
+                target=_pump_stdin, args=(stdin, vm.socks["corral.stdin"]), daemon=True
+            ).start()
         if "corral.door" in vm.socks and door is not None:
             from corral.vm import mux
 
@@ -556,7 +634,8 @@ def main(argv: list[str]) -> int:
     from corral import cli
 
     try:
-        opts, command = cli.parse(argv, RUN_OPTIONS, positional=True)
+        table = {name: cli.RUN_OPTIONS[name] for name in RUN_NAMES}
+        opts, command = cli.parse(argv, {**table, "--console": CONSOLE}, positional=True)
         if not command:
             raise CorralError("usage: python -m corral.vm.run [OPTIONS] -- COMMAND...")
         policy = cli.build_policy(opts)
