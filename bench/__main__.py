@@ -13,7 +13,9 @@ fresh ``corral run``), ``proxy`` (corral's proxy next to squid and a direct
 connection, and the door's added latency), ``tls`` (TLS inspection next to
 squid with ssl-bump and mitmdump, and the plain proxy next to ``main``),
 ``container_exec`` (when
-bench/container_exec.py exists in this checkout) and ``peers`` (srt and codex
+bench/container_exec.py exists in this checkout), ``microvm`` (bench/vm_boot.py:
+``corral run --tier microvm -- true`` next to raw QEMU booting the same kernel
+and initramfs, warm ``Sandbox.exec`` in a VM, an idle VM's QEMU RSS) and ``peers`` (srt and codex
 sandbox; installed and measured only with ``--with-peers``).  ``--against REV``
 adds ``against`` (bench/against.py): this checkout's ``corral run -- true`` (as
 root and, when the user exists, as ``corral-test``) and warm ``Sandbox.exec``
@@ -39,7 +41,16 @@ from pathlib import Path
 from bench.common import Row, machine_line, table
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
-NAMES = ("run_latency", "network", "warm_exec", "proxy", "tls", "container_exec", "peers")
+NAMES = (
+    "run_latency",
+    "network",
+    "warm_exec",
+    "proxy",
+    "tls",
+    "container_exec",
+    "microvm",
+    "peers",
+)
 
 
 def _log(msg: str) -> None:
@@ -116,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import tls_throughput
 
             rows += tls_throughput.rows(args.quick)
+        elif name == "microvm":
+            from bench import vm_boot
+
+            rows += vm_boot.rows(args.quick)
         elif name == "against":
             from bench import against
 

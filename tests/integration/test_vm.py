@@ -1,10 +1,10 @@
-"""The microVM building blocks on a real guest: QEMU ``-M microvm``, Debian's kernel,
-corral's initramfs, the host's view over 9p (``python -m corral.vm.run``, the
-standalone runner until the microvm tier is wired into the launcher).
+"""The microvm tier on a real guest: QEMU ``-M microvm``, Debian's kernel, corral's
+initramfs, the host's view over 9p, through ``corral run --tier microvm``.
 
 As root and as an unprivileged user.  Each test boots a guest (2 to 5 s under
-TCG), so all are marked slow.  Evidence is taken on the host: files that landed
-or did not, QEMU processes left or not, requests an origin received.
+TCG), so all but a quick few are marked slow.  Evidence is taken on the host:
+files that landed or did not, QEMU processes left or not, requests an origin
+received.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from test_network import Origin, _parent
 
 from corral.vm import setup
 
-pytestmark = pytest.mark.slow
 SECRET = "vm-secret-4e1b9c"
 PUBLIC = "vm-public-77a0d2"
 CURL = "curl -sS --noproxy '' --max-time 20"
@@ -57,7 +56,7 @@ def cache_for(c: Corral) -> str:
 
 
 def vm_argv(c: Corral, args: list[str]) -> list[str]:
-    return c.python_argv(["-m", "corral.vm.run", "-q", *args])
+    return c.python_argv(["-m", "corral", "run", "--tier", "microvm", "-q", *args])
 
 
 def vm(
@@ -85,7 +84,7 @@ def vm_popen(c: Corral, ws: Path, *args: str) -> subprocess.Popen[bytes]:
 
 
 def qemus_of(runner_pid: int) -> list[int]:
-    """QEMU (or its bubblewrap) started by this runner: it names the VM after its pid."""
+    """QEMU (or its bubblewrap) started by this corral: it names the VM after its pid."""
     return pids_matching(f"qemu-system-x86_64 -name corral-vm-{runner_pid}-")
 
 
@@ -101,6 +100,7 @@ def test_exit_code_and_separate_output(sandbox: tuple[Corral, Path]) -> None:
     )
 
 
+@pytest.mark.slow
 def test_workspace_writes_land_and_writes_outside_fail(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     script = """
@@ -119,6 +119,7 @@ def test_workspace_writes_land_and_writes_outside_fail(sandbox: tuple[Corral, Pa
     assert out.split()[-1] == str(c.uid)
 
 
+@pytest.mark.slow
 def test_secrets_stay_absent_even_for_the_guests_root(sandbox: tuple[Corral, Path]) -> None:
     """The masks are on the host side of 9p, not mounts in the guest: there is
     nothing for the guest's root to unmount, and what it asks QEMU for behind a
@@ -156,6 +157,7 @@ def test_secrets_stay_absent_even_for_the_guests_root(sandbox: tuple[Corral, Pat
     assert (ws / ".env").read_text() == f"TOKEN={SECRET}\n" and not (ws / "moved").exists()
 
 
+@pytest.mark.slow
 def test_secrets_created_after_launch_stay_absent(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     script = """
@@ -181,6 +183,7 @@ def test_secrets_created_after_launch_stay_absent(sandbox: tuple[Corral, Path]) 
     assert PUBLIC in out.decode()
 
 
+@pytest.mark.slow
 def test_write_protected_paths_are_read_only(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     hooks = ws / ".git" / "hooks"
@@ -206,6 +209,7 @@ def _leftovers(c: Corral) -> list[str]:
     return found + [d for d in glob.glob("/tmp/corral-door-*") if os.stat(d).st_uid == c.uid]
 
 
+@pytest.mark.slow
 def test_a_timeout_stops_the_whole_vm(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     before = set(_leftovers(c))
@@ -218,7 +222,8 @@ def test_a_timeout_stops_the_whole_vm(sandbox: tuple[Corral, Path]) -> None:
     assert set(_leftovers(c)) == before
 
 
-def test_a_killed_runner_takes_the_vm_with_it(sandbox: tuple[Corral, Path]) -> None:
+@pytest.mark.slow
+def test_a_killed_corral_takes_the_vm_with_it(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     proc = vm_popen(c, ws, "--", "sh", "-c", "touch started; sleep 120")
     try:
@@ -232,6 +237,7 @@ def test_a_killed_runner_takes_the_vm_with_it(sandbox: tuple[Corral, Path]) -> N
         proc.communicate()
 
 
+@pytest.mark.slow
 def test_limits_bound_the_guest(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     script = """
@@ -273,6 +279,7 @@ def test_limits_bound_the_guest(sandbox: tuple[Corral, Path]) -> None:
     assert "big-exit=137" in lines  # the guest's OOM killer, not the host's
 
 
+@pytest.mark.slow
 def test_the_door_is_the_only_way_out(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     ok, bad = Origin(), Origin()
@@ -299,6 +306,7 @@ def test_the_door_is_the_only_way_out(sandbox: tuple[Corral, Path]) -> None:
     assert "direct 0" not in out
 
 
+@pytest.mark.slow
 def test_proxy_death_means_no_network(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     ok = Origin()
@@ -328,6 +336,7 @@ def test_proxy_death_means_no_network(sandbox: tuple[Corral, Path]) -> None:
     assert wait_for(lambda: not qemus_of(proc.pid), 5)
 
 
+@pytest.mark.slow
 def test_a_guest_that_does_not_boot_in_time_is_stopped(sandbox: tuple[Corral, Path]) -> None:
     """The boot watchdog, made short enough that no boot meets it."""
     c, ws = sandbox

@@ -179,7 +179,7 @@ class MicroVMTier(Tier):
             facts.vm,
             facts.fs,
             door,
-            name=f"corral-vm-{facts.token}",
+            name=f"corral-vm-{facts.vm.owner}-{facts.token}",
             view_extra=view,
             env_extra=env_extra,
         )

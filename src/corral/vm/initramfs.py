@@ -146,13 +146,6 @@ counter() {
 	while read -r k v; do [ "$k" = "$3" ] && eval "$1=\$v"; done <"$2"
 }
 
-become() {  # ENV... PROGRAM ARGS, in a subshell that joins the cgroup (0: the
-	# writer itself), then becomes the command: chroot, directory, uid and gid in one
-	# step; only the request's environment
-	(echo 0 >$c/corral/cgroup.procs \
-		&& exec nsenter -r"$R" -w"$R$cwd" -S "$uid" -G "$gid" env -i "$@")
-}
-
 run() {  # UID GID PIDS NET DUPLEX CWD ENV... -- ARGV...
 	uid=$1 gid=$2 pids=$3 net=$4 duplex=$5 cwd=$6
 	shift 6
@@ -201,11 +194,17 @@ run() {  # UID GID PIDS NET DUPLEX CWD ENV... -- ARGV...
 	done
 	if [ -z "$code" ]; then
 		if [ "$duplex" = 1 ]; then  # a port opens once: stdout is stdin's descriptor
-			become "$@" <>"$PORT_stdin" >&0 2>"$PORT_stderr" 3>&-
+			exec 5<>"$PORT_stdin" 6>&5
 		else
-			become "$@" <"$PORT_stdin" >"$PORT_stdout" 2>"$PORT_stderr" 3>&-
+			exec 5<"$PORT_stdin" 6>"$PORT_stdout"
 		fi
+		# the subshell joins the cgroup (0: the writer itself), then becomes the command:
+		# chroot, directory, uid and gid in one step; only the request's environment
+		(echo 0 >$c/corral/cgroup.procs \
+			&& exec nsenter -r"$R" -w"$R$cwd" -S "$uid" -G "$gid" env -i "$@") \
+			<&5 >&6 2>"$PORT_stderr" 3>&- 5>&- 6>&-
 		code=$?
+		exec 5>&- 6>&-
 	fi
 	exec 4>&-
 	kill -9 -1 2>/dev/null

@@ -151,7 +151,18 @@ class VmHost:
     them, the accelerator decision, the TSC and merged-/usr facts, the host's
     CPUs and the caller's ids."""
 
-    __slots__ = ("assets", "bwrap", "cpus", "decision", "facts", "gid", "initrd", "qemu", "uid")
+    __slots__ = (
+        "assets",
+        "bwrap",
+        "cpus",
+        "decision",
+        "facts",
+        "gid",
+        "initrd",
+        "owner",
+        "qemu",
+        "uid",
+    )
 
     def __init__(
         self,
@@ -164,6 +175,7 @@ class VmHost:
         cpus: int = 1,
         uid: int = 1000,
         gid: int = 1000,
+        owner: int = 0,
     ) -> None:
         self.assets = assets
         self.qemu = qemu_path
@@ -174,6 +186,7 @@ class VmHost:
         self.cpus = cpus
         self.uid = uid
         self.gid = gid
+        self.owner = owner  # corral's pid: QEMU is named after it (ps shows whose VM)
 
 
 def gather(probe_now: bool = True) -> VmHost:
@@ -197,6 +210,7 @@ def gather(probe_now: bool = True) -> VmHost:
         os.cpu_count() or 1,
         os.getuid(),
         os.getgid(),
+        os.getpid(),
     )
 
 
