@@ -550,6 +550,10 @@ def cmd_shell(args: list[str]) -> int:
     tier, _health = tiers.select(policy.tier, policy)
     if tier.name == "none":
         raise CorralError("corral shell needs a sandbox tier, not none")
+    if tier.strategy.shell:
+        from corral.errors import RefusedError
+
+        raise RefusedError(tier.strategy.shell)
     if tier.name in ("container", "gvisor"):
         from corral.errors import RefusedError
 

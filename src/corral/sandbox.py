@@ -25,6 +25,7 @@ import concurrent.futures
 import json
 import os
 import queue
+import select
 import signal
 import socket
 import struct
@@ -360,6 +361,7 @@ class Sandbox:
         # concurrent first calls share one start.  Other tiers start here, as before.
         self._lazy = self.tier.strategy.lazy or self.tier.name in ("container", "gvisor")
         self._start_lock = threading.Lock()
+        self._stderr_r = -1  # the running instance's stderr (-1: none to discard)
         self._alive = False
         self._instance = 0  # starts so far
         if self._lazy:
@@ -399,12 +401,16 @@ class Sandbox:
         return self._instance
 
     def _discard(self) -> None:
-        """Remove a dead instance: its engine client, container, files and guardian."""
+        """Remove a dead instance: its engine client, container, files and guardian
+        (nothing when the last start failed: that cleaned up after itself)."""
+        if self._stderr_r < 0:
+            return
         self.denials += self._started.stop()
         if self._started.care.guardian is not None:
             self._started.care.guardian.reap()
         self._sock.close()
         os.close(self._stderr_r)
+        self._stderr_r = -1
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -444,6 +450,7 @@ class Sandbox:
             self._started.stop()  # kills, removes the container and the scratch files
             ours.close()
             os.close(err_r)
+            self._stderr_r = -1  # nothing left to discard
             raise SandboxError(f"the sandbox did not start: {detail or exc}") from None
         self._instance += 1
         self._alive = True
@@ -453,6 +460,9 @@ class Sandbox:
         self._reader.start()
 
     def _drain_stderr(self) -> str:
+        # what the sandbox's launcher says as it ends may come just after the
+        # channel closed (a VM's runner reports why QEMU ended): wait a moment
+        select.select([self._stderr_r], [], [], 2.0)
         os.set_blocking(self._stderr_r, False)
         try:
             return os.read(self._stderr_r, 65536).decode("utf-8", "replace").strip()
@@ -476,7 +486,10 @@ class Sandbox:
         if self.plan.teardown:
             self._wait_client(2.0)  # the agent's exit ends the container; --rm removes it
         self._sock.close()
-        os.close(self._stderr_r)
+        ended = self._stderr_r < 0  # the last start failed and cleaned up after itself
+        if not ended:
+            os.close(self._stderr_r)
+            self._stderr_r = -1
         for proc in list(self._procs.values()):
             if proc.running:
                 proc.result.exit_code = 128 + signal.SIGKILL
@@ -485,9 +498,10 @@ class Sandbox:
         refused: list[dict[str, object]] = []
         if self._door is not None:
             refused = self._door.close()
-        self.denials += self._started.stop()
-        if self._started.care.guardian is not None:
-            self._started.care.guardian.reap()
+        if not ended:
+            self.denials += self._started.stop()
+            if self._started.care.guardian is not None:
+                self._started.care.guardian.reap()
         from corral import report
 
         self.denials += report.network(refused, self.policy)

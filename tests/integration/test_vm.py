@@ -55,6 +55,20 @@ def cache_for(c: Corral) -> str:
     return str(path)
 
 
+def tmp_for(c: Corral, ws: Path) -> str:
+    """corral's own TMPDIR for one test (its door's directory lands there): what a
+    run leaves is told apart from what neighbouring runs of the same user make."""
+    path = ws.parent / "corral-tmp"
+    if not path.exists():
+        path.mkdir()
+        os.chown(path, c.uid, c.gid)
+    return str(path)
+
+
+def vm_env(c: Corral, ws: Path) -> dict[str, str]:
+    return c.env({"XDG_CACHE_HOME": cache_for(c), "TMPDIR": tmp_for(c, ws)})
+
+
 def vm_argv(c: Corral, args: list[str]) -> list[str]:
     return c.python_argv(["-m", "corral", "run", "--tier", "microvm", "-q", *args])
 
@@ -65,7 +79,7 @@ def vm(
     return subprocess.run(
         vm_argv(c, list(args)),
         cwd=ws,
-        env=c.env({"XDG_CACHE_HOME": cache_for(c)}),
+        env=vm_env(c, ws),
         capture_output=True,
         timeout=timeout,
         input=stdin if stdin is not None else b"",
@@ -76,7 +90,7 @@ def vm_popen(c: Corral, ws: Path, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         vm_argv(c, list(args)),
         cwd=ws,
-        env=c.env({"XDG_CACHE_HOME": cache_for(c)}),
+        env=vm_env(c, ws),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -203,23 +217,25 @@ def test_write_protected_paths_are_read_only(sandbox: tuple[Corral, Path]) -> No
     assert "src-ok" in out and (ws / "src.txt").read_text() == "fine\n"  # allow twin
 
 
-def _leftovers(c: Corral) -> list[str]:
+def _leftovers(c: Corral, ws: Path) -> list[str]:
     """What a run could leave: half-written cache files, door sockets."""
     found = glob.glob(os.path.join(cache_for(c), "corral", "vm", "*.tmp*"))
-    return found + [d for d in glob.glob("/tmp/corral-door-*") if os.stat(d).st_uid == c.uid]
+    return found + glob.glob(os.path.join(tmp_for(c, ws), "*"))
 
 
 @pytest.mark.slow
 def test_a_timeout_stops_the_whole_vm(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
-    before = set(_leftovers(c))
-    proc = vm_popen(c, ws, "--timeout", "4", "--", "sh", "-c", "touch started; sleep 120")
+    before = set(_leftovers(c, ws))
+    # the timeout counts from corral's start: the guest's boot (2 to 5 s under TCG,
+    # more on a busy host) is part of it
+    proc = vm_popen(c, ws, "--timeout", "20", "--", "sh", "-c", "touch started; sleep 120")
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 124, err
     assert (ws / "started").exists()  # it did run (the allow twin: the VM worked)
-    assert b"timed out after 4s" in err
+    assert b"timed out after 20s" in err
     assert wait_for(lambda: not qemus_of(proc.pid), 5)
-    assert set(_leftovers(c)) == before
+    assert set(_leftovers(c, ws)) == before
 
 
 @pytest.mark.slow
@@ -319,7 +335,7 @@ def test_proxy_death_means_no_network(sandbox: tuple[Corral, Path]) -> None:
     proc = vm_popen(c, ws, "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script)
     try:
         assert wait_for(lambda: (ws / "first-ok").exists(), 120)
-        doors = [d for d in glob.glob("/tmp/corral-door-*") if os.stat(d).st_uid == c.uid]
+        doors = glob.glob(os.path.join(tmp_for(c, ws), "corral-door-*"))
         pids = [int(p) for d in doors for p in Path(d, "proxy.pid").read_text().split()]
         own = [p for p in pids if _parent(p) == proc.pid]
         assert own, (pids, proc.pid)
@@ -356,3 +372,47 @@ def test_a_guest_that_does_not_boot_in_time_is_stopped(sandbox: tuple[Corral, Pa
     assert b"the guest did not boot within 0.3 s" in err
     assert not (ws / "ran").exists()
     assert wait_for(lambda: not qemus_of(proc.pid), 5)
+
+
+@pytest.mark.slow
+def test_host_unix_sockets_are_names_the_guest_cannot_reach(sandbox: tuple[Corral, Path]) -> None:
+    """The view does not mask host sockets (a vanished one would fail QEMU's
+    bubblewrap): over 9p a socket is only a name, and connect() in the guest
+    reaches the guest's kernel alone."""
+    import socket
+
+    c, ws = sandbox
+    host_sock = ws / "host.sock"  # the workspace is shared as it is, sockets included
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(host_sock))
+    server.listen(4)
+    server.settimeout(0.1)
+    os.chown(host_sock, c.uid, c.gid)
+    connect = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "print(sys.argv[1], s.connect_ex(sys.argv[2]))\n"
+    )
+    own = (  # the allow twin: a socket bound inside the guest works
+        "import socket\n"
+        "a = socket.socket(socket.AF_UNIX); a.bind('/tmp/own.sock'); a.listen(1)\n"
+        "b = socket.socket(socket.AF_UNIX); print('own', b.connect_ex('/tmp/own.sock'))\n"
+    )
+    script = (
+        f"CONNECT={shlex.quote(connect)}\nOWN={shlex.quote(own)}\n"
+        f'ls -l {host_sock} | cut -c1\npython3 -c "$CONNECT" host {host_sock}\n'
+        'python3 -c "$OWN"\n'
+    )
+    try:
+        r = vm(c, ws, "--", "sh", "-c", script)
+        try:
+            server.accept()
+            reached = True
+        except OSError:
+            reached = False
+    finally:
+        server.close()
+    out = r.stdout.decode().split("\n")
+    assert out[0] == "s", r.stderr  # the name is there, a socket...
+    assert out[1].startswith("host ") and out[1] != "host 0"  # ...that leads nowhere
+    assert out[2] == "own 0" and not reached

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import shlex
 
-from corral.fsplan import PRIVATE_TMP, Mount
+from corral.fsplan import PRIVATE_TMP, SOCKET_MASK, Mount
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -66,10 +66,13 @@ def view_mounts(mounts: Sequence[Mount]) -> list[Mount]:
     The host's ``/proc``, ``/dev`` and ``/sys`` become empty directories: the
     guest has its own, and the binds the plan lays under them (kernel-wide
     entries read-only, network interfaces hidden) concern a sandbox that shares
-    the host's kernel, which the guest does not."""
+    the host's kernel, which the guest does not.  Host unix sockets are left
+    unmasked: over 9p a socket is a name, and the guest's connect() reaches only
+    the guest's own kernel (and a socket that vanished between the plan and the
+    launch would make bubblewrap fail on a read-only parent)."""
     out: list[Mount] = []
     for m in mounts:
-        if any(_inside(m.dest, own) for own in OWN_KERNEL_FILES):
+        if any(_inside(m.dest, own) for own in OWN_KERNEL_FILES) or m.why == SOCKET_MASK:
             continue
         dest = VIEW if m.dest == "/" else VIEW + m.dest
         out.append(Mount(m.kind, dest, m.src, m.why))
