@@ -441,7 +441,8 @@ def test_qemu_argv_is_a_microvm_with_ports_and_exports_and_no_network() -> None:
     argv = qemu.qemu_argv(machine)
     joined = " ".join(argv)
     assert argv[argv.index("-M") + 1].startswith("microvm,x-option-roms=off")
-    assert argv[argv.index("-accel") + 1] == "tcg" and argv[argv.index("-cpu") + 1] == "max"
+    assert argv[argv.index("-accel") + 1] == f"tcg,tb-size={qemu.TCG_CODE_MIB}"
+    assert argv[argv.index("-cpu") + 1] == "max"
     assert argv[argv.index("-smp") + 1] == "2" and argv[argv.index("-m") + 1] == "512M"
     assert argv[argv.index("-append") + 1] == "quiet corral.mode=run"
     assert "-chardev socket,id=p1,fd=5" in joined and "name=corral.ctl,nr=1" in joined

@@ -59,10 +59,14 @@ class VmStrategy(LaunchStrategy):
     def spawn(
         self, plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool
     ) -> int:
-        from corral.launch import _move_fds_into_place
-        from corral.vm import mux, run  # imported before the fork, not in the child
+        # imported before the fork: another thread may hold the import lock
+        import ctypes
 
-        del mux, run, procs_files, entered  # the guest bounds itself (RAM, vCPUs, pids)
+        from corral import seccomp
+        from corral.launch import _move_fds_into_place
+        from corral.vm import mux, run
+
+        del ctypes, seccomp, mux, run, procs_files, entered  # the guest bounds itself
         duplex = child_fds.get(0) == child_fds.get(1)  # a Sandbox's agent channel
         limits_r, limits_w = os.pipe()
         pid = os.fork()
@@ -73,6 +77,7 @@ class VmStrategy(LaunchStrategy):
         code = 125
         try:
             os.setsid()
+            _default_signals()
             _die_with_parent()
             _move_fds_into_place({0: child_fds[0], 1: child_fds[1], 2: child_fds[2], 3: limits_w})
             code = _serve(self.vm, self.door, duplex)
@@ -95,6 +100,19 @@ class VmStrategy(LaunchStrategy):
 
     def cannot_run_where(self) -> str:
         return " in the guest"
+
+
+def _default_signals() -> None:
+    """corral run's handlers and wakeup descriptor are not the runner's: a
+    forwarded signal is for corral, which stops the runner with SIGKILL."""
+    import signal
+
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+    except ValueError:  # not Python's main thread (never after a fork, in practice)
+        pass
 
 
 def _die_with_parent() -> None:
