@@ -70,7 +70,7 @@ def raw_argv(qemu_path: str, vmlinux: str, initrd: str, accel: str, mode: str) -
     )
     argv = qemu.qemu_argv(machine)
     if mode == "probe":  # a control port that swallows the init's "ready"
-        argv += ["-device", "virtio-serial-device", "-chardev", "null,id=ctl"]
+        argv += ["-device", "virtio-serial-device", "-chardev", "file,id=ctl,path=/dev/null"]
         argv += ["-device", "virtserialport,chardev=ctl,name=corral.ctl,nr=1"]
     return argv
 
