@@ -510,7 +510,7 @@ def cmd_run(args: list[str]) -> int:
     run_id = launch.new_run_id()
     if opts.get("explain"):
         return _explain(tier, policy, command, passed)
-    door = _open_door(opts, policy, run_id, tier.door_transport) if tier.name != "none" else None
+    door = _open_door(opts, policy, run_id, tier.door_transport) if tier.strategy.confines else None
     try:
         return _run_plan(opts, policy, tier.name, command, run_id, door, passed)
     finally:
@@ -548,15 +548,12 @@ def cmd_shell(args: list[str]) -> int:
     from corral import shell as pty_shell
 
     tier, _health = tiers.select(policy.tier, policy)
-    if tier.name == "none":
-        raise CorralError("corral shell needs a sandbox tier, not none")
-    if tier.name in ("container", "gvisor"):
+    if not tier.strategy.confines:
+        raise CorralError(f"corral shell needs a sandbox tier, not {tier.name}")
+    if tier.strategy.shell:
         from corral.errors import RefusedError
 
-        raise RefusedError(
-            f"corral shell is not built for the {tier.name} tier yet "
-            "(use corral run, or the Python API's Sandbox)"
-        )
+        raise RefusedError(tier.strategy.shell)
     argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
     shell_argv = pty_shell.command(argv, tier.python_argv())
     if opts.get("explain"):
@@ -687,8 +684,8 @@ def _run_plan(
         net=door.extras if door else None,
     )
     quiet = bool(opts.get("quiet"))
-    if plan.warning:
-        _err(plan.warning)
+    if plan.strategy.warning:
+        _err(plan.strategy.warning)
     elif policy.tier == "auto" and not quiet:
         _err(f"corral: tier {tier_name} (auto: strongest available here)")
     for note in plan.notes:
@@ -901,14 +898,11 @@ def _defaults_report(rows: list[tuple[Tier, Health]]) -> dict[str, dict[str, obj
     """The default limits, and whether each tier enforces them here for this user."""
     from corral.bounds import host_report
 
-    engine = problem = None
-    if any(t.name == "container" and h.available for t, h in rows):
-        from corral.container.engine import find, limits_problem
-
-        eng, _ = find()
-        if eng is not None:
-            engine, problem = eng.name, limits_problem(eng, ["memory", "pids"])
-    return host_report(engine or "", problem)
+    for tier, health in rows:
+        found = tier.limits_engine() if health.available else None
+        if found is not None:
+            return host_report(*found)
+    return host_report("", None)
 
 
 def cmd_log(args: list[str]) -> int:

@@ -195,7 +195,8 @@ class Aftercare:
         self.cg: CgroupRun | None = None
         self.snapshot: dict[str, object] = {}
         self.guardian: _Guardian | None = None
-        self.clean = False  # the sandbox ended on its own: no teardown commands needed
+        self.clean = False  # the sandbox ended on its own: nothing to remove by force
+        self.done = False  # the strategy's cleanup ran
         if plan.cgroup is not None:
             from corral.cgroups import CgroupRun
 
@@ -232,7 +233,7 @@ class Aftercare:
             or plan.quarantine
             or plan.restore
             or plan.scratch
-            or plan.teardown
+            or plan.strategy.needs_guardian()
             or (plan.home is not None and plan.home.mode == "ephemeral")
             or self.watch is not None
         ):
@@ -246,11 +247,10 @@ class Aftercare:
             self.guardian.launched(pid)
 
     def _emergency(self, pid: int) -> None:
-        if self.plan.teardown:
-            # an engine's client outlives corral and its container outlives the
-            # client: remove the container first, then wait as for any sandbox
-            run_teardown(self.plan)
-            self.clean = True
+        # what outlives corral (an engine's container outlives its client) goes
+        # first, then wait as for any sandbox
+        self.plan.strategy.cleanup(self.plan, False)
+        self.done = True
         # let the sandbox go first (die-with-parent, or the reaper's sweep)
         deadline = time.monotonic() + 5
         while pid and time.monotonic() < deadline:
@@ -264,8 +264,9 @@ class Aftercare:
 
     def _undo(self, wait: bool = True) -> list[Denial]:
         said: list[Denial] = []
-        if not self.clean:
-            run_teardown(self.plan)
+        if not self.done:
+            self.done = True
+            self.plan.strategy.cleanup(self.plan, self.clean)
         if self.cg is not None:
             self.cg.remove(wait)
         said += quarantine(self.plan.quarantine, self.run_id)
@@ -361,7 +362,7 @@ def run(
         result.duration = time.monotonic() - start
         if care.cg is not None:
             result.limits_hit = care.cg.limits_hit()
-        result.limits_hit += read_report(plan)
+        result.limits_hit += plan.strategy.limits_hit(plan)
         result.denials += care.finish()
     if result.timed_out:
         result.limits_hit.append("timeout")
@@ -408,38 +409,6 @@ def remove_scratch(plan: Plan) -> None:
     import shutil
 
     shutil.rmtree(plan.scratch, ignore_errors=True)
-
-
-def read_report(plan: Plan) -> list[str]:
-    if plan.report is None:
-        return []
-    try:
-        with open(plan.report, encoding="utf-8") as fh:
-            words = fh.read().split()
-    except OSError:
-        return []
-    return [w for w in dict.fromkeys(words) if w in ("memory", "pids")]
-
-
-def run_teardown(plan: Plan) -> None:
-    """Run the plan's cleanup commands (removing a container), quietly, bounded."""
-    if not plan.teardown:
-        return
-    import subprocess
-
-    env = plan.launcher_env if plan.launcher_env is not None else plan.env
-    for argv in plan.teardown:
-        try:
-            subprocess.run(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=30,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            pass
 
 
 def _plan_fds(
@@ -558,11 +527,11 @@ def _launch_and_pump(
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
 
-    resolver = _enter_netns(plan) if plan.netns is not None else None
+    resolver = plan.strategy.enter(plan)
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in FORWARDED_SIGNALS}
     old_wakeup = signal.set_wakeup_fd(wake_w)
     try:
-        pid = _exec_plan(plan, child_fds, procs_files, netns_made=plan.netns is not None)
+        pid = _exec_plan(plan, child_fds, procs_files, entered=True)
         care.launched(pid)
         for fd in to_close:
             os.close(fd)
@@ -594,45 +563,13 @@ def _launch_and_pump(
                 pass
 
 
-def _enter_netns(plan: Plan) -> Resolver | None:
-    """Move this process into the sandbox's new network namespace (see run()); the
-    resolver to serve if the sandbox has no network."""
-    from corral import netns
-
-    assert plan.netns is not None
-    try:
-        held = netns.enter(plan.netns)
-    except OSError as exc:
-        raise SetupError(f"the {plan.tier} sandbox's network could not be set up: {exc}") from None
-    return netns.Resolver(held) if held else None
-
-
 def _exec_plan(
-    plan: Plan, child_fds: dict[int, int], procs_files: list[str], netns_made: bool = False
+    plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool = False
 ) -> int:
-    """posix_spawn when nothing must happen between fork and exec; fork otherwise
-    (join a cgroup, change directory, make the sandbox's network namespace unless
-    this process already lives in it: ``netns_made``)."""
+    """The plan's strategy starts it; ``entered``: its enter() ran in this process."""
     if plan.landlock is not None:
         return _fork_confined(plan, child_fds, procs_files)
-    before = None
-    if plan.netns is not None and not netns_made:
-        before = _netns_entry(plan)
-    env = plan.launcher_env if plan.launcher_env is not None else plan.env
-    return spawn_process(plan, child_fds, procs_files, not plan.cwd_in_argv, env, before)
-
-
-def _netns_entry(plan: Plan) -> Callable[[], None]:
-    def enter() -> None:
-        from corral import netns
-
-        assert plan.netns is not None
-        try:
-            netns.enter(plan.netns)
-        except Exception as exc:
-            raise SetupError(f"network: {exc}") from None
-
-    return enter
+    return plan.strategy.spawn(plan, child_fds, procs_files, entered)
 
 
 def spawn_process(
@@ -718,7 +655,7 @@ def _exec_failed(plan: Plan, exc: OSError, env: dict[str, str]) -> None:
     line = cannot_run(name, enoent, exc.strerror or str(exc), env.get("PATH", ""), None, by_policy)
     if "/" in name and enoent:
         line = cannot_run(name, True, "", "", os.path.exists(name))
-    where = "" if plan.tier == "none" else plan.strategy.cannot_run_where()
+    where = plan.strategy.cannot_run_where()
     if where != " in the sandbox":
         line = line.replace(" in the sandbox", where)
     os.write(2, (line + "\n").encode())

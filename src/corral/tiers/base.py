@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from corral.home import HomeLayer
     from corral.landlock import Ruleset
     from corral.net.trust import NetExtras
-    from corral.netns import NetPlan, Resolver
+    from corral.netns import Resolver
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
     from corral.tiers.host import HostFacts
@@ -89,6 +89,7 @@ class LaunchStrategy:
     lazy = False  # Sandbox starts it on first use, and again after it died
     shell = ""  # why `corral shell` cannot run on this tier ("" when it can)
     close_grace = 0.0  # seconds Sandbox.close() lets the agent's exit end it first
+    agent_fds = True  # the agent's socket is ours end to end: descriptors cross it
     warning = ""  # printed on stderr before every run (tier none's warning)
 
     def enter(self, plan: Plan) -> Resolver | None:
@@ -173,28 +174,22 @@ class Plan:
         "bounds",
         "cgroup",
         "cwd",
-        "cwd_in_argv",
         "env",
         "fds",
         "hardlinks",
         "home",
         "landlock",
-        "launcher_env",
         "lock_watch",
         "mounts",
-        "netns",
         "notes",
         "policy",
         "prepare",
         "quarantine",
-        "report",
         "restore",
         "scratch",
         "seccomp",
         "strategy",
-        "teardown",
         "tier",
-        "warning",
     )
 
     def __init__(self, tier: str, policy: Policy) -> None:
@@ -205,10 +200,6 @@ class Plan:
         self.argv: list[str] = []
         self.env: dict[str, str] = {}
         self.cwd = policy.workspace
-        self.cwd_in_argv = False  # True when argv itself changes to cwd (bwrap --chdir)
-        # a network namespace the launcher creates, with the listeners it hands to
-        # the proxy (namespace tier with a network; see corral.netns)
-        self.netns: NetPlan | None = None
         self.mounts: list[Mount] = []
         self.seccomp: tuple[SyscallRule, ...] = ()
         self.cgroup: CgroupPlan | None = None
@@ -227,12 +218,7 @@ class Plan:
         self.restore: list[str] = []
         self.scratch: str | None = None
         self.notes: list[str] = []
-        self.warning: str | None = None  # printed on stderr every run (tier none)
-        # For tiers that launch through another program (a container engine):
-        self.launcher_env: dict[str, str] | None = None  # its environment, if not ``env``
         self.prepare: list[tuple[str, bytes, int]] = []  # files made in scratch: name, data, mode
-        self.report: str | None = None  # a file naming limits hit, one per line
-        self.teardown: list[list[str]] = []  # commands that remove what a kill left behind
 
     def describe(self) -> str:
         """A human-readable account of the plan; never prints environment values."""
@@ -255,8 +241,7 @@ class Plan:
         if self.restore:
             lines.append("snapshotted at launch, restored after the run if changed:")
             lines.extend(f"  {p}" for p in self.restore)
-        if self.netns is not None:
-            lines.extend(self.netns.describe())
+        lines.extend(self.strategy.describe())
         lines.extend(network_lines(self.policy))
         if self.seccomp:
             lines.append("seccomp (each call below fails with that errno; all others allowed):")
@@ -320,6 +305,12 @@ class Tier:
     def health_for(self, policy: Policy | None, probe: bool = False) -> Health:
         """Like health(), for the choices a policy makes (the container tier's engine)."""
         return self.health(probe)
+
+    def limits_engine(self) -> tuple[str, str] | None:
+        """For ``corral doctor``: the program that enforces limits for this tier and
+        why it cannot for this user ("" if it can), when that is not corral's own
+        cgroup (a container engine); None otherwise."""
+        return None
 
     def python_argv(self) -> list[str]:
         """How to start a Python inside this tier's sandbox (the relay and the agent)."""

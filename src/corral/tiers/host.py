@@ -31,7 +31,8 @@ class HostFacts:
     a test names only what it cares about.
 
     ``environ``: corral's own environment (PATH to find tools, TMPDIR, what a
-    container engine needs), never the sandbox's; ``uid``/``gid``/``groups``:
+    container engine needs, what the policy passes through); ``cwd``: the
+    caller's working directory, symlinks resolved ("" when it is gone); ``uid``/``gid``/``groups``:
     who corral runs as; ``stdin_tty``: whether fd 0 is a terminal; ``token``: a
     fresh random hex string naming this plan's private files and objects;
     ``python``: the interpreter a sandbox can run for corral's own helpers;
@@ -43,6 +44,7 @@ class HostFacts:
 
     __slots__ = (
         "cgroups",
+        "cwd",
         "environ",
         "fs",
         "gid",
@@ -58,6 +60,7 @@ class HostFacts:
         self,
         *,
         environ: Mapping[str, str] | None = None,
+        cwd: str = "",
         uid: int = 1000,
         gid: int = 1000,
         groups: tuple[int, ...] = (),
@@ -69,6 +72,7 @@ class HostFacts:
         cgroups: CgroupHost | None = None,
     ) -> None:
         self.environ: dict[str, str] = dict(environ or {"PATH": "/usr/bin:/bin"})
+        self.cwd = cwd
         self.uid = uid
         self.gid = gid
         self.groups = groups
@@ -79,6 +83,15 @@ class HostFacts:
         self.home = home
         self.cgroups = cgroups
 
+    def cgroup_layout(self) -> CgroupHost:
+        """The host's cgroup layout; none at all when it was not gathered (a limit
+        that needs a cgroup is then refused or, for a default, not enforced)."""
+        if self.cgroups is None:
+            from corral.cgroups import CgroupHost
+
+            return CgroupHost()
+        return self.cgroups
+
 
 def common(policy: Policy, facts: HostFacts) -> HostFacts:
     """Fill ``facts`` with what every tier reads from this host the same way; each
@@ -86,6 +99,10 @@ def common(policy: Policy, facts: HostFacts) -> HostFacts:
     from corral import cgroups
 
     facts.environ = dict(os.environ)
+    try:
+        facts.cwd = os.path.realpath(os.getcwd())
+    except OSError:
+        facts.cwd = ""
     facts.uid, facts.gid = os.getuid(), os.getgid()
     facts.token = os.urandom(6).hex()
     if cgroups.wanted(policy.limits):
