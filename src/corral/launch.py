@@ -109,7 +109,7 @@ def _above(wanted: dict[int, int]) -> int:
     return max([2, *wanted]) + 1
 
 
-def _move_fds_into_place(wanted: dict[int, int]) -> None:
+def move_fds_into_place(wanted: dict[int, int]) -> None:
     """In the child: make fd ``target`` refer to ``source`` for each pair, then close the
     rest: nothing the caller holds crosses unless it is asked for."""
     import fcntl
@@ -149,7 +149,7 @@ class _Guardian:
                 keep = {0: null, 1: null, 2: null, 3: rfd}
                 if hold >= 0:
                     keep[4] = hold
-                _move_fds_into_place(keep)
+                move_fds_into_place(keep)
                 said = b""
                 while chunk := os.read(3, 64):
                     said += chunk
@@ -301,19 +301,6 @@ class Aftercare:
         if self.guardian is not None:
             self.guardian.release(later=self.cg is not None and bool(self.cg.dirs))
         return said
-
-
-def stop_plan(plan: Plan, pid: int) -> None:
-    """Kill a launched plan's whole tree.  bwrap's process group dies with its pid
-    namespace; the landlock tier's reaper sweeps its own descendants on SIGTERM
-    (a SIGKILL would leave them to init)."""
-    try:
-        if plan.landlock is not None:
-            os.kill(pid, signal.SIGTERM)
-        else:
-            os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def quarantine(paths: list[str], run_id: str) -> list[Denial]:
@@ -471,7 +458,7 @@ class Started:
     def stop(self) -> list[Denial]:
         """Kill the sandbox and undo what the run set up; the denials found."""
         if self.pid > 0:  # -1: already reaped (and never killpg(-1))
-            stop_plan(self.plan, self.pid)
+            self.plan.strategy.stop(self.plan, self.pid)
             try:
                 os.waitpid(self.pid, 0)
             except ChildProcessError:
@@ -567,8 +554,6 @@ def _exec_plan(
     plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool = False
 ) -> int:
     """The plan's strategy starts it; ``entered``: its enter() ran in this process."""
-    if plan.landlock is not None:
-        return _fork_confined(plan, child_fds, procs_files)
     return plan.strategy.spawn(plan, child_fds, procs_files, entered)
 
 
@@ -617,14 +602,8 @@ def _fork_exec(
     if pid:
         return pid
     try:
-        for sig in RESET_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        os.setsid()  # its own process group: a timeout kills it whole
-        for procs in procs_files:
-            with open(procs, "w", encoding="utf-8") as fh:
-                fh.write("0")  # ourselves (see CgroupRun.procs_files)
-        _move_fds_into_place(child_fds)
+        child_session(procs_files)
+        move_fds_into_place(child_fds)
         try:
             os.chdir(plan.cwd)
         except OSError as exc:
@@ -640,12 +619,25 @@ def _fork_exec(
                 os._exit(125)
         os.execvpe(plan.argv[0], plan.argv, env)
     except OSError as exc:
-        _exec_failed(plan, exc, env)
+        exec_failed(plan, exc, env)
     finally:
         os._exit(125)
 
 
-def _exec_failed(plan: Plan, exc: OSError, env: dict[str, str]) -> None:
+def child_session(procs_files: list[str]) -> None:
+    """In a forked child, first: the default signal handling any shell would give,
+    a new session (its own process group: a timeout kills it whole) and the
+    run's cgroup joined before anything of the command runs."""
+    for sig in RESET_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    os.setsid()
+    for procs in procs_files:
+        with open(procs, "w", encoding="utf-8") as fh:
+            fh.write("0")  # ourselves (see CgroupRun.procs_files)
+
+
+def exec_failed(plan: Plan, exc: OSError, env: dict[str, str]) -> None:
     """In a child whose exec failed: corral's line on its stderr, then 127 or 126."""
     from corral.failures import cannot_run
 
@@ -660,50 +652,6 @@ def _exec_failed(plan: Plan, exc: OSError, env: dict[str, str]) -> None:
         line = line.replace(" in the sandbox", where)
     os.write(2, (line + "\n").encode())
     os._exit(127 if enoent else 126)
-
-
-def _fork_confined(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) -> int:
-    """The landlock tier: a reaper outside the sandbox, the command confined below it."""
-    from corral import confine, seccomp
-
-    assert plan.landlock is not None
-    program = seccomp.compile_filter(plan.seccomp, seccomp.native_arch())
-    parent = os.getpid()
-    pid = os.fork()
-    if pid:
-        return pid
-
-    def exec_command() -> None:
-        try:
-            _move_fds_into_place(child_fds)
-            os.chdir(plan.cwd)
-        except OSError as exc:
-            os.write(2, f"corral: cannot enter {plan.cwd}: {exc.strerror}\n".encode())
-            os._exit(126)
-        try:
-            assert plan.landlock is not None
-            confine.apply(plan.landlock, program)
-        except (OSError, confine.ConfineError) as exc:
-            os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())
-            os._exit(125)
-        try:
-            os.execvpe(plan.argv[0], plan.argv, plan.env)
-        except OSError as exc:
-            _exec_failed(plan, exc, plan.env)
-
-    try:
-        for sig in RESET_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        os.setsid()
-        for procs in procs_files:
-            with open(procs, "w", encoding="utf-8") as fh:
-                fh.write("0")  # ourselves (see CgroupRun.procs_files)
-        confine.reaper(exec_command, parent)
-    except BaseException as exc:
-        os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())
-    finally:
-        os._exit(125)
 
 
 def _spawn(plan: Plan, child_fds: dict[int, int], env: dict[str, str]) -> int:
@@ -779,7 +727,7 @@ def _pump(
         nonlocal killed
         if not killed:
             killed = True
-            stop_plan(plan, pid)
+            plan.strategy.stop(plan, pid)
 
     broken: set[int] = set()  # our own outputs whose reader went away
 
@@ -913,6 +861,7 @@ def _pump(
     if code is None:
         code = os.waitstatus_to_exitcode(wait_status)
         code = 128 - code if code < 0 else code
+    code = plan.strategy.exit_code(plan, code)
     if result.timed_out:
         code = EXIT_TIMEOUT
     elif result.signal is not None:

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from corral.cgroups import CgroupPlan
     from corral.fsplan import Mount
     from corral.home import HomeLayer
-    from corral.landlock import Ruleset
     from corral.net.trust import NetExtras
     from corral.netns import Resolver
     from corral.policy import Policy
@@ -178,7 +177,6 @@ class Plan:
         "fds",
         "hardlinks",
         "home",
-        "landlock",
         "lock_watch",
         "mounts",
         "notes",
@@ -212,9 +210,8 @@ class Plan:
         # {lock name: protected path}, watched during the run (corral.lockwatch)
         self.lock_watch: dict[str, dict[str, str]] = {}
         self.hardlinks: list[str] = []  # files made read-only: may share content outside
-        # tiers without mounts (landlock): the ruleset, write-deny paths put back
-        # after the run, and a private scratch directory the launcher creates
-        self.landlock: Ruleset | None = None
+        # tiers without mounts (landlock): write-deny paths put back after the run;
+        # a private directory the launcher creates (and fills: ``prepare``)
         self.restore: list[str] = []
         self.scratch: str | None = None
         self.notes: list[str] = []
@@ -234,8 +231,6 @@ class Plan:
         if self.mounts:
             lines.append("mounts:")
             lines.extend(f"  {m!r}" for m in self.mounts)
-        if self.landlock is not None:
-            lines.extend(self.landlock.describe())
         if self.scratch:
             lines.append(f"scratch (private, removed after the run): {self.scratch}")
         if self.restore:
