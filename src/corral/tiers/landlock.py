@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from corral.fsplan import Mount
-    from corral.landlock import Ruleset
+    from corral.landlock import Ruleset, Tree
     from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
@@ -196,6 +196,22 @@ def door_port(door: str | None) -> int:
     return int(port)
 
 
+def abi_problem(abi: int) -> str:
+    """Why Landlock ABI ``abi`` (0: none) is not enough for this tier."""
+    from corral import landlock
+
+    if abi == 0:
+        return (
+            "no Landlock in this kernel, or it is turned off or blocked here "
+            "(Linux >= 5.13 with CONFIG_SECURITY_LANDLOCK and landlock in lsm=)"
+        )
+    missing = [what for need, what in landlock.ABI_FEATURES if abi < need <= 6]
+    return (
+        f"Landlock ABI {abi} lacks {', '.join(missing)} (needs ABI "
+        f"{landlock.MIN_ABI}, Linux >= 6.12)"
+    )
+
+
 class Confined(LaunchStrategy):
     """A reaper process outside the sandbox (:func:`corral.confine.reaper`) whose
     child confines itself with ``ruleset`` and the plan's seccomp filter, then
@@ -253,15 +269,26 @@ class Confined(LaunchStrategy):
 
 
 class LandlockFacts(HostFacts):
-    """The landlock tier's host: the kernel's Landlock ABI version (0: none) and
-    the read-deny paths that file permissions already hide from this user."""
+    """The landlock tier's host: the kernel's Landlock ABI version (0: none), the
+    read-deny paths that file permissions already hide from this user, and the
+    directory tree the ruleset's split walks (:class:`corral.landlock.Tree`)."""
 
-    __slots__ = ("abi", "hidden")
+    __slots__ = ("abi", "hidden", "tree")
 
-    def __init__(self, *, abi: int = 0, hidden: frozenset[str] = frozenset(), **common: Any):
+    def __init__(
+        self,
+        *,
+        abi: int = 0,
+        hidden: frozenset[str] = frozenset(),
+        tree: Tree | None = None,
+        **common: Any,
+    ) -> None:
+        from corral.landlock import Tree
+
         super().__init__(**common)
         self.abi = abi
         self.hidden = hidden
+        self.tree = tree if tree is not None else Tree()
 
 
 class LandlockTier(Tier):
@@ -272,7 +299,7 @@ class LandlockTier(Tier):
     strategy = Confined
 
     def gather(self, policy: Policy) -> LandlockFacts:
-        from corral import home
+        from corral import home, landlock
         from corral.tiers import host
 
         facts = LandlockFacts()
@@ -281,7 +308,11 @@ class LandlockTier(Tier):
         facts.fs = fsplan.plan_filesystem(policy, mounts=False)
         facts.home = home.plan_home(policy)
         facts.groups = tuple(os.getgroups())
-        facts.hidden = frozenset(p for p in facts.fs.read_deny if dac_hidden(p, facts.groups))
+        fs = facts.fs
+        facts.hidden = frozenset(p for p in fs.read_deny if dac_hidden(p, facts.groups))
+        if facts.abi >= landlock.MIN_ABI:
+            secrets = [p for p in fs.read_deny if p not in facts.hidden]
+            facts.tree = landlock.record_tree(facts.abi, fs.writable, secrets, fs.hardlinks)
         return facts
 
     def health(self, probe: bool = False) -> Health:
@@ -295,21 +326,8 @@ class LandlockTier(Tier):
             "protections": landlock.features(abi),
             "differences": list(DIFFERENCES),
         }
-        if abi == 0:
-            return Health(
-                False,
-                "no Landlock in this kernel, or it is turned off or blocked here "
-                "(Linux >= 5.13 with CONFIG_SECURITY_LANDLOCK and landlock in lsm=)",
-                details,
-            )
         if abi < landlock.MIN_ABI:
-            missing = [what for need, what in landlock.ABI_FEATURES if abi < need <= 6]
-            return Health(
-                False,
-                f"Landlock ABI {abi} lacks {', '.join(missing)} (needs ABI "
-                f"{landlock.MIN_ABI}, Linux >= 6.12)",
-                details,
-            )
+            return Health(False, abi_problem(abi), details)
         return Health(True, f"ABI {abi}: fs, tcp, scoping", details)
 
     def plan(
@@ -333,7 +351,7 @@ class LandlockTier(Tier):
         facts = host if isinstance(host, LandlockFacts) else self.gather(policy)
         abi = facts.abi
         if abi < landlock.MIN_ABI:
-            raise RefusedError(self.health().reason)
+            raise RefusedError(abi_problem(abi))
         plan = Plan(self.name, policy)
         fs = facts.fs
         assert fs is not None
@@ -382,8 +400,9 @@ class LandlockTier(Tier):
         binds = {m.dest: m.src or m.dest for m in extra if m.kind == "ro-bind"}
         plan.argv = [binds.get(arg, arg) for arg in command]
         secrets = [p for p in fs.read_deny if p not in facts.hidden]
+        tree = facts.tree
         rules = landlock.build(
-            abi, fs.writable, secrets, plan.scratch, port, read_only=fs.hardlinks
+            abi, fs.writable, secrets, plan.scratch, port, tree.listdir, tree.is_dir, fs.hardlinks
         )
         beside = sorted(
             {os.path.dirname(p) for p in fs.read_deny if any(_within(p, w) for w in fs.writable)}
