@@ -524,7 +524,8 @@ def _explain(tier: Tier, policy: Policy, command: list[str], passed: tuple[int, 
     if policy.network.mode == "proxy":
         door_path = "127.0.0.1:3128" if tier.door_transport == "tcp" else "/DOOR"
         net = _explained_extras(policy)
-    print(tier.plan(policy, command, door=door_path, pass_fds=passed, net=net).describe())
+    host = tier.gather(policy)
+    print(tier.plan(policy, command, door_path, pass_fds=passed, net=net, host=host).describe())
     return 0
 
 
@@ -567,6 +568,7 @@ def cmd_shell(args: list[str]) -> int:
             door=door.address if door else None,
             pass_fds=passed,
             net=door.extras if door else None,
+            host=tier.gather(policy),
         )
         if not opts.get("quiet"):
             _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
@@ -676,12 +678,14 @@ def _run_plan(
 ) -> int:
     from corral import bounds, launch, tiers
 
-    plan = tiers.get(tier_name).plan(
+    tier = tiers.get(tier_name)
+    plan = tier.plan(
         policy,
         command,
         door=door.address if door else None,
         pass_fds=passed,
         net=door.extras if door else None,
+        host=tier.gather(policy),  # the host, read once: plan() reads nothing
     )
     quiet = bool(opts.get("quiet"))
     if plan.strategy.warning:
