@@ -1,8 +1,11 @@
 """The thin layer that runs a :class:`~corral.tiers.base.Plan`.
 
-Everything with side effects lives here: cgroups, file descriptors, the fork,
-the output pump with its bound, the timeout, signals, and the cleanup that
-must happen even when corral itself is killed (a small guardian process).
+Everything with side effects that every tier shares lives here: cgroups, file
+descriptors, the output pump with its bound, the timeout, signals, and the
+cleanup that must happen even when corral itself is killed (a small guardian
+process).  What differs by tier (how the process tree is started and killed,
+what is left to remove) is the plan's
+:class:`~corral.tiers.base.LaunchStrategy`; nothing here asks which tier runs.
 """
 
 from __future__ import annotations
@@ -479,7 +482,9 @@ def start(plan: Plan, run_id: str, stdio: dict[int, int]) -> Started:
     try:
         status_r = _plan_fds(plan, child_fds, parent_only, to_close)
         cg = care.cg
-        pid = _exec_plan(plan, child_fds, cg.procs_files() if cg is not None else [])
+        pid = plan.strategy.spawn(
+            plan, child_fds, cg.procs_files() if cg is not None else [], False
+        )
     except BaseException:
         care.finish()
         raise
@@ -518,7 +523,7 @@ def _launch_and_pump(
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in FORWARDED_SIGNALS}
     old_wakeup = signal.set_wakeup_fd(wake_w)
     try:
-        pid = _exec_plan(plan, child_fds, procs_files, entered=True)
+        pid = plan.strategy.spawn(plan, child_fds, procs_files, True)  # after enter()
         care.launched(pid)
         for fd in to_close:
             os.close(fd)
@@ -548,13 +553,6 @@ def _launch_and_pump(
                 os.close(fd)
             except OSError:
                 pass
-
-
-def _exec_plan(
-    plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool = False
-) -> int:
-    """The plan's strategy starts it; ``entered``: its enter() ran in this process."""
-    return plan.strategy.spawn(plan, child_fds, procs_files, entered)
 
 
 def spawn_process(

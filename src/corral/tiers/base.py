@@ -2,7 +2,7 @@
 
 A tier is a name, a strength, ``health()`` (can it run here, and if not, exactly
 why), ``gather(policy)`` (the host facts its plan needs, read once:
-:mod:`corral.tiers.host`) and a pure ``plan(policy, command, ..., host=facts)``:
+:class:`HostFacts`) and a pure ``plan(policy, command, ..., host=facts)``:
 what would be launched, with which mounts, syscall rules and limits.
 
 A plan carries its tier's :class:`LaunchStrategy` (``plan.strategy``): how that
@@ -14,19 +14,106 @@ tier they run.  Plans can be unit-tested without running anything.
 
 from __future__ import annotations
 
+import os
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from corral.bounds import Bound
-    from corral.cgroups import CgroupPlan
-    from corral.fsplan import Mount
+    from corral.cgroups import CgroupHost, CgroupPlan
+    from corral.fsplan import FsPlan, Mount
     from corral.home import HomeLayer
     from corral.net.trust import NetExtras
     from corral.netns import Resolver
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
-    from corral.tiers.host import HostFacts
+
+
+class HostFacts:
+    """What a tier's ``plan()`` needs to know about this host, read once by the
+    caller (``Tier.gather(policy)``), so that ``plan(..., host=facts)`` is a pure
+    function of the policy, the command and this snapshot, and unit tests
+    fabricate one instead of monkeypatching the host.  Each tier extends it
+    with its own facts in a subclass in its module (the namespace tier's bwrap
+    path, the landlock tier's ABI, the container tier's engine).  Every field
+    has a harmless default so a test names only what it cares about.
+
+    ``environ``: corral's own environment (PATH to find tools, TMPDIR, what a
+    container engine needs, what the policy passes through); ``cwd``: the
+    caller's working directory, symlinks resolved ("" when it is gone);
+    ``uid``/``gid``/``groups``: who corral runs as; ``stdin_tty``: whether fd
+    0 is a terminal; ``token``: a fresh random hex string naming this plan's
+    private files and objects;
+    ``fs``: the filesystem decision (:func:`corral.fsplan.plan_filesystem`,
+    which reads the workspace and the secrets present); ``home``: the home
+    layer, if any (:func:`corral.home.plan_home`); ``cgroups``: the host's
+    cgroup layout when a limit needs one (:func:`corral.cgroups.detect`).
+    """
+
+    __slots__ = (
+        "cgroups",
+        "cwd",
+        "environ",
+        "fs",
+        "gid",
+        "groups",
+        "home",
+        "stdin_tty",
+        "token",
+        "uid",
+    )
+
+    def __init__(
+        self,
+        *,
+        environ: Mapping[str, str] | None = None,
+        cwd: str = "",
+        uid: int = 1000,
+        gid: int = 1000,
+        groups: tuple[int, ...] = (),
+        stdin_tty: bool = False,
+        token: str = "000000000000",
+        fs: FsPlan | None = None,
+        home: HomeLayer | None = None,
+        cgroups: CgroupHost | None = None,
+    ) -> None:
+        self.environ = dict(environ) if environ is not None else {"PATH": "/usr/bin:/bin"}
+        self.cwd = cwd
+        self.uid = uid
+        self.gid = gid
+        self.groups = groups
+        self.stdin_tty = stdin_tty
+        self.token = token
+        self.fs = fs
+        self.home = home
+        self.cgroups = cgroups
+
+    def cgroup_layout(self) -> CgroupHost:
+        """The host's cgroup layout; none at all when it was not gathered (a limit
+        that needs a cgroup is then refused or, for a default, not enforced)."""
+        if self.cgroups is None:
+            from corral.cgroups import CgroupHost
+
+            return CgroupHost()
+        return self.cgroups
+
+
+def gather_common(policy: Policy, facts: HostFacts) -> HostFacts:
+    """Fill ``facts`` with what every tier reads from this host the same way; each
+    tier's ``gather()`` adds the filesystem decision and its own facts."""
+    from corral import cgroups
+
+    facts.environ = dict(os.environ)
+    try:
+        facts.cwd = os.path.realpath(os.getcwd())
+    except OSError:
+        facts.cwd = ""
+    facts.uid, facts.gid = os.getuid(), os.getgid()
+    facts.token = os.urandom(6).hex()
+    if cgroups.wanted(policy.limits):
+        facts.cgroups = cgroups.detect()
+    return facts
 
 
 class Health:
@@ -118,8 +205,6 @@ class LaunchStrategy:
         """Kill the whole tree at once, without waiting (the timeout, a forwarded
         signal, ``Sandbox.close()``).  ``pid`` is :meth:`spawn`'s; the launcher
         reaps it.  Never raises."""
-        import os
-
         try:
             os.killpg(pid, 9)  # SIGKILL; its own process group (a new session)
         except OSError:
@@ -289,9 +374,7 @@ class Tier:
         """Read what :meth:`plan` needs to know about this host, once, with a fresh
         token each call (the caller's job: ``corral run``, each ``Sandbox`` start).
         Tiers that need more extend this and return their own subclass."""
-        from corral.tiers import host
-
-        return host.common(policy, host.HostFacts())
+        return gather_common(policy, HostFacts())
 
     def health(self, probe: bool = False) -> Health:
         """Can this tier run here?  ``probe`` may launch a tiny test sandbox (doctor)."""

@@ -17,8 +17,7 @@ import os
 
 from corral import environ, fsplan
 from corral.errors import RefusedError
-from corral.tiers.base import Health, LaunchStrategy, Plan, Tier
-from corral.tiers.host import HostFacts
+from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gather_common
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -250,10 +249,9 @@ class ContainerTier(Tier):
         from corral import cgroups, home
         from corral.container.bundle import host_bundle
         from corral.container.engine import limits_problem
-        from corral.tiers import host
 
         facts = ContainerFacts()
-        host.common(policy, facts)
+        gather_common(policy, facts)
         facts.engine, facts.engine_why = self._engine(policy)
         if facts.engine is None:
             return facts

@@ -15,8 +15,7 @@ import errno
 import os
 
 from corral import environ, fsplan
-from corral.tiers.base import Health, LaunchStrategy, Plan, Tier
-from corral.tiers.host import HostFacts
+from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gather_common
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -300,10 +299,9 @@ class LandlockTier(Tier):
 
     def gather(self, policy: Policy) -> LandlockFacts:
         from corral import home, landlock
-        from corral.tiers import host
 
         facts = LandlockFacts()
-        host.common(policy, facts)
+        gather_common(policy, facts)
         facts.abi = abi_version()
         facts.fs = fsplan.plan_filesystem(policy, mounts=False)
         facts.home = home.plan_home(policy)

@@ -11,8 +11,7 @@ import os
 
 from corral import environ, fsplan
 from corral.fsplan import Mount
-from corral.tiers.base import Health, LaunchStrategy, Plan, Tier
-from corral.tiers.host import HostFacts
+from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gather_common
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -224,10 +223,9 @@ class NamespaceTier(Tier):
 
     def gather(self, policy: Policy) -> NamespaceFacts:
         from corral import home
-        from corral.tiers import host
 
         facts = NamespaceFacts()
-        host.common(policy, facts)
+        gather_common(policy, facts)
         facts.home = home.plan_home(policy)
         layer = facts.home
         facts.fs = fsplan.plan_filesystem(policy, home=layer.path if layer else None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corral import environ
-from corral.tiers.base import Health, LaunchStrategy, Plan, Tier
+from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -12,7 +12,6 @@ if TYPE_CHECKING:
     from corral.fsplan import Mount
     from corral.net.trust import NetExtras
     from corral.policy import Policy
-    from corral.tiers.host import HostFacts
 
 WARNING = (
     "corral: WARNING: tier none: running UNCONFINED (no filesystem, network, "
