@@ -259,7 +259,8 @@ def _parse(text: str, path: str) -> Guardrail:
     keys = parse_front_matter(fence) if fence is not None else {}
     g.lines = {k: line for k, (line, _) in keys.items()}
     g.unknown = [k for k in keys if k not in KNOWN_KEYS]
-    for key in ("title", "risk_tier", "version", "content_hash", "action", "max_body"):
+    # (risk_tier is never an error: anything but a tier word is null)
+    for key in ("title", "version", "content_hash", "action", "max_body"):
         if key in keys and isinstance(keys[key][1], list) and keys[key][1]:
             raise ValueError(f"{keys[key][0]}: {key}: expected one value, not a list")
     g.title = _text(keys, "title") or _heading(body) or title_from_file_name(path)
