@@ -32,9 +32,7 @@ def test_guardrail_tiers_decide_intercepted_requests(tsandbox: tuple[Corral, Pat
         (guard / "no_deletes.md").write_text(guardrail("CRITICAL", "DELETE", port, "3"))
         (guard / "reads.md").write_text(guardrail("low", "GET", port, "1.2"))
         (guard / "writes.md").write_text(guardrail("High", "PUT", port, "5"))
-        write_policy(
-            ws, c, https.policy([port]) + '\n[guardrails]\ndirs = ["guardrails"]\n'
-        )
+        write_policy(ws, c, https.policy([port]) + '\n[guardrails]\ndirs = ["guardrails"]\n')
         hashed = c.run(["rules", "hash", "guardrails/reads.md"], cwd=ws)
         assert hashed.returncode == 0, hashed.stderr
         base = f"https://127.0.0.1:{port}"
