@@ -84,13 +84,14 @@ def body_hash(body: str) -> str:
     """The hash of a body, as defined in this module's docstring."""
     canonical = body.replace("\r\n", "\n").strip(_TRIM)
     try:  # the builtin module: hashlib loads OpenSSL (some 2.5 ms on a run's path)
-        from _sha256 import sha256  # Python 3.11
+        from _sha256 import sha256  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         try:
             from _sha2 import sha256  # type: ignore[import-not-found, no-redef, unused-ignore]
         except ImportError:
             from hashlib import sha256  # type: ignore[assignment, unused-ignore]
-    return sha256(canonical.encode("utf-8")).hexdigest()
+    digest: str = sha256(canonical.encode("utf-8")).hexdigest()
+    return digest
 
 
 def _is_key(text: str) -> bool:
