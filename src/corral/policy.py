@@ -347,7 +347,10 @@ class Policy:
             }
         guard = self.guardrails
         if guard.dirs:  # as for container
-            out["guardrails"] = {"dirs": list(guard.dirs), "tiers": dict(guard.tiers)}
+            view: dict[str, object] = {"dirs": list(guard.dirs), "tiers": dict(guard.tiers)}
+            if guard.files is not None:  # what was enforced, in the run log's digest too
+                view["files"] = {g.path: g.hash for g in guard.files}
+            out["guardrails"] = view
         return out
 
 

@@ -30,6 +30,15 @@ class Refused(CorralError):
 
 
 def run(command: str, opts: dict[str, object], rest: list[str]) -> int:
+    from corral.net.guardrails import GuardrailError
+
+    try:
+        return _run(command, opts, rest)
+    except GuardrailError as exc:  # a malformed or unreadable guardrail: FILE:LINE: what
+        raise PolicyError(str(exc)) from None
+
+
+def _run(command: str, opts: dict[str, object], rest: list[str]) -> int:
     if command == "list":
         return cmd_list(opts, rest)
     if command == "check":
@@ -242,6 +251,9 @@ def cmd_pull(opts: dict[str, object], rest: list[str]) -> int:
         raise CorralError(f"{source}: only a directory or an https:// index can be pulled")
     else:
         fetched = [(os.path.basename(p), _read_text(p)) for p in guardrails.files_in(source)]
+    if not fetched:
+        print(f"nothing to pull: {source} has no guardrail files")
+        return 0
     planned: list[tuple[str, str, str]] = []  # (path, text, what)
     refused: list[str] = []
     for name, text in fetched:
@@ -334,12 +346,26 @@ def _tls_context(ca: object) -> ssl.SSLContext:
     return context
 
 
+def _https_redirects() -> type:
+    import urllib.request
+
+    class HttpsRedirects(urllib.request.HTTPRedirectHandler):
+        """Follows redirects to https:// only: an index must not be downgraded."""
+
+        def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+            if not newurl.startswith("https://"):
+                raise Refused(f"{req.full_url}: redirected to {newurl}: only https:// is followed")
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    return HttpsRedirects
+
+
 def _get(url: str, context: ssl.SSLContext) -> bytes:
     import urllib.error
     import urllib.request
 
     handler = urllib.request.HTTPSHandler(context=context)
-    opener = urllib.request.build_opener(handler)
+    opener = urllib.request.build_opener(handler, _https_redirects())
     try:
         with opener.open(url, timeout=FETCH_TIMEOUT) as response:
             data: bytes = response.read(INDEX_LIMIT + 1)

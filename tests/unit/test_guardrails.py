@@ -196,7 +196,11 @@ def test_policy_dirs_and_tier_table(tmp_path: Path) -> None:
         "null": "log",
     }
     assert [g.title for g in pol.check_guardrails(p)] == ["No deletes on the API"]
-    assert p.to_dict()["guardrails"] == {"dirs": [str(tmp_path / "g")], "tiers": p.guardrails.tiers}
+    assert p.to_dict()["guardrails"] == {
+        "dirs": [str(tmp_path / "g")],
+        "tiers": p.guardrails.tiers,
+        "files": {str(tmp_path / "g" / "a.md"): parse(CRITICAL).hash},  # in the digest
+    }
     assert "guardrails" not in pol.Policy(str(tmp_path)).to_dict()  # older digests stay equal
 
 
@@ -382,6 +386,20 @@ def test_rules_list(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None
     main(["rules", "hash", str(workspace / "g" / "notes.md")])
     capsys.readouterr()
     assert " clean " in cli(capsys, "rules", "list", "--dir", str(workspace / "g"))[1]
+
+
+def test_rules_list_of_a_malformed_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(tmp_path / "g" / "bad.md", "---\ntitle: a\n")
+    code, out, err = cli(capsys, "rules", "list", "--dir", str(tmp_path / "g"))
+    assert (code, out) == (EXIT_USAGE, "")
+    assert err == (
+        f"corral: {tmp_path}/g/bad.md:1: malformed front matter: "
+        "the fence opened here is never closed (---)\n"
+    )
+    code, _, err = cli(capsys, "rules", "list", "--dir", str(tmp_path / "none"))
+    assert code == EXIT_USAGE and "none: cannot list guardrails: No such file" in err
 
 
 def test_rules_check_explains_and_sends_nothing(
@@ -578,3 +596,46 @@ def test_pull_from_https_fails_closed(
     assert not Path(dst).exists()
     code, _, err = cli(capsys, "rules", "pull", "http://127.0.0.1/x", "--dir", dst)
     assert code == EXIT_USAGE and "only a directory or an https:// index" in err
+
+
+def test_pull_follows_no_redirect_to_plain_http(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.tls_origin import OriginCA
+
+    ca = OriginCA(tmp_path / "certs")
+    cert, key = ca.server_files(("127.0.0.1",))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", "http://127.0.0.1:9/index.json")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"https://127.0.0.1:{server.server_address[1]}/index.json"
+        args = ["rules", "pull", url, "--dir", str(tmp_path / "d"), "--ca", str(ca.cert_path)]
+        code, _, err = cli(capsys, *args)
+        assert code == 1 and err.endswith(
+            "redirected to http://127.0.0.1:9/index.json: only https:// is followed\n"
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_pull_from_an_empty_directory_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "src").mkdir()
+    code, out, _ = cli(capsys, "rules", "pull", str(tmp_path / "src"), "--dir", str(tmp_path / "d"))
+    assert code == 0 and out == f"nothing to pull: {tmp_path}/src has no guardrail files\n"
