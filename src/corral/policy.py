@@ -288,6 +288,8 @@ class Policy:
         if self.source and _inside(self.source, self.workspace):
             items.append(os.path.relpath(self.source, self.workspace))
         items += self.filesystem.write_deny
+        # guardrail files are policy too: what the next run enforces
+        items += [d.rstrip("/") + "/" for d in self.guardrails.dirs]
         return items
 
     def to_dict(self) -> dict[str, object]:

@@ -78,6 +78,36 @@ def test_guardrail_tiers_decide_intercepted_requests(tsandbox: tuple[Corral, Pat
         origin.close()
 
 
+def test_guardrail_files_cannot_be_changed_from_inside(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    guard = ws / "guardrails"
+    guard.mkdir()
+    text = "---\nrisk_tier: critical\nhosts: [a.test]\nmethods: [DELETE]\n---\n# no\n"
+    (guard / "no_deletes.md").write_text(text)
+    policy = '[network]\nmode = "proxy"\nallow = ["a.test"]\n[guardrails]\ndirs = ["guardrails"]\n'
+    (ws / "corral.toml").write_text(policy)
+    c.chown(ws)
+    r = c.sh(
+        ws,
+        """
+        cat guardrails/no_deletes.md >/dev/null && echo read=ok
+        echo 'risk_tier: low' >> guardrails/no_deletes.md 2>/dev/null && echo edit=WROTE
+        rm -f guardrails/no_deletes.md 2>/dev/null && echo rm=WROTE
+        echo '# x' > guardrails/new.md 2>/dev/null && echo new=WROTE
+        echo code > main.c && echo code=ok
+        """,
+    )
+    out = r.stdout.decode()
+    if c.has("mounts"):
+        assert "WROTE" not in out, out
+    else:  # written during the run, put back after it and reported
+        assert f"{guard} (write-deny) was changed" in r.stderr.decode(), r.stderr
+    assert "read=ok" in out and "code=ok" in out, out  # the twins
+    assert (guard / "no_deletes.md").read_text() == text
+    assert not (guard / "new.md").exists()
+    assert (ws / "main.c").read_text() == "code\n"
+
+
 def _hash_of(path: Path) -> str:
     from corral.net.guardrails import parse
 

@@ -202,6 +202,7 @@ def test_policy_dirs_and_tier_table(tmp_path: Path) -> None:
         "files": {str(tmp_path / "g" / "a.md"): parse(CRITICAL).hash},  # in the digest
     }
     assert "guardrails" not in pol.Policy(str(tmp_path)).to_dict()  # older digests stay equal
+    assert f"{tmp_path}/g/" in p.write_deny_patterns()  # policy: not writable from inside
 
 
 @pytest.mark.parametrize(
