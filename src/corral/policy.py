@@ -880,7 +880,12 @@ def _expect_dirs(v: object) -> list[str]:
 
 
 def _guardrail_dirs(policy: Policy, raw: object) -> None:
-    policy.guardrails.dirs = [policy.expand(d) for d in _expect_dirs(raw)]
+    dirs = [policy.expand(d) for d in _expect_dirs(raw)]
+    for path in dirs:
+        # guardrail directories are write-denied inside: the workspace cannot be one
+        if _inside(policy.workspace, path):
+            raise ValueError(f"{path} is the workspace or holds it: give guardrails a directory")
+    policy.guardrails.dirs = dirs
     policy.guardrails.files = None
 
 

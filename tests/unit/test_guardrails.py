@@ -219,6 +219,7 @@ def test_policy_dirs_and_tier_table(tmp_path: Path) -> None:
         ('[guardrails.tiers]\nhigh = "block"\n', ":2: guardrails.tiers.high: expected log, allow"),
         ('[guardrails]\ndirs = "g"\n', ":2: guardrails.dirs: expected a list of strings"),
         ('[guardrails]\npaths = ["g"]\n', ":2: guardrails.paths: unknown key"),
+        ('[guardrails]\ndirs = ["."]\n', "is the workspace or holds it"),
         ('[guardrails]\ndirs = ["missing"]\n', "missing: cannot list guardrails: No such file"),
     ],
 )
