@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import Corral
 from test_net_http_rules import Echo, Https, net_log, write_policy
 
@@ -74,6 +75,38 @@ def test_guardrail_tiers_decide_intercepted_requests(tsandbox: tuple[Corral, Pat
         assert asked["guardrail"]["action"] == "ask"  # type: ignore[index]
         assert "guardrail" not in lines[("DELETE", "/elsewhere")]
         assert "blocked: 127.0.0.1" in err and "guardrail no_deletes.md" in err
+    finally:
+        origin.close()
+
+
+@pytest.mark.tiers("namespace", why="transparent mode needs the namespace tier")
+def test_transparent_mode_enforces_guardrails(tsandbox: tuple[Corral, Path], who: str) -> None:
+    c, ws = tsandbox
+    if who != "root":
+        pytest.skip("transparent mode needs root")
+    https = Https(c)
+    origin = Echo(https.context)
+    try:
+        port = origin.port
+        guard = ws / "guardrails"
+        guard.mkdir()
+        text = guardrail("CRITICAL", "DELETE", port, "1").replace("127.0.0.1", "api.test")
+        (guard / "no_deletes.md").write_text(text)
+        write_policy(ws, c, https.policy([port]) + '\n[guardrails]\ndirs = ["guardrails"]\n')
+        base = f"https://api.test:{port}"
+        r = c.sh(
+            ws,
+            f"""
+            {CURL} --noproxy '*' -w 'get=%{{http_code}}\\n' {base}/api/items
+            {CURL} --noproxy '*' -w 'delete=%{{http_code}}\\n' -X DELETE {base}/api/items
+            """,
+            "--transparent",
+        )
+        out, err = r.stdout.decode(), r.stderr.decode()
+        assert "get=200" in out and "delete=403" in out, (out, err)
+        assert origin.methods() == [("GET", "/api/items")]
+        denied = [e for e in net_log(c) if e.get("rule") == "guardrail no_deletes.md"]
+        assert denied and denied[0]["guardrail"]["tier"] == "CRITICAL"  # type: ignore[index]
     finally:
         origin.close()
 
