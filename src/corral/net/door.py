@@ -370,7 +370,7 @@ def _hooks_act_here(policy: Policy) -> bool:
     their chain is built in the proxy, off the run's path.  A policy key whose
     hooks need :meth:`corral.net.hooks.Hook.open` or ``sandbox_env`` adds itself here."""
     return bool(
-        policy.tls.inspect or policy.network.rules or policy.secrets or policy.guardrails.dirs
+        policy.tls.inspect or policy.secrets or policy.network.rules or policy.guardrails.dirs
     )
 
 
