@@ -201,6 +201,18 @@ HOME_OPTIONS: Options = {
     "--all": ("all", "flag", "", "clean: every workspace's layer"),
     "--gone": ("gone", "flag", "", "clean: the layers of workspaces that no longer exist"),
 }
+RULES_OPTIONS: Options = {
+    "--policy": ("policy", "value", "FILE", "policy file (default: the workspace's corral.toml)"),
+    "--workspace": ("workspace", "value", "DIR", "the workspace (default: cwd)"),
+    "--dir": (
+        "dir",
+        "list",
+        "DIR",
+        "list, pull: this guardrail directory instead of [guardrails] dirs (repeatable)",
+    ),
+    "--force": ("force", "flag", "", "pull: overwrite files edited by hand"),
+    "--ca": ("ca", "value", "FILE", "pull: also trust this CA file for an https:// index"),
+}
 DOCTOR_OPTIONS: Options = {
     "--json": ("json", "flag", "", "the report as JSON"),
     "--probe": ("probe", "flag", "", "start a tiny sandbox per tier to prove it works"),
@@ -267,6 +279,11 @@ COMMANDS: dict[str, tuple[str, str, Options]] = {
         "path|list|clean [OPTIONS]",
         "the per-workspace home layers (where writes under ~ go)",
         HOME_OPTIONS,
+    ),
+    "rules": (
+        "list|check METHOD URL|hash FILE...|pull SRC [OPTIONS]",
+        "guardrail files and request rules: list them, explain a decision, hash, pull",
+        RULES_OPTIONS,
     ),
     "proxy": (
         "serve [OPTIONS]",
@@ -493,6 +510,32 @@ def cmd_home(args: list[str]) -> int:
     return 0
 
 
+def cmd_rules(args: list[str]) -> int:
+    """``corral rules list|check|hash|pull``: corral.rulescli."""
+    if args[:1] in (["-h"], ["--help"]):
+        raise HelpRequested("rules")
+    if not args or args[0] not in ("list", "check", "hash", "pull"):
+        raise CorralError("usage: " + "corral rules " + COMMANDS["rules"][0])
+    command, rest = args[0], args[1:]
+    opts: dict[str, object] = {}
+    positional: list[str] = []
+    while rest:  # options may come before or after the arguments
+        found, rest = parse(rest, RULES_OPTIONS, positional=True, command=f"rules {command}")
+        for key, value in found.items():
+            if isinstance(value, list):
+                existing = opts.setdefault(key, [])
+                assert isinstance(existing, list)
+                existing.extend(value)
+            else:
+                opts[key] = value
+        if rest:
+            positional.append(rest[0])
+            rest = rest[1:]
+    from corral import rulescli
+
+    return rulescli.run(command, opts, positional)
+
+
 def cmd_run(args: list[str]) -> int:
     import gc
 
@@ -510,7 +553,7 @@ def cmd_run(args: list[str]) -> int:
     run_id = launch.new_run_id()
     if opts.get("explain"):
         return _explain(tier, policy, command, passed)
-    door = _open_door(opts, policy, run_id, tier.door_transport) if tier.name != "none" else None
+    door = _open_door(opts, policy, run_id, tier.door_transport) if tier.strategy.confines else None
     try:
         return _run_plan(opts, policy, tier.name, command, run_id, door, passed)
     finally:
@@ -524,7 +567,8 @@ def _explain(tier: Tier, policy: Policy, command: list[str], passed: tuple[int, 
     if policy.network.mode == "proxy":
         door_path = "127.0.0.1:3128" if tier.door_transport == "tcp" else "/DOOR"
         net = _explained_extras(policy)
-    print(tier.plan(policy, command, door=door_path, pass_fds=passed, net=net).describe())
+    host = tier.gather(policy)
+    print(tier.plan(policy, command, door_path, pass_fds=passed, net=net, host=host).describe())
     return 0
 
 
@@ -548,19 +592,12 @@ def cmd_shell(args: list[str]) -> int:
     from corral import shell as pty_shell
 
     tier, _health = tiers.select(policy.tier, policy)
-    if tier.name == "none":
-        raise CorralError("corral shell needs a sandbox tier, not none")
+    if not tier.strategy.confines:
+        raise CorralError(f"corral shell needs a sandbox tier, not {tier.name}")
     if tier.strategy.shell:
         from corral.errors import RefusedError
 
         raise RefusedError(tier.strategy.shell)
-    if tier.name in ("container", "gvisor"):
-        from corral.errors import RefusedError
-
-        raise RefusedError(
-            f"corral shell is not built for the {tier.name} tier yet "
-            "(use corral run, or the Python API's Sandbox)"
-        )
     argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
     shell_argv = pty_shell.command(argv, tier.python_argv())
     if opts.get("explain"):
@@ -574,6 +611,7 @@ def cmd_shell(args: list[str]) -> int:
             door=door.address if door else None,
             pass_fds=passed,
             net=door.extras if door else None,
+            host=tier.gather(policy),
         )
         if not opts.get("quiet"):
             _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
@@ -683,16 +721,18 @@ def _run_plan(
 ) -> int:
     from corral import bounds, launch, tiers
 
-    plan = tiers.get(tier_name).plan(
+    tier = tiers.get(tier_name)
+    plan = tier.plan(
         policy,
         command,
         door=door.address if door else None,
         pass_fds=passed,
         net=door.extras if door else None,
+        host=tier.gather(policy),  # the host, read once: plan() reads nothing
     )
     quiet = bool(opts.get("quiet"))
-    if plan.warning:
-        _err(plan.warning)
+    if plan.strategy.warning:
+        _err(plan.strategy.warning)
     elif policy.tier == "auto" and not quiet:
         _err(f"corral: tier {tier_name} (auto: strongest available here)")
     for note in plan.notes:
@@ -905,14 +945,11 @@ def _defaults_report(rows: list[tuple[Tier, Health]]) -> dict[str, dict[str, obj
     """The default limits, and whether each tier enforces them here for this user."""
     from corral.bounds import host_report
 
-    engine = problem = None
-    if any(t.name == "container" and h.available for t, h in rows):
-        from corral.container.engine import find, limits_problem
-
-        eng, _ = find()
-        if eng is not None:
-            engine, problem = eng.name, limits_problem(eng, ["memory", "pids"])
-    return host_report(engine or "", problem)
+    for tier, health in rows:
+        found = tier.limits_engine() if health.available else None
+        if found is not None:
+            return host_report(*found)
+    return host_report("", None)
 
 
 def cmd_log(args: list[str]) -> int:
@@ -1209,6 +1246,7 @@ def main(argv: list[str] | None = None) -> int:
             "proxy": cmd_proxy,
             "policy": cmd_policy,
             "home": cmd_home,
+            "rules": cmd_rules,
         }
         if args[0] not in commands:
             raise CorralError(

@@ -2,7 +2,7 @@
 
 A tier is a name, a strength, ``health()`` (can it run here, and if not, exactly
 why), ``gather(policy)`` (the host facts its plan needs, read once:
-:mod:`corral.tiers.host`) and a pure ``plan(policy, command, ..., host=facts)``:
+:class:`HostFacts`) and a pure ``plan(policy, command, ..., host=facts)``:
 what would be launched, with which mounts, syscall rules and limits.
 
 A plan carries its tier's :class:`LaunchStrategy` (``plan.strategy``): how that
@@ -14,20 +14,106 @@ tier they run.  Plans can be unit-tested without running anything.
 
 from __future__ import annotations
 
+import os
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from corral.bounds import Bound
-    from corral.cgroups import CgroupPlan
-    from corral.fsplan import Mount
+    from corral.cgroups import CgroupHost, CgroupPlan
+    from corral.fsplan import FsPlan, Mount
     from corral.home import HomeLayer
-    from corral.landlock import Ruleset
     from corral.net.trust import NetExtras
-    from corral.netns import NetPlan, Resolver
+    from corral.netns import Resolver
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
-    from corral.tiers.host import HostFacts
+
+
+class HostFacts:
+    """What a tier's ``plan()`` needs to know about this host, read once by the
+    caller (``Tier.gather(policy)``), so that ``plan(..., host=facts)`` is a pure
+    function of the policy, the command and this snapshot, and unit tests
+    fabricate one instead of monkeypatching the host.  Each tier extends it
+    with its own facts in a subclass in its module (the namespace tier's bwrap
+    path, the landlock tier's ABI, the container tier's engine).  Every field
+    has a harmless default so a test names only what it cares about.
+
+    ``environ``: corral's own environment (PATH to find tools, TMPDIR, what a
+    container engine needs, what the policy passes through); ``cwd``: the
+    caller's working directory, symlinks resolved ("" when it is gone);
+    ``uid``/``gid``/``groups``: who corral runs as; ``stdin_tty``: whether fd
+    0 is a terminal; ``token``: a fresh random hex string naming this plan's
+    private files and objects;
+    ``fs``: the filesystem decision (:func:`corral.fsplan.plan_filesystem`,
+    which reads the workspace and the secrets present); ``home``: the home
+    layer, if any (:func:`corral.home.plan_home`); ``cgroups``: the host's
+    cgroup layout when a limit needs one (:func:`corral.cgroups.detect`).
+    """
+
+    __slots__ = (
+        "cgroups",
+        "cwd",
+        "environ",
+        "fs",
+        "gid",
+        "groups",
+        "home",
+        "stdin_tty",
+        "token",
+        "uid",
+    )
+
+    def __init__(
+        self,
+        *,
+        environ: Mapping[str, str] | None = None,
+        cwd: str = "",
+        uid: int = 1000,
+        gid: int = 1000,
+        groups: tuple[int, ...] = (),
+        stdin_tty: bool = False,
+        token: str = "000000000000",
+        fs: FsPlan | None = None,
+        home: HomeLayer | None = None,
+        cgroups: CgroupHost | None = None,
+    ) -> None:
+        self.environ = dict(environ) if environ is not None else {"PATH": "/usr/bin:/bin"}
+        self.cwd = cwd
+        self.uid = uid
+        self.gid = gid
+        self.groups = groups
+        self.stdin_tty = stdin_tty
+        self.token = token
+        self.fs = fs
+        self.home = home
+        self.cgroups = cgroups
+
+    def cgroup_layout(self) -> CgroupHost:
+        """The host's cgroup layout; none at all when it was not gathered (a limit
+        that needs a cgroup is then refused or, for a default, not enforced)."""
+        if self.cgroups is None:
+            from corral.cgroups import CgroupHost
+
+            return CgroupHost()
+        return self.cgroups
+
+
+def gather_common(policy: Policy, facts: HostFacts) -> HostFacts:
+    """Fill ``facts`` with what every tier reads from this host the same way; each
+    tier's ``gather()`` adds the filesystem decision and its own facts."""
+    from corral import cgroups
+
+    facts.environ = dict(os.environ)
+    try:
+        facts.cwd = os.path.realpath(os.getcwd())
+    except OSError:
+        facts.cwd = ""
+    facts.uid, facts.gid = os.getuid(), os.getgid()
+    facts.token = os.urandom(6).hex()
+    if cgroups.wanted(policy.limits):
+        facts.cgroups = cgroups.detect()
+    return facts
 
 
 class Health:
@@ -89,6 +175,7 @@ class LaunchStrategy:
     lazy = False  # Sandbox starts it on first use, and again after it died
     shell = ""  # why `corral shell` cannot run on this tier ("" when it can)
     close_grace = 0.0  # seconds Sandbox.close() lets the agent's exit end it first
+    agent_fds = True  # the agent's socket is ours end to end: descriptors cross it
     warning = ""  # printed on stderr before every run (tier none's warning)
 
     def enter(self, plan: Plan) -> Resolver | None:
@@ -118,8 +205,6 @@ class LaunchStrategy:
         """Kill the whole tree at once, without waiting (the timeout, a forwarded
         signal, ``Sandbox.close()``).  ``pid`` is :meth:`spawn`'s; the launcher
         reaps it.  Never raises."""
-        import os
-
         try:
             os.killpg(pid, 9)  # SIGKILL; its own process group (a new session)
         except OSError:
@@ -173,28 +258,21 @@ class Plan:
         "bounds",
         "cgroup",
         "cwd",
-        "cwd_in_argv",
         "env",
         "fds",
         "hardlinks",
         "home",
-        "landlock",
-        "launcher_env",
         "lock_watch",
         "mounts",
-        "netns",
         "notes",
         "policy",
         "prepare",
         "quarantine",
-        "report",
         "restore",
         "scratch",
         "seccomp",
         "strategy",
-        "teardown",
         "tier",
-        "warning",
     )
 
     def __init__(self, tier: str, policy: Policy) -> None:
@@ -205,10 +283,6 @@ class Plan:
         self.argv: list[str] = []
         self.env: dict[str, str] = {}
         self.cwd = policy.workspace
-        self.cwd_in_argv = False  # True when argv itself changes to cwd (bwrap --chdir)
-        # a network namespace the launcher creates, with the listeners it hands to
-        # the proxy (namespace tier with a network; see corral.netns)
-        self.netns: NetPlan | None = None
         self.mounts: list[Mount] = []
         self.seccomp: tuple[SyscallRule, ...] = ()
         self.cgroup: CgroupPlan | None = None
@@ -221,18 +295,12 @@ class Plan:
         # {lock name: protected path}, watched during the run (corral.lockwatch)
         self.lock_watch: dict[str, dict[str, str]] = {}
         self.hardlinks: list[str] = []  # files made read-only: may share content outside
-        # tiers without mounts (landlock): the ruleset, write-deny paths put back
-        # after the run, and a private scratch directory the launcher creates
-        self.landlock: Ruleset | None = None
+        # tiers without mounts (landlock): write-deny paths put back after the run;
+        # a private directory the launcher creates (and fills: ``prepare``)
         self.restore: list[str] = []
         self.scratch: str | None = None
         self.notes: list[str] = []
-        self.warning: str | None = None  # printed on stderr every run (tier none)
-        # For tiers that launch through another program (a container engine):
-        self.launcher_env: dict[str, str] | None = None  # its environment, if not ``env``
         self.prepare: list[tuple[str, bytes, int]] = []  # files made in scratch: name, data, mode
-        self.report: str | None = None  # a file naming limits hit, one per line
-        self.teardown: list[list[str]] = []  # commands that remove what a kill left behind
 
     def describe(self) -> str:
         """A human-readable account of the plan; never prints environment values."""
@@ -248,15 +316,12 @@ class Plan:
         if self.mounts:
             lines.append("mounts:")
             lines.extend(f"  {m!r}" for m in self.mounts)
-        if self.landlock is not None:
-            lines.extend(self.landlock.describe())
         if self.scratch:
             lines.append(f"scratch (private, removed after the run): {self.scratch}")
         if self.restore:
             lines.append("snapshotted at launch, restored after the run if changed:")
             lines.extend(f"  {p}" for p in self.restore)
-        if self.netns is not None:
-            lines.extend(self.netns.describe())
+        lines.extend(self.strategy.describe())
         lines.extend(network_lines(self.policy))
         if self.seccomp:
             lines.append("seccomp (each call below fails with that errno; all others allowed):")
@@ -267,9 +332,6 @@ class Plan:
             lines.append("quarantined after the run if created:")
             lines.extend(f"  {p}" for p in self.quarantine)
         lines.extend(f"note: {n}" for n in self.notes)
-        own = self.strategy.describe()
-        if own:  # the strategy's own account ends with what it runs
-            return "\n".join([*lines, *own])
         lines.append("argv: " + " ".join(self.argv))
         return "\n".join(lines)
 
@@ -312,9 +374,7 @@ class Tier:
         """Read what :meth:`plan` needs to know about this host, once, with a fresh
         token each call (the caller's job: ``corral run``, each ``Sandbox`` start).
         Tiers that need more extend this and return their own subclass."""
-        from corral.tiers import host
-
-        return host.common(policy, host.HostFacts())
+        return gather_common(policy, HostFacts())
 
     def health(self, probe: bool = False) -> Health:
         """Can this tier run here?  ``probe`` may launch a tiny test sandbox (doctor)."""
@@ -323,6 +383,12 @@ class Tier:
     def health_for(self, policy: Policy | None, probe: bool = False) -> Health:
         """Like health(), for the choices a policy makes (the container tier's engine)."""
         return self.health(probe)
+
+    def limits_engine(self) -> tuple[str, str] | None:
+        """For ``corral doctor``: the program that enforces limits for this tier and
+        why it cannot for this user ("" if it can), when that is not corral's own
+        cgroup (a container engine); None otherwise."""
+        return None
 
     def python_argv(self) -> list[str]:
         """How to start a Python inside this tier's sandbox (the relay and the agent)."""

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import os
 
-from corral.tiers.base import Health, LaunchStrategy, Plan, Tier
-from corral.tiers.host import HostFacts
+from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gather_common
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,6 +48,7 @@ class VmStrategy(LaunchStrategy):
     """Start: fork a runner that boots the VM; stop: kill its process group."""
 
     lazy = True  # a Sandbox's VM starts on first use, and again after it died
+    agent_fds = False  # the agent's channel ends in a guest: no descriptor crosses it
     shell = "corral shell is not built for the microvm tier yet (use corral run or Sandbox)"
 
     def __init__(self, vm: VmPlan, door: str | None) -> None:
@@ -63,7 +63,7 @@ class VmStrategy(LaunchStrategy):
         import ctypes
 
         from corral import seccomp
-        from corral.launch import _move_fds_into_place
+        from corral.launch import move_fds_into_place
         from corral.vm import mux, run
 
         del ctypes, seccomp, mux, run, procs_files, entered  # the guest bounds itself
@@ -79,7 +79,7 @@ class VmStrategy(LaunchStrategy):
             os.setsid()
             _default_signals()
             _die_with_parent()
-            _move_fds_into_place({0: child_fds[0], 1: child_fds[1], 2: child_fds[2], 3: limits_w})
+            move_fds_into_place({0: child_fds[0], 1: child_fds[1], 2: child_fds[2], 3: limits_w})
             code = _serve(self.vm, self.door, duplex)
         finally:
             os._exit(code)
@@ -96,7 +96,10 @@ class VmStrategy(LaunchStrategy):
         return [w for w in dict.fromkeys(words) if w in ("memory", "pids")]
 
     def describe(self) -> list[str]:
-        return self.vm.describe().splitlines()
+        # all but its argv line: the plan's argv is the VM's
+        # all but its argv and notes: the plan's argv and notes are the VM's
+        lines = self.vm.describe().splitlines()
+        return [line for line in lines if not line.startswith(("argv: ", "note: "))]
 
     def cannot_run_where(self) -> str:
         return " in the guest"
@@ -158,11 +161,10 @@ class MicroVMTier(Tier):
 
     def gather(self, policy: Policy) -> VmFacts:
         from corral import fsplan
-        from corral.tiers import host
         from corral.vm import run
 
         facts = VmFacts(run.gather())
-        host.common(policy, facts)
+        gather_common(policy, facts)
         facts.fs = fsplan.plan_filesystem(policy)
         return facts
 
@@ -208,7 +210,6 @@ class MicroVMTier(Tier):
         plan.notes = vm.notes
         plan.quarantine = facts.fs.quarantine
         plan.cwd = vm.launch.cwd if vm.launch is not None else policy.workspace
-        plan.cwd_in_argv = True
         plan.env = dict(vm.launch.env) if vm.launch is not None else {}
         _bounds(plan, vm)
         bounds.apply_scratch(plan, sized_by="the guest's tmpfs size")

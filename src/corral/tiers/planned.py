@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from corral.fsplan import Mount
     from corral.net.trust import NetExtras
     from corral.policy import Policy
-    from corral.tiers.host import HostFacts
+    from corral.tiers.base import HostFacts
 
 
 def _which(*names: str) -> str | None:

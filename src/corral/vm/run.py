@@ -380,7 +380,7 @@ class _Vm:
         """``given``: ports whose host end is a caller's socket, handed to QEMU as
         it is (the Sandbox's channel to its agent) instead of a new socket pair."""
         from corral import seccomp
-        from corral.launch import _move_fds_into_place
+        from corral.launch import move_fds_into_place
 
         self.socks: dict[str, socket.socket] = {}
         wanted: dict[int, int] = {}
@@ -417,7 +417,7 @@ class _Vm:
         if pid == 0:
             try:
                 os.setpgid(0, 0)
-                _move_fds_into_place(wanted)
+                move_fds_into_place(wanted)
                 os.execve(plan.argv[0], plan.argv, {})
             finally:
                 os._exit(127)
