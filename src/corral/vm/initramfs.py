@@ -215,6 +215,9 @@ run() {  # UID GID PIDS NET DUPLEX CWD ENV... -- ARGV...
 	counter err $d/${PORT_stderr##*/} bytes_sent:
 	counter oom $c/corral/memory.events oom_kill
 	echo "exit $code $out $err $oom" >&3
+	# powered off at once, the VM could take the report or the last output with it:
+	# the host says when it has everything (or stops the VM itself)
+	read -r -t 30 bye <&3
 	poweroff -f
 }
 

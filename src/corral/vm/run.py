@@ -533,7 +533,13 @@ def execute(
             threading.Thread(target=link.serve, daemon=True).start()
         _Follower(vm, plan, result, stdout, stderr).run()
     finally:
-        # the guest powers off once it has reported; a timeout stops it at once
+        # the guest powers off once told that its report and output arrived; a
+        # timeout stops it at once
+        if result.reported:
+            try:
+                vm.socks["corral.ctl"].sendall(b"bye\n")
+            except OSError:
+                pass
         vm.stop(POWEROFF_GRACE if result.reported else 0.0)
     result.duration = time.monotonic() - started
     return result
