@@ -113,3 +113,49 @@ def test_with_a_network_the_relay_runs_first_in_the_guest(policy: Policy) -> Non
     assert launch is not None and launch.network
     assert "/run/corral/guestdoor.py" in launch.argv and launch.argv[-2:] == ["curl", "x"]
     assert "HTTP_PROXY" in launch.env and "HTTP_PROXY" in plan.env
+
+
+def test_without_a_guest_kernel_the_tier_refuses_with_the_setup_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from corral import cli
+
+    monkeypatch.setattr(setup, "installed", lambda cache=None: [])
+    health = MicroVMTier().health()
+    assert not health.available
+    assert health.reason.endswith(f"no guest kernel is set up; run: {setup.SETUP_COMMAND}")
+    try:
+        code = cli.main(["run", "--tier", "microvm", "--", "true"])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert code == 122 and err.count("\n") == 1 and setup.SETUP_COMMAND in err
+
+
+def test_firecracker_refuses_with_every_reason_and_even_when_complete(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from corral.tiers import planned
+
+    monkeypatch.setattr(planned, "kvm_boots", lambda probe=False: (False, "TCG: KVM is PVM"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CORRAL_FIRECRACKER_KERNEL", raising=False)
+    monkeypatch.delenv("CORRAL_FIRECRACKER_ROOTFS", raising=False)
+    reason = get("firecracker").health().reason
+    for missing in (
+        "a KVM that boots guests (TCG: KVM is PVM)",
+        "the firecracker binary on PATH",
+        "the jailer binary on PATH",
+        "an operator-supplied guest kernel (none configured)",
+        "an operator-supplied guest root filesystem (none configured)",
+    ):
+        assert missing in reason
+    # everything present: still refused, and says why
+    for name in ("firecracker", "jailer", "vmlinux", "rootfs.ext4"):
+        (tmp_path / name).write_text("")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setattr(planned, "kvm_boots", lambda probe=False: (True, "KVM"))
+    monkeypatch.setenv("CORRAL_FIRECRACKER_KERNEL", str(tmp_path / "vmlinux"))
+    monkeypatch.setenv("CORRAL_FIRECRACKER_ROOTFS", str(tmp_path / "rootfs.ext4"))
+    health = get("firecracker").health()
+    assert not health.available and "no Firecracker launcher" in health.reason
