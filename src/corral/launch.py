@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from corral.cgroups import CgroupRun
     from corral.lockwatch import LockWatch
     from corral.netns import Resolver
+    from corral.prompt import TerminalPrompt
     from corral.report import Denial
     from corral.tiers.base import Plan
 
@@ -343,8 +344,10 @@ def run(
     err_fd: int = 2,
     in_fd: int = 0,
     on_output: Callable[[int, bytes], None] | None = None,
+    asks: TerminalPrompt | None = None,
 ) -> RunResult:
     """Launch ``plan`` and pump its output until it ends; the caller handles errors.
+    ``asks``: the terminal prompt that answers the proxy's asks (corral.prompt).
 
     For the CLI: a process that runs this one sandbox.  When the plan has a
     network namespace to make, this process moves into it before starting the
@@ -354,7 +357,7 @@ def run(
     care = Aftercare(plan, run_id)
     start = time.monotonic()
     try:
-        _launch_and_pump(plan, result, care, out_fd, err_fd, in_fd, on_output)
+        _launch_and_pump(plan, result, care, out_fd, err_fd, in_fd, on_output, asks)
         # a killed engine client leaves its container behind; a clean exit does not
         care.clean = not result.timed_out and result.signal is None
     finally:
@@ -542,6 +545,7 @@ def _launch_and_pump(
     err_fd: int,
     in_fd: int,
     on_output: Callable[[int, bytes], None] | None,
+    asks: TerminalPrompt | None = None,
 ) -> None:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -579,8 +583,11 @@ def _launch_and_pump(
             err_fd,
             on_output,
             resolver,
+            asks,
         )
     finally:
+        if asks is not None:
+            asks.close()
         if resolver is not None:
             result.lookups = resolver.refused
             resolver.close()
@@ -771,6 +778,7 @@ def _pump(
     err_fd: int,
     on_output: Callable[[int, bytes], None] | None,
     resolver: Resolver | None = None,
+    asks: TerminalPrompt | None = None,
 ) -> None:
     limit = plan.policy.limits.output
     timeout = plan.policy.limits.timeout
@@ -794,6 +802,8 @@ def _pump(
     lookups = set(resolver.fds()) if resolver is not None else set()
     for fd in lookups:
         poller.register(fd, select.POLLIN)
+    if asks is not None:
+        asks.attach(poller)  # it (un)registers the terminal while a prompt is up
 
     def kill() -> None:
         nonlocal killed
@@ -816,6 +826,8 @@ def _pump(
         kept += len(data)
         if on_output is not None:
             on_output(target, data)
+        elif asks is not None and asks.holds(target):
+            asks.hold(target, data)  # after the prompt: it must not write over it
         elif not _write_all(target, data):
             broken.add(target)
 
@@ -840,7 +852,9 @@ def _pump(
         if not events and exited_at is not None:
             break  # the command is gone and its pipes went quiet (e.g. a daemon kept them)
         for fd, _mask in events:
-            if fd in lookups:
+            if asks is not None and fd in asks.fds():
+                asks.on_ready(fd)
+            elif fd in lookups:
                 assert resolver is not None
                 resolver.answer(fd)
             elif fd == wake_r:
