@@ -44,6 +44,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
 
+    from corral.net.approvals import AskInfo
     from corral.policy import Policy
     from corral.report import Denial
     from corral.tiers.base import Plan, Tier
@@ -297,11 +298,21 @@ class Sandbox:
         engine: str | None = None,
         log: str | bool | None = None,
         kind: str = "sandbox",
+        on_ask: Callable[[AskInfo], object] | None = None,
+        _ask_loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         """``image``, ``oci_runtime`` and ``engine`` set the policy's [container] keys
         (the container and gvisor tiers).  ``log``: the activity log that gets one
         record when the sandbox closes (default: corral's, as for ``corral run``;
-        False: none); ``kind`` is what that record calls it."""
+        False: none); ``kind`` is what that record calls it.
+
+        ``on_ask``: answers the requests an ask rule holds (see
+        :mod:`corral.net.approvals`): called with an :class:`AskInfo` (``host``,
+        ``port``, ``method``, ``path``, ``rule``, ``reason``, ``id``), sync or async,
+        on a thread of its own; returns ``Decision.once()``,
+        ``Decision.allow_for("10m")``, ``Decision.deny()`` (or True, False, a
+        duration).  Without it, held requests wait for ``corral approve`` until
+        ``[network] ask_timeout``."""
         from corral import launch, tiers
         from corral import policy as pol
         from corral.policy import Policy
@@ -337,7 +348,9 @@ class Sandbox:
         self.run_id = launch.new_run_id()
         from corral.net.door import open_door
 
-        self._door = open_door(policy, self.run_id, transport=self.tier.door_transport)
+        self._door = open_door(
+            policy, self.run_id, transport=self.tier.door_transport, answerer=on_ask is not None
+        )
         self._closed = False
         # what closing found: quarantined and restored paths, refused writes, hosts
         # the proxy refused (corral.report.Denial: str() is the line corral prints)
@@ -351,6 +364,10 @@ class Sandbox:
         self._history: collections.deque[dict[str, object]] = collections.deque(maxlen=HISTORY)
         # unexpected errors inside corral's own parts (the agent), one line each
         self.errors: list[str] = []
+        if on_ask is not None and self._door is not None and self._door.ask_sock is not None:
+            from corral.net.approvals import CallbackAnswerer
+
+            CallbackAnswerer(self._door.ask_sock, on_ask, _ask_loop, self.errors.append)
         self._lock = threading.Lock()
         self._next_id = 0
         self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]] | _Waiter] = {}
@@ -991,7 +1008,9 @@ class AsyncSandbox:
         **options: object,
     ) -> None:
         """As :class:`Sandbox` (``image``, ``oci_runtime``, ``engine``, ``log``,
-        ``kind``); nothing starts until ``start()`` or ``async with``."""
+        ``kind``, ``on_ask``); nothing starts until ``start()`` or ``async with``.
+        ``on_ask`` may be sync or async: an async one runs on this event loop, a
+        sync one in its executor, so it never blocks the loop."""
         self._args = (policy, tier, workspace)
         self._options = options
         self._sb: Sandbox | None = None
@@ -1039,7 +1058,11 @@ class AsyncSandbox:
 
     async def start(self) -> AsyncSandbox:
         if self._sb is None:
-            args, options = self._args, self._options
+            import asyncio
+
+            args, options = self._args, dict(self._options)
+            if options.get("on_ask") is not None:  # answered on this loop
+                options["_ask_loop"] = asyncio.get_running_loop()
             self._sb = await self._on_owner(lambda: Sandbox(*args, **options))  # type: ignore[arg-type]
         return self
 

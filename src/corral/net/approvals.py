@@ -33,6 +33,8 @@ Every ask, answer, grant and expiry is one audit line (``event``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import inspect
 import json
 import os
 import socket
@@ -44,6 +46,8 @@ from corral.net.rules import Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from corral.net.audit import Audit
     from corral.net.hooks import Destination, Request
     from corral.net.httprules import PathGlob, Query
@@ -284,7 +288,7 @@ class Hub(Asker):
                 break
             message = _load(line)
             if message is not None and message.get("op") == "answer":
-                self.answer_message(message, "local")
+                self.answer_message(message, "")
         self._local = None
 
     async def serve_control(self, directory: str) -> None:
@@ -309,12 +313,13 @@ class Hub(Asker):
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         try:
+            line = await asyncio.wait_for(reader.readline(), 10)
             refusal = peer_refusal(writer.get_extra_info("socket"))
-            if refusal:
+            if refusal:  # said after the request is read: the client sees it, not EPIPE
                 self._event({"event": "control-refused", "reason": refusal})
                 writer.write(_dump({"error": refusal}))
+                await writer.drain()
                 return
-            line = await asyncio.wait_for(reader.readline(), 10)
             message = _load(line) or {}
             op = message.get("op")
             if op == "list":
@@ -393,8 +398,9 @@ class Hub(Asker):
         seconds = message.get("for")
         path = message.get("path")
         who = message.get("by")
-        if isinstance(who, str) and who:
-            by = f"{by}: {who}"[:80]
+        if isinstance(who, str) and who:  # the answerer's own name for itself
+            by = (f"{by}: {who}" if by else who)[:80]
+        by = by or "local"
         try:
             if seconds is not None and (
                 isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0
@@ -585,3 +591,113 @@ def send_answer(directory: str, ask_id: str, decision: Decision, by: str) -> str
         if error.startswith("refused") or error.startswith("bad duration"):
             return error
     return problem
+
+
+# -- the Python answerer (Sandbox(on_ask=...)) ----------------------------------------------------
+
+
+async def _awaited(value: Awaitable[object]) -> object:
+    return await value
+
+
+class CallbackAnswerer:
+    """A Sandbox's ``on_ask`` function as the run's local answerer.
+
+    A thread reads the asks; each is answered by a call of ``fn(AskInfo)``,
+    which returns a :class:`Decision` (or what :meth:`Decision.read` takes).
+    Without ``loop`` (a :class:`~corral.sandbox.Sandbox`), each call runs on a
+    thread of its own (an async function there on its own event loop).  With
+    ``loop`` (an :class:`~corral.sandbox.AsyncSandbox`), an async function runs
+    on that loop and a plain one in the loop's executor, so neither blocks it;
+    an ask withdrawn (timed out, answered elsewhere) cancels its coroutine.
+    An exception in ``fn`` denies, and ``on_error`` gets one line."""
+
+    def __init__(
+        self,
+        channel: socket.socket,
+        fn: Callable[[AskInfo], object],
+        loop: asyncio.AbstractEventLoop | None = None,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        import threading
+
+        self.channel = channel
+        self.fn = fn
+        self.loop = loop
+        self.on_error = on_error
+        self._send_lock = threading.Lock()
+        self._running: dict[str, concurrent.futures.Future[None]] = {}
+        self.thread = threading.Thread(target=self._read, name="corral-on-ask", daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        partial = b""
+        while True:
+            try:
+                data = self.channel.recv(65536)
+            except OSError:
+                break
+            if not data:
+                break
+            lines = (partial + data).split(b"\n")
+            partial = lines.pop()
+            for line in lines:
+                message = _load(line)
+                if message is None:
+                    continue
+                if message.get("op") == "ask":
+                    self._start(AskInfo(message))
+                elif message.get("op") == "gone":
+                    running = self._running.pop(str(message.get("id")), None)
+                    if running is not None:
+                        running.cancel()
+
+    def _start(self, info: AskInfo) -> None:
+        import threading
+
+        if self.loop is None:
+            threading.Thread(target=self._call_here, args=(info,), daemon=True).start()
+            return
+        try:
+            self._running[info.id] = asyncio.run_coroutine_threadsafe(
+                self._call_on_loop(info), self.loop
+            )
+        except RuntimeError:  # the loop is closed: nobody can answer
+            self._send(info.id, Decision.deny())
+
+    def _call_here(self, info: AskInfo) -> None:
+        try:
+            result = self.fn(info)
+            if inspect.isawaitable(result):
+                result = asyncio.run(_awaited(result))
+            decision = Decision.read(result)
+        except Exception as exc:
+            decision = self._failed(exc)
+        self._send(info.id, decision)
+
+    async def _call_on_loop(self, info: AskInfo) -> None:
+        try:
+            if inspect.iscoroutinefunction(self.fn):
+                result = await self.fn(info)
+            else:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(None, self.fn, info)
+                if inspect.isawaitable(result):
+                    result = await result
+            decision = Decision.read(result)
+        except Exception as exc:
+            decision = self._failed(exc)
+        self._running.pop(info.id, None)
+        self._send(info.id, decision)
+
+    def _failed(self, exc: BaseException) -> Decision:
+        if self.on_error is not None:
+            self.on_error(f"on_ask: {type(exc).__name__}: {exc} (the request was denied)")
+        return Decision.deny()
+
+    def _send(self, ask_id: str, decision: Decision) -> None:
+        with self._send_lock:
+            try:
+                self.channel.sendall(_dump(decision.message(ask_id, "on_ask")))
+            except OSError:
+                pass  # the run ended

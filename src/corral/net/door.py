@@ -334,6 +334,12 @@ class Door:
             self._tally_r = -1
         self.remove_files()
         if self.ask_sock is not None:
+            import socket
+
+            try:  # wakes an answerer's thread blocked on it
+                self.ask_sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self.ask_sock.close()
             self.ask_sock = None
         from corral.net.audit import denial_entries
