@@ -368,6 +368,13 @@ def test_the_sandbox_cannot_approve_itself(tsandbox: tuple[Corral, Path], origin
     """
     out, err = finish(start(c, ws, script, env))
     assert "tried" in out or "no-python" in out, (out, err)
+    # namespace: the socket is visible (read-only) and the peer check refuses it;
+    # landlock: no unix socket can be made; containers: the directory is not there
+    if "reply" in out:
+        assert "refused: the peer runs in another mount namespace (a sandbox)" in out
+        assert [e["reason"] for e in events(c, "control-refused")] == [
+            "refused: the peer runs in another mount namespace (a sandbox)"
+        ]
     assert "answered" not in out and "'pending'" not in out
     assert "held=403" in out and "no answer within 4s" in out
     assert origin.seen == []
