@@ -223,6 +223,18 @@ def wait_for(predicate: object, timeout: float = 10.0) -> bool:
     return False
 
 
-def pids_matching(pattern: str) -> list[int]:
+def pids_matching(pattern: str, env: str = "") -> list[int]:
+    """Processes whose command line matches ``pattern``; with ``env``
+    (``NAME=VALUE``), only those whose environment holds it: other tests and
+    other users' runs share this machine."""
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    pids = [int(p) for p in out.stdout.split()]
+    return [p for p in pids if not env or env.encode() in _environ(p)]
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return fh.read().split(b"\0")
+    except OSError:
+        return []

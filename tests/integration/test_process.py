@@ -152,9 +152,11 @@ def test_killing_corral_leaves_nothing_behind(tsandbox: tuple[Corral, Path]) -> 
         "mkdir .vscode; echo '[evil]' >> .git/config 2>/dev/null; echo kept > kept.txt; "
         f"sleep {marker} & setsid sleep {marker} & echo up; wait"
     )
+    mark = f"CORRAL_TEST_MARK={marker}"
     proc = c.popen(
         ["run", "-q", *flags, "--", "sh", "-c", script],
         cwd=ws,
+        env={"CORRAL_TEST_MARK": marker},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -164,7 +166,7 @@ def test_killing_corral_leaves_nothing_behind(tsandbox: tuple[Corral, Path]) -> 
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5), "sandbox outlived corral"
-    assert wait_for(lambda: not pids_matching("corral run"), 5), "a corral helper stayed"
+    assert wait_for(lambda: not pids_matching("corral run", mark), 5), "a corral helper stayed"
     assert wait_for(lambda: not _corral_cgroups(), 5), _corral_cgroups()
     assert wait_for(lambda: not (ws / ".vscode").exists(), 5)  # quarantined by the guardian
     # never changed (mounts), or put back by the guardian (landlock); scratch removed

@@ -427,7 +427,7 @@ def _hooks_act_here(policy: Policy) -> bool:
     interception's CA and bundle, a secret's source)?  Host rules alone do not:
     their chain is built in the proxy, off the run's path.  A policy key whose
     hooks need :meth:`corral.net.hooks.Hook.open` or ``sandbox_env`` adds itself here."""
-    return bool(policy.tls.inspect)
+    return bool(policy.tls.inspect or policy.secrets or policy.network.rules)
 
 
 def _open_ca(policy: Policy) -> CA:
