@@ -1047,6 +1047,8 @@ def _log_net(opts: dict[str, object], count: int) -> int:
         return _print_json_lines(records)
     for r in records:
         what = f"{r.get('method') or ''} {r.get('path') or ''}".strip() or str(r.get("scheme"))
+        if r.get("event"):  # an approval's line (corral.net.approvals)
+            what = f"{r['event']} {r.get('answer') or r.get('scope') or what}"
         print(
             f"{r.get('time', '?')}  {r.get('run_id', '?')}  {r.get('decision', '?'):<5}  "
             f"{r.get('host')}:{r.get('port')}  {what[:60]}  rule={r.get('rule')}  "

@@ -185,6 +185,8 @@ def test_approve_and_deny_from_another_process(
         ("/held/two", "deny", "control: corral deny"),
     }
     assert {e["path"] for e in events(c, "ask")} == {"/held/one", "/held/two"}
+    shown = c.run(["log", "--net", "-n", "50"], ws, env=env).stdout.decode()
+    assert "answer once" in shown and "answer deny" in shown
 
 
 def test_no_answer_is_a_deny(sandbox: tuple[Corral, Path], origin: Origin) -> None:
@@ -577,3 +579,32 @@ def test_async_sandbox_on_ask(api_ws: Path, tier: TierCase, origin: Origin) -> N
     assert "/held/slow=200" in out2
     assert gap < 0.3  # the loop kept running while the sync answer slept 0.5 s
     assert origin.seen == ["/held/a", "/held/a", "/held/slow"]
+
+
+def test_sandbox_without_on_ask_waits_for_corral_approve(
+    api_ws: Path, tier: TierCase, origin: Origin
+) -> None:
+    import sys
+
+    def answer(command: str, path: str, *flags: str) -> None:
+        found: list[dict[str, object]] = []
+
+        def held() -> bool:
+            r = subprocess.run(
+                [sys.executable, "-m", "corral", "pending", "--json"], capture_output=True
+            )
+            found[:] = [json.loads(x) for x in r.stdout.decode().splitlines()]
+            return any(f["path"] == path for f in found)
+
+        assert wait_for(held, 30)
+        ask_id = next(str(f["id"]) for f in found if f["path"] == path)
+        done = subprocess.run([sys.executable, "-m", "corral", command, *flags, ask_id])
+        assert done.returncode == 0
+
+    with Sandbox(api_policy(api_ws, origin), **tier.api) as sb:
+        proc = sb.spawn(gets(origin, "/held/one", "/held/two"))
+        answer("approve", "/held/one")
+        answer("deny", "/held/two")
+        out = proc.wait(timeout=60).stdout.decode()
+    assert "/held/one=200" in out and "/held/two=403" in out, out
+    assert origin.seen == ["/held/one"]
