@@ -7,7 +7,9 @@ this class is driven from that loop.  While a prompt is up:
 
 * the terminal is in cbreak mode (one key answers: ``y`` once, ``f`` for
   :data:`~corral.net.approvals.DEFAULT_GRANT`, ``n`` deny) and other keys are
-  swallowed; its previous mode comes back as soon as the prompt ends;
+  swallowed; its previous mode comes back as soon as the prompt ends.  When
+  keys are already waiting (a line half typed for the command), the terminal
+  is not taken at all: one line names the ``corral approve`` command instead;
 * the sandbox's output to the terminal is held back (not lost) so that it
   cannot scribble over the prompt; output to files and pipes is not held.
 
@@ -158,11 +160,24 @@ class TerminalPrompt:
     # -- the prompt line ------------------------------------------------------------------------
 
     def _next(self) -> None:
-        if not self.queue:
+        while self.queue:
+            ask = self.queue.pop(0)
+            self._cbreak()
+            if not self._typed_ahead():
+                self.current = ask
+                break
+            # keys are waiting already (a line being typed, or lines the command
+            # has not read yet): they are the command's, so the terminal is not
+            # taken; the answer comes from another terminal
+            self._restore()
+            _write(
+                self.tty_out,
+                f"\r\ncorral: {_what(ask)}: held; you are typing, so answer with "
+                f"corral approve {ask.id} (or corral deny {ask.id})\r\n".encode("utf-8", "replace"),
+            )
+        if self.current is None:
             self._release()
             return
-        self.current = self.queue.pop(0)
-        self._cbreak()
         if self._poller is not None:
             self._poller.register(self.tty_in, select.POLLIN)
         grant = format_seconds(self.grant)
@@ -205,6 +220,18 @@ class TerminalPrompt:
         except termios.error:
             return
         self._saved = saved
+
+    def _typed_ahead(self) -> bool:
+        """Does the terminal hold input nobody has read?  (Checked once out of
+        canonical mode: in it, a line still being typed is not counted.)"""
+        import fcntl
+        import termios
+
+        try:
+            raw = fcntl.ioctl(self.tty_in, termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return False
+        return int.from_bytes(raw, "little") > 0
 
     def _restore(self) -> None:
         if self._saved is None:

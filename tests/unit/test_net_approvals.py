@@ -304,3 +304,32 @@ def test_ask_info_reads_what_the_hub_sends() -> None:
     info = AskInfo({"id": "x", "run": "r", "host": "h", "port": 1, "method": "GET", "path": "/"})
     assert (info.id, info.run_id, info.host, info.port) == ("x", "r", "h", 1)
     assert "GET h:1/" in repr(info)
+
+
+def test_terminal_prompt_leaves_a_half_typed_line_alone() -> None:
+    master, slave = os.openpty()
+    ours, hub_end = socket.socketpair()
+    before = termios.tcgetattr(slave)
+    prompt = TerminalPrompt(ours, tty_in=slave, tty_out=slave)
+    try:
+        os.write(master, b"ls -l")  # typed for the command, Enter not pressed yet
+        _ask(hub_end, "a1", "/one")
+        prompt.on_ready(prompt.fd)
+        said = _read_until(master, b"corral deny a1)")
+        assert b"you are typing, so answer with corral approve a1" in said
+        assert prompt.current is None and prompt.fds() == (prompt.fd,)
+        assert termios.tcgetattr(slave) == before
+        os.write(master, b"\n")
+        # the command gets every byte of its line (the mode switch that looked at
+        # it may hand it over in two reads, as a pasted line can come)
+        got = b""
+        while not got.endswith(b"\n"):
+            assert select.select([slave], [], [], 5)[0]
+            got += os.read(slave, 100)
+        assert got == b"ls -l\n"
+    finally:
+        prompt.close()
+        for fd in (master, slave):
+            os.close(fd)
+        ours.close()
+        hub_end.close()
