@@ -201,6 +201,18 @@ HOME_OPTIONS: Options = {
     "--all": ("all", "flag", "", "clean: every workspace's layer"),
     "--gone": ("gone", "flag", "", "clean: the layers of workspaces that no longer exist"),
 }
+RULES_OPTIONS: Options = {
+    "--policy": ("policy", "value", "FILE", "policy file (default: the workspace's corral.toml)"),
+    "--workspace": ("workspace", "value", "DIR", "the workspace (default: cwd)"),
+    "--dir": (
+        "dir",
+        "list",
+        "DIR",
+        "list, pull: this guardrail directory instead of [guardrails] dirs (repeatable)",
+    ),
+    "--force": ("force", "flag", "", "pull: overwrite files edited by hand"),
+    "--ca": ("ca", "value", "FILE", "pull: also trust this CA file for an https:// index"),
+}
 DOCTOR_OPTIONS: Options = {
     "--json": ("json", "flag", "", "the report as JSON"),
     "--probe": ("probe", "flag", "", "start a tiny sandbox per tier to prove it works"),
@@ -288,6 +300,11 @@ COMMANDS: dict[str, tuple[str, str, Options]] = {
         "path|list|clean [OPTIONS]",
         "the per-workspace home layers (where writes under ~ go)",
         HOME_OPTIONS,
+    ),
+    "rules": (
+        "list|check METHOD URL|hash FILE...|pull SRC [OPTIONS]",
+        "guardrail files and request rules: list them, explain a decision, hash, pull",
+        RULES_OPTIONS,
     ),
     "proxy": (
         "serve [OPTIONS]",
@@ -521,6 +538,32 @@ def cmd_home(args: list[str]) -> int:
     if not found:
         _err(f"corral: no home layer for {what}")
     return 0
+
+
+def cmd_rules(args: list[str]) -> int:
+    """``corral rules list|check|hash|pull``: corral.rulescli."""
+    if args[:1] in (["-h"], ["--help"]):
+        raise HelpRequested("rules")
+    if not args or args[0] not in ("list", "check", "hash", "pull"):
+        raise CorralError("usage: " + "corral rules " + COMMANDS["rules"][0])
+    command, rest = args[0], args[1:]
+    opts: dict[str, object] = {}
+    positional: list[str] = []
+    while rest:  # options may come before or after the arguments
+        found, rest = parse(rest, RULES_OPTIONS, positional=True, command=f"rules {command}")
+        for key, value in found.items():
+            if isinstance(value, list):
+                existing = opts.setdefault(key, [])
+                assert isinstance(existing, list)
+                existing.extend(value)
+            else:
+                opts[key] = value
+        if rest:
+            positional.append(rest[0])
+            rest = rest[1:]
+    from corral import rulescli
+
+    return rulescli.run(command, opts, positional)
 
 
 def cmd_run(args: list[str]) -> int:
@@ -1340,6 +1383,7 @@ def main(argv: list[str] | None = None) -> int:
             "proxy": cmd_proxy,
             "policy": cmd_policy,
             "home": cmd_home,
+            "rules": cmd_rules,
             "pending": cmd_pending,
             "approve": cmd_approve,
             "deny": cmd_deny,

@@ -20,6 +20,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+    from corral.net.guardrails import Guardrail
+
 NETWORK_MODES = ("none", "proxy")
 ASK_TIMEOUT = 30.0  # [network] ask_timeout's default, in seconds
 ASK_TIMEOUT_MAX = 3600.0
@@ -182,6 +184,30 @@ class TlsPolicy:
         )
 
 
+class GuardrailsPolicy:
+    """``[guardrails]``: directories of guardrail files (corral.net.guardrails)
+    and the action each risk tier gets."""
+
+    __slots__ = ("dirs", "files", "tiers")
+
+    def __init__(self) -> None:
+        self.dirs: list[str] = []  # absolute once loaded
+        # tier (lower case, "null" for none) -> log, allow, ask or deny
+        self.tiers: dict[str, str] = dict(GUARDRAIL_TIER_ACTIONS)
+        self.files: list[Guardrail] | None = None  # parsed once: check_guardrails
+
+
+# the defaults of [guardrails.tiers] (corral.net.guardrails.DEFAULT_TIER_ACTIONS
+# says why; kept equal there, here without importing it)
+GUARDRAIL_TIER_ACTIONS = {
+    "low": "log",
+    "medium": "log",
+    "high": "ask",
+    "critical": "deny",
+    "null": "ask",
+}
+
+
 class ContainerPolicy:
     """The container tier's choices; empty means "detect" (engine) or "not set" (image)."""
 
@@ -200,6 +226,7 @@ class Policy:
         "container",
         "env",
         "filesystem",
+        "guardrails",
         "limits",
         "network",
         "secrets",
@@ -220,6 +247,7 @@ class Policy:
         self.container = ContainerPolicy()
         self.tls = TlsPolicy()
         self.secrets: dict[str, Secret] = {}  # [secrets.NAME], by NAME
+        self.guardrails = GuardrailsPolicy()
 
     @classmethod
     def load(cls, path: str | None = None, workspace: str | None = None) -> Policy:
@@ -264,6 +292,8 @@ class Policy:
         if self.source and _inside(self.source, self.workspace):
             items.append(os.path.relpath(self.source, self.workspace))
         items += self.filesystem.write_deny
+        # guardrail files are policy too: what the next run enforces
+        items += [d.rstrip("/") + "/" for d in self.guardrails.dirs]
         return items
 
     def to_dict(self) -> dict[str, object]:
@@ -323,6 +353,12 @@ class Policy:
                 }
                 for name, s in sorted(self.secrets.items())
             }
+        guard = self.guardrails
+        if guard.dirs:  # as for container
+            view: dict[str, object] = {"dirs": list(guard.dirs), "tiers": dict(guard.tiers)}
+            if guard.files is not None:  # what was enforced, in the run log's digest too
+                view["files"] = {g.path: g.hash for g in guard.files}
+            out["guardrails"] = view
         return out
 
 
@@ -846,6 +882,48 @@ def _set(attr_path: str, parse: Callable[[object], object]) -> Callable[[Policy,
     return apply
 
 
+GUARDRAIL_ACTIONS = ("log", "allow", "ask", "deny")
+
+
+def _expect_dirs(v: object) -> list[str]:
+    dirs = _expect_str_list(v)
+    if any(not d for d in dirs):
+        raise ValueError("an empty directory name")
+    return dirs
+
+
+def _guardrail_dirs(policy: Policy, raw: object) -> None:
+    dirs = [policy.expand(d) for d in _expect_dirs(raw)]
+    for path in dirs:
+        # guardrail directories are write-denied inside: the workspace cannot be one
+        if _inside(policy.workspace, path):
+            raise ValueError(f"{path} is the workspace or holds it: give guardrails a directory")
+    policy.guardrails.dirs = dirs
+    policy.guardrails.files = None
+
+
+def _expect_tier_actions(v: object) -> dict[str, str]:
+    """``{ high = "deny", null = "log" }``: tier words (any case) -> actions.
+    An EntryError names the tier word that is wrong."""
+    if not isinstance(v, dict):
+        raise ValueError('expected a table of tier = "action" (low, medium, high, critical, null)')
+    out: dict[str, str] = {}
+    for word, action in v.items():
+        tier = word.lower()
+        if tier not in GUARDRAIL_TIER_ACTIONS:
+            raise EntryError(
+                word, f"unknown tier {word!r} (known: low, medium, high, critical, null)"
+            )
+        if not isinstance(action, str) or action.lower() not in GUARDRAIL_ACTIONS:
+            raise EntryError(word, f"expected log, allow, ask or deny; got {action!r}")
+        out[tier] = action.lower()
+    return out
+
+
+def _guardrail_tiers(policy: Policy, raw: object) -> None:
+    policy.guardrails.tiers.update(_expect_tier_actions(raw))
+
+
 # TOML key -> how to parse it and where it lands.  An unknown key is an error.
 SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
     "": {"tier": _set("tier", _expect_tier)},
@@ -887,6 +965,7 @@ SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
         "passthrough": _set("tls.passthrough", _expect_rules),
         "inspect": _set("tls.inspect", _expect_rules),
     },
+    "guardrails": {"dirs": _guardrail_dirs, "tiers": _guardrail_tiers},
     "container": {
         "engine": _set("container.engine", _expect_engine),
         "runtime": _set("container.runtime", _expect_runtime),
@@ -1044,6 +1123,12 @@ def _apply_one(
         raise PolicyError(f"{where(section, key)}: unknown key (known here: {known})")
     try:
         fields[key](policy, value)
+    except EntryError as exc:  # one key of a table value: point at its own line
+        dotted = f"{section}.{key}" if section else key
+        at = where(dotted, exc.key).rsplit(": ", 1)[0]  # FILE:LINE, or FILE if not found
+        if not at.rpartition(":")[2].isdigit():
+            at = where(section, key).rsplit(": ", 1)[0]  # an inline table: its key's line
+        raise PolicyError(f"{at}: {dotted}.{exc.key}: {exc}") from None
     except ValueError as exc:
         raise PolicyError(f"{where(section, key)}: {exc}") from None
 
@@ -1055,6 +1140,7 @@ def check_network(policy: Policy, python: bool = False) -> None:
     message names the attribute rather than the file's key."""
     check_tls(policy)
     check_secrets(policy)
+    check_guardrails(policy)
     net = policy.network
     if net.mode not in NETWORK_MODES:
         raise PolicyError(
@@ -1115,6 +1201,23 @@ def check_tls(policy: Policy) -> None:
             raise PolicyError(f"{policy.source}: {conflict}" if policy.source else conflict)
 
 
+def check_guardrails(policy: Policy) -> list[Guardrail]:
+    """The guardrail files of ``[guardrails] dirs``, read and parsed once (a
+    malformed one is a PolicyError naming its file and line)."""
+    guard = policy.guardrails
+    if guard.files is None:
+        if not guard.dirs:
+            guard.files = []
+            return guard.files
+        from corral.net.guardrails import GuardrailError, load_dirs
+
+        try:
+            guard.files = load_dirs(guard.dirs)
+        except GuardrailError as exc:
+            raise PolicyError(f"guardrails: {exc}") from None
+    return guard.files
+
+
 def find_policy_file(workspace: str) -> str | None:
     candidate = os.path.join(workspace, defaults.POLICY_FILENAME)
     return candidate if os.path.isfile(candidate) else None
@@ -1138,4 +1241,5 @@ def load(workspace: str | None = None, path: str | None = None) -> Policy:
                 'set [network] mode = "proxy"'
             )
         check_tls(policy)
+        check_guardrails(policy)
     return policy

@@ -608,3 +608,30 @@ def test_sandbox_without_on_ask_waits_for_corral_approve(
         out = proc.wait(timeout=60).stdout.decode()
     assert "/held/one=200" in out and "/held/two=403" in out, out
     assert origin.seen == ["/held/one"]
+
+
+def test_a_guardrail_ask_is_answered_too(sandbox: tuple[Corral, Path], origin: Origin) -> None:
+    c, ws = sandbox
+    env = setup(c, ws, origin.port)
+    guard = c.base / "guardrails"
+    guard.mkdir()
+    (guard / "deploys.md").write_text(
+        "---\ntitle: Deploys\nrisk_tier: HIGH\nversion: 1\n"
+        f"hosts: [127.0.0.1:{origin.port}]\nmethods: [GET]\npaths: [/deploy/**]\n---\n"
+        "# Deploys\n\nA person looks first.\n"
+    )
+    c.chown(guard)
+    with (ws / "corral.toml").open("a") as fh:
+        fh.write(
+            f'\n[[network.rules]]\nhost = "127.0.0.1:{origin.port}"\npaths = ["/deploy/**"]\n'
+            f'action = "allow"\n\n[guardrails]\ndirs = ["{guard}"]\n'
+        )  # the rules allow it; the guardrail (HIGH: ask) holds it for an answer
+    proc = start(c, ws, gets(origin, "/deploy/yes", "/deploy/no"), env)
+    held = next_pending(c, ws, env, "/deploy/yes")
+    assert held["rule"] == "guardrail deploys.md"
+    assert c.run(["approve", str(held["id"])], ws, env=env).returncode == 0
+    held = next_pending(c, ws, env, "/deploy/no")
+    assert c.run(["deny", str(held["id"])], ws, env=env).returncode == 0
+    out, err = finish(proc)
+    assert "/deploy/yes=200" in out and "/deploy/no=403" in out, (out, err)
+    assert origin.seen == ["/deploy/yes"]

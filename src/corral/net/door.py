@@ -137,7 +137,14 @@ def proxy_env(
 def may_ask(policy: Policy) -> bool:
     """Can this policy's rules hold a request for a person's answer?  A rule type
     whose hooks can ask adds its policy key here (see :mod:`corral.net.approvals`)."""
-    return any(entry.get("action") == "ask" for entry in policy.network.rules)
+    if any(entry.get("action") == "ask" for entry in policy.network.rules):
+        return True
+    guard = policy.guardrails
+    if not guard.dirs:
+        return False
+    if guard.files is None:  # not read yet (check_guardrails): it may ask
+        return True
+    return any(g.enforcing and g.effective_action(guard.tiers) == "ask" for g in guard.files)
 
 
 def open_door(
@@ -427,7 +434,9 @@ def _hooks_act_here(policy: Policy) -> bool:
     interception's CA and bundle, a secret's source)?  Host rules alone do not:
     their chain is built in the proxy, off the run's path.  A policy key whose
     hooks need :meth:`corral.net.hooks.Hook.open` or ``sandbox_env`` adds itself here."""
-    return bool(policy.tls.inspect or policy.secrets or policy.network.rules)
+    return bool(
+        policy.tls.inspect or policy.secrets or policy.network.rules or policy.guardrails.dirs
+    )
 
 
 def _open_ca(policy: Policy) -> CA:

@@ -416,6 +416,11 @@ def hooks_for(policy: Policy) -> list[Hook]:
         from corral.net.httprules import HttpRulesHook
 
         hooks.append(HttpRulesHook.from_policy(net.rules))
+    if policy.guardrails.dirs:
+        from corral.net.guardrails import GuardrailHook
+        from corral.policy import check_guardrails
+
+        hooks.append(GuardrailHook(check_guardrails(policy), policy.guardrails.tiers))
     if policy.secrets:
         from corral.net.secrets import SecretsHook
 
