@@ -228,6 +228,19 @@ def test_may_ask(tmp_path: Path) -> None:
     assert not may_ask(policy)
     policy.network.rules = [pol._expect_http_rule({"host": "a.test", "action": "ask"})]
     assert may_ask(policy)
+    # guardrails: only those whose tier (or own action) asks
+    guard = tmp_path / "guard"
+    guard.mkdir()
+    (guard / "low.md").write_text("---\nrisk_tier: LOW\nhosts: [a.test]\n---\nbody\n")
+    policy = pol.Policy(str(tmp_path))
+    policy.guardrails.dirs = [str(guard)]
+    assert may_ask(policy)  # not read yet: it may
+    pol.check_guardrails(policy)
+    assert not may_ask(policy)
+    (guard / "high.md").write_text("---\nrisk_tier: HIGH\nhosts: [a.test]\n---\nbody\n")
+    policy.guardrails.files = None
+    pol.check_guardrails(policy)
+    assert may_ask(policy)
 
 
 # -- the terminal prompt, on a pty pair ----------------------------------------------------
