@@ -14,9 +14,9 @@ def __getattr__(name: str) -> object:
 
         return getattr(sandbox, name)
     if name in ("Decision", "AskInfo"):  # Sandbox(on_ask=...)'s question and answer
-        from corral.net import approvals
+        from corral.net import asking
 
-        return getattr(approvals, name)
+        return getattr(asking, name)
     if name == "Policy":
         from corral.policy import Policy
 

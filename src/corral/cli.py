@@ -1102,7 +1102,7 @@ def _log_net(opts: dict[str, object], count: int) -> int:
 
 def _control_dir() -> str:
     from corral.errors import RefusedError
-    from corral.net.approvals import control_dir
+    from corral.net.asking import control_dir
 
     try:
         return control_dir()
@@ -1114,7 +1114,7 @@ def _control_dir() -> str:
 
 def cmd_pending(args: list[str]) -> int:
     opts, _ = parse(args, PENDING_OPTIONS, positional=False, command="pending")
-    from corral.net.approvals import list_pending
+    from corral.net.asking import list_pending
 
     directory = _control_dir()
     try:
@@ -1143,7 +1143,7 @@ def cmd_pending(args: list[str]) -> int:
 
 def cmd_approve(args: list[str]) -> int:
     opts, rest = parse(args, APPROVE_OPTIONS, positional=True, command="approve")
-    from corral.net.approvals import Decision, check_glob
+    from corral.net.asking import Decision, check_glob
 
     seconds = None
     path = None
@@ -1166,13 +1166,13 @@ def cmd_approve(args: list[str]) -> int:
 
 def cmd_deny(args: list[str]) -> int:
     _, rest = parse(args, DENY_OPTIONS, positional=True, command="deny")
-    from corral.net.approvals import Decision
+    from corral.net.asking import Decision
 
     return _answer("deny", rest, Decision.deny())
 
 
 def _answer(command: str, rest: list[str], decision: object) -> int:
-    from corral.net.approvals import Decision, send_answer
+    from corral.net.asking import Decision, send_answer
 
     assert isinstance(decision, Decision)
     if len(rest) != 1:

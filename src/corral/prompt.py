@@ -24,7 +24,7 @@ import json
 import os
 import select
 
-from corral.net.approvals import DEFAULT_GRANT, AskInfo, Decision, format_seconds
+from corral.net.asking import DEFAULT_GRANT, AskInfo, Decision, format_seconds
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
 
-    from corral.net.approvals import AskInfo
+    from corral.net.asking import AskInfo
     from corral.policy import Policy
     from corral.report import Denial
     from corral.tiers.base import Plan, Tier

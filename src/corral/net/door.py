@@ -254,7 +254,7 @@ class Door:
         """The control directory (checked: this user's alone) and, for a local
         answerer, its socket pair to the proxy."""
         from corral.errors import RefusedError
-        from corral.net.approvals import control_dir
+        from corral.net.asking import control_dir
 
         try:
             self.control_dir = control_dir(create=True)
