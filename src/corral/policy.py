@@ -1146,6 +1146,12 @@ def check_network(policy: Policy, python: bool = False) -> None:
         raise PolicyError(
             f"network.mode must be one of {', '.join(NETWORK_MODES)}; got {net.mode!r}"
         )
+    if net.ask_timeout != ASK_TIMEOUT:  # set in code perhaps: checked as the file's key is
+        try:
+            net.ask_timeout = _expect_ask_timeout(net.ask_timeout)
+        except ValueError as exc:
+            where = "policy.network.ask_timeout" if python else "network.ask_timeout"
+            raise PolicyError(f"{where}: {exc}") from None
     if net.allow or net.deny:
         from corral.net.rules import Rule
 

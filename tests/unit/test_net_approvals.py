@@ -223,6 +223,16 @@ def test_ask_timeout_in_the_policy(tmp_path: Path) -> None:
         assert "corral.toml:3: network.ask_timeout" in str(exc.value)
 
 
+def test_ask_timeout_set_in_code_is_checked(tmp_path: Path) -> None:
+    policy = pol.Policy(str(tmp_path))
+    policy.network.ask_timeout = "2m"  # type: ignore[assignment]
+    pol.check_network(policy, python=True)
+    assert policy.network.ask_timeout == 120
+    policy.network.ask_timeout = -1
+    with pytest.raises(PolicyError, match=r"policy\.network\.ask_timeout: bad duration"):
+        pol.check_network(policy, python=True)
+
+
 def test_may_ask(tmp_path: Path) -> None:
     policy = pol.Policy(str(tmp_path))
     assert not may_ask(policy)
