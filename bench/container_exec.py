@@ -45,7 +45,7 @@ def measure(rounds: int, image: str, runtime: str) -> dict[str, float]:
     from corral import launch
     from corral.policy import Policy
     from corral.sandbox import Sandbox
-    from corral.tiers.container import ContainerTier
+    from corral.tiers.container import ContainerTier, EngineLaunch
 
     corral = os.path.join(os.path.dirname(sys.executable), "corral")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -58,6 +58,8 @@ def measure(rounds: int, image: str, runtime: str) -> dict[str, float]:
         policy.container.runtime = runtime
         # the same envelope, the command `true` without corral's boot step
         plan = ContainerTier().plan(policy, ["true"])
+        assert isinstance(plan.strategy, EngineLaunch)
+        engine_env = plan.strategy.env
         cut = plan.argv.index("--")
         raw = [a for a in plan.argv[: cut + 2] if a not in ("--interactive", "--tty")]
         raw += ["true"]
@@ -81,7 +83,7 @@ def measure(rounds: int, image: str, runtime: str) -> dict[str, float]:
                     raw[name_at] = f"corral-bench-{os.getpid()}-{i}"
                     sample = {
                         "corral": timed(lambda: run_quiet(one_shot, env)),
-                        "podman": timed(lambda: run_quiet(raw, plan.launcher_env)),
+                        "podman": timed(lambda: run_quiet(raw, engine_env)),
                         "sb": timed(lambda: sb.exec(["true"])),
                         "pexec": timed(lambda: run_quiet(["podman", "exec", name, "true"])),
                     }

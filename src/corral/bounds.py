@@ -33,6 +33,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from corral.cgroups import CgroupHost
     from corral.policy import Limits
     from corral.tiers.base import Plan
 
@@ -134,11 +135,12 @@ def _add(plan: Plan, limits: Limits, name: str, enforced: bool | None, how: str)
     plan.bounds[name] = Bound(name, value, limits.source(name), enforced, how)
 
 
-def apply_cgroup(plan: Plan, limits: Limits) -> None:
-    """memory, pids and cpus through a cgroup (and the timeout, by corral itself)."""
+def apply_cgroup(plan: Plan, limits: Limits, host: CgroupHost | None = None) -> None:
+    """memory, pids and cpus through a cgroup (and the timeout, by corral itself), on
+    the cgroup layout ``host`` (:attr:`HostFacts.cgroups`; read now when None)."""
     from corral import cgroups
 
-    cg, dropped, why = cgroups.plan_for(limits)
+    cg, dropped, why = cgroups.plan_for(limits, host)
     plan.cgroup = cg
     _add(plan, limits, "timeout", True, "corral kills the whole process tree")
     for name in CGROUP_NAMES:

@@ -184,9 +184,14 @@ def plan_cgroup(limits: Limits, host: CgroupHost) -> CgroupPlan | None:
     return settle(limits, host)[0]
 
 
-def plan_for(limits: Limits) -> tuple[CgroupPlan | None, list[str], str]:
-    """settle() on this host; reads /proc only when a limit asks for a cgroup."""
-    return settle(limits, detect()) if wanted(limits) else (None, [], "")
+def plan_for(
+    limits: Limits, host: CgroupHost | None = None
+) -> tuple[CgroupPlan | None, list[str], str]:
+    """settle() on ``host`` (this host's layout, read now when None); reads /proc only
+    when a limit asks for a cgroup."""
+    if not wanted(limits):
+        return None, [], ""
+    return settle(limits, detect() if host is None else host)
 
 
 def _write(path: str, value: str) -> None:

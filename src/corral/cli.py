@@ -585,7 +585,7 @@ def cmd_run(args: list[str]) -> int:
         return _explain(tier, policy, command, passed)
     door = (
         _open_door(opts, policy, run_id, tier.door_transport, answerer=True)
-        if tier.name != "none"
+        if tier.strategy.confines
         else None
     )
     try:
@@ -601,7 +601,8 @@ def _explain(tier: Tier, policy: Policy, command: list[str], passed: tuple[int, 
     if policy.network.mode == "proxy":
         door_path = "127.0.0.1:3128" if tier.door_transport == "tcp" else "/DOOR"
         net = _explained_extras(policy)
-    print(tier.plan(policy, command, door=door_path, pass_fds=passed, net=net).describe())
+    host = tier.gather(policy)
+    print(tier.plan(policy, command, door_path, pass_fds=passed, net=net, host=host).describe())
     return 0
 
 
@@ -625,15 +626,12 @@ def cmd_shell(args: list[str]) -> int:
     from corral import shell as pty_shell
 
     tier, _health = tiers.select(policy.tier, policy)
-    if tier.name == "none":
-        raise CorralError("corral shell needs a sandbox tier, not none")
-    if tier.name in ("container", "gvisor"):
+    if not tier.strategy.confines:
+        raise CorralError(f"corral shell needs a sandbox tier, not {tier.name}")
+    if tier.strategy.shell:
         from corral.errors import RefusedError
 
-        raise RefusedError(
-            f"corral shell is not built for the {tier.name} tier yet "
-            "(use corral run, or the Python API's Sandbox)"
-        )
+        raise RefusedError(tier.strategy.shell)
     argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
     shell_argv = pty_shell.command(argv, tier.python_argv())
     if opts.get("explain"):
@@ -647,6 +645,7 @@ def cmd_shell(args: list[str]) -> int:
             door=door.address if door else None,
             pass_fds=passed,
             net=door.extras if door else None,
+            host=tier.gather(policy),
         )
         if not opts.get("quiet"):
             _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
@@ -762,16 +761,18 @@ def _run_plan(
 ) -> int:
     from corral import bounds, launch, tiers
 
-    plan = tiers.get(tier_name).plan(
+    tier = tiers.get(tier_name)
+    plan = tier.plan(
         policy,
         command,
         door=door.address if door else None,
         pass_fds=passed,
         net=door.extras if door else None,
+        host=tier.gather(policy),  # the host, read once: plan() reads nothing
     )
     quiet = bool(opts.get("quiet"))
-    if plan.warning:
-        _err(plan.warning)
+    if plan.strategy.warning:
+        _err(plan.strategy.warning)
     elif policy.tier == "auto" and not quiet:
         _err(f"corral: tier {tier_name} (auto: strongest available here)")
     for note in plan.notes:
@@ -989,14 +990,11 @@ def _defaults_report(rows: list[tuple[Tier, Health]]) -> dict[str, dict[str, obj
     """The default limits, and whether each tier enforces them here for this user."""
     from corral.bounds import host_report
 
-    engine = problem = None
-    if any(t.name == "container" and h.available for t, h in rows):
-        from corral.container.engine import find, limits_problem
-
-        eng, _ = find()
-        if eng is not None:
-            engine, problem = eng.name, limits_problem(eng, ["memory", "pids"])
-    return host_report(engine or "", problem)
+    for tier, health in rows:
+        found = tier.limits_engine() if health.available else None
+        if found is not None:
+            return host_report(*found)
+    return host_report("", None)
 
 
 def cmd_log(args: list[str]) -> int:

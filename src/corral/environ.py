@@ -32,11 +32,15 @@ def sandbox_env(policy: Policy, source: Mapping[str, str] | None = None) -> dict
     return env
 
 
-def sandbox_cwd(policy: Policy, writable: list[str]) -> str:
-    """The caller's cwd if it is inside a writable path, else the workspace."""
-    try:
-        here = os.path.realpath(os.getcwd())
-    except OSError:
+def sandbox_cwd(policy: Policy, writable: list[str], here: str | None = None) -> str:
+    """The caller's cwd (``here``, symlinks resolved; read now when None) if it is
+    inside a writable path, else the workspace."""
+    if here is None:
+        try:
+            here = os.path.realpath(os.getcwd())
+        except OSError:
+            return policy.workspace
+    if not here:
         return policy.workspace
     for root in writable:
         if here == root or here.startswith(root.rstrip("/") + "/"):

@@ -260,6 +260,53 @@ def split_grants(
     return sorted(rules.items())
 
 
+class Tree:
+    """The directory listings and file kinds a ruleset's split reads, answered from
+    memory: :func:`record_tree` fills one from the host once (the tier's
+    ``gather()``), so that planning reads nothing; a test writes one by hand.
+    ``listings``: directory -> [(name, kind)]; ``kinds``: path -> kind (as
+    ``_is_dir`` says); a path found in neither is missing."""
+
+    __slots__ = ("kinds", "listings")
+
+    def __init__(
+        self,
+        listings: dict[str, list[tuple[str, bool | None]]] | None = None,
+        kinds: dict[str, bool | None] | None = None,
+    ) -> None:
+        self.listings = listings if listings is not None else {}
+        self.kinds = kinds if kinds is not None else {}
+
+    def listdir(self, path: str) -> list[tuple[str, bool | None]]:
+        return self.listings.get(path, [])
+
+    def is_dir(self, path: str) -> bool | None:
+        if path in self.kinds:
+            return self.kinds[path]
+        if path in self.listings:
+            return True
+        parent, name = os.path.split(path)
+        return dict(self.listings.get(parent, ())).get(name)
+
+
+def record_tree(
+    abi: int, writable: list[str], read_deny: list[str], read_only: Iterable[str] = ()
+) -> Tree:
+    """What :func:`build` reads from the host for these paths, read now."""
+    tree = Tree()
+
+    def listdir(path: str) -> list[tuple[str, bool | None]]:
+        tree.listings[path] = found = _entries(path)
+        return found
+
+    def is_dir(path: str) -> bool | None:
+        tree.kinds[path] = kind = _is_dir(path)
+        return kind
+
+    build(abi, writable, read_deny, "/", None, listdir, is_dir, read_only)
+    return tree
+
+
 def build(
     abi: int,
     writable: list[str],

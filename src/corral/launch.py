@@ -1,8 +1,11 @@
 """The thin layer that runs a :class:`~corral.tiers.base.Plan`.
 
-Everything with side effects lives here: cgroups, file descriptors, the fork,
-the output pump with its bound, the timeout, signals, and the cleanup that
-must happen even when corral itself is killed (a small guardian process).
+Everything with side effects that every tier shares lives here: cgroups, file
+descriptors, the output pump with its bound, the timeout, signals, and the
+cleanup that must happen even when corral itself is killed (a small guardian
+process).  What differs by tier (how the process tree is started and killed,
+what is left to remove) is the plan's
+:class:`~corral.tiers.base.LaunchStrategy`; nothing here asks which tier runs.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def _above(wanted: dict[int, int]) -> int:
     return max([2, *wanted]) + 1
 
 
-def _move_fds_into_place(wanted: dict[int, int]) -> None:
+def move_fds_into_place(wanted: dict[int, int]) -> None:
     """In the child: make fd ``target`` refer to ``source`` for each pair, then close the
     rest: nothing the caller holds crosses unless it is asked for."""
     import fcntl
@@ -150,7 +153,7 @@ class _Guardian:
                 keep = {0: null, 1: null, 2: null, 3: rfd}
                 if hold >= 0:
                     keep[4] = hold
-                _move_fds_into_place(keep)
+                move_fds_into_place(keep)
                 said = b""
                 while chunk := os.read(3, 64):
                     said += chunk
@@ -196,7 +199,8 @@ class Aftercare:
         self.cg: CgroupRun | None = None
         self.snapshot: dict[str, object] = {}
         self.guardian: _Guardian | None = None
-        self.clean = False  # the sandbox ended on its own: no teardown commands needed
+        self.clean = False  # the sandbox ended on its own: nothing to remove by force
+        self.done = False  # the strategy's cleanup ran
         if plan.cgroup is not None:
             from corral.cgroups import CgroupRun
 
@@ -233,7 +237,7 @@ class Aftercare:
             or plan.quarantine
             or plan.restore
             or plan.scratch
-            or plan.teardown
+            or plan.strategy.needs_guardian()
             or (plan.home is not None and plan.home.mode == "ephemeral")
             or self.watch is not None
         ):
@@ -247,11 +251,10 @@ class Aftercare:
             self.guardian.launched(pid)
 
     def _emergency(self, pid: int) -> None:
-        if self.plan.teardown:
-            # an engine's client outlives corral and its container outlives the
-            # client: remove the container first, then wait as for any sandbox
-            run_teardown(self.plan)
-            self.clean = True
+        # what outlives corral (an engine's container outlives its client) goes
+        # first, then wait as for any sandbox
+        self.plan.strategy.cleanup(self.plan, False)
+        self.done = True
         # let the sandbox go first (die-with-parent, or the reaper's sweep)
         deadline = time.monotonic() + 5
         while pid and time.monotonic() < deadline:
@@ -265,8 +268,9 @@ class Aftercare:
 
     def _undo(self, wait: bool = True) -> list[Denial]:
         said: list[Denial] = []
-        if not self.clean:
-            run_teardown(self.plan)
+        if not self.done:
+            self.done = True
+            self.plan.strategy.cleanup(self.plan, self.clean)
         if self.cg is not None:
             self.cg.remove(wait)
         said += quarantine(self.plan.quarantine, self.run_id)
@@ -301,19 +305,6 @@ class Aftercare:
         if self.guardian is not None:
             self.guardian.release(later=self.cg is not None and bool(self.cg.dirs))
         return said
-
-
-def stop_plan(plan: Plan, pid: int) -> None:
-    """Kill a launched plan's whole tree.  bwrap's process group dies with its pid
-    namespace; the landlock tier's reaper sweeps its own descendants on SIGTERM
-    (a SIGKILL would leave them to init)."""
-    try:
-        if plan.landlock is not None:
-            os.kill(pid, signal.SIGTERM)
-        else:
-            os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def quarantine(paths: list[str], run_id: str) -> list[Denial]:
@@ -364,7 +355,7 @@ def run(
         result.duration = time.monotonic() - start
         if care.cg is not None:
             result.limits_hit = care.cg.limits_hit()
-        result.limits_hit += read_report(plan)
+        result.limits_hit += plan.strategy.limits_hit(plan)
         result.denials += care.finish()
     if result.timed_out:
         result.limits_hit.append("timeout")
@@ -411,38 +402,6 @@ def remove_scratch(plan: Plan) -> None:
     import shutil
 
     shutil.rmtree(plan.scratch, ignore_errors=True)
-
-
-def read_report(plan: Plan) -> list[str]:
-    if plan.report is None:
-        return []
-    try:
-        with open(plan.report, encoding="utf-8") as fh:
-            words = fh.read().split()
-    except OSError:
-        return []
-    return [w for w in dict.fromkeys(words) if w in ("memory", "pids")]
-
-
-def run_teardown(plan: Plan) -> None:
-    """Run the plan's cleanup commands (removing a container), quietly, bounded."""
-    if not plan.teardown:
-        return
-    import subprocess
-
-    env = plan.launcher_env if plan.launcher_env is not None else plan.env
-    for argv in plan.teardown:
-        try:
-            subprocess.run(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=30,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            pass
 
 
 def _plan_fds(
@@ -505,7 +464,7 @@ class Started:
     def stop(self) -> list[Denial]:
         """Kill the sandbox and undo what the run set up; the denials found."""
         if self.pid > 0:  # -1: already reaped (and never killpg(-1))
-            stop_plan(self.plan, self.pid)
+            self.plan.strategy.stop(self.plan, self.pid)
             try:
                 os.waitpid(self.pid, 0)
             except ChildProcessError:
@@ -526,7 +485,9 @@ def start(plan: Plan, run_id: str, stdio: dict[int, int]) -> Started:
     try:
         status_r = _plan_fds(plan, child_fds, parent_only, to_close)
         cg = care.cg
-        pid = _exec_plan(plan, child_fds, cg.procs_files() if cg is not None else [])
+        pid = plan.strategy.spawn(
+            plan, child_fds, cg.procs_files() if cg is not None else [], False
+        )
     except BaseException:
         care.finish()
         raise
@@ -562,11 +523,11 @@ def _launch_and_pump(
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
 
-    resolver = _enter_netns(plan) if plan.netns is not None else None
+    resolver = plan.strategy.enter(plan)
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in FORWARDED_SIGNALS}
     old_wakeup = signal.set_wakeup_fd(wake_w)
     try:
-        pid = _exec_plan(plan, child_fds, procs_files, netns_made=plan.netns is not None)
+        pid = plan.strategy.spawn(plan, child_fds, procs_files, True)  # after enter()
         care.launched(pid)
         for fd in to_close:
             os.close(fd)
@@ -601,79 +562,87 @@ def _launch_and_pump(
                 pass
 
 
-def _enter_netns(plan: Plan) -> Resolver | None:
-    """Move this process into the sandbox's new network namespace (see run()); the
-    resolver to serve if the sandbox has no network."""
-    from corral import netns
-
-    assert plan.netns is not None
-    try:
-        held = netns.enter(plan.netns)
-    except OSError as exc:
-        raise SetupError(f"the {plan.tier} sandbox's network could not be set up: {exc}") from None
-    return netns.Resolver(held) if held else None
-
-
-def _exec_plan(
-    plan: Plan, child_fds: dict[int, int], procs_files: list[str], netns_made: bool = False
+def spawn_process(
+    plan: Plan,
+    child_fds: dict[int, int],
+    procs_files: list[str],
+    chdir: bool = True,
+    env: dict[str, str] | None = None,
+    before_exec: Callable[[], None] | None = None,
 ) -> int:
-    """posix_spawn when nothing must happen between fork and exec; fork otherwise
-    (join a cgroup, change directory, make the sandbox's network namespace unless
-    this process already lives in it: ``netns_made``)."""
-    if plan.landlock is not None:
-        return _fork_confined(plan, child_fds, procs_files)
-    if not plan.cwd_in_argv or (plan.netns is not None and not netns_made):
-        return _fork_exec(plan, child_fds, procs_files)
+    """Start ``plan.argv`` with ``env`` (default ``plan.env``) in a new session; the
+    building block of :meth:`LaunchStrategy.spawn`.  ``chdir``: change to
+    ``plan.cwd`` first (a tool that changes directory inside itself does not
+    need it); ``before_exec``: called in the child just before the exec (its
+    SetupError's text goes to the child's stderr, exit 125).
+
+    posix_spawn when nothing must happen between fork and exec; fork otherwise
+    (join a cgroup, change directory, ``before_exec``)."""
+    if env is None:
+        env = plan.env
+    if chdir or before_exec is not None:
+        return _fork_exec(plan, child_fds, procs_files, env, chdir, before_exec)
     if procs_files and plan.cgroup is not None and plan.cgroup.version == "v1":
         # every run as root has a cgroup (the default limits): spawn into it
         from corral.cgroups import spawn_inside
 
-        pid = spawn_inside(procs_files, lambda: _spawn(plan, child_fds))
+        pid = spawn_inside(procs_files, lambda: _spawn(plan, child_fds, env))
         if pid is not None:
             return pid
     if procs_files:
-        return _fork_exec(plan, child_fds, procs_files)
-    return _spawn(plan, child_fds)
+        return _fork_exec(plan, child_fds, procs_files, env, False, None)
+    return _spawn(plan, child_fds, env)
 
 
-def _fork_exec(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) -> int:
+def _fork_exec(
+    plan: Plan,
+    child_fds: dict[int, int],
+    procs_files: list[str],
+    env: dict[str, str],
+    chdir: bool,
+    before_exec: Callable[[], None] | None,
+) -> int:
     """Fork, join the cgroup before anything runs, arrange fds, exec."""
     pid = os.fork()
     if pid:
         return pid
     try:
-        for sig in RESET_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        os.setsid()  # its own process group: a timeout kills it whole
-        for procs in procs_files:
-            with open(procs, "w", encoding="utf-8") as fh:
-                fh.write("0")  # ourselves (see CgroupRun.procs_files)
-        _move_fds_into_place(child_fds)
+        child_session(procs_files)
+        move_fds_into_place(child_fds)
         try:
             os.chdir(plan.cwd)
         except OSError as exc:
-            if not plan.cwd_in_argv:  # (bwrap changes directory itself, inside)
+            if chdir:  # (a tool that changes directory itself does it inside)
                 os.write(2, f"corral: cannot enter {plan.cwd}: {exc.strerror}\n".encode())
                 os._exit(126)
-        if plan.netns is not None:
-            from corral import netns
-
+        if before_exec is not None:
             try:
-                netns.enter(plan.netns)
+                before_exec()
             except Exception as exc:
                 # on the run's stderr pipe: _pump reports it as why setup failed
-                os.write(2, f"network: {exc}\n".encode())
+                os.write(2, f"{exc}\n".encode())
                 os._exit(125)
-        env = plan.launcher_env if plan.launcher_env is not None else plan.env
         os.execvpe(plan.argv[0], plan.argv, env)
     except OSError as exc:
-        _exec_failed(plan, exc, env)
+        exec_failed(plan, exc, env)
     finally:
         os._exit(125)
 
 
-def _exec_failed(plan: Plan, exc: OSError, env: dict[str, str]) -> None:
+def child_session(procs_files: list[str]) -> None:
+    """In a forked child, first: the default signal handling any shell would give,
+    a new session (its own process group: a timeout kills it whole) and the
+    run's cgroup joined before anything of the command runs."""
+    for sig in RESET_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    os.setsid()
+    for procs in procs_files:
+        with open(procs, "w", encoding="utf-8") as fh:
+            fh.write("0")  # ourselves (see CgroupRun.procs_files)
+
+
+def exec_failed(plan: Plan, exc: OSError, env: dict[str, str]) -> None:
     """In a child whose exec failed: corral's line on its stderr, then 127 or 126."""
     from corral.failures import cannot_run
 
@@ -683,57 +652,14 @@ def _exec_failed(plan: Plan, exc: OSError, env: dict[str, str]) -> None:
     line = cannot_run(name, enoent, exc.strerror or str(exc), env.get("PATH", ""), None, by_policy)
     if "/" in name and enoent:
         line = cannot_run(name, True, "", "", os.path.exists(name))
-    if plan.tier == "none":
-        line = line.replace(" in the sandbox", "")
+    where = plan.strategy.cannot_run_where()
+    if where != " in the sandbox":
+        line = line.replace(" in the sandbox", where)
     os.write(2, (line + "\n").encode())
     os._exit(127 if enoent else 126)
 
 
-def _fork_confined(plan: Plan, child_fds: dict[int, int], procs_files: list[str]) -> int:
-    """The landlock tier: a reaper outside the sandbox, the command confined below it."""
-    from corral import confine, seccomp
-
-    assert plan.landlock is not None
-    program = seccomp.compile_filter(plan.seccomp, seccomp.native_arch())
-    parent = os.getpid()
-    pid = os.fork()
-    if pid:
-        return pid
-
-    def exec_command() -> None:
-        try:
-            _move_fds_into_place(child_fds)
-            os.chdir(plan.cwd)
-        except OSError as exc:
-            os.write(2, f"corral: cannot enter {plan.cwd}: {exc.strerror}\n".encode())
-            os._exit(126)
-        try:
-            assert plan.landlock is not None
-            confine.apply(plan.landlock, program)
-        except (OSError, confine.ConfineError) as exc:
-            os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())
-            os._exit(125)
-        try:
-            os.execvpe(plan.argv[0], plan.argv, plan.env)
-        except OSError as exc:
-            _exec_failed(plan, exc, plan.env)
-
-    try:
-        for sig in RESET_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        os.setsid()
-        for procs in procs_files:
-            with open(procs, "w", encoding="utf-8") as fh:
-                fh.write("0")  # ourselves (see CgroupRun.procs_files)
-        confine.reaper(exec_command, parent)
-    except BaseException as exc:
-        os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())
-    finally:
-        os._exit(125)
-
-
-def _spawn(plan: Plan, child_fds: dict[int, int]) -> int:
+def _spawn(plan: Plan, child_fds: dict[int, int], env: dict[str, str]) -> int:
     """posix_spawn (vfork underneath): cheaper than a Python fork when no cgroup must be
     joined by the child (or spawn_inside has put us in it) and the tier changes
     directory itself.  Every other descriptor open here is
@@ -745,7 +671,7 @@ def _spawn(plan: Plan, child_fds: dict[int, int]) -> int:
     try:
         found = open_fds()
         if found is None:  # no /proc to list them: the fork path closes by range
-            return _fork_exec(plan, child_fds, [])
+            return _fork_exec(plan, child_fds, [], env, False, None)
         actions: list[tuple[int, ...]] = [
             (os.POSIX_SPAWN_DUP2, src, target) for target, src in high.items()
         ]
@@ -755,7 +681,7 @@ def _spawn(plan: Plan, child_fds: dict[int, int]) -> int:
         return os.posix_spawnp(
             plan.argv[0],
             plan.argv,
-            plan.launcher_env if plan.launcher_env is not None else plan.env,
+            env,
             file_actions=actions,
             setsid=True,
             setsigdef=RESET_SIGNALS,
@@ -809,7 +735,7 @@ def _pump(
         nonlocal killed
         if not killed:
             killed = True
-            stop_plan(plan, pid)
+            plan.strategy.stop(plan, pid)
 
     broken: set[int] = set()  # our own outputs whose reader went away
 
@@ -947,6 +873,7 @@ def _pump(
     if code is None:
         code = os.waitstatus_to_exitcode(wait_status)
         code = 128 - code if code < 0 else code
+    code = plan.strategy.exit_code(plan, code)
     if result.timed_out:
         code = EXIT_TIMEOUT
     elif result.signal is not None:

@@ -343,8 +343,8 @@ class Sandbox:
         except ValueError as exc:
             raise SandboxError(str(exc)) from None
         self.tier, _ = tiers.select(policy.tier, policy)
-        if self.tier.name == "none":
-            raise SandboxError("a long-lived sandbox needs a real tier, not none")
+        if not self.tier.strategy.confines:
+            raise SandboxError(f"a long-lived sandbox needs a real tier, not {self.tier.name}")
         self.run_id = launch.new_run_id()
         from corral.net.door import open_door
 
@@ -375,7 +375,7 @@ class Sandbox:
         self.files = Files(self)
         # A container starts on first use and again after it died; the lock makes
         # concurrent first calls share one start.  Other tiers start here, as before.
-        self._lazy = self.tier.name in ("container", "gvisor")
+        self._lazy = self.tier.strategy.lazy
         self._start_lock = threading.Lock()
         self._alive = False
         self._instance = 0  # starts so far
@@ -440,6 +440,7 @@ class Sandbox:
             door=self._door.address if self._door else None,
             extra=[agent_bind],
             net=self._door.extras if self._door else None,
+            host=self.tier.gather(self.policy),  # read again for each start: a new token
         )
         self.plan = plan
         err_r, err_w = os.pipe()
@@ -490,8 +491,9 @@ class Sandbox:
             self._raw_send({"op": "shutdown"})
         except OSError:
             pass
-        if self.plan.teardown:
-            self._wait_client(2.0)  # the agent's exit ends the container; --rm removes it
+        if self.tier.strategy.close_grace:
+            # the agent's exit may end the sandbox by itself (a container's --rm)
+            self._wait_client(self.tier.strategy.close_grace)
         self._sock.close()
         os.close(self._stderr_r)
         for proc in list(self._procs.values()):
@@ -799,10 +801,10 @@ class Sandbox:
         fds = tuple(sorted(set(pass_fds)))
         if not fds:
             return fds
-        if self._lazy:
+        if not self.tier.strategy.agent_fds:
             raise SandboxError(
                 f"pass_fds is not available on the {self.tier.name} tier: its agent is "
-                "reached through the engine's pipes, which cannot carry descriptors"
+                "reached through pipes that cannot carry descriptors"
             )
         if len(fds) > 64:
             raise SandboxError("pass_fds: at most 64 descriptors per command")

@@ -79,7 +79,7 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
     previous = signal.signal(signal.SIGWINCH, lambda *_: copy_winsize(0, master))
     text = ""
     code: int | None = None
-    # bwrap reports the exit code on its status pipe; a tier without one (landlock)
+    # a plan with a "status" pipe (bwrap) reports the exit code there; one without
     # is watched through a pidfd of the launched process
     ended = started.status_r if started.status_r >= 0 else os.pidfd_open(started.pid)
     try:
@@ -127,7 +127,7 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
         from corral.launch import _status_value
 
         code = _status_value(text, "exit-code")
-    return 125 if code is None else code, found
+    return 125 if code is None else plan.strategy.exit_code(plan, code), found
 
 
 def _drain(master: int) -> None:

@@ -15,7 +15,7 @@ from corral.errors import PolicyError
 from corral.home import COPY_MAX
 from corral.homeseed import Copy, Entry, decide, secret_test
 from corral.policy import Policy, load
-from corral.tiers.landlock import LandlockTier
+from corral.tiers.landlock import Confined, LandlockTier
 from corral.tiers.namespace import NamespaceTier
 
 REAL = "/home/u"
@@ -465,10 +465,10 @@ def test_landlock_plan_grants_the_layer(
     real, ws = tree
     monkeypatch.setattr("corral.tiers.landlock.abi_version", lambda: 7)
     plan = LandlockTier().plan(Policy(str(ws)), ["true"])
-    assert plan.home is not None and plan.landlock is not None
+    assert plan.home is not None and isinstance(plan.strategy, Confined)
     layer = plan.home.path
     assert plan.env["HOME"] == layer
-    rules = dict(plan.landlock.paths)
+    rules = dict(plan.strategy.ruleset.paths)
     assert rules[layer] & L.WRITE_FILE and rules[layer] & L.READ_FILE and rules[layer] & L.MAKE_DIR
 
     def allowed(path: str, right: int) -> bool:

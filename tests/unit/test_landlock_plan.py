@@ -13,7 +13,7 @@ import pytest
 from corral import landlock as L
 from corral.policy import Policy
 from corral.seccomp import compile_filter, native_arch, syscall_number
-from corral.tiers.landlock import DIFFERENCES, LandlockTier, extra_seccomp_rules
+from corral.tiers.landlock import DIFFERENCES, Confined, LandlockTier, extra_seccomp_rules
 from tests.unit.test_seccomp import AUDIT_ARCH, RET_ERRNO, run
 
 # A small tree: dirs map to their entries; anything else listed is a file; links are None.
@@ -206,18 +206,19 @@ def test_plan_is_pure_and_complete(tmp_path: Path) -> None:
     (ws / ".git" / "config").write_text("[core]\n")
     policy = Policy.load(workspace=str(ws))
     plan = LandlockTier().plan(policy, ["true"])
-    assert plan.argv == ["true"] and plan.landlock is not None
+    assert plan.argv == ["true"] and isinstance(plan.strategy, Confined)
     assert plan.scratch and plan.env["TMPDIR"] == plan.scratch
     assert not os.path.exists(plan.scratch)  # the launcher creates it
     assert str(ws / ".git" / "config") in plan.restore
     assert str(ws / ".git" / "hooks") in plan.restore
-    assert dict(plan.landlock.paths)[str(ws)] & L.WRITE_FILE
+    assert dict(plan.strategy.ruleset.paths)[str(ws)] & L.WRITE_FILE
     assert "HTTP_PROXY" not in plan.env
     policy.network.mode = "proxy"
     proxied = LandlockTier().plan(policy, ["true"], door="127.0.0.1:4321")
     assert proxied.env["HTTP_PROXY"] == "http://127.0.0.1:4321"
     assert proxied.env["ALL_PROXY"] == "socks5h://127.0.0.1:4321"
-    assert proxied.landlock is not None and proxied.landlock.ports == [(4321, L.NET_CONNECT_TCP)]
+    assert isinstance(proxied.strategy, Confined)
+    assert proxied.strategy.ruleset.ports == [(4321, L.NET_CONNECT_TCP)]
     with pytest.raises(ValueError):
         LandlockTier().plan(policy, ["true"], door="/run/door.sock")  # needs a TCP door
     text = plan.describe()
@@ -301,6 +302,6 @@ def test_plan_notes_where_new_files_cannot_be_written(
     text = "\n".join(plan.notes)
     assert str(ws / "sub" / "linked.txt") in text and "read-only for this run" in text
     assert f"created directly in {ws}, {ws / 'sub'} cannot be opened for writing" in text
-    assert plan.landlock is not None
-    rules = dict(plan.landlock.paths)
+    assert isinstance(plan.strategy, Confined)
+    rules = dict(plan.strategy.ruleset.paths)
     assert not allowed(rules, str(ws / "sub" / "linked.txt"), L.WRITE_FILE)

@@ -13,7 +13,14 @@ from corral.fsplan import Mount
 from corral.policy import Policy
 from corral.tiers import namespace
 from corral.tiers.base import Plan
-from corral.tiers.namespace import FD_EMPTY, FD_SECCOMP, FD_STATUS, NamespaceTier, mount_args
+from corral.tiers.namespace import (
+    FD_EMPTY,
+    FD_SECCOMP,
+    FD_STATUS,
+    Bwrap,
+    NamespaceTier,
+    mount_args,
+)
 
 SET_VALUE = "set-value-7d1c0e9b"
 PASSED_VALUE = "passed-value-52aa41f3"
@@ -59,8 +66,10 @@ def test_argv_has_every_hardening_flag(workspace: Path, monkeypatch: pytest.Monk
     # the network namespace is corral's own: the launcher makes it (loopback and a
     # resolver that refuses every name), bwrap must not replace it with another
     assert "--unshare-net" not in options
-    assert plan.netns is not None and plan.netns.handoff is None
-    assert [str(listener) for listener in plan.netns.listeners] == [
+    assert isinstance(plan.strategy, Bwrap)
+    made = plan.strategy.netns
+    assert made is not None and made.handoff is None
+    assert [str(listener) for listener in made.listeners] == [
         "dns 127.0.0.1:53/udp",
         "dns [::1]:53/udp",
     ]

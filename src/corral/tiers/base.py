@@ -1,26 +1,119 @@
-"""The interface every tier implements, and the plan it returns.
+"""The interface every tier implements, the plan it returns and how that plan runs.
 
 A tier is a name, a strength, ``health()`` (can it run here, and if not, exactly
-why) and a pure ``plan(policy, command)``: what would be launched, with which
-mounts, syscall rules and limits.  Launching a plan is the launcher's job
-(:mod:`corral.launch`), so plans can be unit-tested without running anything.
+why), ``gather(policy)`` (the host facts its plan needs, read once:
+:class:`HostFacts`) and a pure ``plan(policy, command, ..., host=facts)``:
+what would be launched, with which mounts, syscall rules and limits.
+
+A plan carries its tier's :class:`LaunchStrategy` (``plan.strategy``): how that
+kind of sandbox is started, stopped and cleaned up, with the data only that
+tier needs.  :mod:`corral.launch` does what every tier shares and calls the
+strategy for the rest, so the launcher, the CLI and ``Sandbox`` never ask which
+tier they run.  Plans can be unit-tested without running anything.
 """
 
 from __future__ import annotations
 
+import os
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from corral.bounds import Bound
-    from corral.cgroups import CgroupPlan
-    from corral.fsplan import Mount
+    from corral.cgroups import CgroupHost, CgroupPlan
+    from corral.fsplan import FsPlan, Mount
     from corral.home import HomeLayer
-    from corral.landlock import Ruleset
     from corral.net.trust import NetExtras
-    from corral.netns import NetPlan
+    from corral.netns import Resolver
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
+
+
+class HostFacts:
+    """What a tier's ``plan()`` needs to know about this host, read once by the
+    caller (``Tier.gather(policy)``), so that ``plan(..., host=facts)`` is a pure
+    function of the policy, the command and this snapshot, and unit tests
+    fabricate one instead of monkeypatching the host.  Each tier extends it
+    with its own facts in a subclass in its module (the namespace tier's bwrap
+    path, the landlock tier's ABI, the container tier's engine).  Every field
+    has a harmless default so a test names only what it cares about.
+
+    ``environ``: corral's own environment (PATH to find tools, TMPDIR, what a
+    container engine needs, what the policy passes through); ``cwd``: the
+    caller's working directory, symlinks resolved ("" when it is gone);
+    ``uid``/``gid``/``groups``: who corral runs as; ``stdin_tty``: whether fd
+    0 is a terminal; ``token``: a fresh random hex string naming this plan's
+    private files and objects;
+    ``fs``: the filesystem decision (:func:`corral.fsplan.plan_filesystem`,
+    which reads the workspace and the secrets present); ``home``: the home
+    layer, if any (:func:`corral.home.plan_home`); ``cgroups``: the host's
+    cgroup layout when a limit needs one (:func:`corral.cgroups.detect`).
+    """
+
+    __slots__ = (
+        "cgroups",
+        "cwd",
+        "environ",
+        "fs",
+        "gid",
+        "groups",
+        "home",
+        "stdin_tty",
+        "token",
+        "uid",
+    )
+
+    def __init__(
+        self,
+        *,
+        environ: Mapping[str, str] | None = None,
+        cwd: str = "",
+        uid: int = 1000,
+        gid: int = 1000,
+        groups: tuple[int, ...] = (),
+        stdin_tty: bool = False,
+        token: str = "000000000000",
+        fs: FsPlan | None = None,
+        home: HomeLayer | None = None,
+        cgroups: CgroupHost | None = None,
+    ) -> None:
+        self.environ = dict(environ) if environ is not None else {"PATH": "/usr/bin:/bin"}
+        self.cwd = cwd
+        self.uid = uid
+        self.gid = gid
+        self.groups = groups
+        self.stdin_tty = stdin_tty
+        self.token = token
+        self.fs = fs
+        self.home = home
+        self.cgroups = cgroups
+
+    def cgroup_layout(self) -> CgroupHost:
+        """The host's cgroup layout; none at all when it was not gathered (a limit
+        that needs a cgroup is then refused or, for a default, not enforced)."""
+        if self.cgroups is None:
+            from corral.cgroups import CgroupHost
+
+            return CgroupHost()
+        return self.cgroups
+
+
+def gather_common(policy: Policy, facts: HostFacts) -> HostFacts:
+    """Fill ``facts`` with what every tier reads from this host the same way; each
+    tier's ``gather()`` adds the filesystem decision and its own facts."""
+    from corral import cgroups
+
+    facts.environ = dict(os.environ)
+    try:
+        facts.cwd = os.path.realpath(os.getcwd())
+    except OSError:
+        facts.cwd = ""
+    facts.uid, facts.gid = os.getuid(), os.getgid()
+    facts.token = os.urandom(6).hex()
+    if cgroups.wanted(policy.limits):
+        facts.cgroups = cgroups.detect()
+    return facts
 
 
 class Health:
@@ -33,6 +126,120 @@ class Health:
 
     def to_dict(self) -> dict[str, object]:
         return {"available": self.available, "reason": self.reason, **self.details}
+
+
+class LaunchStrategy:
+    """How one tier's plans are started, watched, stopped and cleaned up.
+
+    A tier names its strategy class (``Tier.strategy``); its ``plan()`` puts an
+    instance holding whatever only that tier needs (bwrap's network namespace,
+    a Landlock ruleset, a container's removal command, a VM's sockets) in
+    ``plan.strategy``.  Callers read the class attributes below before any plan
+    exists (``tier.strategy.lazy``); they never compare a tier's name.
+
+    What the launcher (:mod:`corral.launch`) does for every tier, in order:
+
+    1. ``Aftercare(plan)``: the cgroup (``plan.cgroup``), the private directory
+       ``plan.scratch`` with the files ``plan.prepare`` lists, the home layer,
+       the snapshot of ``plan.restore``, the lock watch; and a guardian process
+       if any of those, or :meth:`needs_guardian`, must be undone after a
+       ``kill -9`` of corral.
+    2. The descriptors ``plan.fds`` names ("status", "seccomp", "empty", "pass").
+    3. ``corral run`` only: :meth:`enter`, in corral's own process.
+    4. :meth:`spawn` -> a pid: the process whose exit is the sandbox's end.
+    5. The output pump: stdout/stderr relayed and bounded; on the timeout, a
+       forwarded SIGINT/SIGTERM/SIGHUP or ``Sandbox.close()``: :meth:`stop`.
+    6. The pid reaped; the code (from a "status" pipe if the plan has one, else
+       the wait status, shell style) passed through :meth:`exit_code`; the
+       limits hit are the cgroup's plus :meth:`limits_hit`.
+    7. :meth:`cleanup`, then the common undoing (cgroup, quarantine, restore,
+       scratch, home).  If corral was killed, the guardian calls
+       :meth:`cleanup` (``clean=False``), waits for the pid to end, and undoes
+       the rest.
+
+    ``Sandbox`` (the long-lived API) starts the plan of ``tier.python_argv()
+    + ["-I", "-S", "/run/corral/agent.py"]`` with ``extra=[agent bind]``, its
+    stdin and stdout one end of a socket pair and stderr a pipe, through
+    ``corral.launch.start`` (steps 1, 2, 4; no :meth:`enter`: :meth:`spawn`
+    gets ``entered=False`` and does any such step in the child).  The agent's
+    first frame ("ready") says the sandbox is up.  ``close()`` asks the agent to
+    shut down, waits up to :attr:`close_grace` seconds, then steps 5-7.
+
+    The defaults are a plain process: fork (or posix_spawn), join the cgroup,
+    change to ``plan.cwd``, exec ``plan.argv`` with ``plan.env``; killed by its
+    process group; nothing of its own to remove.
+    """
+
+    # -- what callers ask before any plan exists (class attributes) ------------
+    confines = True  # False: no sandbox at all (tier none): no door, no Sandbox, no shell
+    lazy = False  # Sandbox starts it on first use, and again after it died
+    shell = ""  # why `corral shell` cannot run on this tier ("" when it can)
+    close_grace = 0.0  # seconds Sandbox.close() lets the agent's exit end it first
+    agent_fds = True  # the agent's socket is ours end to end: descriptors cross it
+    warning = ""  # printed on stderr before every run (tier none's warning)
+
+    def enter(self, plan: Plan) -> Resolver | None:
+        """In corral's own process just before :meth:`spawn`, for ``corral run``
+        (whose process serves this one sandbox): e.g. move into the sandbox's new
+        network namespace.  Returns a resolver the output pump must serve, or
+        None.  Raises SetupError with one line a person can act on."""
+        return None
+
+    def spawn(
+        self, plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool
+    ) -> int:
+        """Start ``plan``; return the pid of a child of this process whose exit is
+        the sandbox's end, in a new session (its own process group).
+
+        ``child_fds``: descriptor number in the child -> our descriptor (0, 1, 2
+        and the numbers of ``plan.fds``); nothing else may cross.  ``procs_files``:
+        cgroup.procs files the child joins before the command runs.  ``entered``:
+        :meth:`enter` ran in this process.  A failure inside the child before the
+        command runs exits 125 with one line on its stderr; a command that cannot
+        be executed exits 127 (not found) or 126, as a shell would."""
+        from corral import launch
+
+        return launch.spawn_process(plan, child_fds, procs_files, chdir=True)
+
+    def stop(self, plan: Plan, pid: int) -> None:
+        """Kill the whole tree at once, without waiting (the timeout, a forwarded
+        signal, ``Sandbox.close()``).  ``pid`` is :meth:`spawn`'s; the launcher
+        reaps it.  Never raises."""
+        try:
+            os.killpg(pid, 9)  # SIGKILL; its own process group (a new session)
+        except OSError:
+            pass
+
+    def exit_code(self, plan: Plan, code: int) -> int:
+        """The command's exit code from what the launcher found: the "status" pipe's
+        exit-code if the plan has one, else the pid's wait status as a shell says it
+        (128+N for a signal).  A tier whose command's code travels another way (a
+        guest kernel's) returns that instead."""
+        return code
+
+    def limits_hit(self, plan: Plan) -> list[str]:
+        """Limit names hit that the launcher's cgroup cannot see ("memory", "pids"),
+        e.g. from a file written inside.  Called after the pid is reaped."""
+        return []
+
+    def needs_guardian(self) -> bool:
+        """Whether :meth:`cleanup` has work to do if corral is killed (something
+        that outlives corral's process: a container, a VM)."""
+        return False
+
+    def cleanup(self, plan: Plan, clean: bool) -> None:
+        """Remove what only this kind of sandbox made, once the pid is gone (or, from
+        the guardian after corral was killed, before waiting for it).  ``clean``:
+        the sandbox ended on its own, nothing is left to remove by force.  Runs in
+        the guardian too, so: idempotent, bounded in time, never raises."""
+
+    def describe(self) -> list[str]:
+        """Lines ``--explain`` prints for what only this strategy holds."""
+        return []
+
+    def cannot_run_where(self) -> str:
+        """Where a command that cannot be executed was looked for, for its message."""
+        return " in the sandbox"
 
 
 class Plan:
@@ -51,39 +258,31 @@ class Plan:
         "bounds",
         "cgroup",
         "cwd",
-        "cwd_in_argv",
         "env",
         "fds",
         "hardlinks",
         "home",
-        "landlock",
-        "launcher_env",
         "lock_watch",
         "mounts",
-        "netns",
         "notes",
         "policy",
         "prepare",
         "quarantine",
-        "report",
         "restore",
         "scratch",
         "seccomp",
-        "teardown",
+        "strategy",
         "tier",
-        "warning",
     )
 
     def __init__(self, tier: str, policy: Policy) -> None:
         self.tier = tier
         self.policy = policy
+        # how it is started, stopped and cleaned up, with its tier's own data
+        self.strategy: LaunchStrategy = LaunchStrategy()
         self.argv: list[str] = []
         self.env: dict[str, str] = {}
         self.cwd = policy.workspace
-        self.cwd_in_argv = False  # True when argv itself changes to cwd (bwrap --chdir)
-        # a network namespace the launcher creates, with the listeners it hands to
-        # the proxy (namespace tier with a network; see corral.netns)
-        self.netns: NetPlan | None = None
         self.mounts: list[Mount] = []
         self.seccomp: tuple[SyscallRule, ...] = ()
         self.cgroup: CgroupPlan | None = None
@@ -96,18 +295,12 @@ class Plan:
         # {lock name: protected path}, watched during the run (corral.lockwatch)
         self.lock_watch: dict[str, dict[str, str]] = {}
         self.hardlinks: list[str] = []  # files made read-only: may share content outside
-        # tiers without mounts (landlock): the ruleset, write-deny paths put back
-        # after the run, and a private scratch directory the launcher creates
-        self.landlock: Ruleset | None = None
+        # tiers without mounts (landlock): write-deny paths put back after the run;
+        # a private directory the launcher creates (and fills: ``prepare``)
         self.restore: list[str] = []
         self.scratch: str | None = None
         self.notes: list[str] = []
-        self.warning: str | None = None  # printed on stderr every run (tier none)
-        # For tiers that launch through another program (a container engine):
-        self.launcher_env: dict[str, str] | None = None  # its environment, if not ``env``
         self.prepare: list[tuple[str, bytes, int]] = []  # files made in scratch: name, data, mode
-        self.report: str | None = None  # a file naming limits hit, one per line
-        self.teardown: list[list[str]] = []  # commands that remove what a kill left behind
 
     def describe(self) -> str:
         """A human-readable account of the plan; never prints environment values."""
@@ -123,15 +316,12 @@ class Plan:
         if self.mounts:
             lines.append("mounts:")
             lines.extend(f"  {m!r}" for m in self.mounts)
-        if self.landlock is not None:
-            lines.extend(self.landlock.describe())
         if self.scratch:
             lines.append(f"scratch (private, removed after the run): {self.scratch}")
         if self.restore:
             lines.append("snapshotted at launch, restored after the run if changed:")
             lines.extend(f"  {p}" for p in self.restore)
-        if self.netns is not None:
-            lines.extend(self.netns.describe())
+        lines.extend(self.strategy.describe())
         lines.extend(network_lines(self.policy))
         if self.seccomp:
             lines.append("seccomp (each call below fails with that errno; all others allowed):")
@@ -177,6 +367,14 @@ class Tier:
     # How the sandbox reaches the proxy: "unix" (a socket bound in; plan() gets its
     # path) or "tcp" (a loopback port; plan() gets "127.0.0.1:PORT").
     door_transport = "unix"
+    # how its plans are started, stopped and cleaned up (see LaunchStrategy)
+    strategy: type[LaunchStrategy] = LaunchStrategy
+
+    def gather(self, policy: Policy) -> HostFacts:
+        """Read what :meth:`plan` needs to know about this host, once, with a fresh
+        token each call (the caller's job: ``corral run``, each ``Sandbox`` start).
+        Tiers that need more extend this and return their own subclass."""
+        return gather_common(policy, HostFacts())
 
     def health(self, probe: bool = False) -> Health:
         """Can this tier run here?  ``probe`` may launch a tiny test sandbox (doctor)."""
@@ -185,6 +383,12 @@ class Tier:
     def health_for(self, policy: Policy | None, probe: bool = False) -> Health:
         """Like health(), for the choices a policy makes (the container tier's engine)."""
         return self.health(probe)
+
+    def limits_engine(self) -> tuple[str, str] | None:
+        """For ``corral doctor``: the program that enforces limits for this tier and
+        why it cannot for this user ("" if it can), when that is not corral's own
+        cgroup (a container engine); None otherwise."""
+        return None
 
     def python_argv(self) -> list[str]:
         """How to start a Python inside this tier's sandbox (the relay and the agent)."""
@@ -200,12 +404,15 @@ class Tier:
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
         net: NetExtras | None = None,
+        host: HostFacts | None = None,
     ) -> Plan:
-        """What would run ``command`` under ``policy``.  ``door`` is the proxy's address
-        when ``policy.network.mode`` is "proxy" (see ``door_transport``); ``extra``
-        are corral's own files to bind in (the long-lived sandbox's agent);
-        ``pass_fds`` are the caller's descriptors (numbers above 2) the user asked
-        to hand to the command at the same numbers; ``net`` is what the run's door
+        """What would run ``command`` under ``policy`` on the host ``host`` describes
+        (from :meth:`gather`; gathered here when None); reads nothing else.
+        ``door`` is the proxy's address when ``policy.network.mode`` is "proxy"
+        (see ``door_transport``); ``extra`` are corral's own files to bind in
+        (the long-lived sandbox's agent); ``pass_fds`` are the caller's
+        descriptors (numbers above 2) the user asked to hand to the command at
+        the same numbers; ``net`` is what the run's door
         adds inside beside its address (corral's CA bundle when this run can
         intercept TLS, hooks' variables: :mod:`corral.net.trust`)."""
         raise NotImplementedError(f"tier {self.name} cannot run commands yet")

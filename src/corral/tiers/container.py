@@ -17,12 +17,14 @@ import os
 
 from corral import environ, fsplan
 from corral.errors import RefusedError
-from corral.tiers.base import Health, Plan, Tier
+from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gather_common
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import Any
 
+    from corral.container.bundle import Bundle
     from corral.container.engine import Engine
     from corral.fsplan import Mount
     from corral.net.trust import NetExtras
@@ -61,8 +63,99 @@ def env_file(env: dict[str, str]) -> bytes:
     return b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
 
 
-def image_for(policy: Policy) -> str:
-    return policy.container.image or os.environ.get("CORRAL_IMAGE", "")
+def image_for(policy: Policy, environ: dict[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return policy.container.image or env.get("CORRAL_IMAGE", "")
+
+
+class EngineLaunch(LaunchStrategy):
+    """A container engine's client: ``podman run --rm`` (the plan's argv) with the
+    engine's own environment.  The container outlives a killed client, so a
+    run that did not end on its own removes it (``podman rm -f``), from the
+    guardian too if corral is killed.  Started lazily by ``Sandbox`` (and again
+    after it died); the command's limits hit are read from a file boot writes."""
+
+    lazy = True
+    shell = (
+        "corral shell is not built for the container tiers yet "
+        "(use corral run, or the Python API's Sandbox)"
+    )
+    close_grace = 2.0  # the agent's exit ends the container; --rm removes it
+    agent_fds = False  # the agent is reached through the engine's pipes
+
+    def __init__(self, env: dict[str, str], report: str, remove: list[str]) -> None:
+        self.env = env  # the engine client's environment (never the sandbox's values)
+        self.report = report  # a file naming limits hit, one per line ("" if none)
+        self.remove = remove  # the command that removes the container
+
+    def spawn(
+        self, plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool
+    ) -> int:
+        from corral import launch
+
+        # the engine changes directory inside (--workdir)
+        return launch.spawn_process(plan, child_fds, procs_files, chdir=False, env=self.env)
+
+    def limits_hit(self, plan: Plan) -> list[str]:
+        if not self.report:
+            return []
+        try:
+            with open(self.report, encoding="utf-8") as fh:
+                words = fh.read().split()
+        except OSError:
+            return []
+        return [w for w in dict.fromkeys(words) if w in ("memory", "pids")]
+
+    def needs_guardian(self) -> bool:
+        return True  # the container outlives a killed client
+
+    def cleanup(self, plan: Plan, clean: bool) -> None:
+        """A killed client leaves its container behind: remove it, quietly, bounded."""
+        if clean:
+            return
+        import subprocess
+
+        try:
+            subprocess.run(
+                self.remove,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    def describe(self) -> list[str]:
+        return ["if killed: " + " ".join(self.remove)]
+
+
+class ContainerFacts(HostFacts):
+    """The container tier's host: the engine and runtime chosen (or why none can
+    be), whether it can enforce limits for this user, the host Python it binds
+    in, where the per-run files go, and which masked paths are unix sockets."""
+
+    __slots__ = ("bundle", "engine", "engine_why", "limits_problem", "sockets", "tmpdir")
+
+    def __init__(
+        self,
+        *,
+        engine: Engine | None = None,
+        engine_why: str = "",
+        limits_problem: str = "",
+        bundle: Bundle | None = None,
+        tmpdir: str = "/tmp",
+        sockets: frozenset[str] = frozenset(),
+        **common: Any,
+    ) -> None:
+        super().__init__(**common)
+        self.engine = engine
+        self.engine_why = engine_why
+        self.limits_problem = limits_problem
+        self.bundle = bundle
+        self.tmpdir = tmpdir
+        self.sockets = sockets
 
 
 class ContainerTier(Tier):
@@ -70,6 +163,7 @@ class ContainerTier(Tier):
     strength = 60
     summary = "podman or docker with a hardened envelope (runc, or runsc = gVisor)"
     default_runtime = ""
+    strategy = EngineLaunch
 
     def _engine(self, policy: Policy | None) -> tuple[Engine | None, str]:
         from corral.container import engine as engines
@@ -138,10 +232,46 @@ class ContainerTier(Tier):
                 return Health(False, f"{eng.name} probe failed: {exc}", details)
         return Health(True, f"{reason} [{others}]" if others else reason, details)
 
+    def limits_engine(self) -> tuple[str, str] | None:
+        from corral.container.engine import find, limits_problem
+
+        eng, _ = find()
+        return None if eng is None else (eng.name, limits_problem(eng, ["memory", "pids"]))
+
     def python_argv(self) -> list[str]:
         from corral.container.bundle import host_bundle
 
         return list(host_bundle().argv)
+
+    def gather(self, policy: Policy) -> ContainerFacts:
+        import stat
+
+        from corral import cgroups, home
+        from corral.container.bundle import host_bundle
+        from corral.container.engine import limits_problem
+
+        facts = ContainerFacts()
+        gather_common(policy, facts)
+        facts.engine, facts.engine_why = self._engine(policy)
+        if facts.engine is None:
+            return facts
+        facts.home = home.plan_home(policy, kind="container")
+        facts.fs = fsplan.plan_filesystem(policy)
+        need = [c for n, c in cgroups.CONTROLLERS.items() if policy.limits.get(n) is not None]
+        facts.limits_problem = limits_problem(facts.engine, need)
+        facts.bundle = host_bundle()
+        facts.tmpdir = _tmpdir()
+        facts.stdin_tty = os.isatty(0)
+        if facts.engine.runtime == "runsc":
+            found = set()
+            for m in facts.fs.mounts:
+                try:
+                    if m.kind == "mask-file" and stat.S_ISSOCK(os.lstat(m.dest).st_mode):
+                        found.add(m.dest)
+                except OSError:
+                    pass
+            facts.sockets = frozenset(found)
+        return facts
 
     def plan(
         self,
@@ -151,27 +281,28 @@ class ContainerTier(Tier):
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
         net: NetExtras | None = None,
+        host: HostFacts | None = None,
     ) -> Plan:
-        from corral import home, seccomp
+        from corral import seccomp
         from corral.container import envelope
-        from corral.container.bundle import host_bundle
         from corral.fsplan import Mount
 
-        eng, why = self._engine(policy)
+        facts = host if isinstance(host, ContainerFacts) else self.gather(policy)
+        eng = facts.engine
         if eng is None:
-            raise RefusedError(f"tier {self.name} is not available here: {why}")
-        image = image_for(policy)
+            raise RefusedError(f"tier {self.name} is not available here: {facts.engine_why}")
+        image = image_for(policy, facts.environ)
         if not image:
             raise RefusedError(f"tier {self.name} is not available here: {NO_IMAGE}")
         plan = Plan(self.name, policy)
-        fs = fsplan.plan_filesystem(policy)
+        fs = facts.fs
+        assert fs is not None and facts.bundle is not None
         plan.quarantine = fs.quarantine
         plan.notes = list(fs.notes)
         plan.lock_watch = fs.lock_watch
         plan.hardlinks = fs.hardlinks
-        plan.env = environ.sandbox_env(policy)
-        plan.cwd = environ.sandbox_cwd(policy, fs.writable)
-        plan.cwd_in_argv = True  # --workdir
+        plan.env = environ.sandbox_env(policy, facts.environ)
+        plan.cwd = environ.sandbox_cwd(policy, fs.writable, facts.cwd)
         plan.seccomp = seccomp.default_deny_rules()
         if eng.runtime == "runsc":
             # gVisor answers a filtered clone3 with EPERM whatever errno the profile
@@ -181,9 +312,9 @@ class ContainerTier(Tier):
                 *(r for r in plan.seccomp if r.name != "clone3"),
                 *gvisor_namespace_rules(),
             )
-        suffix = os.urandom(6).hex()
-        scratch = os.path.join(_tmpdir(), f"corral-ctr-{suffix}")
-        bundle = host_bundle()
+        suffix = facts.token
+        scratch = os.path.join(facts.tmpdir, f"corral-ctr-{suffix}")
+        bundle = facts.bundle
         boot = os.path.join(os.path.dirname(os.path.dirname(__file__)), "container", "boot.py")
         own = [
             *bundle.mounts,
@@ -201,9 +332,9 @@ class ContainerTier(Tier):
         full = [*bundle.argv, "-I", "-S", BOOT, ENV_FILE, report, keep, "--", *inner]
         mounts = list(fs.mounts)
         if eng.runtime == "runsc":
-            mounts = self._gvisor_sockets(policy, mounts)
+            mounts = self._gvisor_sockets(policy, mounts, facts.sockets)
         roots = [*fs.writable, INSIDE]
-        layer = home.plan_home(policy, kind="container")
+        layer = facts.home
         first: list[Mount] = []
         if layer is not None:
             # the host's home is absent here: the layer is bound at $HOME itself, and
@@ -232,7 +363,7 @@ class ContainerTier(Tier):
                 "gVisor's own host threads count against it (it fails to start below "
                 f"{GVISOR_MIN_PIDS}), so the limit bounds the sandbox, not its processes"
             )
-        enforce = self._bounds(plan, eng)
+        enforce = self._bounds(plan, eng, facts.limits_problem)
         if eng.runtime == "runsc":
             # gVisor applies rlimits in its own kernel, where the host's ceiling does
             # not bind
@@ -241,7 +372,7 @@ class ContainerTier(Tier):
         # the workspace label lets `podman ps --filter label=corral.workspace=DIR`
         # find one project's sandboxes (and tests find their own, not a neighbour's)
         spec.labels = {"corral": "1", "corral.workspace": policy.workspace}
-        spec.uid, spec.gid = os.getuid(), os.getgid()
+        spec.uid, spec.gid = facts.uid, facts.gid
         if enforce:
             spec.memory = int(lim.get("memory") or 0)
             spec.pids = int(lim.get("pids") or 0)
@@ -267,39 +398,36 @@ class ContainerTier(Tier):
         spec.interactive = True
         # a terminal on stdin gets a terminal inside (the engine's own pty, not
         # ours: TIOCSTI there cannot reach the caller's); the agent speaks frames
-        spec.tty = not extra and os.isatty(0)
+        spec.tty = not extra and facts.stdin_tty
         try:
             plan.argv = envelope.run_argv(spec, mask_file=f"{scratch}/mask")
         except ValueError as exc:
             raise RefusedError(f"tier {self.name}: {exc}") from None
-        plan.launcher_env = {k: os.environ[k] for k in ENGINE_ENV if k in os.environ}
         from corral.container.seccomp_oci import dumps, profile
 
         plan.scratch = scratch
-        plan.report = f"{scratch}/report"
         plan.prepare = [
             ("env", env_file(plan.env), 0o600),
             ("report", b"", 0o600),
             ("mask", b"", 0o000),
             ("seccomp.json", dumps(profile(plan.seccomp)).encode(), 0o644),
         ]
-        plan.teardown = [envelope.remove_argv(spec)]
+        engine_env = {k: facts.environ[k] for k in ENGINE_ENV if k in facts.environ}
+        remove = envelope.remove_argv(spec)
+        plan.strategy = EngineLaunch(engine_env, f"{scratch}/report", remove)
         plan.notes.append(
             f"{eng.name} with runtime {eng.runtime}, image {image}; the host's / is not "
             "visible, only the workspace and writable paths are bound in"
         )
         return plan
 
-    def _bounds(self, plan: Plan, eng: Engine) -> bool:
+    def _bounds(self, plan: Plan, eng: Engine, problem: str) -> bool:
         """Record the limits as this engine applies them; False if it cannot for this
-        user (then they were all defaults, and none is passed: the engine would warn)."""
+        user (``problem``: then they were all defaults, and none is passed: the
+        engine would warn)."""
         from corral import bounds
-        from corral.cgroups import CONTROLLERS
-        from corral.container.engine import limits_problem
 
         lim = plan.policy.limits
-        need = [ctl for name, ctl in CONTROLLERS.items() if lim.get(name) is not None]
-        problem = limits_problem(eng, need)
         bounds.apply_engine(plan, lim, eng.name, problem)  # refuses a limit that was set
         bounds.apply_scratch(plan, sized_by="tmpfs size")
         return not problem
@@ -314,22 +442,19 @@ class ContainerTier(Tier):
             )
         return {n: "pass" if n in pass_fds else "empty" for n in range(3, max(pass_fds) + 1)}
 
-    def _gvisor_sockets(self, policy: Policy, mounts: list[Mount]) -> list[Mount]:
+    def _gvisor_sockets(
+        self, policy: Policy, mounts: list[Mount], host_sockets: frozenset[str]
+    ) -> list[Mount]:
         """gVisor cannot mount over a socket (it fails to start), and needs none:
         it refuses host unix sockets unless told to open them, which only the
         door needs.  With the door, a host socket in a bound path would be
-        reachable, so that is refused rather than left open."""
-        import stat
-
+        reachable, so that is refused rather than left open.  ``host_sockets``:
+        the masked paths that are unix sockets on this host."""
         roots = policy.writable_paths()
         kept: list[Mount] = []
         sockets: list[Mount] = []
         for m in mounts:
-            try:
-                is_socket = m.kind == "mask-file" and stat.S_ISSOCK(os.lstat(m.dest).st_mode)
-            except OSError:
-                is_socket = False
-            if not is_socket:
+            if m.kind != "mask-file" or m.dest not in host_sockets:
                 kept.append(m)
             elif any(m.dest == r or m.dest.startswith(r.rstrip("/") + "/") for r in roots):
                 sockets.append(m)  # bound in with the workspace: it matters

@@ -15,13 +15,15 @@ import errno
 import os
 
 from corral import environ, fsplan
-from corral.tiers.base import Health, Plan, Tier
+from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gather_common
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import Any
 
     from corral.fsplan import Mount
+    from corral.landlock import Ruleset, Tree
     from corral.net.trust import NetExtras
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
@@ -144,12 +146,13 @@ def _ask_abi() -> int:
     return max(abi, 0)
 
 
-def dac_hidden(path: str) -> bool:
+def dac_hidden(path: str, groups: Sequence[int] | None = None) -> bool:
     """Whether file permissions already keep this process from reading ``path``.
 
     Inside the sandbox that stays so: capabilities are gone and chmod/chown are
     refused, so such a path needs no Landlock split (for an ordinary user,
-    /etc/shadow alone would otherwise cost a rule per entry of /etc)."""
+    /etc/shadow alone would otherwise cost a rule per entry of /etc).
+    ``groups``: this process's supplementary groups (asked when None)."""
     import stat
 
     try:
@@ -159,7 +162,7 @@ def dac_hidden(path: str) -> bool:
     need = 0o1 if stat.S_ISDIR(st.st_mode) else 0o4  # search a dir, read a file
     if st.st_uid == os.geteuid():
         return not st.st_mode & (need << 6)
-    if st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+    if st.st_gid == os.getegid() or st.st_gid in (os.getgroups() if groups is None else groups):
         return not st.st_mode & (need << 3)
     return not st.st_mode & need
 
@@ -192,11 +195,123 @@ def door_port(door: str | None) -> int:
     return int(port)
 
 
+def abi_problem(abi: int) -> str:
+    """Why Landlock ABI ``abi`` (0: none) is not enough for this tier."""
+    from corral import landlock
+
+    if abi == 0:
+        return (
+            "no Landlock in this kernel, or it is turned off or blocked here "
+            "(Linux >= 5.13 with CONFIG_SECURITY_LANDLOCK and landlock in lsm=)"
+        )
+    missing = [what for need, what in landlock.ABI_FEATURES if abi < need <= 6]
+    return (
+        f"Landlock ABI {abi} lacks {', '.join(missing)} (needs ABI "
+        f"{landlock.MIN_ABI}, Linux >= 6.12)"
+    )
+
+
+class Confined(LaunchStrategy):
+    """A reaper process outside the sandbox (:func:`corral.confine.reaper`) whose
+    child confines itself with ``ruleset`` and the plan's seccomp filter, then
+    execs the command.  No namespace holds the tree together: the reaper
+    sweeps the command's descendants on SIGTERM (a SIGKILL would leave them to
+    init), so :meth:`stop` sends that."""
+
+    def __init__(self, ruleset: Ruleset) -> None:
+        self.ruleset = ruleset
+
+    def spawn(
+        self, plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool
+    ) -> int:
+        from corral import confine, launch, seccomp
+
+        program = seccomp.compile_filter(plan.seccomp, seccomp.native_arch())
+        parent = os.getpid()
+        pid = os.fork()
+        if pid:
+            return pid
+
+        def exec_command() -> None:
+            try:
+                launch.move_fds_into_place(child_fds)
+                os.chdir(plan.cwd)
+            except OSError as exc:
+                os.write(2, f"corral: cannot enter {plan.cwd}: {exc.strerror}\n".encode())
+                os._exit(126)
+            try:
+                confine.apply(self.ruleset, program)
+            except (OSError, confine.ConfineError) as exc:
+                os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())
+                os._exit(125)
+            try:
+                os.execvpe(plan.argv[0], plan.argv, plan.env)
+            except OSError as exc:
+                launch.exec_failed(plan, exc, plan.env)
+
+        try:
+            launch.child_session(procs_files)
+            confine.reaper(exec_command, parent)
+        except BaseException as exc:
+            os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())
+        finally:
+            os._exit(125)
+
+    def stop(self, plan: Plan, pid: int) -> None:
+        try:
+            os.kill(pid, 15)  # SIGTERM: the reaper kills what is below it, then exits
+        except OSError:
+            pass
+
+    def describe(self) -> list[str]:
+        return self.ruleset.describe()
+
+
+class LandlockFacts(HostFacts):
+    """The landlock tier's host: the kernel's Landlock ABI version (0: none), the
+    read-deny paths that file permissions already hide from this user, and the
+    directory tree the ruleset's split walks (:class:`corral.landlock.Tree`)."""
+
+    __slots__ = ("abi", "hidden", "tree")
+
+    def __init__(
+        self,
+        *,
+        abi: int = 0,
+        hidden: frozenset[str] = frozenset(),
+        tree: Tree | None = None,
+        **common: Any,
+    ) -> None:
+        from corral.landlock import Tree
+
+        super().__init__(**common)
+        self.abi = abi
+        self.hidden = hidden
+        self.tree = tree if tree is not None else Tree()
+
+
 class LandlockTier(Tier):
     name = "landlock"
     strength = 40
     summary = "Landlock + seccomp + no capabilities: no user namespaces needed"
     door_transport = "tcp"
+    strategy = Confined
+
+    def gather(self, policy: Policy) -> LandlockFacts:
+        from corral import home, landlock
+
+        facts = LandlockFacts()
+        gather_common(policy, facts)
+        facts.abi = abi_version()
+        facts.fs = fsplan.plan_filesystem(policy, mounts=False)
+        facts.home = home.plan_home(policy)
+        facts.groups = tuple(os.getgroups())
+        fs = facts.fs
+        facts.hidden = frozenset(p for p in fs.read_deny if dac_hidden(p, facts.groups))
+        if facts.abi >= landlock.MIN_ABI:
+            secrets = [p for p in fs.read_deny if p not in facts.hidden]
+            facts.tree = landlock.record_tree(facts.abi, fs.writable, secrets, fs.hardlinks)
+        return facts
 
     def health(self, probe: bool = False) -> Health:
         from corral import landlock
@@ -209,21 +324,8 @@ class LandlockTier(Tier):
             "protections": landlock.features(abi),
             "differences": list(DIFFERENCES),
         }
-        if abi == 0:
-            return Health(
-                False,
-                "no Landlock in this kernel, or it is turned off or blocked here "
-                "(Linux >= 5.13 with CONFIG_SECURITY_LANDLOCK and landlock in lsm=)",
-                details,
-            )
         if abi < landlock.MIN_ABI:
-            missing = [what for need, what in landlock.ABI_FEATURES if abi < need <= 6]
-            return Health(
-                False,
-                f"Landlock ABI {abi} lacks {', '.join(missing)} (needs ABI "
-                f"{landlock.MIN_ABI}, Linux >= 6.12)",
-                details,
-            )
+            return Health(False, abi_problem(abi), details)
         return Health(True, f"ABI {abi}: fs, tcp, scoping", details)
 
     def plan(
@@ -234,8 +336,9 @@ class LandlockTier(Tier):
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
         net: NetExtras | None = None,
+        host: HostFacts | None = None,
     ) -> Plan:
-        from corral import bounds, home, landlock, seccomp
+        from corral import bounds, landlock, seccomp
         from corral.errors import RefusedError
 
         if policy.network.transparent:
@@ -243,31 +346,33 @@ class LandlockTier(Tier):
                 "the landlock tier cannot capture traffic transparently (it needs a "
                 "network namespace); use the proxy variables or the namespace tier"
             )
-        abi = abi_version()
+        facts = host if isinstance(host, LandlockFacts) else self.gather(policy)
+        abi = facts.abi
         if abi < landlock.MIN_ABI:
-            raise RefusedError(self.health().reason)
+            raise RefusedError(abi_problem(abi))
         plan = Plan(self.name, policy)
-        fs = fsplan.plan_filesystem(policy, mounts=False)
+        fs = facts.fs
+        assert fs is not None
         plan.notes = list(fs.notes)
         plan.quarantine = fs.quarantine
         plan.restore = fs.write_protect
         plan.hardlinks = fs.hardlinks
-        plan.env = environ.sandbox_env(policy)
-        plan.cwd = environ.sandbox_cwd(policy, fs.writable)
+        plan.env = environ.sandbox_env(policy, facts.environ)
+        plan.cwd = environ.sandbox_cwd(policy, fs.writable, facts.cwd)
         # the home layer: no mount here, so $HOME names it where it is on the host
-        layer = home.plan_home(policy)
+        layer = facts.home
         if layer is not None:
             layer.secrets = frozenset(fs.read_deny)
             plan.home = layer
             plan.env["HOME"] = layer.path
         plan.seccomp = (*seccomp.default_deny_rules(), *extra_seccomp_rules())
         plan.fds = dict.fromkeys(pass_fds, "pass")
-        bounds.apply_cgroup(plan, policy.limits)
+        bounds.apply_cgroup(plan, policy.limits, facts.cgroup_layout())
         bounds.apply_scratch(plan, absent=SCRATCH_BOUND, blocked=("shm",))
-        base = os.environ.get("TMPDIR") or "/tmp"
+        base = facts.environ.get("TMPDIR") or "/tmp"
         if not os.path.isabs(base):
             base = "/tmp"
-        plan.scratch = os.path.join(base, "corral-scratch-" + os.urandom(6).hex())
+        plan.scratch = os.path.join(base, "corral-scratch-" + facts.token)
         plan.env.setdefault("TMPDIR", plan.scratch)
         port = None
         if policy.network.mode == "proxy":
@@ -292,9 +397,10 @@ class LandlockTier(Tier):
         # readable through its own grant.
         binds = {m.dest: m.src or m.dest for m in extra if m.kind == "ro-bind"}
         plan.argv = [binds.get(arg, arg) for arg in command]
-        secrets = [p for p in fs.read_deny if not dac_hidden(p)]
+        secrets = [p for p in fs.read_deny if p not in facts.hidden]
+        tree = facts.tree
         rules = landlock.build(
-            abi, fs.writable, secrets, plan.scratch, port, read_only=fs.hardlinks
+            abi, fs.writable, secrets, plan.scratch, port, tree.listdir, tree.is_dir, fs.hardlinks
         )
         beside = sorted(
             {os.path.dirname(p) for p in fs.read_deny if any(_within(p, w) for w in fs.writable)}
@@ -324,5 +430,5 @@ class LandlockTier(Tier):
             # grant rooted inside corral's withheld state directory still holds
             access = (landlock.READ | landlock.WRITE) & rules.handled_fs
             rules.paths = sorted({*rules.paths, (layer.path, access)})
-        plan.landlock = rules
+        plan.strategy = Confined(rules)
         return plan

@@ -11,13 +11,15 @@ import os
 
 from corral import environ, fsplan
 from corral.fsplan import Mount
-from corral.tiers.base import Health, Plan, Tier
+from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gather_common
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterator, Sequence
+    from typing import Any
 
     from corral.net.trust import NetExtras
+    from corral.netns import NetPlan, Resolver
     from corral.policy import Limits, Policy
 
 FD_STATUS = 3  # bwrap's --json-status-fd: tells setup failure from the command's exit
@@ -42,8 +44,11 @@ HARDENING = (
 )
 
 
-def find_bwrap() -> str | None:
-    for d in [*os.environ.get("PATH", "").split(":"), "/usr/bin", "/bin"]:
+def find_bwrap(path: str | None = None) -> str | None:
+    """bwrap on ``path`` (a PATH value; corral's own when None), or in /usr/bin, /bin."""
+    if path is None:
+        path = os.environ.get("PATH", "")
+    for d in [*path.split(":"), "/usr/bin", "/bin"]:
         if not os.path.isabs(d):
             continue  # "" or "." would run a bwrap planted in the (writable) workspace
         candidate = os.path.join(d, "bwrap")
@@ -136,15 +141,110 @@ def _real_resolv_conf() -> tuple[str, bool] | None:
     return os.path.realpath("/etc/resolv.conf"), os.path.exists("/etc/resolv.conf")
 
 
+class Bwrap(LaunchStrategy):
+    """bubblewrap, spawned directly; it changes to the working directory inside
+    (--chdir) and reports its child and the command's exit code on the "status"
+    pipe.  ``netns``: the network namespace corral makes for it (see
+    corral.netns): ``corral run`` moves its own process into it first
+    (:meth:`enter`), a long-lived sandbox's child does so before the exec.
+    ``--die-with-parent`` and the pid namespace take the tree down with it."""
+
+    def __init__(self, netns: NetPlan | None = None) -> None:
+        self.netns = netns
+
+    def enter(self, plan: Plan) -> Resolver | None:
+        """Move this process into the sandbox's new network namespace; the resolver
+        to serve if the sandbox has no network."""
+        if self.netns is None:
+            return None
+        from corral import netns
+        from corral.errors import SetupError
+
+        try:
+            held = netns.enter(self.netns)
+        except OSError as exc:
+            raise SetupError(
+                f"the {plan.tier} sandbox's network could not be set up: {exc}"
+            ) from None
+        return netns.Resolver(held) if held else None
+
+    def spawn(
+        self, plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool
+    ) -> int:
+        from corral import launch
+
+        before = None
+        if self.netns is not None and not entered:
+            before = self._enter_in_child
+        return launch.spawn_process(plan, child_fds, procs_files, chdir=False, before_exec=before)
+
+    def _enter_in_child(self) -> None:
+        from corral import netns
+        from corral.errors import SetupError
+
+        assert self.netns is not None
+        try:
+            netns.enter(self.netns)
+        except Exception as exc:
+            raise SetupError(f"network: {exc}") from None
+
+    def describe(self) -> list[str]:
+        return self.netns.describe() if self.netns is not None else []
+
+
+class NamespaceFacts(HostFacts):
+    """The namespace tier's host: bwrap's path (None when missing), the host's
+    /etc/resolv.conf (its real path and whether that exists, None without one)
+    and why transparent capture cannot run here (None when it can, or was not
+    asked for)."""
+
+    __slots__ = ("bwrap", "resolv_conf", "transparent")
+
+    def __init__(
+        self,
+        *,
+        bwrap: str | None = "/usr/bin/bwrap",
+        resolv_conf: tuple[str, bool] | None = None,
+        transparent: str | None = None,
+        **common: Any,
+    ) -> None:
+        super().__init__(**common)
+        self.bwrap = bwrap
+        self.resolv_conf = resolv_conf
+        self.transparent = transparent
+
+
 class NamespaceTier(Tier):
     name = "namespace"
     strength = 50
     summary = "bubblewrap: user, pid, ipc, uts, net, cgroup namespaces + seccomp + cgroups"
     door_transport = "netns"
+    strategy = Bwrap
+
+    def gather(self, policy: Policy) -> NamespaceFacts:
+        from corral import home
+
+        facts = NamespaceFacts()
+        gather_common(policy, facts)
+        facts.home = home.plan_home(policy)
+        layer = facts.home
+        facts.fs = fsplan.plan_filesystem(policy, home=layer.path if layer else None)
+        facts.bwrap = find_bwrap(facts.environ.get("PATH", ""))
+        facts.resolv_conf = _real_resolv_conf()
+        if policy.network.mode == "proxy" and policy.network.transparent:
+            from corral.net import transparent
+
+            facts.transparent = transparent.unavailable()
+        return facts
 
     def _network(
-        self, plan: Plan, policy: Policy, handoff: str | None, net: NetExtras | None = None
-    ) -> None:
+        self,
+        plan: Plan,
+        policy: Policy,
+        handoff: str | None,
+        facts: NamespaceFacts,
+        net: NetExtras | None = None,
+    ) -> NetPlan:
         """corral makes the sandbox's network namespace (see corral.netns), and
         bwrap gets it instead of making one.  Without a network: loopback only,
         and a resolver that refuses every name and records it.  With one: the
@@ -153,18 +253,15 @@ class NamespaceTier(Tier):
         from corral import netns
 
         if policy.network.mode != "proxy":
-            plan.netns = netns.offline_plan()
+            made = netns.offline_plan()
         else:
             if handoff is None:
                 raise ValueError("network mode proxy needs the door's handoff socket")
-            if policy.network.transparent:
+            if policy.network.transparent and facts.transparent:
                 from corral.errors import RefusedError
-                from corral.net import transparent
 
-                why = transparent.unavailable()
-                if why:
-                    raise RefusedError(why)
-            plan.netns, notes = netns.plan_for(policy, handoff)
+                raise RefusedError(facts.transparent)
+            made, notes = netns.plan_for(policy, handoff)
             plan.notes = [*plan.notes, *notes]
             from corral.net import door as doors
 
@@ -175,12 +272,13 @@ class NamespaceTier(Tier):
 
                 plan.mounts = [*plan.mounts, *trust.trust_mounts(net)]
                 plan.env = trust.sandbox_env(net, plan.env, trust.INSIDE_BUNDLE)
-        target = netns.resolv_target(_real_resolv_conf(), fsplan.PRIVATE_TMP)
+        target = netns.resolv_target(facts.resolv_conf, fsplan.PRIVATE_TMP)
         if target is not None:
             plan.mounts = [
                 *plan.mounts,
                 Mount("ro-bind", target, netns.resolv_conf(), "the sandbox's resolver"),
             ]
+        return made
 
     def health(self, probe: bool = False) -> Health:
         bwrap = find_bwrap()
@@ -234,38 +332,39 @@ class NamespaceTier(Tier):
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
         net: NetExtras | None = None,
+        host: HostFacts | None = None,
     ) -> Plan:
-        from corral import bounds, home, seccomp
+        from corral import bounds, seccomp
 
+        facts = host if isinstance(host, NamespaceFacts) else self.gather(policy)
         plan = Plan(self.name, policy)
-        layer = home.plan_home(policy)
-        fs = fsplan.plan_filesystem(policy, home=layer.path if layer else None)
+        layer = facts.home
+        fs = facts.fs
+        assert fs is not None
         plan.mounts = fs.mounts
         plan.quarantine = fs.quarantine
         plan.notes = fs.notes
         plan.lock_watch = fs.lock_watch
         plan.hardlinks = fs.hardlinks
-        plan.env = environ.sandbox_env(policy)
+        plan.env = environ.sandbox_env(policy, facts.environ)
         if layer is not None:
             layer.secrets = frozenset(fs.read_deny)
             plan.home = layer
             plan.env["HOME"] = layer.path
-        plan.cwd = environ.sandbox_cwd(policy, fs.writable)
-        plan.cwd_in_argv = True
+        plan.cwd = environ.sandbox_cwd(policy, fs.writable, facts.cwd)
         plan.seccomp = seccomp.default_deny_rules()
-        bounds.apply_cgroup(plan, policy.limits)
+        bounds.apply_cgroup(plan, policy.limits, facts.cgroup_layout())
         bounds.apply_scratch(plan, sized_by="tmpfs size")
         numbers = own_fd_numbers(pass_fds)
         status_fd, seccomp_fd = next(numbers), next(numbers)
         plan.fds = {status_fd: "status", seccomp_fd: "seccomp", **dict.fromkeys(pass_fds, "pass")}
-        self._network(plan, policy, door, net)
+        plan.strategy = Bwrap(self._network(plan, policy, door, facts, net))
         plan.mounts = [*plan.mounts, *extra]
         mounts, empty_fds = mount_args(plan.mounts, numbers, scratch_sizes(policy.limits))
         plan.fds.update(dict.fromkeys(empty_fds, "empty"))
-        bwrap = find_bwrap() or "bwrap"
+        bwrap = facts.bwrap or "bwrap"
         hardening = list(HARDENING)
-        if plan.netns is not None:  # the launcher provides the network namespace
-            hardening.remove("--unshare-net")
+        hardening.remove("--unshare-net")  # the launcher provides the network namespace
         plan.argv = [
             bwrap,
             *hardening,

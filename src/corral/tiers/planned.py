@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from corral.fsplan import Mount
     from corral.net.trust import NetExtras
     from corral.policy import Policy
+    from corral.tiers.base import HostFacts
 
 
 def _which(*names: str) -> str | None:
@@ -91,6 +92,7 @@ class SeatbeltTier(_Planned):
         extra: Sequence[Mount] = (),
         pass_fds: Sequence[int] = (),
         net: NetExtras | None = None,
+        host: HostFacts | None = None,
     ) -> Plan:
         """The pure part: what would run on macOS (``sandbox-exec -p PROFILE``)."""
         from corral import environ, seatbelt
