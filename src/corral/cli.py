@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from corral.errors import EXIT_INTERNAL, EXIT_USAGE, CorralError
+from corral.errors import EXIT_INTERNAL, EXIT_USAGE, CorralError, SetupRaced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -566,6 +566,12 @@ def cmd_rules(args: list[str]) -> int:
     return rulescli.run(command, opts, positional)
 
 
+# A run whose setup raced a host change (a unix socket removed between the plan
+# and bwrap's mounts; busy machines have many) is planned again: its command
+# never started, so nothing is repeated.
+SETUP_ATTEMPTS = 3
+
+
 def cmd_run(args: list[str]) -> int:
     import gc
 
@@ -583,16 +589,21 @@ def cmd_run(args: list[str]) -> int:
     run_id = launch.new_run_id()
     if opts.get("explain"):
         return _explain(tier, policy, command, passed)
-    door = (
-        _open_door(opts, policy, run_id, tier.door_transport, answerer=True)
-        if tier.strategy.confines
-        else None
-    )
-    try:
-        return _run_plan(opts, policy, tier.name, command, run_id, door, passed)
-    finally:
-        if door is not None:
-            door.close()
+    for attempt in range(1, SETUP_ATTEMPTS + 1):
+        door = (
+            _open_door(opts, policy, run_id, tier.door_transport, answerer=True)
+            if tier.strategy.confines
+            else None
+        )
+        try:
+            return _run_plan(opts, policy, tier.name, command, run_id, door, passed, attempt)
+        except SetupRaced:
+            if attempt == SETUP_ATTEMPTS:
+                raise
+        finally:
+            if door is not None:
+                door.close()
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _explain(tier: Tier, policy: Policy, command: list[str], passed: tuple[int, ...]) -> int:
@@ -758,6 +769,7 @@ def _run_plan(
     run_id: str,
     door: Door | None,
     passed: tuple[int, ...] = (),
+    attempt: int = 1,
 ) -> int:
     from corral import bounds, launch, tiers
 
@@ -771,13 +783,8 @@ def _run_plan(
         host=tier.gather(policy),  # the host, read once: plan() reads nothing
     )
     quiet = bool(opts.get("quiet"))
-    if plan.strategy.warning:
-        _err(plan.strategy.warning)
-    elif policy.tier == "auto" and not quiet:
-        _err(f"corral: tier {tier_name} (auto: strongest available here)")
-    for note in plan.notes:
-        if not quiet:
-            _err(f"corral: note: {note}")
+    if attempt == 1:  # said once, not again for a run planned again
+        _say_plan(plan, policy.tier == "auto", quiet)
     record = _record(plan, run_id, "run", command)
     if passed:
         record["pass_fds"] = list(passed)
@@ -788,6 +795,10 @@ def _run_plan(
         asks = TerminalPrompt(door.ask_sock)
     try:
         result = launch.run(plan, run_id, asks=asks)
+    except SetupRaced as exc:
+        if attempt == SETUP_ATTEMPTS:
+            _failed(opts, record, exc)
+        raise
     except CorralError as exc:
         _failed(opts, record, exc)
         raise
@@ -797,6 +808,17 @@ def _run_plan(
         if not quiet:
             _err(f"corral: note: {late}")
     return _finish(opts, plan, record, result.exit_code, result.denials, door, result)
+
+
+def _say_plan(plan: Plan, auto: bool, quiet: bool) -> None:
+    """The plan's warning, the tier auto chose, and its notes, on stderr."""
+    if plan.strategy.warning:
+        _err(plan.strategy.warning)
+    elif auto and not quiet:
+        _err(f"corral: tier {plan.tier} (auto: strongest available here)")
+    for note in plan.notes:
+        if not quiet:
+            _err(f"corral: note: {note}")
 
 
 def _failed(opts: dict[str, object], record: dict[str, object], exc: CorralError) -> None:

@@ -19,7 +19,7 @@ try:  # the C module: `signal` itself imports enum (~2 ms on every run)
 except ImportError:  # pragma: no cover - other Pythons
     import signal  # type: ignore[no-redef, unused-ignore]
 
-from corral.errors import EXIT_TIMEOUT, SetupError
+from corral.errors import EXIT_TIMEOUT, SetupError, SetupRaced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -851,10 +851,12 @@ def _pump(
     if watch_setup and code is None and not killed:
         # bwrap reports the command's exit code only if the command ran; without
         # that record and with bwrap's own error text, setup failed.
-        text = (held_err + err_tail).decode("utf-8", "replace")
-        tool = [line for line in text.splitlines() if line.startswith("bwrap: ")]
+        # (a failure after bwrap reported its child is held in ``suspect``; its
+        # later pieces are in err_tail too: each line once)
+        text = (held_err + suspect + err_tail).decode("utf-8", "replace")
+        tool = list(dict.fromkeys(ln for ln in text.splitlines() if ln.startswith("bwrap: ")))
         path, by_policy = plan.env.get("PATH", ""), "PATH" in plan.policy.env.set_values
-        from corral.failures import execvp_failure, setup_failure
+        from corral.failures import execvp_failure, raced, setup_failure
 
         said = execvp_failure(tool[-1], path, by_policy) if tool else None
         if said is not None and all(line.startswith("bwrap: execvp ") for line in tool):
@@ -865,7 +867,8 @@ def _pump(
         elif not started or (tool and os.waitstatus_to_exitcode(wait_status) == 1):
             if not tool:
                 tool = ["bwrap: " + text.strip().replace("\n", "; ")] if text.strip() else []
-            raise SetupError(setup_failure(plan.tier, tool))
+            error = setup_failure(plan.tier, tool)
+            raise SetupRaced(error) if raced(tool) else SetupError(error)
     if suspect:
         emit(err_fd, suspect)
     if held_err:

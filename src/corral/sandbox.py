@@ -426,6 +426,20 @@ class Sandbox:
     # -- life cycle ----------------------------------------------------------------
 
     def _start(self) -> None:
+        """Start the agent; plan again if a host path changed under the setup
+        (a unix socket removed: see cli.SETUP_ATTEMPTS).  A door's listeners are
+        handed over once, so a sandbox with a network does not retry."""
+        from corral.failures import raced
+
+        attempts = 3 if self._door is None else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once()
+            except SandboxError as exc:
+                if attempt == attempts or not raced(str(exc).split(": ", 1)[-1].splitlines()):
+                    raise
+
+    def _start_once(self) -> None:
         from corral import launch
         from corral.fsplan import Mount
 
