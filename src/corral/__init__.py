@@ -13,6 +13,10 @@ def __getattr__(name: str) -> object:
         from corral import sandbox
 
         return getattr(sandbox, name)
+    if name in ("Decision", "AskInfo"):  # Sandbox(on_ask=...)'s question and answer
+        from corral.net import asking
+
+        return getattr(asking, name)
     if name == "Policy":
         from corral.policy import Policy
 

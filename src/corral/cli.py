@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from corral.errors import EXIT_INTERNAL, EXIT_USAGE, CorralError
+from corral.errors import EXIT_INTERNAL, EXIT_USAGE, CorralError, SetupRaced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -259,6 +259,27 @@ SERVE_OPTIONS: Options = {
     "-q": ("quiet", "flag", "", "no line on stderr saying where it listens"),
 }
 
+PENDING_OPTIONS: Options = {
+    "--json": ("json", "flag", "", "one JSON object per held request"),
+}
+APPROVE_OPTIONS: Options = {
+    "--for": (
+        "for_",
+        "value",
+        "DURATION",
+        "also allow the run's later requests of the same host, method and path for "
+        "this long (a grant, e.g. 10m); without it, this request only",
+    ),
+    "--path": (
+        "path",
+        "value",
+        "GLOB",
+        "with --for: the grant covers this path glob instead of the same path "
+        "(the syntax of [[network.rules]] paths, e.g. /repos/**)",
+    ),
+}
+DENY_OPTIONS: Options = {}
+
 # command -> (what follows its name, what it does, its options)
 COMMANDS: dict[str, tuple[str, str, Options]] = {
     "run": ("[OPTIONS] [--] COMMAND [ARG...]", "run a command in a sandbox", RUN_OPTIONS),
@@ -290,7 +311,16 @@ COMMANDS: dict[str, tuple[str, str, Options]] = {
         "corral's proxy alone (HTTP, SOCKS5), for programs outside a sandbox",
         SERVE_OPTIONS,
     ),
+    "pending": (
+        "[OPTIONS]",
+        "the requests your runs hold for an answer (ask rules)",
+        PENDING_OPTIONS,
+    ),
+    "approve": ("[OPTIONS] ID", "allow a held request (see corral pending)", APPROVE_OPTIONS),
+    "deny": ("ID", "refuse a held request (see corral pending)", DENY_OPTIONS),
 }
+# exit codes of commands that answer (usage text); CorralError carries them
+EXIT_NOT_WAITING = 1
 
 
 class HelpRequested(Exception):
@@ -536,6 +566,12 @@ def cmd_rules(args: list[str]) -> int:
     return rulescli.run(command, opts, positional)
 
 
+# A run whose setup raced a host change (a unix socket removed between the plan
+# and bwrap's mounts; busy machines have many) is planned again: its command
+# never started, so nothing is repeated.
+SETUP_ATTEMPTS = 3
+
+
 def cmd_run(args: list[str]) -> int:
     import gc
 
@@ -553,12 +589,21 @@ def cmd_run(args: list[str]) -> int:
     run_id = launch.new_run_id()
     if opts.get("explain"):
         return _explain(tier, policy, command, passed)
-    door = _open_door(opts, policy, run_id, tier.door_transport) if tier.strategy.confines else None
-    try:
-        return _run_plan(opts, policy, tier.name, command, run_id, door, passed)
-    finally:
-        if door is not None:
-            door.close()
+    for attempt in range(1, SETUP_ATTEMPTS + 1):
+        door = (
+            _open_door(opts, policy, run_id, tier.door_transport, answerer=True)
+            if tier.strategy.confines
+            else None
+        )
+        try:
+            return _run_plan(opts, policy, tier.name, command, run_id, door, passed, attempt)
+        except SetupRaced:
+            if attempt == SETUP_ATTEMPTS:
+                raise
+        finally:
+            if door is not None:
+                door.close()
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _explain(tier: Tier, policy: Policy, command: list[str], passed: tuple[int, ...]) -> int:
@@ -677,13 +722,19 @@ def cmd_mcp(args: list[str]) -> int:
     return 0
 
 
-def _open_door(opts: dict[str, object], policy: Policy, run_id: str, transport: str) -> Door | None:
+def _open_door(
+    opts: dict[str, object], policy: Policy, run_id: str, transport: str, answerer: bool = False
+) -> Door | None:
     if policy.network.mode != "proxy":
         return None  # and corral.net stays unimported: it costs milliseconds
-    from corral.net.door import open_door
+    from corral.net.door import may_ask, open_door
 
     net_log = opts.get("net_log")
-    return open_door(policy, run_id, str(net_log) if net_log else None, transport)
+    # answerer: corral run prompts on its terminal (stdin and stderr); without
+    # one, asks wait for corral approve / deny (the control socket) or time out
+    if answerer and may_ask(policy):
+        answerer = os.isatty(0) and os.isatty(2)
+    return open_door(policy, run_id, str(net_log) if net_log else None, transport, answerer)
 
 
 def _record(plan: Plan, run_id: str, kind: str, argv: list[str]) -> dict[str, object]:
@@ -718,6 +769,7 @@ def _run_plan(
     run_id: str,
     door: Door | None,
     passed: tuple[int, ...] = (),
+    attempt: int = 1,
 ) -> int:
     from corral import bounds, launch, tiers
 
@@ -731,18 +783,22 @@ def _run_plan(
         host=tier.gather(policy),  # the host, read once: plan() reads nothing
     )
     quiet = bool(opts.get("quiet"))
-    if plan.strategy.warning:
-        _err(plan.strategy.warning)
-    elif policy.tier == "auto" and not quiet:
-        _err(f"corral: tier {tier_name} (auto: strongest available here)")
-    for note in plan.notes:
-        if not quiet:
-            _err(f"corral: note: {note}")
+    if attempt == 1:  # said once, not again for a run planned again
+        _say_plan(plan, policy.tier == "auto", quiet)
     record = _record(plan, run_id, "run", command)
     if passed:
         record["pass_fds"] = list(passed)
+    asks = None
+    if door is not None and door.ask_sock is not None:
+        from corral.prompt import TerminalPrompt
+
+        asks = TerminalPrompt(door.ask_sock)
     try:
-        result = launch.run(plan, run_id)
+        result = launch.run(plan, run_id, asks=asks)
+    except SetupRaced as exc:
+        if attempt == SETUP_ATTEMPTS:
+            _failed(opts, record, exc)
+        raise
     except CorralError as exc:
         _failed(opts, record, exc)
         raise
@@ -752,6 +808,17 @@ def _run_plan(
         if not quiet:
             _err(f"corral: note: {late}")
     return _finish(opts, plan, record, result.exit_code, result.denials, door, result)
+
+
+def _say_plan(plan: Plan, auto: bool, quiet: bool) -> None:
+    """The plan's warning, the tier auto chose, and its notes, on stderr."""
+    if plan.strategy.warning:
+        _err(plan.strategy.warning)
+    elif auto and not quiet:
+        _err(f"corral: tier {plan.tier} (auto: strongest available here)")
+    for note in plan.notes:
+        if not quiet:
+            _err(f"corral: note: {note}")
 
 
 def _failed(opts: dict[str, object], record: dict[str, object], exc: CorralError) -> None:
@@ -1043,11 +1110,101 @@ def _log_net(opts: dict[str, object], count: int) -> int:
         return _print_json_lines(records)
     for r in records:
         what = f"{r.get('method') or ''} {r.get('path') or ''}".strip() or str(r.get("scheme"))
+        if r.get("event"):  # an approval's line (corral.net.approvals)
+            what = f"{r['event']} {r.get('answer') or r.get('scope') or what}"
         print(
             f"{r.get('time', '?')}  {r.get('run_id', '?')}  {r.get('decision', '?'):<5}  "
             f"{r.get('host')}:{r.get('port')}  {what[:60]}  rule={r.get('rule')}  "
             f"status={r.get('status')}  up={r.get('bytes_up')} down={r.get('bytes_down')}"
         )
+    return 0
+
+
+def _control_dir() -> str:
+    from corral.errors import RefusedError
+    from corral.net.asking import control_dir
+
+    try:
+        return control_dir()
+    except FileNotFoundError:
+        return ""  # no run of this user has ever asked
+    except OSError as exc:
+        raise RefusedError(f"approvals: {exc.strerror or exc}") from None
+
+
+def cmd_pending(args: list[str]) -> int:
+    opts, _ = parse(args, PENDING_OPTIONS, positional=False, command="pending")
+    from corral.net.asking import list_pending
+
+    directory = _control_dir()
+    try:
+        held = list_pending(directory) if directory else []
+    except PermissionError as exc:
+        raise CorralError(str(exc), EXIT_NOT_WAITING) from None
+    if opts.get("json"):
+        from corral.runlog import dumps
+
+        for item in held:
+            print(dumps(item))
+        return 0
+    if not held:
+        _err("corral: no request is waiting for an answer")
+        return 0
+    print(f"{'ID':<9} {'RUN':<19} {'AGE':>5}  {'METHOD':<7} {'HOST':<24} {'PATH':<28} RULE")
+    for item in held:
+        host = f"{item.get('host')}:{item.get('port')}"
+        age = f"{float(item.get('age', 0) or 0):.0f}s"  # type: ignore[arg-type]
+        print(
+            f"{item.get('id')!s:<9} {item.get('run')!s:<19} {age:>5}  {item.get('method')!s:<7} "
+            f"{host:<24} {str(item.get('path'))[:60]:<28} {item.get('rule')}"
+        )
+    return 0
+
+
+def cmd_approve(args: list[str]) -> int:
+    opts, rest = parse(args, APPROVE_OPTIONS, positional=True, command="approve")
+    from corral.net.asking import Decision, check_glob
+
+    seconds = None
+    path = None
+    if "for_" in opts:
+        from corral.policy import parse_duration
+
+        try:
+            seconds = parse_duration(opts["for_"])
+        except ValueError as exc:
+            raise CorralError(f"--for: {exc}") from None
+    if "path" in opts:
+        if seconds is None:
+            raise CorralError("--path: only with --for (a grant's scope)")
+        try:
+            path = check_glob(str(opts["path"]))
+        except ValueError as exc:
+            raise CorralError(f"--path: {exc}") from None
+    return _answer("approve", rest, Decision(True, seconds, path))
+
+
+def cmd_deny(args: list[str]) -> int:
+    _, rest = parse(args, DENY_OPTIONS, positional=True, command="deny")
+    from corral.net.asking import Decision
+
+    return _answer("deny", rest, Decision.deny())
+
+
+def _answer(command: str, rest: list[str], decision: object) -> int:
+    from corral.net.asking import Decision, send_answer
+
+    assert isinstance(decision, Decision)
+    if len(rest) != 1:
+        raise CorralError(f"usage: corral {command} {COMMANDS[command][0]} (see corral pending)")
+    directory = _control_dir()
+    problem = (
+        send_answer(directory, rest[0], decision, f"corral {command}")
+        if directory
+        else f"no request {rest[0]!r} is waiting (see corral pending)"
+    )
+    if problem:
+        raise CorralError(problem, EXIT_NOT_WAITING)
     return 0
 
 
@@ -1247,6 +1404,9 @@ def main(argv: list[str] | None = None) -> int:
             "policy": cmd_policy,
             "home": cmd_home,
             "rules": cmd_rules,
+            "pending": cmd_pending,
+            "approve": cmd_approve,
+            "deny": cmd_deny,
         }
         if args[0] not in commands:
             raise CorralError(

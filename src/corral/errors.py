@@ -48,3 +48,9 @@ class RefusedError(CorralError):
 class SetupError(CorralError):
     def __init__(self, message: str) -> None:
         super().__init__(message, EXIT_SETUP)
+
+
+class SetupRaced(SetupError):
+    """A host path changed between the plan and the sandbox's mounts (a unix
+    socket another program removed, say).  The command never started, so the
+    caller may plan again and retry."""

@@ -40,6 +40,15 @@ _BWRAP_SAYS = (
 )
 
 
+# bwrap's words for a host path that changed under it: planning again fixes them
+_RACES = ("Can't find source path ", "Can't create file at ", "Can't mkdir parents for ")
+
+
+def raced(lines: list[str]) -> bool:
+    """Did bwrap fail because a host path changed while it set the sandbox up?"""
+    return any(line.removeprefix("bwrap: ").startswith(_RACES) for line in lines)
+
+
 def setup_failure(tier: str, lines: list[str]) -> str:
     """One corral line for bwrap's setup error lines (``bwrap: ...``)."""
     said = [line.removeprefix("bwrap: ") for line in lines]

@@ -19,7 +19,7 @@ try:  # the C module: `signal` itself imports enum (~2 ms on every run)
 except ImportError:  # pragma: no cover - other Pythons
     import signal  # type: ignore[no-redef, unused-ignore]
 
-from corral.errors import EXIT_TIMEOUT, SetupError
+from corral.errors import EXIT_TIMEOUT, SetupError, SetupRaced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from corral.cgroups import CgroupRun
     from corral.lockwatch import LockWatch
     from corral.netns import Resolver
+    from corral.prompt import TerminalPrompt
     from corral.report import Denial
     from corral.tiers.base import Plan
 
@@ -334,8 +335,10 @@ def run(
     err_fd: int = 2,
     in_fd: int = 0,
     on_output: Callable[[int, bytes], None] | None = None,
+    asks: TerminalPrompt | None = None,
 ) -> RunResult:
     """Launch ``plan`` and pump its output until it ends; the caller handles errors.
+    ``asks``: the terminal prompt that answers the proxy's asks (corral.prompt).
 
     For the CLI: a process that runs this one sandbox.  When the plan has a
     network namespace to make, this process moves into it before starting the
@@ -345,7 +348,7 @@ def run(
     care = Aftercare(plan, run_id)
     start = time.monotonic()
     try:
-        _launch_and_pump(plan, result, care, out_fd, err_fd, in_fd, on_output)
+        _launch_and_pump(plan, result, care, out_fd, err_fd, in_fd, on_output, asks)
         # a killed engine client leaves its container behind; a clean exit does not
         care.clean = not result.timed_out and result.signal is None
     finally:
@@ -503,6 +506,7 @@ def _launch_and_pump(
     err_fd: int,
     in_fd: int,
     on_output: Callable[[int, bytes], None] | None,
+    asks: TerminalPrompt | None = None,
 ) -> None:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -540,8 +544,11 @@ def _launch_and_pump(
             err_fd,
             on_output,
             resolver,
+            asks,
         )
     finally:
+        if asks is not None:
+            asks.close()
         if resolver is not None:
             result.lookups = resolver.refused
             resolver.close()
@@ -697,6 +704,7 @@ def _pump(
     err_fd: int,
     on_output: Callable[[int, bytes], None] | None,
     resolver: Resolver | None = None,
+    asks: TerminalPrompt | None = None,
 ) -> None:
     limit = plan.policy.limits.output
     timeout = plan.policy.limits.timeout
@@ -720,6 +728,8 @@ def _pump(
     lookups = set(resolver.fds()) if resolver is not None else set()
     for fd in lookups:
         poller.register(fd, select.POLLIN)
+    if asks is not None:
+        asks.attach(poller)  # it (un)registers the terminal while a prompt is up
 
     def kill() -> None:
         nonlocal killed
@@ -742,6 +752,8 @@ def _pump(
         kept += len(data)
         if on_output is not None:
             on_output(target, data)
+        elif asks is not None and asks.holds(target):
+            asks.hold(target, data)  # after the prompt: it must not write over it
         elif not _write_all(target, data):
             broken.add(target)
 
@@ -766,7 +778,9 @@ def _pump(
         if not events and exited_at is not None:
             break  # the command is gone and its pipes went quiet (e.g. a daemon kept them)
         for fd, _mask in events:
-            if fd in lookups:
+            if asks is not None and fd in asks.fds():
+                asks.on_ready(fd)
+            elif fd in lookups:
                 assert resolver is not None
                 resolver.answer(fd)
             elif fd == wake_r:
@@ -837,10 +851,12 @@ def _pump(
     if watch_setup and code is None and not killed:
         # bwrap reports the command's exit code only if the command ran; without
         # that record and with bwrap's own error text, setup failed.
-        text = (held_err + err_tail).decode("utf-8", "replace")
-        tool = [line for line in text.splitlines() if line.startswith("bwrap: ")]
+        # (a failure after bwrap reported its child is held in ``suspect``; its
+        # later pieces are in err_tail too: each line once)
+        text = (held_err + suspect + err_tail).decode("utf-8", "replace")
+        tool = list(dict.fromkeys(ln for ln in text.splitlines() if ln.startswith("bwrap: ")))
         path, by_policy = plan.env.get("PATH", ""), "PATH" in plan.policy.env.set_values
-        from corral.failures import execvp_failure, setup_failure
+        from corral.failures import execvp_failure, raced, setup_failure
 
         said = execvp_failure(tool[-1], path, by_policy) if tool else None
         if said is not None and all(line.startswith("bwrap: execvp ") for line in tool):
@@ -851,7 +867,8 @@ def _pump(
         elif not started or (tool and os.waitstatus_to_exitcode(wait_status) == 1):
             if not tool:
                 tool = ["bwrap: " + text.strip().replace("\n", "; ")] if text.strip() else []
-            raise SetupError(setup_failure(plan.tier, tool))
+            error = setup_failure(plan.tier, tool)
+            raise SetupRaced(error) if raced(tool) else SetupError(error)
     if suspect:
         emit(err_fd, suspect)
     if held_err:

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from corral.net.guardrails import Guardrail
 
 NETWORK_MODES = ("none", "proxy")
+ASK_TIMEOUT = 30.0  # [network] ask_timeout's default, in seconds
+ASK_TIMEOUT_MAX = 3600.0
 
 
 class FilesystemPolicy:
@@ -107,7 +109,7 @@ class Limits:
 
 
 class NetworkPolicy:
-    __slots__ = ("allow", "deny", "hosts", "mode", "rules", "transparent")
+    __slots__ = ("allow", "ask_timeout", "deny", "hosts", "mode", "rules", "transparent")
 
     def __init__(self) -> None:
         self.mode = "none"
@@ -118,6 +120,8 @@ class NetworkPolicy:
         # [[network.rules]]: methods and paths per host, each entry validated and
         # normalized (see corral.net.httprules); compiled by the proxy
         self.rules: list[dict[str, object]] = []
+        # how long an ask holds its request for a person's answer (then: deny)
+        self.ask_timeout = ASK_TIMEOUT
 
 
 class Secret:
@@ -333,10 +337,12 @@ class Policy:
                 "passthrough": list(tls.passthrough),
                 "inspect": list(tls.inspect),
             }
+        net = out["network"]
+        assert isinstance(net, dict)
         if self.network.rules:  # as for container
-            net = out["network"]
-            assert isinstance(net, dict)
             net["rules"] = [dict(entry) for entry in self.network.rules]
+        if self.network.ask_timeout != ASK_TIMEOUT:  # as for container
+            net["ask_timeout"] = self.network.ask_timeout
         if self.secrets:  # where each comes from and where it may go: never a value
             out["secrets"] = {
                 name: {
@@ -448,6 +454,13 @@ def parse_duration(value: object) -> float:
         raise ValueError("expected a duration such as 30s")
     if not 0 < seconds < 10**9:
         raise ValueError(f"bad duration {value!r}: must be more than zero")
+    return seconds
+
+
+def _expect_ask_timeout(value: object) -> float:
+    seconds = parse_duration(value)
+    if seconds > ASK_TIMEOUT_MAX:
+        raise ValueError(f"bad duration {value!r}: at most 1h (a client would give up first)")
     return seconds
 
 
@@ -942,6 +955,7 @@ SCHEMA: dict[str, dict[str, Callable[[Policy, object], None]]] = {
         "deny": _set("network.deny", _expect_rules),
         "transparent": _set("network.transparent", _expect_bool),
         "hosts": _set("network.hosts", _expect_hosts),
+        "ask_timeout": _set("network.ask_timeout", _expect_ask_timeout),
     },
     "tls": {
         "ca": _set("tls.ca", _expect_ca_choice),
@@ -1132,6 +1146,12 @@ def check_network(policy: Policy, python: bool = False) -> None:
         raise PolicyError(
             f"network.mode must be one of {', '.join(NETWORK_MODES)}; got {net.mode!r}"
         )
+    if net.ask_timeout != ASK_TIMEOUT:  # set in code perhaps: checked as the file's key is
+        try:
+            net.ask_timeout = _expect_ask_timeout(net.ask_timeout)
+        except ValueError as exc:
+            where = "policy.network.ask_timeout" if python else "network.ask_timeout"
+            raise PolicyError(f"{where}: {exc}") from None
     if net.allow or net.deny:
         from corral.net.rules import Rule
 

@@ -45,6 +45,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
 
+    from corral.net.asking import AskInfo
     from corral.policy import Policy
     from corral.report import Denial
     from corral.tiers.base import Plan, Tier
@@ -298,11 +299,21 @@ class Sandbox:
         engine: str | None = None,
         log: str | bool | None = None,
         kind: str = "sandbox",
+        on_ask: Callable[[AskInfo], object] | None = None,
+        _ask_loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         """``image``, ``oci_runtime`` and ``engine`` set the policy's [container] keys
         (the container and gvisor tiers).  ``log``: the activity log that gets one
         record when the sandbox closes (default: corral's, as for ``corral run``;
-        False: none); ``kind`` is what that record calls it."""
+        False: none); ``kind`` is what that record calls it.
+
+        ``on_ask``: answers the requests an ask rule holds (see
+        :mod:`corral.net.approvals`): called with an :class:`AskInfo` (``host``,
+        ``port``, ``method``, ``path``, ``rule``, ``reason``, ``id``), sync or async,
+        on a thread of its own; returns ``Decision.once()``,
+        ``Decision.allow_for("10m")``, ``Decision.deny()`` (or True, False, a
+        duration).  Without it, held requests wait for ``corral approve`` until
+        ``[network] ask_timeout``."""
         from corral import launch, tiers
         from corral import policy as pol
         from corral.policy import Policy
@@ -338,7 +349,9 @@ class Sandbox:
         self.run_id = launch.new_run_id()
         from corral.net.door import open_door
 
-        self._door = open_door(policy, self.run_id, transport=self.tier.door_transport)
+        self._door = open_door(
+            policy, self.run_id, transport=self.tier.door_transport, answerer=on_ask is not None
+        )
         self._closed = False
         # what closing found: quarantined and restored paths, refused writes, hosts
         # the proxy refused (corral.report.Denial: str() is the line corral prints)
@@ -352,6 +365,10 @@ class Sandbox:
         self._history: collections.deque[dict[str, object]] = collections.deque(maxlen=HISTORY)
         # unexpected errors inside corral's own parts (the agent), one line each
         self.errors: list[str] = []
+        if on_ask is not None and self._door is not None and self._door.ask_sock is not None:
+            from corral.net.approvals import CallbackAnswerer
+
+            CallbackAnswerer(self._door.ask_sock, on_ask, _ask_loop, self.errors.append)
         self._lock = threading.Lock()
         self._next_id = 0
         self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]] | _Waiter] = {}
@@ -415,6 +432,20 @@ class Sandbox:
     # -- life cycle ----------------------------------------------------------------
 
     def _start(self) -> None:
+        """Start the agent; plan again if a host path changed under the setup
+        (a unix socket removed: see cli.SETUP_ATTEMPTS).  A door's listeners are
+        handed over once, so a sandbox with a network does not retry."""
+        from corral.failures import raced
+
+        attempts = 3 if self._door is None else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once()
+            except SandboxError as exc:
+                if attempt == attempts or not raced(str(exc).split(": ", 1)[-1].splitlines()):
+                    raise
+
+    def _start_once(self) -> None:
         from corral import launch
         from corral.fsplan import Mount
 
@@ -1007,7 +1038,9 @@ class AsyncSandbox:
         **options: object,
     ) -> None:
         """As :class:`Sandbox` (``image``, ``oci_runtime``, ``engine``, ``log``,
-        ``kind``); nothing starts until ``start()`` or ``async with``."""
+        ``kind``, ``on_ask``); nothing starts until ``start()`` or ``async with``.
+        ``on_ask`` may be sync or async: an async one runs on this event loop, a
+        sync one in its executor, so it never blocks the loop."""
         self._args = (policy, tier, workspace)
         self._options = options
         self._sb: Sandbox | None = None
@@ -1055,7 +1088,11 @@ class AsyncSandbox:
 
     async def start(self) -> AsyncSandbox:
         if self._sb is None:
-            args, options = self._args, self._options
+            import asyncio
+
+            args, options = self._args, dict(self._options)
+            if options.get("on_ask") is not None:  # answered on this loop
+                options["_ask_loop"] = asyncio.get_running_loop()
             self._sb = await self._on_owner(lambda: Sandbox(*args, **options))  # type: ignore[arg-type]
         return self
 

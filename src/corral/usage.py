@@ -57,7 +57,23 @@ def help_text(command: str | None = None) -> str:
     text += "  -h, --help              this text\n"
     if command in ("run", "shell", "mcp"):
         text += "\n" + _exit_codes()
+    elif command in ("pending", "approve", "deny"):
+        text += "\n" + _ANSWER_NOTES
     return text
+
+
+_ANSWER_NOTES = """\
+A request is held when an ask rule decides it ([[network.rules]] action "ask"),
+for at most [network] ask_timeout (default 30s); then it is denied.  These
+commands reach only your own runs, through a socket in /tmp/corral-UID (mode
+0700; $CORRAL_CONTROL_DIR instead, if set).
+
+exit codes:
+    0  done
+    1  no such request is waiting (answered, timed out, or never was), or refused
+    2  bad command line
+  122  the control directory is not yours alone
+"""
 
 
 def _exit_codes() -> str:

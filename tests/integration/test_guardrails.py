@@ -33,7 +33,13 @@ def test_guardrail_tiers_decide_intercepted_requests(tsandbox: tuple[Corral, Pat
         (guard / "no_deletes.md").write_text(guardrail("CRITICAL", "DELETE", port, "3"))
         (guard / "reads.md").write_text(guardrail("low", "GET", port, "1.2"))
         (guard / "writes.md").write_text(guardrail("High", "PUT", port, "5"))
-        write_policy(ws, c, https.policy([port]) + '\n[guardrails]\ndirs = ["guardrails"]\n')
+        write_policy(
+            ws,
+            c,
+            'ask_timeout = "1s"\n'  # the ask: held for an answer nobody gives here
+            + https.policy([port])
+            + '\n[guardrails]\ndirs = ["guardrails"]\n',
+        )
         hashed = c.run(["rules", "hash", "guardrails/reads.md"], cwd=ws)
         assert hashed.returncode == 0, hashed.stderr
         base = f"https://127.0.0.1:{port}"
@@ -71,7 +77,7 @@ def test_guardrail_tiers_decide_intercepted_requests(tsandbox: tuple[Corral, Pat
         }
         asked = lines[("PUT", "/api/items")]
         assert asked["decision"] == "deny" and asked["rule"] == "guardrail writes.md"
-        assert "nobody can answer" in str(asked["reason"])  # the default Asker's answer
+        assert "ask: no answer within 1s" in str(asked["reason"])  # held, then denied
         assert asked["guardrail"]["action"] == "ask"  # type: ignore[index]
         assert "guardrail" not in lines[("DELETE", "/elsewhere")]
         assert "blocked: 127.0.0.1" in err and "guardrail no_deletes.md" in err

@@ -45,3 +45,41 @@ def test_default_run_imports_nothing_heavy(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.stdout.split() == ["0"], out.stdout + out.stderr
+
+
+ASKING = ("corral.net.asking", "corral.net.approvals", "corral.prompt", "termios", "asyncio")
+PROBE_NET = """
+import sys
+from corral import cli
+code = cli.main(["run", "-q", "--policy", {policy!r}, "--", "true"])
+print(code, " ".join(m for m in {asking!r} if m in sys.modules))
+"""
+
+
+def test_approvals_load_only_for_a_policy_that_asks(tmp_path: Path) -> None:
+    """A networked run pays for approvals only when its policy has an ask rule, and
+    then only for a light module (~1.5 ms) in corral's own process."""
+    net = '[network]\nmode = "proxy"\nallow = ["127.0.0.1:9"]\n'
+    ask = '\n[[network.rules]]\nhost = "127.0.0.1:9"\naction = "ask"\n'
+    found = []
+    for name, text in (("plain", net), ("asks", net + ask)):
+        policy = tmp_path / f"{name}.toml"
+        policy.write_text(text)
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE_NET.format(policy=str(policy), asking=ASKING)],
+            cwd=tmp_path,
+            env={
+                **os.environ,
+                "XDG_STATE_HOME": str(tmp_path / "state"),
+                "CORRAL_CONTROL_DIR": str(tmp_path / "ctl"),
+            },
+            stdin=subprocess.DEVNULL,  # no terminal: no prompt, the control socket only
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        found.append(out.stdout.split())
+    assert found[0] == ["0"], found
+    # the control directory's check only: the proxy's side (asyncio) is the worker's,
+    # and without a terminal there is no prompt
+    assert found[1] == ["0", "corral.net.asking"], found

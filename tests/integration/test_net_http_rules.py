@@ -193,6 +193,7 @@ def test_body_limit_and_ask(tsandbox: tuple[Corral, Path], echoes: tuple[Echo, E
         ws,
         c,
         f"""allow = ["127.0.0.1:{api.port}"]
+ask_timeout = "1s"
 
 [[network.rules]]
 host = "127.0.0.1:{api.port}"
@@ -223,8 +224,9 @@ action = "ask"
     out = r.stdout.decode()
     assert "small=200" in out and "big=413" in out, (out, r.stderr)
     assert "chunked=200" not in out  # cut off: 413, or the connection closed under curl
-    # an ask: held for a person's answer, and with nobody to answer here, denied
+    # an ask: held for a person's answer, and with nobody answering, denied
     assert "put=403" in out and '"rule":"network.rules[2]"' in out
+    assert "ask: no answer within 1s" in out
     # the origin got the small body only: never the big one, whole or cut off
     assert api.methods() == [("POST", "/upload")]
     assert api.seen[0][2]["content-length"] == "1000"

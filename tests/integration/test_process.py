@@ -5,7 +5,9 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -293,3 +295,47 @@ def test_bad_limit_values_are_usage_errors(tsandbox: tuple[Corral, Path], flag: 
     r = c.run(["run", flag, "lots", "--", "true"], cwd=ws)
     assert r.returncode == 2
     assert r.stderr.count(b"\n") == 1 and r.stderr.startswith(b"corral: ")
+
+
+def test_sockets_coming_and_going_on_the_host_do_not_fail_runs(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """Every bound unix socket on the host is masked inside; one removed between
+    the plan and bwrap's mounts used to fail the run ("changed while the sandbox
+    was set up").  corral plans again (the command had not started)."""
+    c, ws = tsandbox
+    churn = ws.parent / "churn"  # beside the workspace: not under the sandbox's own /tmp
+    churn.mkdir()
+    stop = threading.Event()
+
+    def come_and_go(k: int) -> None:
+        n = 0
+        while not stop.is_set():  # each lives about as long as a sandbox's setup
+            path = str(churn / f"s{k}-{n % 50}.sock")
+            with socket.socket(socket.AF_UNIX) as s:
+                s.bind(path)
+                time.sleep(0.002 * (1 + n % 8))
+                os.unlink(path)
+            n += 1
+
+    threads = [threading.Thread(target=come_and_go, args=(k,), daemon=True) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        runs = [c.sh(ws, "echo ran") for _ in range(15)]
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert [r.returncode for r in runs] == [0] * 15, [r.stderr for r in runs if r.returncode]
+    # the deny twin: a socket that stays is masked (not a door out)
+    kept = churn / "kept.sock"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(kept))
+        server.listen(1)
+        os.chmod(kept, 0o777)
+        os.chmod(churn, 0o755)
+        r = c.sh(
+            ws, f"python3 -c 'import socket; socket.socket(socket.AF_UNIX).connect(\"{kept}\")'"
+        )
+    assert r.returncode != 0

@@ -80,3 +80,15 @@ def test_setup_failures_in_one_corral_line(lines: list[str], fragment: str) -> N
     said = setup_failure("namespace", lines)
     assert said.startswith("the namespace sandbox could not be set up: ")
     assert fragment in said and "\n" not in said
+
+
+def test_a_host_path_that_changed_during_setup_is_a_race_others_are_not() -> None:
+    from corral.failures import raced
+
+    assert raced(["bwrap: Can't create file at /srv/x.sock: Read-only file system"])
+    assert raced(["bwrap: Can't find source path /srv/x.sock: No such file or directory"])
+    assert raced(["bwrap: Can't mkdir parents for /srv/a/b: Permission denied"])
+    # twins: failures planning again cannot fix
+    assert not raced(["bwrap: Creating new namespace failed: Operation not permitted"])
+    assert not raced(["bwrap: execvp nosuch: No such file or directory"])
+    assert not raced([])

@@ -134,12 +134,31 @@ def proxy_env(
     return env
 
 
+def may_ask(policy: Policy) -> bool:
+    """Can this policy's rules hold a request for a person's answer?  A rule type
+    whose hooks can ask adds its policy key here (see :mod:`corral.net.approvals`)."""
+    if any(entry.get("action") == "ask" for entry in policy.network.rules):
+        return True
+    guard = policy.guardrails
+    if not guard.dirs:
+        return False
+    if guard.files is None:  # not read yet (check_guardrails): it may ask
+        return True
+    return any(g.enforcing and g.effective_action(guard.tiers) == "ask" for g in guard.files)
+
+
 def open_door(
-    policy: Policy, run_id: str, audit_path: str | None = None, transport: str = "unix"
+    policy: Policy,
+    run_id: str,
+    audit_path: str | None = None,
+    transport: str = "unix",
+    answerer: bool = False,
 ) -> Door | None:
     """The run's door if its network goes through the proxy, else None.
     ``audit_path`` defaults to the XDG state directory's net.jsonl; ``transport``:
-    "netns", "unix" or "tcp" (see the module's docstring)."""
+    "netns", "unix" or "tcp" (see the module's docstring); ``answerer``: the
+    caller answers asks itself over :attr:`Door.ask_sock` (a terminal prompt,
+    an ``on_ask`` function), besides the control socket."""
     if policy.network.mode != "proxy":
         return None
     if audit_path is None:
@@ -148,7 +167,7 @@ def open_door(
         from corral.runlog import state_dir
 
         audit_path = os.path.join(state_dir(), "net.jsonl")
-    door = Door(policy, run_id, audit_path, transport=transport)
+    door = Door(policy, run_id, audit_path, transport=transport, answerer=answerer)
     door.open()
     return door
 
@@ -161,15 +180,23 @@ class Door:
         audit_path: str | None,
         workers: int = 0,
         transport: str = "unix",
+        answerer: bool = False,
     ) -> None:
         if transport not in ("netns", "unix", "tcp"):
             raise ValueError(f"unknown door transport {transport!r}")
         self.policy = policy
         self.transport = transport
         self.tcp_port = 0
+        # Asks: the held requests and grants of a run live in its proxy's memory
+        # (corral.net.approvals), reached through the control socket.
+        self.asks = may_ask(policy)
+        self.answerer = answerer and self.asks
+        self.control_dir = ""  # where the run's control socket is, when it may ask
+        self.ask_sock: socket.socket | None = None  # the local answerer's end
+        self._hub_sock: socket.socket | None = None  # the proxy's end
         # Several processes accept on the same sockets (more CPU for a busy sandbox);
-        # transparent mode keeps one, as its stand-in addresses live in memory.
-        self.workers = workers or (1 if policy.network.transparent else 2)
+        # transparent mode and asks keep one, as their state lives in memory.
+        self.workers = workers or (1 if policy.network.transparent or self.asks else 2)
         self.run_id = run_id
         self.audit_path = audit_path
         self.dir = _private_dir("corral-door-")
@@ -191,6 +218,8 @@ class Door:
             except BaseException:
                 self.remove_files()
                 raise
+        if self.asks:
+            self._prepare_asks()
         fds = self._bind()
         life_r, life_w = os.pipe()
         tally_r, tally_w = os.pipe()
@@ -200,6 +229,8 @@ class Door:
             try:
                 os.close(life_w)
                 os.close(tally_r)
+                if self.ask_sock is not None:
+                    self.ask_sock.close()  # the answerer's end: its EOF must reach us
                 _worker(self, fds, life_r, tally_w)
             except BaseException as exc:  # the top-level guard: a line, never a traceback
                 code = 1
@@ -212,9 +243,31 @@ class Door:
             fh.write(f"{pid}\n")  # for operators (and tests); siblings add theirs
         for fd in fds:
             os.close(fd)
+        if self._hub_sock is not None:
+            self._hub_sock.close()
+            self._hub_sock = None
         os.close(life_r)
         os.close(tally_w)
         self._life_w, self._tally_r = life_w, tally_r
+
+    def _prepare_asks(self) -> None:
+        """The control directory (checked: this user's alone) and, for a local
+        answerer, its socket pair to the proxy."""
+        from corral.errors import RefusedError
+        from corral.net.asking import control_dir
+
+        try:
+            self.control_dir = control_dir(create=True)
+        except OSError as exc:
+            self.remove_files()
+            reason = exc.strerror if exc.strerror else str(exc)
+            raise RefusedError(
+                f"approvals: {reason} (set CORRAL_CONTROL_DIR to a directory of your own)"
+            ) from None
+        if self.answerer:
+            import socket
+
+            self.ask_sock, self._hub_sock = socket.socketpair()
 
     def _prepare(self) -> None:
         """The hooks' start and, if this run can intercept TLS, its CA and bundle:
@@ -287,6 +340,15 @@ class Door:
             os.close(self._tally_r)
             self._tally_r = -1
         self.remove_files()
+        if self.ask_sock is not None:
+            import socket
+
+            try:  # wakes an answerer's thread blocked on it
+                self.ask_sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.ask_sock.close()
+            self.ask_sock = None
         from corral.net.audit import denial_entries
 
         return denial_entries(tally)
@@ -312,11 +374,14 @@ class Door:
     def remove_files(self) -> None:
         from corral.net.trust import BUNDLE_NAME
 
-        for name in (
+        names = [
             self.path,
             os.path.join(self.dir, "proxy.pid"),
             os.path.join(self.dir, BUNDLE_NAME),
-        ):
+        ]
+        if self.control_dir:  # the proxy removes it too, unless it was killed
+            names.append(os.path.join(self.control_dir, f"{self.run_id}.sock"))
+        for name in names:
             try:
                 os.unlink(name)
             except FileNotFoundError:
@@ -546,7 +611,15 @@ def _serve(
             from corral.net.tls import Interceptor
 
             tls = Interceptor(door.ca, door.policy.tls.upstream_ca)
-        proxy = Proxy(chain, audit, net.hosts, stand_ins=net.transparent, tls=tls)
+        hub = None
+        if door.asks:
+            from corral.net.approvals import Hub
+
+            hub = Hub(audit, run_id, net.ask_timeout)
+            await hub.serve_control(door.control_dir)
+            if door._hub_sock is not None:
+                await hub.attach_local(door._hub_sock)
+        proxy = Proxy(chain, audit, net.hosts, stand_ins=net.transparent, tls=tls, asker=hub)
         proxy.guard(run_id)
         proxy.on_first_use = lambda: _say(tally_w, USED)  # corral waits for this run's tally
         servers = [await _serve_one(proxy, run_id, lis, sock) for lis, sock in listeners]
@@ -562,6 +635,8 @@ def _serve(
         await done
         for server in servers:
             server.close()
+        if hub is not None:
+            hub.close()
 
     try:
         run_loop(main())

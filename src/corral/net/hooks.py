@@ -219,7 +219,8 @@ class Hook:
 
 class Asker:
     """Answers an ``ask`` verdict (held request, or a CONNECT when ``request`` is
-    None).  This default answers no: nobody is there to ask."""
+    None).  This default answers no: nobody is there to ask.  A run whose policy
+    can ask gets :class:`corral.net.approvals.Hub` instead."""
 
     async def ask(self, dest: Destination, request: Request | None, verdict: Verdict) -> Verdict:
         return Verdict(False, verdict.rule, "approval needed, and nobody can answer here")

@@ -68,7 +68,7 @@ GIT_WRITE = (
     ("GET", "/**/info/refs?service=git-receive-pack"),
     ("POST", "/**/git-receive-pack"),
 )
-ASK_REASON = "ask: no approver"  # until corral can ask a person, an ask is a deny
+ASK_REASON = "a rule asks a person to approve this request"  # see corral.net.approvals
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 # bytes a path may hold and still be its own normal form (no %, \\, ;, #, controls)
