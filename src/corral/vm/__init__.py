@@ -1,8 +1,9 @@
 """The microVM building blocks: QEMU ``-M microvm`` now, Firecracker where a host has it.
 
-Not wired into the launcher yet: ``python -m corral.vm.run -- CMD`` runs them
-end to end, and becomes the ``microvm`` tier's launch strategy once each tier
-owns how its plan is started (issue 14, "First, make room").
+The ``microvm`` tier (:mod:`corral.tiers.microvm`) plans with :func:`run.build`
+and launches through its strategy: a forked runner that calls
+:func:`run.execute`.  ``python -m corral.vm.run -- CMD`` is the same runner on
+its own (it adds ``--console``, the guest's serial console, for debugging).
 
 Design, one module each:
 
