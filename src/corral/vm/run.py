@@ -1,7 +1,7 @@
 """Run one command in a microVM: ``python -m corral.vm.run [OPTIONS] -- COMMAND...``
 
-A standalone runner for the building blocks (it becomes the microvm tier's
-launch strategy when the launcher has room for one).  Options are ``corral
+The runner the microvm tier's launch strategy forks (:mod:`corral.tiers.microvm`),
+and on its own a way to run the building blocks without the launcher.  Options are ``corral
 run``'s: ``--policy --workspace --timeout --memory --cpus --pids --allow --deny
 --network --writable --read-deny --write-deny --env -q``, plus ``--explain``
 (print the plan: QEMU's sandbox and command line, the guest's mounts) and
