@@ -122,7 +122,9 @@ def _limits_seen_from_the_host(c: Corral, marker: str) -> tuple[int, int]:
                 memory, pids = out.split()[-2:]
                 return int(memory), int(pids)
         raise AssertionError(f"no container runs sleep {marker}")
-    pid = pids_matching(f"^sleep {marker}")[0]  # not the sh or corral that name it
+    # not the sh or corral that name it; sh may not have started it yet
+    assert wait_for(lambda: bool(pids_matching(f"^sleep {marker}")), 10)
+    pid = pids_matching(f"^sleep {marker}")[0]
     paths = dict(line.split(":")[1:] for line in Path(f"/proc/{pid}/cgroup").read_text().split())
     memory = Path(f"/sys/fs/cgroup/memory{paths['memory']}/memory.limit_in_bytes").read_text()
     pids = Path(f"/sys/fs/cgroup/pids{paths['pids']}/pids.max").read_text()
