@@ -698,24 +698,33 @@ def cmd_mcp(args: list[str]) -> int:
     opts, _ = parse(args, MCP_OPTIONS, False, command="mcp", refused=NOT_FOR_MCP)
     policy = build_policy(opts)
     try:
-        import mcp.server.mcpserver  # noqa: F401  (the SDK, checked before a sandbox starts)
+        import mcp.server.lowlevel  # noqa: F401  (the SDK, checked before a sandbox starts)
 
         from corral import mcp_server
     except ImportError:
         from corral.errors import RefusedError
 
         raise RefusedError("corral mcp needs the mcp package: pip install 'corral[mcp]'") from None
-    from corral.sandbox import Sandbox
+    import anyio
+
+    from corral.sandbox import AsyncSandbox
 
     # stdout carries the protocol: nothing else may be printed there; stderr is
     # the server's log, where the tier line and notes go as for corral run
     log = opts.get("log")
-    with Sandbox(policy, log=str(log) if log else None, kind="mcp") as sb:
-        if not opts.get("quiet"):
-            _err(f"corral: mcp server on a {sb.tier.name} sandbox; workspace {policy.workspace}")
-            for note in sb.notes:
-                _err(f"corral: note: {note}")
-        mcp_server.serve(sb)
+    sb = AsyncSandbox(policy, log=str(log) if log else None, kind="mcp")
+
+    async def main() -> None:
+        async with sb:
+            if not opts.get("quiet"):
+                _err(
+                    f"corral: mcp server on a {sb.tier.name} sandbox; workspace {policy.workspace}"
+                )
+                for note in sb.notes:
+                    _err(f"corral: note: {note}")
+            await mcp_server.serve(sb)
+
+    anyio.run(main)
     for denial in sb.denials:
         if denial.text:
             _err(f"corral: {denial.text}")
