@@ -119,10 +119,11 @@ def check_arguments(tool: Tool, arguments: object) -> JSON:
     """``arguments`` (a dict, or the JSON text of one) checked against the tool's
     schema: required keys present, no unknown keys, each value of its type."""
     if isinstance(arguments, str):
+        text = arguments
         try:
-            arguments = json.loads(arguments or "{}")
+            arguments = json.loads(text or "{}")
         except ValueError:
-            raise ToolError(f"{tool.name}: arguments are not JSON: {arguments[:80]!r}") from None
+            raise ToolError(f"{tool.name}: arguments are not JSON: {text[:80]!r}") from None
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
