@@ -187,6 +187,34 @@ NOT_FOR_MCP = {
 }
 SHELL_OPTIONS: Options = {k: v for k, v in RUN_OPTIONS.items() if k not in NOT_FOR_SHELL}
 MCP_OPTIONS: Options = {k: v for k, v in RUN_OPTIONS.items() if k not in NOT_FOR_MCP}
+_AGENT_OWN: Options = {
+    "--task": ("task", "value", "TEXT", "run: the task to do; the answer is printed"),
+    "--model": ("model", "value", "M", "the model's name (default: $CORRAL_AGENT_MODEL)"),
+    "--base-url": (
+        "base_url",
+        "value",
+        "URL",
+        "an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 (default: "
+        "$CORRAL_AGENT_BASE_URL); the key is read from $CORRAL_AGENT_API_KEY or "
+        "$OPENAI_API_KEY and never enters the sandbox",
+    ),
+    "--dir": (
+        "dir",
+        "value",
+        "DIR",
+        "the agent's directory: its activity log and config.toml "
+        "(default: $XDG_STATE_HOME/corral/agents/default)",
+    ),
+    "--max-turns": ("max_turns", "value", "N", "model turns per event at most (default 10)"),
+    "--every": ("every", "value", "DURATION", "serve: an event this often (e.g. 30s, 5m)"),
+    "--stdin": ("stdin", "flag", "", "serve: an event per line on standard input"),
+}
+AGENT_OPTIONS: Options = {**MCP_OPTIONS, **_AGENT_OWN}
+AGENT_LOG_OPTIONS: Options = {
+    "--dir": _AGENT_OWN["--dir"],
+    "-n": ("n", "value", "N", "how many records (default 50; 0: all)"),
+    "--json": ("json", "flag", "", "the raw JSON lines"),
+}
 POLICY_IMPORT_OPTIONS: Options = {
     "--workspace": (
         "workspace",
@@ -289,6 +317,11 @@ COMMANDS: dict[str, tuple[str, str, Options]] = {
         SHELL_OPTIONS,
     ),
     "mcp": ("[OPTIONS]", "an MCP server (stdio) on one sandbox", MCP_OPTIONS),
+    "agent": (
+        "run --task TEXT|serve|log [OPTIONS]",
+        "corral's own agent: a model whose every tool call runs in one sandbox",
+        AGENT_OPTIONS,
+    ),
     "doctor": ("[OPTIONS]", "which tiers can run here, and why not", DOCTOR_OPTIONS),
     "log": ("[OPTIONS]", "the last runs; with --net, the proxy's decisions", LOG_OPTIONS),
     "policy": (
@@ -729,6 +762,13 @@ def cmd_mcp(args: list[str]) -> int:
         if denial.text:
             _err(f"corral: {denial.text}")
     return 0
+
+
+def cmd_agent(args: list[str]) -> int:
+    """``corral agent run|serve|log`` (corral.agentcli)."""
+    from corral import agentcli
+
+    return agentcli.main(args)
 
 
 def _open_door(
@@ -1407,6 +1447,7 @@ def main(argv: list[str] | None = None) -> int:
             "run": cmd_run,
             "shell": cmd_shell,
             "mcp": cmd_mcp,
+            "agent": cmd_agent,
             "doctor": cmd_doctor,
             "log": cmd_log,
             "proxy": cmd_proxy,
