@@ -157,7 +157,8 @@ def line_of(r: dict[str, object]) -> str:
     if kind == "wake":
         what = f"{r.get('event')}: {r.get('text')}"
     elif kind == "model":
-        calls = r.get("tool_calls") or []
+        calls = r.get("tool_calls")
+        calls = calls if isinstance(calls, list) else []
         names = ", ".join(str(c.get("name")) for c in calls if isinstance(c, dict))
         what = f"turn {r.get('turn')}: " + (f"calls {names}" if names else repr(r.get("content")))
     elif kind == "tool":
