@@ -73,7 +73,11 @@ class ActivityLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        except OSError as exc:
+            raise CorralError(f"the agent's log {path}: {exc.strerror or exc}") from None
 
     def write(self, kind: str, **fields: object) -> None:
         runlog.append({"t": runlog.iso(time.time()), "kind": kind, **fields}, str(self.path))
