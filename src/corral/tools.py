@@ -195,8 +195,8 @@ def proxy_denials(result: JSON) -> list[str]:
 def _denial_line(line: str) -> str:
     start = line.find("{")
     if start >= 0:
-        try:
-            record = json.loads(line[start:])
+        try:  # the record may have more output after it (curl -w, say)
+            record, _ = json.JSONDecoder().raw_decode(line[start:])
         except ValueError:
             return line.strip()
         if isinstance(record, dict) and record.get("decision") == "deny":
