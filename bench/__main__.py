@@ -12,8 +12,8 @@ to one without, and the first GET through a new door), ``warm_exec``
 fresh ``corral run``), ``runtime`` (a tool call through corral's agent runtime,
 model time excluded, next to a bare ``AsyncSandbox.exec``), ``proxy`` (corral's
 proxy next to squid and a direct connection, and the door's added latency),
-``tls`` (TLS inspection next to squid with ssl-bump and mitmdump, and the plain proxy next to ``main``),
-``container_exec`` (when
+``tls`` (TLS inspection next to squid with ssl-bump and mitmdump, and the
+plain proxy next to ``main``), ``container_exec`` (when
 bench/container_exec.py exists in this checkout) and ``peers`` (srt and codex
 sandbox; installed and measured only with ``--with-peers``).  ``--against REV``
 adds ``against`` (bench/against.py): this checkout's ``corral run -- true`` (as
