@@ -16,7 +16,10 @@ from corral.errors import CorralError
 EXIT_UNFINISHED = 1  # the model did not finish within --max-turns
 EXIT_MODEL = 3  # the model server could not be used: unreachable, an error, a malformed answer
 
-USAGE = "usage: corral agent run --task TEXT | serve [--every DURATION] [--stdin] | log [OPTIONS]"
+USAGE = (
+    "usage: corral agent run --task TEXT | serve [--every DURATION] [--stdin] [--watch] "
+    "[--webhook PORT] | log [OPTIONS]"
+)
 
 
 def main(args: list[str]) -> int:
@@ -31,7 +34,7 @@ def main(args: list[str]) -> int:
     if args[0] == "run":
         if not opts.get("task"):
             raise CorralError("corral agent run needs --task TEXT")
-        for flag in ("every", "stdin"):
+        for flag in ("every", "stdin", "watch", "webhook"):
             if flag in opts:
                 raise CorralError(f"--{flag} is for corral agent serve")
         return asyncio.run(run_task(opts))
@@ -102,7 +105,7 @@ async def run_task(opts: dict[str, object]) -> int:
 
 
 async def serve(opts: dict[str, object]) -> int:
-    from corral.runtime import Runtime, StdinLines, Timer
+    from corral.runtime import FileWatch, Runtime, StdinLines, Timer
 
     listeners: list[object] = []
     if "every" in opts:
@@ -117,8 +120,14 @@ async def serve(opts: dict[str, object]) -> int:
         listeners.append(Timer(every))
     if opts.get("stdin"):
         listeners.append(StdinLines(0))
+    if opts.get("watch"):
+        listeners.append(FileWatch())
+    if "webhook" in opts:
+        listeners.append(_webhook(opts))
     if not listeners:
-        raise CorralError("corral agent serve needs a listener: --every DURATION or --stdin")
+        raise CorralError(
+            "corral agent serve needs a listener: --every, --stdin, --watch or --webhook"
+        )
     rt = _runtime(opts, listeners)
     assert isinstance(rt, Runtime)
     stopping = asyncio.Event()
@@ -134,6 +143,36 @@ async def serve(opts: dict[str, object]) -> int:
     if not opts.get("quiet"):
         _err("corral: agent stopped")
     return 0
+
+
+def _webhook(opts: dict[str, object]) -> object:
+    """The webhook listener; its token from the environment, else DIR/webhook.token
+    (made once, mode 0600)."""
+    from corral.runtime import Webhook
+
+    try:
+        port = int(str(opts["webhook"]))
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise CorralError("--webhook needs a port number, 1 to 65535")
+    token = os.environ.get("CORRAL_AGENT_WEBHOOK_TOKEN", "")
+    if not token:
+        path = os.path.join(agent_dir(opts), "webhook.token")
+        try:
+            with open(path, encoding="ascii") as fh:
+                token = fh.read().strip()
+        except FileNotFoundError:
+            import secrets
+
+            token = secrets.token_urlsafe(24)
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(token + "\n")
+        except OSError as exc:
+            raise CorralError(f"{path}: {exc.strerror}") from None
+    return Webhook(token, port)
 
 
 def show_log(opts: dict[str, object]) -> int:

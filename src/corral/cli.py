@@ -208,6 +208,14 @@ _AGENT_OWN: Options = {
     "--max-turns": ("max_turns", "value", "N", "model turns per event at most (default 10)"),
     "--every": ("every", "value", "DURATION", "serve: an event this often (e.g. 30s, 5m)"),
     "--stdin": ("stdin", "flag", "", "serve: an event per line on standard input"),
+    "--watch": ("watch", "flag", "", "serve: an event when files in the workspace change"),
+    "--webhook": (
+        "webhook",
+        "value",
+        "PORT",
+        "serve: an event per POST to http://127.0.0.1:PORT/ with Authorization: Bearer "
+        "TOKEN ($CORRAL_AGENT_WEBHOOK_TOKEN, else made and kept in DIR/webhook.token)",
+    ),
 }
 AGENT_OPTIONS: Options = {**MCP_OPTIONS, **_AGENT_OWN}
 AGENT_LOG_OPTIONS: Options = {

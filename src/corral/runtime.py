@@ -83,7 +83,8 @@ class ActivityLog:
         runlog.append({"t": runlog.iso(time.time()), "kind": kind, **fields}, str(self.path))
 
 
-Listener = Callable[[Callable[[Event], object]], Awaitable[None]]
+# a listener runs as a task of its own while the runtime runs: it calls rt.fire()
+Listener = Callable[["Runtime"], Awaitable[None]]
 
 
 class Runtime:
@@ -115,6 +116,10 @@ class Runtime:
         self.queue: asyncio.Queue[tuple[Event, asyncio.Future[Answer]]] = asyncio.Queue()
         self.history: list[list[JSON]] = []  # the messages of each recent event
         self._tasks: list[asyncio.Task[None]] = []
+        # an event is being handled; events handled so far (a file watcher takes in
+        # the changes made meanwhile silently: they are the agent's own)
+        self.busy = False
+        self.handled = 0
         self.tools = [t.schema() for t in TOOLS.values()]
 
     # -- life cycle -------------------------------------------------------------------
@@ -180,17 +185,21 @@ class Runtime:
     async def _route(self) -> None:
         while True:
             event, future = await self.queue.get()
+            self.busy = True
             try:
                 answer = await self.handle(event)
             except Exception as exc:  # a bug of ours: logged, and the loop goes on
                 self.log.write("error", where="route", message=_line(exc))
                 answer = Answer("", "error", 0, _line(exc))
+            finally:
+                self.busy = False
+                self.handled += 1
             if not future.done():
                 future.set_result(answer)
 
     async def _listen(self, listener: Listener) -> None:
         try:
-            await listener(self.fire)
+            await listener(self)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -312,12 +321,12 @@ class Timer:
         self.interval = interval
         self.text = text
 
-    async def __call__(self, fire: Callable[[Event], object]) -> None:
+    async def __call__(self, rt: Runtime) -> None:
         n = 0
         while True:
             await asyncio.sleep(self.interval)
             n += 1
-            fire(Event("timer", self.text, {"n": n}))
+            rt.fire(Event("timer", self.text, {"n": n}))
 
 
 class StdinLines:
@@ -327,7 +336,7 @@ class StdinLines:
     def __init__(self, fd: int = 0) -> None:
         self.fd = fd
 
-    async def __call__(self, fire: Callable[[Event], object]) -> None:
+    async def __call__(self, rt: Runtime) -> None:
         import stat
 
         pipe = os.fdopen(os.dup(self.fd), "rb", buffering=0)
@@ -335,7 +344,7 @@ class StdinLines:
             with pipe:
                 for line in pipe.read().decode("utf-8", "replace").splitlines():
                     if line.strip():
-                        fire(Event("stdin", line.strip()))
+                        rt.fire(Event("stdin", line.strip()))
             return
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader()
@@ -346,6 +355,143 @@ class StdinLines:
             while line := await reader.readline():
                 text = line.decode("utf-8", "replace").strip()
                 if text:
-                    fire(Event("stdin", text))
+                    rt.fire(Event("stdin", text))
         finally:
             transport.close()
+
+
+class FileWatch:
+    """An event when files under ``root`` (the workspace by default) change,
+    looked at every ``interval`` seconds.  Changes made while the runtime
+    handles an event are its own tools' (or come with them): they are taken in
+    silently, so an agent does not wake itself."""
+
+    SKIP = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".tox"})
+    LIMIT = 20_000  # entries looked at per scan
+
+    def __init__(self, root: str | None = None, interval: float = 1.0) -> None:
+        self.root = root
+        self.interval = interval
+
+    def scan(self, root: str) -> dict[str, tuple[int, int]]:
+        seen: dict[str, tuple[int, int]] = {}
+        for top, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d not in self.SKIP]
+            for name in files:
+                path = os.path.join(top, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                seen[os.path.relpath(path, root)] = (st.st_mtime_ns, st.st_size)
+                if len(seen) >= self.LIMIT:
+                    return seen
+        return seen
+
+    async def __call__(self, rt: Runtime) -> None:
+        assert rt.sb is not None
+        root = self.root or rt.sb.policy.workspace
+        loop = asyncio.get_running_loop()
+        before = await loop.run_in_executor(None, self.scan, root)
+        handled = rt.handled
+        while True:
+            await asyncio.sleep(self.interval)
+            now = await loop.run_in_executor(None, self.scan, root)
+            changed = sorted(p for p, v in now.items() if before.get(p) != v)
+            removed = sorted(p for p in before if p not in now)
+            quiet = rt.busy or rt.handled != handled or not rt.queue.empty()
+            before, handled = now, rt.handled
+            if (changed or removed) and not quiet:
+                shown = ", ".join([*changed, *(f"{p} (removed)" for p in removed)][:20])
+                rt.fire(
+                    Event(
+                        "file", f"files changed: {shown}", {"changed": changed, "removed": removed}
+                    )
+                )
+
+
+class Webhook:
+    """An event per POST to ``http://127.0.0.1:PORT/`` that carries
+    ``Authorization: Bearer TOKEN``; the body (JSON ``{"text": ...}`` or plain
+    text, at most 64 KiB) is the event's text.  Loopback only."""
+
+    MAX_BODY = 64 * 1024
+
+    def __init__(self, token: str, port: int = 0, host: str = "127.0.0.1") -> None:
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            raise CorralError(f"the webhook listens on loopback only, not {host}")
+        if len(token) < 16:
+            raise CorralError("the webhook's token must be at least 16 characters")
+        self.token = token
+        self.host = host
+        self.port = port
+        self.bound = asyncio.Event()  # set once self.port is the real port
+
+    async def __call__(self, rt: Runtime) -> None:
+        server = await asyncio.start_server(
+            lambda r, w: self._serve(rt, r, w), self.host, self.port
+        )
+        self.port = server.sockets[0].getsockname()[1]
+        self.bound.set()
+        async with server:
+            await server.serve_forever()
+
+    async def _serve(
+        self, rt: Runtime, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            status, text = await asyncio.wait_for(self._request(rt, reader), 10)
+        except (TimeoutError, ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError,
+                ConnectionError):  # fmt: skip
+            status, text = 400, "bad request"
+        body = (text + "\n").encode()
+        writer.write(
+            f"HTTP/1.1 {status} {_STATUS[status]}\r\nContent-Type: text/plain\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        try:
+            await writer.drain()
+            writer.close()
+        except ConnectionError:
+            pass
+
+    async def _request(self, rt: Runtime, reader: asyncio.StreamReader) -> tuple[int, str]:
+        import hmac
+        import json
+
+        head = await reader.readuntil(b"\r\n\r\n")
+        if len(head) > 16 * 1024:
+            return 400, "header too large"
+        lines = head.decode("latin-1").split("\r\n")
+        method = lines[0].split(" ", 1)[0]
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        given = headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            return 401, "unauthorized"
+        if method != "POST":
+            return 405, "POST only"
+        size = int(headers.get("content-length", "0"))
+        if size < 0 or size > self.MAX_BODY:
+            return 413, "body too large"
+        raw = (await reader.readexactly(size)).decode("utf-8", "replace")
+        text = raw
+        if headers.get("content-type", "").startswith("application/json"):
+            data = json.loads(raw)
+            text = str(data.get("text", "")) if isinstance(data, dict) else ""
+        if not text.strip():
+            return 400, "empty event"
+        rt.fire(Event("webhook", text.strip()))
+        return 202, "queued"
+
+
+_STATUS = {
+    202: "Accepted",
+    400: "Bad Request",
+    401: "Unauthorized",
+    405: "Method Not Allowed",
+    413: "Content Too Large",
+}

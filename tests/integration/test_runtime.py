@@ -27,7 +27,7 @@ from test_approvals import Origin
 
 from corral import policy as pol
 from corral.brain import ChatBrain, Reply, ScriptedBrain, ToolCall, call
-from corral.runtime import Answer, Event, Runtime, StdinLines, Timer
+from corral.runtime import Answer, Event, FileWatch, Runtime, StdinLines, Timer, Webhook
 from corral.tools import TOOLS
 from tests.model_server import ModelServer, completion
 from tests.tiers import TierCase
@@ -526,3 +526,85 @@ def test_cli_agent_serve_stops_cleanly(sandbox: tuple[Corral, Path], model: Mode
     assert kinds == ["start", "wake", "model", "answer", "stop"]
     assert err.decode().splitlines()[-1] == "corral: agent stopped"
     assert b"Traceback" not in err
+
+
+# -- the file watcher and the webhook -------------------------------------------------------------
+
+
+def test_file_watch_wakes_on_host_changes_not_on_its_own_writes(api_ws: Path) -> None:
+    brain = ScriptedBrain(
+        [turn(call("write_file", path="own.txt", content="mine")), Reply("wrote")]
+    )
+
+    async def go() -> None:
+        rt = Runtime(
+            brain,
+            pol.load(str(api_ws)),
+            directory=api_ws.parent / "agent",
+            tier="namespace",
+            listeners=[FileWatch(interval=0.1)],
+        )
+        async with rt:
+            assert (await rt.fire(Event("task", "write own.txt"))).text == "wrote"
+            await asyncio.sleep(0.5)  # a few scans: own.txt is the agent's own write
+            (api_ws / "host.txt").write_text("from the host")
+            for _ in range(50):
+                if len(brain.seen) == 3:
+                    break
+                await asyncio.sleep(0.1)
+
+    asyncio.run(go())
+    wakes = [r for r in log_of(api_ws) if r["kind"] == "wake"]
+    assert [(w["event"], w["text"]) for w in wakes] == [
+        ("task", "write own.txt"),
+        ("file", "files changed: host.txt"),
+    ]
+    assert wakes[1]["data"] == {"changed": ["host.txt"], "removed": []}
+
+
+def test_webhook_takes_events_with_the_token_only(api_ws: Path) -> None:
+    import httpx
+
+    token = "t" * 32
+    hook = Webhook(token)
+    brain = ScriptedBrain([Reply("got it")])
+
+    async def go() -> list[int]:
+        rt = Runtime(
+            brain,
+            pol.load(str(api_ws)),
+            directory=api_ws.parent / "agent",
+            tier="namespace",
+            listeners=[hook],
+        )
+        async with rt:
+            await asyncio.wait_for(hook.bound.wait(), 10)
+            url = f"http://127.0.0.1:{hook.port}/"
+            good = {"Authorization": f"Bearer {token}"}
+            async with httpx.AsyncClient(trust_env=False) as client:
+                codes = [
+                    (await client.post(url, json={"text": "no token"})).status_code,
+                    (
+                        await client.post(
+                            url,
+                            json={"text": "bad"},
+                            headers={"Authorization": "Bearer " + "x" * 32},
+                        )
+                    ).status_code,
+                    (await client.get(url, headers=good)).status_code,
+                    (await client.post(url, json={"text": ""}, headers=good)).status_code,
+                    (
+                        await client.post(url, json={"text": "deploy done"}, headers=good)
+                    ).status_code,
+                ]
+            for _ in range(50):
+                if any(r["kind"] == "answer" for r in log_of(api_ws)):
+                    break
+                await asyncio.sleep(0.05)
+        return codes
+
+    assert asyncio.run(go()) == [401, 401, 405, 400, 202]
+    wakes = [(r["event"], r["text"]) for r in log_of(api_ws) if r["kind"] == "wake"]
+    assert wakes == [("webhook", "deploy done")]
+    with pytest.raises(Exception, match="loopback only"):
+        Webhook(token, host="0.0.0.0")
