@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.sandbox import AsyncSandbox
-from corral.tools import TOOLS, Toolbox
+from corral.tools import Toolbox
 
 
 def build(sb: AsyncSandbox) -> Any:
@@ -24,7 +24,7 @@ def build(sb: AsyncSandbox) -> Any:
     box = Toolbox(sb)
     listed = [
         types.Tool(name=t.name, description=t.description, input_schema=t.parameters)
-        for t in TOOLS.values()
+        for t in box.available()
     ]
 
     async def list_tools(ctx: object, params: object) -> types.ListToolsResult:

@@ -31,6 +31,7 @@ from pathlib import Path
 from corral import runlog
 from corral.brain import KEY_VARIABLES, Brain, BrainError, Reply
 from corral.errors import CorralError
+from corral.memory import Memory
 from corral.sandbox import AsyncSandbox
 from corral.tools import TOOLS, Toolbox
 
@@ -120,7 +121,8 @@ class Runtime:
         # the changes made meanwhile silently: they are the agent's own)
         self.busy = False
         self.handled = 0
-        self.tools = [t.schema() for t in TOOLS.values()]
+        self.memory = Memory(self.directory / "memory")
+        self.tools = [t.schema() for t in TOOLS.values()]  # all: this toolbox has a memory
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -133,6 +135,10 @@ class Runtime:
             workspace = self._sandbox_options.get("workspace")
             policy = pol.load(str(workspace) if workspace else None)
         _keep_key_out(policy)
+        try:
+            made = self.memory.ensure()
+        except OSError as exc:
+            raise CorralError(f"the agent's memory {self.memory.dir}: {exc.strerror}") from None
         options = dict(self._sandbox_options)
         options.pop("workspace", None)  # the policy has it now
         self.sb = AsyncSandbox(policy, on_ask=self._ask, kind="agent", **options)  # type: ignore[arg-type]
@@ -141,8 +147,10 @@ class Runtime:
         except BaseException as exc:
             self.log.write("error", where="start", message=_line(exc))
             raise
-        self.box = Toolbox(self.sb)
+        self.box = Toolbox(self.sb, self.memory)
         self.log.write("start", tier=self.sb.tier.name, run_id=self.sb.run_id)
+        if made:
+            self.log.write("memory", created=str(self.memory.index))
         self._tasks = [asyncio.create_task(self._route())]
         self._tasks += [asyncio.create_task(self._listen(lis)) for lis in self.listeners]
         return self

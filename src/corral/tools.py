@@ -16,6 +16,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from corral.memory import Memory
 from corral.sandbox import AsyncProcess, AsyncSandbox, ExecResult, PathDenied, SandboxError
 
 JSON = dict[str, object]
@@ -36,6 +37,7 @@ class Tool:
     description: str
     parameters: JSON  # a JSON schema, type "object"
     run: Callable[[Toolbox, JSON], Awaitable[object]]
+    needs_memory: bool = False  # the agent runtime's own: offered where a memory index is
 
     def schema(self) -> JSON:
         """As OpenAI-compatible chat completions take it (``tools=[...]``)."""
@@ -70,16 +72,22 @@ class Outcome:
 class Toolbox:
     """The tools' state on one sandbox: its background processes, by id."""
 
-    def __init__(self, sb: AsyncSandbox) -> None:
+    def __init__(self, sb: AsyncSandbox, memory: Memory | None = None) -> None:
         self.sb = sb
+        self.memory = memory
         self.processes: dict[int, AsyncProcess] = {}
+
+    def available(self) -> list[Tool]:
+        """The tools this toolbox offers: all of them where it has a memory index."""
+        return [t for t in TOOLS.values() if self.memory is not None or not t.needs_memory]
 
     async def call(self, name: str, arguments: object) -> Outcome:
         """Run tool ``name``; every failure is an :class:`Outcome` with ``error`` set."""
         tool = TOOLS.get(name)
         try:
-            if tool is None:
-                raise ToolError(f"unknown tool {name!r} (tools: {', '.join(TOOLS)})")
+            if tool is None or tool not in self.available():
+                names = ", ".join(t.name for t in self.available())
+                raise ToolError(f"unknown tool {name!r} (tools: {names})")
             args = check_arguments(tool, arguments)
             value = await tool.run(self, args)
         except ToolError as exc:
@@ -280,6 +288,11 @@ async def _describe(box: Toolbox, a: JSON) -> object:
     return box.sb.describe()
 
 
+async def _read_memory(box: Toolbox, a: JSON) -> object:
+    assert box.memory is not None
+    return box.memory.read(_opt_str(a, "file"))
+
+
 _PATH = ("string", "path relative to the workspace (or absolute)")
 _ID = ("integer", "the id start_process returned")
 
@@ -360,6 +373,13 @@ TOOLS: dict[str, Tool] = {
             "What this sandbox allows: tier, writable paths, network.",
             _schema([]),
             _describe,
+        ),
+        Tool(
+            "read_memory",
+            "The agent's memory index (MEMORY.md), or one memory file it lists.",
+            _schema([], file=(["string", "null"], "agent/NAME.md or user/NAME.md")),
+            _read_memory,
+            needs_memory=True,
         ),
     )
 }

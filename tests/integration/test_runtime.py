@@ -123,6 +123,7 @@ def test_a_task_writes_a_file_and_runs_its_test(api_ws: Path, tier: TierCase) ->
     kinds = [r["kind"] for r in log_of(api_ws)]
     assert kinds == [
         "start",
+        "memory",
         "wake",
         "model",
         "tool",
@@ -306,7 +307,7 @@ def test_an_unreachable_model_server(api_ws: Path, model: ModelServer) -> None:
     answer, _ = run_one(ChatBrain(url, "m"), pol.load(str(api_ws)), api_ws, "x", tier="namespace")
     assert answer.finish == "error"
     assert str(answer.error).startswith(f"model server {url}/chat/completions unreachable: ")
-    assert log_of(api_ws)[2]["where"] == "model"
+    assert log_of(api_ws)[3]["where"] == "model"
 
 
 def fetch_turns(url: str) -> list[Reply]:
@@ -391,11 +392,13 @@ def test_mcp_serves_the_same_tools(api_ws: Path) -> None:
 
     served = asyncio.run(go())
     assert mcp is not None
+    # the runtime offers the same sandbox tools, and read_memory (its own index, on the host)
     runtime_side = {
         t["function"]["name"]: t["function"]
         for t in Runtime(ScriptedBrain([]), directory=api_ws).tools
     }  # type: ignore[index]
-    assert [t.name for t in served] == list(runtime_side)  # type: ignore[attr-defined]
+    assert [t.name for t in served] == [n for n in runtime_side if n != "read_memory"]  # type: ignore[attr-defined]
+    assert list(runtime_side)[-1] == "read_memory"
     for t in served:
         fn = runtime_side[t.name]  # type: ignore[attr-defined]
         assert t.input_schema == fn["parameters"] and t.description == fn["description"]  # type: ignore[attr-defined]
@@ -523,7 +526,7 @@ def test_cli_agent_serve_stops_cleanly(sandbox: tuple[Corral, Path], model: Mode
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     kinds = [json.loads(x)["kind"] for x in log.read_text().splitlines()]
-    assert kinds == ["start", "wake", "model", "answer", "stop"]
+    assert kinds == ["start", "memory", "wake", "model", "answer", "stop"]
     assert err.decode().splitlines()[-1] == "corral: agent stopped"
     assert b"Traceback" not in err
 
@@ -608,3 +611,34 @@ def test_webhook_takes_events_with_the_token_only(api_ws: Path) -> None:
     assert wakes == [("webhook", "deploy done")]
     with pytest.raises(Exception, match="loopback only"):
         Webhook(token, host="0.0.0.0")
+
+
+def test_memory_index_made_once_and_read_through_a_tool(api_ws: Path) -> None:
+    from corral.memory import Memory
+
+    agent_dir = api_ws.parent / "agent"
+    brain = ScriptedBrain(
+        [
+            turn(call("read_memory")),
+            turn(call("read_memory", file="agent/deploys.md")),
+            turn(call("read_memory", file="../activity.jsonl")),  # outside: refused
+            Reply("ok"),
+        ]
+    )
+
+    async def go() -> None:
+        rt = Runtime(brain, pol.load(str(api_ws)), directory=agent_dir, tier="namespace")
+        async with rt:
+            rt.memory.put("agent/deploys.md", "Deploys", "tag first", text="use v* tags\n")
+            await rt.fire(Event("task", "what do you remember?"))
+        async with Runtime(ScriptedBrain([]), pol.load(str(api_ws)), directory=agent_dir):
+            pass  # a second start: the index is there already
+
+    asyncio.run(go())
+    results = [m["content"] for m in brain.seen[-1] if m["role"] == "tool"]
+    assert "# Agent memory" in str(results[0])
+    assert "- [Deploys](agent/deploys.md) — tag first" in str(results[0])
+    assert results[1] == "use v* tags\n"
+    assert str(results[2]).startswith("error: a memory file is agent/NAME.md or user/NAME.md")
+    assert [r["kind"] for r in log_of(api_ws)].count("memory") == 1
+    assert Memory(agent_dir / "memory").entries()[0].file == "agent/deploys.md"

@@ -26,7 +26,9 @@ def test_every_tool_has_one_schema_of_type_object() -> None:
         "write_file",
         "list_files",
         "describe_sandbox",
+        "read_memory",
     ]
+    assert [t.name for t in TOOLS.values() if t.needs_memory] == ["read_memory"]
     for tool in TOOLS.values():
         schema = tool.schema()
         assert schema["type"] == "function"
