@@ -33,9 +33,14 @@ def build(sb: AsyncSandbox) -> Any:
     async def call_tool(ctx: object, params: types.CallToolRequestParams) -> types.CallToolResult:
         outcome = await box.call(params.name, params.arguments or {})
         text = types.TextContent(type="text", text=outcome.text())
-        if outcome.error is not None:
-            return types.CallToolResult(content=[text], is_error=True)
-        return types.CallToolResult(content=[text], structured_content={"result": outcome.value})
+        if outcome.value is None:  # nothing ran, or it failed: the reason only
+            return types.CallToolResult(content=[text], is_error=outcome.error is not None)
+        # a command that ran keeps its result even when corral refused or stopped it
+        return types.CallToolResult(
+            content=[text],
+            structured_content={"result": outcome.value},
+            is_error=outcome.error is not None,
+        )
 
     return Server(
         "corral",

@@ -37,6 +37,7 @@ from corral.tools import TOOLS, Toolbox
 
 JSON = dict[str, object]
 MAX_TURNS = 10
+COMMAND_TIMEOUT = 300.0  # seconds for a command the model gave no timeout (the loop never hangs)
 HISTORY_EVENTS = 5  # the events whose messages the model sees again
 
 SYSTEM = (
@@ -147,7 +148,7 @@ class Runtime:
         except BaseException as exc:
             self.log.write("error", where="start", message=_line(exc))
             raise
-        self.box = Toolbox(self.sb, self.memory)
+        self.box = Toolbox(self.sb, self.memory, COMMAND_TIMEOUT)
         self.log.write("start", tier=self.sb.tier.name, run_id=self.sb.run_id)
         if made:
             self.log.write("memory", created=str(self.memory.index))

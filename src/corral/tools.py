@@ -72,9 +72,14 @@ class Outcome:
 class Toolbox:
     """The tools' state on one sandbox: its background processes, by id."""
 
-    def __init__(self, sb: AsyncSandbox, memory: Memory | None = None) -> None:
+    def __init__(
+        self, sb: AsyncSandbox, memory: Memory | None = None, command_timeout: float | None = None
+    ) -> None:
+        """``command_timeout``: seconds for a command that names none (None: the
+        policy's limit only)."""
         self.sb = sb
         self.memory = memory
+        self.command_timeout = command_timeout
         self.processes: dict[int, AsyncProcess] = {}
 
     def available(self) -> list[Tool]:
@@ -103,6 +108,11 @@ class Toolbox:
             outcome.denials = proxy_denials(value)
             if outcome.denials:  # the command ran, but corral refused what it asked for
                 outcome.error = "; ".join(outcome.denials) + "\n" + json.dumps(value)
+            elif value.get("timed_out"):
+                outcome.error = (
+                    f"timed out after {value.get('duration')}s: corral stopped the command "
+                    "and everything it started\n" + json.dumps(value)
+                )
         return outcome
 
     def find(self, ident: int) -> AsyncProcess:
@@ -226,7 +236,7 @@ async def _run_command(box: Toolbox, a: JSON) -> object:
     timeout = a.get("timeout")
     r = await box.sb.exec(
         str(a["command"]),
-        timeout=float(timeout) if isinstance(timeout, int | float) else None,
+        timeout=float(timeout) if isinstance(timeout, int | float) else box.command_timeout,
         cwd=_opt_str(a, "cwd"),
         stdin=_opt_str(a, "stdin"),
     )

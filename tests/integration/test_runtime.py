@@ -185,6 +185,7 @@ def test_bad_tool_calls_are_tool_errors(api_ws: Path) -> None:
             Reply(None, [call("run_command", cmd="ls")], "tool_calls"),
             Reply(None, [call("run_command", command=["ls"])], "tool_calls"),
             turn(call("process_output", id=99)),
+            turn(call("run_command", command="sleep 5", timeout=0.3)),
             turn(call("run_command", command="exit 3")),  # the good twin: a result, not an error
             Reply("ok"),
         ]
@@ -199,8 +200,11 @@ def test_bad_tool_calls_are_tool_errors(api_ws: Path) -> None:
         "run_command: command must be string",
         "write_file: arguments are not JSON: '{not json'",
         "no background process with id 99",
+        errors[-2],
         None,
     ]
+    assert str(errors[-2]).startswith("timed out after 0.3")
+    assert "corral stopped the command and everything it started" in str(errors[-2])
     assert tool_records(api_ws)[-1]["exit_code"] == 3
 
 
