@@ -91,12 +91,12 @@ async def run_task(opts: dict[str, object]) -> int:
 
     rt = _runtime(opts, [])
     assert isinstance(rt, Runtime)
-    await rt.start()
     try:
+        await rt.start()
         _started(rt, opts)
         answer = await rt.fire(Event("task", str(opts["task"])))
     finally:
-        await rt.stop()
+        await rt.stop()  # also when the sandbox did not start: the model client is closed
     if answer.finish == "stop":
         print(answer.text)
         return 0
@@ -134,8 +134,8 @@ async def serve(opts: dict[str, object]) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
-    await rt.start()
     try:
+        await rt.start()
         _started(rt, opts)
         await stopping.wait()
     finally:

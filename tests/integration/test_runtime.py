@@ -646,3 +646,77 @@ def test_memory_index_made_once_and_read_through_a_tool(api_ws: Path) -> None:
     assert str(results[2]).startswith("error: a memory file is agent/NAME.md or user/NAME.md")
     assert [r["kind"] for r in log_of(api_ws)].count("memory") == 1
     assert Memory(agent_dir / "memory").entries()[0].file == "agent/deploys.md"
+
+
+def test_cli_agent_serve_webhook_and_watch(
+    sandbox: tuple[Corral, Path], model: ModelServer
+) -> None:
+    """--webhook with the token corral made in the agent's directory (0600), and
+    --watch: a file the host writes wakes the agent."""
+    import httpx
+
+    c, ws = sandbox
+    d = c.state / "hooked"
+    model.forever = completion("noted")
+    port = free_port()
+    proc = c.popen(
+        ["agent", "serve", "--tier", "namespace", "--webhook", str(port), "--watch",
+         "--base-url", model.url, "--model", "m", "--dir", str(d)],
+        ws,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    log = d / "activity.jsonl"
+    try:
+        wait_for(lambda: log.exists() and '"kind":"start"' in log.read_text())
+        token_file = d / "webhook.token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = token_file.read_text().strip()
+        url = f"http://127.0.0.1:{port}/"
+        with httpx.Client(trust_env=False) as client:
+            wait_for(lambda: _reachable(client, url))
+            assert client.post(url, content="wrong").status_code == 401
+            auth = {"Authorization": f"Bearer {token}"}
+            assert client.post(url, content="build finished", headers=auth).status_code == 202
+        wait_for(lambda: log.read_text().count('"kind":"answer"') == 1)
+        time.sleep(1.5)  # a scan after the event: nothing of the host's changed yet
+        (ws / "from-host.txt").write_text("hello")
+        wait_for(lambda: log.read_text().count('"kind":"answer"') == 2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    wakes = [json.loads(x) for x in log.read_text().splitlines() if '"kind":"wake"' in x]
+    assert [(w["event"], w["text"]) for w in wakes] == [
+        ("webhook", "build finished"),
+        ("file", "files changed: from-host.txt"),
+    ]
+
+
+def _reachable(client: object, url: str) -> bool:
+    import httpx
+
+    try:
+        client.get(url)  # type: ignore[attr-defined]
+    except httpx.HTTPError:
+        return False
+    return True
+
+
+def wait_for(check: object, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
