@@ -470,6 +470,7 @@ def test_cli_agent_run_and_log(sandbox: tuple[Corral, Path], model: ModelServer)
         ("max-turns", 1, "corral: agent: stopped after max_turns=2 turns without a final answer"),
         ("no-model", 2, "corral: no model: give --model, or set CORRAL_AGENT_MODEL"),
         ("bad-turns", 2, "corral: --max-turns needs a whole number, 1 or more"),
+        ("key-passed", 2, "corral: the policy passes OPENAI_API_KEY into the sandbox;"),
     ],
 )
 def test_cli_agent_errors_are_one_line(
@@ -488,6 +489,8 @@ def test_cli_agent_errors_are_one_line(
         model.forever = completion(calls=[("run_command", {"command": "true"})])
     elif case == "bad-turns":
         args += ["--max-turns", "0"]
+    elif case == "key-passed":
+        args += ["--env", "OPENAI_API_KEY"]
     r = agent(c, ws, *args)
     err = r.stderr.decode()
     assert r.returncode == code and err.startswith(line) and err.count("\n") == 1, err
