@@ -472,6 +472,7 @@ def test_cli_agent_run_and_log(sandbox: tuple[Corral, Path], model: ModelServer)
         ("bad-turns", 2, "corral: --max-turns needs a whole number, 1 or more"),
         ("key-passed", 2, "corral: the policy passes OPENAI_API_KEY into the sandbox;"),
     ],
+    ids=["unreachable", "malformed", "max-turns", "no-model", "bad-turns", "key-passed"],
 )
 def test_cli_agent_errors_are_one_line(
     sandbox: tuple[Corral, Path], model: ModelServer, case: str, code: int, line: str
