@@ -14,7 +14,9 @@ model time excluded, next to a bare ``AsyncSandbox.exec``), ``proxy`` (corral's
 proxy next to squid and a direct connection, and the door's added latency),
 ``tls`` (TLS inspection next to squid with ssl-bump and mitmdump, and the
 plain proxy next to ``main``), ``container_exec`` (when
-bench/container_exec.py exists in this checkout) and ``peers`` (srt and codex
+bench/container_exec.py exists in this checkout), ``microvm`` (bench/vm_boot.py:
+``corral run --tier microvm -- true`` next to raw QEMU booting the same kernel
+and initramfs, warm ``Sandbox.exec`` in a VM, an idle VM's QEMU RSS) and ``peers`` (srt and codex
 sandbox; installed and measured only with ``--with-peers``).  ``--against REV``
 adds ``against`` (bench/against.py): this checkout's ``corral run -- true`` (as
 root and, when the user exists, as ``corral-test``) and warm ``Sandbox.exec``
@@ -48,6 +50,7 @@ NAMES = (
     "proxy",
     "tls",
     "container_exec",
+    "microvm",
     "peers",
 )
 
@@ -130,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import tls_throughput
 
             rows += tls_throughput.rows(args.quick)
+        elif name == "microvm":
+            from bench import vm_boot
+
+            rows += vm_boot.rows(args.quick)
         elif name == "against":
             from bench import against
 

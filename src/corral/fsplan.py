@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 # Replaced by private tmpfs in every run (see rule 1).
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/run", "/dev/shm")
+SOCKET_MASK = "host unix socket"  # the reason a host socket's mask gives
 # Entries of the sandbox's own /proc that reach kernel-wide state: its pid view is
 # private, these are not.  Started by root, the sandbox's uid 0 owns them, so
 # /proc/sys/kernel/core_pattern would open for writing.  Bound read-only over
@@ -548,7 +549,7 @@ def plan_filesystem(policy: Policy, mounts: bool = True, home: str | None = None
     # Host unix sockets that are still visible after the private tmpfs.
     for sock in host_unix_sockets():
         if not in_private_tmp(sock) and _lkind(sock) == "socket":
-            add_mask(sock, False, "host unix socket")
+            add_mask(sock, False, SOCKET_MASK)
 
     home_binds = []
     if home is not None:

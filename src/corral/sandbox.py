@@ -25,6 +25,7 @@ import concurrent.futures
 import json
 import os
 import queue
+import select
 import signal
 import socket
 import struct
@@ -377,6 +378,7 @@ class Sandbox:
         # concurrent first calls share one start.  Other tiers start here, as before.
         self._lazy = self.tier.strategy.lazy
         self._start_lock = threading.Lock()
+        self._stderr_r = -1  # the running instance's stderr (-1: none to discard)
         self._alive = False
         self._instance = 0  # starts so far
         if self._lazy:
@@ -416,12 +418,16 @@ class Sandbox:
         return self._instance
 
     def _discard(self) -> None:
-        """Remove a dead instance: its engine client, container, files and guardian."""
+        """Remove a dead instance: its engine client, container, files and guardian
+        (nothing when the last start failed: that cleaned up after itself)."""
+        if self._stderr_r < 0:
+            return
         self.denials += self._started.stop()
         if self._started.care.guardian is not None:
             self._started.care.guardian.reap()
         self._sock.close()
         os.close(self._stderr_r)
+        self._stderr_r = -1
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -476,6 +482,7 @@ class Sandbox:
             self._started.stop()  # kills, removes the container and the scratch files
             ours.close()
             os.close(err_r)
+            self._stderr_r = -1  # nothing left to discard
             raise SandboxError(f"the sandbox did not start: {detail or exc}") from None
         self._instance += 1
         self._alive = True
@@ -485,6 +492,9 @@ class Sandbox:
         self._reader.start()
 
     def _drain_stderr(self) -> str:
+        # what the sandbox's launcher says as it ends may come just after the
+        # channel closed (a VM's runner reports why QEMU ended): wait a moment
+        select.select([self._stderr_r], [], [], 2.0)
         os.set_blocking(self._stderr_r, False)
         try:
             return os.read(self._stderr_r, 65536).decode("utf-8", "replace").strip()
@@ -509,7 +519,10 @@ class Sandbox:
             # the agent's exit may end the sandbox by itself (a container's --rm)
             self._wait_client(self.tier.strategy.close_grace)
         self._sock.close()
-        os.close(self._stderr_r)
+        ended = self._stderr_r < 0  # the last start failed and cleaned up after itself
+        if not ended:
+            os.close(self._stderr_r)
+            self._stderr_r = -1
         for proc in list(self._procs.values()):
             if proc.running:
                 proc.result.exit_code = 128 + signal.SIGKILL
@@ -518,9 +531,10 @@ class Sandbox:
         refused: list[dict[str, object]] = []
         if self._door is not None:
             refused = self._door.close()
-        self.denials += self._started.stop()
-        if self._started.care.guardian is not None:
-            self._started.care.guardian.reap()
+        if not ended:
+            self.denials += self._started.stop()
+            if self._started.care.guardian is not None:
+                self._started.care.guardian.reap()
         from corral import report
 
         self.denials += report.network(refused, self.policy)

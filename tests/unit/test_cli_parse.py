@@ -195,10 +195,10 @@ def test_main_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_main_planned_tier_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_main(["run", "--tier", "microvm", "--", "true"], capsys)
+    code, out, err = run_main(["run", "--tier", "firecracker", "--", "true"], capsys)
     assert code == EXIT_REFUSED == 122
     assert out == ""
-    assert_one_error_line(err, "tier microvm is not available")
+    assert_one_error_line(err, "tier firecracker is not available")
 
 
 def test_main_auto_refuses_without_a_tier(
@@ -252,7 +252,7 @@ def test_doctor_json_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> Non
         assert isinstance(row["summary"], str)
     by_name = {t["name"]: t for t in data["tiers"]}
     assert by_name["none"]["available"] is True
-    assert by_name["microvm"]["available"] is False
+    assert by_name["firecracker"]["available"] is False
     from corral.tiers.landlock import abi_version
 
     assert by_name["landlock"]["available"] is (abi_version() >= 6)

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 # name -> (module, class).  Order is the order `corral doctor` prints.
 REGISTRY: dict[str, tuple[str, str]] = {
-    "microvm": ("corral.tiers.planned", "MicroVMTier"),
+    "microvm": ("corral.tiers.microvm", "MicroVMTier"),
     "firecracker": ("corral.tiers.planned", "FirecrackerTier"),
     "gvisor": ("corral.tiers.container", "GVisorTier"),
     "container": ("corral.tiers.container", "ContainerTier"),

@@ -43,27 +43,49 @@ class _Planned(Tier):
         return Health(False, f"{reason}; host: {facts}" if facts else reason)
 
 
-class MicroVMTier(_Planned):
-    name = "microvm"
-    strength = 90
-    summary = "QEMU microvm guest kernel per sandbox"
-    issue = "microVM tier"
-
-    def host_facts(self) -> str:
-        qemu = _which("qemu-system-x86_64", "qemu-system-aarch64")
-        kvm = "/dev/kvm present" if os.path.exists("/dev/kvm") else "no /dev/kvm (TCG only)"
-        return f"{'qemu at ' + qemu if qemu else 'qemu-system not on PATH'}, {kvm}"
-
-
 class FirecrackerTier(_Planned):
+    """Builders and an honest health (:mod:`corral.vm.firecracker`); no launcher yet.
+
+    The operator names the guest's kernel and root filesystem in
+    ``CORRAL_FIRECRACKER_KERNEL`` and ``CORRAL_FIRECRACKER_ROOTFS``; whether this
+    host's KVM boots guests is the microvm tier's boot probe's answer."""
+
     name = "firecracker"
     strength = 95
-    summary = "Firecracker microVM"
+    summary = "Firecracker microVM under its jailer (builders only)"
     issue = "microVM tier"
 
-    def host_facts(self) -> str:
-        fc = _which("firecracker")
-        return f"firecracker at {fc}" if fc else "no firecracker binary on PATH"
+    def health(self, probe: bool = False) -> Health:
+        from corral.vm import firecracker
+
+        found = firecracker.health(
+            os.environ.get("CORRAL_FIRECRACKER_KERNEL"),
+            os.environ.get("CORRAL_FIRECRACKER_ROOTFS"),
+            kvm_boots(probe),
+        )
+        if not found.available:
+            return found
+        return Health(
+            False,
+            f"{found.reason}: everything it needs is here, but this version of corral "
+            "has no Firecracker launcher (its builders only)",
+            found.details,
+        )
+
+
+def kvm_boots(probe: bool = False) -> tuple[bool, str]:
+    """Whether this host's KVM boots a guest, and how that is known (the microvm
+    tier's cached boot probe; ``probe`` runs it if it never ran)."""
+    from corral.vm import probe as vm_probe
+    from corral.vm import run
+
+    problem = vm_probe.kvm_problem()
+    if problem:
+        return False, problem
+    health = run.health(probe_now=probe)
+    if not health.available:
+        return False, f"no boot probe possible: {health.reason}"
+    return health.details.get("accelerator") == "kvm", str(health.details.get("why", ""))
 
 
 class SeatbeltTier(_Planned):

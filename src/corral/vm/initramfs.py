@@ -1,0 +1,303 @@
+"""The guest's initramfs: busybox, the kernel modules, corral's init and helpers.
+
+Built by a pure function (:func:`archive`) from host files and cached by the
+digest of everything that goes in (:func:`cached`): the same kernel modules,
+busybox and corral version give the same file, built once.
+
+The init (:data:`INIT`, a busybox shell script, pid 1) needs no Python, so a
+command without a network starts a few hundred milliseconds sooner under TCG
+than it would behind a Python agent.  It:
+
+1. powers off at once with ``corral.mode=off`` on the kernel command line (the
+   benchmark's "raw boot" baseline), loads the modules, finds the control port
+   and, with ``corral.mode=probe``, says ``ready`` there and powers off (the
+   accelerator probe);
+2. reads the run's *request* from the control port (and says ``up``: the host
+   stops waiting for the boot): a shell script the host
+   builds (:func:`corral.vm.guest.request`) that calls the functions below to
+   mount the host's view over 9p, the private tmpfs, the writable exports, and
+   finally ``run``;
+3. ``run`` starts the command in the guest's root (chroot), in a cgroup with
+   the pids bound, as the caller's uid and gid, with only the request's
+   environment, its stdin, stdout and stderr on their own virtio-serial ports;
+4. when the command ends: kills what is left, syncs (9p writes are on the host
+   before corral reads the result), and reports ``exit CODE OUT ERR OOM`` on the
+   control port: the exit status (128+N for a signal), how many bytes the guest
+   queued on the stdout and stderr ports (from the driver's debugfs counters:
+   the host reads exactly that much, so no output is lost in flight), and the
+   cgroup's OOM kills.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from corral.vm import cpio
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.vm.setup import Assets
+
+BUILD_VERSION = "3"  # bumped when the layout changes, so old cached archives are not used
+# corral's own files the guest needs when its network goes through the door
+HELPERS = (("vm", "mux.py"), ("vm", "guestdoor.py"), ("net", "relay.py"), ("", "agent.py"))
+MSIZE = 512000  # the largest 9p message the virtio transport takes: fewer round trips
+
+INIT = r"""#!/bin/busybox sh
+# corral's guest init: see corral/vm/initramfs.py.  pid 1, in the initramfs.
+# Applets are called by name: this busybox's shell runs many of them in its own
+# process (no fork, no exec), which under TCG saves tens of milliseconds each.
+R=/mnt
+export PATH=/bin
+fail() {
+	if [ -n "$CTL" ]; then echo "error $*" >&3; else echo "corral-init: $*" >&2; fi
+	poweroff -f
+}
+/bin/busybox mount -t proc proc /proc  # applets are run through /proc/self/exe
+read -r CMDLINE </proc/cmdline
+case " $CMDLINE " in *" corral.mode=off "*) poweroff -f;; esac
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+# no console (the usual case): the init has no stdin, stdout or stderr at all
+for fd in 0 1 2; do [ -e /proc/self/fd/$fd ] || eval "exec $fd<>/dev/null"; done
+for m in @MODULES@; do insmod /lib/modules/$m.ko || fail "cannot load module $m"; done
+
+# ports N: wait until N virtio-serial ports have their names, then set
+# PORT_<name> to each one's device (corral.ctl -> PORT_ctl=/dev/vport0p1).
+# Up to a minute of the guest's clock: on a busy host a TCG guest gets a small
+# share of a CPU while its clock runs at the host's pace.
+ports() {
+	i=0
+	while [ $i -lt 12000 ]; do
+		n=0
+		for d in /sys/class/virtio-ports/*; do
+			[ -e "$d/name" ] && read -r name <"$d/name" && [ -n "$name" ] || continue
+			eval "PORT_${name#corral.}=/dev/${d##*/}"
+			n=$((n + 1))
+		done
+		[ $n -ge "$1" ] && return 0
+		usleep 5000
+		i=$((i + 1))
+	done
+	return 1
+}
+ports 1 && [ -n "$PORT_ctl" ] || fail "no control port"
+CTL=$PORT_ctl
+exec 3<>"$CTL"
+case " $CMDLINE " in *" corral.mode=probe "*) echo ready >&3; poweroff -f;; esac
+ip link set lo up
+hostname corral
+
+# The functions the request calls.
+mount_root() {  # TAG CACHE: the host's view, read-only, and the guest's own kernel files
+	mount -t 9p -o trans=virtio,version=9p2000.L,access=client,msize=@MSIZE@,cache=$2,ro,nosuid \
+		"$1" $R || fail "cannot mount the host's view ($1)"
+	mount -t proc -o nosuid,nodev,noexec proc $R/proc
+	mount -t sysfs -o ro,nosuid,nodev,noexec sys $R/sys
+	mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 $R/sys/fs/cgroup
+	mount -t tmpfs -o nosuid,noexec,mode=755,size=65536 dev $R/dev
+	for n in "null 1 3" "zero 1 5" "full 1 7" "random 1 8" "urandom 1 9" "tty 5 0"; do
+		set -- $n
+		mknod -m 666 $R/dev/$1 c $2 $3
+	done
+	mkdir $R/dev/pts $R/dev/shm
+	mount -t devpts -o newinstance,ptmxmode=0666,mode=620,nosuid,noexec devpts $R/dev/pts
+	ln -s pts/ptmx $R/dev/ptmx
+	ln -s /proc/self/fd $R/dev/fd
+	ln -s /proc/self/fd/0 $R/dev/stdin
+	ln -s /proc/self/fd/1 $R/dev/stdout
+	ln -s /proc/self/fd/2 $R/dev/stderr
+}
+mount_tmpfs() {  # PATH SIZE: private scratch, as on the namespace tier
+	mkdir -p "$R$1" && mount -t tmpfs -o nosuid,nodev,mode=1777,size=$2 tmpfs "$R$1" \
+		|| fail "cannot mount a tmpfs on $1"
+}
+mount_rw() {  # TAG PATH CACHE: a writable export (the workspace...)
+	mkdir -p "$R$2" && mount -t 9p \
+		-o trans=virtio,version=9p2000.L,access=client,msize=@MSIZE@,cache=$3,nosuid "$1" "$R$2" \
+		|| fail "cannot mount $2 ($1)"
+}
+
+# lookup NAME PATH CWD: the program a bare NAME means, searched in PATH inside the
+# guest's root the way execvp would (busybox would run its own applet of that
+# name instead).  An entry that is a symlink counts as found: it may point by an
+# absolute path that only resolves inside the guest's root.
+lookup() {
+	case $1 in */*) PROG=$1; return 0;; esac
+	set -f
+	old=$IFS
+	IFS=:
+	for x in $2; do
+		case $x in /*) p=$R$x/$1;; *) p=$R$3/${x:-.}/$1;; esac
+		if [ -L "$p" ] || { [ -f "$p" ] && [ -x "$p" ]; }; then
+			PROG=${x:-.}/$1
+			IFS=$old
+			return 0
+		fi
+	done
+	IFS=$old
+	return 1
+}
+
+# counter VAR FILE KEY: VAR=the number after KEY in FILE (0 if none)
+counter() {
+	eval "$1=0"
+	while read -r k v; do [ "$k" = "$3" ] && eval "$1=\$v"; done <"$2"
+}
+
+run() {  # UID GID PIDS NET DUPLEX CWD ENV... -- ARGV...
+	uid=$1 gid=$2 pids=$3 net=$4 duplex=$5 cwd=$6
+	shift 6
+	[ -d "$R$cwd" ] || fail "cannot enter $cwd"
+	c=$R/sys/fs/cgroup
+	echo "+pids +memory" >$c/cgroup.subtree_control && mkdir $c/corral || fail "no cgroup"
+	[ "$pids" = - ] || echo "$pids" >$c/corral/pids.max || fail "cannot bound pids"
+	want=4
+	if [ "$net" = 1 ]; then
+		want=5
+		# the relay binds the resolver's port 53 as the command's user, as it does in
+		# the namespace tier's own network namespace; this kernel is the guest's alone
+		echo 0 >/proc/sys/net/ipv4/ip_unprivileged_port_start || fail "cannot open low ports"
+	fi
+	if [ "$net" = 1 ] || [ "$duplex" = 1 ]; then  # corral's helpers: relay, agent
+		mkdir -p $R/run/corral && cp /corral/* $R/run/corral/ && chown "$uid:$gid" $R/run/corral \
+			|| fail "cannot prepare /run/corral"
+	fi
+	ports $want && [ -n "$PORT_stdin" ] && [ -n "$PORT_stdout" ] && [ -n "$PORT_stderr" ] \
+		|| fail "no stdio ports"
+	if [ "$net" = 1 ]; then
+		[ -n "$PORT_door" ] || fail "no door port"
+		exec 4<>"$PORT_door"
+	fi
+	# ENV... -- NAME ARGS  ->  ENV... PROGRAM ARGS (env -i takes NAME=VALUE words first)
+	n=$# i=0 path= state=env code=
+	while [ $i -lt $n ]; do
+		a=$1
+		shift
+		i=$((i + 1))
+		if [ $state = env ]; then
+			case $a in --) state=cmd; continue;; PATH=*) path=${a#PATH=};; esac
+		elif [ $state = cmd ]; then
+			state=args
+			if ! lookup "$a" "$path" "$cwd"; then
+				echo "corral: $a: command not found" >"$PORT_stderr"
+				code=127
+			fi
+			a=$PROG
+			case $a in *=*)
+				echo "corral: cannot run $a: its path holds =" >"$PORT_stderr"
+				code=126;;
+			esac
+		fi
+		set -- "$@" "$a"
+	done
+	if [ -z "$code" ]; then
+		if [ "$duplex" = 1 ]; then  # a port opens once: stdout is stdin's descriptor
+			exec 5<>"$PORT_stdin" 6>&5
+		else
+			exec 5<"$PORT_stdin" 6>"$PORT_stdout"
+		fi
+		# the subshell joins the cgroup (0: the writer itself), then becomes the command:
+		# chroot, directory, uid and gid in one step; only the request's environment
+		(echo 0 >$c/corral/cgroup.procs \
+			&& exec nsenter -r"$R" -w"$R$cwd" -S "$uid" -G "$gid" env -i "$@") \
+			<&5 >&6 2>"$PORT_stderr" 3>&- 5>&- 6>&-
+		code=$?
+		exec 5>&- 6>&-
+	fi
+	exec 4>&-
+	kill -9 -1 2>/dev/null
+	sync
+	mount -t debugfs debugfs /sys/kernel/debug
+	d=/sys/kernel/debug/virtio-ports
+	counter out $d/${PORT_stdout##*/} bytes_sent:
+	counter err $d/${PORT_stderr##*/} bytes_sent:
+	counter oom $c/corral/memory.events oom_kill
+	echo "exit $code $out $err $oom" >&3
+	# powered off at once, the VM could take the report or the last output with it:
+	# the host says when it has everything (or stops the VM itself)
+	read -r -t 30 bye <&3
+	poweroff -f
+}
+
+read -r size <&3 || fail "no request"
+head -c "$size" <&3 >/request || fail "short request"
+echo up >&3
+. /request
+fail "the request did not run a command"
+"""
+
+
+def init_script(modules: list[str]) -> str:
+    return INIT.replace("@MODULES@", " ".join(modules)).replace("@MSIZE@", str(MSIZE))
+
+
+def archive(
+    modules: list[tuple[str, bytes]], busybox: bytes, helpers: list[tuple[str, bytes]]
+) -> bytes:
+    """The initramfs: ``modules`` (name, bytes) in load order, a static ``busybox``,
+    and corral's ``helpers`` (file name, bytes) in ``/corral``."""
+    entries = [
+        cpio.directory("bin"),
+        cpio.file("bin/busybox", busybox, 0o755),
+        cpio.symlink("bin/sh", "busybox"),
+        cpio.directory("corral"),
+        *(cpio.file(f"corral/{name}", data) for name, data in helpers),
+        cpio.directory("dev"),
+        cpio.directory("lib"),
+        cpio.directory("lib/modules"),
+        *(cpio.file(f"lib/modules/{name}.ko", data) for name, data in modules),
+        cpio.directory("mnt"),
+        cpio.directory("proc"),
+        cpio.directory("sys"),
+        cpio.file("init", init_script([name for name, _ in modules]).encode(), 0o755),
+    ]
+    return cpio.newc(entries)
+
+
+def helper_files() -> list[tuple[str, bytes]]:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # corral/
+    found = []
+    for package, name in HELPERS:
+        with open(os.path.join(here, package, name), "rb") as fh:
+            found.append((name, fh.read()))
+    return found
+
+
+def find_busybox(candidates: tuple[str, ...] = ("/bin/busybox", "/usr/bin/busybox")) -> str | None:
+    """A statically linked busybox on this host (Debian: busybox-static)."""
+    for path in candidates:
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(4096)
+        except OSError:
+            continue
+        if head[:4] == b"\x7fELF" and b"/ld-linux" not in head and b"/ld-musl" not in head:
+            return path  # no program interpreter named: static
+    return None
+
+
+def cached(assets: Assets, busybox: str, cache: str) -> str:
+    """The initramfs for ``assets`` in ``cache``, built if no file of that digest is there."""
+    with open(busybox, "rb") as fh:
+        box = fh.read()
+    modules = []
+    for name in assets.modules:
+        with open(assets.module_path(name), "rb") as fh:
+            modules.append((name, fh.read()))
+    helpers = helper_files()
+    digest = hashlib.sha256(BUILD_VERSION.encode())
+    digest.update(init_script(assets.modules).encode())
+    for part in (box, *(d for _, d in modules), *(d for _, d in helpers)):
+        digest.update(hashlib.sha256(part).digest())
+    path = os.path.join(cache, f"initramfs-{digest.hexdigest()[:16]}.cpio")
+    if os.path.exists(path):
+        return path
+    data = archive(modules, box, helpers)
+    os.makedirs(cache, mode=0o700, exist_ok=True)
+    work = f"{path}.tmp{os.getpid()}"
+    with open(work, "wb") as fh:
+        fh.write(data)
+    os.rename(work, path)
+    return path

@@ -1,0 +1,714 @@
+"""Run one command in a microVM: ``python -m corral.vm.run [OPTIONS] -- COMMAND...``
+
+The runner the microvm tier's launch strategy forks (:mod:`corral.tiers.microvm`),
+and on its own a way to run the building blocks without the launcher.  Options are ``corral
+run``'s: ``--policy --workspace --timeout --memory --cpus --pids --allow --deny
+--network --writable --read-deny --write-deny --env -q``, plus ``--explain``
+(print the plan: QEMU's sandbox and command line, the guest's mounts) and
+``--console`` (the guest's serial console on stderr, for debugging).
+
+Exit codes are corral's: the command's own, 128+N for a signal, 124 when the
+timeout fired (QEMU's whole sandbox killed), 122 refused, 125 setup failed.
+
+Nothing outlives the run: every channel is a socket pair (no file on the host),
+QEMU runs under bubblewrap with ``--die-with-parent`` in its own pid namespace,
+so a killed runner takes QEMU with it, and the initramfs and probe answers in
+the cache are written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+
+from corral.errors import EXIT_TIMEOUT, CorralError, RefusedError, SetupError
+from corral.tiers.base import Health
+from corral.vm import guest, initramfs, probe, qemu, setup
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from corral.fsplan import FsPlan, Mount
+    from corral.policy import Policy
+
+# corral run's options this runner takes (their entries are corral run's), and its own
+RUN_NAMES = [
+    *("--policy", "--workspace", "--timeout", "--memory", "--cpus", "--pids", "--allow"),
+    *("--deny", "--network", "--writable", "--read-deny", "--write-deny", "--env"),
+    *("--explain", "-q"),
+]
+CONSOLE = ("console", "flag", "", "the guest's serial console on stderr (debugging)")
+DRAIN_TIMEOUT = 10.0  # seconds to collect output the guest said it sent
+POWEROFF_GRACE = 2.0  # seconds the guest gets to power off after its report
+# seconds for the guest to boot and take the request: 2 to 5 s under TCG, more on a
+# busy host; a guest that hangs while booting is stopped and reported
+BOOT_TIMEOUT = 60.0
+CHUNK = 65536
+
+
+def find_program(name: str) -> str | None:
+    for d in [*os.environ.get("PATH", "").split(":"), "/usr/bin", "/bin"]:
+        if os.path.isabs(d) and os.access(os.path.join(d, name), os.X_OK):
+            return os.path.realpath(os.path.join(d, name))
+    return None
+
+
+def bound_tmpfs(args: list[str], size: int) -> list[str]:
+    """Every ``--tmpfs`` in bwrap ``args`` without a ``--size`` gets ``size``: in QEMU's
+    view they are empty placeholders and masks, and the guest's root could chmod
+    a mask inside a writable export and fill it with host memory."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--tmpfs" and (i < 2 or args[i - 2] != "--size"):
+            out += ["--size", str(size)]
+        out.append(arg)
+    return out
+
+
+class VmPlan:
+    """Everything a run needs, built before anything starts."""
+
+    def __init__(self) -> None:
+        self.argv: list[str] = []  # bwrap ... -- qemu ...
+        self.fds: dict[int, str] = {}  # number in the sandbox -> "seccomp", "empty", a port
+        self.request = b""
+        self.launch: guest.Launch | None = None
+        self.machine: qemu.Machine | None = None
+        self.view: list[Mount] = []
+        self.shares: list[guest.Export] = []
+        self.guest_mounts: list[tuple[str, str, str]] = []
+        self.decision: probe.Decision | None = None
+        self.timeout: float | None = None
+        self.notes: list[str] = []
+
+    def describe(self) -> str:
+        lines = [f"accelerator: {self.decision.reason if self.decision else '?'}"]
+        if self.machine is not None:
+            lines.append(f"vcpus: {self.machine.cpus}  guest RAM: {self.machine.memory_mib} MiB")
+        lines.append(f"timeout: {self.timeout if self.timeout else 'none'}")
+        lines.append("QEMU's view of the host (bwrap, exported to the guest under /guest):")
+        lines += qemu.describe_view(self.view)
+        lines.append("exports: " + ", ".join(repr(s) for s in self.shares))
+        lines.append("the guest mounts:")
+        lines += guest.describe(self.shares, self.guest_mounts)
+        lines += [f"note: {n}" for n in self.notes]
+        lines.append("argv: " + " ".join(self.argv))
+        return "\n".join(lines)
+
+
+def requirements() -> tuple[setup.Assets, str, str, str]:
+    """The guest kernel, a static busybox, QEMU and bubblewrap, or RefusedError
+    naming the first one missing and how to get it."""
+    from corral.tiers import namespace
+
+    assets = setup.require()
+    busybox = initramfs.find_busybox()
+    if busybox is None:
+        raise RefusedError("microvm: needs a static busybox (apt-get install busybox-static)")
+    qemu_path = find_program("qemu-system-x86_64")
+    if qemu_path is None:
+        raise RefusedError("microvm: needs QEMU (apt-get install qemu-system-x86)")
+    if not qemu_path.startswith("/usr/"):
+        raise RefusedError(f"microvm: QEMU outside /usr is not supported ({qemu_path})")
+    bwrap = namespace.find_bwrap()
+    if bwrap is None:
+        raise RefusedError("microvm: needs bubblewrap to confine QEMU (apt-get install bubblewrap)")
+    return assets, busybox, qemu_path, bwrap
+
+
+def health(probe_now: bool = False) -> Health:
+    """Whether the microvm can run here, and on which accelerator and why.
+    ``probe_now`` boots the guest once with KVM if that was never tried for this
+    host kernel, QEMU and guest kernel (``doctor --probe``); otherwise the cached
+    answer, or TCG until a probe says otherwise."""
+    try:
+        assets, busybox, qemu_path, _bwrap = requirements()
+        cache = setup.cache_dir()
+        initrd = initramfs.cached(assets, busybox, cache)
+        decision = probe.decide(qemu_path, assets, initrd, cache, probe=probe_now)
+    except CorralError as exc:
+        return Health(False, exc.message)
+    except OSError as exc:
+        return Health(False, f"microvm: cannot use the cache {setup.cache_dir()}: {exc}")
+    details: dict[str, object] = {
+        "accelerator": decision.accel,
+        "why": decision.reason,
+        "guest_kernel": assets.release,
+        "qemu": qemu_path,
+    }
+    return Health(True, f"QEMU microvm, guest kernel {assets.release}; {decision.reason}", details)
+
+
+class VmHost:
+    """What a VM plan needs to know about this host, read once by :func:`gather`:
+    the guest kernel, busybox, QEMU and bubblewrap, the initramfs built from
+    them, the accelerator decision, the TSC and merged-/usr facts, the host's
+    CPUs and the caller's ids."""
+
+    __slots__ = (
+        "assets",
+        "bwrap",
+        "cpus",
+        "decision",
+        "facts",
+        "gid",
+        "initrd",
+        "owner",
+        "qemu",
+        "uid",
+    )
+
+    def __init__(
+        self,
+        assets: setup.Assets,
+        qemu_path: str,
+        bwrap: str,
+        initrd: str,
+        decision: probe.Decision,
+        facts: qemu.HostFacts,
+        cpus: int = 1,
+        uid: int = 1000,
+        gid: int = 1000,
+        owner: int = 0,
+    ) -> None:
+        self.assets = assets
+        self.qemu = qemu_path
+        self.bwrap = bwrap
+        self.initrd = initrd
+        self.decision = decision
+        self.facts = facts
+        self.cpus = cpus
+        self.uid = uid
+        self.gid = gid
+        self.owner = owner  # corral's pid: QEMU is named after it (ps shows whose VM)
+
+
+def gather(probe_now: bool = True) -> VmHost:
+    """Read this host for a VM plan: RefusedError naming what is missing, the
+    initramfs built if this cache has none of its digest, and the accelerator
+    probed once per host kernel, QEMU and guest kernel (``probe_now``)."""
+    assets, busybox, qemu_path, bwrap = requirements()
+    cache = setup.cache_dir()
+    try:
+        initrd = initramfs.cached(assets, busybox, cache)
+        decision = probe.decide(qemu_path, assets, initrd, cache, probe=probe_now)
+    except OSError as exc:
+        raise SetupError(f"microvm: cannot use the cache {cache}: {exc}") from None
+    return VmHost(
+        assets,
+        qemu_path,
+        bwrap,
+        initrd,
+        decision,
+        qemu.host_facts(),
+        os.cpu_count() or 1,
+        os.getuid(),
+        os.getgid(),
+        os.getpid(),
+    )
+
+
+def prepare(
+    policy: Policy,
+    command: list[str],
+    door: str | None = None,
+    console: bool = False,
+    name: str = "corral-vm",
+) -> VmPlan:
+    """The plan for ``command`` under ``policy``: reads the host, starts nothing
+    (except the accelerator probe, once per host, QEMU and guest kernel)."""
+    from corral import fsplan
+
+    host = gather()
+    return build(policy, command, host, fsplan.plan_filesystem(policy), door, console, name)
+
+
+def build(
+    policy: Policy,
+    command: list[str],
+    host: VmHost,
+    fs: FsPlan,
+    door: str | None = None,
+    console: bool = False,
+    name: str = "corral-vm",
+    view_extra: Sequence[Mount] = (),
+    env_extra: Mapping[str, str] | None = None,
+) -> VmPlan:
+    """The plan for ``command`` under ``policy`` on the host ``host`` describes, with
+    the filesystem decision ``fs``; reads nothing.  ``view_extra``: more read-only
+    binds in QEMU's view (the guest's root); ``env_extra``: variables that win
+    over the policy's (hooks' placeholders)."""
+    from corral import environ, fsplan
+    from corral.tiers import namespace
+
+    if policy.network.transparent:
+        raise RefusedError(
+            "microvm: --transparent is not available (the guest has no network device)"
+        )
+    plan = VmPlan()
+    plan.decision = host.decision
+    limits = policy.limits
+    vcpus, memory_mib = qemu.size(
+        limits.get("memory"), limits.source("memory"), limits.get("cpus"), host.cpus
+    )
+    pids = limits.get("pids")
+    plan.timeout = limits.get("timeout")
+    plan.notes = list(fs.notes)
+    plan.view = guest.view_mounts([*fs.mounts, *view_extra])
+    plan.shares = guest.exports(fs.writable)
+    present = [m.dest for m in fs.mounts if m.kind == "tmpfs" and m.dest in fsplan.PRIVATE_TMP]
+    plan.guest_mounts = guest.guest_mounts(plan.shares, namespace.scratch_sizes(limits), present)
+    env = environ.sandbox_env(policy)
+    if policy.network.mode == "proxy":
+        from corral.net import door as doors
+
+        if door is None:
+            raise ValueError("network mode proxy needs the door's path")
+        env = {**doors.proxy_env(), **env}
+        # the relay as on the other tiers, behind the guest's end of the door port
+        relay = doors.relay_argv([namespace.inside_python()])
+        bridge = [relay[0], "-I", "-S", "/run/corral/guestdoor.py", "4", doors.SANDBOX_DOOR]
+        relay_args = relay[relay.index(doors.SANDBOX_RELAY) + 1 :]
+        command = [*bridge, "--", *relay_args, "--", *command]
+    if env_extra:
+        env = {**env, **env_extra}
+    plan.launch = guest.Launch(
+        command,
+        env,
+        environ.sandbox_cwd(policy, fs.writable),
+        host.uid,
+        host.gid,
+        None if pids is None else int(pids),
+        policy.network.mode == "proxy",
+    )
+    plan.request = guest.request(plan.shares, plan.guest_mounts, plan.launch)
+
+    numbers = iter(range(3, 1 << 16))
+    status_fd, seccomp_fd = next(numbers), next(numbers)
+    plan.fds[status_fd] = "status"
+    plan.fds[seccomp_fd] = "seccomp"
+    ports = list(qemu.PORTS if plan.launch.network else qemu.PORTS[:-1])
+    port_fds = []
+    for port in ports:
+        number = next(numbers)
+        plan.fds[number] = port
+        port_fds.append((port, number))
+    view_args, empty = namespace.mount_args(plan.view, numbers)
+    plan.fds.update(dict.fromkeys(empty, "empty"))
+    plan.machine = qemu.Machine(
+        accel=host.decision.accel,
+        cpus=vcpus,
+        memory_mib=memory_mib,
+        cmdline=qemu.kernel_cmdline(host.facts.tsc_khz, console=console),
+        ports=port_fds,
+        exports=plan.shares,
+        name=name,
+        qemu=host.qemu,
+        console=console,
+    )
+    own = qemu.own_root(host.facts, host.assets.vmlinux, host.initrd, host.decision.accel == "kvm")
+    plan.argv = qemu.sandbox_argv(
+        host.bwrap,
+        own,
+        bound_tmpfs(view_args, 65536),
+        status_fd,
+        seccomp_fd,
+        qemu.qemu_argv(plan.machine),
+    )
+    return plan
+
+
+class Result:
+    __slots__ = (
+        "duration",
+        "exit_code",
+        "oom_kills",
+        "reported",
+        "stderr_bytes",
+        "stdout_bytes",
+        "timed_out",
+    )
+
+    def __init__(self) -> None:
+        self.exit_code = 0
+        self.reported = False  # the guest said how the command ended
+        self.timed_out = False
+        self.duration = 0.0
+        self.oom_kills = 0
+        self.stdout_bytes = 0
+        self.stderr_bytes = 0
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    """False once the reader is gone (the rest of the output is dropped)."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        return False
+    return True
+
+
+def _pump_stdin(src: int, sock: socket.socket) -> None:
+    """The runner's stdin to the guest; its end of file closes the port (the
+    guest's read then returns end of file)."""
+    try:
+        while True:
+            data = os.read(src, CHUNK)
+            if not data:
+                break
+            sock.sendall(data)
+    except OSError:
+        pass
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+class _Vm:
+    """A started VM: bwrap's pid, its child's (the sandbox's pid 1), our socket ends."""
+
+    def __init__(self, plan: VmPlan, given: dict[str, int] | None = None) -> None:
+        """``given``: ports whose host end is a caller's socket, handed to QEMU as
+        it is (the Sandbox's channel to its agent) instead of a new socket pair."""
+        from corral import seccomp
+        from corral.launch import move_fds_into_place
+
+        self.socks: dict[str, socket.socket] = {}
+        wanted: dict[int, int] = {}
+        theirs: list[int] = []
+        null = os.open(os.devnull, os.O_RDWR)
+        self.err_r, err_w = os.pipe()
+        status_r, status_w = os.pipe()
+        theirs += [null, err_w, status_w]
+        wanted.update({0: null, 1: null, 2: err_w})
+        if plan.machine is not None and plan.machine.console:
+            wanted[1] = 2  # the serial console: QEMU's stdout, to our stderr
+        for number, what in plan.fds.items():
+            if what == "status":
+                wanted[number] = status_w
+            elif what == "seccomp":
+                sec_r, sec_w = os.pipe()
+                os.write(
+                    sec_w,
+                    seccomp.compile_filter(seccomp.default_deny_rules(), seccomp.native_arch()),
+                )
+                os.close(sec_w)
+                wanted[number] = sec_r
+                theirs.append(sec_r)
+            elif what == "empty":
+                wanted[number] = null
+            elif given and what in given:
+                wanted[number] = given[what]
+            else:  # a port: one socket pair, QEMU holds one end
+                ours, other = socket.socketpair()
+                self.socks[what] = ours
+                wanted[number] = other.detach()
+                theirs.append(wanted[number])
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setpgid(0, 0)
+                move_fds_into_place(wanted)
+                os.execve(plan.argv[0], plan.argv, {})
+            finally:
+                os._exit(127)
+        self.pid = pid
+        for fd in theirs:
+            os.close(fd)
+        self.status_r = status_r  # bwrap writes the exit code there at the end
+        self.child = _child_pid(status_r)
+
+    def stop(self, grace: float = 0.0) -> None:
+        """After ``grace`` seconds for the guest to power off on its own, kill the
+        sandbox's pid 1: the kernel kills QEMU with it, and bwrap exits once both
+        are gone, so when this returns nothing of the VM is left."""
+        if grace > 0 and self._exits_within(grace):
+            self.wait()
+            return
+        for pid in (self.child, self.pid):
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                break
+        self.wait()
+
+    def _exits_within(self, seconds: float) -> bool:
+        try:
+            fd = os.pidfd_open(self.pid)
+        except OSError:
+            return False
+        try:
+            return bool(select.select([fd], [], [], seconds)[0])
+        finally:
+            os.close(fd)
+
+    def wait(self) -> None:
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        for sock in self.socks.values():
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # ends the door's mux, which holds a copy
+            except OSError:
+                pass
+            sock.close()
+        os.close(self.err_r)
+        os.close(self.status_r)
+
+    def ended(self) -> str:
+        """How QEMU ended, once it has (bwrap's last status line)."""
+        from corral.launch import _status_value
+
+        text = b""
+        try:
+            while chunk := os.read(self.status_r, 4096):
+                text += chunk
+        except OSError:
+            pass
+        code = _status_value(text.decode(errors="replace"), "exit-code")
+        if code is None:
+            return "QEMU's end is unknown"
+        if code > 128:
+            return f"QEMU was killed by signal {code - 128}"
+        return f"QEMU exited with status {code}"
+
+
+def _child_pid(status_r: int) -> int:
+    """bwrap's first status line names the sandbox's pid 1 (0 if bwrap failed)."""
+    from corral.launch import _status_value
+
+    text = b""
+    while b"}" not in text:
+        chunk = os.read(status_r, 4096)
+        if not chunk:
+            break
+        text += chunk
+    return _status_value(text.decode(errors="replace"), "child-pid") or 0
+
+
+def execute(
+    plan: VmPlan,
+    door: str | None,
+    stdin: int = 0,
+    stdout: int = 1,
+    stderr: int = 2,
+    duplex: bool = False,
+) -> Result:
+    """Boot the VM, run the request, stream the output; the result once the VM is gone.
+    ``duplex``: ``stdin`` is a socket that is the command's stdin and stdout both
+    (corral's agent), handed to QEMU as the stdin port."""
+    result = Result()
+    started = time.monotonic()
+    request = plan.request
+    if duplex and plan.launch is not None:
+        plan.launch.duplex = True
+        request = guest.request(plan.shares, plan.guest_mounts, plan.launch)
+    vm = _Vm(plan, {"corral.stdin": stdin} if duplex else None)
+    try:
+        try:
+            vm.socks["corral.ctl"].sendall(b"%d\n" % len(request) + request)
+        except OSError:
+            pass  # QEMU is gone already: _follow reports why
+        if not duplex:
+            threading.Thread(
+                target=_pump_stdin, args=(stdin, vm.socks["corral.stdin"]), daemon=True
+            ).start()
+        if "corral.door" in vm.socks and door is not None:
+            from corral.vm import mux
+
+            port = os.dup(vm.socks["corral.door"].fileno())  # the mux closes its own copy
+            link = mux.Mux(port, mux.unix_opener(door))
+            threading.Thread(target=link.serve, daemon=True).start()
+        _Follower(vm, plan, result, stdout, stderr).run()
+    finally:
+        # the guest powers off once told that its report and output arrived; a
+        # timeout stops it at once
+        if result.reported:
+            try:
+                vm.socks["corral.ctl"].sendall(b"bye\n")
+            except OSError:
+                pass
+        vm.stop(POWEROFF_GRACE if result.reported else 0.0)
+    result.duration = time.monotonic() - started
+    return result
+
+
+class _Follower:
+    """Reads everything the VM sends until the command's end has been reported
+    and its output collected, the timeout fires, or the VM dies."""
+
+    def __init__(self, vm: _Vm, plan: VmPlan, result: Result, stdout: int, stderr: int) -> None:
+        self.vm = vm
+        self.result = result
+        out, err = vm.socks["corral.stdout"].fileno(), vm.socks["corral.stderr"].fileno()
+        self.out, self.err = out, err
+        self.ctl = vm.socks["corral.ctl"].fileno()
+        self.sinks = {out: stdout, err: stderr}
+        self.got = {out: 0, err: 0}
+        self.alive = {out: True, err: True}
+        self.control = b""
+        self.qemu_err = b""
+        self.booted = False  # the init said "up": it has the request
+        self.expect: dict[int, int] | None = None  # bytes per output, once reported
+        self.watch = [out, err, self.ctl, vm.err_r]
+        now = time.monotonic()
+        self.deadline = now + plan.timeout if plan.timeout else None
+        self.boot_deadline = now + BOOT_TIMEOUT
+        self.drain_until = 0.0
+
+    def run(self) -> None:
+        while True:
+            if self.expect is not None and all(self.got[fd] >= n for fd, n in self.expect.items()):
+                return
+            wait = self._wait()
+            if wait is not None and wait <= 0:
+                if self.expect is None and not self.booted and self.deadline_is_boot():
+                    raise SetupError(
+                        f"microvm: the guest did not boot within {BOOT_TIMEOUT:g} s "
+                        "(--console shows where it stopped)"
+                    )
+                if self.expect is None:
+                    self.result.timed_out = True
+                    self.result.exit_code = EXIT_TIMEOUT
+                return
+            ready, _, _ = select.select(self.watch, [], [], wait)
+            for fd in ready:
+                self._take(fd)
+
+    def deadline_is_boot(self) -> bool:
+        return self.deadline is None or self.boot_deadline < self.deadline
+
+    def _wait(self) -> float | None:
+        now = time.monotonic()
+        if self.expect is not None:
+            return self.drain_until - now
+        ends = [self.deadline] if self.deadline is not None else []
+        if not self.booted:
+            ends.append(self.boot_deadline)
+        return min(ends) - now if ends else None
+
+    def _take(self, fd: int) -> None:
+        try:
+            data = os.read(fd, CHUNK)
+        except OSError:
+            data = b""  # QEMU is gone: the same as end of file
+        if not data:
+            self.watch.remove(fd)
+        if fd in self.sinks:
+            self.got[fd] += len(data)
+            if data and self.alive[fd]:
+                self.alive[fd] = _write_all(self.sinks[fd], data)
+        elif fd == self.vm.err_r:
+            self.qemu_err = (self.qemu_err + data)[-4096:]
+            if not data and self.expect is None and b"\n" not in self.control:
+                raise SetupError(_why_ended(self.qemu_err, self.vm.ended()))
+        else:
+            self.control += data
+            while b"\n" in self.control and self.expect is None:
+                line, self.control = self.control.split(b"\n", 1)
+                if line == b"up":
+                    self.booted = True
+                    continue
+                line_text = line.decode(errors="replace")
+                self.expect = _report(line_text, self.result, self.out, self.err)
+                self.drain_until = time.monotonic() + DRAIN_TIMEOUT
+
+
+def _report(line: str, result: Result, out: int, err: int) -> dict[int, int]:
+    """Take in the guest's ``exit CODE OUT ERR OOM`` or ``error WHY`` line."""
+    kind, _, rest = line.partition(" ")
+    fields = rest.split()
+    if kind == "error":
+        raise SetupError(f"microvm: {rest}")
+    if kind != "exit" or len(fields) != 4 or not all(f.isdigit() for f in fields):
+        raise SetupError(f"microvm: the guest answered {line[:200]!r}")
+    code, out_n, err_n, oom = (int(f) for f in fields)
+    result.reported = True
+    result.exit_code = code
+    result.stdout_bytes, result.stderr_bytes = out_n, err_n
+    result.oom_kills = oom
+    return {out: out_n, err: err_n}
+
+
+def _why_ended(qemu_err: bytes, how: str) -> str:
+    lines = qemu_err.decode(errors="replace").strip().splitlines()
+    why = (
+        lines[-1] if lines else f"{how}; the guest stopped before it reported (--console shows why)"
+    )
+    return f"microvm: the VM ended before the command did: {why}"
+
+
+def main(argv: list[str]) -> int:
+    from corral import cli
+
+    try:
+        table = {name: cli.RUN_OPTIONS[name] for name in RUN_NAMES}
+        opts, command = cli.parse(argv, {**table, "--console": CONSOLE}, positional=True)
+        if not command:
+            raise CorralError("usage: python -m corral.vm.run [OPTIONS] -- COMMAND...")
+        policy = cli.build_policy(opts)
+        door = None
+        if policy.network.mode == "proxy" and not opts.get("explain"):
+            from corral.launch import new_run_id
+            from corral.net.door import open_door
+
+            door = open_door(policy, new_run_id())
+        run_id = f"corral-vm-{os.getpid()}-{os.urandom(3).hex()}"
+        plan = prepare(
+            policy,
+            command,
+            door.address if door else "/run/door",
+            bool(opts.get("console")),
+            run_id,
+        )
+        if opts.get("explain"):
+            print(plan.describe())
+            return 0
+        stop = _forward_signals()
+        try:
+            result = execute(plan, door.address if door else None)
+        finally:
+            if door is not None:
+                door.close()
+        if stop:
+            return 128 + stop[0]
+    except CorralError as exc:
+        sys.stderr.write(f"corral: {exc.message}\n")
+        return exc.code
+    if result.timed_out:
+        sys.stderr.write(f"corral: timed out after {plan.timeout:g}s; the VM was stopped\n")
+    elif result.oom_kills and not opts.get("quiet"):
+        sys.stderr.write(
+            f"corral: limit hit: memory (the guest's OOM killer ended {result.oom_kills})\n"
+        )
+    return result.exit_code
+
+
+def _forward_signals() -> list[int]:
+    """SIGINT/SIGTERM/SIGHUP stop the VM (raised in the main thread, which then
+    stops QEMU on its way out) and the runner exits 128+N."""
+    got: list[int] = []
+
+    def handler(signum: int, _frame: object) -> None:
+        got.append(signum)
+        raise SetupError("stopped by a signal")
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+    return got
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

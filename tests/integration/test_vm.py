@@ -1,0 +1,418 @@
+"""The microvm tier on a real guest: QEMU ``-M microvm``, Debian's kernel, corral's
+initramfs, the host's view over 9p, through ``corral run --tier microvm``.
+
+As root and as an unprivileged user.  Each test boots a guest (2 to 5 s under
+TCG), so all but a quick few are marked slow.  Evidence is taken on the host:
+files that landed or did not, QEMU processes left or not, requests an origin
+received.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shlex
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import ROOT_BASE, Corral, pids_matching, wait_for
+from test_network import Origin, _parent
+
+from corral.vm import setup
+
+SECRET = "vm-secret-4e1b9c"
+PUBLIC = "vm-public-77a0d2"
+CURL = "curl -sS --noproxy '' --max-time 20"
+
+
+def _why_not() -> str:
+    from corral.errors import CorralError
+    from corral.vm import run
+
+    if not setup.installed(setup.SYSTEM_DIR):
+        return f"no guest kernel in {setup.SYSTEM_DIR} (run: {setup.SETUP_COMMAND} --system)"
+    try:
+        run.requirements()
+    except CorralError as exc:
+        return exc.message
+    return ""
+
+
+WHY_NOT = _why_not()
+if WHY_NOT:
+    pytest.skip(f"microvm cannot run here: {WHY_NOT}", allow_module_level=True)
+
+
+def cache_for(c: Corral) -> str:
+    """One cache per user for the whole session: the initramfs is built and the
+    accelerator probed once, not per test."""
+    base = ROOT_BASE if os.geteuid() == 0 else Path.home()
+    path = base / f"vm-cache-{c.who}"
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, c.uid, c.gid)
+    return str(path)
+
+
+def tmp_for(c: Corral, ws: Path) -> str:
+    """corral's own TMPDIR for one test (its door's directory lands there): what a
+    run leaves is told apart from what neighbouring runs of the same user make."""
+    path = ws.parent / "corral-tmp"
+    if not path.exists():
+        path.mkdir()
+        os.chown(path, c.uid, c.gid)
+    return str(path)
+
+
+def vm_env(c: Corral, ws: Path) -> dict[str, str]:
+    return c.env({"XDG_CACHE_HOME": cache_for(c), "TMPDIR": tmp_for(c, ws)})
+
+
+def vm_argv(c: Corral, args: list[str]) -> list[str]:
+    return c.python_argv(["-m", "corral", "run", "--tier", "microvm", "-q", *args])
+
+
+def vm(
+    c: Corral, ws: Path, *args: str, timeout: float = 180, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        vm_argv(c, list(args)),
+        cwd=ws,
+        env=vm_env(c, ws),
+        capture_output=True,
+        timeout=timeout,
+        input=stdin if stdin is not None else b"",
+    )
+
+
+def vm_popen(c: Corral, ws: Path, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        vm_argv(c, list(args)),
+        cwd=ws,
+        env=vm_env(c, ws),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def qemus_of(runner_pid: int) -> list[int]:
+    """QEMU (or its bubblewrap) started by this corral: it names the VM after its pid."""
+    return pids_matching(f"qemu-system-x86_64 -name corral-vm-{runner_pid}-")
+
+
+def test_exit_code_and_separate_output(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    r = vm(c, ws, "--", "sh", "-c", "cat; echo out; echo err >&2; exit 7", stdin=b"in\n")
+    assert (r.returncode, r.stdout, r.stderr) == (7, b"in\nout\n", b"err\n")
+    killed = vm(c, ws, "--", "sh", "-c", "echo before; kill -TERM $$; echo after")
+    assert (killed.returncode, killed.stdout, killed.stderr) == (
+        128 + signal.SIGTERM,
+        b"before\n",
+        b"",
+    )
+
+
+@pytest.mark.slow
+def test_workspace_writes_land_and_writes_outside_fail(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    script = """
+        echo landed > inside.txt && echo inside-ok
+        echo x > "$HOME/outside.txt" || echo home-refused
+        touch /usr/corral-vm-test || echo usr-refused
+        id -u
+    """
+    r = vm(c, ws, "--", "sh", "-c", script)
+    out = r.stdout.decode()
+    assert r.returncode == 0, r.stderr
+    assert (ws / "inside.txt").read_text() == "landed\n" and "inside-ok" in out  # allow twin
+    assert (ws / "inside.txt").stat().st_uid == c.uid  # the caller's file, as on other tiers
+    assert "home-refused" in out and not (c.home / "outside.txt").exists()
+    assert "usr-refused" in out and not Path("/usr/corral-vm-test").exists()
+    assert out.split()[-1] == str(c.uid)
+
+
+@pytest.mark.slow
+def test_secrets_stay_absent_even_for_the_guests_root(sandbox: tuple[Corral, Path]) -> None:
+    """The masks are on the host side of 9p, not mounts in the guest: there is
+    nothing for the guest's root to unmount, and what it asks QEMU for behind a
+    mask is refused by the host (or is an empty file), chmod and rename included."""
+    c, ws = sandbox
+    ssh = c.home / ".ssh"
+    ssh.mkdir()
+    (ssh / "id_ed25519").write_text(SECRET)
+    (c.home / "notes.txt").write_text(PUBLIC)
+    (ws / ".env").write_text(f"TOKEN={SECRET}\n")  # a secret inside the writable workspace
+    c.chown(ssh, c.home / "notes.txt", ws / ".env")
+    script = f"""
+        id -u
+        cat "$HOME/.ssh/id_ed25519" || echo read-refused
+        chmod 644 "$HOME/.ssh" "$HOME/.ssh/id_ed25519" || echo chmod-refused
+        cat .env || echo env-refused
+        chmod 644 .env || echo env-chmod-refused
+        mv .env moved || echo env-rename-refused
+        rm -f .env || echo env-remove-refused
+        grep -c -e " $HOME/.ssh " -e " $PWD/.env " /proc/mounts || echo no-guest-mount
+        cat "$HOME/notes.txt"
+        grep -r {SECRET} "$HOME" . 2>/dev/null || echo not-found
+    """
+    r = vm(c, ws, "--", "sh", "-c", script)
+    out = r.stdout.decode()
+    assert out, r.stderr
+    assert out.split()[0] == ("0" if c.who == "root" else str(c.uid))  # root: the guest's root
+    assert SECRET not in out + r.stderr.decode()
+    for refused in ("read-refused", "chmod-refused", "env-refused", "env-chmod-refused"):
+        assert refused in out
+    assert "env-rename-refused" in out and "env-remove-refused" in out
+    assert "no-guest-mount" in out and "not-found" in out
+    assert PUBLIC in out  # allow twin: the rest of home reads
+    assert (ssh / "id_ed25519").read_text() == SECRET  # untouched on the host
+    assert (ws / ".env").read_text() == f"TOKEN={SECRET}\n" and not (ws / "moved").exists()
+
+
+@pytest.mark.slow
+def test_secrets_created_after_launch_stay_absent(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    script = """
+        touch started
+        while [ ! -e go ]; do sleep 0.1; done
+        cat "$HOME/.aws/credentials" || echo secret-absent
+        cat late.txt
+    """
+    proc = vm_popen(c, ws, "--", "sh", "-c", script)
+    try:
+        assert wait_for(lambda: (ws / "started").exists(), 120)
+        aws = c.home / ".aws"
+        aws.mkdir()
+        (aws / "credentials").write_text(SECRET)  # a key made mid-run
+        (ws / "late.txt").write_text(PUBLIC)  # allow twin: a new workspace file shows
+        c.chown(aws, ws / "late.txt")
+        (ws / "go").write_text("")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert SECRET not in out.decode() and "secret-absent" in out.decode()
+    assert PUBLIC in out.decode()
+
+
+@pytest.mark.slow
+def test_write_protected_paths_are_read_only(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    hooks = ws / ".git" / "hooks"
+    hooks.mkdir(parents=True)
+    (ws / ".git" / "config").write_text("[core]\n")
+    c.chown(ws / ".git")
+    script = """
+        echo "[alias] x = !evil" >> .git/config || echo config-refused
+        touch .git/hooks/pre-commit || echo hooks-refused
+        echo fine > src.txt && echo src-ok
+    """
+    r = vm(c, ws, "--", "sh", "-c", script)
+    out = r.stdout.decode()
+    assert "config-refused" in out and "hooks-refused" in out
+    assert (ws / ".git" / "config").read_text() == "[core]\n"
+    assert not (hooks / "pre-commit").exists()
+    assert "src-ok" in out and (ws / "src.txt").read_text() == "fine\n"  # allow twin
+
+
+def _leftovers(c: Corral, ws: Path) -> list[str]:
+    """What a run could leave: half-written cache files, door sockets."""
+    found = glob.glob(os.path.join(cache_for(c), "corral", "vm", "*.tmp*"))
+    return found + glob.glob(os.path.join(tmp_for(c, ws), "*"))
+
+
+@pytest.mark.slow
+def test_a_timeout_stops_the_whole_vm(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    before = set(_leftovers(c, ws))
+    # the timeout counts from corral's start: the guest's boot (2 to 5 s under TCG,
+    # more on a busy host) is part of it
+    proc = vm_popen(c, ws, "--timeout", "20", "--", "sh", "-c", "touch started; sleep 120")
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 124, err
+    assert (ws / "started").exists()  # it did run (the allow twin: the VM worked)
+    assert b"timed out after 20s" in err
+    assert wait_for(lambda: not qemus_of(proc.pid), 5)
+    assert set(_leftovers(c, ws)) == before
+
+
+@pytest.mark.slow
+def test_a_killed_corral_takes_the_vm_with_it(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    proc = vm_popen(c, ws, "--", "sh", "-c", "touch started; sleep 120")
+    try:
+        assert wait_for(lambda: (ws / "started").exists(), 120)
+        assert qemus_of(proc.pid)  # the VM is there while its runner lives
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert wait_for(lambda: not qemus_of(proc.pid), 10), qemus_of(proc.pid)
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.slow
+def test_limits_bound_the_guest(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    script = """
+        nproc
+        awk '/MemTotal/ {print $2}' /proc/meminfo
+        python3 -c "$FORKS"
+        python3 -c "$EAT" 2 && echo small-ok
+        python3 -c "$EAT" 40 && echo big-ok
+        echo big-exit=$?
+    """
+    forks = (  # as many children as the pids bound lets it start (the shell would die)
+        "import os, time\n"
+        "kids = []\n"
+        "for _ in range(80):\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    kids.append(pid)\n"
+        "print(f'started={len(kids)}')\n"
+        "for pid in kids:\n"
+        "    os.kill(pid, 9)\n"
+    )
+    eat = (  # 16 MiB at a time, each page touched: the OOM killer, not a failed malloc
+        "import sys\nkept = [bytearray(16 << 20) for _ in range(int(sys.argv[1]))]\n"
+    )
+    script = f"FORKS={shlex.quote(forks)}\nEAT={shlex.quote(eat)}\n{script}"
+    r = vm(c, ws, "--memory", "256M", "--cpus", "2", "--pids", "40", "--", "sh", "-c", script)
+    lines = r.stdout.decode().split()
+    assert lines, r.stderr
+    assert lines[0] == "2"  # vCPUs
+    assert 150_000 < int(lines[1]) <= 256 * 1024  # guest RAM, kB, less the kernel's share
+    started = int(next(w for w in lines if w.startswith("started=")).split("=")[1])
+    assert 0 < started < 40  # the pids bound held; some started (allow twin)
+    assert "small-ok" in lines and "big-ok" not in lines
+    assert "big-exit=137" in lines  # the guest's OOM killer, not the host's
+
+
+@pytest.mark.slow
+def test_the_door_is_the_only_way_out(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    ok, bad = Origin(), Origin()
+    try:
+        script = f"""
+            ip -o link | awk '{{print $2}}'
+            {CURL} -x "$HTTP_PROXY" http://127.0.0.1:{ok.port}/allowed
+            {CURL} -x "$HTTP_PROXY" http://127.0.0.1:{bad.port}/denied; echo
+            python3 -c "$DIRECT"
+        """
+        direct = (  # straight to a host address, past the proxy
+            "import socket; s = socket.socket(); s.settimeout(5); "
+            f'print("direct", s.connect_ex(("10.0.2.2", {ok.port})))'
+        )
+        script = f"DIRECT={shlex.quote(direct)}\n{script}"
+        r = vm(c, ws, "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script)
+    finally:
+        ok.close()
+        bad.close()
+    out = r.stdout.decode()
+    assert out.split()[0] == "lo:" and "eth" not in out  # no network device at all
+    assert "hello from origin" in out and ok.hits == [("GET", "/allowed")]  # allow twin
+    assert '"decision":"deny"' in out.replace(" ", "") and bad.hits == []
+    assert "direct 0" not in out
+
+
+@pytest.mark.slow
+def test_proxy_death_means_no_network(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    ok = Origin()
+    script = f"""
+        {CURL} -x "$HTTP_PROXY" http://127.0.0.1:{ok.port}/before && touch first-ok
+        while [ ! -e killed ]; do sleep 0.1; done
+        {CURL} -x "$HTTP_PROXY" http://127.0.0.1:{ok.port}/after || echo after=failed
+        echo finished
+    """
+    proc = vm_popen(c, ws, "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script)
+    try:
+        assert wait_for(lambda: (ws / "first-ok").exists(), 120)
+        doors = glob.glob(os.path.join(tmp_for(c, ws), "corral-door-*"))
+        pids = [int(p) for d in doors for p in Path(d, "proxy.pid").read_text().split()]
+        own = [p for p in pids if _parent(p) == proc.pid]
+        assert own, (pids, proc.pid)
+        for pid in own:
+            os.kill(pid, signal.SIGKILL)
+        (ws / "killed").write_text("")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        ok.close()
+    text = out.decode()
+    assert "hello from origin" in text and "after=failed" in text and "finished" in text, err
+    assert ok.hits == [("GET", "/before")]
+    assert wait_for(lambda: not qemus_of(proc.pid), 5)
+
+
+@pytest.mark.slow
+def test_a_guest_that_does_not_boot_in_time_is_stopped(sandbox: tuple[Corral, Path]) -> None:
+    """The boot watchdog, made short enough that no boot meets it."""
+    c, ws = sandbox
+    code = (
+        "import sys; from corral.vm import run; run.BOOT_TIMEOUT = 0.3; "
+        "sys.exit(run.main(sys.argv[1:]))"
+    )
+    proc = subprocess.Popen(
+        c.python_argv(["-c", code, "--", "touch", "ran"]),
+        cwd=ws,
+        env=c.env({"XDG_CACHE_HOME": cache_for(c)}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 125
+    assert b"the guest did not boot within 0.3 s" in err
+    assert not (ws / "ran").exists()
+    assert wait_for(lambda: not qemus_of(proc.pid), 5)
+
+
+@pytest.mark.slow
+def test_host_unix_sockets_are_names_the_guest_cannot_reach(sandbox: tuple[Corral, Path]) -> None:
+    """The view does not mask host sockets (a vanished one would fail QEMU's
+    bubblewrap): over 9p a socket is only a name, and connect() in the guest
+    reaches the guest's kernel alone."""
+    import socket
+
+    c, ws = sandbox
+    host_sock = ws / "host.sock"  # the workspace is shared as it is, sockets included
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(host_sock))
+    server.listen(4)
+    server.settimeout(0.1)
+    os.chown(host_sock, c.uid, c.gid)
+    connect = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "print(sys.argv[1], s.connect_ex(sys.argv[2]))\n"
+    )
+    own = (  # the allow twin: a socket bound inside the guest works
+        "import socket\n"
+        "a = socket.socket(socket.AF_UNIX); a.bind('/tmp/own.sock'); a.listen(1)\n"
+        "b = socket.socket(socket.AF_UNIX); print('own', b.connect_ex('/tmp/own.sock'))\n"
+    )
+    script = (
+        f"CONNECT={shlex.quote(connect)}\nOWN={shlex.quote(own)}\n"
+        f'ls -l {host_sock} | cut -c1\npython3 -c "$CONNECT" host {host_sock}\n'
+        'python3 -c "$OWN"\n'
+    )
+    try:
+        r = vm(c, ws, "--", "sh", "-c", script)
+        try:
+            server.accept()
+            reached = True
+        except OSError:
+            reached = False
+    finally:
+        server.close()
+    out = r.stdout.decode().split("\n")
+    assert out[0] == "s", r.stderr  # the name is there, a socket...
+    assert out[1].startswith("host ") and out[1] != "host 0"  # ...that leads nowhere
+    assert out[2] == "own 0" and not reached

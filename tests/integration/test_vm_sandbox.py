@@ -1,0 +1,101 @@
+"""``Sandbox(tier="microvm")`` on a real guest: one VM per sandbox with corral's agent
+inside, started on first use, started again after it died, gone after close().
+
+In-process as root, like the other Sandbox API tests.  The first call boots the
+guest and starts the agent's Python (5 to 10 s under TCG).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT_BASE, pids_matching, wait_for
+from test_vm import WHY_NOT
+
+from corral import policy as pol
+from corral.sandbox import PathDenied, Sandbox
+
+if WHY_NOT:
+    pytest.skip(f"microvm cannot run here: {WHY_NOT}", allow_module_level=True)
+
+SECRET = "vm-sandbox-secret-5d2e"
+
+
+def our_qemus() -> list[int]:
+    """QEMU processes of sandboxes this test process started (named after its pid)."""
+    return pids_matching(f"qemu-system-x86_64 -name corral-vm-{os.getpid()}-")
+
+
+@pytest.fixture
+def home_ws(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
+    base = ROOT_BASE / ("vmapi-" + uuid.uuid4().hex[:10])
+    home, ws, state = base / "home", base / "ws", base / "state"
+    for d in (home, ws, state):
+        d.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    # one cache for the session: the initramfs built and the accelerator probed once
+    monkeypatch.setenv("XDG_CACHE_HOME", str(ROOT_BASE / "vm-cache-api"))
+    try:
+        yield home, ws
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_exec_spawn_files_and_close(home_ws: tuple[Path, Path]) -> None:
+    home, ws = home_ws
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "id_rsa").write_text(SECRET)
+    sb = Sandbox(pol.load(str(ws)), tier="microvm", log=False)
+    try:
+        assert sb.starts == 0 and not our_qemus()  # lazy: nothing booted yet
+        r = sb.exec("cat; echo out; echo err >&2; exit 3", stdin="in\n")
+        assert (r.exit_code, r.stdout, r.stderr) == (3, b"in\nout\n", b"err\n")
+        assert sb.starts == 1 and our_qemus()
+        assert sb.exec(["no-such-command"]).exit_code == 127
+        assert sb.exec("uname -r").stdout.decode().strip() != os.uname().release  # own kernel
+        proc = sb.spawn("echo started; sleep 100")
+        assert wait_for(lambda: proc.read_output()[0] == b"started\n", 30)
+        proc.kill(signal.SIGKILL)
+        assert proc.wait(timeout=30).exit_code == 128 + signal.SIGKILL
+        sb.files.write("sub/notes.txt", "hello")  # parents made in the workspace
+        assert (ws / "sub" / "notes.txt").read_text() == "hello"  # landed on the host
+        assert sb.files.read_text("sub/notes.txt") == "hello"
+        assert [e["name"] for e in sb.files.list("sub")] == ["notes.txt"]
+        assert sb.files.exists("sub/notes.txt") and not sb.files.exists("nope")
+        with pytest.raises(PathDenied):
+            sb.files.read(str(home / ".ssh" / "id_rsa"))  # the deny...
+        with pytest.raises(PathDenied):
+            sb.files.write("/etc/corral-vm-test", "x")
+        assert not Path("/etc/corral-vm-test").exists()
+        r = sb.exec(f"cat {home}/.ssh/id_rsa || echo refused")
+        assert SECRET.encode() not in r.stdout and b"refused" in r.stdout
+        assert "tier: microvm" in sb.describe()
+    finally:
+        sb.close()
+    assert wait_for(lambda: not our_qemus(), 10)  # close() removed the VM
+
+
+@pytest.mark.slow
+def test_a_dead_vm_is_started_again_on_the_next_call(home_ws: tuple[Path, Path]) -> None:
+    _, ws = home_ws
+    with Sandbox(pol.load(str(ws)), tier="microvm", log=False) as sb:
+        assert sb.exec("echo one > one.txt").exit_code == 0
+        for pid in our_qemus():
+            try:
+                os.kill(pid, signal.SIGKILL)  # the VM dies from outside
+            except ProcessLookupError:
+                pass  # bubblewrap and QEMU go together
+        assert wait_for(lambda: not our_qemus(), 10)
+        assert wait_for(lambda: not sb._alive, 10)  # its agent's channel ended
+        r = sb.exec("cat one.txt")  # a fresh VM, the same workspace
+        assert (r.exit_code, r.stdout) == (0, b"one\n")
+        assert sb.starts == 2
+    assert wait_for(lambda: not our_qemus(), 10)

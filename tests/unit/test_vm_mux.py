@@ -1,0 +1,168 @@
+"""The door port's multiplexer with real sockets on both ends (no VM): streams
+carry bytes both ways, half-closes pass through, a stalled reader stalls only
+its own stream, and a door that cannot be reached closes the connection."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.vm import mux
+
+
+class Echo:
+    """A unix-socket server standing in for the door: echoes, or holds its data."""
+
+    def __init__(self, path: str, hold: threading.Event | None = None) -> None:
+        self.path = path
+        self.hold = hold
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(64)
+        self.accepted = 0
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                first = conn.recv(1)
+                if first == b"H" and self.hold is not None:  # a far end that stops reading
+                    self.hold.wait()
+                data = first
+                while data:
+                    conn.sendall(data)
+                    data = conn.recv(65536)
+                conn.shutdown(socket.SHUT_WR)  # echo the half-close
+            except OSError:
+                pass  # the test is over
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def link(tmp_path: Path) -> Iterator[tuple[mux.Mux, str]]:
+    """A guest end and a host end joined by a socket pair (the port), the host end
+    opening connections to ``door.sock``."""
+    guest_side, host_side = socket.socketpair()
+    door = str(tmp_path / "door.sock")
+    host = mux.Mux(os.dup(host_side.fileno()), mux.unix_opener(door))
+    guest = mux.Mux(os.dup(guest_side.fileno()))
+    ended = []
+    for end in (host, guest):
+        done = threading.Event()
+        ended.append(done)
+        threading.Thread(target=lambda e=end, d=done: (e.serve(), d.set()), daemon=True).start()
+    yield guest, door
+    for side in (guest_side, host_side):
+        side.shutdown(socket.SHUT_RDWR)
+        side.close()
+    assert all(done.wait(10) for done in ended)  # each end closed its own descriptor
+
+
+def connect(guest: mux.Mux) -> socket.socket:
+    """What the relay does in the guest: a connection that becomes a stream."""
+    ours, theirs = socket.socketpair()
+    guest.attach(theirs)
+    ours.settimeout(20)
+    return ours
+
+
+def send_quietly(sock: socket.socket, data: bytes, end: bool = False) -> None:
+    try:
+        sock.sendall(data)
+        if end:
+            sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the stream was closed when the test ended
+
+
+def read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_streams_carry_bytes_both_ways_and_half_close(link: tuple[mux.Mux, str]) -> None:
+    guest, door = link
+    echo = Echo(door)
+    payloads = [os.urandom(n) for n in (1, 1000, 3 * mux.WINDOW + 17)]
+    conns = [connect(guest) for _ in payloads]
+    for conn, data in zip(conns, payloads, strict=True):
+        threading.Thread(target=send_quietly, args=(conn, data, True), daemon=True).start()
+    for conn, data in zip(conns, payloads, strict=True):
+        assert read_all(conn) == data  # all of it back, then end of file
+        conn.close()
+    assert echo.accepted == 3  # one door connection per stream
+    echo.close()
+
+
+def test_a_stalled_stream_does_not_stall_the_others(link: tuple[mux.Mux, str]) -> None:
+    guest, door = link
+    hold = threading.Event()
+    echo = Echo(door, hold)
+    stalled = connect(guest)
+    # more than the window: the far end does not read, so the sender must wait
+    threading.Thread(
+        target=send_quietly, args=(stalled, b"H" + b"x" * (4 * mux.WINDOW)), daemon=True
+    ).start()
+    time.sleep(0.3)
+    other = connect(guest)
+    other.sendall(b"hello")
+    other.shutdown(socket.SHUT_WR)
+    assert read_all(other) == b"hello"
+    other.close()
+    hold.set()
+    stalled.settimeout(20)
+    assert len(stalled.recv(65536)) > 0
+    stalled.close()
+    echo.close()
+
+
+def test_no_door_means_the_connection_just_closes(link: tuple[mux.Mux, str]) -> None:
+    guest, door = link
+    conn = connect(guest)  # nothing listens on the door: the proxy is gone
+    try:
+        conn.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        answer = read_all(conn)
+    except (BrokenPipeError, ConnectionResetError):
+        answer = b""  # closed before the request was even written
+    assert answer == b""
+    conn.close()
+    echo = Echo(door)  # and the allow twin: with the door back, the same works
+    conn = connect(guest)
+    conn.sendall(b"ping")
+    conn.shutdown(socket.SHUT_WR)
+    assert read_all(conn) == b"ping"
+    conn.close()
+    echo.close()
+
+
+def test_the_port_closing_ends_every_stream(tmp_path: Path) -> None:
+    guest_side, host_side = socket.socketpair()
+    guest = mux.Mux(os.dup(guest_side.fileno()))
+    done = threading.Event()
+    threading.Thread(target=lambda: (guest.serve(), done.set()), daemon=True).start()
+    conn = connect(guest)
+    host_side.close()  # QEMU is gone
+    assert done.wait(10)
+    assert read_all(conn) == b""
+    conn.close()
+    guest_side.close()
+    del tmp_path

@@ -1,0 +1,161 @@
+"""The microvm tier's plan from fabricated host facts: nothing launched, no host read
+by plan() (the facts name a kernel, QEMU and bubblewrap that need not exist)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral import fsplan
+from corral.errors import RefusedError
+from corral.fsplan import Mount
+from corral.policy import Policy
+from corral.tiers import get
+from corral.tiers.microvm import MicroVMTier, VmFacts, VmStrategy
+from corral.vm import probe, qemu, setup
+from corral.vm.run import VmHost
+
+
+def facts_for(policy: Policy, accel: str = "tcg") -> VmFacts:
+    host = VmHost(
+        setup.Assets("/fake/kernel-6.1", "6.1.0-test", ["virtio_mmio"]),
+        "/usr/bin/qemu-system-x86_64",
+        "/usr/bin/bwrap",
+        "/fake/initramfs.cpio",
+        probe.Decision(accel, f"{accel.upper()}: as the test says"),
+        qemu.HostFacts(2_000_000, {"/bin": "usr/bin"}),
+        cpus=4,
+        uid=1000,
+        gid=1000,
+        owner=4242,
+    )
+    facts = VmFacts(host, token="abc123")
+    facts.fs = fsplan.plan_filesystem(policy)
+    return facts
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Policy:
+    p = Policy(str(tmp_path))
+    p.limits.defaults = {"memory": 8 << 30, "pids": 4096}
+    return p
+
+
+def test_the_registry_has_the_tier_with_its_strategy() -> None:
+    tier = get("microvm")
+    assert isinstance(tier, MicroVMTier) and tier.strategy is VmStrategy
+    assert VmStrategy.lazy  # Sandbox: booted on first use, again after the VM died
+
+
+def test_plan_is_qemu_in_bwrap_with_the_policys_bounds(policy: Policy) -> None:
+    policy.limits.memory = 256 << 20
+    policy.limits.cpus = 2
+    policy.limits.pids = 64
+    plan = MicroVMTier().plan(policy, ["echo", "hi"], host=facts_for(policy))
+    assert isinstance(plan.strategy, VmStrategy)
+    argv = plan.argv
+    assert argv[0] == "/usr/bin/bwrap" and "/usr/bin/qemu-system-x86_64" in argv
+    q = argv[argv.index("/usr/bin/qemu-system-x86_64") :]
+    assert q[q.index("-m") + 1].startswith("256") and q[q.index("-smp") + 1].startswith("2")
+    assert "corral-vm-4242-abc123" in q  # named after corral's pid: ps shows whose VM
+    assert q[q.index("-accel") + 1] == f"tcg,tb-size={qemu.TCG_CODE_MIB}"  # a small code cache
+    assert plan.bounds["memory"].value == 256 << 20 and plan.bounds["memory"].enforced
+    assert plan.bounds["pids"].enforced and plan.bounds["cpus"].how == "2 vCPU(s)"
+    assert plan.strategy.vm.timeout is None  # the launcher's timeout stops the VM
+    assert plan.fds == {}  # the runner makes its own channels
+    launch = plan.strategy.vm.launch
+    assert launch is not None and launch.pids == 64 and not launch.network
+
+
+def test_a_default_memory_bound_is_capped_and_says_so(policy: Policy) -> None:
+    plan = MicroVMTier().plan(policy, ["true"], host=facts_for(policy))
+    assert plan.bounds["memory"].value == qemu.GUEST_MEMORY_DEFAULT << 20
+    assert plan.bounds["memory"].source == "default"
+
+
+def test_explain_names_the_accelerator_the_mounts_and_qemus_argv(policy: Policy) -> None:
+    text = MicroVMTier().plan(policy, ["true"], host=facts_for(policy)).describe()
+    assert "tier: microvm" in text and "accelerator: TCG: as the test says" in text
+    assert "the guest mounts:" in text and "/ <- 9p" in text
+    last = text.splitlines()[-1]
+    assert last.startswith("argv: /usr/bin/bwrap") and "qemu-system-x86_64" in last
+
+
+def test_what_a_guest_cannot_have_is_refused(policy: Policy) -> None:
+    tier = MicroVMTier()
+    with pytest.raises(RefusedError, match="descriptors cannot be passed"):
+        tier.plan(policy, ["true"], pass_fds=[5], host=facts_for(policy))
+    policy.network.mode = "proxy"
+    policy.network.transparent = True
+    with pytest.raises(RefusedError, match="--transparent"):
+        tier.plan(policy, ["true"], door="/tmp/door.sock", host=facts_for(policy))
+
+
+def test_the_agent_bind_is_served_by_the_guests_own_copy(policy: Policy) -> None:
+    tier = MicroVMTier()
+    agent = Mount("ro-bind", "/run/corral/agent.py", "/src/agent.py", "the sandbox's agent")
+    plan = tier.plan(
+        policy, ["python3", "/run/corral/agent.py"], extra=[agent], host=facts_for(policy)
+    )
+    assert "/src/agent.py" not in plan.argv  # not in QEMU's view: the initramfs has it
+    with pytest.raises(ValueError, match="no guest copy"):
+        tier.plan(
+            policy, ["true"], extra=[Mount("ro-bind", "/x", "/y", "")], host=facts_for(policy)
+        )
+
+
+def test_with_a_network_the_relay_runs_first_in_the_guest(policy: Policy) -> None:
+    policy.network.mode = "proxy"
+    plan = MicroVMTier().plan(policy, ["curl", "x"], door="/tmp/d.sock", host=facts_for(policy))
+    assert isinstance(plan.strategy, VmStrategy)
+    launch = plan.strategy.vm.launch
+    assert launch is not None and launch.network
+    assert "/run/corral/guestdoor.py" in launch.argv and launch.argv[-2:] == ["curl", "x"]
+    assert "HTTP_PROXY" in launch.env and "HTTP_PROXY" in plan.env
+
+
+def test_without_a_guest_kernel_the_tier_refuses_with_the_setup_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from corral import cli
+
+    monkeypatch.setattr(setup, "installed", lambda cache=None: [])
+    health = MicroVMTier().health()
+    assert not health.available
+    assert health.reason.endswith(f"no guest kernel is set up; run: {setup.SETUP_COMMAND}")
+    try:
+        code = cli.main(["run", "--tier", "microvm", "--", "true"])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert code == 122 and err.count("\n") == 1 and setup.SETUP_COMMAND in err
+
+
+def test_firecracker_refuses_with_every_reason_and_even_when_complete(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from corral.tiers import planned
+
+    monkeypatch.setattr(planned, "kvm_boots", lambda probe=False: (False, "TCG: KVM is PVM"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CORRAL_FIRECRACKER_KERNEL", raising=False)
+    monkeypatch.delenv("CORRAL_FIRECRACKER_ROOTFS", raising=False)
+    reason = get("firecracker").health().reason
+    for missing in (
+        "a KVM that boots guests (TCG: KVM is PVM)",
+        "the firecracker binary on PATH",
+        "the jailer binary on PATH",
+        "an operator-supplied guest kernel (none configured)",
+        "an operator-supplied guest root filesystem (none configured)",
+    ):
+        assert missing in reason
+    # everything present: still refused, and says why
+    for name in ("firecracker", "jailer", "vmlinux", "rootfs.ext4"):
+        (tmp_path / name).write_text("")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setattr(planned, "kvm_boots", lambda probe=False: (True, "KVM"))
+    monkeypatch.setenv("CORRAL_FIRECRACKER_KERNEL", str(tmp_path / "vmlinux"))
+    monkeypatch.setenv("CORRAL_FIRECRACKER_ROOTFS", str(tmp_path / "rootfs.ext4"))
+    health = get("firecracker").health()
+    assert not health.available and "no Firecracker launcher" in health.reason
