@@ -9,10 +9,11 @@ Benchmarks (each a module in bench/ with ``rows(quick)``; see bench/common.py):
 available, next to sh and raw bwrap), ``network`` (a run with a network next
 to one without, and the first GET through a new door), ``warm_exec``
 (``Sandbox.exec`` against a
-fresh ``corral run``), ``proxy`` (corral's proxy next to squid and a direct
-connection, and the door's added latency), ``tls`` (TLS inspection next to
-squid with ssl-bump and mitmdump, and the plain proxy next to ``main``),
-``container_exec`` (when
+fresh ``corral run``), ``runtime`` (a tool call through corral's agent runtime,
+model time excluded, next to a bare ``AsyncSandbox.exec``), ``proxy`` (corral's
+proxy next to squid and a direct connection, and the door's added latency),
+``tls`` (TLS inspection next to squid with ssl-bump and mitmdump, and the
+plain proxy next to ``main``), ``container_exec`` (when
 bench/container_exec.py exists in this checkout), ``microvm`` (bench/vm_boot.py:
 ``corral run --tier microvm -- true`` next to raw QEMU booting the same kernel
 and initramfs, warm ``Sandbox.exec`` in a VM, an idle VM's QEMU RSS) and ``peers`` (srt and codex
@@ -45,6 +46,7 @@ NAMES = (
     "run_latency",
     "network",
     "warm_exec",
+    "runtime",
     "proxy",
     "tls",
     "container_exec",
@@ -119,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import warm_exec
 
             rows += warm_exec.rows(args.quick)
+        elif name == "runtime":
+            from bench import runtime_overhead
+
+            rows += runtime_overhead.rows(args.quick)
         elif name == "proxy":
             from bench import proxy_throughput
 

@@ -187,6 +187,42 @@ NOT_FOR_MCP = {
 }
 SHELL_OPTIONS: Options = {k: v for k, v in RUN_OPTIONS.items() if k not in NOT_FOR_SHELL}
 MCP_OPTIONS: Options = {k: v for k, v in RUN_OPTIONS.items() if k not in NOT_FOR_MCP}
+_AGENT_OWN: Options = {
+    "--task": ("task", "value", "TEXT", "run: the task to do; the answer is printed"),
+    "--model": ("model", "value", "M", "the model's name (default: $CORRAL_AGENT_MODEL)"),
+    "--base-url": (
+        "base_url",
+        "value",
+        "URL",
+        "an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 (default: "
+        "$CORRAL_AGENT_BASE_URL); the key is read from $CORRAL_AGENT_API_KEY or "
+        "$OPENAI_API_KEY and never enters the sandbox",
+    ),
+    "--dir": (
+        "dir",
+        "value",
+        "DIR",
+        "the agent's directory: its activity log and config.toml "
+        "(default: $XDG_STATE_HOME/corral/agents/default)",
+    ),
+    "--max-turns": ("max_turns", "value", "N", "model turns per event at most (default 10)"),
+    "--every": ("every", "value", "DURATION", "serve: an event this often (e.g. 30s, 5m)"),
+    "--stdin": ("stdin", "flag", "", "serve: an event per line on standard input"),
+    "--watch": ("watch", "flag", "", "serve: an event when files in the workspace change"),
+    "--webhook": (
+        "webhook",
+        "value",
+        "PORT",
+        "serve: an event per POST to http://127.0.0.1:PORT/ with Authorization: Bearer "
+        "TOKEN ($CORRAL_AGENT_WEBHOOK_TOKEN, else made and kept in DIR/webhook.token)",
+    ),
+}
+AGENT_OPTIONS: Options = {**MCP_OPTIONS, **_AGENT_OWN}
+AGENT_LOG_OPTIONS: Options = {
+    "--dir": _AGENT_OWN["--dir"],
+    "-n": ("n", "value", "N", "how many records (default 50; 0: all)"),
+    "--json": ("json", "flag", "", "the raw JSON lines"),
+}
 POLICY_IMPORT_OPTIONS: Options = {
     "--workspace": (
         "workspace",
@@ -289,6 +325,11 @@ COMMANDS: dict[str, tuple[str, str, Options]] = {
         SHELL_OPTIONS,
     ),
     "mcp": ("[OPTIONS]", "an MCP server (stdio) on one sandbox", MCP_OPTIONS),
+    "agent": (
+        "run --task TEXT|serve|log [OPTIONS]",
+        "corral's own agent: a model whose every tool call runs in one sandbox",
+        AGENT_OPTIONS,
+    ),
     "doctor": ("[OPTIONS]", "which tiers can run here, and why not", DOCTOR_OPTIONS),
     "log": ("[OPTIONS]", "the last runs; with --net, the proxy's decisions", LOG_OPTIONS),
     "policy": (
@@ -698,28 +739,44 @@ def cmd_mcp(args: list[str]) -> int:
     opts, _ = parse(args, MCP_OPTIONS, False, command="mcp", refused=NOT_FOR_MCP)
     policy = build_policy(opts)
     try:
-        import mcp.server.mcpserver  # noqa: F401  (the SDK, checked before a sandbox starts)
+        import mcp.server.lowlevel  # noqa: F401  (the SDK, checked before a sandbox starts)
 
         from corral import mcp_server
     except ImportError:
         from corral.errors import RefusedError
 
         raise RefusedError("corral mcp needs the mcp package: pip install 'corral[mcp]'") from None
-    from corral.sandbox import Sandbox
+    import anyio
+
+    from corral.sandbox import AsyncSandbox
 
     # stdout carries the protocol: nothing else may be printed there; stderr is
     # the server's log, where the tier line and notes go as for corral run
     log = opts.get("log")
-    with Sandbox(policy, log=str(log) if log else None, kind="mcp") as sb:
-        if not opts.get("quiet"):
-            _err(f"corral: mcp server on a {sb.tier.name} sandbox; workspace {policy.workspace}")
-            for note in sb.notes:
-                _err(f"corral: note: {note}")
-        mcp_server.serve(sb)
+    sb = AsyncSandbox(policy, log=str(log) if log else None, kind="mcp")
+
+    async def main() -> None:
+        async with sb:
+            if not opts.get("quiet"):
+                _err(
+                    f"corral: mcp server on a {sb.tier.name} sandbox; workspace {policy.workspace}"
+                )
+                for note in sb.notes:
+                    _err(f"corral: note: {note}")
+            await mcp_server.serve(sb)
+
+    anyio.run(main)
     for denial in sb.denials:
         if denial.text:
             _err(f"corral: {denial.text}")
     return 0
+
+
+def cmd_agent(args: list[str]) -> int:
+    """``corral agent run|serve|log`` (corral.agentcli)."""
+    from corral import agentcli
+
+    return agentcli.main(args)
 
 
 def _open_door(
@@ -1398,6 +1455,7 @@ def main(argv: list[str] | None = None) -> int:
             "run": cmd_run,
             "shell": cmd_shell,
             "mcp": cmd_mcp,
+            "agent": cmd_agent,
             "doctor": cmd_doctor,
             "log": cmd_log,
             "proxy": cmd_proxy,

@@ -59,6 +59,8 @@ def help_text(command: str | None = None) -> str:
         text += "\n" + _exit_codes()
     elif command in ("pending", "approve", "deny"):
         text += "\n" + _ANSWER_NOTES
+    elif command == "agent":
+        text += "\n" + _AGENT_NOTES
     return text
 
 
@@ -73,6 +75,24 @@ exit codes:
     1  no such request is waiting (answered, timed out, or never was), or refused
     2  bad command line
   122  the control directory is not yours alone
+"""
+
+
+_AGENT_NOTES = """\
+corral agent run does one task and prints the model's answer; corral agent serve
+waits for events (--every, --stdin) until SIGINT or SIGTERM; corral agent log shows
+the agent's activity log (DIR/activity.jsonl).  The model is asked from this
+process, on the host: only its tool calls run in the sandbox, so its key never
+enters it.
+
+exit codes (corral agent run):
+    0  the model answered
+    1  the model did not finish within --max-turns
+    2  bad command line, or no model server / model given
+    3  the model server could not be used: unreachable, an error status, a
+       malformed response
+  122  refused: the tier or a requested limit is not available on this host
+  125  the sandbox could not be set up
 """
 
 

@@ -1,0 +1,506 @@
+"""corral's own agent runtime: events in, a model decides, every tool call runs
+in one long-lived corral sandbox.
+
+    rt = Runtime(ChatBrain(url, model, key), policy, directory="~/.local/state/corral/agents/a")
+    await rt.start()
+    answer = await rt.fire(Event("task", "make the tests pass"))
+    await rt.stop()
+
+Listeners (:class:`Timer`, :class:`StdinLines`, :class:`FileWatch`,
+:class:`Webhook`) feed an asyncio queue; the route loop takes one event at a
+time: model turn (system prompt with the sandbox's ``describe()``, the recent
+history, the tools' schemas) → each tool call run in the sandbox → results
+back to the model → again, until it answers without tool calls or
+``max_turns``.  A tool that fails, times out or is refused is a tool error
+with corral's reason for the model; a model that cannot be asked ends that
+event with an error in the log, and the loop waits for the next one.
+
+The runtime and its brain run on the host: the model's key never enters the
+sandbox.  Named differently from :mod:`corral.agent`, the process inside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral import runlog
+from corral.brain import KEY_VARIABLES, Brain, BrainError, Reply
+from corral.errors import CorralError
+from corral.memory import Memory
+from corral.sandbox import AsyncSandbox
+from corral.tools import TOOLS, Toolbox
+
+JSON = dict[str, object]
+MAX_TURNS = 10
+COMMAND_TIMEOUT = 300.0  # seconds for a command the model gave no timeout (the loop never hangs)
+HISTORY_EVENTS = 5  # the events whose messages the model sees again
+
+SYSTEM = (
+    "You are an agent run by corral. You act only through the tools you are given; "
+    "every tool runs inside a corral sandbox, never on the host. A tool that is refused "
+    "answers with corral's reason: do not retry what the policy forbids. When the task "
+    "is done, answer with a short final message and no tool calls."
+)
+
+
+@dataclass
+class Event:
+    """Something that wakes the agent: ``kind`` (task, timer, stdin, file,
+    webhook) and the text the model reads."""
+
+    kind: str
+    text: str
+    data: JSON = field(default_factory=dict)
+
+
+@dataclass
+class Answer:
+    """How an event ended: ``finish`` is "stop" (the model answered), "max_turns"
+    or "error" (``error`` says what)."""
+
+    text: str
+    finish: str
+    turns: int
+    error: str | None = None
+
+
+class ActivityLog:
+    """One JSON line per step (wake, model, tool, answer, error, ask, start,
+    stop), written and flushed as it happens: ``<directory>/activity.jsonl``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        except OSError as exc:
+            raise CorralError(f"the agent's log {path}: {exc.strerror or exc}") from None
+
+    def write(self, kind: str, **fields: object) -> None:
+        runlog.append({"t": runlog.iso(time.time()), "kind": kind, **fields}, str(self.path))
+
+
+# a listener runs as a task of its own while the runtime runs: it calls rt.fire()
+Listener = Callable[["Runtime"], Awaitable[None]]
+
+
+class Runtime:
+    def __init__(
+        self,
+        brain: Brain,
+        policy: object = None,
+        *,
+        directory: str | os.PathLike[str],
+        max_turns: int = MAX_TURNS,
+        on_ask: Callable[[object], object] | None = None,
+        listeners: Sequence[Listener] = (),
+        **sandbox: object,
+    ) -> None:
+        """``policy``: as :class:`~corral.sandbox.AsyncSandbox` takes it (None: the
+        workspace's); ``sandbox``: its other keywords (tier, workspace, image...).
+        ``on_ask``: answers the network requests an ask rule holds (None: deny).
+        ``directory``: the agent's own (its activity log), on the host."""
+        self.brain = brain
+        self.directory = Path(directory).expanduser()
+        self.log = ActivityLog(self.directory / "activity.jsonl")
+        self.max_turns = max_turns
+        self.listeners = list(listeners)
+        self._on_ask = on_ask
+        self._policy = policy
+        self._sandbox_options = sandbox
+        self.sb: AsyncSandbox | None = None
+        self.box: Toolbox | None = None
+        self.queue: asyncio.Queue[tuple[Event, asyncio.Future[Answer]]] = asyncio.Queue()
+        self.history: list[list[JSON]] = []  # the messages of each recent event
+        self._tasks: list[asyncio.Task[None]] = []
+        # an event is being handled; events handled so far (a file watcher takes in
+        # the changes made meanwhile silently: they are the agent's own)
+        self.busy = False
+        self.handled = 0
+        self.memory = Memory(self.directory / "memory")
+        self.tools = [t.schema() for t in TOOLS.values()]  # all: this toolbox has a memory
+
+    # -- life cycle -------------------------------------------------------------------
+
+    async def start(self) -> Runtime:
+        """Open the sandbox, then start the route loop and the listeners."""
+        from corral import policy as pol
+
+        policy = self._policy
+        if policy is None:
+            workspace = self._sandbox_options.get("workspace")
+            policy = pol.load(str(workspace) if workspace else None)
+        _keep_key_out(policy)
+        try:
+            made = self.memory.ensure()
+        except OSError as exc:
+            raise CorralError(f"the agent's memory {self.memory.dir}: {exc.strerror}") from None
+        options = dict(self._sandbox_options)
+        options.pop("workspace", None)  # the policy has it now
+        self.sb = AsyncSandbox(policy, on_ask=self._ask, kind="agent", **options)  # type: ignore[arg-type]
+        try:
+            await self.sb.start()
+        except BaseException as exc:
+            self.log.write("error", where="start", message=_line(exc))
+            raise
+        self.box = Toolbox(self.sb, self.memory, COMMAND_TIMEOUT)
+        self.log.write("start", tier=self.sb.tier.name, run_id=self.sb.run_id)
+        if made:
+            self.log.write("memory", created=str(self.memory.index))
+        self._tasks = [asyncio.create_task(self._route())]
+        self._tasks += [asyncio.create_task(self._listen(lis)) for lis in self.listeners]
+        return self
+
+    async def stop(self) -> None:
+        """Stop the listeners and the loop, close the sandbox and the brain."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks = []
+        while not self.queue.empty():  # events nobody will answer now
+            _, future = self.queue.get_nowait()
+            if not future.done():
+                future.cancel()
+        await self.brain.close()
+        if self.sb is not None:
+            await self.sb.close()
+            denials = [d.text for d in self.sb.denials if d.text]
+            self.log.write("stop", denials=denials)
+            self.sb = None
+
+    async def __aenter__(self) -> Runtime:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def fire(self, event: Event) -> asyncio.Future[Answer]:
+        """Queue ``event``; the future holds its :class:`Answer`."""
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self.queue.put_nowait((event, future))
+        return future
+
+    # -- the route loop ---------------------------------------------------------------
+
+    async def _route(self) -> None:
+        while True:
+            event, future = await self.queue.get()
+            self.busy = True
+            try:
+                answer = await self.handle(event)
+            except Exception as exc:  # a bug of ours: logged, and the loop goes on
+                self.log.write("error", where="route", message=_line(exc))
+                answer = Answer("", "error", 0, _line(exc))
+            finally:
+                self.busy = False
+                self.handled += 1
+            if not future.done():
+                future.set_result(answer)
+
+    async def _listen(self, listener: Listener) -> None:
+        try:
+            await listener(self)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.log.write("error", where="listener", message=_line(exc))
+
+    def system_prompt(self) -> str:
+        assert self.sb is not None
+        return f"{SYSTEM}\n\n{self.sb.describe()}"
+
+    async def handle(self, event: Event) -> Answer:
+        """One event, to the end: turns of the model and its tool calls."""
+        self.log.write("wake", event=event.kind, text=event.text, data=event.data)
+        mine: list[JSON] = [{"role": "user", "content": f"[{event.kind}] {event.text}"}]
+        self.history.append(mine)
+        del self.history[:-HISTORY_EVENTS]
+        system: JSON = {"role": "system", "content": self.system_prompt()}
+        for turn in range(1, self.max_turns + 1):
+            messages = [system, *(m for msgs in self.history for m in msgs)]
+            began = time.monotonic()
+            try:
+                reply = await self.brain.turn(messages, self.tools)
+            except BrainError as exc:
+                self.log.write("error", where="model", turn=turn, message=exc.message)
+                return self._answer(Answer("", "error", turn, exc.message))
+            self._log_reply(turn, reply, time.monotonic() - began)
+            mine.append(reply.message())
+            if not reply.tool_calls:
+                return self._answer(Answer(reply.content or "", "stop", turn))
+            for tool_call in reply.tool_calls:
+                mine.append(await self._run_tool(tool_call.id, tool_call.name, tool_call.arguments))
+        message = f"stopped after max_turns={self.max_turns} turns without a final answer"
+        self.log.write("error", where="max_turns", message=message)
+        return self._answer(Answer("", "max_turns", self.max_turns, message))
+
+    async def _run_tool(self, ident: str, name: str, arguments: str) -> JSON:
+        assert self.box is not None
+        began = time.monotonic()
+        outcome = await self.box.call(name, arguments)
+        self.log.write(
+            "tool",
+            id=ident,
+            name=name,
+            arguments=arguments,
+            exit_code=outcome.exit_code,
+            seconds=round(time.monotonic() - began, 4),
+            error=outcome.error,
+            denials=outcome.denials,
+        )
+        return {"role": "tool", "tool_call_id": ident, "content": outcome.text()}
+
+    def _log_reply(self, turn: int, reply: Reply, seconds: float) -> None:
+        self.log.write(
+            "model",
+            turn=turn,
+            content=reply.content,
+            tool_calls=[
+                {"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls
+            ],
+            finish_reason=reply.finish_reason,
+            usage=reply.usage,
+            seconds=round(seconds, 4),
+        )
+
+    def _answer(self, answer: Answer) -> Answer:
+        self.log.write(
+            "answer", finish=answer.finish, turns=answer.turns, text=answer.text, error=answer.error
+        )
+        return answer
+
+    # -- network asks -----------------------------------------------------------------
+
+    async def _ask(self, info: object) -> object:
+        """A request an ask rule holds: the runtime's callback decides; none: deny."""
+        from corral.net.asking import Decision
+
+        where = (
+            f"{getattr(info, 'method', '')} {getattr(info, 'host', '')}:{getattr(info, 'port', '')}"
+        )
+        if self._on_ask is None:
+            self.log.write("ask", request=where, decision="deny", why="no approval callback")
+            return Decision.deny()
+        try:
+            result = self._on_ask(info)
+            if asyncio.iscoroutine(result):
+                result = await result
+            decision = Decision.read(result)
+        except Exception as exc:
+            self.log.write("ask", request=where, decision="deny", why=_line(exc))
+            return Decision.deny()
+        self.log.write("ask", request=where, decision="allow" if decision.allow else "deny")
+        return decision
+
+
+def _keep_key_out(policy: object) -> None:
+    """The model's key is the runtime's, never the sandbox's: a policy that would
+    pass its variable into the sandbox is refused."""
+    env = getattr(policy, "env", None)
+    names = [*getattr(env, "pass_names", []), *getattr(env, "set_values", {})]
+    leaked = [n for n in KEY_VARIABLES if n in names]
+    if leaked:
+        raise CorralError(
+            f"the policy passes {', '.join(leaked)} into the sandbox; the agent runtime keeps "
+            "the model's key on the host: remove it from [env] pass"
+        )
+
+
+def _line(exc: BaseException) -> str:
+    text = str(getattr(exc, "message", "") or exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# -- listeners ------------------------------------------------------------------------
+
+
+class Timer:
+    """An event every ``interval`` seconds."""
+
+    def __init__(self, interval: float, text: str = "timer tick") -> None:
+        self.interval = interval
+        self.text = text
+
+    async def __call__(self, rt: Runtime) -> None:
+        n = 0
+        while True:
+            await asyncio.sleep(self.interval)
+            n += 1
+            rt.fire(Event("timer", self.text, {"n": n}))
+
+
+class StdinLines:
+    """An event per non-empty line read from ``fd`` (standard input by default);
+    it stops listening at end of file."""
+
+    def __init__(self, fd: int = 0) -> None:
+        self.fd = fd
+
+    async def __call__(self, rt: Runtime) -> None:
+        import stat
+
+        pipe = os.fdopen(os.dup(self.fd), "rb", buffering=0)
+        if stat.S_ISREG(os.fstat(pipe.fileno()).st_mode):  # a file never blocks: read it now
+            with pipe:
+                for line in pipe.read().decode("utf-8", "replace").splitlines():
+                    if line.strip():
+                        rt.fire(Event("stdin", line.strip()))
+            return
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe
+        )
+        try:
+            while line := await reader.readline():
+                text = line.decode("utf-8", "replace").strip()
+                if text:
+                    rt.fire(Event("stdin", text))
+        finally:
+            transport.close()
+
+
+class FileWatch:
+    """An event when files under ``root`` (the workspace by default) change,
+    looked at every ``interval`` seconds.  Changes made while the runtime
+    handles an event are its own tools' (or come with them): they are taken in
+    silently, so an agent does not wake itself."""
+
+    SKIP = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".tox"})
+    LIMIT = 20_000  # entries looked at per scan
+
+    def __init__(self, root: str | None = None, interval: float = 1.0) -> None:
+        self.root = root
+        self.interval = interval
+
+    def scan(self, root: str) -> dict[str, tuple[int, int]]:
+        seen: dict[str, tuple[int, int]] = {}
+        for top, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d not in self.SKIP]
+            for name in files:
+                path = os.path.join(top, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                seen[os.path.relpath(path, root)] = (st.st_mtime_ns, st.st_size)
+                if len(seen) >= self.LIMIT:
+                    return seen
+        return seen
+
+    async def __call__(self, rt: Runtime) -> None:
+        assert rt.sb is not None
+        root = self.root or rt.sb.policy.workspace
+        loop = asyncio.get_running_loop()
+        before = await loop.run_in_executor(None, self.scan, root)
+        handled = rt.handled
+        while True:
+            await asyncio.sleep(self.interval)
+            now = await loop.run_in_executor(None, self.scan, root)
+            changed = sorted(p for p, v in now.items() if before.get(p) != v)
+            removed = sorted(p for p in before if p not in now)
+            quiet = rt.busy or rt.handled != handled or not rt.queue.empty()
+            before, handled = now, rt.handled
+            if (changed or removed) and not quiet:
+                shown = ", ".join([*changed, *(f"{p} (removed)" for p in removed)][:20])
+                rt.fire(
+                    Event(
+                        "file", f"files changed: {shown}", {"changed": changed, "removed": removed}
+                    )
+                )
+
+
+class Webhook:
+    """An event per POST to ``http://127.0.0.1:PORT/`` that carries
+    ``Authorization: Bearer TOKEN``; the body (JSON ``{"text": ...}`` or plain
+    text, at most 64 KiB) is the event's text.  Loopback only."""
+
+    MAX_BODY = 64 * 1024
+
+    def __init__(self, token: str, port: int = 0, host: str = "127.0.0.1") -> None:
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            raise CorralError(f"the webhook listens on loopback only, not {host}")
+        if len(token) < 16:
+            raise CorralError("the webhook's token must be at least 16 characters")
+        self.token = token
+        self.host = host
+        self.port = port
+        self.bound = asyncio.Event()  # set once self.port is the real port
+
+    async def __call__(self, rt: Runtime) -> None:
+        server = await asyncio.start_server(
+            lambda r, w: self._serve(rt, r, w), self.host, self.port
+        )
+        self.port = server.sockets[0].getsockname()[1]
+        self.bound.set()
+        async with server:
+            await server.serve_forever()
+
+    async def _serve(
+        self, rt: Runtime, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            status, text = await asyncio.wait_for(self._request(rt, reader), 10)
+        except (TimeoutError, ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError,
+                ConnectionError):  # fmt: skip
+            status, text = 400, "bad request"
+        body = (text + "\n").encode()
+        writer.write(
+            f"HTTP/1.1 {status} {_STATUS[status]}\r\nContent-Type: text/plain\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        try:
+            await writer.drain()
+            writer.close()
+        except ConnectionError:
+            pass
+
+    async def _request(self, rt: Runtime, reader: asyncio.StreamReader) -> tuple[int, str]:
+        import hmac
+        import json
+
+        head = await reader.readuntil(b"\r\n\r\n")
+        if len(head) > 16 * 1024:
+            return 400, "header too large"
+        lines = head.decode("latin-1").split("\r\n")
+        method = lines[0].split(" ", 1)[0]
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        given = headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            return 401, "unauthorized"
+        if method != "POST":
+            return 405, "POST only"
+        size = int(headers.get("content-length", "0"))
+        if size < 0 or size > self.MAX_BODY:
+            return 413, "body too large"
+        raw = (await reader.readexactly(size)).decode("utf-8", "replace")
+        text = raw
+        if headers.get("content-type", "").startswith("application/json"):
+            data = json.loads(raw)
+            text = str(data.get("text", "")) if isinstance(data, dict) else ""
+        if not text.strip():
+            return 400, "empty event"
+        rt.fire(Event("webhook", text.strip()))
+        return 202, "queued"
+
+
+_STATUS = {
+    202: "Accepted",
+    400: "Bad Request",
+    401: "Unauthorized",
+    405: "Method Not Allowed",
+    413: "Content Too Large",
+}

@@ -1,0 +1,395 @@
+"""The tools a model may call, each defined once: a name, a description, a JSON
+schema for its arguments and an async implementation over one
+:class:`~corral.sandbox.AsyncSandbox`.  ``corral mcp`` serves them
+(:mod:`corral.mcp_server`) and so does corral's own agent runtime
+(:mod:`corral.runtime`); neither writes a tool of its own.
+
+A call that goes wrong (unknown tool, bad arguments, a path the policy refuses,
+a closed sandbox, a network request corral's proxy refused) comes back as a
+:class:`ToolError` whose message is corral's reason: a caller turns it into a
+tool error for the model, never into a crash.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from corral.memory import Memory
+from corral.sandbox import AsyncProcess, AsyncSandbox, ExecResult, PathDenied, SandboxError
+
+JSON = dict[str, object]
+
+
+class ToolError(Exception):
+    """A tool call that could not be done; ``str()`` is the reason for the model.
+    ``denials``: what corral's policy refused on the way (one line each)."""
+
+    def __init__(self, reason: str, denials: list[str] | None = None) -> None:
+        super().__init__(reason)
+        self.denials = denials or []
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: JSON  # a JSON schema, type "object"
+    run: Callable[[Toolbox, JSON], Awaitable[object]]
+    needs_memory: bool = False  # the agent runtime's own: offered where a memory index is
+
+    def schema(self) -> JSON:
+        """As OpenAI-compatible chat completions take it (``tools=[...]``)."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+@dataclass
+class Outcome:
+    """What one call gave: ``value`` (JSON-able) or ``error``; ``denials`` either way."""
+
+    value: object = None
+    error: str | None = None
+    denials: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+
+    def text(self) -> str:
+        """The result as the model reads it."""
+        if self.error is not None:
+            return f"error: {self.error}"
+        if isinstance(self.value, str):
+            return self.value
+        return json.dumps(self.value, ensure_ascii=False)
+
+
+class Toolbox:
+    """The tools' state on one sandbox: its background processes, by id."""
+
+    def __init__(
+        self, sb: AsyncSandbox, memory: Memory | None = None, command_timeout: float | None = None
+    ) -> None:
+        """``command_timeout``: seconds for a command that names none (None: the
+        policy's limit only)."""
+        self.sb = sb
+        self.memory = memory
+        self.command_timeout = command_timeout
+        self.processes: dict[int, AsyncProcess] = {}
+
+    def available(self) -> list[Tool]:
+        """The tools this toolbox offers: all of them where it has a memory index."""
+        return [t for t in TOOLS.values() if self.memory is not None or not t.needs_memory]
+
+    async def call(self, name: str, arguments: object) -> Outcome:
+        """Run tool ``name``; every failure is an :class:`Outcome` with ``error`` set."""
+        tool = TOOLS.get(name)
+        try:
+            if tool is None or tool not in self.available():
+                names = ", ".join(t.name for t in self.available())
+                raise ToolError(f"unknown tool {name!r} (tools: {names})")
+            args = check_arguments(tool, arguments)
+            value = await tool.run(self, args)
+        except ToolError as exc:
+            return Outcome(error=str(exc), denials=exc.denials)
+        except PathDenied as exc:
+            reason = f"denied by the sandbox's policy: {exc}"
+            return Outcome(error=reason, denials=[reason])
+        except (SandboxError, OSError, TimeoutError, ValueError) as exc:
+            return Outcome(error=str(exc) or type(exc).__name__)
+        outcome = Outcome(value=value)
+        if isinstance(value, dict) and isinstance(value.get("exit_code"), int):
+            outcome.exit_code = int(str(value["exit_code"]))
+            outcome.denials = proxy_denials(value)
+            if outcome.denials:  # the command ran, but corral refused what it asked for
+                outcome.error = "; ".join(outcome.denials) + "\n" + json.dumps(value)
+            elif value.get("timed_out"):
+                outcome.error = (
+                    f"timed out after {value.get('duration')}s: corral stopped the command "
+                    "and everything it started\n" + json.dumps(value)
+                )
+        return outcome
+
+    def find(self, ident: int) -> AsyncProcess:
+        try:
+            return self.processes[ident]
+        except KeyError:
+            raise ToolError(f"no background process with id {ident}") from None
+
+
+# -- arguments --------------------------------------------------------------------------
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+}
+
+
+def check_arguments(tool: Tool, arguments: object) -> JSON:
+    """``arguments`` (a dict, or the JSON text of one) checked against the tool's
+    schema: required keys present, no unknown keys, each value of its type."""
+    if isinstance(arguments, str):
+        text = arguments
+        try:
+            arguments = json.loads(text or "{}")
+        except ValueError:
+            raise ToolError(f"{tool.name}: arguments are not JSON: {text[:80]!r}") from None
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise ToolError(f"{tool.name}: arguments must be a JSON object")
+    props = tool.parameters.get("properties", {})
+    assert isinstance(props, dict)
+    required = tool.parameters.get("required", [])
+    assert isinstance(required, list)
+    missing = [k for k in required if k not in arguments]
+    if missing:
+        raise ToolError(f"{tool.name}: missing argument {', '.join(missing)}")
+    for key, value in arguments.items():
+        spec = props.get(key)
+        if not isinstance(spec, dict):
+            raise ToolError(f"{tool.name}: unknown argument {key!r}")
+        kind = spec["type"]
+        kinds = [str(k) for k in kind] if isinstance(kind, list) else [str(kind)]
+        # bool is an int to Python; not to a JSON schema
+        ok = any(
+            isinstance(value, _TYPES[k]) and not (k != "boolean" and isinstance(value, bool))
+            for k in kinds
+        )
+        if not ok:
+            raise ToolError(f"{tool.name}: {key} must be {' or '.join(kinds)}")
+    return arguments
+
+
+def _schema(required: list[str], **props: tuple[str | list[str], str]) -> JSON:
+    return {
+        "type": "object",
+        "properties": {k: {"type": t, "description": d} for k, (t, d) in props.items()},
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+def exec_result(r: ExecResult) -> JSON:
+    return {
+        "exit_code": r.exit_code,
+        "stdout": r.stdout.decode("utf-8", "replace"),
+        "stderr": r.stderr.decode("utf-8", "replace"),
+        "timed_out": r.timed_out,
+        "truncated": r.truncated,
+        "duration": round(r.duration, 4),
+    }
+
+
+# the marks of a refusal by corral's proxy in a command's output: its JSON record
+# and its one line for plain clients (corral.net.proxy._send_denial)
+_DENY_MARKS = ('"decision":"deny"', '"decision": "deny"', "denied by the sandbox's policy")
+
+
+def proxy_denials(result: JSON) -> list[str]:
+    """corral's refusals that a command printed (a denied host, a refused request)."""
+    found: list[str] = []
+    for stream in ("stdout", "stderr"):
+        text = result.get(stream)
+        if not isinstance(text, str):
+            continue
+        for line in text.splitlines():
+            if any(mark in line for mark in _DENY_MARKS):
+                found.append(_denial_line(line))
+    return found
+
+
+def _denial_line(line: str) -> str:
+    start = line.find("{")
+    if start >= 0:
+        try:  # the record may have more output after it (curl -w, say)
+            record, _ = json.JSONDecoder().raw_decode(line[start:])
+        except ValueError:
+            return line.strip()
+        if isinstance(record, dict) and record.get("decision") == "deny":
+            where = f"{record.get('host')}:{record.get('port')}"
+            rule, reason = record.get("rule"), record.get("reason")
+            return f"denied by the sandbox's policy ({rule}): {where}: {reason}"
+    return line.strip()
+
+
+# -- the tools --------------------------------------------------------------------------
+
+
+def _opt_str(a: JSON, key: str) -> str | None:
+    v = a.get(key)
+    return v if isinstance(v, str) else None
+
+
+async def _run_command(box: Toolbox, a: JSON) -> object:
+    timeout = a.get("timeout")
+    r = await box.sb.exec(
+        str(a["command"]),
+        timeout=float(timeout) if isinstance(timeout, int | float) else box.command_timeout,
+        cwd=_opt_str(a, "cwd"),
+        stdin=_opt_str(a, "stdin"),
+    )
+    return exec_result(r)
+
+
+async def _start_process(box: Toolbox, a: JSON) -> object:
+    proc = await box.sb.spawn(str(a["command"]), cwd=_opt_str(a, "cwd"))
+    box.processes[proc.id] = proc
+    return {"id": proc.id, "command": a["command"]}
+
+
+async def _process_output(box: Toolbox, a: JSON) -> object:
+    ident = int(str(a["id"]))
+    proc = box.find(ident)
+    out, err = proc.read_output()
+    return {
+        "id": ident,
+        "running": proc.running,
+        "exit_code": proc.returncode,
+        "stdout": out.decode("utf-8", "replace"),
+        "stderr": err.decode("utf-8", "replace"),
+    }
+
+
+async def _write_stdin(box: Toolbox, a: JSON) -> object:
+    proc = box.find(int(str(a["id"])))
+    await proc.write_stdin(str(a["text"]))
+    if a.get("close"):
+        await proc.close_stdin()
+    return "ok"
+
+
+async def _stop_process(box: Toolbox, a: JSON) -> object:
+    proc = box.find(int(str(a["id"])))
+    await proc.kill()
+    return exec_result(await proc.wait(10))
+
+
+async def _list_processes(box: Toolbox, a: JSON) -> object:
+    return [{"id": p.id, "pid": p.pid, "argv": p.argv} for p in box.sb.processes()]
+
+
+async def _read_file(box: Toolbox, a: JSON) -> object:
+    return (await box.sb.files.read(str(a["path"]))).decode("utf-8", "replace")
+
+
+async def _write_file(box: Toolbox, a: JSON) -> object:
+    content = str(a["content"])
+    await box.sb.files.write(str(a["path"]), content)
+    return f"wrote {len(content.encode())} bytes to {a['path']}"
+
+
+async def _list_files(box: Toolbox, a: JSON) -> object:
+    return await box.sb.files.list(str(a.get("path", ".")))
+
+
+async def _describe(box: Toolbox, a: JSON) -> object:
+    return box.sb.describe()
+
+
+async def _read_memory(box: Toolbox, a: JSON) -> object:
+    assert box.memory is not None
+    return box.memory.read(_opt_str(a, "file"))
+
+
+_PATH = ("string", "path relative to the workspace (or absolute)")
+_ID = ("integer", "the id start_process returned")
+
+TOOLS: dict[str, Tool] = {
+    t.name: t
+    for t in (
+        Tool(
+            "run_command",
+            "Run a shell command in the sandbox and wait for it to end.",
+            _schema(
+                ["command"],
+                command=("string", "a shell command line (sh -c)"),
+                timeout=(["number", "null"], "seconds before it is stopped"),
+                cwd=(["string", "null"], "directory to run in"),
+                stdin=(["string", "null"], "text for its standard input"),
+            ),
+            _run_command,
+        ),
+        Tool(
+            "start_process",
+            "Start a command in the background; returns its id.",
+            _schema(
+                ["command"],
+                command=("string", "a shell command line"),
+                cwd=(["string", "null"], "directory to run in"),
+            ),
+            _start_process,
+        ),
+        Tool(
+            "process_output",
+            "New output of a background process, and whether it still runs.",
+            _schema(["id"], id=_ID),
+            _process_output,
+        ),
+        Tool(
+            "write_stdin",
+            "Write text to a background process's standard input.",
+            _schema(
+                ["id", "text"],
+                id=_ID,
+                text=("string", "what to write"),
+                close=("boolean", "close its standard input afterwards"),
+            ),
+            _write_stdin,
+        ),
+        Tool(
+            "stop_process",
+            "Stop a background process and everything it started.",
+            _schema(["id"], id=_ID),
+            _stop_process,
+        ),
+        Tool(
+            "list_processes",
+            "Background processes that are still running.",
+            _schema([]),
+            _list_processes,
+        ),
+        Tool(
+            "read_file",
+            "Read a text file (path relative to the workspace).",
+            _schema(["path"], path=_PATH),
+            _read_file,
+        ),
+        Tool(
+            "write_file",
+            "Write a text file (path relative to the workspace).",
+            _schema(["path", "content"], path=_PATH, content=("string", "the whole new text")),
+            _write_file,
+        ),
+        Tool(
+            "list_files",
+            "List a directory (path relative to the workspace).",
+            _schema([], path=_PATH),
+            _list_files,
+        ),
+        Tool(
+            "describe_sandbox",
+            "What this sandbox allows: tier, writable paths, network.",
+            _schema([]),
+            _describe,
+        ),
+        Tool(
+            "read_memory",
+            "The agent's memory index (MEMORY.md), or one memory file it lists.",
+            _schema([], file=(["string", "null"], "agent/NAME.md or user/NAME.md")),
+            _read_memory,
+            needs_memory=True,
+        ),
+    )
+}
