@@ -315,6 +315,49 @@ APPROVE_OPTIONS: Options = {
     ),
 }
 DENY_OPTIONS: Options = {}
+BATCH_OPTIONS: Options = {
+    "--out": (
+        "out",
+        "value",
+        "FILE",
+        "results as JSON lines keyed by id (required); given "
+        "again, the jobs it holds are skipped (resume)",
+    ),
+    "-j": ("jobs", "value", "N", "jobs at once (default: the CPUs here; on Ray: all)"),
+    "--jobs": ("jobs", "value", "N", ""),
+    "--ray": (
+        "ray",
+        "value",
+        "ADDRESS",
+        "place the jobs on this Ray cluster (host:port, "
+        "or auto); each node builds its jobs' sandboxes with its own corral",
+    ),
+    "--retries": (
+        "retries",
+        "value",
+        "N",
+        "further attempts of a job whose machine failed "
+        "(default 2; a failed command is never retried)",
+    ),
+    "--output-bytes": (
+        "output_bytes",
+        "value",
+        "N",
+        "the output each result keeps (default 65536)",
+    ),
+    "--log": (
+        "log",
+        "value",
+        "FILE",
+        "every job's run records, merged (default: the activity log)",
+    ),
+    "--net-log": (
+        "net_log",
+        "value",
+        "FILE",
+        "every job's network audit lines, merged (default: net.jsonl)",
+    ),
+}
 
 # command -> (what follows its name, what it does, its options)
 COMMANDS: dict[str, tuple[str, str, Options]] = {
@@ -359,6 +402,11 @@ COMMANDS: dict[str, tuple[str, str, Options]] = {
     ),
     "approve": ("[OPTIONS] ID", "allow a held request (see corral pending)", APPROVE_OPTIONS),
     "deny": ("ID", "refuse a held request (see corral pending)", DENY_OPTIONS),
+    "batch": (
+        "JOBS.jsonl --out RESULTS.jsonl [OPTIONS]",
+        "many jobs, each a corral run, here or on a Ray cluster",
+        BATCH_OPTIONS,
+    ),
 }
 # exit codes of commands that answer (usage text); CorralError carries them
 EXIT_NOT_WAITING = 1
@@ -992,6 +1040,20 @@ def _log(record: dict[str, object], path: object) -> None:
         _err(f"corral: warning: could not write the activity log: {exc}")
 
 
+def cmd_batch(args: list[str]) -> int:
+    # options before or after the jobs file
+    opts, rest = parse(args, BATCH_OPTIONS, positional=True, command="batch")
+    if rest:
+        more, extra = parse(rest[1:], BATCH_OPTIONS, positional=True, command="batch")
+        opts.update(more)
+        rest = rest[:1] + extra
+    if len(rest) != 1:
+        raise CorralError("usage: corral batch " + COMMANDS["batch"][0])
+    from corral import batch
+
+    return batch.main(opts, rest[0])
+
+
 def cmd_doctor(args: list[str]) -> int:
     opts, _ = parse(args, DOCTOR_OPTIONS, positional=False, command="doctor")
     from corral import tiers
@@ -1011,6 +1073,9 @@ def cmd_doctor(args: list[str]) -> int:
     from corral.homeseed import report
 
     home_report = report()
+    from corral import placement
+
+    places = [(n, *placement.get(n).health()) for n in placement.names()]
     if opts.get("json"):
         import json
 
@@ -1023,6 +1088,9 @@ def cmd_doctor(args: list[str]) -> int:
                     ],
                     "defaults": defaults,
                     "home": home_report,
+                    "placements": [
+                        {"name": n, "available": ok, "reason": why} for n, ok, why in places
+                    ],
                 },
                 indent=2,
             )
@@ -1038,6 +1106,9 @@ def cmd_doctor(args: list[str]) -> int:
             for line in differences:
                 print(f"{'':<{width}}    - {line}")
     print(f"auto -> {auto or 'nothing (corral run will refuse)'}")
+    print("placements (where a sandbox runs, apart from how it is isolated):")
+    for name, ok, why in places:
+        print(f"  {name:<{width}}  {'available' if ok else 'unavailable':<11}  {why}")
     from corral.bounds import report_lines
 
     for line in report_lines(defaults):
@@ -1465,6 +1536,7 @@ def main(argv: list[str] | None = None) -> int:
             "pending": cmd_pending,
             "approve": cmd_approve,
             "deny": cmd_deny,
+            "batch": cmd_batch,
         }
         if args[0] not in commands:
             raise CorralError(

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from corral.net.asking import AskInfo
+    from corral.placement import Placement
     from corral.policy import Policy
     from corral.report import Denial
     from corral.tiers.base import Plan, Tier
@@ -300,9 +301,13 @@ class Sandbox:
         log: str | bool | None = None,
         kind: str = "sandbox",
         on_ask: Callable[[AskInfo], object] | None = None,
+        placement: Placement | None = None,
         _ask_loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        """``image``, ``oci_runtime`` and ``engine`` set the policy's [container] keys
+        """``placement``: where the sandbox runs and how its agent is reached
+        (:mod:`corral.placement`; default: this machine over a socket pair).
+
+        ``image``, ``oci_runtime`` and ``engine`` set the policy's [container] keys
         (the container and gvisor tiers).  ``log``: the activity log that gets one
         record when the sandbox closes (default: corral's, as for ``corral run``;
         False: none); ``kind`` is what that record calls it.
@@ -343,6 +348,11 @@ class Sandbox:
                 policy.container.engine = _expect_engine(engine)
         except ValueError as exc:
             raise SandboxError(str(exc)) from None
+        if placement is None:
+            from corral.placement import Local
+
+            placement = Local()
+        self.placement = placement
         self.tier, _ = tiers.select(policy.tier, policy)
         if not self.tier.strategy.confines:
             raise SandboxError(f"a long-lived sandbox needs a real tier, not {self.tier.name}")
@@ -449,7 +459,7 @@ class Sandbox:
         from corral import launch
         from corral.fsplan import Mount
 
-        ours, theirs = socket.socketpair()
+        ours, theirs = self.placement.channel()
         self._sock = ours
         agent = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
         command = [*self.tier.python_argv(), "-I", "-S", SANDBOX_AGENT]

@@ -59,6 +59,8 @@ def help_text(command: str | None = None) -> str:
         text += "\n" + _exit_codes()
     elif command in ("pending", "approve", "deny"):
         text += "\n" + _ANSWER_NOTES
+    elif command == "batch":
+        text += "\n" + _BATCH_NOTES
     elif command == "agent":
         text += "\n" + _AGENT_NOTES
     return text
@@ -75,6 +77,21 @@ exit codes:
     1  no such request is waiting (answered, timed out, or never was), or refused
     2  bad command line
   122  the control directory is not yours alone
+"""
+
+
+_BATCH_NOTES = """\
+A job line: {"id": "j1", "command": ["pytest", "-q"] or "a shell string",
+"workspace": DIR, "policy": FILE, "timeout": "10m", "memory", "pids", "cpus",
+"env": [NAMES], "files": [PATHS copied in], "artifacts": [PATHS reported]}.
+A result line: id, exit (the command's code, or corral run's), output (bounded),
+duration, denials, artifacts, attempts, node; error when the job could not run.
+
+exit codes:
+    0  every job ran and exited 0
+    1  some job failed or could not run (see its result)
+    2  bad command line
+  122  --ray: the ray package is missing or the cluster cannot be reached
 """
 
 

@@ -1,0 +1,409 @@
+"""Many sandboxed jobs: ``corral batch JOBS.jsonl --out RESULTS.jsonl``.
+
+    from corral import batch
+    for result in batch.run(batch.read_jobs("jobs.jsonl"), placement="local", jobs=4):
+        print(result["id"], result["exit"])
+
+Each job is one normal ``corral run`` (its own sandbox, policy, door and proxy)
+on the machine the placement chooses: this one, or a node of a Ray cluster
+(:mod:`corral.batch_ray`).  A job is tried again only when the *machine* failed
+(the sandbox could not be set up, the node died), never because its command
+failed.  Results are JSON lines keyed by ``id``; a result file given again is
+read first and the jobs it holds are skipped (resume).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from corral.errors import EXIT_INTERNAL, EXIT_SETUP, CorralError
+
+OUTPUT_BYTES = 64 * 1024  # each result keeps at most this much of the job's output
+RETRIES = 2  # further attempts of a job whose machine failed
+# the keys a job line may have; anything else is an error naming it
+JOB_KEYS = {
+    "id": "the job's name, unique in the batch (default: its line number)",
+    "command": "a list of arguments, or one shell string (run with /bin/sh -c)",
+    "workspace": "the job's writable workspace (default: the current directory)",
+    "policy": "the policy file (default: the workspace's corral.toml)",
+    "timeout": "wall-clock limit, e.g. 10m",
+    "memory": "memory limit, e.g. 512M",
+    "pids": "process limit",
+    "cpus": "CPU limit (and, on Ray, the CPUs the job asks of the scheduler)",
+    "env": "names of environment variables passed into the sandbox",
+    "files": "files copied into the workspace before the run",
+    "artifacts": "workspace paths reported after the run (existence and size)",
+}
+# corral run's exit codes that mean the sandbox, not the command, failed
+MACHINE_CODES = {EXIT_SETUP, EXIT_INTERNAL}
+
+Job = dict[str, Any]
+Result = dict[str, Any]
+
+
+class JobError(ValueError):
+    """A job line that cannot run: the result says why (with its line number)."""
+
+
+def check_job(raw: object, line: int) -> Job:
+    """A job from one decoded line; raises JobError naming what is wrong."""
+    if not isinstance(raw, dict):
+        raise JobError(f"line {line}: a job is a JSON object")
+    unknown = sorted(set(raw) - set(JOB_KEYS))
+    if unknown:
+        raise JobError(f"line {line}: unknown key {unknown[0]!r} (keys: {', '.join(JOB_KEYS)})")
+    job: Job = dict(raw)
+    job["id"] = str(job.get("id", f"line{line}"))
+    command = job.get("command")
+    if isinstance(command, str) and command.strip():
+        job["argv"] = ["/bin/sh", "-c", command]
+    elif isinstance(command, list) and command and all(isinstance(a, str) for a in command):
+        job["argv"] = list(command)
+    else:
+        raise JobError(f"line {line}: command must be a non-empty list of strings or a string")
+    for key in ("env", "files", "artifacts"):
+        value = job.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise JobError(f"line {line}: {key} must be a list of strings")
+    for key in ("workspace", "policy", "timeout", "memory", "pids", "cpus"):
+        if key in job and not isinstance(job[key], str | int | float):
+            raise JobError(f"line {line}: {key} must be a string or a number")
+    job["line"] = line
+    return job
+
+
+def error_result(job_id: str, message: str, line: int | None = None) -> Result:
+    result: Result = {"id": job_id, "exit": None, "error": message, "attempts": 0}
+    if line is not None:
+        result["line"] = line
+    return result
+
+
+def read_jobs(path: str) -> Iterator[Job | Result]:
+    """The jobs of a JSON-lines file, in order; a bad line becomes an error result
+    (``{"id": "line7", "error": "line 7: ..."}``) and the rest still run."""
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        for number, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            try:
+                raw = json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield error_result(f"line{number}", f"line {number}: not JSON: {exc.msg}", number)
+                continue
+            try:
+                job = check_job(raw, number)
+            except JobError as exc:
+                named = isinstance(raw, dict) and isinstance(raw.get("id"), str | int)
+                yield error_result(str(raw["id"]) if named else f"line{number}", str(exc), number)
+                continue
+            _anchor(job, os.path.dirname(os.path.abspath(path)))
+            if job["id"] in seen:
+                yield error_result(job["id"], f"line {number}: id {job['id']!r} used twice", number)
+                continue
+            seen.add(job["id"])
+            yield job
+
+
+def _anchor(job: Job, base: str) -> None:
+    """Relative paths in a jobs file are relative to that file's directory."""
+    for key in ("workspace", "policy"):
+        if isinstance(job.get(key), str):
+            job[key] = os.path.join(base, job[key])
+    job["files"] = [os.path.join(base, f) for f in job.get("files", [])]
+    job.setdefault("workspace", base)
+
+
+def finished_ids(out: str) -> dict[str, bool]:
+    """The ids a result file holds already (and whether each exited 0); a last
+    line cut short (the batch was killed while writing it) is dropped so it runs
+    again."""
+    try:
+        with open(out, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return {}
+    keep = data if data.endswith(b"\n") or not data else data[: data.rfind(b"\n") + 1]
+    if keep != data:
+        with open(out, "wb") as f:
+            f.write(keep)
+    ids: dict[str, bool] = {}
+    for line in keep.splitlines():
+        try:
+            result = json.loads(line)
+            ids[str(result["id"])] = result.get("exit") == 0
+        except (ValueError, KeyError, TypeError):
+            continue
+    return ids
+
+
+# -- one job on this machine ---------------------------------------------------------
+
+
+def corral_argv(job: Job, report: str, log: str, net_log: str) -> list[str]:
+    """``corral run`` for a job (pure: unit-tested)."""
+    argv = [sys.executable, "-m", "corral", "run", "-q", "--report", report]
+    argv += ["--log", log, "--net-log", net_log]
+    for key in ("policy", "workspace", "timeout", "memory", "pids", "cpus"):
+        if key in job:
+            argv += [f"--{key}", str(job[key])]
+    for name in job.get("env", []):
+        argv += ["--env", name]
+    return [*argv, "--", *job["argv"]]
+
+
+def _lines(path: str) -> list[dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(x) for x in f if x.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def _copy_in(job: Job) -> None:
+    workspace = str(job.get("workspace") or os.getcwd())
+    for src in job.get("files", []):
+        shutil.copy2(src, os.path.join(workspace, os.path.basename(src)))
+
+
+def _artifacts(job: Job) -> list[dict[str, Any]]:
+    workspace = str(job.get("workspace") or os.getcwd())
+    found = []
+    for rel in job.get("artifacts", []):
+        path = os.path.join(workspace, rel)
+        try:
+            found.append({"path": rel, "bytes": os.path.getsize(path)})
+        except OSError:
+            found.append({"path": rel, "bytes": None})
+    return found
+
+
+def run_job(job: Job, output_bytes: int = OUTPUT_BYTES) -> Result:
+    """One attempt of a job as a ``corral run`` here.  ``machine_failed`` in the
+    result says whether another attempt may be made; ``records`` holds the run's
+    activity-log records and ``net`` its audit lines (merged by the caller)."""
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="corral-batch-") as scratch:
+        report, log, net_log = (os.path.join(scratch, n) for n in ("report", "runs", "net"))
+        try:
+            _copy_in(job)
+            proc = subprocess.run(
+                corral_argv(job, report, log, net_log),
+                cwd=str(job.get("workspace") or os.getcwd()),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+        except OSError as exc:
+            return {**error_result(job["id"], f"could not start: {exc}"), "machine_failed": True}
+        doc = next(iter(_lines(report)), {})
+        result: Result = {
+            "id": job["id"],
+            "exit": proc.returncode,
+            "output": proc.stdout[:output_bytes].decode("utf-8", "replace"),
+            "output_truncated": len(proc.stdout) > output_bytes,
+            "duration": round(time.monotonic() - began, 4),
+            "denials": doc.get("denials", []),
+            "artifacts": _artifacts(job),
+            "records": _lines(log),
+            "net": _lines(net_log),
+        }
+    if doc.get("error"):
+        result["error"] = doc["error"]
+    # the sandbox failed to come up (not the command): worth another machine
+    result["machine_failed"] = proc.returncode in MACHINE_CODES and "error" in result
+    return result
+
+
+# -- a batch ---------------------------------------------------------------------------
+
+
+def run(
+    jobs: Iterable[Job | Result],
+    placement: str = "local",
+    *,
+    concurrency: int | None = None,
+    retries: int = RETRIES,
+    output_bytes: int = OUTPUT_BYTES,
+    skip: set[str] | None = None,
+    address: str | None = None,
+) -> Iterator[Result]:
+    """Run jobs (from :func:`read_jobs` or dicts with the same keys) and yield one
+    result per job as each finishes.  ``placement``: "local" or "ray" (with
+    ``address``).  Jobs whose id is in ``skip`` are not run."""
+    skip = skip or set()
+    todo: list[Job] = []
+    for number, item in enumerate(jobs, 1):
+        if "error" in item and "argv" not in item:
+            if item["id"] not in skip:
+                yield item
+            continue
+        job = item if "argv" in item else check_job(item, number)
+        if job["id"] not in skip:
+            todo.append(job)
+    if placement == "ray":
+        from corral import batch_ray
+
+        yield from batch_ray.run(
+            todo,
+            address or "auto",
+            concurrency=concurrency,
+            retries=retries,
+            output_bytes=output_bytes,
+        )
+        return
+    if placement != "local":
+        raise CorralError(f"unknown placement {placement!r} (local, ray)")
+    yield from _run_local(todo, concurrency or os.cpu_count() or 1, retries, output_bytes)
+
+
+def _attempts(job: Job, retries: int, output_bytes: int) -> Result:
+    for attempt in range(1, retries + 2):
+        result = run_job(job, output_bytes)
+        result["attempts"] = attempt
+        if not result.pop("machine_failed", False):
+            break
+    return result
+
+
+def _run_local(
+    jobs: list[Job], concurrency: int, retries: int, output_bytes: int
+) -> Iterator[Result]:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        pending = {pool.submit(_attempts, job, retries, output_bytes) for job in jobs}
+        try:
+            for future in concurrent.futures.as_completed(pending):
+                result = future.result()
+                result.setdefault("node", "local")
+                yield result
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+# -- the command -------------------------------------------------------------------
+
+
+class _Progress:
+    """A bar on a terminal (rich, else tqdm, if installed); nothing otherwise."""
+
+    def __init__(self, total: int) -> None:
+        self._bar: Any = None
+        self._rich: Any = None
+        if not sys.stderr.isatty():
+            return
+        try:
+            from rich.progress import Progress  # type: ignore[import-not-found,unused-ignore]
+
+            self._rich = Progress(transient=True)
+            self._rich.start()
+            self._bar = self._rich.add_task("corral batch", total=total)
+        except ImportError:
+            try:
+                from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
+
+                self._bar = tqdm(total=total, unit="job", leave=False)
+            except ImportError:
+                pass
+
+    def step(self) -> None:
+        if self._rich is not None:
+            self._rich.advance(self._bar)
+        elif self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._rich is not None:
+            self._rich.stop()
+        elif self._bar is not None:
+            self._bar.close()
+
+
+def main(opts: dict[str, object], jobs_file: str) -> int:
+    """``corral batch``: 0 when every job ran and exited 0, 1 otherwise."""
+    out = str(opts.get("out") or "")
+    if not out:
+        raise CorralError("corral batch JOBS.jsonl --out RESULTS.jsonl: --out is required")
+    try:
+        items = list(read_jobs(jobs_file))
+    except OSError as exc:
+        raise CorralError(f"cannot read {jobs_file}: {exc.strerror}") from None
+    concurrency = _int(opts, "jobs", 0) or None
+    retries = _int(opts, "retries", RETRIES)
+    output_bytes = _int(opts, "output_bytes", OUTPUT_BYTES)
+    address = str(opts.get("ray") or "")
+    if address:
+        from corral import batch_ray
+
+        batch_ray.connect(address)  # one line and 122 if it cannot
+    done = finished_ids(out)
+    todo = [i for i in items if i["id"] not in done]
+    log = str(opts.get("log") or "") or None
+    net_log = str(opts.get("net_log") or "") or None
+    failed = sum(1 for i in items if i["id"] in done and not done[i["id"]])
+    progress = _Progress(len(todo))
+    try:
+        with open(out, "a", encoding="utf-8") as sink:
+            for result in run(
+                todo,
+                "ray" if address else "local",
+                concurrency=concurrency,
+                retries=retries,
+                output_bytes=output_bytes,
+                address=address or None,
+            ):
+                _merge_logs(result, log, net_log)
+                failed += result.get("exit") != 0
+                sink.write(json.dumps(result, sort_keys=True) + "\n")
+                sink.flush()
+                progress.step()
+    finally:
+        progress.close()
+    return 1 if failed else 0
+
+
+def _merge_logs(result: Result, log: str | None, net_log: str | None) -> None:
+    """Every run's records and audit lines into the caller's logs, one place."""
+    from corral import runlog
+
+    for record in result.pop("records", []):
+        record["batch_id"] = result["id"]
+        record.setdefault("node", result.get("node"))
+        runlog.append(record, log)
+    lines = result.pop("net", [])
+    if lines:
+        from corral.net import audit
+
+        path = net_log or audit.default_path()
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            for line in lines:
+                line["batch_id"] = result["id"]
+                line.setdefault("node", result.get("node"))
+                f.write(json.dumps(line, sort_keys=True) + "\n")
+
+
+def _int(opts: dict[str, object], key: str, default: int) -> int:
+    value = opts.get(key)
+    if value is None:
+        return default
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise CorralError(
+            f"--{key.replace('_', '-')} wants a whole number, not {value!r}"
+        ) from None
+    if number < 0:
+        raise CorralError(f"--{key.replace('_', '-')} wants a number >= 0, not {number}")
+    return number
