@@ -354,7 +354,12 @@ def main(opts: dict[str, object], jobs_file: str) -> int:
     failed = sum(1 for i in items if i["id"] in done and not done[i["id"]])
     progress = _Progress(len(todo))
     try:
-        with open(out, "a", encoding="utf-8") as sink:
+        sink = open(out, "a", encoding="utf-8")  # noqa: SIM115  (closed below)
+    except OSError as exc:
+        progress.close()
+        raise CorralError(f"cannot write {out}: {exc.strerror}") from None
+    try:
+        with sink:
             for result in run(
                 todo,
                 "ray" if address else "local",

@@ -91,8 +91,6 @@ def test_doctor_lists_every_tier(sandbox: tuple[Corral, Path]) -> None:
         "microvm",
         "firecracker",
         "seatbelt",
-        "ray",
-        "kubernetes",
         "none",
     ):
         assert name in names and names[name]["reason"]

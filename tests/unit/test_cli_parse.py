@@ -267,6 +267,9 @@ def test_doctor_text_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 0
     assert err == ""
     tier_part, _, defaults = out.partition("\ndefaults (this host: ")
+    # placements (where a sandbox runs) come after the tiers, apart from them
+    tier_part, _, places = tier_part.partition("\nplacements (")
+    assert [line.split()[0] for line in places.splitlines()[1:]] == ["local", "ray", "kubernetes"]
     defaults, _, home = defaults.partition("\nhome layers (")
     assert "namespace, landlock: $HOME is the workspace's home layer" in home
     home, _, tls_line = home.rstrip("\n").rpartition("\n")

@@ -63,8 +63,25 @@ class Ray(Placement):
         raise RefusedError("a long-lived Sandbox on Ray is not supported; use corral.batch")
 
 
+class Kubernetes(Placement):
+    name = "kubernetes"
+    summary = "a Kubernetes pod"
+
+    def health(self) -> tuple[bool, str]:
+        import os
+
+        kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+        found = "kubeconfig found" if os.path.exists(kubeconfig) else "no kubeconfig"
+        return False, f"not built yet: no pods are placed from corral; host: {found}"
+
+    def channel(self) -> tuple[socket.socket, socket.socket]:
+        from corral.errors import RefusedError
+
+        raise RefusedError("the kubernetes placement is not built yet")
+
+
 def names() -> list[str]:
-    return ["local", "ray"]
+    return ["local", "ray", "kubernetes"]
 
 
 def get(name: str) -> Placement:
@@ -72,4 +89,6 @@ def get(name: str) -> Placement:
         return Local()
     if name == "ray":
         return Ray()
-    raise ValueError(f"unknown placement {name!r} (local, ray)")
+    if name == "kubernetes":
+        return Kubernetes()
+    raise ValueError(f"unknown placement {name!r} ({', '.join(names())})")

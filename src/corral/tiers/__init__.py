@@ -18,8 +18,6 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "namespace": ("corral.tiers.namespace", "NamespaceTier"),
     "landlock": ("corral.tiers.landlock", "LandlockTier"),
     "seatbelt": ("corral.tiers.planned", "SeatbeltTier"),
-    "ray": ("corral.tiers.planned", "RayTier"),
-    "kubernetes": ("corral.tiers.planned", "KubernetesTier"),
     "none": ("corral.tiers.none", "NoneTier"),
 }
 

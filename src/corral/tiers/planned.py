@@ -131,26 +131,3 @@ class SeatbeltTier(_Planned):
             plan.env = {**proxy_env(port, port), **plan.env}
         plan.argv = seatbelt.argv(policy, command, port)
         return plan
-
-
-class RayTier(_Planned):
-    name = "ray"
-    strength = 0
-    summary = "run sandboxes on a Ray cluster"
-    issue = "Ray backend"
-
-    def host_facts(self) -> str:
-        import importlib.util
-
-        return "ray installed" if importlib.util.find_spec("ray") else "ray not installed"
-
-
-class KubernetesTier(_Planned):
-    name = "kubernetes"
-    strength = 0
-    summary = "run sandboxes as Kubernetes pods"
-    issue = "Kubernetes backend"
-
-    def host_facts(self) -> str:
-        kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        return "kubeconfig found" if os.path.exists(kubeconfig) else "no kubeconfig"

@@ -1,0 +1,138 @@
+"""corral batch on this machine: each job a real corral run (bwrap, door, proxy),
+results keyed by id, bad lines reported with their number, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import Corral
+from test_network import CURL, HTTP_PROXY, Origin, origins  # noqa: F401  (fixture)
+
+
+def _write_jobs(c: Corral, ws: Path, jobs: list[object]) -> Path:
+    path = ws / "jobs.jsonl"
+    path.write_text("".join((j if isinstance(j, str) else json.dumps(j)) + "\n" for j in jobs))
+    c.chown(path)
+    return path
+
+
+def _results(path: Path) -> dict[str, dict[str, object]]:
+    return {r["id"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def _batch(c: Corral, ws: Path, jobs: Path, out: Path, *flags: str) -> tuple[int, str]:
+    r = c.run(["batch", str(jobs), "--out", str(out), *flags], cwd=ws.parent, timeout=120)
+    return r.returncode, r.stderr.decode()
+
+
+def test_batch_runs_each_job_in_its_own_sandbox(
+    sandbox: tuple[Corral, Path],
+    origins: tuple[Origin, Origin],  # noqa: F811  (the fixture imported above)
+) -> None:
+    c, ws = sandbox
+    ok, bad = origins
+    policy = ws.parent / "net.toml"
+    policy.write_text(f'[network]\nmode = "proxy"\nallow = ["127.0.0.1:{ok.port}"]\n')
+    c.chown(policy)
+    outside = ws.parent / "outside.txt"
+    jobs = _write_jobs(
+        c,
+        ws,
+        [
+            {"id": "list", "command": ["sh", "-c", "echo listed"], "workspace": str(ws)},
+            {"id": "fails", "command": "echo partial; exit 3", "workspace": str(ws)},
+            "{not json",
+            {"id": "typo", "command": ["true"], "colour": "red"},
+            # the same policy denies a write outside the workspace and allows its twin
+            {
+                "id": "write-in",
+                "command": "echo in > in.txt",
+                "workspace": str(ws),
+                "artifacts": ["in.txt"],
+            },
+            {"id": "write-out", "command": f"echo out > {outside}", "workspace": str(ws)},
+            {
+                "id": "net",
+                "workspace": str(ws),
+                "policy": str(policy),
+                "command": f"{CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/yes; "
+                f"{CURL} {HTTP_PROXY} -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{bad.port}/no",
+            },
+        ],
+    )
+    out = ws / "results.jsonl"
+    code, err = _batch(c, ws, jobs, out, "-j", "2")
+    assert code == 1, err  # some jobs failed
+    res = _results(out)
+    assert res["list"]["exit"] == 0 and res["list"]["output"] == "listed\n"
+    assert res["fails"]["exit"] == 3 and res["fails"]["attempts"] == 1  # never retried
+    assert res["line3"]["error"].startswith("line 3: not JSON")
+    assert res["typo"]["error"].startswith("line 4: unknown key 'colour'")
+    assert res["write-in"]["exit"] == 0
+    assert res["write-in"]["artifacts"] == [{"path": "in.txt", "bytes": 3}]
+    assert (ws / "in.txt").read_text() == "in\n"
+    assert res["write-out"]["exit"] != 0 and not outside.exists()
+    assert "hello from origin" in res["net"]["output"] and "\n403" in res["net"]["output"]
+    assert ok.hits == [("GET", "/yes")] and bad.hits == []
+    assert any(d.get("kind") == "network" for d in res["net"]["denials"]), res["net"]
+    assert all(isinstance(r.get("duration", 0.0), float) for r in res.values())
+    # every job's run record lands in the caller's activity log, tagged with its id
+    runs = [json.loads(x) for x in (c.state / "corral" / "runs.jsonl").read_text().splitlines()]
+    assert {r.get("batch_id") for r in runs} >= {"list", "fails", "net", "write-in"}
+
+
+def test_batch_resumes_and_bounds_output(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    jobs = _write_jobs(
+        c,
+        ws,
+        [
+            {
+                "id": f"j{i}",
+                "command": f"echo j{i} >> ran.txt; printf '%0100d' 0",
+                "workspace": str(ws),
+            }
+            for i in range(4)
+        ],
+    )
+    out = ws / "results.jsonl"
+    # a first batch finished j0 and was killed while writing j1's line
+    out.write_text(json.dumps({"id": "j0", "exit": 0}) + '\n{"id": "j1", "ex')
+    c.chown(out)
+    code, err = _batch(c, ws, jobs, out, "--output-bytes", "10")
+    assert code == 0, err
+    assert sorted((ws / "ran.txt").read_text().split()) == ["j1", "j2", "j3"]
+    res = _results(out)
+    assert sorted(res) == ["j0", "j1", "j2", "j3"]
+    assert res["j2"]["output"] == "0" * 10 and res["j2"]["output_truncated"] is True
+    # the same command again: nothing left to run, nothing counted twice
+    code, err = _batch(c, ws, jobs, out)
+    assert code == 0, err
+    assert len(out.read_text().splitlines()) == 4
+    assert len((ws / "ran.txt").read_text().split()) == 3
+
+
+def test_batch_one_line_errors(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    r = c.run(["batch", "nope.jsonl"], cwd=ws)
+    assert r.returncode == 2 and r.stderr.decode().count("\n") == 1
+    assert b"--out is required" in r.stderr
+    r = c.run(["batch", "nope.jsonl", "--out", "r.jsonl"], cwd=ws)
+    assert r.returncode == 2 and b"cannot read nope.jsonl" in r.stderr
+    jobs = _write_jobs(c, ws, [{"id": "a", "command": ["true"]}])
+    r = c.run(["batch", str(jobs), "--out", "r.jsonl", "--ray", "127.0.0.1:9"], cwd=ws)
+    assert r.returncode == 122 and r.stderr.decode().count("\n") == 1, r.stderr
+    # this user's Python may lack ray: then the fix is to install it
+    assert b"cannot reach the Ray cluster at 127.0.0.1:9" in r.stderr or b"pip install" in r.stderr
+
+
+def test_doctor_lists_placements_apart_from_tiers(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    r = c.run(["doctor", "--json"], cwd=ws)
+    doc = json.loads(r.stdout)
+    names = [p["name"] for p in doc["placements"]]
+    assert names == ["local", "ray", "kubernetes"] and doc["placements"][0]["available"]
+    assert not set(names) & {t["name"] for t in doc["tiers"]}
+    text = c.run(["doctor"], cwd=ws).stdout.decode()
+    assert "placements (where a sandbox runs" in text and "\n  local " in text

@@ -1,0 +1,140 @@
+"""corral.batch's pure parts: job lines, the corral run argv, resume, retries."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from corral import batch, cli, placement
+from corral.usage import help_text
+
+
+def test_job_command_as_list_or_shell_string() -> None:
+    assert batch.check_job({"id": "a", "command": ["pytest", "-q"]}, 1)["argv"] == ["pytest", "-q"]
+    job = batch.check_job({"command": "echo hi | wc"}, 7)
+    assert job["argv"] == ["/bin/sh", "-c", "echo hi | wc"] and job["id"] == "line7"
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        ({"command": ["x"], "colour": "red"}, "line 3: unknown key 'colour'"),
+        ({"command": []}, "line 3: command must be"),
+        ({"command": ["x"], "env": "HOME"}, "line 3: env must be a list of strings"),
+        (["x"], "line 3: a job is a JSON object"),
+    ],
+)
+def test_bad_jobs_name_what_is_wrong(raw: object, error: str) -> None:
+    with pytest.raises(batch.JobError, match=error):
+        batch.check_job(raw, 3)
+
+
+def test_read_jobs_reports_bad_lines_and_runs_the_rest(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.jsonl"
+    lines = [
+        '{"id": "a", "command": ["true"], "workspace": "ws"}',
+        "{oops",
+        "",
+        '{"id": "a", "command": ["true"]}',
+        '{"id": "b", "command": "x", "typo": 1}',
+    ]
+    jobs.write_text("\n".join(lines) + "\n")
+    got = list(batch.read_jobs(str(jobs)))
+    assert got[0]["workspace"] == str(tmp_path / "ws")  # relative to the jobs file
+    assert got[1] == {
+        "id": "line2",
+        "exit": None,
+        "attempts": 0,
+        "line": 2,
+        "error": "line 2: not JSON: Expecting property name enclosed in double quotes",
+    }
+    assert got[2]["error"] == "line 4: id 'a' used twice"
+    assert got[3]["id"] == "b" and got[3]["error"].startswith("line 5: unknown key 'typo'")
+
+
+def test_corral_argv_is_a_normal_corral_run() -> None:
+    job = batch.check_job(
+        {
+            "command": ["make"],
+            "policy": "p.toml",
+            "timeout": "10m",
+            "memory": "1G",
+            "env": ["CI"],
+            "workspace": "/w",
+        },
+        1,
+    )
+    argv = batch.corral_argv(job, "/r", "/l", "/n")
+    assert argv[:4] == [sys.executable, "-m", "corral", "run"]
+    tail = argv[4:]
+    assert tail[tail.index("--policy") + 1] == "p.toml"
+    assert tail[tail.index("--timeout") + 1] == "10m" and tail[tail.index("--env") + 1] == "CI"
+    assert tail[-2:] == ["--", "make"] and tail[tail.index("--report") + 1] == "/r"
+
+
+def test_finished_ids_drops_a_line_cut_short(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    out.write_text(
+        json.dumps({"id": "a", "exit": 0})
+        + "\n"
+        + json.dumps({"id": "b", "exit": 1})
+        + '\n{"id": "c", "ex'
+    )
+    assert batch.finished_ids(str(out)) == {"a": True, "b": False}
+    assert out.read_text().count("\n") == 2 and out.read_text().endswith("}\n")
+    assert batch.finished_ids(str(tmp_path / "none")) == {}
+
+
+def test_retries_only_when_the_machine_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def fake(job: batch.Job, output_bytes: int) -> batch.Result:
+        calls.append(job["id"])
+        if job["id"] == "flaky" and len(calls) < 3:
+            return {"id": "flaky", "exit": 125, "error": "setup", "machine_failed": True}
+        return {"id": job["id"], "exit": 1 if job["id"] == "fails" else 0, "machine_failed": False}
+
+    monkeypatch.setattr(batch, "run_job", fake)
+    jobs = [{"id": "flaky", "command": ["x"]}, {"id": "fails", "command": ["x"]}]
+    got = {r["id"]: r for r in batch.run(jobs, concurrency=1)}
+    assert got["flaky"]["attempts"] == 3 and got["flaky"]["exit"] == 0
+    assert got["fails"]["attempts"] == 1 and got["fails"]["exit"] == 1  # a failed command: once
+    assert calls.count("fails") == 1
+    calls.clear()
+    got = {r["id"]: r for r in batch.run(jobs, retries=0, skip={"fails"})}
+    assert list(got) == ["flaky"] and got["flaky"]["exit"] == 125
+
+
+def test_missing_ray_is_one_line_and_122(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as if not installed
+    jobs = tmp_path / "j.jsonl"
+    jobs.write_text('{"command": ["true"]}\n')
+    code = cli.main(["batch", str(jobs), "--out", str(tmp_path / "r"), "--ray", "auto"])
+    err = capsys.readouterr().err
+    assert code == 122 and err.count("\n") == 1 and "pip install 'corral[ray]'" in err
+
+
+def test_batch_help_from_the_option_table() -> None:
+    text = help_text("batch")
+    assert "--out FILE" in text and "--ray ADDRESS" in text and "-j, --jobs N" in text
+    assert "122  --ray" in text and "corral batch JOBS.jsonl" in text
+
+
+def test_placements_are_not_tiers() -> None:
+    from corral import tiers
+
+    assert not set(placement.names()) & set(tiers.names())
+    local = placement.get("local")
+    assert local.health()[0]
+    ours, theirs = local.channel()
+    ours.sendall(b"x")
+    assert theirs.recv(1) == b"x"
+    ours.close()
+    theirs.close()
+    with pytest.raises(ValueError, match="unknown placement"):
+        placement.get("moon")
