@@ -8,10 +8,12 @@ sandboxes are built on the node that runs them by that node's corral.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +33,20 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A directory the sandboxes see as the host's (pytest's own is under /tmp,
+    which the namespace tier replaces with a private tmpfs)."""
+    root = Path("/var/lib/corral-tests") if os.geteuid() == 0 else Path.home()
+    root.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="batch-ray-", dir=root))
+    os.chmod(base, 0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _batch(
@@ -189,4 +205,3 @@ def test_ray_worker_killed_mid_batch_jobs_retried_elsewhere(
     retried = [x for x in res.values() if x["attempts"] > 1]
     assert retried, res  # the killed node's job ran again on another node
     assert sorted(set((ws / "done.txt").read_text().split())) == [f"k{i}" for i in range(4)]
-    time.sleep(0)
