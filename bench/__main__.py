@@ -16,11 +16,13 @@ proxy next to squid and a direct connection, and the door's added latency),
 plain proxy next to ``main``), ``container_exec`` (when
 bench/container_exec.py exists in this checkout), ``microvm`` (bench/vm_boot.py:
 ``corral run --tier microvm -- true`` next to raw QEMU booting the same kernel
-and initramfs, warm ``Sandbox.exec`` in a VM, an idle VM's QEMU RSS) and ``peers`` (srt and codex
-sandbox; installed and measured only with ``--with-peers``).  ``--against REV``
-adds ``against`` (bench/against.py): this checkout's ``corral run -- true`` (as
-root and, when the user exists, as ``corral-test``) and warm ``Sandbox.exec``
-next to the same from a git revision, interleaved.
+and initramfs, warm ``Sandbox.exec`` in a VM, an idle VM's QEMU RSS), ``batch``
+(bench/batch.py: ``corral batch`` of 1,000 ``true`` jobs next to ``xargs -P``, and
+``corral batch --ray`` on a local 3-node Ray cluster next to plain Ray tasks) and
+``peers`` (srt and codex sandbox; installed and measured only with
+``--with-peers``).  ``--against REV`` adds ``against`` (bench/against.py): this
+checkout's ``corral run -- true`` (as root and, when the user exists, as
+``corral-test``) and warm ``Sandbox.exec`` next to the same from a git revision, interleaved.
 
 Each comparison is measured side by side in one interleaved run, so machine
 noise lands on both sides of a ratio.  The table of medians and ratios is
@@ -51,6 +53,7 @@ NAMES = (
     "tls",
     "container_exec",
     "microvm",
+    "batch",
     "peers",
 )
 
@@ -137,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import vm_boot
 
             rows += vm_boot.rows(args.quick)
+        elif name == "batch":
+            from bench import batch
+
+            rows += batch.rows(args.quick)
         elif name == "against":
             from bench import against
 

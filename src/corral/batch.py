@@ -150,9 +150,18 @@ def finished_ids(out: str) -> dict[str, bool]:
 # -- one job on this machine ---------------------------------------------------------
 
 
+def _corral() -> list[str]:
+    """This installation's corral: its script beside the interpreter (no runpy,
+    a few ms less per job), else ``python -m corral``."""
+    script = os.path.join(os.path.dirname(sys.executable), "corral")
+    if os.access(script, os.X_OK):
+        return [script]
+    return [sys.executable, "-m", "corral"]
+
+
 def corral_argv(job: Job, report: str, log: str, net_log: str) -> list[str]:
     """``corral run`` for a job (pure: unit-tested)."""
-    argv = [sys.executable, "-m", "corral", "run", "-q", "--report", report]
+    argv = [*_corral(), "run", "-q", "--report", report]
     argv += ["--log", log, "--net-log", net_log]
     for key in ("policy", "workspace", "timeout", "memory", "pids", "cpus"):
         if key in job:
