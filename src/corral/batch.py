@@ -313,16 +313,18 @@ class _Progress:
         if not sys.stderr.isatty():
             return
         try:
+            from rich.console import Console  # type: ignore[import-not-found,unused-ignore]
             from rich.progress import Progress  # type: ignore[import-not-found,unused-ignore]
 
-            self._rich = Progress(transient=True)
+            # on stderr: stdout stays for the caller
+            self._rich = Progress(console=Console(stderr=True), transient=True)
             self._rich.start()
             self._bar = self._rich.add_task("corral batch", total=total)
         except ImportError:
             try:
                 from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
 
-                self._bar = tqdm(total=total, unit="job", leave=False)
+                self._bar = tqdm(total=total, unit="job", leave=False)  # stderr by default
             except ImportError:
                 pass
 
