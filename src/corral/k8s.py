@@ -127,6 +127,16 @@ def check(policy: Policy, opts: Options) -> None:
             raise PolicyError(
                 f"secrets.{secret.name}: from = file:PATH needs an absolute path in a pod"
             )
+    if policy.guardrails.dirs:
+        raise RefusedError(
+            "[guardrails] dirs name directories on this machine, which the proxy pod "
+            "does not have: guardrails are not rendered for Kubernetes yet"
+        )
+    if policy.tls.upstream_ca:
+        raise RefusedError(
+            "[tls] upstream_ca names files on this machine, which the proxy pod does not "
+            "have: not rendered for Kubernetes yet"
+        )
     tls = policy.tls
     if inspects(policy) and (tls.ca_cert or tls.ca == "ephemeral"):
         raise RefusedError(

@@ -476,6 +476,17 @@ def test_a_user_ca_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert err.value.code == EXIT_REFUSED and "corral-ca" in err.value.message
 
 
+@pytest.mark.parametrize("table", ["guardrails", "tls"])
+def test_files_of_this_machine_are_refused(tmp_path: Path, table: str) -> None:
+    """Policy keys that name files here (the pod has none of them): refused, not dropped."""
+    (tmp_path / "rails").mkdir()
+    (tmp_path / "up.pem").write_text("x")
+    key = 'dirs = ["rails"]' if table == "guardrails" else f'upstream_ca = ["{tmp_path}/up.pem"]'
+    with pytest.raises(CorralError) as err:
+        render(tmp_path, PROXY + f"\n[{table}]\n{key}\n")
+    assert err.value.code == EXIT_REFUSED and table in err.value.message
+
+
 def test_missing_images_are_usage_errors(tmp_path: Path) -> None:
     policy = load(tmp_path, PROXY)
     with pytest.raises(CorralError) as err:
