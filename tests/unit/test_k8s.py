@@ -570,6 +570,7 @@ def test_cli_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     for option in ("--policy", "--gvisor", "--template", "--namespace", "--image"):
         assert option in out
+    assert "122  refused" in out and "2  bad command line" in out
 
 
 def test_cli_seccomp_profile(capsys: pytest.CaptureFixture[str]) -> None:
