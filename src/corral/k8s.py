@@ -96,9 +96,12 @@ def _is_label(text: str, most: int) -> bool:
 
 def check_names(opts: Options) -> None:
     """PolicyError for a --name or --namespace Kubernetes would refuse."""
-    # the longest suffix is "-seccomp" and a label holds 63
-    if not _is_label(opts.name, 63 - len("-seccomp")):
-        raise PolicyError(f"--name {opts.name!r}: lower-case letters, digits and '-' (at most 55)")
+    # the longest suffix is "-seccomp" and a label holds 63; a Service's name (NAME-proxy)
+    # must begin with a letter
+    if not (_is_label(opts.name, 63 - len("-seccomp")) and opts.name[0].isalpha()):
+        raise PolicyError(
+            f"--name {opts.name!r}: a letter, then lower-case letters, digits and '-' (at most 55)"
+        )
     if opts.namespace and not _is_label(opts.namespace, 63):
         raise PolicyError(f"--namespace {opts.namespace!r}: not a Kubernetes namespace name")
 

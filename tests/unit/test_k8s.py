@@ -499,7 +499,7 @@ def test_missing_images_are_usage_errors(tmp_path: Path) -> None:
     k8s.render(load(tmp_path, NO_NETWORK), NO_NETWORK, k8s.Options(image="x"))
 
 
-@pytest.mark.parametrize("name", ["Corral", "-x", "a_b", "x" * 60, ""])
+@pytest.mark.parametrize("name", ["Corral", "-x", "a_b", "x" * 60, "", "9lives", "x-"])
 def test_bad_names(name: str) -> None:
     with pytest.raises(CorralError) as err:
         k8s.check_names(opts(name=name))
