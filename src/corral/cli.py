@@ -359,6 +359,44 @@ BATCH_OPTIONS: Options = {
     ),
 }
 
+K8S_OPTIONS: Options = {
+    "--policy": ("policy", "value", "FILE", "the policy file (its TOML goes into a ConfigMap)"),
+    "--image": (
+        "image",
+        "value",
+        "REF",
+        "the sandbox's image (default: the policy's [container] image)",
+    ),
+    "--proxy-image": (
+        "proxy_image",
+        "value",
+        "REF",
+        "the proxy's image: one with corral installed (needed when the policy has a network)",
+    ),
+    "--namespace": ("namespace", "value", "NS", "put every namespaced object in NS"),
+    "--name": ("name", "value", "NAME", "prefix of the objects' names (default: corral)"),
+    "--gvisor": ("gvisor", "flag", "", "run the sandbox under gVisor (a RuntimeClass gvisor)"),
+    "--template": (
+        "template",
+        "flag",
+        "",
+        "an agent-sandbox SandboxTemplate instead of a Pod",
+    ),
+    "--sandbox": ("sandbox", "flag", "", "an agent-sandbox Sandbox instead of a Pod"),
+    "--workspace-claim": (
+        "workspace_claim",
+        "value",
+        "PVC",
+        "the workspace from this PersistentVolumeClaim (default: an emptyDir)",
+    ),
+    "--seccomp-profile": (
+        "seccomp_profile",
+        "flag",
+        "",
+        "print only the seccomp profile (JSON) for the nodes' kubelet seccomp directory",
+    ),
+}
+
 # command -> (what follows its name, what it does, its options)
 COMMANDS: dict[str, tuple[str, str, Options]] = {
     "run": ("[OPTIONS] [--] COMMAND [ARG...]", "run a command in a sandbox", RUN_OPTIONS),
@@ -406,6 +444,11 @@ COMMANDS: dict[str, tuple[str, str, Options]] = {
         "JOBS.jsonl --out RESULTS.jsonl [OPTIONS]",
         "many jobs, each a corral run, here or on a Ray cluster",
         BATCH_OPTIONS,
+    ),
+    "k8s": (
+        "render --policy FILE [OPTIONS]",
+        "Kubernetes manifests (JSON) for a sandbox pod and its governing proxy",
+        K8S_OPTIONS,
     ),
 }
 # exit codes of commands that answer (usage text); CorralError carries them
@@ -1420,6 +1463,53 @@ def cmd_proxy(args: list[str]) -> int:
     return 0
 
 
+def cmd_k8s(args: list[str]) -> int:
+    """``corral k8s render``: the policy as Kubernetes objects, JSON on stdout (corral.k8s)."""
+    usage = "usage: corral k8s " + COMMANDS["k8s"][0]
+    if args[:1] in (["-h"], ["--help"]):
+        raise HelpRequested("k8s")
+    if not args or args[0] != "render":
+        raise CorralError(usage)
+    opts, rest = parse(args[1:], K8S_OPTIONS, positional=False, command="k8s render")
+    if rest:
+        raise CorralError(usage)
+    import json
+
+    from corral import k8s
+
+    if opts.get("seccomp_profile"):
+        sys.stdout.write(json.dumps(k8s.seccomp_profile(bool(opts.get("gvisor"))), indent=2) + "\n")
+        return 0
+    if not opts.get("policy"):
+        raise CorralError("k8s render needs --policy FILE")
+    if opts.get("template") and opts.get("sandbox"):
+        raise CorralError("--template and --sandbox: give one of them")
+    from corral import policy as policy_mod
+
+    path = os.path.abspath(str(opts["policy"]))
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise CorralError(f"--policy {opts['policy']}: {exc.strerror}") from None
+    policy = policy_mod.load(os.path.dirname(path), path)
+    policy_mod.check_network(policy)
+    kind = "template" if opts.get("template") else "sandbox" if opts.get("sandbox") else "pod"
+    options = k8s.Options(
+        image=str(opts.get("image") or policy.container.image),
+        proxy_image=str(opts.get("proxy_image") or ""),
+        name=str(opts.get("name") or "corral"),
+        namespace=str(opts.get("namespace") or ""),
+        gvisor=bool(opts.get("gvisor")),
+        kind=kind,
+        workspace_claim=str(opts.get("workspace_claim") or ""),
+    )
+    k8s.check_names(options)
+    objects = k8s.render(policy, text, options)
+    sys.stdout.write(json.dumps(k8s.as_list(objects), indent=2) + "\n")
+    return 0
+
+
 def _serve_ca(policy: Policy) -> CA | None:
     """``proxy serve``'s CA when its policy intercepts (its clients must trust the
     certificate file named on stderr), else None."""
@@ -1537,6 +1627,7 @@ def main(argv: list[str] | None = None) -> int:
             "approve": cmd_approve,
             "deny": cmd_deny,
             "batch": cmd_batch,
+            "k8s": cmd_k8s,
         }
         if args[0] not in commands:
             raise CorralError(

@@ -63,6 +63,8 @@ def help_text(command: str | None = None) -> str:
         text += "\n" + _BATCH_NOTES
     elif command == "agent":
         text += "\n" + _AGENT_NOTES
+    elif command == "k8s":
+        text += "\n" + _K8S_NOTES
     return text
 
 
@@ -110,6 +112,22 @@ exit codes (corral agent run):
        malformed response
   122  refused: the tier or a requested limit is not available on this host
   125  the sandbox could not be set up
+"""
+
+
+_K8S_NOTES = """\
+Prints one JSON List for kubectl apply -f: the sandbox (a Pod, or agent-sandbox's
+SandboxTemplate or Sandbox), the governing proxy (Deployment, Service, the policy
+in a ConfigMap, [secrets] from the Secret NAME-secrets), NetworkPolicies that let
+the sandbox reach the proxy alone, and corral's seccomp profile, which each node
+needs in its kubelet seccomp directory (--seccomp-profile prints it).  Nothing is
+applied; see the README's Kubernetes section.
+
+exit codes:
+    0  printed
+    2  bad command line or policy file; --image or --proxy-image missing
+  122  refused: the policy asks for what a pod cannot honour (e.g. tier landlock,
+       namespace or microvm; network.transparent)
 """
 
 

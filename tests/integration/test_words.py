@@ -5,12 +5,16 @@ policy file errors, --explain.  Real CLI, as root and as an unprivileged user.""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import Corral
+from conftest import SRC, Corral
 
 from corral.cli import COMMANDS
+from tests.tiers import absent, available
 
 
 def lines(stderr: bytes) -> list[str]:
@@ -202,3 +206,27 @@ def test_report_json_for_a_run_that_could_not_start(sandbox: tuple[Corral, Path]
     doc = json.loads(lines(r.stderr)[-1])
     assert doc["exit"] == 125 and doc["denials"] == []
     assert "cannot enter the working directory" in doc["error"]
+
+
+@pytest.mark.skipif(
+    "landlock" not in {c.id for c in available()},
+    reason=f"the landlock tier cannot run here: {absent().get('landlock', '')}",
+)
+def test_corrals_words_when_corral_itself_is_out_of_the_commands_reach(tmp_path: Path) -> None:
+    """A checkout under /tmp (out of a landlock sandbox's reach): a missing
+    command is still said in corral's words with 127, not a silent 125."""
+    shutil.copytree(SRC / "corral", tmp_path / "src" / "corral")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "PYTHONPATH": str(tmp_path / "src"),
+        "PYTHONDONTWRITEBYTECODE": "1",  # nothing compiled ahead: every import reads source
+    }
+    argv = [sys.executable, "-m", "corral", "run", "--tier", "landlock", "-q", "--"]
+    r = subprocess.run([*argv, "no-such-command"], cwd=ws, env=env, capture_output=True)
+    assert r.returncode == 127 and b"corral: no-such-command" in r.stderr, r
+    ok = subprocess.run([*argv, "sh", "-c", "echo ran"], cwd=ws, env=env, capture_output=True)
+    assert ok.returncode == 0 and ok.stdout == b"ran\n", ok  # allow twin

@@ -72,7 +72,10 @@ class Kubernetes(Placement):
 
         kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
         found = "kubeconfig found" if os.path.exists(kubeconfig) else "no kubeconfig"
-        return False, f"not built yet: no pods are placed from corral; host: {found}"
+        return False, (
+            f"corral places no pods itself; corral k8s render prints manifests to apply; "
+            f"host: {found}"
+        )
 
     def channel(self) -> tuple[socket.socket, socket.socket]:
         from corral.errors import RefusedError

@@ -239,6 +239,10 @@ class Confined(LaunchStrategy):
             except OSError as exc:
                 os.write(2, f"corral: cannot enter {plan.cwd}: {exc.strerror}\n".encode())
                 os._exit(126)
+            # exec_failed's words, loaded before the ruleset: corral's own files
+            # may be out of the command's reach (a checkout under /tmp, say)
+            import corral.failures  # noqa: F401
+
             try:
                 confine.apply(self.ruleset, program)
             except (OSError, confine.ConfineError) as exc:
