@@ -336,6 +336,8 @@ def test_terminal_prompt_leaves_a_half_typed_line_alone() -> None:
     prompt = TerminalPrompt(ours, tty_in=slave, tty_out=slave)
     try:
         os.write(master, b"ls -l")  # typed for the command, Enter not pressed yet
+        # a pty hands bytes to its other side a moment later (a kernel work item)
+        assert select.select([slave], [], [], 20)[0]
         _ask(hub_end, "a1", "/one")
         prompt.on_ready(prompt.fd)
         said = _read_until(master, b"corral deny a1)")
