@@ -4,13 +4,16 @@ expiry, its control socket, the terminal prompt on a pty pair, ask_timeout."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import select
 import socket
 import stat
 import termios
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -329,6 +332,21 @@ def test_ask_info_reads_what_the_hub_sends() -> None:
     assert "GET h:1/" in repr(info)
 
 
+def _wait_typed(tty: int, count: int, mode: list[Any]) -> None:
+    """Until ``count`` typed bytes wait on ``tty`` (counted outside canonical
+    mode, where an unfinished line shows), then the mode as it was."""
+    raw = list(mode)
+    raw[3] = mode[3] & ~termios.ICANON
+    deadline = time.monotonic() + 20
+    try:
+        termios.tcsetattr(tty, termios.TCSANOW, raw)
+        while int.from_bytes(fcntl.ioctl(tty, termios.FIONREAD, b"\0" * 4), "little") < count:
+            assert time.monotonic() < deadline, "the typed bytes never arrived"
+            time.sleep(0.01)
+    finally:
+        termios.tcsetattr(tty, termios.TCSANOW, mode)
+
+
 def test_terminal_prompt_leaves_a_half_typed_line_alone() -> None:
     master, slave = os.openpty()
     ours, hub_end = socket.socketpair()
@@ -337,7 +355,7 @@ def test_terminal_prompt_leaves_a_half_typed_line_alone() -> None:
     try:
         os.write(master, b"ls -l")  # typed for the command, Enter not pressed yet
         # a pty hands bytes to its other side a moment later (a kernel work item)
-        assert select.select([slave], [], [], 20)[0]
+        _wait_typed(slave, 5, before)
         _ask(hub_end, "a1", "/one")
         prompt.on_ready(prompt.fd)
         said = _read_until(master, b"corral deny a1)")
