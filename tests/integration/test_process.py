@@ -297,6 +297,7 @@ def test_bad_limit_values_are_usage_errors(tsandbox: tuple[Corral, Path], flag: 
     assert r.stderr.count(b"\n") == 1 and r.stderr.startswith(b"corral: ")
 
 
+@pytest.mark.tiers("namespace", "landlock", why="a container's root is its image: no host sockets")
 def test_sockets_coming_and_going_on_the_host_do_not_fail_runs(
     tsandbox: tuple[Corral, Path],
 ) -> None:
