@@ -700,7 +700,9 @@ def cmd_rules(args: list[str]) -> int:
 
 # A run whose setup raced a host change (a unix socket removed between the plan
 # and bwrap's mounts; busy machines have many) is planned again: its command
-# never started, so nothing is repeated.
+# never started, so nothing is repeated.  The host's socket list is the one
+# read for the first plan (this process may since have entered the sandbox's
+# network namespace, where /proc/net/unix lists none of the host's).
 SETUP_ATTEMPTS = 3
 
 
@@ -732,6 +734,9 @@ def cmd_run(args: list[str]) -> int:
         except SetupRaced:
             if attempt == SETUP_ATTEMPTS:
                 raise
+            from corral import fsplan
+
+            fsplan.freeze_host_sockets()
         finally:
             if door is not None:
                 door.close()

@@ -41,7 +41,12 @@ _BWRAP_SAYS = (
 
 
 # bwrap's words for a host path that changed under it: planning again fixes them
-_RACES = ("Can't find source path ", "Can't create file at ", "Can't mkdir parents for ")
+_RACES = (
+    "Can't find source path ",
+    "Can't create file at ",
+    "Can't mkdir parents for ",
+    "Can't bind mount /bindfile",  # a mask's empty file over a socket that went meanwhile
+)
 
 
 def raced(lines: list[str]) -> bool:

@@ -155,8 +155,27 @@ def _kind(path: str) -> str:
     return "file"
 
 
+# The host's socket list as last read in this process, and the one to keep
+# using once the process may have left the host's network namespace.
+_seen_sockets: list[str] | None = None
+_frozen_sockets: list[str] | None = None
+
+
+def freeze_host_sockets() -> None:
+    """From now on, plans in this process use the host's socket list as last
+    read: corral may have entered a sandbox's network namespace since, where
+    /proc/net/unix shows none of the host's sockets (planning again after a
+    setup race must not lose a mask)."""
+    global _frozen_sockets
+    if _frozen_sockets is None and _seen_sockets is not None:
+        _frozen_sockets = _seen_sockets
+
+
 def host_unix_sockets(proc_net_unix: str = "/proc/net/unix") -> list[str]:
     """Paths of unix sockets bound on the host (abstract ones are per network namespace)."""
+    global _seen_sockets
+    if _frozen_sockets is not None:
+        return list(_frozen_sockets)
     try:
         with open(proc_net_unix, encoding="utf-8", errors="replace") as fh:
             next(fh, None)
@@ -167,7 +186,8 @@ def host_unix_sockets(proc_net_unix: str = "/proc/net/unix") -> list[str]:
                     found.add(parts[7].rstrip("\n"))
     except OSError:
         return []
-    return sorted(found)
+    _seen_sockets = sorted(found)
+    return list(_seen_sockets)
 
 
 def host_net_dirs(class_net: str = SYS_CLASS_NET, devices: str = "/sys/devices") -> list[str]:

@@ -92,3 +92,23 @@ def test_a_host_path_that_changed_during_setup_is_a_race_others_are_not() -> Non
     assert not raced(["bwrap: Creating new namespace failed: Operation not permitted"])
     assert not raced(["bwrap: execvp nosuch: No such file or directory"])
     assert not raced([])
+
+
+def test_planning_again_keeps_the_hosts_socket_list(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """After a setup race corral may be inside the sandbox's network namespace,
+    where /proc/net/unix lists none of the host's sockets: the list read for the
+    first plan is kept (a mask must never be lost by planning again)."""
+    from corral import fsplan
+
+    monkeypatch.setattr(fsplan, "_seen_sockets", None)
+    monkeypatch.setattr(fsplan, "_frozen_sockets", None)
+    head = "Num RefCount Protocol Flags Type St Inode Path\n"
+    host = tmp_path / "host"
+    host.write_text(head + "0: 00000002 00000000 00010000 0001 01 1 /srv/api.sock\n")
+    inside = tmp_path / "inside"
+    inside.write_text(head)
+    assert fsplan.host_unix_sockets(str(host)) == ["/srv/api.sock"]
+    assert fsplan.host_unix_sockets(str(inside)) == []  # twin: unfrozen, read afresh
+    fsplan.host_unix_sockets(str(host))
+    fsplan.freeze_host_sockets()
+    assert fsplan.host_unix_sockets(str(inside)) == ["/srv/api.sock"]
