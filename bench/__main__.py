@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import Row, machine_line, table
+from bench.common import Row, machine_line, table, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
 NAMES = (
@@ -182,10 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     text = text.rstrip("\n") + "\n"
     print(text, end="")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    part = RESULTS.with_suffix(".md.tmp")
-    part.write_text(text, encoding="utf-8")
-    os.replace(part, RESULTS)
+    write_result(RESULTS, text)
     _log(f"(written to {RESULTS})")
     return 0
 

@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -100,3 +101,12 @@ def available_tiers(corral: str) -> list[str]:
     except (ValueError, KeyError):
         return []
     return [t["name"] for t in tiers if t.get("available") and t["name"] != "none"]
+
+
+def write_result(path: Path, text: str) -> None:
+    """A results file replaced whole (written beside, then renamed): an
+    interrupted run never leaves half a table."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(".md.tmp")
+    part.write_text(text, encoding="utf-8")
+    os.replace(part, path)

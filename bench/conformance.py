@@ -15,7 +15,6 @@ columns of N.A. with the tier's own reason.  The table is also written to
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import machine_line
+from bench.common import machine_line, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "conformance.md"
@@ -207,10 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 return code or 1
         text = render(parse(junit), absent_tiers(), time.monotonic() - started)
     print(text, end="")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    part = RESULTS.with_suffix(".md.tmp")
-    part.write_text(text, encoding="utf-8")
-    os.replace(part, RESULTS)
+    write_result(RESULTS, text)
     print(f"(written to {RESULTS})", file=sys.stderr)
     return code
 

@@ -54,6 +54,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.common import write_result
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from bench.common import Row as BenchRow
@@ -1325,10 +1327,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: interrupted; servers stopped", file=sys.stderr)
         return 130
     print(text, end="")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    part = RESULTS.with_suffix(".md.tmp")
-    part.write_text(text, encoding="utf-8")
-    os.replace(part, RESULTS)
+    write_result(RESULTS, text)
     print(f"(written to {RESULTS})", file=sys.stderr)
     return 0
 

@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.common import write_result
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from bench.common import Row
@@ -691,10 +693,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print(text, end="")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_suffix(".md.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, RESULTS)
+    write_result(RESULTS, text)
     print(f"(written to {RESULTS})", file=sys.stderr)
     return 0
 

@@ -53,6 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import write_result
 from bench.proxy_throughput import (
     BenchError,
     Service,
@@ -850,10 +851,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     text = report(s, args, tls, plain, leaf)
     print(text, end="")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    part = RESULTS.with_suffix(".md.tmp")
-    part.write_text(text, encoding="utf-8")
-    os.replace(part, RESULTS)
+    write_result(RESULTS, text)
     print(f"(written to {RESULTS})", file=sys.stderr)
     return 0
 
