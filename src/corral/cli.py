@@ -1552,10 +1552,10 @@ def _proxy_worker(
 ) -> None:
     """One proxy process serving pre-bound sockets until a signal (or, for the extra
     workers, until the first worker closes the life pipe)."""
-    import asyncio
     import signal
     import socket
 
+    from corral.net import aio
     from corral.net.audit import Audit, guard_process
     from corral.net.proxy import Proxy, run_loop
 
@@ -1575,8 +1575,8 @@ def _proxy_worker(
                 await proxy.serve_unix(sock, run_id)  # a relay's frames too (a door)
             else:
                 await proxy.serve_sock(sock, run_id)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
+        stop = aio.Event()
+        loop = aio.get_running_loop()
         if life_r is None:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)

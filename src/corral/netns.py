@@ -36,7 +36,6 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import _socket
-    import socket
     from collections.abc import Callable, Collection
 
     from corral.policy import Policy
@@ -392,17 +391,20 @@ class Resolver:
 # -- the proxy ------------------------------------------------------------------------------
 
 
-def receive(handoff: socket.socket) -> list[tuple[Listener, socket.socket]]:
+def receive(handoff: _socket.socket) -> list[tuple[Listener, _socket.socket]]:
     """In the proxy: accept the launcher's one handoff and take its listeners."""
-    import socket
+    import _socket
     import struct
 
-    conn, _ = handoff.accept()
-    with conn:
-        data, ancillary, _flags, _ = conn.recvmsg(65536, socket.CMSG_SPACE(MAX_LISTENERS * 4))
+    fd, _ = handoff._accept()  # type: ignore[attr-defined]
+    conn = _socket.socket(fileno=fd)
+    try:
+        data, ancillary, _flags, _ = conn.recvmsg(65536, _socket.CMSG_SPACE(MAX_LISTENERS * 4))
+    finally:
+        conn.close()
     fds: list[int] = []
     for level, what, payload in ancillary:
-        if level == socket.SOL_SOCKET and what == socket.SCM_RIGHTS:
+        if level == _socket.SOL_SOCKET and what == _socket.SCM_RIGHTS:
             usable = len(payload) - len(payload) % 4
             fds += struct.unpack(f"{usable // 4}i", payload[:usable])
     lines = data.decode("ascii", "replace").splitlines()
@@ -413,5 +415,5 @@ def receive(handoff: socket.socket) -> list[tuple[Listener, socket.socket]]:
     out = []
     for line, fd in zip(lines, fds, strict=True):
         kind, host, port_text = line.split(" ")
-        out.append((Listener(kind, host, int(port_text)), socket.socket(fileno=fd)))
+        out.append((Listener(kind, host, int(port_text)), _socket.socket(fileno=fd)))
     return out

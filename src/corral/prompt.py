@@ -28,7 +28,7 @@ from corral.net.asking import DEFAULT_GRANT, AskInfo, Decision, format_seconds
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import socket
+    import _socket as socket
     from typing import Any
 
 KEYS = {b"y": "once", b"o": "once", b"f": "for", b"n": "deny", b"d": "deny"}

@@ -3,7 +3,6 @@ expiry, its control socket, the terminal prompt on a pty pair, ask_timeout."""
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import json
 import os
@@ -19,6 +18,7 @@ import pytest
 
 from corral import policy as pol
 from corral.errors import PolicyError
+from corral.net import aio
 from corral.net.approvals import (
     AskInfo,
     Decision,
@@ -90,7 +90,7 @@ async def _held(hub: Hub, count: int = 1) -> list[str]:
     for _ in range(200):
         if len(hub.pending) >= count:
             return list(hub.pending)
-        await asyncio.sleep(0.005)
+        await aio.sleep(0.005)
     raise AssertionError("nothing held")
 
 
@@ -98,7 +98,7 @@ def test_hub_allow_deny_and_timeout() -> None:
     async def main() -> None:
         audit = Recorder()
         hub = Hub(audit, "run1", timeout=5)
-        task = asyncio.ensure_future(hub.ask(dest(), req(), ASK))
+        task = aio.ensure_future(hub.ask(dest(), req(), ASK))
         (ask_id,) = await _held(hub)
         assert hub.listing()[0]["path"] == "/repos/a"
         assert hub.answer(ask_id, Decision.once(), "test") is None
@@ -106,7 +106,7 @@ def test_hub_allow_deny_and_timeout() -> None:
         assert allowed.allowed and allowed.rule == "network.rules[1]"
         assert hub.answer(ask_id, Decision.once(), "test")  # answered already: an error text
 
-        task = asyncio.ensure_future(hub.ask(dest(), req(), ASK))
+        task = aio.ensure_future(hub.ask(dest(), req(), ASK))
         (ask_id,) = await _held(hub)
         hub.answer(ask_id, Decision.deny(), "test")
         denied = await task
@@ -121,16 +121,16 @@ def test_hub_allow_deny_and_timeout() -> None:
         assert len(audit.events("ask")) == 3
         assert all(e["decision"] == "ask" for e in audit.lines)  # never tallied as denials
 
-    asyncio.run(main())
+    aio.run(main())
 
 
 def test_hub_grants_cover_expire_and_answer_held_twins() -> None:
     async def main() -> None:
         audit = Recorder()
         hub = Hub(audit, "run1", timeout=5)
-        first = asyncio.ensure_future(hub.ask(dest(), req(), ASK))
-        twin = asyncio.ensure_future(hub.ask(dest(), req(target="/repos/a?x=1"), ASK))
-        other = asyncio.ensure_future(hub.ask(dest(), req("DELETE"), ASK))
+        first = aio.ensure_future(hub.ask(dest(), req(), ASK))
+        twin = aio.ensure_future(hub.ask(dest(), req(target="/repos/a?x=1"), ASK))
+        other = aio.ensure_future(hub.ask(dest(), req("DELETE"), ASK))
         ids = await _held(hub, 3)
         hub.answer(ids[0], Decision(True, 0.2), "test")
         assert (await first).allowed and (await twin).allowed  # the grant answered the twin
@@ -139,24 +139,24 @@ def test_hub_grants_cover_expire_and_answer_held_twins() -> None:
         assert again.allowed and "grant" in again.reason
         hub.answer(next(iter(hub.pending)), Decision.deny(), "test")
         assert not (await other).allowed
-        await asyncio.sleep(0.3)
+        await aio.sleep(0.3)
         assert audit.events("grant-expired") and not hub.grants
         hub.timeout = 0.05
         assert not (await hub.ask(dest(), req(), ASK)).allowed  # expired: asked again
 
-    asyncio.run(main())
+    aio.run(main())
 
 
 def test_hub_connect_asks_have_no_path() -> None:
     async def main() -> None:
         hub = Hub(Recorder(), "run1", timeout=5)
-        task = asyncio.ensure_future(hub.ask(dest(), None, ASK))
+        task = aio.ensure_future(hub.ask(dest(), None, ASK))
         (ask_id,) = await _held(hub)
         assert hub.listing()[0]["method"] == "CONNECT" and hub.listing()[0]["path"] == ""
         hub.answer(ask_id, Decision.once(), "t")
         assert (await task).allowed
 
-    asyncio.run(main())
+    aio.run(main())
 
 
 def test_control_socket_list_answer_and_bad_answers(tmp_path: Path) -> None:
@@ -167,9 +167,9 @@ def test_control_socket_list_answer_and_bad_answers(tmp_path: Path) -> None:
         hub = Hub(Recorder(), "run1", timeout=5)
         await hub.serve_control(str(ctl))
         assert stat.S_IMODE(os.stat(hub.control_path).st_mode) == 0o600
-        task = asyncio.ensure_future(hub.ask(dest(), req(), ASK))
+        task = aio.ensure_future(hub.ask(dest(), req(), ASK))
         await _held(hub)
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         held = await loop.run_in_executor(None, list_pending, str(ctl))
         assert [(h["run"], h["method"], h["path"]) for h in held] == [("run1", "GET", "/repos/a")]
         ask_id = str(held[0]["id"])
@@ -188,7 +188,7 @@ def test_control_socket_list_answer_and_bad_answers(tmp_path: Path) -> None:
         hub.close()
         assert not os.listdir(ctl)
 
-    asyncio.run(main())
+    aio.run(main())
 
 
 def test_control_dir_is_ours_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

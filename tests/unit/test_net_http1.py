@@ -1,18 +1,17 @@
 """Tests for corral.net.http1: heads, framing, header forwarding and body copying.
 
 Pure functions are called directly; the stream functions are driven by an
-``asyncio.StreamReader`` fed with ``feed_data`` and a writer that collects bytes.
+``aio.StreamReader`` fed with ``feed_data`` and a writer that collects bytes.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar, cast
 
 import pytest
 
-from corral.net import http1
+from corral.net import aio, http1
 from corral.net.http1 import HttpError, Message
 
 T = TypeVar("T")
@@ -20,9 +19,9 @@ T = TypeVar("T")
 
 def run(coro: Awaitable[T]) -> T:
     async def bounded() -> T:
-        return await asyncio.wait_for(coro, 5)
+        return await aio.wait_for(coro, 5)
 
-    return asyncio.run(bounded())
+    return aio.run(bounded())
 
 
 class FakeTransport:
@@ -48,8 +47,8 @@ class FakeWriter:
         self.drains += 1
 
 
-def reader_with(data: bytes, eof: bool = True, limit: int = http1.MAX_HEAD) -> asyncio.StreamReader:
-    reader = asyncio.StreamReader(limit=limit)
+def reader_with(data: bytes, eof: bool = True, limit: int = http1.MAX_HEAD) -> aio.StreamReader:
+    reader = aio.StreamReader(limit=limit)
     reader.feed_data(data)
     if eof:
         reader.feed_eof()
@@ -60,7 +59,7 @@ async def copy(data: bytes, kind: str, length: int = 0) -> tuple[int, bytes, byt
     """Copy one body out of ``data``; returns (count, bytes written, bytes left unread)."""
     reader = reader_with(data)
     writer = FakeWriter()
-    sent = await http1.copy_body(reader, cast(asyncio.StreamWriter, writer), kind, length)
+    sent = await http1.copy_body(reader, cast(aio.StreamWriter, writer), kind, length)
     return sent, bytes(writer.data), await reader.read()
 
 
@@ -740,7 +739,7 @@ def test_copy_body_huge_chunk_is_streamed_not_held() -> None:
     async def go() -> Pieces:
         reader = reader_with(b"%x\r\n" % size + b"z" * size + b"\r\n0\r\n\r\n")
         writer = Pieces()
-        await http1.copy_body(reader, cast(asyncio.StreamWriter, writer), "chunked", 0)
+        await http1.copy_body(reader, cast(aio.StreamWriter, writer), "chunked", 0)
         return writer
 
     writer = run(go())
@@ -822,7 +821,7 @@ def test_copy_body_drains_when_the_buffer_fills() -> None:
         reader = reader_with(b"x" * 10)
         writer = FakeWriter()
         writer.transport.buffered = http1.CHUNK + 1
-        await http1.copy_body(reader, cast(asyncio.StreamWriter, writer), "length", 10)
+        await http1.copy_body(reader, cast(aio.StreamWriter, writer), "length", 10)
         return writer.drains
 
     assert run(go()) >= 2  # once for the full buffer, once at the end

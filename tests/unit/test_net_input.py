@@ -16,7 +16,6 @@ takes corral's relay frames.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import struct
@@ -37,7 +36,7 @@ from test_net_proxy_unit import (
     socks_request,
 )
 
-from corral.net import names
+from corral.net import aio, names
 from corral.net.audit import Audit
 from corral.net.hooks import Chain, Destination, Hook, HostRulesHook
 from corral.net.proxy import Proxy
@@ -78,20 +77,20 @@ class World:
         # transparent mode's capture port: every connection "was going" to the origin
         self.capture_port = capture_port
         self.audit_path = Path(door).with_name("net.jsonl")
-        self.clients: list[asyncio.StreamWriter] = []
+        self.clients: list[aio.StreamWriter] = []
 
-    async def tcp(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+    async def tcp(self) -> tuple[aio.StreamReader, aio.StreamWriter]:
+        reader, writer = await aio.open_connection("127.0.0.1", self.port)
         self.clients.append(writer)
         return reader, writer
 
-    async def capture(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.capture_port)
+    async def capture(self) -> tuple[aio.StreamReader, aio.StreamWriter]:
+        reader, writer = await aio.open_connection("127.0.0.1", self.capture_port)
         self.clients.append(writer)
         return reader, writer
 
-    async def unix(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = await asyncio.open_unix_connection(self.door)
+    async def unix(self) -> tuple[aio.StreamReader, aio.StreamWriter]:
+        reader, writer = await aio.open_unix_connection(self.door)
         self.clients.append(writer)
         return reader, writer
 
@@ -108,7 +107,7 @@ class World:
             lines = [e for e in self.audit() if e["decision"] == decision]
             if len(lines) >= count:
                 return lines
-            await asyncio.sleep(0.01)
+            await aio.sleep(0.01)
         return [e for e in self.audit() if e["decision"] == decision]
 
 
@@ -180,7 +179,7 @@ class Outcome:
 GET_PATH = b"GET /named HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 
 
-async def _through(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+async def _through(reader: aio.StreamReader, writer: aio.StreamWriter) -> bool:
     """One GET inside an open tunnel; then close it, so that its audit line is written."""
     writer.write(GET_PATH)
     response = await read_response(reader)
@@ -262,7 +261,7 @@ async def via_transparent_sni(w: World, name: bytes) -> Outcome:
             writer.close()  # the tunnel ends, and its audit line is written
             return Outcome(True, "spliced")
         try:
-            if await asyncio.wait_for(reader.read(1), 0.01) == b"":
+            if await aio.wait_for(reader.read(1), 0.01) == b"":
                 return Outcome(False, "closed")
         except TimeoutError:
             pass
@@ -586,14 +585,14 @@ def test_trailers_are_dropped_not_forwarded(tmp_path: Path) -> None:
     async def go() -> None:
         raw = bytearray()
 
-        async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def record(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
             while b"0\r\n\r\n" not in raw and (data := await reader.read(4096)):
                 raw.extend(data)
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
             await writer.drain()
             writer.close()
 
-        recorder = await asyncio.start_server(record, "127.0.0.1", 0)
+        recorder = await aio.start_server(record, "127.0.0.1", 0)
         port = recorder.sockets[0].getsockname()[1]
         try:
             async with world(tmp_path, [f"127.0.0.1:{port}"]) as w:
@@ -624,7 +623,7 @@ def test_a_head_that_trickles_in_gets_408_and_a_close(tmp_path: Path) -> None:
             for _ in range(40):  # a header line every 0.1 s, never the end of the head
                 writer.write(b"X-Slow: 1\r\n")
                 try:
-                    got += await asyncio.wait_for(reader.read(100), 0.1)
+                    got += await aio.wait_for(reader.read(100), 0.1)
                 except TimeoutError:
                     continue
                 break
@@ -641,7 +640,7 @@ def test_allow_twin_a_head_in_slow_pieces_within_the_limit_works(tmp_path: Path)
             reader, writer = await w.tcp()
             for piece in (b"GET http://127.0.0.1:%d/ok HTTP/1.1\r\n" % w.origin.port, b"X: 1\r\n"):
                 writer.write(piece)
-                await asyncio.sleep(0.15)
+                await aio.sleep(0.15)
             writer.write(b"\r\n")
             assert (await read_response(reader)).status == 200
             assert w.origin.paths == ["/ok"]
@@ -652,7 +651,7 @@ def test_allow_twin_a_head_in_slow_pieces_within_the_limit_works(tmp_path: Path)
 def test_a_silent_client_is_closed_after_the_idle_timeout(tmp_path: Path) -> None:
     async def go() -> None:
         async with world(tmp_path, ["127.0.0.1:{port}"], **FAST) as w:
-            loop = asyncio.get_running_loop()
+            loop = aio.get_running_loop()
             reader, _ = await w.tcp()
             started = loop.time()
             assert await reader.read() == b""  # closed, without a status: it asked nothing
@@ -669,9 +668,9 @@ def test_an_idle_keep_alive_connection_is_closed_and_a_busy_one_is_not(tmp_path:
             for _ in range(4):  # a request every 0.5 s: never idle for 1.2 s
                 writer.write(request)
                 assert (await read_response(reader)).status == 200
-                await asyncio.sleep(0.5)
+                await aio.sleep(0.5)
             assert len(w.origin.requests) == 4
-            assert await asyncio.wait_for(reader.read(), 4) == b""  # then idle: closed
+            assert await aio.wait_for(reader.read(), 4) == b""  # then idle: closed
 
     run(go)
 
@@ -711,12 +710,12 @@ def test_the_old_capture_frame_is_no_frame_on_a_unix_door(tmp_path: Path) -> Non
             sock.listen(4)
             server = await w.proxy.serve_unix(sock, RUN_ID)  # with the relay's frames
             try:
-                reader, writer = await asyncio.open_unix_connection(path)
+                reader, writer = await aio.open_unix_connection(path)
                 writer.write(capture_frame(w.origin.port) + b"GET / HTTP/1.1\r\n\r\n")
                 assert (await read_response(reader)).status == 400
                 writer.close()
                 assert w.origin.accepts == 0
-                reader, writer = await asyncio.open_unix_connection(path)  # twin: plain HTTP
+                reader, writer = await aio.open_unix_connection(path)  # twin: plain HTTP
                 writer.write(b"GET http://127.0.0.1:%d/p HTTP/1.1\r\n\r\n" % w.origin.port)
                 assert (await read_response(reader)).status == 200
                 writer.close()
@@ -798,8 +797,8 @@ def test_an_unexpected_exception_is_one_audit_line_and_a_count(
             assert "RuntimeError: a hook with a bug" in line["reason"]
             assert "\n" not in line["reason"]
             # the loop's own handler: a failing callback is counted the same way
-            asyncio.get_running_loop().call_soon(lambda: 1 / 0)
-            await asyncio.sleep(0.01)
+            aio.get_running_loop().call_soon(lambda: 1 / 0)
+            await aio.sleep(0.01)
             assert w.proxy.audit.errors == 2
             # twin: the proxy still serves
             assert (await via_http(w, b"127.0.0.1")).reached
@@ -817,29 +816,29 @@ def test_a_tunnel_open_when_the_loop_stops_leaves_no_traceback(tmp_path: Path) -
     import sys
 
     script = f"""
-import asyncio
+from corral.net import aio
 from corral.net.audit import Audit
 from corral.net.hooks import Chain, HostRulesHook
 from corral.net.proxy import Proxy, run_loop
 from corral.net.rules import HostRules
 
-class Hold(asyncio.Protocol):  # an origin that keeps its side open after the client's EOF
+class Hold(aio.Protocol):  # an origin that keeps its side open after the client's EOF
     def eof_received(self):
         return True
 
 async def main():
-    origin = await asyncio.get_running_loop().create_server(Hold, "127.0.0.1", 0)
+    origin = await aio.get_running_loop().create_server(Hold, "127.0.0.1", 0)
     port = origin.sockets[0].getsockname()[1]
     rules = HostRules.parse([f"127.0.0.1:{{port}}"], [])
     proxy = Proxy(Chain([HostRulesHook(rules)]), Audit({str(tmp_path / "net.jsonl")!r}))
     proxy.guard("r")
     server = await proxy.serve_tcp("127.0.0.1", 0, "r")
-    reader, writer = await asyncio.open_connection(
+    reader, writer = await aio.open_connection(
         "127.0.0.1", server.sockets[0].getsockname()[1])
     writer.write(f"CONNECT 127.0.0.1:{{port}} HTTP/1.1\\r\\n\\r\\n".encode())
     await reader.readuntil(b"\\r\\n\\r\\n")
     writer.write_eof()
-    await asyncio.sleep(0.1)
+    await aio.sleep(0.1)
     print("errors", proxy.audit.errors)
 
 run_loop(main())

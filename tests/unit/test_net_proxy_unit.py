@@ -10,7 +10,6 @@ has an allow twin that shows the same path works.  All traffic stays on
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import struct
@@ -21,6 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from corral.net import aio
 from corral.net.audit import Audit
 from corral.net.hooks import Chain, HostRulesHook
 from corral.net.proxy import Proxy
@@ -49,9 +49,9 @@ AUDIT_FIELDS = {
 
 def run(factory: Callable[[], Awaitable[T]]) -> T:
     async def bounded() -> T:
-        return await asyncio.wait_for(factory(), TIMEOUT)
+        return await aio.wait_for(factory(), TIMEOUT)
 
-    return asyncio.run(bounded())
+    return aio.run(bounded())
 
 
 # -- the origin --------------------------------------------------------------------------------
@@ -86,10 +86,10 @@ class Origin:
         self.port = 0
         self.accepts = 0
         self.requests: list[Seen] = []
-        self.server: asyncio.Server | None = None
+        self.server: aio.Server | None = None
 
     async def start(self) -> Origin:
-        self.server = await asyncio.start_server(self.handle, self.host, 0)
+        self.server = await aio.start_server(self.handle, self.host, 0)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
 
@@ -101,14 +101,14 @@ class Origin:
     def paths(self) -> list[str]:
         return [r.target.decode() for r in self.requests]
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
         self.accepts += 1
         conn = self.accepts
         try:
             while True:
                 try:
                     head = (await reader.readuntil(b"\r\n\r\n"))[:-4]
-                except (asyncio.IncompleteReadError, ConnectionError):
+                except (aio.IncompleteReadError, ConnectionError):
                     return
                 lines = head.split(b"\r\n")
                 method, target, _ = lines[0].split(b" ", 2)
@@ -127,7 +127,7 @@ class Origin:
         finally:
             writer.close()
 
-    async def respond(self, seen: Seen, writer: asyncio.StreamWriter, conn: int) -> bool:
+    async def respond(self, seen: Seen, writer: aio.StreamWriter, conn: int) -> bool:
         path = seen.target.decode()
         body = seen.body if path.startswith("/echo") else f"hello from origin {path}\n".encode()
         common = f"HTTP/1.1 200 OK\r\nX-Origin-Conn: {conn}\r\n".encode()
@@ -145,7 +145,7 @@ class Origin:
         return seen.header(b"connection") != b"close"
 
 
-async def read_chunked(reader: asyncio.StreamReader) -> bytes:
+async def read_chunked(reader: aio.StreamReader) -> bytes:
     body = b""
     while True:
         size = int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16)
@@ -169,7 +169,7 @@ class Response:
         return json.loads(self.body)
 
 
-async def read_response(reader: asyncio.StreamReader, method: bytes = b"GET") -> Response:
+async def read_response(reader: aio.StreamReader, method: bytes = b"GET") -> Response:
     head = (await reader.readuntil(b"\r\n\r\n"))[:-4]
     lines = head.split(b"\r\n")
     status = int(lines[0].split(b" ")[1])
@@ -188,14 +188,14 @@ async def read_response(reader: asyncio.StreamReader, method: bytes = b"GET") ->
     return Response(status, headers, body)
 
 
-async def socks_hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def socks_hello(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
     writer.write(b"\x05\x01\x00")
     assert await reader.readexactly(2) == b"\x05\x00"
 
 
 async def socks_request(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
+    reader: aio.StreamReader,
+    writer: aio.StreamWriter,
     address: bytes,
     port: int,
     command: int = 1,
@@ -230,10 +230,10 @@ class World:
         self.proxy = proxy
         self.port = port
         self.audit_path = audit_path
-        self.clients: list[asyncio.StreamWriter] = []
+        self.clients: list[aio.StreamWriter] = []
 
-    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+    async def connect(self) -> tuple[aio.StreamReader, aio.StreamWriter]:
+        reader, writer = await aio.open_connection("127.0.0.1", self.port)
         self.clients.append(writer)
         return reader, writer
 
@@ -256,7 +256,7 @@ class World:
     async def wait_audit(self, count: int) -> list[dict[str, Any]]:
         """The audit lines once there are at least ``count`` (lines land after the reply)."""
         while len(lines := self.audit()) < count:
-            await asyncio.sleep(0.01)
+            await aio.sleep(0.01)
         return lines
 
 
@@ -703,7 +703,7 @@ def test_star_does_not_reach_loopback(tmp_path: Path) -> None:
 
 async def connect_tunnel(
     w: World, target: bytes
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+) -> tuple[aio.StreamReader, aio.StreamWriter, bytes]:
     reader, writer = await w.connect()
     writer.write(b"CONNECT " + target + b" HTTP/1.1\r\nHost: " + target + b"\r\n\r\n")
     head = await reader.readuntil(b"\r\n\r\n")
@@ -776,7 +776,7 @@ def test_connect_to_bad_authority_is_400(tmp_path: Path) -> None:
 
 
 async def http_through_socks(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str
+    reader: aio.StreamReader, writer: aio.StreamWriter, path: str
 ) -> Response:
     writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
     response = await read_response(reader)

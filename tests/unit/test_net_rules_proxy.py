@@ -17,7 +17,7 @@ from corral.net.rules import HostRules
 
 def test_opaque_tunnel_to_a_ruled_host_is_refused_and_others_pass(tmp_path: Path) -> None:
     async def go() -> None:
-        import asyncio
+        from corral.net import aio
 
         ruled, free = await Origin().start(), await Origin().start()
         entries: list[dict[str, object]] = [
@@ -31,7 +31,7 @@ def test_opaque_tunnel_to_a_ruled_host_is_refused_and_others_pass(tmp_path: Path
         port = server.sockets[0].getsockname()[1]
         try:
             for origin, expected in ((ruled, 403), (free, 200)):
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                reader, writer = await aio.open_connection("127.0.0.1", port)
                 writer.write(b"CONNECT 127.0.0.1:%d HTTP/1.1\r\n\r\n" % origin.port)
                 line = await reader.readuntil(b"\r\n")
                 assert int(line.split()[1]) == expected, line

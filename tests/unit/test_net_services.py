@@ -10,7 +10,6 @@ ever sent to a DNS server (refused, or pinned, or answered by a table).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
@@ -23,7 +22,7 @@ import pytest
 from test_net_proxy_unit import Origin, read_response, run
 
 from corral import netns
-from corral.net import dns
+from corral.net import aio, dns
 from corral.net.audit import Audit
 from corral.net.door import Door
 from corral.net.hooks import Chain, HostRulesHook
@@ -75,7 +74,7 @@ def answers(reply: bytes) -> tuple[int, list[str]]:
     return rcode, found
 
 
-async def closed(reader: asyncio.StreamReader) -> bool:
+async def closed(reader: aio.StreamReader) -> bool:
     """The proxy closed the connection without a word (a reset, with bytes unread)."""
     try:
         return await reader.read() == b""
@@ -100,11 +99,11 @@ def test_a_service_listener_is_a_connect_to_its_own_address_and_its_deny_twin(
                     (await proxy.serve_service(sock, RUN_ID, "127.0.0.1", origin.port), sock)
                 )
             ports = [sock.getsockname()[1] for _, sock in servers]
-            reader, writer = await asyncio.open_connection("127.0.0.1", ports[0])
+            reader, writer = await aio.open_connection("127.0.0.1", ports[0])
             writer.write(b"GET /own HTTP/1.1\r\nHost: x\r\n\r\n")
             assert (await read_response(reader)).status == 200  # bytes spliced both ways
             writer.close()
-            reader, writer = await asyncio.open_connection("127.0.0.1", ports[1])
+            reader, writer = await aio.open_connection("127.0.0.1", ports[1])
             writer.write(b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n")
             assert await closed(reader)  # refused: closed, nothing to say
             assert ok.paths == ["/own"] and other.accepts == 0
@@ -112,7 +111,7 @@ def test_a_service_listener_is_a_connect_to_its_own_address_and_its_deny_twin(
                 lines = audit_lines(proxy, tmp_path)
                 if len(lines) == 2:
                     break
-                await asyncio.sleep(0.01)
+                await aio.sleep(0.01)
             by_port = {e["port"]: e for e in lines}
             assert by_port[ok.port]["scheme"] == "service"
             assert by_port[ok.port]["decision"] == "allow"
@@ -143,8 +142,8 @@ def test_the_relay_frames_on_a_unix_door(tmp_path: Path) -> None:
         server = await proxy.serve_unix(sock, RUN_ID)
         try:
 
-            async def door(data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-                reader, writer = await asyncio.open_unix_connection(path)
+            async def door(data: bytes) -> tuple[aio.StreamReader, aio.StreamWriter]:
+                reader, writer = await aio.open_unix_connection(path)
                 writer.write(data)
                 return reader, writer
 
@@ -230,10 +229,10 @@ def test_the_resolver_socket_answers_over_udp(tmp_path: Path) -> None:
         client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         client.setblocking(False)
         try:
-            loop = asyncio.get_running_loop()
+            loop = aio.get_running_loop()
             for name, expected in ((b"svc.test", (0, ["127.0.0.1"])), (b"no.test", (3, []))):
                 client.sendto(query(name), sock.getsockname())
-                reply = await asyncio.wait_for(loop.sock_recv(client, 512), 2)
+                reply = await aio.wait_for(loop.sock_recv(client, 512), 2)
                 assert answers(reply) == expected
         finally:
             client.close()
@@ -309,12 +308,12 @@ def test_listeners_handed_to_the_door_are_served_and_die_with_the_proxy(tmp_path
             netns._hand_over(door.address, made)  # as the launcher does
             for _, sock in made:
                 sock.close()  # the proxy holds the only copies now
-            loop = asyncio.get_running_loop()
-            reader, writer = await asyncio.open_connection("127.0.0.1", ports[0])
+            loop = aio.get_running_loop()
+            reader, writer = await aio.open_connection("127.0.0.1", ports[0])
             writer.write(b"GET http://127.0.0.1:%d/proxied HTTP/1.1\r\n\r\n" % ok.port)
             assert (await read_response(reader)).status == 200
             writer.close()
-            reader, writer = await asyncio.open_connection("127.0.0.1", ports[1])
+            reader, writer = await aio.open_connection("127.0.0.1", ports[1])
             writer.write(b"GET /own HTTP/1.1\r\nHost: x\r\n\r\n")
             assert (await read_response(reader)).status == 200
             writer.close()
@@ -324,7 +323,7 @@ def test_listeners_handed_to_the_door_are_served_and_die_with_the_proxy(tmp_path
             os.kill(pids[0], 9)  # the proxy killed: its sibling stops with it
             started = time.monotonic()
             while time.monotonic() - started < 1.0 and any(_alive(p) for p in pids):
-                await asyncio.sleep(0.005)
+                await aio.sleep(0.005)
             assert not any(_alive(p) for p in pids)
             for port in ports:  # no proxy: the listeners went with it, refused at once
                 with pytest.raises(ConnectionRefusedError):

@@ -9,7 +9,6 @@ and from the audit log; each deny has an allow twin under the same proxy.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -24,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from corral.errors import PolicyError
+from corral.net import aio, trust
 from corral.net import ca as calib
-from corral.net import trust
 from corral.net.audit import Audit
 from corral.net.hooks import (
     Asker,
@@ -114,12 +113,12 @@ class Harness:
         pinned = {"origin.test": "127.0.0.1", "other.test": "127.0.0.1"}
         self.proxy = Proxy(chain, self.audit, pinned, tls=self.interceptor, asker=asker)
         self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: aio.AbstractEventLoop | None = None
         ready = threading.Event()
 
         async def main() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
+            self._loop = aio.get_running_loop()
+            self._stop = aio.Event()
             server = await self.proxy.serve_tcp("127.0.0.1", 0, "run-tls")
             self.port = server.sockets[0].getsockname()[1]
             ready.set()

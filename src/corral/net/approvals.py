@@ -31,20 +31,19 @@ Every ask, answer, grant and expiry is one audit line (``event``).
 
 What the ``corral run`` process and the CLI need (the control directory,
 :class:`Decision`, :class:`AskInfo`, the control client) is in the light
-:mod:`corral.net.asking`; this module (asyncio) runs in the proxy, and in a
-``Sandbox`` with ``on_ask``.
+:mod:`corral.net.asking`; this module runs in the proxy (on
+:mod:`corral.net.aio`), and in a ``Sandbox`` with ``on_ask`` (its
+:class:`CallbackAnswerer`, on asyncio).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import inspect
+import _socket as socket
 import os
-import socket
 import struct
 import time
 
+from corral.net import aio
 from corral.net.asking import DEFAULT_GRANT as DEFAULT_GRANT
 from corral.net.asking import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from corral.net.asking import MAX_LINE, _dump, _load, format_seconds, socket_path
@@ -59,6 +58,8 @@ from corral.net.rules import Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import asyncio
+    import concurrent.futures
     from collections.abc import Awaitable, Callable
 
     from corral.net.audit import Audit
@@ -124,7 +125,7 @@ class _Held:
         info: dict[str, object],
         dest: Destination,
         key: tuple[str, str, Query | None],
-        future: asyncio.Future[tuple[Decision, str]],
+        future: aio.Future,
     ) -> None:
         self.info = info
         self.dest = dest
@@ -142,9 +143,9 @@ class Hub(Asker):
         self.timeout = timeout
         self.pending: dict[str, _Held] = {}
         self.grants: list[Grant] = []
-        self._local: asyncio.StreamWriter | None = None
-        self._servers: list[asyncio.AbstractServer] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._local: aio.StreamWriter | None = None
+        self._servers: list[aio.AbstractServer] = []
+        self._tasks: set[aio.Task] = set()
         self.control_path = ""
 
     # -- answerers -----------------------------------------------------------------------
@@ -152,13 +153,13 @@ class Hub(Asker):
     async def attach_local(self, sock: socket.socket) -> None:
         """The local answerer (corral run's terminal, a Sandbox's on_ask) at the
         other end of ``sock``: it gets every ask, and its answers are read here."""
-        reader, writer = await asyncio.open_unix_connection(sock=sock, limit=MAX_LINE)
+        reader, writer = await aio.open_unix_connection(sock=sock, limit=MAX_LINE)
         self._local = writer
-        task = asyncio.get_running_loop().create_task(self._read_local(reader))
+        task = aio.get_running_loop().create_task(self._read_local(reader))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _read_local(self, reader: asyncio.StreamReader) -> None:
+    async def _read_local(self, reader: aio.StreamReader) -> None:
         while True:
             try:
                 line = await reader.readline()
@@ -174,7 +175,7 @@ class Hub(Asker):
     async def serve_control(self, directory: str) -> None:
         """Listen on ``<directory>/<run id>.sock`` for corral pending/approve/deny."""
         path = socket_path(directory, self.run_id)
-        server = await asyncio.start_unix_server(self._control_client, path=path, limit=MAX_LINE)
+        server = await aio.start_unix_server(self._control_client, path=path, limit=MAX_LINE)
         os.chmod(path, 0o600)
         self.control_path = path
         self._servers.append(server)
@@ -189,11 +190,9 @@ class Hub(Asker):
                 pass
             self.control_path = ""
 
-    async def _control_client(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _control_client(self, reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
         try:
-            line = await asyncio.wait_for(reader.readline(), 10)
+            line = await aio.wait_for(reader.readline(), 10)
             refusal = peer_refusal(writer.get_extra_info("socket"))
             if refusal:  # said after the request is read: the client sees it, not EPIPE
                 self._event({"event": "control-refused", "reason": refusal})
@@ -229,7 +228,7 @@ class Hub(Asker):
     async def ask(self, dest: Destination, request: Request | None, verdict: Verdict) -> Verdict:
         key = request_key(dest, request)
         method, path, query = key
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         grant = self._grant_for(dest.host, dest.port, method, path, query, loop.time())
         base = {
             "host": dest.host,
@@ -254,7 +253,7 @@ class Hub(Asker):
         self._event({"event": "ask", "ask_id": ask_id, **base, "reason": verdict.reason})
         self._tell_local({"op": "ask", **info})
         try:
-            async with asyncio.timeout(self.timeout):
+            async with aio.timeout(self.timeout):
                 decision, by = await held.future
         except TimeoutError:
             decision, by = Decision.deny(), "timeout"
@@ -323,7 +322,7 @@ class Hub(Asker):
         from corral.net.httprules import PathGlob
 
         assert decision.seconds is not None
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         grant = Grant(
             os.urandom(4).hex(),
             held.dest.host,
@@ -458,6 +457,7 @@ class CallbackAnswerer:
                         running.cancel()
 
     def _start(self, info: AskInfo) -> None:
+        import asyncio
         import threading
 
         if self.loop is None:
@@ -471,6 +471,9 @@ class CallbackAnswerer:
             self._send(info.id, Decision.deny())
 
     def _call_here(self, info: AskInfo) -> None:
+        import asyncio
+        import inspect
+
         try:
             result = self.fn(info)
             if inspect.isawaitable(result):
@@ -481,6 +484,9 @@ class CallbackAnswerer:
         self._send(info.id, decision)
 
     async def _call_on_loop(self, info: AskInfo) -> None:
+        import asyncio
+        import inspect
+
         try:
             if inspect.iscoroutinefunction(self.fn):
                 result = await self.fn(info)

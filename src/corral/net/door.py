@@ -48,11 +48,11 @@ except ImportError:  # pragma: no cover - other Pythons
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import asyncio
-    import socket
+    import _socket as socket
     from collections.abc import Sequence
 
     from corral.fsplan import Mount
+    from corral.net import aio
     from corral.net.audit import DenyKey
     from corral.net.ca import CA
     from corral.net.hooks import Chain
@@ -288,24 +288,22 @@ class Door:
             self.extras.system_bundles = found
 
     def _bind(self) -> list[int]:
-        """The listening sockets the proxy inherits, as bare descriptors.  The
-        netns transport uses the C module directly: `socket` costs milliseconds."""
-        if self.transport == "netns":
-            import _socket
+        """The listening sockets the proxy inherits, as bare descriptors (made with
+        the C module: `socket` costs milliseconds)."""
+        import _socket
 
+        if self.transport == "netns":
             handoff = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
             handoff.bind(self.path)
             handoff.listen(4)
             return [handoff.detach()]
-        import socket
-
         if self.transport == "tcp":
-            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            tcp = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
             tcp.bind(("127.0.0.1", 0))  # a fresh port per run, loopback only
             tcp.listen(1024)
             self.tcp_port = tcp.getsockname()[1]
             return [tcp.detach()]
-        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         unix.bind(self.path)
         unix.listen(1024)
         return [unix.detach()]
@@ -482,12 +480,12 @@ def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # corral decides when the proxy stops
     _warm(door.ca is not None)
-    import socket
+    import _socket
 
     from corral.net.hooks import chain_for
 
     chain = door.chain or chain_for(door.policy)
-    first = socket.socket(fileno=fds[0])
+    first = _socket.socket(fileno=fds[0])
     if door.transport == "netns":
         got = _await_handoff(first, life_r)
         # One handoff per door: with the listening socket closed, nobody else can
@@ -516,19 +514,15 @@ def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
 
 
 def _warm(tls: bool = False) -> None:
-    """The proxy's imports, done at once: they overlap the sandbox's own start."""
-    import asyncio  # noqa: F401
-
-    try:
-        import uvloop  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
-    except ImportError:
-        pass
+    """The proxy's imports, done at once (a millisecond or two: corral.net.aio, not
+    asyncio, so the proxy is ready before the sandbox's command starts)."""
     import corral.net.audit
     import corral.net.proxy
 
     if tls:  # TLS inspection: leaf certificates need cryptography (some 60 ms)
         import cryptography.x509  # noqa: F401
 
+        import corral.net.aiotls
         import corral.net.tls  # noqa: F401
 
 
@@ -595,8 +589,7 @@ def _serve(
     tally_w: int,
 ) -> None:
     """Serve ``listeners`` until any of ``stop_on`` (pipes) ends."""
-    import asyncio
-
+    from corral.net import aio
     from corral.net.audit import Audit, guard_process
     from corral.net.proxy import Proxy, run_loop
 
@@ -623,8 +616,8 @@ def _serve(
         proxy.guard(run_id)
         proxy.on_first_use = lambda: _say(tally_w, USED)  # corral waits for this run's tally
         servers = [await _serve_one(proxy, run_id, lis, sock) for lis, sock in listeners]
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
+        loop = aio.get_running_loop()
+        done = loop.create_future()
 
         def ended() -> None:
             if not done.done():
@@ -654,7 +647,7 @@ def _serve(
 
 async def _serve_one(
     proxy: Proxy, run_id: str, listener: Listener, sock: socket.socket
-) -> asyncio.AbstractServer | asyncio.BaseTransport:
+) -> aio.Server | aio.BaseTransport:
     """Start serving one socket as its kind says; returns what close() stops."""
     kind = listener.kind
     if kind == "door":  # the relay's unix door (its frames too), or landlock's TCP port

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import asyncio
+    from corral.net import aio
 
 MAX_HEAD = 64 * 1024  # a message head, and all trailers of one chunked body together
 CHUNK = 256 * 1024  # most body bytes read at once, and the write buffer that makes us wait
@@ -206,21 +206,21 @@ def forwardable(msg: Message, kind: str) -> list[tuple[bytes, bytes]]:
     return kept
 
 
-async def read_head(reader: asyncio.StreamReader, prefix: bytes = b"") -> bytes | None:
+async def read_head(reader: aio.StreamReader, prefix: bytes = b"") -> bytes | None:
     """Up to and without the blank line; None on a clean EOF before any byte.
 
     ``prefix`` is what the caller already read (the byte used to tell HTTP
     from SOCKS).
     """
-    import asyncio
+    from corral.net import aio
 
     try:
         data = prefix + await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as exc:
+    except aio.IncompleteReadError as exc:
         if not (prefix + exc.partial).strip():
             return None
         raise HttpError(400, "connection closed in the middle of a message head") from None
-    except asyncio.LimitOverrunError:
+    except aio.LimitOverrunError:
         raise HttpError(431, "message head too large") from None
     if data.startswith(b"\r\n"):  # RFC 9112 2.2: ignore a stray CRLF before a request
         data = data.lstrip(b"\r\n")
@@ -228,8 +228,8 @@ async def read_head(reader: asyncio.StreamReader, prefix: bytes = b"") -> bytes 
 
 
 async def copy_body(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
+    reader: aio.StreamReader,
+    writer: aio.StreamWriter,
     kind: str,
     length: int,
     head: bytes = b"",
@@ -265,7 +265,7 @@ async def copy_body(
 
 
 async def _copy_exactly(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int, head: bytes = b""
+    reader: aio.StreamReader, writer: aio.StreamWriter, length: int, head: bytes = b""
 ) -> int:
     """``length`` bytes, at most CHUNK at a time, waiting while the writer is full."""
     remaining = length
@@ -285,17 +285,17 @@ async def _copy_exactly(
 
 
 async def _copy_chunked(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int | None = None
+    reader: aio.StreamReader, writer: aio.StreamWriter, limit: int | None = None
 ) -> int:
     """Re-frame a chunked body chunk by chunk: clean size lines, data streamed."""
-    import asyncio
+    from corral.net import aio
 
     sent = 0
     data_bytes = 0
     while True:
         try:
             line = await reader.readuntil(b"\r\n")
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        except (aio.IncompleteReadError, aio.LimitOverrunError):
             raise HttpError(400, "bad chunked body") from None
         size = _chunk_size(line[:-2])
         data_bytes += size
@@ -311,7 +311,7 @@ async def _copy_chunked(
         if size <= CHUNK:  # the usual case: one read, one write
             try:
                 data = await reader.readexactly(size + 2)
-            except asyncio.IncompleteReadError:
+            except aio.IncompleteReadError:
                 raise HttpError(400, "chunked body ended early") from None
             if data[-2:] != b"\r\n":
                 raise HttpError(400, "bad chunk terminator")
@@ -322,15 +322,13 @@ async def _copy_chunked(
             await writer.drain()
 
 
-async def _copy_big_chunk(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, size: int
-) -> None:
-    import asyncio
+async def _copy_big_chunk(reader: aio.StreamReader, writer: aio.StreamWriter, size: int) -> None:
+    from corral.net import aio
 
     try:
         await _copy_exactly(reader, writer, size)
         end = await reader.readexactly(2)
-    except (HttpError, asyncio.IncompleteReadError):
+    except (HttpError, aio.IncompleteReadError):
         raise HttpError(400, "chunked body ended early") from None
     if end != b"\r\n":
         raise HttpError(400, "bad chunk terminator")
@@ -350,15 +348,15 @@ def _chunk_size(line: bytes) -> int:
     return int(size_text, 16)
 
 
-async def _skip_trailers(reader: asyncio.StreamReader) -> None:
+async def _skip_trailers(reader: aio.StreamReader) -> None:
     """Read trailer lines up to the empty one (MAX_HEAD in all), check, drop them."""
-    import asyncio
+    from corral.net import aio
 
     total = 0
     while True:
         try:
             line = await reader.readuntil(b"\r\n")
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        except (aio.IncompleteReadError, aio.LimitOverrunError):
             raise HttpError(400, "bad chunked trailer") from None
         if line == b"\r\n":
             return

@@ -27,16 +27,14 @@ begin, ``HEAD_TIMEOUT`` for it to be complete once begun.
 
 from __future__ import annotations
 
-import asyncio
+import _socket as socket
 import ipaddress
-import socket
-import ssl
 import struct
+import sys
 import time
-from typing import cast
 
+from corral.net import aio, http1, sniff
 from corral.net import dns as dnsmsg
-from corral.net import http1, sniff
 from corral.net.dns import FakePool
 from corral.net.hooks import Asker, Chain, Destination, Request, Response
 from corral.net.http1 import HttpError
@@ -46,7 +44,9 @@ from corral.runlog import dumps
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import Awaitable, Callable, Coroutine
+    from typing import TypeGuard
 
     from corral.net.audit import Audit
     from corral.net.tls import Interceptor
@@ -106,7 +106,7 @@ class NoDestination(Exception):
         self.port = port
 
 
-class _Holding(asyncio.Protocol):
+class _Holding(aio.Protocol):
     """Holds what a tunnel's upstream sends before the tunnel takes it over."""
 
     def __init__(self) -> None:
@@ -136,12 +136,17 @@ class Upstream:
         self.host = host
         self.port = port
         self.address = address
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.transport: asyncio.Transport | None = None
+        self.reader: aio.StreamReader | None = None
+        self.writer: aio.StreamWriter | None = None
+        self.transport: aio.Transport | None = None
         self.holding: _Holding | None = None
 
-    def streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    def protocol(self) -> _Holding:
+        """The factory create_connection calls: what holds the upstream's first bytes."""
+        assert self.holding is not None
+        return self.holding
+
+    def streams(self) -> tuple[aio.StreamReader, aio.StreamWriter]:
         assert self.reader is not None and self.writer is not None, "opened without streams"
         return self.reader, self.writer
 
@@ -160,7 +165,7 @@ class _Clock:
 
     __slots__ = ("begun", "partial", "reader", "since")
 
-    def __init__(self, reader: asyncio.StreamReader, now: float) -> None:
+    def __init__(self, reader: aio.StreamReader, now: float) -> None:
         self.reader = reader
         self.since = now
         self.partial = False  # the caller holds bytes of the head already
@@ -172,18 +177,13 @@ class _Clock:
         self.begun = 0.0
 
 
-def _buffered(reader: asyncio.StreamReader) -> int:
-    """Bytes the stream layer holds unread (asyncio has no public accessor)."""
-    return len(reader._buffer)  # type: ignore[attr-defined]
-
-
 PEEK_LIMIT = 16 * 1024
 PEEK_TIMEOUT = 3.0  # a client that sends nothing first is decided by name/address alone
 
 
 async def system_resolve(host: str, port: int) -> list[str]:
     """The host's resolver (getaddrinfo); ``host`` is a normalized name."""
-    infos = await asyncio.get_running_loop().getaddrinfo(
+    infos = await aio.get_running_loop().getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICSERV
     )
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
@@ -221,28 +221,26 @@ class Proxy:
         self._dns_inflight = 0
         self._flush_scheduled = False
         self._clocks: set[_Clock] = set()
-        self._sweeper: asyncio.Task[None] | None = None
+        self._sweeper: aio.Task | None = None
         # (run id, host, port) -> idle upstream TLS connections, newest last
         self._parked: dict[tuple[str, str, int], list[tuple[float, Upstream]]] = {}
 
     # -- doors -------------------------------------------------------------------
 
-    async def serve_unix(
-        self, sock: socket.socket, run_id: str, frames: bool = True
-    ) -> asyncio.Server:
+    async def serve_unix(self, sock: socket.socket, run_id: str, frames: bool = True) -> aio.Server:
         """Serve a unix door; ``frames``: it also takes the relay's frames."""
-        return await asyncio.start_unix_server(
+        return await aio.start_unix_server(
             lambda r, w: self.handle(r, w, run_id, frames), sock=sock, limit=http1.MAX_HEAD
         )
 
-    async def serve_sock(self, sock: socket.socket, run_id: str) -> asyncio.Server:
+    async def serve_sock(self, sock: socket.socket, run_id: str) -> aio.Server:
         """Serve a TCP socket bound (and possibly shared with other workers) by the caller."""
-        return await asyncio.start_server(
+        return await aio.start_server(
             lambda r, w: self.handle(r, w, run_id), sock=sock, limit=http1.MAX_HEAD
         )
 
-    async def serve_tcp(self, host: str, port: int, run_id: str) -> asyncio.Server:
-        return await asyncio.start_server(
+    async def serve_tcp(self, host: str, port: int, run_id: str) -> aio.Server:
+        return await aio.start_server(
             lambda r, w: self.handle(r, w, run_id),
             host,
             port,
@@ -252,27 +250,27 @@ class Proxy:
 
     async def serve_service(
         self, sock: socket.socket, run_id: str, host: str, port: int
-    ) -> asyncio.Server:
+    ) -> aio.Server:
         """Serve a listener at a host service's own address inside the sandbox: each
         connection is a CONNECT to ``host:port``, decided and audited as one."""
 
-        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def on_client(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
             self.used()
             await self._guarded(run_id, writer, self.service(reader, writer, run_id, host, port))
 
-        return await asyncio.start_server(on_client, sock=sock, limit=http1.MAX_HEAD)
+        return await aio.start_server(on_client, sock=sock, limit=http1.MAX_HEAD)
 
     async def serve_capture(
         self,
         sock: socket.socket,
         run_id: str,
         original: Callable[[object], tuple[str, int]] | None = None,
-    ) -> asyncio.Server:
+    ) -> aio.Server:
         """Serve transparent mode's capture port: where each connection was going
         comes from netfilter (``original``, for tests: any function of the socket)."""
         find = original or original_destination
 
-        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def on_client(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
             clock = self._clock(reader)
             clock.partial = True  # what the client sends first is read within HEAD_TIMEOUT
             try:
@@ -285,11 +283,11 @@ class Proxy:
                 run_id, writer, self.captured(reader, writer, run_id, clock, address, port), clock
             )
 
-        return await asyncio.start_server(on_client, sock=sock, limit=http1.MAX_HEAD)
+        return await aio.start_server(on_client, sock=sock, limit=http1.MAX_HEAD)
 
-    async def serve_dns(self, sock: socket.socket, run_id: str) -> asyncio.BaseTransport:
+    async def serve_dns(self, sock: socket.socket, run_id: str) -> aio.BaseTransport:
         """Serve the sandbox's resolver (a UDP socket): answers from the policy."""
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         transport, _ = await loop.create_datagram_endpoint(
             lambda: _Resolver(self, run_id), sock=sock
         )
@@ -299,18 +297,18 @@ class Proxy:
         """Send whatever the event loop would print (an exception in a callback, a
         task that failed unobserved) to the audit log as one line, counted."""
 
-        def on_error(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        def on_error(loop: aio.AbstractEventLoop, context: dict[str, object]) -> None:
             exc = context.get("exception")
             where = str(context.get("message") or "event loop")
             error = exc if isinstance(exc, BaseException) else None
             self.audit.internal_error(run_id, where, error)
 
-        asyncio.get_running_loop().set_exception_handler(on_error)
+        aio.get_running_loop().set_exception_handler(on_error)
 
     async def handle(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: aio.StreamReader,
+        writer: aio.StreamWriter,
         run_id: str,
         frames: bool = False,
     ) -> None:
@@ -321,8 +319,8 @@ class Proxy:
 
     async def _dispatch(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: aio.StreamReader,
+        writer: aio.StreamWriter,
         run_id: str,
         frames: bool,
         clock: _Clock,
@@ -358,18 +356,18 @@ class Proxy:
     async def _guarded(
         self,
         run_id: str,
-        writer: asyncio.StreamWriter,
+        writer: aio.StreamWriter,
         work: Coroutine[object, object, None],
         clock: _Clock | None = None,
     ) -> None:
         """Run one connection's work; whatever happens, it ends closed and quiet."""
         try:
             await work
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+        except (ConnectionError, aio.IncompleteReadError, TimeoutError):
             pass
-        except asyncio.LimitOverrunError:
+        except aio.LimitOverrunError:
             pass  # a frame line longer than any address
-        except asyncio.CancelledError:
+        except aio.CancelledError:
             # The worker is stopping.  Ending normally matters: Python 3.11's
             # start_server reports a cancelled connection task as an error, with
             # a traceback on the terminal of whoever started the run.
@@ -387,9 +385,9 @@ class Proxy:
             first, self.on_first_use = self.on_first_use, None
             first()
 
-    def _clock(self, reader: asyncio.StreamReader) -> _Clock:
+    def _clock(self, reader: aio.StreamReader) -> _Clock:
         self.used()
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         clock = _Clock(reader, loop.time())
         self._clocks.add(clock)
         if self._sweeper is None:
@@ -398,15 +396,15 @@ class Proxy:
 
     async def _sweep(self) -> None:
         """Expire clients that wait too long: no request (idle) or an unfinished head."""
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         every = min(SWEEP_EVERY, self.idle_timeout / 4, self.head_timeout / 4)
         while True:
-            await asyncio.sleep(every)
+            await aio.sleep(every)
             now = loop.time()
             for clock in list(self._clocks):
                 if not clock.since:
                     continue  # busy: a body, an upstream, a tunnel
-                if clock.partial or _buffered(clock.reader):
+                if clock.partial or clock.reader.buffered:
                     clock.begun = clock.begun or now
                     expired = now - clock.begun >= self.head_timeout
                 else:
@@ -433,14 +431,14 @@ class Proxy:
         if len(idle) >= PARK_MAX or upstream.streams()[0].at_eof():
             upstream.close()
             return
-        idle.append((asyncio.get_running_loop().time(), upstream))
+        idle.append((aio.get_running_loop().time(), upstream))
         if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+            self._sweeper = aio.get_running_loop().create_task(self._sweep())
 
     def unpark(self, dest: Destination) -> Upstream | None:
         """The newest parked connection to ``dest`` still open and fresh, if any."""
         idle = self._parked.get((dest.run_id, dest.host, dest.port))
-        now = asyncio.get_running_loop().time()
+        now = aio.get_running_loop().time()
         while idle:
             parked_at, upstream = idle.pop()
             reader, writer = upstream.streams()
@@ -482,7 +480,7 @@ class Proxy:
                 verdict = await self.asker.ask(dest, None, verdict)
         if not verdict.allowed:
             raise Refused(verdict)
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         candidates = await self._addresses(dest, verdict)
         refusal: Verdict | None = None
         error = ""
@@ -494,11 +492,10 @@ class Proxy:
                 continue
             upstream = Upstream(dest.host, dest.port, address, verdict)
             try:
-                # asyncio.timeout, not wait_for: no extra task per connection.  TCP_NODELAY
-                # is already set by asyncio and uvloop on TCP transports.
-                async with asyncio.timeout(CONNECT_TIMEOUT):
+                # (corral.net.aio sets TCP_NODELAY on every TCP connection)
+                async with aio.timeout(CONNECT_TIMEOUT):
                     if streams:
-                        upstream.reader, upstream.writer = await asyncio.open_connection(
+                        upstream.reader, upstream.writer = await aio.open_connection(
                             address,
                             dest.port,
                             limit=http1.MAX_HEAD,
@@ -506,13 +503,12 @@ class Proxy:
                             server_hostname=dest.host if tls else None,
                         )
                     else:
-                        transport, holding = await loop.create_connection(
-                            _Holding, address, dest.port
+                        upstream.holding = _Holding()
+                        upstream.transport, _ = await loop.create_connection(
+                            upstream.protocol, address, dest.port
                         )
-                        upstream.transport = transport
-                        upstream.holding = holding
             except (OSError, TimeoutError) as exc:
-                if isinstance(exc, ssl.SSLError):
+                if _ssl_error(exc):
                     from corral.net.tls import upstream_refusal
 
                     raise Refused(upstream_refusal(exc, dest.host), 502) from None
@@ -541,7 +537,7 @@ class Proxy:
             raise Refused(Verdict(True, verdict.rule, f"cannot resolve {host}"), 502) from None
 
     async def refuse_http(
-        self, writer: asyncio.StreamWriter, dest: Destination, exc: Refused, started: float
+        self, writer: aio.StreamWriter, dest: Destination, exc: Refused, started: float
     ) -> None:
         """Audit a refusal and tell an HTTP client: 403 with the decision, or 502
         (as JSON when the chain's parts refused, e.g. an untrusted origin)."""
@@ -630,20 +626,20 @@ class Proxy:
         self.audit.record(entry)
         if not self._flush_scheduled:  # lines buffered in the audit reach disk within 50 ms
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_later(0.05, self._flush)
+            aio.get_running_loop().call_later(0.05, self._flush)
 
     # -- HTTP ------------------------------------------------------------------------
 
     async def http(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: aio.StreamReader,
+        writer: aio.StreamWriter,
         run_id: str,
         first: bytes,
         clock: _Clock,
     ) -> None:
         upstream: Upstream | None = None
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         try:
             while True:
                 try:
@@ -652,7 +648,7 @@ class Proxy:
                         return
                     request = http1.parse_request(head)
                 except TimeoutError:
-                    if first or clock.partial or _buffered(reader):
+                    if first or clock.partial or reader.buffered:
                         await _send_error(writer, 408, "request head not complete in time")
                     return
                 except HttpError as exc:
@@ -697,8 +693,8 @@ class Proxy:
 
     async def exchange(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: aio.StreamReader,
+        writer: aio.StreamWriter,
         dest: Destination,
         request: http1.Message,
         path: bytes,
@@ -843,7 +839,7 @@ class Proxy:
                 else:
                     await _send_denial(writer, exc.status, refused, dest.host, dest.port)
             return False, None
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, aio.IncompleteReadError):
             self.log(dest, verdict, status or 502, up, down, started, upstream.address, extra)
             upstream.close()
             return False, None
@@ -868,8 +864,8 @@ class Proxy:
 
     async def connect(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: aio.StreamReader,
+        writer: aio.StreamWriter,
         request: http1.Message,
         run_id: str,
     ) -> None:
@@ -906,8 +902,8 @@ class Proxy:
 
     async def socks5(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: aio.StreamReader,
+        writer: aio.StreamWriter,
         run_id: str,
         clock: _Clock,
     ) -> None:
@@ -971,8 +967,8 @@ class Proxy:
 
     async def service(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: aio.StreamReader,
+        writer: aio.StreamWriter,
         run_id: str,
         host: str,
         port: int,
@@ -1004,8 +1000,8 @@ class Proxy:
 
     async def dns(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: aio.StreamReader,
+        writer: aio.StreamWriter,
         run_id: str,
         clock: _Clock,
     ) -> None:
@@ -1064,8 +1060,8 @@ class Proxy:
 
     async def captured(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: aio.StreamReader,
+        writer: aio.StreamWriter,
         run_id: str,
         clock: _Clock,
         address: str,
@@ -1115,7 +1111,7 @@ class Proxy:
 
     async def _refuse_captured(
         self,
-        writer: asyncio.StreamWriter,
+        writer: aio.StreamWriter,
         dest: Destination,
         verdict: Verdict,
         status: int,
@@ -1155,23 +1151,23 @@ def original_destination(sock: object) -> tuple[str, int]:
     return socket.inet_ntop(socket.AF_INET, raw[4:8]), port
 
 
-class _Resolver(asyncio.DatagramProtocol):
+class _Resolver(aio.DatagramProtocol):
     """The sandbox's resolver socket: each query answered by :meth:`Proxy.dns_reply`."""
 
     def __init__(self, proxy: Proxy, run_id: str) -> None:
         self.proxy = proxy
         self.run_id = run_id
-        self.transport: asyncio.DatagramTransport | None = None
+        self.transport: aio.DatagramTransport | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast("asyncio.DatagramTransport", transport)
+    def connection_made(self, transport: aio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: tuple[str | object, ...]) -> None:
         self.proxy.used()
         if self.proxy._dns_inflight >= DNS_INFLIGHT:
             return  # a flood: dropped, as a busy resolver would (clients retry)
         self.proxy._dns_inflight += 1
-        asyncio.get_running_loop().create_task(self._answer(data, addr))
+        aio.get_running_loop().create_task(self._answer(data, addr))
 
     async def _answer(self, data: bytes, addr: tuple[str | object, ...]) -> None:
         try:
@@ -1184,12 +1180,12 @@ class _Resolver(asyncio.DatagramProtocol):
             self.proxy._dns_inflight -= 1
 
 
-async def _peek(reader: asyncio.StreamReader) -> bytes:
+async def _peek(reader: aio.StreamReader) -> bytes:
     """What a captured client sends first (a TLS ClientHello, an HTTP head), if anything."""
     early = b""
     try:
         while len(early) < PEEK_LIMIT and not sniff.looks_complete(early):
-            chunk = await asyncio.wait_for(reader.read(PEEK_LIMIT), PEEK_TIMEOUT)
+            chunk = await aio.wait_for(reader.read(PEEK_LIMIT), PEEK_TIMEOUT)
             if not chunk:
                 break
             early += chunk
@@ -1209,13 +1205,15 @@ def _claimed_name(early: bytes) -> str | None:
 
 
 def run_loop(main: Coroutine[object, object, None]) -> None:
-    """Run the proxy's event loop: uvloop when installed (several times faster)."""
-    try:
-        import uvloop  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        asyncio.run(main)
-        return
-    uvloop.run(main)
+    """Run the proxy's event loop (corral.net.aio: ready at once, see its docstring)."""
+    aio.run(main)
+
+
+def _ssl_error(exc: BaseException) -> TypeGuard[ssl.SSLError]:
+    """A TLS failure?  Only a run that loaded ssl can have one (and only such a run
+    pays for importing it)."""
+    ssl = sys.modules.get("ssl")
+    return ssl is not None and isinstance(exc, ssl.SSLError)
 
 
 def _in_pool(address: str) -> bool:
@@ -1227,8 +1225,8 @@ def _in_pool(address: str) -> bool:
 
 async def intercept(
     proxy: Proxy,
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
+    reader: aio.StreamReader,
+    writer: aio.StreamWriter,
     dest: Destination,
     verdict: Verdict,
     early: bytes = b"",
@@ -1256,15 +1254,15 @@ def _websocket_upgrade(request: http1.Message) -> bytes:
 
 
 async def _splice(
-    client_r: asyncio.StreamReader,
-    client_w: asyncio.StreamWriter,
-    server_r: asyncio.StreamReader,
-    server_w: asyncio.StreamWriter,
+    client_r: aio.StreamReader,
+    client_w: aio.StreamWriter,
+    server_r: aio.StreamReader,
+    server_w: aio.StreamWriter,
 ) -> tuple[int, int]:
     """Bytes both ways after an upgrade (streams: either side may be TLS) until
     one side ends; returns (bytes up, bytes down)."""
 
-    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> int:
+    async def pump(src: aio.StreamReader, dst: aio.StreamWriter) -> int:
         count = 0
         try:
             while data := await src.read(TUNNEL_CHUNK):
@@ -1275,14 +1273,14 @@ async def _splice(
             pass
         return count
 
-    loop = asyncio.get_running_loop()
+    loop = aio.get_running_loop()
     up = loop.create_task(pump(client_r, server_w))
     down = loop.create_task(pump(server_r, client_w))
-    await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+    await aio.wait((up, down), return_when=aio.FIRST_COMPLETED)
     for task in (up, down):  # TLS has no half-close: one side ending ends both
         task.cancel()
     server_w.close()
-    results = await asyncio.gather(up, down, return_exceptions=True)
+    results = await aio.gather(up, down, return_exceptions=True)
     counts = [r if isinstance(r, int) else 0 for r in results]
     return counts[0], counts[1]
 
@@ -1291,15 +1289,13 @@ def _socks_reply(code: int) -> bytes:
     return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
 
 
-class _Pump(asyncio.Protocol):
+class _Pump(aio.Protocol):
     """One direction of a tunnel at the transport level: bytes received on this
     side are written straight to the peer (no StreamReader copies, no task per
     direction).  Back-pressure: when the peer's buffer fills, this side stops
     reading until it drains."""
 
-    def __init__(
-        self, transport: asyncio.Transport, peer: asyncio.Transport, done: asyncio.Future[None]
-    ) -> None:
+    def __init__(self, transport: aio.Transport, peer: aio.Transport, done: aio.Future) -> None:
         self.transport = transport
         self.peer = peer
         self.done = done
@@ -1338,34 +1334,23 @@ class _Pump(asyncio.Protocol):
             self.done.set_result(None)
 
 
-def _take_buffered(reader: asyncio.StreamReader) -> bytes:
-    """What the stream layer already read but nobody consumed (e.g. a TLS
-    ClientHello sent right behind CONNECT).  asyncio has no public way to take
-    it over when the transport changes hands."""
-    buffer: bytearray = reader._buffer  # type: ignore[attr-defined]
-    data = bytes(buffer)
-    buffer.clear()
-    return data
-
-
 async def tunnel(
-    client_r: asyncio.StreamReader,
-    client_w: asyncio.StreamWriter,
+    client_r: aio.StreamReader,
+    client_w: aio.StreamWriter,
     upstream: Upstream,
     first_up: bytes = b"",
 ) -> tuple[int, int]:
     """Splice the client and a bare upstream transport until both sides are done;
     returns (bytes up, bytes down).  ``first_up`` was read from the client already."""
-    # uvloop's transports are not asyncio.Transport subclasses, but behave as one
-    client = cast("asyncio.Transport", client_w.transport)
+    client = client_w.transport
     server = upstream.transport
     holding = upstream.holding
     assert server is not None and holding is not None, "tunnels use a bare transport"
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    done: aio.Future = aio.get_running_loop().create_future()
     up = _Pump(client, server, done)  # reads the client, writes the server
     down = _Pump(server, client, done)
     up.partner, down.partner = down, up
-    early_up = first_up + _take_buffered(client_r)
+    early_up = first_up + client_r.take_buffered()
     early_down = bytes(holding.buffer)
     client_eof = client_r.at_eof()
     client.set_protocol(up)
@@ -1391,7 +1376,7 @@ async def tunnel(
     return up.count, down.count
 
 
-async def _send_error(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+async def _send_error(writer: aio.StreamWriter, status: int, message: str) -> None:
     body = (message + "\n").encode()
     writer.write(
         http1.serialize_head(
@@ -1418,7 +1403,7 @@ def _plain(request: http1.Message) -> bool:
 
 
 async def _send_denial(
-    writer: asyncio.StreamWriter,
+    writer: aio.StreamWriter,
     status: int,
     verdict: Verdict,
     host: str,

@@ -17,12 +17,11 @@ anything else is refused, since nothing could be decided about it.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import ssl
 import time
 
-from corral.net import http1
+from corral.net import aio, http1
 from corral.net.ca import CA, Issuer
 from corral.net.http1 import HttpError
 from corral.net.names import BadName, normalize
@@ -96,57 +95,37 @@ def _load_chain(context: ssl.SSLContext, pem: bytes) -> None:
 
 
 async def accept_tls(
-    transport: asyncio.BaseTransport, context: ssl.SSLContext, early: bytes
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    transport: aio.Transport, context: ssl.SSLContext, early: bytes
+) -> tuple[aio.StreamReader, aio.StreamWriter]:
     """Be the TLS server on an accepted connection; ``early`` holds the client's
     first bytes, already read (a ClientHello behind CONNECT, or peeked for its
     SNI in transparent mode)."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=http1.MAX_HEAD, loop=loop)
-    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
-    if early:
-        # start_tls installs its TLS protocol and queues connection_made; the
-        # bytes must reach it after that and before anything read later, so
-        # they go two turns of the loop from now (asyncio and uvloop alike).
-        loop.call_soon(loop.call_soon, _feed, transport, early)
+    loop = aio.get_running_loop()
+    reader = aio.StreamReader(limit=http1.MAX_HEAD, loop=loop)
+    protocol = aio.StreamReaderProtocol(reader, loop=loop)
     tls_transport = await loop.start_tls(
-        transport,  # type: ignore[arg-type]
+        transport,
         protocol,
         context,
         server_side=True,
         ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
+        initial=early,
     )
-    assert tls_transport is not None
-    protocol.connection_made(tls_transport)
-    return reader, asyncio.StreamWriter(tls_transport, protocol, reader, loop)
-
-
-def _feed(transport: asyncio.BaseTransport, data: bytes) -> None:
-    """Give bytes to the TLS protocol start_tls installed, as if just received."""
-    tls_protocol = transport.get_protocol()
-    view = memoryview(data)
-    while view:
-        buffer = tls_protocol.get_buffer(len(view))  # type: ignore[attr-defined]
-        size = min(len(buffer), len(view))
-        buffer[:size] = view[:size]
-        tls_protocol.buffer_updated(size)  # type: ignore[attr-defined]
-        view = view[size:]
+    return reader, aio.StreamWriter(tls_transport, protocol, reader, loop)
 
 
 async def intercept(
     proxy: Proxy,
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
+    reader: aio.StreamReader,
+    writer: aio.StreamWriter,
     dest: Destination,
     verdict: Verdict,
     early: bytes = b"",
 ) -> None:
     """An allowed connection to a destination that needs inspection, after the
     client was told it is connected (CONNECT 200, SOCKS5 success, or captured)."""
-    from corral.net.proxy import _take_buffered
-
     started = time.monotonic()
-    early += _take_buffered(reader)
+    early += reader.take_buffered()
     if not early:
         clock = proxy._clock(reader)  # the client speaks first; the idle timeout holds
         try:
@@ -175,13 +154,13 @@ async def intercept(
 
 async def serve_requests(
     proxy: Proxy,
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
+    reader: aio.StreamReader,
+    writer: aio.StreamWriter,
     dest: Destination,
     scheme: str,
 ) -> None:
     """The keep-alive loop of HTTP requests inside one inspected connection."""
-    loop = asyncio.get_running_loop()
+    loop = aio.get_running_loop()
     clock = proxy._clock(reader)  # idle and head timeouts, as for any client
     upstream: Upstream | None = None
     upstream_tls = proxy.tls.upstream if scheme == "https" and proxy.tls else None
@@ -195,7 +174,7 @@ async def serve_requests(
                 request = http1.parse_request(head)
                 target = origin_target(request, dest, scheme)
             except TimeoutError:
-                if clock.partial or reader._buffer:  # type: ignore[attr-defined]
+                if clock.partial or reader.buffered:
                     await _reply(writer, 408, "request head not complete in time")
                 return
             except HttpError as exc:
@@ -241,7 +220,7 @@ def origin_target(request: http1.Message, dest: Destination, scheme: str) -> byt
     return path
 
 
-async def _reply(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+async def _reply(writer: aio.StreamWriter, status: int, message: str) -> None:
     from corral.net.proxy import _send_error
 
     await _send_error(writer, status, message)
