@@ -5,10 +5,9 @@ Pure: no DNS, no sockets.  The public-looking addresses below are data only.
 
 from __future__ import annotations
 
-import ipaddress
-
 import pytest
 
+from corral.net import ip
 from corral.net.rules import HostRules, Rule, Verdict, is_internal, normalize_host
 
 PUBLIC_V4 = "93.184.216.34"
@@ -77,63 +76,63 @@ def test_star_with_port() -> None:
 
 def test_ipv4_address() -> None:
     rule = Rule("192.0.2.7")
-    assert rule.network == ipaddress.ip_network("192.0.2.7/32")
+    assert rule.network == ip.network("192.0.2.7/32")
     assert rule.host is None
     assert rule.ports is None
 
 
 def test_ipv4_address_with_port() -> None:
     rule = Rule("192.0.2.7:8080")
-    assert rule.network == ipaddress.ip_network("192.0.2.7/32")
+    assert rule.network == ip.network("192.0.2.7/32")
     assert rule.ports == (8080, 8080)
 
 
 def test_ipv4_cidr() -> None:
-    assert Rule("10.0.0.0/8").network == ipaddress.ip_network("10.0.0.0/8")
+    assert Rule("10.0.0.0/8").network == ip.network("10.0.0.0/8")
 
 
 def test_ipv4_cidr_with_port() -> None:
     rule = Rule("10.0.0.0/8:443")
-    assert rule.network == ipaddress.ip_network("10.0.0.0/8")
+    assert rule.network == ip.network("10.0.0.0/8")
     assert rule.ports == (443, 443)
 
 
 def test_cidr_with_host_bits_is_widened_not_refused() -> None:
-    assert Rule("10.1.2.3/8").network == ipaddress.ip_network("10.0.0.0/8")
+    assert Rule("10.1.2.3/8").network == ip.network("10.0.0.0/8")
 
 
 def test_ipv6_cidr() -> None:
-    assert Rule("fd00::/8").network == ipaddress.ip_network("fd00::/8")
+    assert Rule("fd00::/8").network == ip.network("fd00::/8")
 
 
 def test_ipv6_cidr_in_brackets_with_port() -> None:
     rule = Rule("[fd00::/8]:443")
-    assert rule.network == ipaddress.ip_network("fd00::/8")
+    assert rule.network == ip.network("fd00::/8")
     assert rule.ports == (443, 443)
 
 
 def test_bracketed_ipv6_with_port() -> None:
     rule = Rule("[::1]:8080")
-    assert rule.network == ipaddress.ip_network("::1/128")
+    assert rule.network == ip.network("::1/128")
     assert rule.ports == (8080, 8080)
 
 
 def test_bracketed_ipv6_without_port() -> None:
     rule = Rule("[::1]")
-    assert rule.network == ipaddress.ip_network("::1/128")
+    assert rule.network == ip.network("::1/128")
     assert rule.ports is None
 
 
 def test_bare_ipv6() -> None:
     rule = Rule("::1")
-    assert rule.network == ipaddress.ip_network("::1/128")
+    assert rule.network == ip.network("::1/128")
     assert rule.ports is None
 
 
 def test_bare_ipv6_never_takes_a_port() -> None:
     # "IPv6 with a port needs brackets": ::1:8080 is the address ::1:8080, any port
     rule = Rule("::1:8080")
-    assert rule.network == ipaddress.ip_network("::1:8080/128")
+    assert rule.network == ip.network("::1:8080/128")
     assert rule.ports is None
 
 
@@ -650,7 +649,7 @@ def test_ipv4_mapped_resolution_cannot_dodge_an_ipv4_deny() -> None:
     ],
 )
 def test_is_internal(address: str, internal: bool) -> None:
-    assert is_internal(ipaddress.ip_address(address)) is internal
+    assert is_internal(ip.address(address)) is internal
 
 
 # -- Verdict -----------------------------------------------------------------------------------

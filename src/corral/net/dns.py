@@ -13,10 +13,11 @@ resolve at all, and each refusal is an audit line with its rule.
 
 from __future__ import annotations
 
-import ipaddress
 import struct
 
-POOL = ipaddress.ip_network("198.18.0.0/15")
+from corral.net import ip
+
+POOL = ip.network("198.18.0.0/15")
 TTL = 5
 TYPE_A = 1
 TYPE_AAAA = 28
@@ -49,7 +50,7 @@ class FakePool:
             return existing
         if self._next >= POOL.num_addresses - 1:
             raise RuntimeError("stand-in address pool exhausted")
-        address = str(POOL.network_address + self._next)
+        address = str(ip.IP(POOL.version, POOL.base + self._next))
         self._next += 1
         self.by_name[name] = address
         self.by_address[address] = name
@@ -126,13 +127,13 @@ def answer(query: Query, addresses: list[str] | str | None, rcode: int = 0) -> b
 def _packed(address: str, qtype: int) -> bytes | None:
     """The record data of ``address`` if it answers a question of type ``qtype``."""
     try:
-        ip = ipaddress.ip_address(address)
+        found = ip.address(address)
     except ValueError:
         return None
-    if qtype == TYPE_A and ip.version == 4:
-        return ip.packed
-    if qtype == TYPE_AAAA and ip.version == 6:
-        return ip.packed
+    if qtype == TYPE_A and found.version == 4:
+        return found.packed
+    if qtype == TYPE_AAAA and found.version == 6:
+        return found.packed
     return None
 
 

@@ -21,7 +21,9 @@ arrived has nothing to report, so :meth:`Door.close` ends its proxy at once
 need; otherwise it waits for every worker's tally.  Once ready (and, for
 netns, handed its listeners), the first worker forks its siblings, which
 share every socket and stop when it does (a pipe between them), so killing
-the first worker is killing the proxy.
+the first worker is killing the proxy.  The siblings wait, idle, until the
+first connection or query arrives: a run that never uses its network does
+not pay for their servers.
 
 Each worker holds the read end of a "life" pipe: when corral closes it (the
 run ended) or dies (the kernel closes it), the worker writes its tally of
@@ -49,7 +51,7 @@ except ImportError:  # pragma: no cover - other Pythons
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import _socket as socket
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from corral.fsplan import Mount
     from corral.net import aio
@@ -500,9 +502,11 @@ def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
         from corral.netns import Listener
 
         listeners = [(Listener("door", door.transport, 0), first)]
-    siblings, sibling_life = _fork_siblings(door, chain, listeners, life_r, tally_w)
+    siblings, sibling_life, wake = _fork_siblings(door, chain, listeners, life_r, tally_w)
     try:
-        _serve(door, chain, listeners, [life_r], tally_w)
+        _serve(
+            door, chain, listeners, [life_r], tally_w, lambda: _wake_siblings(wake, len(siblings))
+        )
     finally:
         if sibling_life >= 0:
             os.close(sibling_life)  # they stop too
@@ -551,13 +555,17 @@ def _fork_siblings(
     listeners: list[tuple[Listener, socket.socket]],
     life_r: int,
     tally_w: int,
-) -> tuple[list[int], int]:
+) -> tuple[list[int], int, int]:
     """Workers sharing every socket, forked once the imports are done (so they cost
-    no second import).  Each also watches a pipe from this worker: killing the
-    first worker stops them all."""
+    no second import) and waiting, idle, until the first connection or query
+    arrives (:func:`_wake_siblings`): a run that never uses its network pays for
+    the fork alone, not for their servers.  Each also watches a pipe from this
+    worker: killing the first worker stops them all.  Returns their pids, the
+    write end of that pipe and of the pipe that wakes them (-1, -1: none)."""
     if door.workers < 2:
-        return [], -1
+        return [], -1, -1
     alive_r, alive_w = os.pipe()
+    go_r, go_w = os.pipe()
     pids = []
     for _ in range(door.workers - 1):
         pid = os.fork()
@@ -565,7 +573,9 @@ def _fork_siblings(
             code = 0
             try:
                 os.close(alive_w)
-                _serve(door, chain, listeners, [life_r, alive_r], tally_w)
+                os.close(go_w)
+                if _woken(go_r, [life_r, alive_r]):
+                    _serve(door, chain, listeners, [life_r, alive_r], tally_w)
             except BaseException as exc:
                 code = 1
                 _report_crash(tally_w, exc)
@@ -573,12 +583,41 @@ def _fork_siblings(
                 os._exit(code)
         pids.append(pid)
     os.close(alive_r)
+    os.close(go_r)
     try:
         with open(os.path.join(door.dir, "proxy.pid"), "a", encoding="utf-8") as fh:
             fh.write("".join(f"{pid}\n" for pid in pids))
     except OSError:
         pass
-    return pids, alive_w
+    return pids, alive_w, go_w
+
+
+def _woken(go_r: int, stop_on: list[int]) -> bool:
+    """Wait for a byte on ``go_r`` (serve) or the end of a ``stop_on`` pipe (not)."""
+    import select
+
+    while True:
+        try:
+            ready = select.select([go_r, *stop_on], [], [])[0]
+        except InterruptedError:
+            continue
+        if go_r not in ready:
+            return False
+        try:
+            return len(os.read(go_r, 1)) == 1
+        except BlockingIOError:  # a sibling took that byte: wait for ours
+            continue
+
+
+def _wake_siblings(go_w: int, count: int) -> None:
+    """One byte per waiting sibling: the run uses its network, so serve too."""
+    if go_w < 0:
+        return
+    try:
+        os.write(go_w, b"x" * count)
+    except OSError:
+        pass
+    os.close(go_w)
 
 
 def _serve(
@@ -587,8 +626,10 @@ def _serve(
     listeners: list[tuple[Listener, socket.socket]],
     stop_on: list[int],
     tally_w: int,
+    on_first_use: Callable[[], None] | None = None,
 ) -> None:
-    """Serve ``listeners`` until any of ``stop_on`` (pipes) ends."""
+    """Serve ``listeners`` until any of ``stop_on`` (pipes) ends; ``on_first_use``
+    is called after the first connection or query is taken."""
     from corral.net import aio
     from corral.net.audit import Audit, guard_process
     from corral.net.proxy import Proxy, run_loop
@@ -598,6 +639,7 @@ def _serve(
     guard_process(audit, run_id)
 
     async def main() -> None:
+        loop = aio.get_running_loop()
         net = door.policy.network
         tls = None
         if door.ca is not None:
@@ -614,9 +656,14 @@ def _serve(
                 await hub.attach_local(door._hub_sock)
         proxy = Proxy(chain, audit, net.hosts, stand_ins=net.transparent, tls=tls, asker=hub)
         proxy.guard(run_id)
-        proxy.on_first_use = lambda: _say(tally_w, USED)  # corral waits for this run's tally
+
+        def first_use() -> None:
+            _say(tally_w, USED)  # corral waits for this run's tally
+            if on_first_use is not None:
+                loop.call_soon(on_first_use)  # after this connection is under way
+
+        proxy.on_first_use = first_use
         servers = [await _serve_one(proxy, run_id, lis, sock) for lis, sock in listeners]
-        loop = aio.get_running_loop()
         done = loop.create_future()
 
         def ended() -> None:

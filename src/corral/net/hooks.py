@@ -381,10 +381,10 @@ def _matches(rule: Rule, host: str, port: int) -> bool:
         return True
     if rule.network is None and rule.wildcard != "":
         return False
-    import ipaddress
+    from corral.net import ip
 
     try:
-        address = ipaddress.ip_address(host)
+        address = ip.address(host)
     except ValueError:
         return False
     return rule.matches_address(address, port)

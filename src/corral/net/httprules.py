@@ -45,7 +45,6 @@ Methods are compared case-insensitively (an origin that reads ``delete`` as
 
 from __future__ import annotations
 
-import ipaddress
 import re
 
 from corral.net.hooks import Hook
@@ -261,8 +260,10 @@ def covers(rule: Rule, host: str, port: int) -> bool:
     or an address) on ``port``?"""
     if rule.matches_name(host, port):
         return True
+    from corral.net import ip
+
     try:
-        address = ipaddress.ip_address(host)
+        address = ip.address(host)
     except ValueError:
         return False
     return rule.matches_address(address, port)

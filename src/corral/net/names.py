@@ -83,27 +83,23 @@ def _normalize(raw: str) -> str:
 
 
 def _address_v6(text: str) -> str:
-    import ipaddress
+    from corral.net import ip
 
     inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     inner = inner.split("%", 1)[0]  # a zone picks an interface: never the client's choice
-    try:
-        address = ipaddress.IPv6Address(inner)
-    except ValueError:
-        raise BadName("not a valid IPv6 address") from None
-    mapped = address.ipv4_mapped
-    return str(mapped) if mapped is not None else str(address)
+    address = ip.v6(inner)
+    if address is None:
+        raise BadName("not a valid IPv6 address")
+    return str(ip.unmapped(address))
 
 
 def _address_v4(text: str) -> str | None:
     if not text[-1:].isdigit():
         return None
-    import ipaddress
+    from corral.net import ip
 
-    try:
-        return str(ipaddress.IPv4Address(text))
-    except ValueError:
-        return None  # checked as a name: a numeric last label is refused there
+    address = ip.v4(text)  # None: checked as a name (a numeric last label is refused there)
+    return str(address) if address is not None else None
 
 
 def _name(text: str) -> str:

@@ -28,12 +28,11 @@ begin, ``HEAD_TIMEOUT`` for it to be complete once begun.
 from __future__ import annotations
 
 import _socket as socket
-import ipaddress
 import struct
 import sys
 import time
 
-from corral.net import aio, http1, sniff
+from corral.net import aio, http1, ip, sniff
 from corral.net import dns as dnsmsg
 from corral.net.dns import FakePool
 from corral.net.hooks import Asker, Chain, Destination, Request, Response
@@ -1218,7 +1217,7 @@ def _ssl_error(exc: BaseException) -> TypeGuard[ssl.SSLError]:
 
 def _in_pool(address: str) -> bool:
     try:
-        return ipaddress.ip_address(address) in dnsmsg.POOL
+        return ip.address(address) in dnsmsg.POOL
     except ValueError:
         return False
 

@@ -18,16 +18,13 @@ the host's own network).
 
 from __future__ import annotations
 
-import ipaddress
-
+from corral.net import ip
+from corral.net.ip import IP, Net
 from corral.net.names import BadName, normalize
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Cloud metadata endpoints that are not all in private ranges (Azure's is public).
 METADATA = frozenset(
-    ipaddress.ip_address(a)
+    ip.address(a)
     for a in (
         "169.254.169.254",
         "169.254.170.2",
@@ -36,7 +33,7 @@ METADATA = frozenset(
         "fd00:ec2::254",
     )
 )
-CGNAT = ipaddress.ip_network("100.64.0.0/10")
+CGNAT = ip.network("100.64.0.0/10")
 
 
 class Verdict:
@@ -83,7 +80,7 @@ class Rule:
         self.text = text
         self.host: str | None = None  # exact name
         self.wildcard: str | None = None  # suffix for *.name, "" for *
-        self.network: IPNetwork | None = None
+        self.network: Net | None = None
         self.ports: tuple[int, int] | None = None
         _parse_into(self, text.strip())
 
@@ -113,10 +110,10 @@ class Rule:
             )
         return _names_meet(self, other) or _names_meet(other, self)
 
-    def matches_address(self, addr: IPAddress, port: int) -> bool:
+    def matches_address(self, addr: IP, port: int) -> bool:
         if not self.matches_port(port):
             return False
-        addr = _unmapped(addr)
+        addr = ip.unmapped(addr)
         if self.wildcard == "":
             return True
         return (
@@ -174,9 +171,9 @@ def _parse_into(rule: Rule, entry: str) -> None:
     if host == "*":
         rule.wildcard = ""
         return
-    if "/" in host or _is_ip(host):
-        try:
-            rule.network = ipaddress.ip_network(host, strict=False)
+    if "/" in host or _is_ip(host) or ("%" in host and host.count(":") > 1):
+        try:  # (a zone, fe80::1%eth0, is no address a rule can name)
+            rule.network = ip.network(host, strict=False)
         except ValueError:
             raise ValueError(f"bad address or network in {entry!r}") from None
         return
@@ -192,17 +189,13 @@ def _parse_into(rule: Rule, entry: str) -> None:
         rule.wildcard = name
         return
     if _is_ip(name):  # e.g. full-width digits: an address after all
-        rule.network = ipaddress.ip_network(name)
+        rule.network = ip.network(name)
         return
     rule.host = name
 
 
 def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
+    return ip.is_address(text)
 
 
 def normalize_host(host: str) -> str:
@@ -210,20 +203,9 @@ def normalize_host(host: str) -> str:
     return normalize(host)
 
 
-def is_internal(addr: IPAddress) -> bool:
+def is_internal(addr: IP) -> bool:
     """Addresses a public name must not resolve to without an explicit rule."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return is_internal(addr.ipv4_mapped)
-    return (
-        addr in METADATA
-        or addr.is_loopback
-        or addr.is_private
-        or addr.is_link_local
-        or addr.is_unspecified
-        or addr.is_multicast
-        or addr.is_reserved
-        or (isinstance(addr, ipaddress.IPv4Address) and addr in CGNAT)
-    )
+    return ip.is_internal(addr, METADATA, CGNAT)
 
 
 class HostRules:
@@ -279,7 +261,7 @@ class HostRules:
 
     def check_resolved(self, host: str, port: int, address: str) -> Verdict:
         """Decide on one address an allowed name resolved to."""
-        addr = _unmapped(ipaddress.ip_address(address.split("%", 1)[0]))
+        addr = ip.unmapped(ip.address(address.split("%", 1)[0]))
         for rule in self.deny:
             if rule.network is not None and rule.matches_address(addr, port):
                 return Verdict(
@@ -298,16 +280,9 @@ class HostRules:
         )
 
 
-def _literal(host: str) -> IPAddress | None:
+def _literal(host: str) -> IP | None:
     text = host.strip("[]").split("%", 1)[0]
     try:
-        return _unmapped(ipaddress.ip_address(text))
+        return ip.unmapped(ip.address(text))
     except ValueError:
         return None
-
-
-def _unmapped(addr: IPAddress) -> IPAddress:
-    """::ffff:1.2.3.4 is 1.2.3.4: IPv4 rules must see it as such."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return addr.ipv4_mapped
-    return addr
