@@ -725,7 +725,7 @@ def cmd_run(args: list[str]) -> int:
         return _explain(tier, policy, command, passed)
     for attempt in range(1, SETUP_ATTEMPTS + 1):
         door = (
-            _open_door(opts, policy, run_id, tier.door_transport, answerer=True)
+            _open_door(opts, policy, run_id, tier.door_transport, answerer=True, start=False)
             if tier.strategy.confines
             else None
         )
@@ -876,7 +876,12 @@ def cmd_agent(args: list[str]) -> int:
 
 
 def _open_door(
-    opts: dict[str, object], policy: Policy, run_id: str, transport: str, answerer: bool = False
+    opts: dict[str, object],
+    policy: Policy,
+    run_id: str,
+    transport: str,
+    answerer: bool = False,
+    start: bool = True,
 ) -> Door | None:
     if policy.network.mode != "proxy":
         return None  # and corral.net stays unimported: it costs milliseconds
@@ -887,7 +892,7 @@ def _open_door(
     # one, asks wait for corral approve / deny (the control socket) or time out
     if answerer and may_ask(policy):
         answerer = os.isatty(0) and os.isatty(2)
-    return open_door(policy, run_id, str(net_log) if net_log else None, transport, answerer)
+    return open_door(policy, run_id, str(net_log) if net_log else None, transport, answerer, start)
 
 
 def _record(plan: Plan, run_id: str, kind: str, argv: list[str]) -> dict[str, object]:
@@ -942,10 +947,12 @@ def _run_plan(
     if passed:
         record["pass_fds"] = list(passed)
     asks = None
-    if door is not None and door.ask_sock is not None:
-        from corral.prompt import TerminalPrompt
+    if door is not None:
+        door.start()  # planned: fork the proxy now (see Door.open)
+        if door.ask_sock is not None:
+            from corral.prompt import TerminalPrompt
 
-        asks = TerminalPrompt(door.ask_sock)
+            asks = TerminalPrompt(door.ask_sock)
     try:
         result = launch.run(plan, run_id, asks=asks)
     except SetupRaced as exc:

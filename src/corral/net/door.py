@@ -155,12 +155,14 @@ def open_door(
     audit_path: str | None = None,
     transport: str = "unix",
     answerer: bool = False,
+    start: bool = True,
 ) -> Door | None:
     """The run's door if its network goes through the proxy, else None.
     ``audit_path`` defaults to the XDG state directory's net.jsonl; ``transport``:
     "netns", "unix" or "tcp" (see the module's docstring); ``answerer``: the
     caller answers asks itself over :attr:`Door.ask_sock` (a terminal prompt,
-    an ``on_ask`` function), besides the control socket."""
+    an ``on_ask`` function), besides the control socket; ``start``: fork its
+    proxy now (else :meth:`Door.start`)."""
     if policy.network.mode != "proxy":
         return None
     if audit_path is None:
@@ -170,7 +172,7 @@ def open_door(
 
         audit_path = os.path.join(state_dir(), "net.jsonl")
     door = Door(policy, run_id, audit_path, transport=transport, answerer=answerer)
-    door.open()
+    door.open(start)
     return door
 
 
@@ -209,11 +211,16 @@ class Door:
         self.crashes: list[str] = []  # one line per worker that failed outright
         self._life_w = -1
         self._tally_r = -1
+        self._fds: list[int] = []  # bound, not yet handed to a proxy
         self.ca: CA | None = None  # corral's CA, when this run can intercept TLS
         self.extras: NetExtras | None = None  # what the sandbox gets beside the address
         self.chain: Chain | None = None  # built (and its hooks opened) here, when they act here
 
-    def open(self) -> None:
+    def open(self, start: bool = True) -> None:
+        """Prepare the door and bind its socket; then (``start``) fork its proxy.
+        A caller that still has planning to do starts it later (:meth:`start`):
+        every page corral's process writes after the fork is copied, so the later
+        the fork, the less of the run pays for it."""
         if _hooks_act_here(self.policy):
             try:
                 self._prepare()
@@ -222,7 +229,15 @@ class Door:
                 raise
         if self.asks:
             self._prepare_asks()
-        fds = self._bind()
+        self._fds = self._bind()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Fork the proxy (once); connections wait in the socket's backlog till then."""
+        fds, self._fds = self._fds, []
+        if not fds:
+            return
         life_r, life_w = os.pipe()
         tally_r, tally_w = os.pipe()
         pid = os.fork()
@@ -321,6 +336,9 @@ class Door:
         (host, port, rule, reason, lookup, address, count), and set ``errors``.
         Idempotent: a second call returns nothing."""
         tally: dict[DenyKey, int] = {}
+        for fd in self._fds:  # never started
+            os.close(fd)
+        self._fds = []
         if self._life_w >= 0:
             os.close(self._life_w)
             self._life_w = -1
