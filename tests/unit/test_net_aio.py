@@ -239,6 +239,7 @@ def test_a_signal_handler_runs_on_the_loop() -> None:
     async def main() -> None:
         loop = aio.get_running_loop()
         event = aio.Event()
+
         def on_signal() -> None:
             got.append(1)
             event.set()
