@@ -42,6 +42,7 @@ HIGH_WATER = 64 * 1024  # a transport's write buffer above this pauses its proto
 LOW_WATER = 16 * 1024  # ... and below this resumes it
 DEFAULT_LIMIT = 64 * 1024  # a StreamReader's line/frame limit
 EXECUTOR_THREADS = 4
+ACCEPT_BATCH = 4  # connections accepted per readiness event of a listener
 FIRST_COMPLETED = "FIRST_COMPLETED"
 ALL_COMPLETED = "ALL_COMPLETED"
 
@@ -1222,7 +1223,9 @@ class Server:
             self._loop.add_reader(sock.fileno(), self._accept, sock)
 
     def _accept(self, listener: _socket.socket) -> None:
-        for _ in range(self._backlog):
+        # A few per wakeup, not the whole backlog: workers sharing a listener then
+        # share a burst of connections instead of one taking them all.
+        for _ in range(ACCEPT_BATCH):
             try:
                 fd, _addr = listener._accept()  # type: ignore[attr-defined]
             except _TRY_AGAIN:

@@ -70,6 +70,7 @@ HTTP_PORT = 3128
 SOCKS_PORT = 1080
 DNS_PORT = 53
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+SIBLINGS_AFTER = 0.02  # seconds after the first connection the idle siblings start serving
 USED = b"used\n"
 
 
@@ -367,6 +368,8 @@ class Door:
                 pass
             self.ask_sock.close()
             self.ask_sock = None
+        if not tally:
+            return []
         from corral.net.audit import denial_entries
 
         return denial_entries(tally)
@@ -390,13 +393,12 @@ class Door:
         return tally
 
     def remove_files(self) -> None:
-        from corral.net.trust import BUNDLE_NAME
-
-        names = [
-            self.path,
-            os.path.join(self.dir, "proxy.pid"),
-            os.path.join(self.dir, BUNDLE_NAME),
-        ]
+        """The door's private directory and what it holds (sockets, pid file,
+        trust bundle), and the run's control socket."""
+        try:
+            names = [os.path.join(self.dir, name) for name in os.listdir(self.dir)]
+        except FileNotFoundError:
+            names = []
         if self.control_dir:  # the proxy removes it too, unless it was killed
             names.append(os.path.join(self.control_dir, f"{self.run_id}.sock"))
         for name in names:
@@ -548,6 +550,12 @@ def _warm(tls: bool = False) -> None:
         import corral.net.tls  # noqa: F401
 
 
+def _warm_guard() -> None:
+    """The rebinding guard's tables (ipaddress, some milliseconds to import): loaded
+    while the proxy is idle, before a name's first resolved address needs them."""
+    import ipaddress  # noqa: F401
+
+
 def _await_handoff(
     handoff: socket.socket, life_r: int
 ) -> list[tuple[Listener, socket.socket]] | None:
@@ -677,8 +685,9 @@ def _serve(
 
         def first_use() -> None:
             _say(tally_w, USED)  # corral waits for this run's tally
-            if on_first_use is not None:
-                loop.call_soon(on_first_use)  # after this connection is under way
+            if on_first_use is not None:  # once the first request is served: not on its way
+                loop.call_later(SIBLINGS_AFTER, on_first_use)
+            loop.call_later(SIBLINGS_AFTER, _warm_guard)
 
         proxy.on_first_use = first_use
         servers = [await _serve_one(proxy, run_id, lis, sock) for lis, sock in listeners]
