@@ -924,6 +924,7 @@ class SocketTransport(Transport):
         self._reading = False
         self._paused = True  # until start()
         self._eof = False  # write_eof asked for
+        self._read_eof = False  # the peer's end of file arrived
         self._protocol_paused = False
         self._high = HIGH_WATER
         self._low = LOW_WATER
@@ -940,7 +941,7 @@ class SocketTransport(Transport):
 
     def start(self) -> None:
         """Begin reading (after connection_made)."""
-        if self._paused and not self._closing:
+        if self._paused and not self._closing and not self._read_eof:
             self._paused = False
             self._loop.add_reader(self._fd, self._read_ready)
 
@@ -954,10 +955,10 @@ class SocketTransport(Transport):
         return self._closing
 
     def is_reading(self) -> bool:
-        return not self._paused and not self._closing
+        return not self._paused and not self._closing and not self._read_eof
 
     def pause_reading(self) -> None:
-        if self._closing or self._paused:
+        if self._closing or self._paused or self._read_eof:
             return
         self._paused = True
         self._loop.remove_reader(self._fd)
@@ -982,7 +983,7 @@ class SocketTransport(Transport):
             self._protocol.data_received(data)
             return
         self._loop.remove_reader(self._fd)
-        self._paused = True
+        self._read_eof = True  # nothing more will come: never read again
         keep_open = self._protocol.eof_received()
         if not keep_open:
             self.close()
