@@ -538,8 +538,12 @@ def _child_pid(status_r: int) -> int:
 
 
 class _Gone(SetupError):
-    """The VM ended, or did not take its request in time, before the guest said
-    ``up``: nothing of the command has run yet."""
+    """The VM ended, or did not take its request in time (``late``), before the
+    guest said ``up``: nothing of the command has run yet."""
+
+    def __init__(self, message: str, late: bool = False) -> None:
+        super().__init__(message)
+        self.late = late
 
 
 def execute(
@@ -607,8 +611,10 @@ def _start(
             try:
                 return _launch(plan, given, result, sinks, started, state=fd)
             except _Gone as exc:
-                snapshot.discard(warm.path, fd)
-                _say(f"microvm: the saved VM state did not restore ({exc.message}); booting")
+                if not exc.late:  # QEMU refused it; a slow host is no reason to drop it
+                    snapshot.discard(warm.path, fd)
+                why = exc.message.removeprefix("microvm: ")
+                _say(f"microvm: the saved VM state did not restore ({why}); booting")
             finally:
                 os.close(fd)
         warm = snapshot.Warm(warm.path, False, True, "")
@@ -721,7 +727,8 @@ class _Follower:
                     what = "boot" if self.vm.state is None else "resume from its saved state"
                     raise _Gone(
                         f"microvm: the guest did not {what} within {self.boot_timeout:g} s "
-                        "(--console shows where it stopped)"
+                        "(--console shows where it stopped)",
+                        late=True,
                     )
                 if self.expect is None:
                     self.result.timed_out = True
