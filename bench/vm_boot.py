@@ -12,10 +12,18 @@ Run from the repository root (after ``python -m corral.vm.setup``)::
   guest is up, its drivers loaded and its control port found
   (``corral.mode=probe``).  Same machine type, accelerator and guest RAM.
   Interleaved, one of each per round.  Goal: at most 1.2x the booted raw.
-* Warm ``Sandbox(tier="microvm").exec(["true"])``: the VM booted and the agent
-  up; the median of many.  Goal: at most 5 ms.
+* The same ``corral run`` restoring the machine's saved state (the warm start,
+  :mod:`corral.vm.snapshot`), against raw QEMU restoring the same state file
+  (no sandbox, no runner) with a request that powers the guest off; and
+  ``CORRAL_VM_WARM=0`` for the boot.
+* Time to a ready ``Sandbox(tier="microvm")``: constructed, its VM started, the
+  agent up and a first ``exec(["true"])`` done; booted and restored,
+  interleaved, at least 10 of each.  Goal: 300 ms.
+* Warm ``Sandbox(tier="microvm").exec(["true"])``: the VM started and the agent
+  up; the median of many, in a booted and in a restored VM.  Goal: at most 5 ms.
 * QEMU's resident memory of an idle ``Sandbox`` with 256 MiB of guest RAM
-  (the agent running, sampled two seconds after a first exec).  Goal: at most
+  (the agent running, sampled two seconds after the last exec), booted and
+  restored.  Goal: at most
   150 MiB.  Also its anonymous part (the file part is the kernel QEMU keeps
   mapped, shared through the page cache by every VM on the host).
 """
@@ -232,20 +240,26 @@ def _status(pid: int) -> dict[str, int]:
     return found
 
 
-def sandbox_figures(ws: str, execs: int) -> tuple[list[float], dict[str, int], str]:
-    """Warm exec times (ms) and the idle QEMU's memory of one Sandbox with 256 MiB."""
+def sandbox_figures(ws: str, execs: int, restore: bool) -> tuple[list[float], dict[str, int], str]:
+    """Warm exec times (ms) and the idle QEMU's memory of one Sandbox with 256 MiB,
+    booted (``restore`` False) or restored from its saved state."""
     from corral import policy as pol
     from corral.errors import CorralError
     from corral.sandbox import Sandbox
 
     policy = pol.load(ws)
     policy.limits.memory = 256 << 20
+    if restore:  # a state of this machine to restore
+        with Sandbox(policy, tier="microvm", log=False) as first:
+            first.exec(["true"])
+    else:
+        os.environ["CORRAL_VM_WARM"] = "0"
     try:
         sb = Sandbox(policy, tier="microvm", log=False)
     except CorralError as exc:
         return [], {}, exc.message
     try:
-        if sb.exec(["true"]).exit_code != 0:  # boots the VM
+        if sb.exec(["true"]).exit_code != 0:  # starts the VM
             return [], {}, "the first exec failed"
         times = []
         for _ in range(execs):
@@ -262,6 +276,7 @@ def sandbox_figures(ws: str, execs: int) -> tuple[list[float], dict[str, int], s
         return times, rss, "" if rss else "QEMU not found"
     finally:
         sb.close()
+        os.environ.pop("CORRAL_VM_WARM", None)
 
 
 RAW_OFF = "raw QEMU, same kernel and initramfs, init powers off at once"
@@ -279,11 +294,18 @@ def rows(quick: bool, runs: int | None = None) -> list[Row]:
     ws = tempfile.mkdtemp(prefix="corral-vm-bench-", dir=os.path.expanduser("~"))
     try:
         boots, note = boot_times(rounds, ws)
-        if boots[OURS].wall:
-            cold, warm, why = start_times(ws, max(rounds, 10))
-            times, rss, why_rss = sandbox_figures(ws, 20 if quick else 100)
-        else:
-            cold, warm, why, times, rss, why_rss = Times(), Times(), note, [], {}, note
+        cold, warm, why = (
+            start_times(ws, max(rounds, 10))
+            if boots[OURS].wall
+            else (
+                Times(),
+                Times(),
+                note,
+            )
+        )
+        execs = 20 if quick else 100
+        booted = sandbox_figures(ws, execs, False) if not why else ([], {}, why)
+        restored = sandbox_figures(ws, execs, True) if not why else ([], {}, why)
     finally:
         shutil.rmtree(ws, ignore_errors=True)
     boot = "microvm boot"
@@ -295,14 +317,14 @@ def rows(quick: bool, runs: int | None = None) -> list[Row]:
         Row(boot, OURS, median(boots[OURS].wall), "ms", RAW_RESTORE, note),
         Row("microvm start", READY_COLD, median(cold.wall), "ms", note=why or note),
         Row("microvm start", READY, median(warm.wall), "ms", READY_COLD, why or "goal 300 ms"),
-        Row("microvm exec", WARM, median(times), "ms", note=why_rss or f"{note}; goal 5 ms"),
     ]
-    for key, label in (
-        ("VmRSS", "QEMU RSS, idle Sandbox, 256 MiB guest"),
-        ("RssAnon", "of which anonymous"),
-    ):
-        value = rss.get(key)
-        found.append(Row("microvm memory", label, value, "MiB", note=why_rss or "goal 150 MiB"))
+    for how, (times, rss, why_vm) in (("booted", booted), ("restored", restored)):
+        label = f"{WARM}, VM {how}"
+        found.append(Row("microvm exec", label, median(times), "ms", note=why_vm or "goal 5 ms"))
+        for key, what in (("VmRSS", "QEMU RSS"), ("RssAnon", "of which anonymous")):
+            label = f"{what}, idle Sandbox, 256 MiB guest, VM {how}"
+            value = rss.get(key)
+            found.append(Row("microvm memory", label, value, "MiB", note=why_vm or "goal 150 MiB"))
     failed = {k: t.failed for k, t in {**boots, READY_COLD: cold, READY: warm}.items() if t.failed}
     if failed:
         found[0].note += f"; runs that failed or hung, left out: {failed}"

@@ -94,7 +94,12 @@ class VmPlan:
         self.warm_key = ""  # the machine's saved state, if any (corral.vm.snapshot)
         self.restore_args: list[str] = []  # what QEMU's argv gains to restore it
 
+        self.chosen: snapshot.Warm | None = None  # how the last start went, once decided
+
     def warm(self) -> snapshot.Warm:
+        """How a start goes now (or went: :attr:`chosen`)."""
+        if self.chosen is not None:
+            return self.chosen
         console = self.machine is not None and self.machine.console
         return snapshot.decide(self.cache, self.warm_key, console)
 
@@ -604,7 +609,7 @@ def _start(
     """A VM that has taken the request: restored from the machine's saved state
     when the cache has one, else booted (saving the state on the way when there
     is none).  A state that does not restore is removed, and the VM booted."""
-    warm = plan.warm()
+    warm = plan.chosen = plan.warm()
     if warm.restore:
         fd = snapshot.open_state(warm.path)
         if fd is not None:
@@ -617,7 +622,9 @@ def _start(
                 _say(f"microvm: the saved VM state did not restore ({why}); booting")
             finally:
                 os.close(fd)
-        warm = snapshot.Warm(warm.path, False, True, "")
+        warm = plan.chosen = snapshot.Warm(
+            warm.path, False, True, "the saved state did not restore"
+        )
     return _launch(plan, given, result, sinks, started, save=warm.path if warm.save else "")
 
 
