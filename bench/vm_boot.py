@@ -153,6 +153,7 @@ def measure_raw_restore(argv: list[str], fd: int, plan_fds: dict[int, str], time
         if what not in ("status", "seccomp", "empty", "state"):
             ours[what], theirs = socket.socketpair()
             wanted[number] = theirs.detach()
+    os.lseek(fd, 0, os.SEEK_SET)  # QEMU reads it through the shared offset
     t = time.perf_counter()
     pid = os.fork()
     if pid == 0:
