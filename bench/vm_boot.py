@@ -12,10 +12,18 @@ Run from the repository root (after ``python -m corral.vm.setup``)::
   guest is up, its drivers loaded and its control port found
   (``corral.mode=probe``).  Same machine type, accelerator and guest RAM.
   Interleaved, one of each per round.  Goal: at most 1.2x the booted raw.
-* Warm ``Sandbox(tier="microvm").exec(["true"])``: the VM booted and the agent
-  up; the median of many.  Goal: at most 5 ms.
+* The same ``corral run`` restoring the machine's saved state (the warm start,
+  :mod:`corral.vm.snapshot`), against raw QEMU restoring the same state file
+  (no sandbox, no runner) with a request that powers the guest off; and
+  ``CORRAL_VM_WARM=0`` for the boot.
+* Time to a ready ``Sandbox(tier="microvm")``: constructed, its VM started, the
+  agent up and a first ``exec(["true"])`` done; booted and restored,
+  interleaved, at least 10 of each.  Goal: 300 ms.
+* Warm ``Sandbox(tier="microvm").exec(["true"])``: the VM started and the agent
+  up; the median of many, in a booted and in a restored VM.  Goal: at most 5 ms.
 * QEMU's resident memory of an idle ``Sandbox`` with 256 MiB of guest RAM
-  (the agent running, sampled two seconds after a first exec).  Goal: at most
+  (the agent running, sampled two seconds after the last exec), booted and
+  restored.  Goal: at most
   150 MiB.  Also its anonymous part (the file part is the kernel QEMU keeps
   mapped, shared through the page cache by every VM on the host).
 """
@@ -79,6 +87,9 @@ def _runner(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "corral", "run", "--tier", "microvm", "-q", *args]
 
 
+COLD_ENV = {**os.environ, "CORRAL_VM_WARM": "0"}  # corral boots, as before the warm start
+
+
 class Times:
     """Wall-clock milliseconds of each run that finished, and how many did not."""
 
@@ -86,12 +97,15 @@ class Times:
         self.wall: list[float] = []
         self.failed = 0  # runs that failed or did not finish within two minutes
 
-    def measure(self, argv: list[str], cwd: str | None = None) -> None:
+    def measure(
+        self, argv: list[str], cwd: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         t = time.perf_counter()
         try:
             subprocess.run(
                 argv,
                 cwd=cwd,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 check=True,
@@ -102,18 +116,119 @@ class Times:
             return
         self.wall.append((time.perf_counter() - t) * 1000)
 
+    def add(self, seconds: float) -> None:
+        self.wall.append(seconds * 1000)
 
-def boot_times(runs: int, ws: str) -> tuple[Times, Times, Times, str]:
-    """Interleaved: raw boot to power-off, raw boot with the drivers loaded, ours."""
-    ours, bare, booted = Times(), Times(), Times()
+
+def raw_restore(qemu_path: str, vmlinux: str, initrd: str, ws: str) -> tuple[list[str], int] | str:
+    """Raw QEMU (no sandbox, no runner) restoring corral's saved state of the
+    machine ``corral run -- true`` in ``ws`` uses; its guest is sent a request
+    that powers it off.  (argv, state fd) or why not."""
+    from corral import policy as pol
+    from corral.vm import qemu, run
+
+    plan = run.prepare(pol.load(ws), ["true"])
+    warm = plan.warm()
+    if not warm.restore or plan.machine is None:
+        return f"no saved state to restore ({warm.why})"
+    fd = os.open(warm.path, os.O_RDONLY)
+    argv = qemu.qemu_argv(plan.machine)
+    argv = [a.replace("/vm/vmlinux", vmlinux).replace("/vm/initrd", initrd) for a in argv]
+    argv = [
+        a.replace("path=/guest" + ws, "path=" + ws).replace("path=/guest,", "path=/,") for a in argv
+    ]
+    return [*argv, "-incoming", f"fd:{fd}"], fd
+
+
+def measure_raw_restore(argv: list[str], fd: int, plan_fds: dict[int, str], times: Times) -> None:
+    """One raw restore: the ports and the monitor socket pairs on the numbers the
+    argv names, the state on ``fd``; done when QEMU has exited."""
+    import socket
+
+    from corral.launch import move_fds_into_place
+
+    null = os.open(os.devnull, os.O_RDWR)
+    ours, wanted = {}, {0: null, 1: null, 2: null, fd: fd}
+    for number, what in plan_fds.items():
+        if what not in ("status", "seccomp", "empty", "state"):
+            ours[what], theirs = socket.socketpair()
+            wanted[number] = theirs.detach()
+    os.lseek(fd, 0, os.SEEK_SET)  # QEMU reads it through the shared offset
+    t = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            move_fds_into_place(wanted)
+            os.execv(argv[0], argv)
+        finally:
+            os._exit(127)
+    for number, mine in wanted.items():
+        if number > 2 and number != fd:
+            os.close(mine)
+    os.close(null)
+    ours["corral.ctl"].sendall(b"12\npoweroff -f\n")  # the request: power off
+    _, status = os.waitpid(pid, 0)
+    if status == 0:
+        times.add(time.perf_counter() - t)
+    else:
+        times.failed += 1
+    for sock in ours.values():
+        sock.close()
+
+
+def boot_times(runs: int, ws: str) -> tuple[dict[str, Times], str]:
+    """Interleaved, one of each per round: raw boots to power-off (at once, and with
+    the drivers loaded), raw restores of the saved state, corral run booting
+    (warm start off) and corral run restoring."""
+    times = {k: Times() for k in (RAW_OFF, RAW_BOOTED, RAW_RESTORE, OURS_COLD, OURS)}
     found = _assets()
     if isinstance(found, str):
-        return ours, bare, booted, found
+        return times, found
+    Times().measure(_runner(["--", "true"]), ws)  # saves the state the warm runs restore
+    restore = raw_restore(*found[:3], ws)
     for _ in range(runs):
-        bare.measure(raw_argv(*found, mode="off"))
-        booted.measure(raw_argv(*found, mode="probe"))
-        ours.measure(_runner(["--", "true"]), ws)
-    return ours, bare, booted, f"accelerator {found[3]}"
+        times[RAW_OFF].measure(raw_argv(*found, mode="off"))
+        times[RAW_BOOTED].measure(raw_argv(*found, mode="probe"))
+        if not isinstance(restore, str):
+            measure_raw_restore(*restore, _plan_fds(ws), times[RAW_RESTORE])
+        times[OURS_COLD].measure(_runner(["--", "true"]), ws, COLD_ENV)
+        times[OURS].measure(_runner(["--", "true"]), ws)
+    why = restore if isinstance(restore, str) else ""
+    return times, f"accelerator {found[3]}" + (f"; {why}" if why else "")
+
+
+def _plan_fds(ws: str) -> dict[int, str]:
+    from corral import policy as pol
+    from corral.vm import run
+
+    return run.prepare(pol.load(ws), ["true"]).fds
+
+
+def start_times(ws: str, rounds: int) -> tuple[Times, Times, str]:
+    """Time to a ready Sandbox (constructed, its VM started, its agent up and a first
+    exec(["true"]) done), booted and restored, interleaved."""
+    from corral import policy as pol
+    from corral.errors import CorralError
+    from corral.sandbox import Sandbox
+
+    cold, warm = Times(), Times()
+    for n in range(rounds * 2):
+        restore = n % 2 == 1
+        if restore:
+            os.environ.pop("CORRAL_VM_WARM", None)
+        else:
+            os.environ["CORRAL_VM_WARM"] = "0"
+        try:
+            t = time.perf_counter()
+            with Sandbox(pol.load(ws), tier="microvm", log=False) as sb:
+                if sb.exec(["true"]).exit_code != 0:
+                    return cold, warm, "the first exec failed"
+                (warm if restore else cold).add(time.perf_counter() - t)
+        except CorralError as exc:
+            return cold, warm, exc.message
+        finally:
+            os.environ.pop("CORRAL_VM_WARM", None)
+    return cold, warm, ""
 
 
 def _status(pid: int) -> dict[str, int]:
@@ -126,20 +241,26 @@ def _status(pid: int) -> dict[str, int]:
     return found
 
 
-def sandbox_figures(ws: str, execs: int) -> tuple[list[float], dict[str, int], str]:
-    """Warm exec times (ms) and the idle QEMU's memory of one Sandbox with 256 MiB."""
+def sandbox_figures(ws: str, execs: int, restore: bool) -> tuple[list[float], dict[str, int], str]:
+    """Warm exec times (ms) and the idle QEMU's memory of one Sandbox with 256 MiB,
+    booted (``restore`` False) or restored from its saved state."""
     from corral import policy as pol
     from corral.errors import CorralError
     from corral.sandbox import Sandbox
 
     policy = pol.load(ws)
     policy.limits.memory = 256 << 20
+    if restore:  # a state of this machine to restore
+        with Sandbox(policy, tier="microvm", log=False) as first:
+            first.exec(["true"])
+    else:
+        os.environ["CORRAL_VM_WARM"] = "0"
     try:
         sb = Sandbox(policy, tier="microvm", log=False)
     except CorralError as exc:
         return [], {}, exc.message
     try:
-        if sb.exec(["true"]).exit_code != 0:  # boots the VM
+        if sb.exec(["true"]).exit_code != 0:  # starts the VM
             return [], {}, "the first exec failed"
         times = []
         for _ in range(execs):
@@ -156,68 +277,68 @@ def sandbox_figures(ws: str, execs: int) -> tuple[list[float], dict[str, int], s
         return times, rss, "" if rss else "QEMU not found"
     finally:
         sb.close()
+        os.environ.pop("CORRAL_VM_WARM", None)
 
 
 RAW_OFF = "raw QEMU, same kernel and initramfs, init powers off at once"
 RAW_BOOTED = "raw QEMU, same kernel and initramfs, drivers loaded, then power-off"
-OURS = "corral run --tier microvm -q -- true"
-
-
+RAW_RESTORE = "raw QEMU restoring the same saved state, its guest told to power off"
+OURS_COLD = "corral run --tier microvm -q -- true, booting (CORRAL_VM_WARM=0)"
+OURS = "corral run --tier microvm -q -- true, warm start (the saved state restored)"
+READY_COLD = 'Sandbox(tier="microvm") to a first exec(["true"]) done, booting'
+READY = 'Sandbox(tier="microvm") to a first exec(["true"]) done, warm start'
 WARM = 'Sandbox(tier="microvm").exec(["true"]), warm'
 
 
-def rows(quick: bool) -> list[Row]:
+def rows(quick: bool, runs: int | None = None) -> list[Row]:
+    rounds = runs or (3 if quick else 10)
     ws = tempfile.mkdtemp(prefix="corral-vm-bench-", dir=os.path.expanduser("~"))
     try:
-        ours, bare, booted, note = boot_times(3 if quick else 10, ws)
-        times, rss, why = sandbox_figures(ws, 20 if quick else 100) if ours.wall else ([], {}, note)
+        boots, note = boot_times(rounds, ws)
+        cold, warm, why = (
+            start_times(ws, max(rounds, 10))
+            if boots[OURS].wall
+            else (
+                Times(),
+                Times(),
+                note,
+            )
+        )
+        execs = 20 if quick else 100
+        booted = sandbox_figures(ws, execs, False) if not why else ([], {}, why)
+        restored = sandbox_figures(ws, execs, True) if not why else ([], {}, why)
     finally:
         shutil.rmtree(ws, ignore_errors=True)
+    boot = "microvm boot"
     found = [
-        Row("microvm boot", RAW_OFF, median(bare.wall), "ms", note=note),
-        Row("microvm boot", RAW_BOOTED, median(booted.wall), "ms", RAW_OFF, note),
-        Row("microvm boot", OURS, median(ours.wall), "ms", RAW_OFF, f"{note}; goal 1.2x"),
-        Row("microvm exec", WARM, median(times), "ms", note=why or f"{note}; goal 5 ms"),
+        Row(boot, RAW_OFF, median(boots[RAW_OFF].wall), "ms", note=note),
+        Row(boot, RAW_BOOTED, median(boots[RAW_BOOTED].wall), "ms", RAW_OFF, note),
+        Row(boot, OURS_COLD, median(boots[OURS_COLD].wall), "ms", RAW_OFF, f"{note}; goal 1.2x"),
+        Row(boot, RAW_RESTORE, median(boots[RAW_RESTORE].wall), "ms", RAW_OFF, note),
+        Row(boot, OURS, median(boots[OURS].wall), "ms", RAW_RESTORE, note),
+        Row("microvm start", READY_COLD, median(cold.wall), "ms", note=why or note),
+        Row("microvm start", READY, median(warm.wall), "ms", READY_COLD, why or "goal 300 ms"),
     ]
-    for key, label in (
-        ("VmRSS", "QEMU RSS, idle Sandbox, 256 MiB guest"),
-        ("RssAnon", "of which anonymous"),
-    ):
-        value = rss.get(key)
-        found.append(Row("microvm memory", label, value, "MiB", note=why or "goal 150 MiB"))
+    for how, (times, rss, why_vm) in (("booted", booted), ("restored", restored)):
+        label = f"{WARM}, VM {how}"
+        found.append(Row("microvm exec", label, median(times), "ms", note=why_vm or "goal 5 ms"))
+        for key, what in (("VmRSS", "QEMU RSS"), ("RssAnon", "of which anonymous")):
+            label = f"{what}, idle Sandbox, 256 MiB guest, VM {how}"
+            value = rss.get(key)
+            found.append(Row("microvm memory", label, value, "MiB", note=why_vm or "goal 150 MiB"))
+    failed = {k: t.failed for k, t in {**boots, READY_COLD: cold, READY: warm}.items() if t.failed}
+    if failed:
+        found[0].note += f"; runs that failed or hung, left out: {failed}"
     return found
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.common import table
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args(argv)
-    ws = tempfile.mkdtemp(prefix="corral-vm-bench-", dir=os.path.expanduser("~"))
-    try:
-        ours, bare, booted, note = boot_times(args.runs, ws)
-        if not ours.wall:
-            print(f"not measured: {note}")
-            return 0
-        print(f"{note}; {args.runs} interleaved rounds, wall-clock medians")
-        failed = {"bare": bare.failed, "booted": booted.failed, "ours": ours.failed}
-        if any(failed.values()):
-            print(f"runs that failed or hung (left out): {failed}")
-        b_off, b_up, r = (median(t.wall) or 1.0 for t in (bare, booted, ours))
-        print(f"{RAW_OFF}: {b_off:.0f} ms")
-        print(f"{RAW_BOOTED}: {b_up:.0f} ms")
-        ratios = f"{r / b_off:.2f}x the raw to power-off; {r / b_up:.2f}x the booted"
-        print(f"{OURS}: {r:.0f} ms ({ratios})")
-        times, rss, why = sandbox_figures(ws, 100)
-        if why:
-            print(f"Sandbox not measured: {why}")
-        else:
-            print(f"{WARM}: p50 {median(times):.1f} ms, min {min(times):.1f} ms (goal 5 ms)")
-            print(
-                f"QEMU RSS, idle Sandbox, 256 MiB guest: {rss['VmRSS']} MiB "
-                f"(anonymous {rss['RssAnon']}, file {rss['RssFile']}; goal {GOAL_RSS_MIB} MiB)"
-            )
-    finally:
-        shutil.rmtree(ws, ignore_errors=True)
+    print("\n".join(table(rows(False, args.runs))))
     return 0
 
 

@@ -363,7 +363,7 @@ def test_a_guest_that_does_not_boot_in_time_is_stopped(sandbox: tuple[Corral, Pa
     proc = subprocess.Popen(
         c.python_argv(["-c", code, "--", "touch", "ran"]),
         cwd=ws,
-        env=c.env({"XDG_CACHE_HOME": cache_for(c)}),
+        env=c.env({"XDG_CACHE_HOME": cache_for(c), "CORRAL_VM_WARM": "0"}),  # a boot
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -416,3 +416,153 @@ def test_host_unix_sockets_are_names_the_guest_cannot_reach(sandbox: tuple[Corra
     assert out[0] == "s", r.stderr  # the name is there, a socket...
     assert out[1].startswith("host ") and out[1] != "host 0"  # ...that leads nowhere
     assert out[2] == "own 0" and not reached
+
+
+# ---- warm start: the saved state (corral.vm.snapshot) ------------------------------
+
+
+def fresh_cache(c: Corral, ws: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose VM cache has the session's initramfs and accelerator
+    answer (no boot probe again) but no saved state: the next run saves one."""
+    source = Path(cache_for(c)) / "corral" / "vm"
+    if not source.is_dir():  # nothing run yet this session: a run fills it
+        vm(c, ws, "--", "true")
+    top = ws.parent / "own-cache"
+    vmdir = top / "corral" / "vm"
+    vmdir.mkdir(parents=True)
+    for entry in source.iterdir():
+        if entry.name.startswith(("initramfs-", "accel-")) and ".tmp" not in entry.name:
+            (vmdir / entry.name).write_bytes(entry.read_bytes())
+    for path in (top, top / "corral", vmdir, *vmdir.iterdir()):
+        os.chown(path, c.uid, c.gid)
+    return c.env({"XDG_CACHE_HOME": str(top), "TMPDIR": tmp_for(c, ws)}), vmdir
+
+
+def states(vmdir: Path) -> list[Path]:
+    return sorted(vmdir.glob("state-*"))
+
+
+def run_in(
+    c: Corral, ws: Path, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        vm_argv(c, list(args)), cwd=ws, env=env, capture_output=True, timeout=180, input=b""
+    )
+
+
+FRESH = "date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; " + (
+    "cat /proc/sys/kernel/random/boot_id; echo landed > landed.txt"
+)
+
+
+@pytest.mark.slow
+def test_a_warm_start_is_saved_once_then_restored_with_its_own_randomness_and_clock(
+    sandbox: tuple[Corral, Path],
+) -> None:
+    import time
+
+    c, ws = sandbox
+    env, vmdir = fresh_cache(c, ws)
+    explained = run_in(c, ws, env, "--explain", "--", "true").stdout.decode()
+    assert "start: cold boot: no saved state of this machine yet" in explained
+    seen = []
+    for n in range(3):
+        (ws / "landed.txt").unlink(missing_ok=True)
+        r = run_in(c, ws, env, "--", "sh", "-c", FRESH)
+        assert r.returncode == 0, r.stderr
+        assert (ws / "landed.txt").read_text() == "landed\n"  # the workspace, writable
+        clock, random_bytes, boot_id = r.stdout.decode().split()
+        assert abs(int(clock) - time.time()) < 10  # the host's time, not the state's
+        seen.append((random_bytes, boot_id))
+        assert len(states(vmdir)) == 1  # saved by the first run, used by the others
+        if n == 0:
+            explained = run_in(c, ws, env, "--explain", "--", "true").stdout.decode()
+            assert "start: warm start: restore" in explained
+    assert len({r for r, _ in seen}) == 3 and len({b for _, b in seen}) == 3
+    assert os.stat(states(vmdir)[0]).st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in vmdir.iterdir() if not p.name.startswith("state-")) == sorted(
+        p.name for p in vmdir.iterdir() if p.name.startswith(("initramfs-", "accel-"))
+    )  # no temporary file beside it
+
+
+@pytest.mark.slow
+def test_secrets_stay_masked_in_a_restored_guest(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    env, vmdir = fresh_cache(c, ws)
+    secret = c.home / ".ssh" / "id_ed25519"
+    secret.parent.mkdir()
+    secret.write_text(SECRET)
+    c.chown(c.home)
+    assert run_in(c, ws, env, "--", "true").returncode == 0 and states(vmdir)
+    r = run_in(c, ws, env, "--", "sh", "-c", f"cat {secret}; cat /etc/hostname >/dev/null; echo $?")
+    assert SECRET.encode() not in r.stdout and r.stdout.strip().endswith(b"0")  # the twin: public
+
+
+@pytest.mark.slow
+def test_a_state_that_does_not_restore_is_replaced_and_the_vm_boots(
+    sandbox: tuple[Corral, Path],
+) -> None:
+    c, ws = sandbox
+    env, vmdir = fresh_cache(c, ws)
+    assert run_in(c, ws, env, "--", "true").returncode == 0
+    (state,) = states(vmdir)
+    state.write_bytes(b"QEVM not a state")
+    r = run_in(c, ws, env, "--", "echo", "still runs")
+    assert (r.returncode, r.stdout) == (0, b"still runs\n"), r.stderr
+    assert b"the saved VM state did not restore" in r.stderr and b"booting" in r.stderr
+    (again,) = states(vmdir)
+    assert again.stat().st_size > 1 << 20  # a real state saved by that boot
+    r = run_in(c, ws, env, "--", "echo", "restored")
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"restored\n", b"")
+
+
+@pytest.mark.slow
+def test_turned_off_the_vm_boots_and_nothing_is_saved(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    env, vmdir = fresh_cache(c, ws)
+    env = {**env, "CORRAL_VM_WARM": "0"}
+    assert (
+        "cold boot: warm start turned off"
+        in run_in(c, ws, env, "--explain", "--", "true").stdout.decode()
+    )
+    r = run_in(c, ws, env, "--", "echo", "booted")
+    assert (r.returncode, r.stdout) == (0, b"booted\n") and not states(vmdir)
+
+
+def _saving(qemu_pids: list[int], vmdir: Path) -> bool:
+    """QEMU holds the unnamed file it writes a state into (O_TMPFILE: "#N (deleted)")."""
+    for pid in qemu_pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        if any(link.startswith(f"{vmdir}/#") for link in links):
+            return True
+    return False
+
+
+@pytest.mark.slow
+def test_corral_killed_while_saving_leaves_no_state_and_no_vm(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    env, vmdir = fresh_cache(c, ws)
+    before = sorted(p.name for p in vmdir.iterdir())
+    proc = subprocess.Popen(
+        vm_argv(c, ["--", "touch", "ran"]),
+        cwd=ws,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert wait_for(lambda: _saving(qemus_of(proc.pid), vmdir), 120)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert wait_for(lambda: not qemus_of(proc.pid), 10), qemus_of(proc.pid)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert sorted(p.name for p in vmdir.iterdir()) == before  # no state, whole or half
+    assert not (ws / "ran").exists()  # killed before the request was sent
+    r = run_in(c, ws, env, "--", "touch", "ran")  # the twin: the next run saves one
+    assert r.returncode == 0 and (ws / "ran").exists() and len(states(vmdir)) == 1

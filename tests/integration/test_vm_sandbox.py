@@ -26,6 +26,11 @@ if WHY_NOT:
 SECRET = "vm-sandbox-secret-5d2e"
 
 
+def how_it_started(sb: Sandbox) -> str:
+    """The VM's start line in the tier's description: restored or booted, and why."""
+    return "\n".join(sb.plan.strategy.describe())
+
+
 def our_qemus() -> list[int]:
     """QEMU processes of sandboxes this test process started (named after its pid)."""
     return pids_matching(f"qemu-system-x86_64 -name corral-vm-{os.getpid()}-")
@@ -98,4 +103,32 @@ def test_a_dead_vm_is_started_again_on_the_next_call(home_ws: tuple[Path, Path])
         r = sb.exec("cat one.txt")  # a fresh VM, the same workspace
         assert (r.exit_code, r.stdout) == (0, b"one\n")
         assert sb.starts == 2
+    assert wait_for(lambda: not our_qemus(), 10)
+
+
+@pytest.mark.slow
+def test_a_sandbox_starts_from_the_saved_state_with_the_same_decision(
+    home_ws: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home, ws = home_ws
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "id_rsa").write_text(SECRET)
+    with Sandbox(pol.load(str(ws)), tier="microvm", log=False) as first:  # fills the cache
+        assert first.exec("true").exit_code == 0
+    own = ws.parent / "own-cache" / "corral" / "vm"
+    own.mkdir(parents=True)
+    for entry in (ROOT_BASE / "vm-cache-api" / "corral" / "vm").glob("*"):
+        if entry.name.startswith(("initramfs-", "accel-")) and ".tmp" not in entry.name:
+            (own / entry.name).write_bytes(entry.read_bytes())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(ws.parent / "own-cache"))  # no state yet
+    with Sandbox(pol.load(str(ws)), tier="microvm", log=False) as saving:
+        assert saving.exec("true").exit_code == 0
+        assert "start: cold boot: no saved state" in how_it_started(saving)  # and saved it
+    assert len(list(own.glob("state-*"))) == 1
+    with Sandbox(pol.load(str(ws)), tier="microvm", log=False) as sb:
+        r = sb.exec(f"echo landed > landed.txt; cat {home}/.ssh/id_rsa || echo refused")
+        assert "start: warm start: restore" in how_it_started(sb)
+        assert SECRET.encode() not in r.stdout and b"refused" in r.stdout
+        assert (ws / "landed.txt").read_text() == "landed\n"  # the twin: writes land
+        assert sb.files.read_text("landed.txt") == "landed\n"
     assert wait_for(lambda: not our_qemus(), 10)

@@ -286,6 +286,7 @@ def test_the_initramfs_holds_the_init_modules_busybox_and_helpers() -> None:
     assert files["bin/busybox"] == (stat.S_IFREG | 0o755, b"BUSYBOX")
     assert files["lib/modules/virtio.ko"][1] == b"ko1"
     assert files["corral/mux.py"][1] == b"# m"
+    assert files["bin/reseed"] == (stat.S_IFREG | 0o755, initramfs.reseed_program())
     mode, init = files["init"]
     assert mode == stat.S_IFREG | 0o755
     text = init.decode()

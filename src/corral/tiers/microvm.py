@@ -68,6 +68,9 @@ class VmStrategy(LaunchStrategy):
 
         del ctypes, seccomp, mux, run, procs_files, entered  # the guest bounds itself
         duplex = child_fds.get(0) == child_fds.get(1)  # a Sandbox's agent channel
+        # decided here, so describe() says how this start went (restore or boot)
+        self.vm.chosen = None
+        self.vm.chosen = self.vm.warm()
         limits_r, limits_w = os.pipe()
         pid = os.fork()
         if pid:

@@ -44,6 +44,13 @@ Design, one module each:
 * :mod:`~corral.vm.probe`: KVM or TCG by booting the guest once with KVM (the
   init says ``ready``), cached per host kernel, QEMU binary and guest kernel.
   Here KVM is PVM and the Debian kernel hangs: TCG, and the reason says so.
+* :mod:`~corral.vm.snapshot`: the warm start.  The first boot of a machine
+  (kernel, initramfs, QEMU, machine options, RAM, vCPUs, devices) saves the
+  guest's state where its init waits for a request (QMP ``migrate`` into an
+  unnamed ``O_TMPFILE``, named once whole); later starts run QEMU with
+  ``-incoming`` from it, and the request's first line reseeds the guest's
+  random generator (``/bin/reseed``) and sets its clock.  No request, mount or
+  environment value is ever in a state.
 * :mod:`~corral.vm.run`: the runner: plan, boot, request over the control
   port (environment values never in an argv), output read to the byte counts
   the guest's driver reports, timeout (124: the sandbox's pid 1 killed, QEMU

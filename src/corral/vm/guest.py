@@ -138,14 +138,20 @@ class Launch:
 
 
 def request(
-    shares: Sequence[Export], mounts: Sequence[tuple[str, str, str]], launch: Launch
+    shares: Sequence[Export],
+    mounts: Sequence[tuple[str, str, str]],
+    launch: Launch,
+    fresh: tuple[bytes, float] | None = None,
 ) -> bytes:
     """The shell script the guest's init sources: its mounts, then ``run``.
 
     Every path, name and value is quoted for the shell; environment values go
-    through the control port only, never an argv the host can see."""
+    through the control port only, never an argv the host can see.  ``fresh``
+    (random bytes, the host's time in seconds): first, for a guest restored from
+    a saved state, its own randomness and clock (the init's ``fresh``)."""
     q = shlex.quote
-    lines = [f"mount_root {q(ROOT_TAG)} {ROOT_CACHE}"]
+    lines = [f"fresh {fresh[0].hex()} @{int(fresh[1])}"] if fresh is not None else []
+    lines.append(f"mount_root {q(ROOT_TAG)} {ROOT_CACHE}")
     for kind, path, what in mounts:
         if kind == "tmpfs":
             lines.append(f"mount_tmpfs {q(path)} {q(what)}")

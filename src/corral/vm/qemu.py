@@ -143,6 +143,7 @@ class Machine:
         "initrd",
         "kernel",
         "memory_mib",
+        "monitor",
         "name",
         "ports",
         "qemu",
@@ -162,6 +163,7 @@ class Machine:
         kernel: str = KERNEL,
         initrd: str = INITRD,
         console: bool = False,
+        monitor: int | None = None,
     ) -> None:
         self.accel = accel  # "kvm" or "tcg"
         self.cpus = cpus
@@ -174,6 +176,8 @@ class Machine:
         self.kernel = kernel
         self.initrd = initrd
         self.console = console  # the guest's serial console on QEMU's stderr (debugging)
+        # the fd of QEMU's QMP monitor (a socket): how a guest's state is saved
+        self.monitor = monitor
 
 
 def qemu_argv(m: Machine) -> list[str]:
@@ -214,6 +218,8 @@ def qemu_argv(m: Machine) -> list[str]:
     for n, (port, fd) in enumerate(m.ports, start=1):
         argv += ["-chardev", f"socket,id=p{n},fd={fd}"]
         argv += ["-device", f"virtserialport,chardev=p{n},name={port},nr={n}"]
+    if m.monitor is not None:
+        argv += ["-chardev", f"socket,id=qmp,fd={m.monitor}", "-mon", "chardev=qmp,mode=control"]
     for n, share in enumerate(m.exports):
         options = f"local,id=fs{n},path={share.source},security_model=none,multidevs=remap"
         if not share.writable:

@@ -28,7 +28,7 @@ import time
 
 from corral.errors import EXIT_TIMEOUT, CorralError, RefusedError, SetupError
 from corral.tiers.base import Health
-from corral.vm import guest, initramfs, probe, qemu, setup
+from corral.vm import guest, initramfs, probe, qemu, setup, snapshot
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -44,11 +44,15 @@ RUN_NAMES = [
     *("--explain", "-q"),
 ]
 CONSOLE = ("console", "flag", "", "the guest's serial console on stderr (debugging)")
+MONITOR = "corral.qmp"  # QEMU's QMP monitor: a socket pair like the ports
 DRAIN_TIMEOUT = 10.0  # seconds to collect output the guest said it sent
 POWEROFF_GRACE = 2.0  # seconds the guest gets to power off after its report
 # seconds for the guest to boot and take the request: 2 to 5 s under TCG, more on a
 # busy host; a guest that hangs while booting is stopped and reported
 BOOT_TIMEOUT = 60.0
+# seconds for a restored guest to take the request (it takes well under one): a
+# state that does not resume is given up for a boot
+RESTORE_TIMEOUT = 20.0
 CHUNK = 65536
 
 
@@ -86,9 +90,22 @@ class VmPlan:
         self.decision: probe.Decision | None = None
         self.timeout: float | None = None
         self.notes: list[str] = []
+        self.cache = ""  # where saved states are kept
+        self.warm_key = ""  # the machine's saved state, if any (corral.vm.snapshot)
+        self.restore_args: list[str] = []  # what QEMU's argv gains to restore it
+
+        self.chosen: snapshot.Warm | None = None  # how the last start went, once decided
+
+    def warm(self) -> snapshot.Warm:
+        """How a start goes now (or went: :attr:`chosen`)."""
+        if self.chosen is not None:
+            return self.chosen
+        console = self.machine is not None and self.machine.console
+        return snapshot.decide(self.cache, self.warm_key, console)
 
     def describe(self) -> str:
         lines = [f"accelerator: {self.decision.reason if self.decision else '?'}"]
+        lines.append(f"start: {self.warm().describe()}")
         if self.machine is not None:
             lines.append(f"vcpus: {self.machine.cpus}  guest RAM: {self.machine.memory_mib} MiB")
         lines.append(f"timeout: {self.timeout if self.timeout else 'none'}")
@@ -154,6 +171,7 @@ class VmHost:
     __slots__ = (
         "assets",
         "bwrap",
+        "cache",
         "cpus",
         "decision",
         "facts",
@@ -161,6 +179,7 @@ class VmHost:
         "initrd",
         "owner",
         "qemu",
+        "state_inputs",
         "uid",
     )
 
@@ -176,6 +195,8 @@ class VmHost:
         uid: int = 1000,
         gid: int = 1000,
         owner: int = 0,
+        cache: str = "",
+        state_inputs: Sequence[str] = (),
     ) -> None:
         self.assets = assets
         self.qemu = qemu_path
@@ -187,6 +208,9 @@ class VmHost:
         self.uid = uid
         self.gid = gid
         self.owner = owner  # corral's pid: QEMU is named after it (ps shows whose VM)
+        self.cache = cache  # this user's VM cache: the saved states
+        # what a saved state depends on besides QEMU's argv (corral.vm.snapshot)
+        self.state_inputs = list(state_inputs)
 
 
 def gather(probe_now: bool = True) -> VmHost:
@@ -198,8 +222,11 @@ def gather(probe_now: bool = True) -> VmHost:
     try:
         initrd = initramfs.cached(assets, busybox, cache)
         decision = probe.decide(qemu_path, assets, initrd, cache, probe=probe_now)
+        inputs = [snapshot.identity(p) for p in (qemu_path, assets.vmlinux, initrd)]
     except OSError as exc:
         raise SetupError(f"microvm: cannot use the cache {cache}: {exc}") from None
+    if decision.accel == "kvm":  # KVM's guest state follows the host's kernel and CPU
+        inputs += [os.uname().release, os.uname().version]
     return VmHost(
         assets,
         qemu_path,
@@ -211,6 +238,8 @@ def gather(probe_now: bool = True) -> VmHost:
         os.getuid(),
         os.getgid(),
         os.getpid(),
+        cache,
+        inputs,
     )
 
 
@@ -299,6 +328,9 @@ def build(
         number = next(numbers)
         plan.fds[number] = port
         port_fds.append((port, number))
+    monitor, state = next(numbers), next(numbers)
+    plan.fds[monitor] = MONITOR
+    plan.fds[state] = "state"  # passed only when a saved state is restored
     view_args, empty = namespace.mount_args(plan.view, numbers)
     plan.fds.update(dict.fromkeys(empty, "empty"))
     plan.machine = qemu.Machine(
@@ -311,6 +343,7 @@ def build(
         name=name,
         qemu=host.qemu,
         console=console,
+        monitor=monitor,
     )
     own = qemu.own_root(host.facts, host.assets.vmlinux, host.initrd, host.decision.accel == "kvm")
     plan.argv = qemu.sandbox_argv(
@@ -321,6 +354,9 @@ def build(
         seccomp_fd,
         qemu.qemu_argv(plan.machine),
     )
+    plan.cache = host.cache
+    plan.warm_key = snapshot.state_key(qemu.qemu_argv(plan.machine), host.state_inputs)
+    plan.restore_args = ["-incoming", f"fd:{state}"]
     return plan
 
 
@@ -376,12 +412,16 @@ def _pump_stdin(src: int, sock: socket.socket) -> None:
 class _Vm:
     """A started VM: bwrap's pid, its child's (the sandbox's pid 1), our socket ends."""
 
-    def __init__(self, plan: VmPlan, given: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, plan: VmPlan, given: dict[str, int] | None = None, state: int | None = None
+    ) -> None:
         """``given``: ports whose host end is a caller's socket, handed to QEMU as
-        it is (the Sandbox's channel to its agent) instead of a new socket pair."""
+        it is (the Sandbox's channel to its agent) instead of a new socket pair.
+        ``state``: a saved state QEMU restores instead of booting."""
         from corral import seccomp
         from corral.launch import move_fds_into_place
 
+        self.state = state
         self.socks: dict[str, socket.socket] = {}
         wanted: dict[int, int] = {}
         theirs: list[int] = []
@@ -406,6 +446,9 @@ class _Vm:
                 theirs.append(sec_r)
             elif what == "empty":
                 wanted[number] = null
+            elif what == "state":
+                if state is not None:
+                    wanted[number] = state
             elif given and what in given:
                 wanted[number] = given[what]
             else:  # a port: one socket pair, QEMU holds one end
@@ -413,12 +456,13 @@ class _Vm:
                 self.socks[what] = ours
                 wanted[number] = other.detach()
                 theirs.append(wanted[number])
+        argv = plan.argv + (plan.restore_args if state is not None else [])
         pid = os.fork()
         if pid == 0:
             try:
                 os.setpgid(0, 0)
                 move_fds_into_place(wanted)
-                os.execve(plan.argv[0], plan.argv, {})
+                os.execve(argv[0], argv, {})
             finally:
                 os._exit(127)
         self.pid = pid
@@ -498,6 +542,15 @@ def _child_pid(status_r: int) -> int:
     return _status_value(text.decode(errors="replace"), "child-pid") or 0
 
 
+class _Gone(SetupError):
+    """The VM ended, or did not take its request in time (``late``), before the
+    guest said ``up``: nothing of the command has run yet."""
+
+    def __init__(self, message: str, late: bool = False) -> None:
+        super().__init__(message)
+        self.late = late
+
+
 def execute(
     plan: VmPlan,
     door: str | None,
@@ -506,21 +559,17 @@ def execute(
     stderr: int = 2,
     duplex: bool = False,
 ) -> Result:
-    """Boot the VM, run the request, stream the output; the result once the VM is gone.
-    ``duplex``: ``stdin`` is a socket that is the command's stdin and stdout both
-    (corral's agent), handed to QEMU as the stdin port."""
+    """Start the VM (restored or booted: :func:`_start`), run the request, stream
+    the output; the result once the VM is gone.  ``duplex``: ``stdin`` is a
+    socket that is the command's stdin and stdout both (corral's agent), handed
+    to QEMU as the stdin port."""
     result = Result()
     started = time.monotonic()
-    request = plan.request
     if duplex and plan.launch is not None:
         plan.launch.duplex = True
-        request = guest.request(plan.shares, plan.guest_mounts, plan.launch)
-    vm = _Vm(plan, {"corral.stdin": stdin} if duplex else None)
+    given = {"corral.stdin": stdin} if duplex else None
+    vm, follower = _start(plan, given, result, (stdout, stderr), started)
     try:
-        try:
-            vm.socks["corral.ctl"].sendall(b"%d\n" % len(request) + request)
-        except OSError:
-            pass  # QEMU is gone already: _follow reports why
         if not duplex:
             threading.Thread(
                 target=_pump_stdin, args=(stdin, vm.socks["corral.stdin"]), daemon=True
@@ -531,7 +580,7 @@ def execute(
             port = os.dup(vm.socks["corral.door"].fileno())  # the mux closes its own copy
             link = mux.Mux(port, mux.unix_opener(door))
             threading.Thread(target=link.serve, daemon=True).start()
-        _Follower(vm, plan, result, stdout, stderr).run()
+        follower.run()
     finally:
         # the guest powers off once told that its report and output arrived; a
         # timeout stops it at once
@@ -545,11 +594,112 @@ def execute(
     return result
 
 
-class _Follower:
-    """Reads everything the VM sends until the command's end has been reported
-    and its output collected, the timeout fires, or the VM dies."""
+def _say(line: str) -> None:
+    sys.stderr.write(f"corral: {line}\n")
+    sys.stderr.flush()
 
-    def __init__(self, vm: _Vm, plan: VmPlan, result: Result, stdout: int, stderr: int) -> None:
+
+def _start(
+    plan: VmPlan,
+    given: dict[str, int] | None,
+    result: Result,
+    sinks: tuple[int, int],
+    started: float,
+) -> tuple[_Vm, _Follower]:
+    """A VM that has taken the request: restored from the machine's saved state
+    when the cache has one, else booted (saving the state on the way when there
+    is none).  A state that does not restore is removed, and the VM booted."""
+    warm = plan.chosen = plan.warm()
+    if warm.restore:
+        fd = snapshot.open_state(warm.path)
+        if fd is not None:
+            try:
+                return _launch(plan, given, result, sinks, started, state=fd)
+            except _Gone as exc:
+                if not exc.late:  # QEMU refused it; a slow host is no reason to drop it
+                    snapshot.discard(warm.path, fd)
+                why = exc.message.removeprefix("microvm: ")
+                _say(f"microvm: the saved VM state did not restore ({why}); booting")
+            finally:
+                os.close(fd)
+        warm = plan.chosen = snapshot.Warm(
+            warm.path, False, True, "the saved state did not restore"
+        )
+    return _launch(plan, given, result, sinks, started, save=warm.path if warm.save else "")
+
+
+def _launch(
+    plan: VmPlan,
+    given: dict[str, int] | None,
+    result: Result,
+    sinks: tuple[int, int],
+    started: float,
+    state: int | None = None,
+    save: str = "",
+) -> tuple[_Vm, _Follower]:
+    """Start QEMU (restoring ``state`` if given), save the guest's state to ``save``
+    at the init's ``waiting`` if asked, send the request; back once the guest
+    took it (or the timeout fired).  On any error the VM is stopped."""
+    assert plan.launch is not None
+    vm = _Vm(plan, given, state)
+    try:
+        wait = RESTORE_TIMEOUT if state is not None else BOOT_TIMEOUT
+        follower = _Follower(vm, plan, result, *sinks, started, wait)
+        if save:
+            follower.run(until="waiting")
+            if result.timed_out:
+                return vm, follower
+            _save(vm, save)
+        # a restored guest shares its random state and clock with every other one
+        fresh = (os.urandom(32), time.time()) if state is not None else None
+        request = guest.request(plan.shares, plan.guest_mounts, plan.launch, fresh)
+        try:
+            vm.socks["corral.ctl"].sendall(b"%d\n" % len(request) + request)
+        except OSError:
+            pass  # QEMU is gone already: the follower says why
+        follower.run(until="up")
+    except BaseException:
+        vm.stop()
+        raise
+    return vm, follower
+
+
+def _save(vm: _Vm, path: str) -> None:
+    """Save the guest's state (no request sent yet) as its machine's warm start; a
+    failure is said and the boot goes on."""
+    cache = os.path.dirname(path)
+    try:
+        fd = snapshot.new_file(cache)
+    except OSError as exc:
+        _say(f"microvm: no warm start saved: no unnamed file in {cache}: {exc.strerror}")
+        return
+    try:
+        snapshot.save(snapshot.Monitor(vm.socks[MONITOR]), fd)
+    except (snapshot.SaveError, OSError, ValueError) as exc:
+        os.close(fd)
+        _say(f"microvm: no warm start saved: {exc}")
+        return
+    try:
+        snapshot.commit(fd, path)
+    except OSError as exc:
+        _say(f"microvm: no warm start saved: {path}: {exc.strerror}")
+
+
+class _Follower:
+    """Reads everything the VM sends until the guest says a given line, or the
+    command's end has been reported and its output collected, the timeout
+    fires, or the VM dies."""
+
+    def __init__(
+        self,
+        vm: _Vm,
+        plan: VmPlan,
+        result: Result,
+        stdout: int,
+        stderr: int,
+        started: float,
+        boot_timeout: float = BOOT_TIMEOUT,
+    ) -> None:
         self.vm = vm
         self.result = result
         out, err = vm.socks["corral.stdout"].fileno(), vm.socks["corral.stderr"].fileno()
@@ -561,23 +711,31 @@ class _Follower:
         self.control = b""
         self.qemu_err = b""
         self.booted = False  # the init said "up": it has the request
+        self.until = ""  # the guest's line run() returns at ("waiting", "up")
+        self.seen = ""  # the last of those lines the guest said
         self.expect: dict[int, int] | None = None  # bytes per output, once reported
         self.watch = [out, err, self.ctl, vm.err_r]
-        now = time.monotonic()
-        self.deadline = now + plan.timeout if plan.timeout else None
-        self.boot_deadline = now + BOOT_TIMEOUT
+        self.deadline = started + plan.timeout if plan.timeout else None
+        self.boot_timeout = boot_timeout
+        self.boot_deadline = time.monotonic() + boot_timeout
         self.drain_until = 0.0
 
-    def run(self) -> None:
+    def run(self, until: str = "") -> None:
+        self.until = until
+        self._lines()
         while True:
+            if until and self.seen == until:
+                return
             if self.expect is not None and all(self.got[fd] >= n for fd, n in self.expect.items()):
                 return
             wait = self._wait()
             if wait is not None and wait <= 0:
                 if self.expect is None and not self.booted and self.deadline_is_boot():
-                    raise SetupError(
-                        f"microvm: the guest did not boot within {BOOT_TIMEOUT:g} s "
-                        "(--console shows where it stopped)"
+                    what = "boot" if self.vm.state is None else "resume from its saved state"
+                    raise _Gone(
+                        f"microvm: the guest did not {what} within {self.boot_timeout:g} s "
+                        "(--console shows where it stopped)",
+                        late=True,
                     )
                 if self.expect is None:
                     self.result.timed_out = True
@@ -613,17 +771,26 @@ class _Follower:
         elif fd == self.vm.err_r:
             self.qemu_err = (self.qemu_err + data)[-4096:]
             if not data and self.expect is None and b"\n" not in self.control:
-                raise SetupError(_why_ended(self.qemu_err, self.vm.ended()))
+                # before "up" nothing of the command ran (a restore may boot instead)
+                gone = SetupError if self.booted else _Gone
+                raise gone(_why_ended(self.qemu_err, self.vm.ended()))
         else:
             self.control += data
-            while b"\n" in self.control and self.expect is None:
-                line, self.control = self.control.split(b"\n", 1)
-                if line == b"up":
-                    self.booted = True
-                    continue
-                line_text = line.decode(errors="replace")
-                self.expect = _report(line_text, self.result, self.out, self.err)
-                self.drain_until = time.monotonic() + DRAIN_TIMEOUT
+            self._lines()
+
+    def _lines(self) -> None:
+        """Take the control lines received, up to the one run() waits for."""
+        while b"\n" in self.control and self.expect is None:
+            if self.until and self.seen == self.until:
+                return
+            line, self.control = self.control.split(b"\n", 1)
+            if line in (b"waiting", b"up"):
+                self.seen = line.decode()
+                self.booted = self.booted or line == b"up"
+                continue
+            line_text = line.decode(errors="replace")
+            self.expect = _report(line_text, self.result, self.out, self.err)
+            self.drain_until = time.monotonic() + DRAIN_TIMEOUT
 
 
 def _report(line: str, result: Result, out: int, err: int) -> dict[int, int]:

@@ -1,0 +1,208 @@
+"""The warm start's pure parts and its cache files: the key, the decision, a state
+written whole or not at all, the guest's reseed program.  Nothing boots here;
+tests/integration/test_vm.py restores real guests."""
+
+from __future__ import annotations
+
+import os
+import platform
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from corral import fsplan
+from corral.policy import Policy
+from corral.vm import guest, initramfs, probe, qemu, setup, snapshot
+from corral.vm import run as vmrun
+
+
+def argv_for(**change: object) -> list[str]:
+    options: dict[str, object] = {
+        "accel": "tcg",
+        "cpus": 1,
+        "memory_mib": 256,
+        "cmdline": "quiet corral.mode=run",
+        "ports": [("corral.ctl", 5), ("corral.stdin", 6)],
+        "exports": guest.exports(["/ws"]),
+        "name": "corral-vm-1-a",
+        "monitor": 9,
+    }
+    options.update(change)
+    return qemu.qemu_argv(qemu.Machine(**options))  # type: ignore[arg-type]
+
+
+INPUTS = ["/usr/bin/qemu:1:2:3", "/k/vmlinux:4:5:6", "/c/initramfs-ab.cpio:7:8:9"]
+
+
+def test_the_key_ignores_what_differs_per_start_and_never_reaches_the_guest() -> None:
+    key = snapshot.state_key(argv_for(), INPUTS)
+    same = [
+        argv_for(name="corral-vm-2-b"),
+        argv_for(ports=[("corral.ctl", 11), ("corral.stdin", 12)], monitor=13),
+        argv_for(exports=guest.exports(["/home/someone/other"])),
+        [*argv_for(), "-incoming", "fd:4"],
+    ]
+    for argv in same:
+        assert snapshot.state_key(argv, INPUTS) == key
+
+
+def test_the_key_follows_everything_that_shapes_the_guest() -> None:
+    key = snapshot.state_key(argv_for(), INPUTS)
+    different = [
+        snapshot.state_key(argv_for(memory_mib=512), INPUTS),
+        snapshot.state_key(argv_for(cpus=2), INPUTS),
+        snapshot.state_key(argv_for(cmdline="quiet tsc_early_khz=1 corral.mode=run"), INPUTS),
+        snapshot.state_key(argv_for(exports=guest.exports(["/ws", "/tmp/x"])), INPUTS),
+        snapshot.state_key(argv_for(ports=[("corral.ctl", 5)]), INPUTS),
+        snapshot.state_key(argv_for(accel="kvm"), INPUTS),
+        snapshot.state_key(argv_for(), [*INPUTS[:2], "/c/initramfs-cd.cpio:7:8:9"]),
+        snapshot.state_key(argv_for(), ["/usr/bin/qemu:1:2:4", *INPUTS[1:]]),  # QEMU upgraded
+    ]
+    assert key not in different and len(set(different)) == len(different)
+
+
+def test_stable_argv_blanks_descriptors_and_paths_only() -> None:
+    argv = ["q", "-name", "n", "-chardev", "socket,id=p1,fd=5", "-fsdev", "local,path=/g/ws,x=1"]
+    assert snapshot.stable_argv([*argv, "-incoming", "fd:3"]) == [
+        "q",
+        "-chardev",
+        "socket,id=p1,fd=*",
+        "-fsdev",
+        "local,path=*,x=1",
+    ]
+
+
+def test_a_start_restores_only_a_state_this_cache_has(tmp_path: Path) -> None:
+    cache = str(tmp_path)
+    first = snapshot.decide(cache, "k1", console=False, environ={})
+    assert not first.restore and first.save and "this boot saves one" in first.why
+    Path(snapshot.state_path(cache, "k1")).write_bytes(b"state")
+    again = snapshot.decide(cache, "k1", console=False, environ={})
+    assert again.restore and not again.save and again.describe().startswith("warm start")
+    off = snapshot.decide(cache, "k1", console=False, environ={snapshot.OFF: "0"})
+    assert not off.restore and not off.save and "CORRAL_VM_WARM=0" in off.describe()
+    console = snapshot.decide(cache, "k1", console=True, environ={})
+    assert not console.restore and not console.save and "console" in console.why
+
+
+def test_a_state_gets_its_name_only_once_complete(tmp_path: Path) -> None:
+    cache = str(tmp_path / "vm")
+    fd = snapshot.new_file(cache)
+    os.write(fd, b"half a state")
+    assert os.listdir(cache) == []  # unnamed while QEMU writes it
+    os.close(fd)  # the writer died: nothing is left
+    assert os.listdir(cache) == []
+    fd = snapshot.new_file(cache)
+    os.write(fd, b"a whole state")
+    path = snapshot.state_path(cache, "k")
+    snapshot.commit(fd, path)
+    assert os.listdir(cache) == ["state-k"] and Path(path).read_bytes() == b"a whole state"
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    fd = snapshot.new_file(cache)  # another start saved the same machine meanwhile
+    os.write(fd, b"the same state")
+    snapshot.commit(fd, path)
+    assert Path(path).read_bytes() == b"a whole state"
+
+
+def test_only_the_most_recently_used_states_are_kept(tmp_path: Path) -> None:
+    for n in range(snapshot.KEEP + 2):
+        path = tmp_path / f"state-{n}"
+        path.write_bytes(b"s")
+        os.utime(path, (1000 + n, 1000 + n))
+    (tmp_path / "initramfs-x.cpio").write_bytes(b"other")
+    fd = snapshot.open_state(str(tmp_path / "state-0"))  # used now: the newest
+    assert fd is not None
+    os.close(fd)
+    snapshot.prune(str(tmp_path), snapshot.KEEP)
+    left = sorted(os.listdir(tmp_path))
+    assert left == ["initramfs-x.cpio", "state-0", "state-3", "state-4", "state-5"]
+
+
+def test_a_state_that_did_not_restore_is_removed_but_not_a_newer_one(tmp_path: Path) -> None:
+    path = tmp_path / "state-k"
+    path.write_bytes(b"bad")
+    fd = os.open(path, os.O_RDONLY)
+    snapshot.discard(str(path), fd)
+    assert not path.exists()
+    path.write_bytes(b"old")
+    fd2 = os.open(path, os.O_RDONLY)
+    os.unlink(path)
+    path.write_bytes(b"newer")  # saved by another start meanwhile
+    snapshot.discard(str(path), fd2)
+    assert path.read_bytes() == b"newer"
+    os.close(fd)
+    os.close(fd2)
+
+
+def test_the_plan_can_restore_and_save_with_its_own_descriptors(tmp_path: Path) -> None:
+    policy = Policy(str(tmp_path))
+    policy.limits.defaults = {"memory": 8 << 30, "pids": 4096}
+    host = vmrun.VmHost(
+        setup.Assets("/fake/kernel-6.1", "6.1.0-test", ["virtio_mmio"]),
+        "/usr/bin/qemu-system-x86_64",
+        "/usr/bin/bwrap",
+        "/fake/initramfs.cpio",
+        probe.Decision("tcg", "TCG: as the test says"),
+        qemu.HostFacts(2_000_000, {"/bin": "usr/bin"}),
+        cache=str(tmp_path / "cache"),
+        state_inputs=INPUTS,
+    )
+    fs = fsplan.plan_filesystem(policy)
+    plan = vmrun.build(policy, ["true"], host, fs)
+    monitor = next(n for n, what in plan.fds.items() if what == vmrun.MONITOR)
+    state = next(n for n, what in plan.fds.items() if what == "state")
+    assert f"socket,id=qmp,fd={monitor}" in plan.argv
+    assert plan.restore_args == ["-incoming", f"fd:{state}"]
+    assert "-incoming" not in plan.argv  # only a restore adds it
+    assert plan.machine is not None
+    assert plan.warm_key == snapshot.state_key(qemu.qemu_argv(plan.machine), INPUTS)
+    assert plan.warm().save and "start: cold boot: no saved state" in plan.describe()
+    policy.limits.memory = 256 << 20
+    smaller = vmrun.build(policy, ["true"], host, fsplan.plan_filesystem(policy))
+    assert smaller.warm_key != plan.warm_key
+
+
+def test_a_restored_guest_is_told_fresh_randomness_and_the_time_first() -> None:
+    launch = guest.Launch(["true"], {}, "/ws", 0, 0, None, False)
+    shares = guest.exports(["/ws"])
+    request = guest.request(shares, [], launch, (b"\x01\xfe" * 16, 1_700_000_000.7))
+    first = request.decode().splitlines()[0]
+    assert first == f"fresh {'01fe' * 16} @1700000000"
+    assert not guest.request(shares, [], launch).startswith(b"fresh")  # a boot needs none
+
+
+def test_the_reseed_program_is_a_minimal_static_elf() -> None:
+    elf = initramfs.reseed_program()
+    assert elf[:4] == b"\x7fELF" and elf[4] == 2  # 64-bit
+    e_type, machine, _, entry, phoff = struct.unpack("<HHIQQ", elf[16:40])
+    assert (e_type, machine, phoff) == (2, 0x3E, 64)
+    kind, flags, offset, vaddr, _, filesz, memsz, _ = struct.unpack("<IIQQQQQQ", elf[64:120])
+    assert (kind, flags, offset, filesz, memsz) == (1, 5, 0, len(elf), len(elf))  # R+X, all of it
+    assert entry == vaddr + 120 and elf.endswith(b"/dev/urandom\0")
+
+
+needs_x86 = pytest.mark.skipif(
+    platform.machine() != "x86_64" or not hasattr(os, "setresuid"),
+    reason="the reseed program is x86-64 Linux code",
+)
+
+
+@needs_x86
+@pytest.mark.skipif(os.geteuid() != 0, reason="reseeding needs root (as the guest's init is)")
+def test_the_reseed_program_reseeds_as_root_and_is_refused_otherwise() -> None:
+    import shutil
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="corral-reseed-")  # a directory the user can enter
+    try:
+        os.chmod(where, 0o755)
+        program = Path(where) / "reseed"
+        program.write_bytes(initramfs.reseed_program())
+        program.chmod(0o755)
+        assert subprocess.run([str(program)]).returncode == 0  # reseeded (root, as the init)
+        nobody = subprocess.run([str(program)], user=65534, group=65534, extra_groups=[])
+        assert nobody.returncode == 1  # EPERM: the kernel refuses a user
+    finally:
+        shutil.rmtree(where)
