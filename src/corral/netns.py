@@ -333,16 +333,24 @@ def _hand_over(path: str, made: list[tuple[Listener, _socket.socket]]) -> None:
     the sandbox runs with no network, as when the proxy dies later."""
     import _socket
 
-    header = "".join(f"{listener.kind} {listener.host} {listener.port}\n" for listener, _ in made)
-    rights = b"".join(sock.fileno().to_bytes(4, sys.byteorder) for _, sock in made)
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
     try:
         conn.connect(path)
-        conn.sendmsg([header.encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
+        send_listeners(conn, made)
     except OSError:
         pass
     finally:
         conn.close()
+
+
+def send_listeners(conn: _socket.socket, made: list[tuple[Listener, _socket.socket]]) -> None:
+    """Listeners over a connected SEQPACKET socket: one message, a line per
+    listener and its descriptor (SCM_RIGHTS)."""
+    import _socket
+
+    header = "".join(f"{listener.kind} {listener.host} {listener.port}\n" for listener, _ in made)
+    rights = b"".join(sock.fileno().to_bytes(4, sys.byteorder) for _, sock in made)
+    conn.sendmsg([header.encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
 
 
 class Resolver:
@@ -394,14 +402,22 @@ class Resolver:
 def receive(handoff: _socket.socket) -> list[tuple[Listener, _socket.socket]]:
     """In the proxy: accept the launcher's one handoff and take its listeners."""
     import _socket
-    import struct
 
     fd, _ = handoff._accept()  # type: ignore[attr-defined]
     conn = _socket.socket(fileno=fd)
     try:
-        data, ancillary, _flags, _ = conn.recvmsg(65536, _socket.CMSG_SPACE(MAX_LISTENERS * 4))
+        return read_listeners(conn)
     finally:
         conn.close()
+
+
+def read_listeners(conn: _socket.socket) -> list[tuple[Listener, _socket.socket]]:
+    """What :func:`send_listeners` sent (ValueError when names and descriptors
+    do not pair up: then none is kept)."""
+    import _socket
+    import struct
+
+    data, ancillary, _flags, _ = conn.recvmsg(65536, _socket.CMSG_SPACE(MAX_LISTENERS * 4))
     fds: list[int] = []
     for level, what, payload in ancillary:
         if level == _socket.SOL_SOCKET and what == _socket.SCM_RIGHTS:

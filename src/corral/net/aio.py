@@ -536,12 +536,13 @@ class Loop:
         except _TRY_AGAIN:
             pass
         fd = sock.fileno()
-        waiter = self.create_future()
-        self.add_writer(fd, _set_if_pending, waiter, None)
-        try:
-            await waiter
-        finally:
-            self.remove_writer(fd)
+        if not _writable_now(fd):  # (on loopback the handshake is done already)
+            waiter = self.create_future()
+            self.add_writer(fd, _set_if_pending, waiter, None)
+            try:
+                await waiter
+            finally:
+                self.remove_writer(fd)
         error = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR)
         if error:
             raise OSError(error, os.strerror(error))
@@ -623,9 +624,13 @@ class Loop:
     ) -> Transport:
         """TLS over ``transport`` for ``protocol``; returns the TLS transport, on
         which ``protocol.connection_made`` has been called already.  ``initial``:
-        bytes of the peer's already read off the transport (a ClientHello)."""
+        bytes of the peer's already read off the transport (a ClientHello);
+        what the transport's stream holds unread follows them."""
         from corral.net.aiotls import TLSLayer
 
+        before = transport.get_protocol()
+        if isinstance(before, StreamReaderProtocol):  # what its stream read and nobody took
+            initial += before._reader.take_buffered()
         layer = TLSLayer(self, transport, protocol, sslcontext, server_side, server_hostname)
         return await layer.handshake(initial, ssl_handshake_timeout)
 
@@ -686,6 +691,12 @@ def _as_coro(awaitable: Awaitable[Any]) -> Coroutine[Any, Any, Any]:
         return await awaitable
 
     return wrap()
+
+
+def _writable_now(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return bool(poller.poll(0))
 
 
 def _set_if_pending(future: Future, value: object) -> None:
@@ -1245,6 +1256,7 @@ class Server:
                 transport.abort()
                 raise
             transport.start()
+            transport._read_ready()  # a client's first bytes are often here already
 
     def _attach(self) -> None:
         self._active += 1

@@ -493,48 +493,156 @@ def _private_dir(prefix: str) -> str:
 
 
 def _worker(door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
-    """The first proxy worker: import, take the listeners, fork the
-    siblings, serve until the run ends."""
+    """The first proxy worker: fork the spare workers, import, take the
+    listeners, serve until the run ends (waking the spares on first use)."""
+    spares = _Spares(door, fds, life_r, tally_w)  # first: while our pages are corral's
+    try:
+        listeners = _become_proxy(door, fds[0], life_r)
+        if listeners is None:  # the run ended before its sandbox started
+            door.remove_files()
+            return
+        chain = door.chain or _chain(door)
+        _serve(door, chain, listeners, [life_r], tally_w, lambda: spares.wake(listeners))
+    finally:
+        spares.stop()
+
+
+def _become_proxy(
+    door: Door, first_fd: int, life_r: int
+) -> list[tuple[Listener, socket.socket]] | None:
+    """A forked process's setup as a proxy worker; then its listeners (the
+    handoff's, for netns; None if the run ended first)."""
+    _settle(door.ca is not None)
+    import _socket
+
+    first = _socket.socket(fileno=first_fd)
+    if door.transport != "netns":
+        from corral.netns import Listener
+
+        return [(Listener("door", door.transport, 0), first)]
+    got = _await_handoff(first, life_r)
+    # One handoff per door: with the listening socket closed, nobody else can
+    # hand listeners over.  The path stays until the run ends: the sandbox's
+    # plan may already cover it (a host socket outside its private /tmp).
+    first.close()
+    return got
+
+
+def _settle(tls: bool = False) -> None:
+    """What every worker does first: its own collector, quiet stderr, signals
+    left to corral, and the proxy's imports."""
     import gc
 
-    gc.enable()  # `corral run` turns it off for itself; a proxy lives as long as its run
+    # `corral run` turns the collector off for itself; a proxy lives as long as its
+    # run, so it collects.  What was inherited is frozen first: never scanned, so
+    # its pages are not copied on write and each pass stays short.
+    gc.freeze()
+    gc.enable()
     quiet_stderr()
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # corral decides when the proxy stops
-    _warm(door.ca is not None)
-    import _socket
+    _warm(tls)
 
+
+def _chain(door: Door) -> Chain:
     from corral.net.hooks import chain_for
 
-    chain = door.chain or chain_for(door.policy)
-    first = _socket.socket(fileno=fds[0])
-    if door.transport == "netns":
-        got = _await_handoff(first, life_r)
-        # One handoff per door: with the listening socket closed, nobody else can
-        # hand listeners over.  The path stays until the run ends: the sandbox's
-        # plan may already cover it (a host socket outside its private /tmp).
-        first.close()
-        if got is None:  # the run ended before its sandbox started
-            door.remove_files()
-            return
-        listeners = got
-    else:
-        from corral.netns import Listener
+    return chain_for(door.policy)
 
-        listeners = [(Listener("door", door.transport, 0), first)]
-    siblings, sibling_life, wake = _fork_siblings(door, chain, listeners, life_r, tally_w)
-    try:
-        _serve(
-            door, chain, listeners, [life_r], tally_w, lambda: _wake_siblings(wake, len(siblings))
-        )
-    finally:
-        if sibling_life >= 0:
-            os.close(sibling_life)  # they stop too
-        for pid in siblings:
+
+class _Spares:
+    """Workers beyond the first (``door.workers - 1``), forked before the first
+    worker does anything: they share only corral's pages, import nothing, and
+    wait until the first connection or query arrives (a run that never uses its
+    network pays for the forks alone).  Woken, each gets the listeners over a
+    socket pair (SCM_RIGHTS, as the handoff) and serves them too.  Each also
+    watches a pipe from the first worker: killing the first worker stops them all."""
+
+    def __init__(self, door: Door, fds: list[int], life_r: int, tally_w: int) -> None:
+        self.pids: list[int] = []
+        self.channels: list[socket.socket] = []
+        self.alive_w = -1
+        if door.workers < 2:
+            return
+        import _socket
+
+        alive_r, self.alive_w = os.pipe()
+        for _ in range(door.workers - 1):
+            ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+            pid = os.fork()
+            if pid == 0:
+                ours.close()
+                os.close(self.alive_w)
+                _spare(door, fds, theirs, [life_r, alive_r], tally_w)  # never returns
+            theirs.close()
+            self.pids.append(pid)
+            self.channels.append(ours)
+        os.close(alive_r)
+        try:
+            with open(os.path.join(door.dir, "proxy.pid"), "a", encoding="utf-8") as fh:
+                fh.write("".join(f"{pid}\n" for pid in self.pids))
+        except OSError:
+            pass
+
+    def wake(self, listeners: list[tuple[Listener, socket.socket]]) -> None:
+        from corral.netns import send_listeners
+
+        for channel in self.channels:
+            send_listeners(channel, listeners)
+            channel.close()
+        self.channels = []
+
+    def stop(self) -> None:
+        for channel in self.channels:
+            channel.close()
+        if self.alive_w >= 0:
+            os.close(self.alive_w)  # they stop too
+        for pid in self.pids:
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
+
+
+def _spare(
+    door: Door, fds: list[int], channel: socket.socket, stop_on: list[int], tally_w: int
+) -> None:
+    """A spare worker: wait to be woken with the listeners, then serve them."""
+    code = 0
+    try:
+        for fd in fds:  # the first worker's: the handoff (netns) or the door itself
+            os.close(fd)
+        listeners = _woken(channel, stop_on)
+        if listeners:
+            _settle(door.ca is not None)
+            _serve(door, door.chain or _chain(door), listeners, stop_on, tally_w)
+    except BaseException as exc:
+        code = 1
+        _report_crash(tally_w, exc)
+    finally:
+        os._exit(code)
+
+
+def _woken(
+    channel: socket.socket, stop_on: list[int]
+) -> list[tuple[Listener, socket.socket]] | None:
+    """The listeners the first worker sends, or None when a ``stop_on`` pipe
+    ends (or the first worker goes) first."""
+    import select
+
+    from corral.netns import read_listeners
+
+    while True:
+        try:
+            ready = select.select([channel.fileno(), *stop_on], [], [])[0]
+        except InterruptedError:
+            continue
+        if channel.fileno() not in ready:
+            return None
+        try:
+            return read_listeners(channel) or None
+        except (OSError, ValueError):
+            return None
 
 
 def _warm(tls: bool = False) -> None:
@@ -573,77 +681,6 @@ def _await_handoff(
         if life_r in ready:
             return None
         return receive(handoff)
-
-
-def _fork_siblings(
-    door: Door,
-    chain: Chain,
-    listeners: list[tuple[Listener, socket.socket]],
-    life_r: int,
-    tally_w: int,
-) -> tuple[list[int], int, int]:
-    """Workers sharing every socket, forked once the imports are done (so they cost
-    no second import) and waiting, idle, until the first connection or query
-    arrives (:func:`_wake_siblings`): a run that never uses its network pays for
-    the fork alone, not for their servers.  Each also watches a pipe from this
-    worker: killing the first worker stops them all.  Returns their pids, the
-    write end of that pipe and of the pipe that wakes them (-1, -1: none)."""
-    if door.workers < 2:
-        return [], -1, -1
-    alive_r, alive_w = os.pipe()
-    go_r, go_w = os.pipe()
-    pids = []
-    for _ in range(door.workers - 1):
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                os.close(alive_w)
-                os.close(go_w)
-                if _woken(go_r, [life_r, alive_r]):
-                    _serve(door, chain, listeners, [life_r, alive_r], tally_w)
-            except BaseException as exc:
-                code = 1
-                _report_crash(tally_w, exc)
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    os.close(alive_r)
-    os.close(go_r)
-    try:
-        with open(os.path.join(door.dir, "proxy.pid"), "a", encoding="utf-8") as fh:
-            fh.write("".join(f"{pid}\n" for pid in pids))
-    except OSError:
-        pass
-    return pids, alive_w, go_w
-
-
-def _woken(go_r: int, stop_on: list[int]) -> bool:
-    """Wait for a byte on ``go_r`` (serve) or the end of a ``stop_on`` pipe (not)."""
-    import select
-
-    while True:
-        try:
-            ready = select.select([go_r, *stop_on], [], [])[0]
-        except InterruptedError:
-            continue
-        if go_r not in ready:
-            return False
-        try:
-            return len(os.read(go_r, 1)) == 1
-        except BlockingIOError:  # a sibling took that byte: wait for ours
-            continue
-
-
-def _wake_siblings(go_w: int, count: int) -> None:
-    """One byte per waiting sibling: the run uses its network, so serve too."""
-    if go_w < 0:
-        return
-    try:
-        os.write(go_w, b"x" * count)
-    except OSError:
-        pass
-    os.close(go_w)
 
 
 def _serve(

@@ -267,11 +267,11 @@ class HostRules:
                 return Verdict(
                     False, rule.text, f"{host} resolved to a denied address {addr}", str(addr)
                 )
-        if not is_internal(addr):
-            return Verdict(True, "resolved")
-        for rule in self.allow:
+        for rule in self.allow:  # an address the policy names: allowed as named
             if rule.network is not None and rule.matches_address(addr, port):
                 return Verdict(True, rule.text)
+        if not is_internal(addr):
+            return Verdict(True, "resolved")
         return Verdict(
             False,
             "rebinding",
