@@ -42,7 +42,7 @@ HIGH_WATER = 64 * 1024  # a transport's write buffer above this pauses its proto
 LOW_WATER = 16 * 1024  # ... and below this resumes it
 DEFAULT_LIMIT = 64 * 1024  # a StreamReader's line/frame limit
 EXECUTOR_THREADS = 4
-ACCEPT_BATCH = 4  # connections accepted per readiness event of a listener
+ACCEPT_BATCH = 16  # connections accepted per readiness event of a listener
 FIRST_COMPLETED = "FIRST_COMPLETED"
 ALL_COMPLETED = "ALL_COMPLETED"
 
@@ -198,12 +198,13 @@ class Task(Future):
     """Drives a coroutine: each ``await`` of a pending :class:`Future` suspends it
     until that future is done."""
 
-    __slots__ = ("_cancels", "_coro", "_must_cancel", "_waiting_on")
+    __slots__ = ("_cancels", "_coro", "_must_cancel", "_parked", "_waiting_on")
 
     def __init__(self, coro: Coroutine[Any, Any, Any], loop: Loop | None = None) -> None:
         super().__init__(loop)
         self._coro = coro
         self._waiting_on: Future | None = None
+        self._parked = False  # asleep until wake() (a stream's data), see _Park
         self._must_cancel = False
         self._cancels = 0  # cancel() calls not taken back by uncancel()
         self._loop._tasks.add(self)
@@ -220,7 +221,14 @@ class Task(Future):
         if waiting is not None and waiting.cancel():
             return True  # its callback wakes us, and the await raises CancelledError
         self._must_cancel = True
+        self.wake()  # a parked task gets the cancel at once
         return True
+
+    def wake(self) -> None:
+        """Run a parked task again (what it waited for has come)."""
+        if self._parked:
+            self._parked = False
+            self._loop._ready.append(Handle(self._step, (), 0.0))
 
     def uncancel(self) -> int:
         if self._cancels > 0:
@@ -259,7 +267,11 @@ class Task(Future):
             loop._current = None
 
     def _wait_on(self, yielded: object) -> None:
-        if yielded is None:  # a bare yield (sleep(0)): run again on the next turn
+        if yielded is _PARKED:  # until wake(): no future, no callback
+            self._parked = True
+            if self._must_cancel:
+                self.wake()
+        elif yielded is None:  # a bare yield (sleep(0)): run again on the next turn
             self._loop.call_soon(self._step)
         elif isinstance(yielded, Future):
             self._waiting_on = yielded
@@ -288,6 +300,21 @@ class _Yield:
 
     def __await__(self) -> Generator[None, None, None]:
         yield None
+
+
+class _Park:
+    """Awaiting this parks the current task until something calls its
+    :meth:`Task.wake` (or cancels it).  A stream's reader waits so, several
+    times per request: cheaper than a Future and its callback."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[object, None, None]:
+        yield _PARKED
+
+
+_PARKED = object()  # what a parked task yields
+_PARK = _Park()
 
 
 # -- the loop -----------------------------------------------------------------------------------
@@ -1326,7 +1353,7 @@ class StreamReader:
         self._loop = loop or get_running_loop()
         self._buffer = bytearray()
         self._eof = False
-        self._waiter: Future | None = None
+        self._waiter: Task | None = None  # the task parked for more data
         self._exception: BaseException | None = None
         self._transport: Transport | None = None
         self._paused = False
@@ -1349,17 +1376,15 @@ class StreamReader:
 
     def set_exception(self, exc: BaseException) -> None:
         self._exception = exc
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
+        self._wake()  # the waiting read raises it
 
     def set_transport(self, transport: Transport) -> None:
         self._transport = transport
 
     def _wake(self) -> None:
         waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None:
+            waiter.wake()
 
     def feed_eof(self) -> None:
         self._eof = True
@@ -1392,11 +1417,16 @@ class StreamReader:
             self._paused = False
             if self._transport is not None:
                 self._transport.resume_reading()
-        self._waiter = self._loop.create_future()
+        task = self._loop._current
+        if task is None:
+            raise RuntimeError("a stream is read outside a task")
+        self._waiter = task
         try:
-            await self._waiter
+            await _PARK
         finally:
             self._waiter = None
+        if self._exception is not None:
+            raise self._exception
 
     async def read(self, n: int = -1) -> bytes:
         if self._exception is not None:
@@ -1597,13 +1627,13 @@ class StreamWriter:
         return self.transport.get_extra_info(name, default)
 
     async def drain(self) -> None:
-        if self._reader is not None:
-            exc = self._reader.exception()
-            if exc is not None:
-                raise exc
+        if self._reader is not None and self._reader._exception is not None:
+            raise self._reader._exception
         if self.transport.is_closing():
             await _Yield()  # let connection_lost run, so drain_helper knows
-        await self._protocol.drain_helper()
+        protocol = self._protocol
+        if protocol._lost or protocol._paused:  # (else no coroutine to make and run)
+            await protocol.drain_helper()
 
 
 async def open_connection(
