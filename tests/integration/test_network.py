@@ -304,6 +304,63 @@ def _parent(pid: int) -> int:
         return -1
 
 
+def _sockets(pid: int) -> set[str]:
+    """The socket inodes a process holds ("socket:[N]")."""
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
+def test_the_second_worker_waits_idle_until_the_network_is_used(
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    c, ws = tsandbox
+    ok, _ = origins
+    script = f"""
+        while [ ! -e go ]; do sleep 0.05; done
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/one && touch first-ok
+        while [ ! -e done ]; do sleep 0.05; done
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/two
+    """
+    tmp = ws.parent / "tmp"  # this run's own TMPDIR: other runs on the machine have doors too
+    tmp.mkdir()
+    c.chown(tmp)
+    proc = c.popen(
+        ["run", "-q", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script],
+        cwd=ws,
+        env={"TMPDIR": str(tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+
+        def workers() -> list[int]:
+            doors = [d for d in tmp.glob("corral-door-*") if (d / "proxy.pid").exists()]
+            return [int(p) for d in doors for p in (d / "proxy.pid").read_text().split()]
+
+        assert wait_for(lambda: len(workers()) == 2, 20), workers()
+        first = next(p for p in workers() if _parent(p) == proc.pid)
+        spare = next(p for p in workers() if p != first)
+        time.sleep(0.3)
+        assert not _sockets(first) & _sockets(spare)  # idle: none of the listeners yet
+        (ws / "go").write_text("")
+        assert wait_for(lambda: (ws / "first-ok").exists(), 20)
+        # woken after the first use: it holds the same listening sockets now
+        assert wait_for(lambda: bool(_sockets(first) & _sockets(spare)), 10)
+        (ws / "done").write_text("")
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert out.count(b"hello from origin") == 2 and proc.returncode == 0
+    assert [path for _, path in ok.hits] == ["/one", "/two"]
+
+
 def test_first_request_never_races_the_relay(
     tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:

@@ -75,3 +75,26 @@ def test_describe_is_one_line_with_the_innermost_frame() -> None:
         text = describe("connection", exc)
     assert text.startswith("connection: ValueError: two lines (test_net_door_tally.py:")
     assert "\n" not in text
+
+
+def test_waking_a_spare_that_is_gone_is_no_error() -> None:
+    """A run can end between its first request and the spares' wake: the spare
+    has exited, and the wake finds nobody (a silent no-op, not an audit error)."""
+    import _socket
+
+    from corral.net.door import _Spares
+    from corral.netns import Listener, read_listeners
+
+    gone, _ = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    _.close()  # gone's peer: a spare that exited
+    listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    spares = _Spares.__new__(_Spares)  # no forks: only the waking
+    spares.pids, spares.alive_w, spares.channels = [], -1, [gone, ours]
+    spares.wake([(Listener("proxy", "127.0.0.1", 3128), listener)])  # raises nothing
+    got = read_listeners(theirs)  # the live one got the listener
+    assert [str(lis) for lis, _sock in got] == ["proxy 127.0.0.1:3128"]
+    for _lis, sock in got:
+        sock.close()
+    listener.close()
+    theirs.close()

@@ -257,8 +257,8 @@ class Door:
                 self.remove_files()  # whatever happened (corral killed early too)
                 os._exit(code)
         self.pids.append(pid)
-        with open(os.path.join(self.dir, "proxy.pid"), "w", encoding="utf-8") as fh:
-            fh.write(f"{pid}\n")  # for operators (and tests); siblings add theirs
+        with open(os.path.join(self.dir, "proxy.pid"), "a", encoding="utf-8") as fh:
+            fh.write(f"{pid}\n")  # for operators (and tests); spares add theirs
         for fd in fds:
             os.close(fd)
         if self._hub_sock is not None:
@@ -588,7 +588,10 @@ class _Spares:
         from corral.netns import send_listeners
 
         for channel in self.channels:
-            send_listeners(channel, listeners)
+            try:
+                send_listeners(channel, listeners)
+            except OSError:
+                pass  # that spare is gone already (the run ended first): nothing to wake
             channel.close()
         self.channels = []
 
@@ -613,6 +616,7 @@ def _spare(
         for fd in fds:  # the first worker's: the handoff (netns) or the door itself
             os.close(fd)
         listeners = _woken(channel, stop_on)
+        channel.close()
         if listeners:
             _settle(door.ca is not None)
             _serve(door, door.chain or _chain(door), listeners, stop_on, tally_w)
