@@ -326,15 +326,17 @@ def compile_entry(index: int, entry: dict[str, object]) -> list[HttpRule]:
     ]
 
 
+Decision = tuple[Verdict, "HttpRule | None"]  # the verdict, and the allow whose max_body applies
+
+
 class HttpRules:
-    """All entries, with the ones that apply to each (host, port) cached."""
+    """All entries, with the ones that apply to each (host, port) compiled once."""
 
     CACHE_SIZE = 4096
 
     def __init__(self, rules: list[HttpRule]) -> None:
         self.rules = rules
-        self._by_host: dict[tuple[str, int], list[HttpRule]] = {}
-        self._decided: dict[tuple[str, int, str, bytes], tuple[Verdict, HttpRule | None]] = {}
+        self._by_host: dict[tuple[str, int], RuledHost] = {}
 
     @classmethod
     def from_entries(cls, entries: list[dict[str, object]]) -> HttpRules:
@@ -343,45 +345,76 @@ class HttpRules:
             rules += compile_entry(index, entry)
         return cls(rules)
 
-    def for_host(self, host: str, port: int) -> list[HttpRule]:
+    def host(self, host: str, port: int) -> RuledHost:
+        """The entries that name (normalized host, port), worked out on its first request."""
         key = (host, port)
         found = self._by_host.get(key)
         if found is None:
             if len(self._by_host) >= self.CACHE_SIZE:
                 self._by_host.clear()
-            found = self._by_host[key] = [r for r in self.rules if covers(r.host, host, port)]
+            found = self._by_host[key] = RuledHost(
+                host, [r for r in self.rules if covers(r.host, host, port)]
+            )
         return found
+
+    def for_host(self, host: str, port: int) -> list[HttpRule]:
+        return self.host(host, port).rules
 
     def decide(
         self, host: str, port: int, method: str, target: bytes
     ) -> tuple[Verdict | None, HttpRule | None]:
         """(verdict, the allow rule whose max_body applies); (None, None) when no
         entry names the host."""
-        ruled = self.for_host(host, port)
-        if not ruled:
+        ruled = self.host(host, port)
+        if not ruled.rules:
             return None, None
-        key = (host, port, method, target)
-        cached = self._decided.get(key)
-        if cached is None:  # keep-alive clients ask about the same URLs over and over
-            if len(self._decided) >= self.CACHE_SIZE:
-                self._decided.clear()
-            cached = self._decided[key] = self._decide(ruled, host, method, target)
-        return cached
+        return ruled.decide(method, target.decode("latin-1"))
 
-    def _decide(
-        self, ruled: list[HttpRule], host: str, method: str, target: bytes
-    ) -> tuple[Verdict, HttpRule | None]:
+
+class RuledHost:
+    """The entries that name one (host, port), by method, and the decisions made
+    there, by (method, target) as the client sent them: keep-alive clients ask
+    about the same URLs over and over, and a hit costs one dict lookup."""
+
+    __slots__ = ("by_method", "decided", "host", "rules")
+
+    def __init__(self, host: str, rules: list[HttpRule]) -> None:
+        self.host = host
+        self.rules = rules
+        self.by_method: dict[str, list[HttpRule]] = {}  # upper-case method -> its entries
+        self.decided: dict[tuple[str, str], Decision] = {}
+
+    def decide(self, method: str, target: str) -> Decision:
+        """``target``: origin-form, one character per byte (Request.target)."""
+        key = (method, target)
+        found = self.decided.get(key)
+        if found is None:
+            if len(self.decided) >= HttpRules.CACHE_SIZE:
+                self.decided.clear()
+            found = self.decided[key] = self._decide(method.upper(), target)
+        return found
+
+    def _for_method(self, method: str) -> list[HttpRule]:
+        found = self.by_method.get(method)
+        if found is None:
+            if len(self.by_method) >= 64:  # any token is a method: a client may make up many
+                self.by_method.clear()
+            found = self.by_method[method] = [
+                r for r in self.rules if r.methods is None or method in r.methods
+            ]
+        return found
+
+    def _decide(self, method: str, target: str) -> Decision:
         try:
-            path, query = normalize_target(target)
+            path, query = normalize_target(target.encode("latin-1"))
         except BadPath as exc:
             return Verdict(False, "bad-path", exc.reason), None
-        method = method.upper()
         allow: HttpRule | None = None
         ask: HttpRule | None = None
         limit: HttpRule | None = None
         limit_size = 0
-        for rule in ruled:
-            if not rule.matches(method, path, query):
+        for rule in self._for_method(method):
+            if rule.paths and not any(glob.matches(path, query) for glob in rule.paths):
                 continue
             if rule.action == "deny":
                 return Verdict(False, rule.name, f"{method} {path} is denied"), None
@@ -396,7 +429,7 @@ class HttpRules:
         if allow is not None:
             return Verdict(True, allow.name), limit
         return (
-            Verdict(False, "network.rules", f"no rule for {host} allows {method} {path}"),
+            Verdict(False, "network.rules", f"no rule for {self.host} allows {method} {path}"),
             None,
         )
 
@@ -420,10 +453,14 @@ class HttpRulesHook(Hook):
     def inspects(self) -> list[tuple[str, str]]:
         return self.patterns
 
+    def sees_requests_to(self, host: str, port: int) -> bool:
+        return bool(self.rules.host(host, port).rules)  # a host no entry names: no say
+
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
-        verdict, limit = self.rules.decide(
-            dest.host, dest.port, request.method, request.target.encode("latin-1")
-        )
+        ruled = self.rules.host(dest.host, dest.port)
+        if not ruled.rules:
+            return None
+        verdict, limit = ruled.decide(request.method, request.target)
         if limit is not None and limit.max_body is not None:
             request.limit_body(limit.max_body, limit.name)
         return verdict
