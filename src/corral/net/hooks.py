@@ -140,6 +140,7 @@ class Request:
         "body_rule",
         "headers",
         "method",
+        "plan",
         "target",
         "unchecked",
     )
@@ -161,6 +162,7 @@ class Request:
         # must the proxy check headers and target before sending them?  (False only
         # once Chain.rewrite ran hooks that all vouch for what they write)
         self.unchecked = True
+        self.plan: _Plan | None = None  # the chain's, for this request's destination
 
     def get(self, name: bytes) -> bytes | None:
         for key, value in self.headers:
@@ -407,6 +409,7 @@ class Chain:
     def request(self, dest: Destination, request: Request) -> Verdict | None:
         """The request hooks' decision, or None when none of them had an opinion."""
         plan = self._plans.get((dest.host, dest.port)) or self.plan(dest.host, dest.port)
+        request.plan = plan  # for rewrite and response: the same destination
         allowed: Verdict | None = None
         ask: Verdict | None = None
         for on_request in plan.on_request:  # (_strongest, inlined: it runs for every request)
@@ -422,17 +425,27 @@ class Chain:
         return ask or allowed
 
     def rewrite(self, dest: Destination, request: Request) -> None:
-        plan = self._plans.get((dest.host, dest.port)) or self.plan(dest.host, dest.port)
+        plan = request.plan or self.plan(dest.host, dest.port)
         for rewrite in plan.rewrite:
             rewrite(dest, request)
         request.unchecked = plan.rewrite_unchecked
 
     def response(self, dest: Destination, request: Request, response: Response) -> Verdict | None:
-        plan = self._plans.get((dest.host, dest.port)) or self.plan(dest.host, dest.port)
+        plan = request.plan or self.plan(dest.host, dest.port)
         response.unchecked = plan.response_unchecked
-        if not plan.on_response:
-            return None
-        return _strongest(on_response(dest, request, response) for on_response in plan.on_response)
+        allowed: Verdict | None = None
+        ask: Verdict | None = None
+        for on_response in plan.on_response:  # (as in request)
+            verdict = on_response(dest, request, response)
+            if verdict is None:
+                continue
+            if verdict.ask:
+                ask = ask or verdict
+            elif not verdict.allowed:
+                return verdict
+            else:
+                allowed = allowed or verdict
+        return ask or allowed
 
     def open(self) -> None:
         for hook in self.hooks:

@@ -457,10 +457,14 @@ class HttpRulesHook(Hook):
         return bool(self.rules.host(host, port).rules)  # a host no entry names: no say
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
-        ruled = self.rules.host(dest.host, dest.port)
+        # (the lookups of HttpRules.host and RuledHost.decide, inlined: every request)
+        ruled = self.rules._by_host.get((dest.host, dest.port)) or self.rules.host(
+            dest.host, dest.port
+        )
         if not ruled.rules:
             return None
-        verdict, limit = ruled.decide(request.method, request.target)
+        key = (request.method, request.target)
+        verdict, limit = ruled.decided.get(key) or ruled.decide(*key)
         if limit is not None and limit.max_body is not None:
             request.limit_body(limit.max_body, limit.name)
         return verdict

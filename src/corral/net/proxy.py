@@ -724,7 +724,9 @@ class Proxy:
             hooked = Request(  # its own list: ``headers`` keeps the client's framing
                 dest.method, path.decode("latin-1"), list(headers), _announced(body_kind, body_len)
             )
-            verdict = await self._decide_request(dest, hooked, verdict)
+            decided = self.chain.request(dest, hooked)  # (_decide_request, inlined)
+            if decided is not None:
+                verdict = await self.asker.ask(dest, hooked, decided) if decided.ask else decided
         extra = hooked.audit if hooked is not None else None
         if not verdict.allowed:
             self.log(dest, verdict, 403, 0, 0, started, extra=extra)

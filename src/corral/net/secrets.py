@@ -187,7 +187,7 @@ class SecretsHook(Hook):
         self.policy = policy  # nothing is read here: see open()
         self.secrets: list[Loaded] = []
         self._find = _NOTHING.findall  # every placeholder of this run in some text
-        self._headers: dict[tuple[_HostPlan, tuple[tuple[bytes, bytes], ...]], _Seen] = {}
+        self._headers: dict[tuple[str, int, tuple[tuple[bytes, bytes], ...]], _Seen] = {}
         self._by_host: dict[tuple[str, int], _HostPlan] = {}
 
     def inspects(self) -> list[tuple[str, str]]:
@@ -231,54 +231,51 @@ class SecretsHook(Hook):
         return found
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
-        plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
-        found = self._seen(plan, request.headers).found
+        seen = self._seen(dest, request.headers)
         target = request.target
         if PREFIX_TEXT in target or "%" in target:
-            found += self._in_target(target)
-        if not found:  # the usual case
-            if plan.header_names:
-                request.audit["secrets"] = plan.header_names
-            return None
-        names, wrong = plan.carrying(found)
-        request.audit["secrets"] = names
-        if wrong is None:
-            return None
-        return Verdict(False, WRONG_HOST, f"secret {wrong} may not be sent to {dest.host}")
+            in_target = self._in_target(target)
+            if in_target:
+                names, verdict = seen.plan.carrying(dest.host, seen.found + in_target)
+                request.audit["secrets"] = names
+                return verdict
+        if seen.names:  # the secrets carried, and those whose header is set
+            request.audit["secrets"] = seen.names
+        return seen.verdict
 
     def rewrite(self, dest: Destination, request: Request) -> None:
         if "secrets" not in request.audit:
             return  # on_request found nothing to put in
-        plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
+        seen = self._seen(dest, request.headers)
         if PREFIX_TEXT in request.target:
             target = request.target.encode("latin-1")
-            for secret in plan.mine:
+            for secret in seen.plan.mine:
                 target = target.replace(secret.placeholder, secret.encoded)
             request.target = target.decode("latin-1")
-        seen = self._seen(plan, request.headers)
         if seen.rewritten is None:
-            seen.rewritten = plan.rewrite(request.headers)
+            seen.rewritten = seen.plan.rewrite(request.headers)
         request.headers[:] = seen.rewritten
 
     def on_response(self, dest: Destination, request: Request, response: Response) -> None:
         if "secrets" not in request.audit:
             return  # no value went out with this request: none can come back
         plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
-        text = _values_text(response.headers)
+        text = b"\n".join(map(_value, response.headers)).decode("latin-1")  # (_values_text)
         if "basic " in text.lower() or any(map(text.__contains__, plan.echoes)):
             response.headers[:] = [(k, _hide(v, plan.pairs)) for k, v in response.headers]
 
-    def _seen(self, plan: _HostPlan, headers: list[tuple[bytes, bytes]]) -> _Seen:
-        """What these very headers hold and become at ``plan``'s host, worked out
-        once: a keep-alive client sends the same headers request after request,
-        and hashing them is cheaper than the scans (the key is the headers
-        themselves, so a hit is exact)."""
-        key = (plan, tuple(headers))
+    def _seen(self, dest: Destination, headers: list[tuple[bytes, bytes]]) -> _Seen:
+        """What these very headers hold and become on their way to ``dest``, worked
+        out once: a keep-alive client sends the same headers request after
+        request, and hashing them is cheaper than the scans (the key is the
+        headers themselves, so a hit is exact)."""
+        key = (dest.host, dest.port, tuple(headers))
         seen = self._headers.get(key)
         if seen is None:
             if len(self._headers) >= self.CACHE_SIZE:
                 self._headers.clear()
-            seen = self._headers[key] = _Seen(self._in_headers(headers))
+            plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
+            seen = self._headers[key] = _Seen(plan, dest.host, self._in_headers(headers))
         return seen
 
     def _in_headers(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, ...]:
@@ -299,13 +296,16 @@ class SecretsHook(Hook):
 
 
 class _Seen:
-    """One set of request headers at one host: the placeholders in it, and what
-    rewrite makes of it (None until a request with it is allowed)."""
+    """One set of request headers on its way to one destination: the placeholders
+    in it, the audit line's ``secrets`` and the verdict for a request that
+    carries no other, and what rewrite makes of it (None until it is allowed)."""
 
-    __slots__ = ("found", "rewritten")
+    __slots__ = ("found", "names", "plan", "rewritten", "verdict")
 
-    def __init__(self, found: tuple[str, ...]) -> None:
+    def __init__(self, plan: _HostPlan, host: str, found: tuple[str, ...]) -> None:
+        self.plan = plan
         self.found = found
+        self.names, self.verdict = plan.carrying(host, found)
         self.rewritten: list[tuple[bytes, bytes]] | None = None
 
 
@@ -313,7 +313,6 @@ class _HostPlan:
     """What a destination's requests need of the secrets, worked out once per host."""
 
     __slots__ = (
-        "_carrying",
         "allowed",
         "echoes",
         "header_keys",
@@ -336,7 +335,6 @@ class _HostPlan:
         self.pairs = [(s.value, s.placeholder) for s in mine]
         self.pairs += [(s.encoded, s.placeholder) for s in mine if s.encoded != s.value]
         self.echoes = [real.decode("latin-1") for real, _ in self.pairs]  # (as text)
-        self._carrying: dict[tuple[str, ...], tuple[list[str], str | None]] = {}
 
     def rewrite(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """Headers with this host's values in place of placeholders, and each
@@ -345,18 +343,16 @@ class _HostPlan:
         kept = [(k, _swap(k, v, self.mine)) for k, v in headers if k not in keys]
         return kept + self.header_pairs
 
-    def carrying(self, found: tuple[str, ...]) -> tuple[list[str], str | None]:
+    def carrying(self, host: str, found: tuple[str, ...]) -> tuple[list[str], Verdict | None]:
         """For the placeholders a request carries: the audit line's ``secrets``
-        (those and the ones whose header is set) and the names of those that may
-        not go here (None: all may)."""
-        known = self._carrying.get(found)
-        if known is None:
-            if len(self._carrying) >= 256:
-                self._carrying.clear()
-            names = sorted({*(self.names[p] for p in found), *self.header_names})
-            wrong = sorted({self.names[p] for p in found if p not in self.allowed})
-            known = self._carrying[found] = (names, ", ".join(wrong) if wrong else None)
-        return known
+        (those and the ones whose header is set), and a deny naming those that
+        may not go to ``host`` (None: all may)."""
+        names = sorted({*(self.names[p] for p in found), *self.header_names})
+        wrong = sorted({self.names[p] for p in found if p not in self.allowed})
+        if not wrong:
+            return names, None
+        reason = f"secret {', '.join(wrong)} may not be sent to {host}"
+        return names, Verdict(False, WRONG_HOST, reason)
 
 
 def _values_text(headers: list[tuple[bytes, bytes]]) -> str:
