@@ -327,16 +327,23 @@ def compile_entry(index: int, entry: dict[str, object]) -> list[HttpRule]:
 
 
 Decision = tuple[Verdict, "HttpRule | None"]  # the verdict, and the allow whose max_body applies
+# A target longer than this is decided afresh each time: the cache holds at most
+# CACHE_SIZE of them, so what a client can make the proxy keep stays small.
+CACHED_TARGET = 2048
 
 
 class HttpRules:
-    """All entries, with the ones that apply to each (host, port) compiled once."""
+    """All entries, with the ones that apply to each (host, port) found once, and
+    the decisions made, by (host, port, method, target) as the client sent them:
+    keep-alive clients ask about the same URLs over and over, and a hit costs
+    one dict lookup."""
 
     CACHE_SIZE = 4096
 
     def __init__(self, rules: list[HttpRule]) -> None:
         self.rules = rules
         self._by_host: dict[tuple[str, int], RuledHost] = {}
+        self.decided: dict[tuple[str, int, str, str], Decision] = {}
 
     @classmethod
     def from_entries(cls, entries: list[dict[str, object]]) -> HttpRules:
@@ -368,31 +375,30 @@ class HttpRules:
         ruled = self.host(host, port)
         if not ruled.rules:
             return None, None
-        return ruled.decide(method, target.decode("latin-1"))
+        return self.decision(ruled, port, method, target.decode("latin-1"))
+
+    def decision(self, ruled: RuledHost, port: int, method: str, target: str) -> Decision:
+        """``target``: origin-form, one character per byte (Request.target)."""
+        key = (ruled.host, port, method, target)
+        found = self.decided.get(key)
+        if found is None:
+            found = ruled.decide(method.upper(), target)
+            if len(target) <= CACHED_TARGET:
+                if len(self.decided) >= self.CACHE_SIZE:
+                    self.decided.clear()
+                self.decided[key] = found
+        return found
 
 
 class RuledHost:
-    """The entries that name one (host, port), by method, and the decisions made
-    there, by (method, target) as the client sent them: keep-alive clients ask
-    about the same URLs over and over, and a hit costs one dict lookup."""
+    """The entries that name one (host, port), by method."""
 
-    __slots__ = ("by_method", "decided", "host", "rules")
+    __slots__ = ("by_method", "host", "rules")
 
     def __init__(self, host: str, rules: list[HttpRule]) -> None:
         self.host = host
         self.rules = rules
         self.by_method: dict[str, list[HttpRule]] = {}  # upper-case method -> its entries
-        self.decided: dict[tuple[str, str], Decision] = {}
-
-    def decide(self, method: str, target: str) -> Decision:
-        """``target``: origin-form, one character per byte (Request.target)."""
-        key = (method, target)
-        found = self.decided.get(key)
-        if found is None:
-            if len(self.decided) >= HttpRules.CACHE_SIZE:
-                self.decided.clear()
-            found = self.decided[key] = self._decide(method.upper(), target)
-        return found
 
     def _for_method(self, method: str) -> list[HttpRule]:
         found = self.by_method.get(method)
@@ -404,7 +410,8 @@ class RuledHost:
             ]
         return found
 
-    def _decide(self, method: str, target: str) -> Decision:
+    def decide(self, method: str, target: str) -> Decision:
+        """Deny wins, then ask, then allow; no entry matching denies."""
         try:
             path, query = normalize_target(target.encode("latin-1"))
         except BadPath as exc:
@@ -457,14 +464,15 @@ class HttpRulesHook(Hook):
         return bool(self.rules.host(host, port).rules)  # a host no entry names: no say
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
-        # (the lookups of HttpRules.host and RuledHost.decide, inlined: every request)
-        ruled = self.rules._by_host.get((dest.host, dest.port)) or self.rules.host(
-            dest.host, dest.port
-        )
-        if not ruled.rules:
-            return None
-        key = (request.method, request.target)
-        verdict, limit = ruled.decided.get(key) or ruled.decide(*key)
+        rules = self.rules
+        # (the lookups of HttpRules.decide, inlined: this runs for every request)
+        found = rules.decided.get((dest.host, dest.port, request.method, request.target))
+        if found is None:
+            ruled = rules.host(dest.host, dest.port)
+            if not ruled.rules:
+                return None
+            found = rules.decision(ruled, dest.port, request.method, request.target)
+        verdict, limit = found
         if limit is not None and limit.max_body is not None:
             request.limit_body(limit.max_body, limit.name)
         return verdict

@@ -52,6 +52,9 @@ MAX_VALUE = 8 * 1024  # a credential, not a document; it has to fit in a header
 WRONG_HOST = "secret-wrong-host"
 # bytes a value keeps when it goes into a path or a query; the rest is percent-encoded
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+# Headers longer than this in all are worked out afresh for each request: the cache
+# holds at most CACHE_SIZE sets, so what a client can make the proxy keep stays small.
+CACHED_HEADERS = 4096
 _NOTHING = re.compile("(?!)")  # matches nowhere: no secret read yet
 
 
@@ -171,7 +174,9 @@ class SecretsHook(Hook):
     (on_response).
 
     Every request to every host is looked at (a placeholder may be on its way
-    anywhere), with one scan in C for the usual request that carries none."""
+    anywhere).  What a set of headers holds, and what it becomes, is worked
+    out once per destination (:meth:`_seen`); a request costs a lookup of its
+    headers and two scans of its target."""
 
     name = "secrets"
     connect_by_host_port = True
@@ -272,10 +277,12 @@ class SecretsHook(Hook):
         key = (dest.host, dest.port, tuple(headers))
         seen = self._headers.get(key)
         if seen is None:
-            if len(self._headers) >= self.CACHE_SIZE:
-                self._headers.clear()
             plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
-            seen = self._headers[key] = _Seen(plan, dest.host, self._in_headers(headers))
+            seen = _Seen(plan, dest.host, self._in_headers(headers))
+            if sum(len(k) + len(v) for k, v in headers) <= CACHED_HEADERS:
+                if len(self._headers) >= self.CACHE_SIZE:
+                    self._headers.clear()
+                self._headers[key] = seen
         return seen
 
     def _in_headers(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, ...]:
