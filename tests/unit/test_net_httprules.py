@@ -317,3 +317,23 @@ def test_the_chain_asks_only_hooks_that_see_a_destination() -> None:
     assert hook.sees_requests_to("api.test", 443) and not hook.sees_requests_to("other.test", 443)
     c = chain()
     assert c.plan("api.test", 80).on_request and not c.plan("other.test", 80).on_request
+
+
+def test_several_globs_of_one_entry_match_as_one_pattern_and_each_alone() -> None:
+    entries: list[dict[str, object]] = [
+        {"host": "a.test", "paths": ["/one/*", "/two/**", "/x*y"], "action": "allow"},
+        {"host": "b.test", "paths": ["/q?k=*", "/plain/**"], "action": "allow"},  # one query
+    ]
+    rules = HttpRules.from_entries(entries)
+    assert rules.rules[0].path_match is not None and rules.rules[1].path_match is None
+
+    def allowed(host: str, target: bytes) -> bool | None:
+        verdict, _ = rules.decide(host, 443, "GET", target)
+        return None if verdict is None else verdict.allowed
+
+    for target in (b"/one/a", b"/two", b"/two/a/b", b"/xany-thingy"):
+        assert allowed("a.test", target) is True
+    for target in (b"/one/a/b", b"/one", b"/twofold", b"/x/y", b"/xy/"):  # the deny twins
+        assert allowed("a.test", target) is False
+    assert allowed("b.test", b"/q?k=v") is True and allowed("b.test", b"/plain/x?any=1") is True
+    assert allowed("b.test", b"/q?j=v") is False and allowed("b.test", b"/q") is False

@@ -271,7 +271,7 @@ def covers(rule: Rule, host: str, port: int) -> bool:
 class HttpRule:
     """One compiled entry (a git preset compiles to several, each with the entry's name)."""
 
-    __slots__ = ("action", "host", "max_body", "methods", "name", "paths")
+    __slots__ = ("action", "host", "max_body", "methods", "name", "path_match", "paths")
 
     def __init__(
         self,
@@ -288,11 +288,23 @@ class HttpRule:
         self.methods = methods  # None: any method
         self.paths = paths  # empty: any path
         self.max_body = max_body
+        # globs without a query, all in one pattern: one match per request, not one each
+        self.path_match = None
+        if paths and all(glob.query is None for glob in paths):
+            joined = "|".join(f"(?:{glob.path.pattern})" for glob in paths)
+            self.path_match = re.compile(joined).fullmatch
 
     def matches(self, method: str, path: str, query: Query | None) -> bool:
         if self.methods is not None and method not in self.methods:
             return False
-        return not self.paths or any(glob.matches(path, query) for glob in self.paths)
+        return self.matches_path(path, query)
+
+    def matches_path(self, path: str, query: Query | None) -> bool:
+        if not self.paths:
+            return True
+        if self.path_match is not None:
+            return self.path_match(path) is not None
+        return any(glob.matches(path, query) for glob in self.paths)
 
 
 def compile_entry(index: int, entry: dict[str, object]) -> list[HttpRule]:
@@ -421,7 +433,7 @@ class RuledHost:
         limit: HttpRule | None = None
         limit_size = 0
         for rule in self._for_method(method):
-            if rule.paths and not any(glob.matches(path, query) for glob in rule.paths):
+            if not rule.matches_path(path, query):
                 continue
             if rule.action == "deny":
                 return Verdict(False, rule.name, f"{method} {path} is denied"), None

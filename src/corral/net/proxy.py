@@ -724,9 +724,7 @@ class Proxy:
             hooked = Request(  # its own list: ``headers`` keeps the client's framing
                 dest.method, path.decode("latin-1"), list(headers), _announced(body_kind, body_len)
             )
-            decided = self.chain.request(dest, hooked)  # (_decide_request, inlined)
-            if decided is not None:
-                verdict = await self.asker.ask(dest, hooked, decided) if decided.ask else decided
+            verdict = await self._decide_request(dest, hooked, verdict)
         extra = hooked.audit if hooked is not None else None
         if not verdict.allowed:
             self.log(dest, verdict, 403, 0, 0, started, extra=extra)
