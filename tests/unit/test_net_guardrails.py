@@ -641,3 +641,25 @@ def test_pull_from_an_empty_directory_says_so(
     (tmp_path / "src").mkdir()
     code, out, _ = cli(capsys, "rules", "pull", str(tmp_path / "src"), "--dir", str(tmp_path / "d"))
     assert code == 0 and out == f"nothing to pull: {tmp_path}/src has no guardrail files\n"
+
+
+def test_a_cached_guardrail_decision_is_audited_and_limits_every_time() -> None:
+    g = guardrail("CRITICAL", "DELETE", name="del.md")
+    logged = guardrail("LOW", "GET", "max_body: 10B\n", name="get.md")
+    hook = gr.GuardrailHook([g, logged], dict(gr.DEFAULT_TIER_ACTIONS))
+    dest = Destination("r", "https", "api.test", 443)
+    for _ in range(2):  # decided, then from the cache
+        denied = Request("DELETE", "/api/x", [], 0)
+        verdict = hook.on_request(dest, denied)
+        assert verdict is not None and verdict.decision == "deny"
+        assert denied.audit["guardrail"]["file"] == "/g/del.md"  # type: ignore[index]
+        allowed = Request("GET", "/api/x", [], 0)  # the twin: logged, allowed, bounded
+        verdict = hook.on_request(dest, allowed)
+        assert verdict is not None and verdict.decision == "allow"
+        assert (allowed.body_limit, allowed.audit["guardrail"]["file"]) == (10, "/g/get.md")  # type: ignore[index]
+        assert hook.on_request(dest, Request("GET", "/other", [], 0)) is None  # not matched
+    assert hook.sees_requests_to("api.test", 443) and not hook.sees_requests_to("else.test", 443)
+    long = Request("DELETE", "/api/" + "x" * 5000, [], 0)  # decided, not kept
+    verdict = hook.on_request(dest, long)
+    assert verdict is not None and verdict.decision == "deny"
+    assert all(len(key[3]) < 5000 for key in hook._decided)

@@ -167,3 +167,93 @@ def test_hooks_for_adds_inspect_only_when_asked() -> None:
     policy.tls.inspect = ["api.example.org"]
     assert [h.name for h in hooks_for(policy)] == ["hosts", "inspect"]
     check_tls(policy)  # no passthrough: nothing to conflict with
+
+
+class OneHost(Hook):
+    """Sees requests to one host only, allows them, and counts its calls."""
+
+    name = "one-host"
+    writes_checked = True
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.calls = 0
+
+    def sees_requests_to(self, host: str, port: int) -> bool:
+        return host == self.host
+
+    def on_request(self, dest: Destination, request: Request) -> Verdict | None:
+        self.calls += 1
+        return Verdict(True, "one-host")
+
+    def rewrite(self, dest: Destination, request: Request) -> None:
+        self.calls += 1
+
+    def on_response(self, dest: Destination, request: Request, response: Response) -> None:
+        self.calls += 1
+
+
+def test_a_hook_is_called_only_for_the_destinations_it_sees() -> None:
+    hook = OneHost("api.example.org")
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), hook])
+    for _ in range(2):  # the plan is worked out once, then reused
+        other = Request("GET", "/", [], 0)
+        assert chain.request(_dest("other.example.org"), other) is None
+        chain.rewrite(_dest("other.example.org"), other)
+        assert chain.response(_dest("other.example.org"), other, Response(200, [])) is None
+    assert hook.calls == 0
+    mine = Request("GET", "/", [], 0)  # the twin: its own host
+    verdict = chain.request(_dest(), mine)
+    assert verdict is not None and verdict.allowed and verdict.rule == "one-host"
+    chain.rewrite(_dest(), mine)
+    chain.response(_dest(), mine, Response(200, []))
+    assert hook.calls == 3
+
+
+def test_deny_wins_over_ask_and_allow_across_request_and_response_hooks() -> None:
+    class Says(Hook):
+        def __init__(self, verdict: Verdict | None) -> None:
+            self.verdict = verdict
+
+        def on_request(self, dest: Destination, request: Request) -> Verdict | None:
+            return self.verdict
+
+        def on_response(
+            self, dest: Destination, request: Request, response: Response
+        ) -> Verdict | None:
+            return self.verdict
+
+    allow, ask, deny = Verdict(True, "a"), Verdict(False, "q", ask=True), Verdict(False, "d")
+    for verdicts, strongest in (
+        ([allow, ask, deny], deny),
+        ([deny, allow], deny),
+        ([allow, ask], ask),
+        ([None, allow], allow),
+        ([None, None], None),
+    ):
+        chain = Chain([Says(v) for v in verdicts])
+        req = Request("GET", "/", [], 0)
+        assert chain.request(_dest(), req) is strongest
+        assert chain.response(_dest(), req, Response(200, [])) is strongest
+
+
+def test_what_hooks_wrote_is_checked_unless_every_hook_that_ran_checks_its_own() -> None:
+    checked = OneHost("api.example.org")
+    chain = Chain([checked])
+    req, response = Request("GET", "/", [], 0), Response(200, [])
+    assert req.unchecked and response.unchecked  # made outside a chain: the proxy checks
+    chain.request(_dest(), req)
+    chain.rewrite(_dest(), req)
+    chain.response(_dest(), req, response)
+    assert not req.unchecked and not response.unchecked
+    # the twin: one hook that does not vouch for its writes, and everything is checked
+    chain = Chain([checked, Stub([("api.example.org", "k")])])
+    req, response = Request("GET", "/public", [], 0), Response(200, [])
+    chain.request(_dest(), req)
+    chain.rewrite(_dest(), req)
+    chain.response(_dest(), req, response)
+    assert req.unchecked and response.unchecked
+    # a destination where no hook rewrites: nothing written, nothing to check
+    req = Request("GET", "/", [], 0)
+    Chain([HostRulesHook(HostRules.parse(["*"], []))]).rewrite(_dest(), req)
+    assert not req.unchecked

@@ -271,3 +271,69 @@ def test_hook_names_each_entry_for_passthrough_errors() -> None:
     hook = HttpRulesHook.from_policy(ENTRIES)
     assert hook.inspects()[0] == ("api.test", "network.rules[1].host")
     assert hook.inspects()[5] == ("*.git.test", "network.rules[6].host")
+
+
+# -- the per-destination fast path --------------------------------------------------------------
+
+
+def test_a_cached_decision_is_the_same_and_its_twins_are_not_mixed_up() -> None:
+    c = chain()
+    for _ in range(2):  # the second time from the cache
+        dest, req = request("GET", "/v1/users")
+        verdict = c.request(dest, req)
+        assert verdict is not None and verdict.allowed and verdict.rule == "network.rules[1]"
+        dest, req = request("DELETE", "/v1/users")  # same target, other method: denied
+        verdict = c.request(dest, req)
+        assert verdict is not None and not verdict.allowed and verdict.rule == "network.rules"
+        dest, req = request("GET", "/v1/admin/keys")
+        verdict = c.request(dest, req)
+        assert verdict is not None and not verdict.allowed and verdict.rule == "network.rules[4]"
+        dest, req = request("DELETE", "/v1/users", host="other.test")  # no entry: no say
+        assert c.request(dest, req) is None
+
+
+def test_the_same_target_is_decided_per_port() -> None:
+    entries: list[dict[str, object]] = [{"host": "api.test:443", "action": "deny"}]
+    c = Chain([HostRulesHook(HostRules.parse(["*"], [])), HttpRulesHook.from_policy(entries)])
+    denied = c.request(Destination("run", "https", "api.test", 443), Request("GET", "/", [], 0))
+    assert denied is not None and not denied.allowed
+    other = Destination("run", "https", "api.test", 8443)  # the twin: not that port
+    assert c.request(other, Request("GET", "/", [], 0)) is None
+
+
+def test_a_long_target_is_decided_without_being_kept() -> None:
+    c = chain()
+    hook = c.hooks[1]
+    assert isinstance(hook, HttpRulesHook)
+    verdict = c.request(*request("GET", "/v1/" + "a" * 5000))
+    assert verdict is not None and verdict.allowed
+    verdict = c.request(*request("GET", "/v1/admin/" + "a" * 5000))
+    assert verdict is not None and not verdict.allowed and verdict.rule == "network.rules[4]"
+    assert all(len(key[3]) < 5000 for key in hook.rules.decided)
+
+
+def test_the_chain_asks_only_hooks_that_see_a_destination() -> None:
+    hook = HttpRulesHook.from_policy(ENTRIES)
+    assert hook.sees_requests_to("api.test", 443) and not hook.sees_requests_to("other.test", 443)
+    c = chain()
+    assert c.plan("api.test", 80).on_request and not c.plan("other.test", 80).on_request
+
+
+def test_several_globs_of_one_entry_match_as_one_pattern_and_each_alone() -> None:
+    entries: list[dict[str, object]] = [
+        {"host": "a.test", "paths": ["/one/*", "/two/**", "/x*y"], "action": "allow"},
+        {"host": "b.test", "paths": ["/q?k=*", "/plain/**"], "action": "allow"},  # one query
+    ]
+    rules = HttpRules.from_entries(entries)
+    assert rules.rules[0].path_match is not None and rules.rules[1].path_match is None
+
+    def allowed(host: str, target: bytes) -> bool | None:
+        verdict, _ = rules.decide(host, 443, "GET", target)
+        return None if verdict is None else verdict.allowed
+
+    for target in (b"/one/a", b"/two", b"/two/a/b", b"/xany-thingy"):
+        assert allowed("a.test", target) is True
+    for target in (b"/one/a/b", b"/one", b"/twofold", b"/x/y", b"/xy/"):  # the deny twins
+        assert allowed("a.test", target) is False
+    assert allowed("b.test", b"/q?k=v") is True and allowed("b.test", b"/plain/x?any=1") is True
+    assert allowed("b.test", b"/q?j=v") is False and allowed("b.test", b"/q") is False

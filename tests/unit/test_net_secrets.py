@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from corral.errors import EXIT_REFUSED, CorralError, PolicyError
-from corral.net.hooks import Chain, Destination, HostRulesHook, Request, Response
+from corral.net.hooks import Chain, Destination, Hook, HostRulesHook, Request, Response
 from corral.net.rules import HostRules
 from corral.net.secrets import SecretsHook, new_placeholder, read_value
 from corral.policy import Policy, Secret
@@ -231,3 +231,141 @@ def test_open_checks_the_policy_first(tmp_path: Path, monkeypatch: pytest.Monkey
     policy.env.pass_names.append("CORRAL_TEST_REAL")  # the real value would be inside
     with pytest.raises(PolicyError, match="CORRAL_TEST_REAL is passed into the sandbox"):
         SecretsHook(policy).open()
+
+
+# -- the per-destination fast path --------------------------------------------------------------
+
+PLACES = ["header", "path", "query", "encoded-path", "encoded-query", "basic", "BASIC", "many"]
+
+
+def carrying(ph: str, where: str) -> tuple[str, list[tuple[bytes, bytes]]]:
+    """A target and headers with the placeholder in one place."""
+    encoded = "".join(f"%{b:02X}" for b in ph.encode())
+    basic = base64.b64encode(f"u:{ph}".encode())
+    return {
+        "header": ("/", [(b"x-api-key", ph.encode())]),
+        "path": (f"/{ph}", []),
+        "query": (f"/x?k={ph}", []),
+        "encoded-path": (f"/{encoded}", []),
+        "encoded-query": (f"/x?k={encoded}", []),
+        "basic": ("/", [(b"authorization", b"Basic " + basic)]),
+        "BASIC": ("/", [(b"authorization", b"BASIC " + basic)]),  # the scheme in any case
+        "many": ("/", [(b"accept", b"*/*"), (b"cookie", f"a=1; k={ph}".encode())]),
+    }[where]
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_wrong_host_is_denied_every_time_and_its_twin_allowed_every_time(
+    hook: SecretsHook, where: str
+) -> None:
+    target, headers = carrying(placeholder(hook, "API_KEY"), where)
+    for _ in range(3):  # the first time worked out, then from the cache
+        allowed, req, _ = exchange(hook, "evil.test", target, headers)
+        assert allowed is False and req.audit == {"secrets": ["API_KEY"]}
+        allowed, req, _ = exchange(hook, "api.test", target, headers)  # its own host
+        assert allowed is None and req.audit == {"secrets": ["API_KEY"]}
+        assert placeholder(hook, "API_KEY") not in req.target or where.startswith("encoded")
+        if where in ("header", "many", "basic", "BASIC"):
+            sent = b"".join(v for _, v in req.headers)
+            assert REAL in sent or REAL in base64.b64decode(sent.split(b" ")[-1])
+
+
+def test_cached_rewrites_are_per_destination(hook: SecretsHook) -> None:
+    ph = placeholder(hook, "API_KEY").encode()
+    headers = [(b"x-api-key", ph), (b"authorization", b"Bearer mine")]
+    for _ in range(2):
+        _, req, _ = exchange(hook, "api.test", "/", headers)
+        assert req.headers == [(b"x-api-key", REAL), (b"authorization", b"Bearer mine")]
+        _, req, _ = exchange(hook, "bearer.test", "/", headers)  # API_KEY may not go there
+        assert req.audit == {"secrets": ["API_KEY", "BEARER"]}
+        _, req, _ = exchange(hook, "bearer.test", "/", headers[1:])  # BEARER's header set
+        assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL)]
+    # what rewrite wrote in a cached list is copied, never shared with a request
+    _, first, _ = exchange(hook, "api.test", "/", headers)
+    first.headers.append((b"x-later", b"1"))
+    _, second, _ = exchange(hook, "api.test", "/", headers)
+    assert (b"x-later", b"1") not in second.headers
+
+
+def test_headers_changed_by_an_earlier_rewrite_are_the_ones_rewritten(hook: SecretsHook) -> None:
+    ph = placeholder(hook, "API_KEY").encode()
+
+    class AddsKey(Hook):
+        name = "adds"
+
+        def rewrite(self, dest: Destination, request: Request) -> None:
+            request.headers.append((b"x-added", ph))
+
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), AddsKey(), hook])
+    for _ in range(2):
+        dest = Destination("run", "https", "api.test", 443)
+        req = Request("GET", "/", [(b"x-api-key", ph)], 0)
+        assert chain.request(dest, req) is None
+        chain.rewrite(dest, req)
+        assert req.headers == [(b"x-api-key", REAL), (b"x-added", REAL)]
+        assert req.unchecked  # AddsKey does not check what it writes: the proxy does
+
+
+def test_headers_too_long_to_keep_are_still_decided(hook: SecretsHook) -> None:
+    ph = placeholder(hook, "API_KEY").encode()
+    big = [(b"x-pad", b"p" * 5000), (b"x-api-key", ph)]
+    allowed, _, _ = exchange(hook, "evil.test", "/", big)
+    assert allowed is False
+    _, req, _ = exchange(hook, "api.test", "/", big)
+    assert req.headers[-1] == (b"x-api-key", REAL)
+    assert all(sum(len(v) for _, v in key[2]) < 5000 for key in hook._headers)
+
+
+def test_what_the_hook_writes_needs_no_check_of_its_own(hook: SecretsHook) -> None:
+    """SecretsHook.writes_checked: what it writes is what the proxy's check would pass."""
+    from corral.net import http1
+
+    ph = placeholder(hook, "API_KEY")
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), hook])
+    for host in ("api.test", "bearer.test"):
+        for where in PLACES:
+            target, headers = carrying(ph, where)
+            dest = Destination("run", "https", host, 443)
+            req = Request("GET", target, [(b"content-length", b"0"), *headers], 0)
+            chain.request(dest, req)
+            chain.rewrite(dest, req)
+            assert not req.unchecked
+            assert sorted(http1.refit(req.headers, req.headers, 502)) == sorted(req.headers)
+            assert http1.check_target(req.target.encode("latin-1"), 502)
+
+
+def test_a_secret_that_cannot_go_in_a_header_refuses_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORRAL_TEST_REAL", REAL.decode())
+    for header, fmt in (
+        ("content-length", "{value}"),
+        ("x-a b", "{value}"),
+        ("x-k", "a\r\n{value}"),
+    ):
+        policy = Policy(str(tmp_path))
+        policy.network.mode = "proxy"
+        policy.secrets = {"K": Secret("K", "env:CORRAL_TEST_REAL", ["api.test"], header, fmt)}
+        with pytest.raises(CorralError, match="secret K"):
+            SecretsHook(policy).open()
+    policy.secrets = {"K": Secret("K", "env:CORRAL_TEST_REAL", ["api.test"], "x-k", "T {value}")}
+    SecretsHook(policy).open()  # the twin: a fit header and format
+
+
+def test_an_echo_in_basic_credentials_of_any_case_is_hidden(hook: SecretsHook) -> None:
+    ph = placeholder(hook, "API_KEY")
+    chain = Chain([hook])
+    dest = Destination("run", "https", "api.test", 443)
+    req = Request("GET", "/", [(b"x-key", ph.encode())], 0)
+    chain.request(dest, req)
+    for scheme in (b"Basic", b"BASIC", b"bAsIc"):
+        echo = scheme + b" " + base64.b64encode(b"u:" + REAL)
+        response = Response(200, [(b"x-basic", echo), (b"x-plain", b"nothing")])
+        chain.response(dest, req, response)
+        assert base64.b64decode(response.headers[0][1].split()[1]) == b"u:" + ph.encode()
+        assert response.headers[1] == (b"x-plain", b"nothing")  # the twin: left as it was
+        assert not response.unchecked
+
+
+def test_a_host_with_no_secret_is_still_looked_at(hook: SecretsHook) -> None:
+    assert hook.sees_requests_to("anything.test", 443)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 
 from corral.net.hooks import Hook
-from corral.net.httprules import BadPath, PathGlob, covers, normalize_target
+from corral.net.httprules import CACHED_TARGET, BadPath, PathGlob, covers, normalize_target
 from corral.net.rules import Rule, Verdict
 
 TYPE_CHECKING = False
@@ -440,6 +440,9 @@ class GuardrailHook(Hook):
     def __init__(self, guardrails: list[Guardrail], table: dict[str, str]) -> None:
         self.compiled = [Compiled(g, table) for g in guardrails if g.enforcing]
         self._by_host: dict[tuple[str, int], list[Compiled]] = {}
+        # (host, port, method, target as sent) -> what decide() said: keep-alive
+        # clients ask about the same URLs over and over
+        self._decided: dict[tuple[str, int, str, str], Decided | None] = {}
 
     def inspects(self) -> list[tuple[str, str]]:
         return [
@@ -456,6 +459,9 @@ class GuardrailHook(Hook):
                 c for c in self.compiled if any(covers(r, host, port) for r in c.hosts)
             ]
         return found
+
+    def sees_requests_to(self, host: str, port: int) -> bool:
+        return bool(self.for_host(host, port))  # a host no guardrail names: no say
 
     def decide(
         self, host: str, port: int, method: str, target: bytes
@@ -481,15 +487,36 @@ class GuardrailHook(Hook):
         return chosen.verdict(method, path), chosen
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
-        found = self.decide(dest.host, dest.port, request.method, request.target.encode("latin-1"))
+        key = (dest.host, dest.port, request.method, request.target)
+        if key in self._decided:
+            found = self._decided[key]
+        else:
+            found = self._decided_now(*key)
+            if len(request.target) <= CACHED_TARGET:  # (what a client makes us keep: bounded)
+                if len(self._decided) >= self.CACHE_SIZE:
+                    self._decided.clear()
+                self._decided[key] = found
         if found is None:
             return None
-        verdict, chosen = found
+        verdict, chosen, fields = found
         if chosen is not None:
             # in the request's audit line whichever verdict is reported (another
             # hook's allow, or the Asker's answer to this one's ask)
-            request.audit["guardrail"] = chosen.guardrail.audit_fields(chosen.action)
+            request.audit["guardrail"] = fields
             limit = chosen.guardrail.max_body
             if verdict.allowed and limit is not None:
                 request.limit_body(limit, chosen.rule)
         return verdict
+
+    def _decided_now(self, host: str, port: int, method: str, target: str) -> Decided | None:
+        found = self.decide(host, port, method, target.encode("latin-1"))
+        if found is None:
+            return None
+        verdict, chosen = found
+        fields = chosen.guardrail.audit_fields(chosen.action) if chosen is not None else {}
+        return verdict, chosen, fields
+
+
+# what GuardrailHook.on_request needs of a decision: the verdict, the deciding
+# guardrail and its audit fields (made once: the same for every such request)
+Decided = tuple[Verdict, Compiled | None, dict[str, object]]

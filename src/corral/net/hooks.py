@@ -51,6 +51,16 @@ Requests (plain HTTP and intercepted HTTPS alike)
        deny here replaces the response with a 403 and drops the upstream
        connection.
 
+    Which hooks see a request is worked out once per destination: the chain
+    asks each hook :meth:`Hook.sees_requests_to` on the first request to a
+    (host, port) and calls only those that said yes for every later one (a
+    rule for one host costs nothing on requests to any other).
+
+    What a hook wrote is checked on every request (``request.unchecked`` and
+    ``response.unchecked``, set by the chain, tell the proxy to), unless every
+    hook that ran vouches for what it writes (:attr:`Hook.writes_checked`):
+    such a hook writes only bytes it checked once, when the run started.
+
     The body is streamed, never handed to hooks whole: ``request.body_length``
     is the announced length (``None``: chunked, unknown until it ends).  A hook
     bounds it with ``request.limit_body(n, rule)`` (the smallest wins): a longer
@@ -123,7 +133,17 @@ class Request:
     ``headers`` are (lower-case name, value) byte pairs, hop-by-hop ones
     already removed; a list hooks may edit in place in ``rewrite``."""
 
-    __slots__ = ("audit", "body_length", "body_limit", "body_rule", "headers", "method", "target")
+    __slots__ = (
+        "audit",
+        "body_length",
+        "body_limit",
+        "body_rule",
+        "headers",
+        "method",
+        "plan",
+        "target",
+        "unchecked",
+    )
 
     def __init__(
         self,
@@ -139,6 +159,10 @@ class Request:
         self.body_limit: int | None = None  # set by hooks (limit_body); the smallest wins
         self.body_rule = ""  # the rule that set it, for the audit line of a 413
         self.audit: dict[str, object] = {}
+        # must the proxy check headers and target before sending them?  (False only
+        # once Chain.rewrite ran hooks that all vouch for what they write)
+        self.unchecked = True
+        self.plan: _Plan | None = None  # the chain's, for this request's destination
 
     def get(self, name: bytes) -> bytes | None:
         for key, value in self.headers:
@@ -156,11 +180,12 @@ class Response:
     """A response head as hooks see it: status and (lower-case name, value) pairs,
     hop-by-hop ones removed; ``headers`` may be edited in place."""
 
-    __slots__ = ("headers", "status")
+    __slots__ = ("headers", "status", "unchecked")
 
     def __init__(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
         self.headers = headers
+        self.unchecked = True  # as Request.unchecked, set by Chain.response
 
 
 class Hook:
@@ -168,6 +193,19 @@ class Hook:
     # True when on_connect depends only on (host, port), and on_resolved only on
     # (host, port, address): the chain may cache both
     connect_by_host_port = False
+    # True when rewrite and on_response write only bytes this hook checked once
+    # (at policy load or in open): header names that are lower-case tokens and
+    # none of host, content-length, transfer-encoding; values without a control
+    # byte; a target edited only by putting unreserved characters and %XX
+    # escapes in place of unreserved ones.  The proxy then sends what it wrote
+    # as it is; a hook that leaves this False is checked on every request.
+    writes_checked = False
+
+    def sees_requests_to(self, host: str, port: int) -> bool:
+        """Might on_request, rewrite or on_response do anything for a request to
+        (normalized host, port)?  Asked once per destination: False and the chain
+        never calls them for requests there."""
+        return True
 
     def inspects(self) -> list[tuple[str, str]]:
         """Host patterns whose HTTPS this hook must see, each with the policy key
@@ -299,6 +337,7 @@ class Chain:
         self._rewrite = [h for h in hooks if _overrides(h, "rewrite")]
         self._on_response = [h for h in hooks if _overrides(h, "on_response")]
         self._inspecting = [h for h in hooks if h.inspects() or _overrides(h, "needs_inspection")]
+        self._plans: dict[tuple[str, int], _Plan] = {}
         # does any hook look at requests?  (if not, none is built: the plain HTTP
         # keep-alive path stays as fast as with host rules alone)
         self.sees_requests = bool(self._on_request or self._rewrite or self._on_response)
@@ -353,16 +392,60 @@ class Chain:
     def dns(self, run_id: str, name: str) -> Verdict:
         return combine([h.on_dns(run_id, name) for h in self.hooks])
 
+    def plan(self, host: str, port: int) -> _Plan:
+        """The request hooks that see requests to (normalized host, port)."""
+        key = (host, port)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= self.CACHE_SIZE:
+                self._plans.clear()
+            plan = self._plans[key] = _Plan(
+                [h for h in self._on_request if h.sees_requests_to(host, port)],
+                [h for h in self._rewrite if h.sees_requests_to(host, port)],
+                [h for h in self._on_response if h.sees_requests_to(host, port)],
+            )
+        return plan
+
     def request(self, dest: Destination, request: Request) -> Verdict | None:
         """The request hooks' decision, or None when none of them had an opinion."""
-        return _strongest(h.on_request(dest, request) for h in self._on_request)
+        plan = self._plans.get((dest.host, dest.port)) or self.plan(dest.host, dest.port)
+        request.plan = plan  # for rewrite and response: the same destination
+        allowed: Verdict | None = None
+        ask: Verdict | None = None
+        for on_request in plan.on_request:  # (_strongest, inlined: it runs for every request)
+            verdict = on_request(dest, request)
+            if verdict is None:
+                continue
+            if verdict.ask:
+                ask = ask or verdict
+            elif not verdict.allowed:
+                return verdict  # deny wins: the hooks after it are not asked
+            else:
+                allowed = allowed or verdict
+        return ask or allowed
 
     def rewrite(self, dest: Destination, request: Request) -> None:
-        for hook in self._rewrite:
-            hook.rewrite(dest, request)
+        plan = request.plan or self.plan(dest.host, dest.port)
+        for rewrite in plan.rewrite:
+            rewrite(dest, request)
+        request.unchecked = plan.rewrite_unchecked
 
     def response(self, dest: Destination, request: Request, response: Response) -> Verdict | None:
-        return _strongest(h.on_response(dest, request, response) for h in self._on_response)
+        plan = request.plan or self.plan(dest.host, dest.port)
+        response.unchecked = plan.response_unchecked
+        allowed: Verdict | None = None
+        ask: Verdict | None = None
+        for on_response in plan.on_response:  # (as in request)
+            verdict = on_response(dest, request, response)
+            if verdict is None:
+                continue
+            if verdict.ask:
+                ask = ask or verdict
+            elif not verdict.allowed:
+                return verdict
+            else:
+                allowed = allowed or verdict
+        return ask or allowed
 
     def open(self) -> None:
         for hook in self.hooks:
@@ -373,6 +456,21 @@ class Chain:
         for hook in self.hooks:
             env.update(hook.sandbox_env())
         return env
+
+
+class _Plan:
+    """What the chain calls for each request to one destination: bound methods of
+    the hooks that see requests there, in chain order."""
+
+    __slots__ = ("on_request", "on_response", "response_unchecked", "rewrite", "rewrite_unchecked")
+
+    def __init__(self, deciding: list[Hook], rewriting: list[Hook], responding: list[Hook]) -> None:
+        self.on_request = [h.on_request for h in deciding]
+        self.rewrite = [h.rewrite for h in rewriting]
+        self.on_response = [h.on_response for h in responding]
+        # must the proxy check what these hooks write?  (see Hook.writes_checked)
+        self.rewrite_unchecked = not all(h.writes_checked for h in rewriting)
+        self.response_unchecked = not all(h.writes_checked for h in responding)
 
 
 def _matches(rule: Rule, host: str, port: int) -> bool:

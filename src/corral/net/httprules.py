@@ -272,7 +272,7 @@ def covers(rule: Rule, host: str, port: int) -> bool:
 class HttpRule:
     """One compiled entry (a git preset compiles to several, each with the entry's name)."""
 
-    __slots__ = ("action", "host", "max_body", "methods", "name", "paths")
+    __slots__ = ("action", "host", "max_body", "methods", "name", "path_match", "paths")
 
     def __init__(
         self,
@@ -289,11 +289,23 @@ class HttpRule:
         self.methods = methods  # None: any method
         self.paths = paths  # empty: any path
         self.max_body = max_body
+        # globs without a query, all in one pattern: one match per request, not one each
+        self.path_match = None
+        if paths and all(glob.query is None for glob in paths):
+            joined = "|".join(f"(?:{glob.path.pattern})" for glob in paths)
+            self.path_match = re.compile(joined).fullmatch
 
     def matches(self, method: str, path: str, query: Query | None) -> bool:
         if self.methods is not None and method not in self.methods:
             return False
-        return not self.paths or any(glob.matches(path, query) for glob in self.paths)
+        return self.matches_path(path, query)
+
+    def matches_path(self, path: str, query: Query | None) -> bool:
+        if not self.paths:
+            return True
+        if self.path_match is not None:
+            return self.path_match(path) is not None
+        return any(glob.matches(path, query) for glob in self.paths)
 
 
 def compile_entry(index: int, entry: dict[str, object]) -> list[HttpRule]:
@@ -327,15 +339,24 @@ def compile_entry(index: int, entry: dict[str, object]) -> list[HttpRule]:
     ]
 
 
+Decision = tuple[Verdict, "HttpRule | None"]  # the verdict, and the allow whose max_body applies
+# A target longer than this is decided afresh each time: the cache holds at most
+# CACHE_SIZE of them, so what a client can make the proxy keep stays small.
+CACHED_TARGET = 2048
+
+
 class HttpRules:
-    """All entries, with the ones that apply to each (host, port) cached."""
+    """All entries, with the ones that apply to each (host, port) found once, and
+    the decisions made, by (host, port, method, target) as the client sent them:
+    keep-alive clients ask about the same URLs over and over, and a hit costs
+    one dict lookup."""
 
     CACHE_SIZE = 4096
 
     def __init__(self, rules: list[HttpRule]) -> None:
         self.rules = rules
-        self._by_host: dict[tuple[str, int], list[HttpRule]] = {}
-        self._decided: dict[tuple[str, int, str, bytes], tuple[Verdict, HttpRule | None]] = {}
+        self._by_host: dict[tuple[str, int], RuledHost] = {}
+        self.decided: dict[tuple[str, int, str, str], Decision] = {}
 
     @classmethod
     def from_entries(cls, entries: list[dict[str, object]]) -> HttpRules:
@@ -344,45 +365,76 @@ class HttpRules:
             rules += compile_entry(index, entry)
         return cls(rules)
 
-    def for_host(self, host: str, port: int) -> list[HttpRule]:
+    def host(self, host: str, port: int) -> RuledHost:
+        """The entries that name (normalized host, port), worked out on its first request."""
         key = (host, port)
         found = self._by_host.get(key)
         if found is None:
             if len(self._by_host) >= self.CACHE_SIZE:
                 self._by_host.clear()
-            found = self._by_host[key] = [r for r in self.rules if covers(r.host, host, port)]
+            found = self._by_host[key] = RuledHost(
+                host, [r for r in self.rules if covers(r.host, host, port)]
+            )
         return found
+
+    def for_host(self, host: str, port: int) -> list[HttpRule]:
+        return self.host(host, port).rules
 
     def decide(
         self, host: str, port: int, method: str, target: bytes
     ) -> tuple[Verdict | None, HttpRule | None]:
         """(verdict, the allow rule whose max_body applies); (None, None) when no
         entry names the host."""
-        ruled = self.for_host(host, port)
-        if not ruled:
+        ruled = self.host(host, port)
+        if not ruled.rules:
             return None, None
-        key = (host, port, method, target)
-        cached = self._decided.get(key)
-        if cached is None:  # keep-alive clients ask about the same URLs over and over
-            if len(self._decided) >= self.CACHE_SIZE:
-                self._decided.clear()
-            cached = self._decided[key] = self._decide(ruled, host, method, target)
-        return cached
+        return self.decision(ruled, port, method, target.decode("latin-1"))
 
-    def _decide(
-        self, ruled: list[HttpRule], host: str, method: str, target: bytes
-    ) -> tuple[Verdict, HttpRule | None]:
+    def decision(self, ruled: RuledHost, port: int, method: str, target: str) -> Decision:
+        """``target``: origin-form, one character per byte (Request.target)."""
+        key = (ruled.host, port, method, target)
+        found = self.decided.get(key)
+        if found is None:
+            found = ruled.decide(method.upper(), target)
+            if len(target) <= CACHED_TARGET:
+                if len(self.decided) >= self.CACHE_SIZE:
+                    self.decided.clear()
+                self.decided[key] = found
+        return found
+
+
+class RuledHost:
+    """The entries that name one (host, port), by method."""
+
+    __slots__ = ("by_method", "host", "rules")
+
+    def __init__(self, host: str, rules: list[HttpRule]) -> None:
+        self.host = host
+        self.rules = rules
+        self.by_method: dict[str, list[HttpRule]] = {}  # upper-case method -> its entries
+
+    def _for_method(self, method: str) -> list[HttpRule]:
+        found = self.by_method.get(method)
+        if found is None:
+            if len(self.by_method) >= 64:  # any token is a method: a client may make up many
+                self.by_method.clear()
+            found = self.by_method[method] = [
+                r for r in self.rules if r.methods is None or method in r.methods
+            ]
+        return found
+
+    def decide(self, method: str, target: str) -> Decision:
+        """Deny wins, then ask, then allow; no entry matching denies."""
         try:
-            path, query = normalize_target(target)
+            path, query = normalize_target(target.encode("latin-1"))
         except BadPath as exc:
             return Verdict(False, "bad-path", exc.reason), None
-        method = method.upper()
         allow: HttpRule | None = None
         ask: HttpRule | None = None
         limit: HttpRule | None = None
         limit_size = 0
-        for rule in ruled:
-            if not rule.matches(method, path, query):
+        for rule in self._for_method(method):
+            if not rule.matches_path(path, query):
                 continue
             if rule.action == "deny":
                 return Verdict(False, rule.name, f"{method} {path} is denied"), None
@@ -397,7 +449,7 @@ class HttpRules:
         if allow is not None:
             return Verdict(True, allow.name), limit
         return (
-            Verdict(False, "network.rules", f"no rule for {host} allows {method} {path}"),
+            Verdict(False, "network.rules", f"no rule for {self.host} allows {method} {path}"),
             None,
         )
 
@@ -421,10 +473,19 @@ class HttpRulesHook(Hook):
     def inspects(self) -> list[tuple[str, str]]:
         return self.patterns
 
+    def sees_requests_to(self, host: str, port: int) -> bool:
+        return bool(self.rules.host(host, port).rules)  # a host no entry names: no say
+
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
-        verdict, limit = self.rules.decide(
-            dest.host, dest.port, request.method, request.target.encode("latin-1")
-        )
+        rules = self.rules
+        # (the lookups of HttpRules.decide, inlined: this runs for every request)
+        found = rules.decided.get((dest.host, dest.port, request.method, request.target))
+        if found is None:
+            ruled = rules.host(dest.host, dest.port)
+            if not ruled.rules:
+                return None
+            found = rules.decision(ruled, dest.port, request.method, request.target)
+        verdict, limit = found
         if limit is not None and limit.max_body is not None:
             request.limit_body(limit.max_body, limit.name)
         return verdict

@@ -729,8 +729,11 @@ class Proxy:
         if hooked is not None:
             self.chain.rewrite(dest, hooked)
             try:  # what a rule wrote is checked like what a client sends
-                headers = http1.refit(hooked.headers, headers, 502)
-                path = http1.check_target(hooked.target.encode("latin-1", "replace"), 502)
+                if hooked.unchecked:  # (False: only hooks that check what they write ran)
+                    headers = http1.refit(hooked.headers, headers, 502)
+                    path = http1.check_target(hooked.target.encode("latin-1", "replace"), 502)
+                else:
+                    headers, path = hooked.headers, hooked.target.encode("latin-1", "replace")
             except HttpError as exc:
                 refused = Verdict(False, "rewrite", exc.message)
                 self.log(dest, refused, 502, 0, 0, started, extra=extra)
@@ -803,7 +806,10 @@ class Proxy:
                     self.log(dest, refused_response, 403, up, 0, started, upstream.address, extra)
                     await _send_denial(writer, 403, refused_response, dest.host, dest.port)
                     return request.keep_alive(), None
-                out_headers = http1.refit(seen.headers, out_headers, 502)
+                if seen.unchecked:
+                    out_headers = http1.refit(seen.headers, out_headers, 502)
+                else:
+                    out_headers = seen.headers
             keep = kind != "close" and request.keep_alive()
             if not keep and status != 101:  # say so: a client must not reuse it
                 out_headers.append((b"connection", b"close"))

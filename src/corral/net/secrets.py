@@ -31,9 +31,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import operator
 import os
+import re
 
 from corral.errors import RefusedError
+from corral.net import http1
 from corral.net.hooks import Hook
 from corral.net.httprules import covers
 from corral.net.rules import Rule, Verdict
@@ -49,6 +52,10 @@ MAX_VALUE = 8 * 1024  # a credential, not a document; it has to fit in a header
 WRONG_HOST = "secret-wrong-host"
 # bytes a value keeps when it goes into a path or a query; the rest is percent-encoded
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+# Headers longer than this in all are worked out afresh for each request: the cache
+# holds at most CACHE_SIZE sets, so what a client can make the proxy keep stays small.
+CACHED_HEADERS = 4096
+_NOTHING = re.compile("(?!)")  # matches nowhere: no secret read yet
 
 
 def new_placeholder(name: str) -> str:
@@ -71,12 +78,31 @@ class Loaded:
         self.hosts = [Rule(h) for h in secret.hosts]
         self.header = secret.header.encode()
         self.header_value = secret.format.encode().replace(b"{value}", value)
+        _check_fit(self)
 
     def allowed_to(self, host: str, port: int) -> bool:
         return any(covers(rule, host, port) for rule in self.hosts)
 
     def __repr__(self) -> str:
         return f"<secret {self.name}>"
+
+
+def _check_fit(secret: Loaded) -> None:
+    """What the hook will write, checked once (the proxy does not check it again on
+    each request: SecretsHook.writes_checked).  The policy's loader checks the
+    same; this holds for a Secret made any other way too."""
+    value, header = secret.value, secret.header
+    if not value or len(value.translate(None, http1.CONTROL_BYTES)) != len(value):
+        raise RefusedError(f"secret {secret.name}: the value is empty or holds a control character")
+    if not header:
+        return
+    if header.translate(None, http1.TOKEN_BYTES) or header != header.lower():
+        raise RefusedError(f"secret {secret.name}: header {header!r} is not a lower-case name")
+    if header in http1.HOP_BY_HOP | http1.FRAMING | {b"transfer-encoding"}:
+        raise RefusedError(f"secret {secret.name}: header {header.decode()} frames the request")
+    fill = secret.header_value
+    if len(fill.translate(None, http1.CONTROL_BYTES)) != len(fill):
+        raise RefusedError(f"secret {secret.name}: format holds a control character")
 
 
 def _percent_encode(value: bytes) -> bytes:
@@ -132,7 +158,7 @@ def _decoded(target: bytes) -> bytes:
 
 
 def _basic(value: bytes) -> bytes | None:
-    """The decoded credentials of ``Basic <base64>``, or None."""
+    """The decoded credentials of ``Basic <base64>`` (the scheme in any case), or None."""
     scheme, _, token = value.partition(b" ")
     if scheme.lower() != b"basic":
         return None
@@ -145,14 +171,28 @@ def _basic(value: bytes) -> bytes | None:
 class SecretsHook(Hook):
     """``[secrets]`` in the chain: refuses a placeholder bound for the wrong host
     (on_request), puts the real values in (rewrite), hides echoed values
-    (on_response)."""
+    (on_response).
+
+    Every request to every host is looked at (a placeholder may be on its way
+    anywhere).  What a set of headers holds, and what it becomes, is worked
+    out once per destination (:meth:`_seen`); a request costs a lookup of its
+    headers and two scans of its target."""
 
     name = "secrets"
     connect_by_host_port = True
+    CACHE_SIZE = 4096
+    # what rewrite writes: the client's own (checked) values with placeholders
+    # replaced by values without a control byte, Basic credentials re-encoded, the
+    # header of a secret (its name and format checked in _check_fit); a target
+    # with placeholders replaced by percent-encoded values; what on_response
+    # writes: placeholders in place of values, Basic credentials re-encoded
+    writes_checked = True
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy  # nothing is read here: see open()
         self.secrets: list[Loaded] = []
+        self._find = _NOTHING.findall  # every placeholder of this run in some text
+        self._headers: dict[tuple[str, int, tuple[tuple[bytes, bytes], ...]], _Seen] = {}
         self._by_host: dict[tuple[str, int], _HostPlan] = {}
 
     def inspects(self) -> list[tuple[str, str]]:
@@ -172,98 +212,128 @@ class SecretsHook(Hook):
             Loaded(s, read_value(s, self.policy), new_placeholder(s.name))
             for s in self.policy.secrets.values()
         ]
+        if self.secrets:  # one pattern (re factors out the common prefix), longest first
+            texts = sorted((s.placeholder.decode() for s in self.secrets), key=len, reverse=True)
+            self._find = re.compile("|".join(re.escape(t) for t in texts)).findall
         self._by_host.clear()
+        self._headers.clear()
 
     def sandbox_env(self) -> dict[str, str]:
         return {s.name: s.placeholder.decode() for s in self.secrets}
+
+    def sees_requests_to(self, host: str, port: int) -> bool:
+        return bool(self.policy.secrets)  # any host: a placeholder must not go there
 
     def for_host(self, host: str, port: int) -> _HostPlan:
         key = (host, port)
         found = self._by_host.get(key)
         if found is None:
-            if len(self._by_host) >= 4096:
+            if len(self._by_host) >= self.CACHE_SIZE:
                 self._by_host.clear()
             found = self._by_host[key] = _HostPlan(
-                [s for s in self.secrets if s.allowed_to(host, port)]
+                [s for s in self.secrets if s.allowed_to(host, port)], self.secrets
             )
         return found
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
-        plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
-        carried = self._carried(request)
-        if not carried:  # the usual case
-            if plan.header_names:
-                request.audit["secrets"] = plan.header_names
-            return None
-        wrong = [s for s in carried if id(s) not in plan.ids]
-        names = [s.name for s in carried]
-        if plan.header_names:
-            names = sorted({*names, *plan.header_names})
-        request.audit["secrets"] = names
-        if not wrong:
-            return None
-        shown = ", ".join(s.name for s in wrong)
-        return Verdict(False, WRONG_HOST, f"secret {shown} may not be sent to {dest.host}")
+        seen = self._seen(dest, request.headers)
+        target = request.target
+        if PREFIX_TEXT in target or "%" in target:
+            in_target = self._in_target(target)
+            if in_target:
+                names, verdict = seen.plan.carrying(dest.host, seen.found + in_target)
+                request.audit["secrets"] = names
+                return verdict
+        if seen.names:  # the secrets carried, and those whose header is set
+            request.audit["secrets"] = seen.names
+        return seen.verdict
 
     def rewrite(self, dest: Destination, request: Request) -> None:
         if "secrets" not in request.audit:
             return  # on_request found nothing to put in
-        plan = self.for_host(dest.host, dest.port)
+        seen = self._seen(dest, request.headers)
         if PREFIX_TEXT in request.target:
             target = request.target.encode("latin-1")
-            for secret in plan.mine:
+            for secret in seen.plan.mine:
                 target = target.replace(secret.placeholder, secret.encoded)
             request.target = target.decode("latin-1")
-        keys = plan.header_keys  # set on every request, whatever the client sent
-        headers = [
-            (k, _swap(k, v, plan.mine) if PREFIX in v or k == b"authorization" else v)
-            for k, v in request.headers
-            if k not in keys
-        ]
-        headers += plan.header_pairs
-        request.headers[:] = headers
+        if seen.rewritten is None:
+            seen.rewritten = seen.plan.rewrite(request.headers)
+        request.headers[:] = seen.rewritten
 
     def on_response(self, dest: Destination, request: Request, response: Response) -> None:
         if "secrets" not in request.audit:
             return  # no value went out with this request: none can come back
-        pairs = self.for_host(dest.host, dest.port).pairs
-        blob = b"\n".join(v for _, v in response.headers)  # one scan in C for the usual case
-        if b"asic " in blob or any(real in blob for real, _ in pairs):
-            response.headers[:] = [(k, _hide(v, pairs)) for k, v in response.headers]
+        plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
+        text = b"\n".join(map(_value, response.headers)).decode("latin-1")  # (_values_text)
+        if "basic " in text.lower() or any(map(text.__contains__, plan.echoes)):
+            response.headers[:] = [(k, _hide(v, plan.pairs)) for k, v in response.headers]
 
-    def _carried(self, request: Request) -> list[Loaded]:
-        """The secrets whose placeholder the request carries anywhere we look:
-        the target (percent-decoded too), header values, Basic credentials."""
-        seen: list[bytes] = []
-        if PREFIX_TEXT in request.target or "%" in request.target:
-            target = request.target.encode("latin-1")
-            seen += (target, _decoded(target))
-        blob = b"\n".join([v for _, v in request.headers])  # one scan in C, usually all
-        if PREFIX in blob:
-            seen.append(blob)
-        if b"asic " in blob:  # Basic credentials hide a placeholder in base64
-            for key, value in request.headers:
-                if key == b"authorization":
-                    decoded = _basic(value)
-                    if decoded is not None:
-                        seen.append(decoded)
-        found = []
-        for part in seen:
-            if PREFIX in part:
-                for secret in self.secrets:
-                    if secret.placeholder in part and secret not in found:
-                        found.append(secret)
-        return found
+    def _seen(self, dest: Destination, headers: list[tuple[bytes, bytes]]) -> _Seen:
+        """What these very headers hold and become on their way to ``dest``, worked
+        out once: a keep-alive client sends the same headers request after
+        request, and hashing them is cheaper than the scans (the key is the
+        headers themselves, so a hit is exact)."""
+        key = (dest.host, dest.port, tuple(headers))
+        seen = self._headers.get(key)
+        if seen is None:
+            plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
+            seen = _Seen(plan, dest.host, self._in_headers(headers))
+            if sum(len(k) + len(v) for k, v in headers) <= CACHED_HEADERS:
+                if len(self._headers) >= self.CACHE_SIZE:
+                    self._headers.clear()
+                self._headers[key] = seen
+        return seen
+
+    def _in_headers(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, ...]:
+        """This run's placeholders in header values, Basic credentials included."""
+        parts = [_values_text(headers)]
+        for key, value in headers:
+            if key == b"authorization":
+                decoded = _basic(value)
+                if decoded is not None:
+                    parts.append(decoded.decode("latin-1"))
+        # (no placeholder holds a newline: none is made of two parts joined here)
+        return tuple(self._find("\n".join(parts)))
+
+    def _in_target(self, target: str) -> tuple[str, ...]:
+        """This run's placeholders in a target, as it is and percent-decoded."""
+        decoded = _decoded(target.encode("latin-1")).decode("latin-1")
+        return tuple(self._find(target + "\n" + decoded))
+
+
+class _Seen:
+    """One set of request headers on its way to one destination: the placeholders
+    in it, the audit line's ``secrets`` and the verdict for a request that
+    carries no other, and what rewrite makes of it (None until it is allowed)."""
+
+    __slots__ = ("found", "names", "plan", "rewritten", "verdict")
+
+    def __init__(self, plan: _HostPlan, host: str, found: tuple[str, ...]) -> None:
+        self.plan = plan
+        self.found = found
+        self.names, self.verdict = plan.carrying(host, found)
+        self.rewritten: list[tuple[bytes, bytes]] | None = None
 
 
 class _HostPlan:
     """What a destination's requests need of the secrets, worked out once per host."""
 
-    __slots__ = ("header_keys", "header_names", "header_pairs", "ids", "mine", "pairs")
+    __slots__ = (
+        "allowed",
+        "echoes",
+        "header_keys",
+        "header_names",
+        "header_pairs",
+        "mine",
+        "names",
+        "pairs",
+    )
 
-    def __init__(self, mine: list[Loaded]) -> None:
+    def __init__(self, mine: list[Loaded], all_secrets: list[Loaded]) -> None:
         self.mine = mine  # the secrets that may go there
-        self.ids = frozenset(id(s) for s in mine)
+        self.allowed = frozenset(s.placeholder.decode() for s in mine)
+        self.names = {s.placeholder.decode(): s.name for s in all_secrets}
         with_header = [s for s in mine if s.header]
         self.header_names = sorted({s.name for s in with_header})
         self.header_keys = frozenset(s.header for s in with_header)
@@ -271,16 +341,44 @@ class _HostPlan:
         # (real form, placeholder): what an echo in a response is turned back into
         self.pairs = [(s.value, s.placeholder) for s in mine]
         self.pairs += [(s.encoded, s.placeholder) for s in mine if s.encoded != s.value]
+        self.echoes = [real.decode("latin-1") for real, _ in self.pairs]  # (as text)
+
+    def rewrite(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """Headers with this host's values in place of placeholders, and each
+        secret's header set (whatever the client sent under that name)."""
+        keys = self.header_keys
+        kept = [(k, _swap(k, v, self.mine)) for k, v in headers if k not in keys]
+        return kept + self.header_pairs
+
+    def carrying(self, host: str, found: tuple[str, ...]) -> tuple[list[str], Verdict | None]:
+        """For the placeholders a request carries: the audit line's ``secrets``
+        (those and the ones whose header is set), and a deny naming those that
+        may not go to ``host`` (None: all may)."""
+        names = sorted({*(self.names[p] for p in found), *self.header_names})
+        wrong = sorted({self.names[p] for p in found if p not in self.allowed})
+        if not wrong:
+            return names, None
+        reason = f"secret {', '.join(wrong)} may not be sent to {host}"
+        return names, Verdict(False, WRONG_HOST, reason)
+
+
+def _values_text(headers: list[tuple[bytes, bytes]]) -> str:
+    """Header values, one a line, as text (latin-1: one character per byte).  Text,
+    because `in` on bytes first tries its operand as an int (an exception made
+    and cleared each time): five times the cost of `in` on str."""
+    return b"\n".join(map(_value, headers)).decode("latin-1")
+
+
+_value = operator.itemgetter(1)
 
 
 def _swap(key: bytes, value: bytes, secrets: list[Loaded]) -> bytes:
     """A header value with the placeholders of ``secrets`` replaced by their values."""
     for secret in secrets:
-        if secret.placeholder in value:
-            value = value.replace(secret.placeholder, secret.value)
+        value = value.replace(secret.placeholder, secret.value)
     if key == b"authorization":
         decoded = _basic(value)
-        if decoded is not None and PREFIX in decoded:
+        if decoded is not None and decoded.find(PREFIX) >= 0:
             for secret in secrets:
                 decoded = decoded.replace(secret.placeholder, secret.value)
             value = b"Basic " + base64.b64encode(decoded)
