@@ -132,13 +132,15 @@ def _proxy(variant: str, port: int, origin_ca: str, out: str) -> None:
     placeholder = chain.sandbox_env().get("KEY", "none")
     Path(out).write_bytes(placeholder.encode() + b"\n" + ca.cert_pem)
 
-    async def main() -> None:
+    from corral.net import aio
+
+    async def main() -> None:  # on the proxy's own event loop, as in a run
         tls = Interceptor(ca, [origin_ca])
         proxy = Proxy(chain, Audit(None), policy.network.hosts, tls=tls)  # type: ignore[attr-defined]
         await proxy.serve_tcp("127.0.0.1", port, "bench")
-        await asyncio.Event().wait()
+        await aio.Event().wait()
 
-    _run(main())
+    aio.run(main())
 
 
 # -- the client --------------------------------------------------------------------------------
@@ -389,7 +391,7 @@ async def _exchanges(
     variants: list[str], rounds: int, count: int, distinct: bool
 ) -> dict[str, list[float]]:
     """CPU µs per Proxy.exchange for each variant, ``rounds`` interleaved rounds."""
-    from corral.net import http1
+    from corral.net import aio, http1
     from corral.net.audit import Audit
     from corral.net.hooks import Destination, chain_for
     from corral.net.proxy import Proxy, Upstream
@@ -408,10 +410,10 @@ async def _exchanges(
             % (TARGET.encode(), HOST.encode(), placeholder)
         )
         upstream = Upstream(HOST, 443, "127.0.0.1", Verdict(True, "bench"))
-        upstream.reader, upstream.writer = asyncio.StreamReader(), _Sink()  # type: ignore[assignment]
+        upstream.reader, upstream.writer = aio.StreamReader(), _Sink()  # type: ignore[assignment]
         proxy = Proxy(chain, Audit(None), {}, tls=None)
         setups[variant] = (proxy, request, Destination("bench", "connect", HOST, 443), upstream)
-    client, sink = asyncio.StreamReader(), _Sink()
+    client, sink = aio.StreamReader(), _Sink()
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     for round_no in range(rounds):
         for variant in variants if round_no % 2 == 0 else variants[::-1]:
@@ -433,7 +435,9 @@ async def _exchanges(
 
 def in_process(args: argparse.Namespace) -> str:
     variants = [v for v, _, _ in VARIANTS if v.startswith("tls")]
-    cpu = asyncio.run(_exchanges(variants, args.rounds, args.count, args.distinct))
+    from corral.net import aio
+
+    cpu = aio.run(_exchanges(variants, args.rounds, args.count, args.distinct))
     base = statistics.median(cpu[variants[0]])
     lines = [
         f"In-process `Proxy.exchange` ({args.rounds} interleaved rounds of {args.count}"

@@ -980,3 +980,58 @@ def test_host_header_built_from_target_excludes_query(tmp_path: Path) -> None:
             assert seen.header(b"host") == f"127.0.0.1:{w.origin.port}".encode()
 
     run(go)
+
+
+def test_a_tunnel_carries_megabytes_both_ways_intact_under_backpressure(tmp_path: Path) -> None:
+    """Opaque tunnels read into one shared buffer and copy only what a socket
+    does not take at once: many megabytes each way, with a reader that falls
+    behind (so writes stall and reading pauses), arrive byte for byte."""
+    import hashlib
+    import os
+
+    size = 8 * 1024 * 1024
+    up_data, down_data = os.urandom(size), os.urandom(size)
+
+    async def go() -> None:
+        got_up = bytearray()
+
+        async def server(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
+            writer.write(down_data)  # all at once: far more than any socket buffer
+            while len(got_up) < size:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                got_up.extend(chunk)
+                await aio.sleep(0.0005)  # a reader that falls behind
+            await writer.drain()
+            writer.close()
+
+        origin = await aio.start_server(server, "127.0.0.1", 0)
+        port = origin.sockets[0].getsockname()[1]
+        proxy = Proxy(Chain([HostRulesHook(HostRules.parse([f"127.0.0.1:{port}"], []))]),
+                      Audit(str(tmp_path / "net.jsonl")))  # fmt: skip
+        server_p = await proxy.serve_tcp("127.0.0.1", 0, RUN_ID)
+        proxy_port = server_p.sockets[0].getsockname()[1]
+        reader, writer = await aio.open_connection("127.0.0.1", proxy_port)
+        writer.write(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        for at in range(0, size, 1 << 20):
+            writer.write(up_data[at : at + (1 << 20)])
+            await writer.drain()
+        got_down = bytearray()
+        while len(got_down) < size:
+            chunk = await reader.read(1 << 20)
+            assert chunk, len(got_down)
+            got_down.extend(chunk)
+            await aio.sleep(0.0005)
+        writer.close()
+        assert hashlib.sha256(got_down).digest() == hashlib.sha256(down_data).digest()
+        for _ in range(200):
+            if len(got_up) >= size:
+                break
+            await aio.sleep(0.01)
+        assert hashlib.sha256(got_up).digest() == hashlib.sha256(up_data).digest()
+        server_p.close()
+        origin.close()
+
+    aio.run(aio.wait_for(go(), 60))

@@ -877,6 +877,26 @@ class Protocol(BaseProtocol):
         return None
 
 
+class BufferedProtocol(BaseProtocol):
+    """Reads land in a buffer the protocol gives (no bytes object per read);
+    ``buffer_updated(n)`` must use or copy those ``n`` bytes before it returns:
+    the buffer may be shared (:data:`READ_BUFFER`)."""
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        raise NotImplementedError
+
+    def buffer_updated(self, nbytes: int) -> None:
+        pass
+
+    def eof_received(self) -> bool | None:
+        return None
+
+
+# One read buffer for every BufferedProtocol that lends it (a loop runs one
+# callback at a time, and each consumes its bytes before returning).
+READ_BUFFER = memoryview(bytearray(MAX_READ))
+
+
 class DatagramProtocol(BaseProtocol):
     def datagram_received(self, data: bytes, addr: Any) -> None:
         pass
@@ -954,7 +974,7 @@ class SocketTransport(Transport):
         self._loop = loop
         self._sock: _socket.socket | None = sock
         self._fd = sock.fileno()
-        self._protocol = protocol
+        self._protocol: Any = protocol  # a Protocol, or a BufferedProtocol (_into)
         self._server = server
         self._buffer = bytearray()
         self._closing = False
@@ -966,6 +986,7 @@ class SocketTransport(Transport):
         self._protocol_paused = False
         self._high = HIGH_WATER
         self._low = LOW_WATER
+        self._into = isinstance(protocol, BufferedProtocol)
         if server is not None:
             server._attach()
 
@@ -985,6 +1006,7 @@ class SocketTransport(Transport):
 
     def set_protocol(self, protocol: Any) -> None:
         self._protocol = protocol
+        self._into = isinstance(protocol, BufferedProtocol)
 
     def get_protocol(self) -> Any:
         return self._protocol
@@ -1009,16 +1031,22 @@ class SocketTransport(Transport):
         if sock is None:
             return
         try:
-            data = sock.recv(MAX_READ)
+            if self._into:  # into the protocol's buffer: no bytes object per read
+                got = sock.recv_into(self._protocol.get_buffer(-1))
+                if got:
+                    self._protocol.buffer_updated(got)
+                    return
+            else:
+                data = sock.recv(MAX_READ)
+                if data:
+                    self._protocol.data_received(data)
+                    return
         except _TRY_AGAIN:
             return
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:
             self._fatal(exc)
-            return
-        if data:
-            self._protocol.data_received(data)
             return
         self._loop.remove_reader(self._fd)
         self._read_eof = True  # nothing more will come: never read again

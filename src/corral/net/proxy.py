@@ -1294,11 +1294,12 @@ def _socks_reply(code: int) -> bytes:
     return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
 
 
-class _Pump(aio.Protocol):
+class _Pump(aio.BufferedProtocol):
     """One direction of a tunnel at the transport level: bytes received on this
     side are written straight to the peer (no StreamReader copies, no task per
-    direction).  Back-pressure: when the peer's buffer fills, this side stops
-    reading until it drains."""
+    direction; read into the loop's shared buffer, and only what the peer's
+    socket does not take at once is copied).  Back-pressure: when the peer's
+    buffer fills, this side stops reading until it drains."""
 
     def __init__(self, transport: aio.Transport, peer: aio.Transport, done: aio.Future) -> None:
         self.transport = transport
@@ -1311,6 +1312,13 @@ class _Pump(aio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.count += len(data)
         self.peer.write(data)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return aio.READ_BUFFER
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.count += nbytes
+        self.peer.write(aio.READ_BUFFER[:nbytes])  # sent now, or the rest copied
 
     def eof_received(self) -> bool:
         self.eof = True
