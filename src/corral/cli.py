@@ -1419,15 +1419,9 @@ def cmd_proxy(args: list[str]) -> int:
     ca = _serve_ca(policy)  # before forking: every worker signs with it
     listen = str(opts.get("listen") or ("" if opts.get("door") else "127.0.0.1:3128"))
     sockets: list[socket.socket] = []
+    per_worker: list[socket.socket] = []  # one TCP listener each (SO_REUSEPORT)
     if listen:
-        host, _, port = listen.rpartition(":")
-        try:
-            tcp = socket.create_server(
-                (host.strip("[]") or "127.0.0.1", int(port)), backlog=1024, reuse_port=False
-            )
-        except (OSError, ValueError) as exc:
-            raise CorralError(f"--listen {listen}: {exc}") from None
-        sockets.append(tcp)
+        per_worker = _listeners(listen, workers)
     door = str(opts["door"]) if opts.get("door") else None
     if door:
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -1447,14 +1441,15 @@ def cmd_proxy(args: list[str]) -> int:
     audit_path = str(opts["net_log"]) if opts.get("net_log") else default_path()
     life_r, life_w = os.pipe()
     children = []
-    for _ in range(workers - 1):
+    for index in range(1, workers):
         pid = os.fork()
         if pid == 0:
             os.close(life_w)
             code = 0
             try:
                 quiet_stderr()  # the first worker speaks for all of them
-                _proxy_worker(policy, chain, sockets, run_id, audit_path, life_r, ca)
+                own = _own_listener(per_worker, index)
+                _proxy_worker(policy, chain, own + sockets, run_id, audit_path, life_r, ca)
             except BaseException:
                 code = 1
             finally:
@@ -1462,7 +1457,8 @@ def cmd_proxy(args: list[str]) -> int:
         children.append(pid)
     os.close(life_r)
     try:
-        _proxy_worker(policy, chain, sockets, run_id, audit_path, None, ca)
+        own = _own_listener(per_worker, 0)
+        _proxy_worker(policy, chain, own + sockets, run_id, audit_path, None, ca)
     finally:
         os.close(life_w)  # the other workers see end-of-file and stop
         for pid in children:
@@ -1546,6 +1542,41 @@ def _serve_ca(policy: Policy) -> CA | None:
         shown = policy.tls.ca_cert
     _err(f"corral: TLS inspection on: clients must trust {shown}")
     return ca
+
+
+def _listeners(listen: str, count: int) -> list[socket.socket]:
+    """``count`` TCP sockets listening on ``listen`` together (SO_REUSEPORT): the
+    kernel spreads connections over the workers, where one shared socket lets
+    whichever worker wakes first take a whole burst."""
+    import socket
+
+    host, _, port_text = listen.rpartition(":")
+    address = host.strip("[]") or "127.0.0.1"
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    made: list[socket.socket] = []
+    try:
+        port = int(port_text)
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            made.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((address, port))
+            port = sock.getsockname()[1]  # port 0: the others join the one the first got
+            sock.listen(1024)
+    except (OSError, ValueError) as exc:
+        for sock in made:
+            sock.close()
+        raise CorralError(f"--listen {listen}: {exc}") from None
+    return made
+
+
+def _own_listener(per_worker: list[socket.socket], index: int) -> list[socket.socket]:
+    """Worker ``index``'s TCP listener (the others' closed in this process)."""
+    for i, sock in enumerate(per_worker):
+        if i != index:
+            sock.close()
+    return per_worker[index : index + 1]
 
 
 def _proxy_worker(

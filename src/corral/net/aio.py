@@ -198,13 +198,14 @@ class Task(Future):
     """Drives a coroutine: each ``await`` of a pending :class:`Future` suspends it
     until that future is done."""
 
-    __slots__ = ("_cancels", "_coro", "_must_cancel", "_parked", "_waiting_on")
+    __slots__ = ("_cancels", "_coro", "_must_cancel", "_parked", "_waiting_on", "_woken")
 
     def __init__(self, coro: Coroutine[Any, Any, Any], loop: Loop | None = None) -> None:
         super().__init__(loop)
         self._coro = coro
         self._waiting_on: Future | None = None
         self._parked = False  # asleep until wake() (a stream's data), see _Park
+        self._woken = Handle(self._step, (), 0.0)  # one per task: it is queued once at most
         self._must_cancel = False
         self._cancels = 0  # cancel() calls not taken back by uncancel()
         self._loop._tasks.add(self)
@@ -228,7 +229,7 @@ class Task(Future):
         """Run a parked task again (what it waited for has come)."""
         if self._parked:
             self._parked = False
-            self._loop._ready.append(Handle(self._step, (), 0.0))
+            self._loop._ready.append(self._woken)
 
     def uncancel(self) -> int:
         if self._cancels > 0:
@@ -253,18 +254,26 @@ class Task(Future):
             else:
                 yielded = self._coro.send(None)
         except StopIteration as stop:
+            loop._current = None
             self._finish(stop.value, None)
         except CancelledError:
+            loop._current = None
             self._finish(None, None, cancelled=True)
         except (KeyboardInterrupt, SystemExit) as exc:
+            loop._current = None
             self._finish(None, exc)
             raise
         except BaseException as exc:
+            loop._current = None
             self._finish(None, exc)
         else:
-            self._wait_on(yielded)
-        finally:
             loop._current = None
+            if yielded is _PARKED:  # (the common case, inlined: a stream's wait)
+                self._parked = True
+                if self._must_cancel:
+                    self.wake()
+            else:
+                self._wait_on(yielded)
 
     def _wait_on(self, yielded: object) -> None:
         if yielded is _PARKED:  # until wake(): no future, no callback
