@@ -947,14 +947,13 @@ def _run_plan(
     if passed:
         record["pass_fds"] = list(passed)
     asks = None
-    if door is not None:
-        door.start()  # planned: fork the proxy now (see Door.open)
-        if door.ask_sock is not None:
-            from corral.prompt import TerminalPrompt
+    if door is not None and door.ask_sock is not None:
+        from corral.prompt import TerminalPrompt
 
-            asks = TerminalPrompt(door.ask_sock)
+        asks = TerminalPrompt(door.ask_sock)
     try:
-        result = launch.run(plan, run_id, asks=asks)
+        # the proxy forks as the launch begins (see Door.open and launch.run)
+        result = launch.run(plan, run_id, asks=asks, launching=door.start if door else None)
     except SetupRaced as exc:
         if attempt == SETUP_ATTEMPTS:
             _failed(opts, record, exc)

@@ -336,9 +336,13 @@ def run(
     in_fd: int = 0,
     on_output: Callable[[int, bytes], None] | None = None,
     asks: TerminalPrompt | None = None,
+    launching: Callable[[], None] | None = None,
 ) -> RunResult:
     """Launch ``plan`` and pump its output until it ends; the caller handles errors.
-    ``asks``: the terminal prompt that answers the proxy's asks (corral.prompt).
+    ``asks``: the terminal prompt that answers the proxy's asks (corral.prompt);
+    ``launching``: called just before this process sets up and spawns the sandbox,
+    still in the host's namespaces (the CLI forks the run's proxy then: the
+    later the fork, the fewer of this process's pages are copied after it).
 
     For the CLI: a process that runs this one sandbox.  When the plan has a
     network namespace to make, this process moves into it before starting the
@@ -348,7 +352,7 @@ def run(
     care = Aftercare(plan, run_id)
     start = time.monotonic()
     try:
-        _launch_and_pump(plan, result, care, out_fd, err_fd, in_fd, on_output, asks)
+        _launch_and_pump(plan, result, care, out_fd, err_fd, in_fd, on_output, asks, launching)
         # a killed engine client leaves its container behind; a clean exit does not
         care.clean = not result.timed_out and result.signal is None
     finally:
@@ -507,7 +511,10 @@ def _launch_and_pump(
     in_fd: int,
     on_output: Callable[[int, bytes], None] | None,
     asks: TerminalPrompt | None = None,
+    launching: Callable[[], None] | None = None,
 ) -> None:
+    if launching is not None:  # before any pipe or handler of the sandbox's exists
+        launching()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     child_fds: dict[int, int] = {0: in_fd, 1: out_w, 2: err_w}

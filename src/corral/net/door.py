@@ -245,10 +245,10 @@ class Door:
         if pid == 0:  # the proxy
             code = 0
             try:
-                os.close(life_w)
-                os.close(tally_r)
                 if self.ask_sock is not None:
                     self.ask_sock.close()  # the answerer's end: its EOF must reach us
+                hub = [self._hub_sock.fileno()] if self._hub_sock is not None else []
+                _close_inherited({*fds, life_r, tally_w, *hub})
                 _worker(self, fds, life_r, tally_w)
             except BaseException as exc:  # the top-level guard: a line, never a traceback
                 code = 1
@@ -410,6 +410,22 @@ class Door:
             os.rmdir(self.dir)
         except FileNotFoundError:
             pass
+
+
+def _close_inherited(keep: set[int]) -> None:
+    """In a new proxy: close what corral's process held besides ``keep`` and the
+    standard streams (the guardian's pipe, the sandbox's cgroup files...): a
+    proxy holding a pipe would keep its reader waiting for an end of file."""
+    try:
+        found = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in found:
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 _UNREAPED: list[int] = []  # ended workers not yet waited for (reaped on the next close)
