@@ -29,8 +29,17 @@ sys.modules[_spec.name] = _fixtures
 _spec.loader.exec_module(_fixtures)
 
 Corral = _fixtures.Corral
-tier = _fixtures.tier
 tsandbox = _fixtures.tsandbox
+
+
+@pytest.fixture(params=_fixtures.TIER_CASES, ids=[c.id for c in _fixtures.TIER_CASES])
+def tier(request: pytest.FixtureRequest) -> object:
+    """Every available tier case, gVisor's included, in the default run: the
+    security matrix is not thinned for time (the behaviour tests' gVisor cases
+    are marked slow in tests/integration/conftest.py)."""
+    return _fixtures.select_case(request)
+
+
 who = _fixtures.who
 wait_for = _fixtures.wait_for
 pids_matching = _fixtures.pids_matching

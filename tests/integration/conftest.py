@@ -159,12 +159,26 @@ def who(request: pytest.FixtureRequest) -> str:
 
 
 TIER_CASES = available()
+# gVisor's cases of the behaviour tests are marked slow (each run starts a
+# container under ptrace: seconds); the conformance matrix keeps them in the
+# default run (tests/conformance/conftest.py), and `-m slow` runs these too.
+SLOW_CASES = frozenset({"gvisor"})
+TIER_PARAMS = [
+    pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.id in SLOW_CASES else [])
+    for c in TIER_CASES
+]
 
 
-@pytest.fixture(params=TIER_CASES, ids=[c.id for c in TIER_CASES])
+@pytest.fixture(params=TIER_PARAMS)
 def tier(request: pytest.FixtureRequest) -> TierCase:
     """Each tier this machine can run; tests that only make sense on some tiers
     mark themselves ``@pytest.mark.tiers("namespace", ...)``."""
+    return select_case(request)
+
+
+def select_case(request: pytest.FixtureRequest) -> TierCase:
+    """The tier case of a ``tier`` fixture's request, skipped where the test's
+    ``tiers`` marker leaves it out."""
     case: TierCase = request.param
     marker = request.node.get_closest_marker("tiers")
     if marker is not None and case.id not in marker.args:
