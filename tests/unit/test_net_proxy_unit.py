@@ -1035,3 +1035,37 @@ def test_a_tunnel_carries_megabytes_both_ways_intact_under_backpressure(tmp_path
         origin.close()
 
     aio.run(aio.wait_for(go(), 60))
+
+
+def test_a_proxy_told_it_is_ending_serves_no_new_connection(tmp_path: Path) -> None:
+    """A worker whose first worker died (its ``live`` says no) takes no more
+    connections, even in the loop turn that brings the news; its twin, live,
+    forwards the same request."""
+    hits: list[bytes] = []
+
+    async def go() -> None:
+        async def origin_cb(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
+            hits.append(await reader.readuntil(b"\r\n\r\n"))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            writer.close()
+
+        origin = await aio.start_server(origin_cb, "127.0.0.1", 0)
+        port = origin.sockets[0].getsockname()[1]
+        rules = HostRules.parse([f"127.0.0.1:{port}"], [])
+        proxy = Proxy(Chain([HostRulesHook(rules)]), Audit(str(tmp_path / "net.jsonl")))
+        server = await proxy.serve_tcp("127.0.0.1", 0, RUN_ID)
+        proxy_port = server.sockets[0].getsockname()[1]
+        request = f"GET http://127.0.0.1:{port}/x HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        for live, answered in ((False, False), (True, True)):
+            proxy.live = lambda live=live: live  # type: ignore[misc]
+            reader, writer = await aio.open_connection("127.0.0.1", proxy_port)
+            writer.write(request)
+            head = await reader.read(100)
+            assert head.startswith(b"HTTP/1.1 200") is answered, head
+            writer.close()
+        assert len(hits) == 1  # only the live twin reached the origin
+        server.close()
+        origin.close()
+
+    aio.run(aio.wait_for(go(), 20))

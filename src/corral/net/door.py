@@ -747,6 +747,7 @@ def _serve(
             loop.call_later(SIBLINGS_AFTER, _warm_guard)
 
         proxy.on_first_use = first_use
+        proxy.live = lambda: not _ended_now(stop_on)
         servers = [await _serve_one(proxy, run_id, lis, sock) for lis, sock in listeners]
         done = loop.create_future()
 
@@ -795,6 +796,18 @@ async def _serve_one(
         return await proxy.serve_capture(sock, run_id)
     sock.close()  # nothing this proxy knows: never served
     raise ValueError(f"unknown listener kind {kind!r}")
+
+
+def _ended_now(pipes: list[int]) -> bool:
+    """Has any of ``pipes`` ended (corral closed the run's life pipe, or the first
+    worker died)?  Asked per connection, so none is served after that, even in
+    the loop turn that also carries the news."""
+    import select
+
+    poller = select.poll()
+    for fd in pipes:
+        poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _say(tally_w: int, line: bytes) -> None:

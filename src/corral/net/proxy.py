@@ -216,6 +216,9 @@ class Proxy:
         self.stand_ins = stand_ins
         # called once, when the first connection or query arrives (the door's "used")
         self.on_first_use: Callable[[], None] | None = None
+        # asked before each new connection or query: False once the proxy is to
+        # stop (a worker whose first worker died serves nothing more, at once)
+        self.live: Callable[[], bool] = _always
         self.pools: dict[str, FakePool] = {}  # run id -> transparent-mode stand-in names
         self._dns_inflight = 0
         self._flush_scheduled = False
@@ -254,6 +257,9 @@ class Proxy:
         connection is a CONNECT to ``host:port``, decided and audited as one."""
 
         async def on_client(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
+            if not self.live():
+                writer.transport.abort()
+                return
             self.used()
             await self._guarded(run_id, writer, self.service(reader, writer, run_id, host, port))
 
@@ -270,6 +276,9 @@ class Proxy:
         find = original or original_destination
 
         async def on_client(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
+            if not self.live():
+                writer.transport.abort()
+                return
             clock = self._clock(reader)
             clock.partial = True  # what the client sends first is read within HEAD_TIMEOUT
             try:
@@ -311,6 +320,9 @@ class Proxy:
         run_id: str,
         frames: bool = False,
     ) -> None:
+        if not self.live():
+            writer.transport.abort()
+            return
         clock = self._clock(reader)
         await self._guarded(
             run_id, writer, self._dispatch(reader, writer, run_id, frames, clock), clock
@@ -1168,6 +1180,8 @@ class _Resolver(aio.DatagramProtocol):
         self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: tuple[str | object, ...]) -> None:
+        if not self.proxy.live():
+            return
         self.proxy.used()
         if self.proxy._dns_inflight >= DNS_INFLIGHT:
             return  # a flood: dropped, as a busy resolver would (clients retry)
@@ -1207,6 +1221,10 @@ def _claimed_name(early: bytes) -> str | None:
         return normalize(server_name)
     host = sniff.http_host(early)
     return normalize(host) if host is not None else None
+
+
+def _always() -> bool:
+    return True
 
 
 def run_loop(main: Coroutine[object, object, None]) -> None:
