@@ -952,8 +952,9 @@ def _run_plan(
 
         asks = TerminalPrompt(door.ask_sock)
     try:
-        # the proxy forks as the launch begins (see Door.open and launch.run)
-        result = launch.run(plan, run_id, asks=asks, launching=door.start if door else None)
+        # the proxy forks as the launch begins: by the run's guardian if it has
+        # one, else by this process (see Door.open and launch.Companion)
+        result = launch.run(plan, run_id, asks=asks, companion=door)
     except SetupRaced as exc:
         if attempt == SETUP_ATTEMPTS:
             _failed(opts, record, exc)

@@ -24,6 +24,7 @@ from corral.errors import EXIT_TIMEOUT, SetupError, SetupRaced
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Protocol
 
     from corral.cgroups import CgroupRun
     from corral.lockwatch import LockWatch
@@ -31,6 +32,18 @@ if TYPE_CHECKING:
     from corral.prompt import TerminalPrompt
     from corral.report import Denial
     from corral.tiers.base import Plan
+
+    class Companion(Protocol):
+        """A process a run needs beside its sandbox (the CLI's proxy).  ``fork``
+        runs in whichever process forks it: the run's guardian when there is one
+        (so the fork costs corral's own process nothing: no page tables copied,
+        no page copied on write afterwards), else corral's process just before
+        the launch.  ``forked`` then runs in corral's process."""
+
+        def fork(self) -> None: ...
+
+        def forked(self) -> None: ...
+
 
 CHUNK = 65536
 EXIT_GRACE = 0.2  # seconds to drain pipes after the command exits (tier none)
@@ -139,13 +152,18 @@ class _Guardian:
         cleanup: Callable[[int], None],
         later: Callable[[], None] | None = None,
         hold: int = -1,
+        first: Callable[[], None] | None = None,
     ) -> None:
         """``hold``: a descriptor the guardian keeps open until it exits, so that
-        the last close (slow for some kinds, see corral.lockwatch) is not corral's."""
+        the last close (slow for some kinds, see corral.lockwatch) is not corral's;
+        ``first``: what the guardian does before anything else (fork a companion,
+        which then stays in corral's session)."""
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # guardian
             try:
+                if first is not None:
+                    first()
                 os.setsid()  # survives a kill of corral's process group
                 for sig in FORWARDED_SIGNALS:
                     signal.signal(sig, signal.SIG_IGN)
@@ -193,7 +211,9 @@ class Aftercare:
     scratch directory, quarantine of created write-deny paths and restoring
     changed ones.  A guardian does the undoing if corral is killed first."""
 
-    def __init__(self, plan: Plan, run_id: str) -> None:
+    def __init__(self, plan: Plan, run_id: str, companion: Companion | None = None) -> None:
+        """``companion``: forked by the guardian, if this run has one (see
+        ``companion_forked``); else left to the caller."""
         self.plan = plan
         self.run_id = run_id
         self.cg: CgroupRun | None = None
@@ -201,6 +221,7 @@ class Aftercare:
         self.guardian: _Guardian | None = None
         self.clean = False  # the sandbox ended on its own: nothing to remove by force
         self.done = False  # the strategy's cleanup ran
+        self.companion_forked = False
         if plan.cgroup is not None:
             from corral.cgroups import CgroupRun
 
@@ -244,7 +265,11 @@ class Aftercare:
             # the guardian also holds the watch: tearing an inotify instance down
             # waits for an RCU grace period (about 14 ms here), which its exit pays
             hold = self.watch.fd if self.watch is not None else -1
-            self.guardian = _Guardian(self._emergency, self.cg.remove if self.cg else None, hold)
+            first = companion.fork if companion is not None else None
+            self.guardian = _Guardian(
+                self._emergency, self.cg.remove if self.cg else None, hold, first
+            )
+            self.companion_forked = first is not None
 
     def launched(self, pid: int) -> None:
         if self.guardian is not None:
@@ -336,23 +361,26 @@ def run(
     in_fd: int = 0,
     on_output: Callable[[int, bytes], None] | None = None,
     asks: TerminalPrompt | None = None,
-    launching: Callable[[], None] | None = None,
+    companion: Companion | None = None,
 ) -> RunResult:
     """Launch ``plan`` and pump its output until it ends; the caller handles errors.
     ``asks``: the terminal prompt that answers the proxy's asks (corral.prompt);
-    ``launching``: called just before this process sets up and spawns the sandbox,
-    still in the host's namespaces (the CLI forks the run's proxy then: the
-    later the fork, the fewer of this process's pages are copied after it).
+    ``companion``: a process to fork beside the sandbox, in the host's namespaces
+    (the CLI's proxy): by the run's guardian if it has one, else by this process
+    just before it sets up and spawns the sandbox (see :class:`Companion`).
 
     For the CLI: a process that runs this one sandbox.  When the plan has a
     network namespace to make, this process moves into it before starting the
     sandbox (no fork needed: bwrap is still spawned), and answers the resolver
     of a sandbox without a network itself.  :func:`start` forks for it instead."""
     result = RunResult()
-    care = Aftercare(plan, run_id)
+    care = Aftercare(plan, run_id, companion)
+    if companion is not None and care.companion_forked:
+        companion.forked()
+        companion = None
     start = time.monotonic()
     try:
-        _launch_and_pump(plan, result, care, out_fd, err_fd, in_fd, on_output, asks, launching)
+        _launch_and_pump(plan, result, care, out_fd, err_fd, in_fd, on_output, asks, companion)
         # a killed engine client leaves its container behind; a clean exit does not
         care.clean = not result.timed_out and result.signal is None
     finally:
@@ -511,10 +539,11 @@ def _launch_and_pump(
     in_fd: int,
     on_output: Callable[[int, bytes], None] | None,
     asks: TerminalPrompt | None = None,
-    launching: Callable[[], None] | None = None,
+    companion: Companion | None = None,
 ) -> None:
-    if launching is not None:  # before any pipe or handler of the sandbox's exists
-        launching()
+    if companion is not None:  # before any pipe or handler of the sandbox's exists
+        companion.fork()
+        companion.forked()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     child_fds: dict[int, int] = {0: in_fd, 1: out_w, 2: err_w}

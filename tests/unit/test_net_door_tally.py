@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 from corral.net.audit import Audit, DenyKey, describe, tally_lines
 from corral.net.door import Door
 
@@ -98,3 +102,32 @@ def test_waking_a_spare_that_is_gone_is_no_error() -> None:
         sock.close()
     listener.close()
     theirs.close()
+
+
+def test_guarding_a_proxy_process_does_not_import_threading(tmp_path: Path) -> None:
+    """The proxy's hooks cost it no `threading` import (some 4 ms per networked
+    run); a finalizer's exception still becomes a counted audit line; and a
+    process that has `threading` gets its hook too."""
+    script = f"""
+import sys
+from corral.net.audit import Audit, guard_process
+audit = Audit({str(tmp_path / "net.jsonl")!r})
+guard_process(audit, "r1")
+assert "threading" not in sys.modules
+class Bad:
+    def __del__(self):
+        raise RuntimeError("in a finalizer")
+Bad()
+assert audit.errors == 1, audit.errors
+import threading
+guard_process(audit, "r1")
+t = threading.Thread(target=lambda: 1 / 0)
+t.start(); t.join()
+assert audit.errors == 2, audit.errors
+print("ok")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert out.stdout.strip() == "ok", out.stderr
+    assert "in a finalizer" not in out.stderr and "ZeroDivisionError" not in out.stderr

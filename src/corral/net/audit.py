@@ -228,15 +228,20 @@ def record_lookups(
 
 def guard_process(audit: Audit, run_id: str) -> None:
     """In a proxy process: what Python would print to stderr for an exception in a
-    thread or in a finalizer becomes one counted audit line instead."""
+    thread or in a finalizer becomes one counted audit line instead.  The proxy's
+    own threads (corral.net.aio's executor) are ``_thread``'s, whose uncaught
+    exceptions go to ``sys.unraisablehook``; ``threading``'s hook is set only if
+    something already imported it (importing it costs the proxy ~4 ms: functools)."""
     import sys
-    import threading
 
     def unraisable(info: sys.UnraisableHookArgs) -> None:
         audit.internal_error(run_id, str(info.err_msg or "unraisable"), info.exc_value)
 
-    def in_thread(args: threading.ExceptHookArgs) -> None:
-        audit.internal_error(run_id, "thread", args.exc_value)
-
     sys.unraisablehook = unraisable
-    threading.excepthook = in_thread
+    threading = sys.modules.get("threading")
+    if threading is not None:
+
+        def in_thread(args: object) -> None:
+            audit.internal_error(run_id, "thread", getattr(args, "exc_value", None))
+
+        threading.excepthook = in_thread  # type: ignore[attr-defined]

@@ -210,8 +210,9 @@ class Door:
         self.pids: list[int] = []
         self.errors = 0  # the proxy's own unexpected exceptions, known after close()
         self.crashes: list[str] = []  # one line per worker that failed outright
-        self._life_w = -1
-        self._tally_r = -1
+        self._life_r = self._life_w = -1  # the proxy watches for its end: the run's
+        self._tally_r = self._tally_w = -1  # the proxy's report, read by close()
+        self._started = False
         self._fds: list[int] = []  # bound, not yet handed to a proxy
         self.ca: CA | None = None  # corral's CA, when this run can intercept TLS
         self.extras: NetExtras | None = None  # what the sandbox gets beside the address
@@ -231,42 +232,59 @@ class Door:
         if self.asks:
             self._prepare_asks()
         self._fds = self._bind()
+        # made now, so that whoever forks the proxy (corral or its guardian) has them
+        self._life_r, self._life_w = os.pipe()
+        self._tally_r, self._tally_w = os.pipe()
         if start:
             self.start()
 
     def start(self) -> None:
         """Fork the proxy (once); connections wait in the socket's backlog till then."""
-        fds, self._fds = self._fds, []
-        if not fds:
+        self.fork()
+        self.forked()
+
+    def fork(self) -> None:
+        """Fork the proxy, in corral's process or in the run's guardian (see
+        corral.launch.Companion).  Each worker writes its pid to proxy.pid (the
+        first worker first), which :meth:`close` reads.  A fork that fails
+        leaves a crash line for :meth:`close`."""
+        if not self._fds:
             return
-        life_r, life_w = os.pipe()
-        tally_r, tally_w = os.pipe()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            _report_crash(self._tally_w, exc)
+            return
         if pid == 0:  # the proxy
             code = 0
             try:
+                _note_pids(self.dir, [os.getpid()])
                 if self.ask_sock is not None:
                     self.ask_sock.close()  # the answerer's end: its EOF must reach us
                 hub = [self._hub_sock.fileno()] if self._hub_sock is not None else []
-                _close_inherited({*fds, life_r, tally_w, *hub})
-                _worker(self, fds, life_r, tally_w)
+                _close_inherited({*self._fds, self._life_r, self._tally_w, *hub})
+                _worker(self, self._fds, self._life_r, self._tally_w)
             except BaseException as exc:  # the top-level guard: a line, never a traceback
                 code = 1
-                _report_crash(tally_w, exc)
+                _report_crash(self._tally_w, exc)
             finally:
                 self.remove_files()  # whatever happened (corral killed early too)
                 os._exit(code)
-        self.pids.append(pid)
-        with open(os.path.join(self.dir, "proxy.pid"), "a", encoding="utf-8") as fh:
-            fh.write(f"{pid}\n")  # for operators (and tests); spares add theirs
-        for fd in fds:
+        self.pids.append(pid)  # of use in corral's process; the guardian's copy goes
+
+    def forked(self) -> None:
+        """In corral's process, once :meth:`fork` ran (here or in the guardian):
+        drop what only the proxy holds, so its end reaches us as end of file."""
+        if not self._fds:
+            return
+        for fd in (*self._fds, self._life_r, self._tally_w):
             os.close(fd)
+        self._fds = []
+        self._life_r = self._tally_w = -1
         if self._hub_sock is not None:
             self._hub_sock.close()
             self._hub_sock = None
-        os.close(life_r)
-        os.close(tally_w)
-        self._life_w, self._tally_r = life_w, tally_r
+        self._started = True
 
     def _prepare_asks(self) -> None:
         """The control directory (checked: this user's alone) and, for a local
@@ -337,24 +355,26 @@ class Door:
         (host, port, rule, reason, lookup, address, count), and set ``errors``.
         Idempotent: a second call returns nothing."""
         tally: dict[DenyKey, int] = {}
-        for fd in self._fds:  # never started
-            os.close(fd)
+        for fd in (*self._fds, self._life_r, self._tally_w):  # never started
+            if fd >= 0:
+                os.close(fd)
         self._fds = []
+        self._life_r = self._tally_w = -1
         if self._life_w >= 0:
+            pids = self._proxy_pids() if self._started else []  # before they go
             os.close(self._life_w)
             self._life_w = -1
-            data = _read_now(self._tally_r)
+            data = _read_now(self._tally_r) if self._started else b""
             if USED in data or _ended(data):
                 while chunk := os.read(self._tally_r, 65536):
-                    data += chunk
+                    data += chunk  # end of file: every worker has let go of it
                 tally = self._read_tally(data.decode("utf-8", "replace"))
-                for pid in self.pids:
-                    os.waitpid(pid, 0)
+                _reap(pids)
             else:
                 # Nothing arrived, so nothing was decided and there is nothing to
                 # collect: end the proxy (importing, or idle) without waiting for
                 # it to exit, which costs the run a millisecond or more.
-                for pid in self.pids:
+                for pid in pids[:1]:  # the first worker: its spares stop with it
                     _abandon(pid)
             os.close(self._tally_r)
             self._tally_r = -1
@@ -373,6 +393,16 @@ class Door:
         from corral.net.audit import denial_entries
 
         return denial_entries(tally)
+
+    def _proxy_pids(self) -> list[int]:
+        """The workers' pids, the first worker's first: proxy.pid, written by
+        whichever process forked each (corral, its guardian, the first worker)."""
+        try:
+            with open(os.path.join(self.dir, "proxy.pid"), encoding="utf-8") as fh:
+                found = [int(p) for p in fh.read().split() if p.isdigit()]
+        except OSError:
+            found = []
+        return found or self.pids
 
     def _read_tally(self, text: str) -> dict[DenyKey, int]:
         from corral.net.audit import read_tally_line
@@ -429,6 +459,25 @@ def _close_inherited(keep: set[int]) -> None:
 
 
 _UNREAPED: list[int] = []  # ended workers not yet waited for (reaped on the next close)
+
+
+def _note_pids(directory: str, pids: list[int]) -> None:
+    """Add worker pids to the door's proxy.pid (for close(), operators and tests)."""
+    try:
+        with open(os.path.join(directory, "proxy.pid"), "a", encoding="utf-8") as fh:
+            fh.write("".join(f"{pid}\n" for pid in pids))
+    except OSError:
+        pass
+
+
+def _reap(pids: list[int]) -> None:
+    """Wait for those of ``pids`` that are our children (a proxy the guardian
+    forked is the guardian's: its end of the tally pipe is all we wait for)."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
 
 def _abandon(pid: int) -> None:
@@ -594,11 +643,7 @@ class _Spares:
             self.pids.append(pid)
             self.channels.append(ours)
         os.close(alive_r)
-        try:
-            with open(os.path.join(door.dir, "proxy.pid"), "a", encoding="utf-8") as fh:
-                fh.write("".join(f"{pid}\n" for pid in self.pids))
-        except OSError:
-            pass
+        _note_pids(door.dir, self.pids)
 
     def wake(self, listeners: list[tuple[Listener, socket.socket]]) -> None:
         from corral.netns import send_listeners
