@@ -127,6 +127,11 @@ class Proc:
         self.truncated = False
         self.timed_out = False
         self.killed = False  # SIGKILLed on request: its whole group must go with it
+        # the sandbox's only command (a reset-between-jobs sandbox): when it ends,
+        # all else ends with it, as a one-shot sandbox's pid namespace would
+        self.alone = bool(msg.get("alone"))
+        empty = msg.get("empty")
+        self.empty = [str(d) for d in empty] if isinstance(empty, list) else []
         argv = [str(a) for a in msg["argv"]]  # type: ignore[attr-defined]
         env = {str(k): str(v) for k, v in dict(msg.get("env") or {}).items()}  # type: ignore[call-overload]
         cwd = str(msg.get("cwd") or ".")
@@ -136,7 +141,9 @@ class Proc:
         # posix_spawn (vfork underneath), not fork: this process has threads, and
         # a fork of it costs milliseconds.  The child's cwd is ours at spawn time,
         # hence the lock around chdir + spawn.
-        wanted = {0: in_r, 1: out_w, 2: err_w, **passed}
+        # "merge": stderr is stdout's pipe, so the two keep the order they were
+        # written in (corral batch keeps one output, as a shell's 2>&1 would)
+        wanted = {0: in_r, 1: out_w, 2: out_w if msg.get("merge") else err_w, **passed}
         # parked above every target, so no dup2 lands on a source still to be used
         base = max(wanted) + 1
         parked = {t: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base) for t, fd in wanted.items()}
@@ -219,6 +226,8 @@ class Proc:
 
     def wait(self) -> None:
         _, status = os.waitpid(self.pid, 0)
+        if self.alone:
+            kill_all_but_us()
         if self.killed:
             # what the kill left of the group: a child forked while the signal was
             # on its way (seen under gVisor), which would hold the output pipes open
@@ -229,6 +238,7 @@ class Proc:
         code = 128 - code if code < 0 else code
         if self.timed_out:
             code = EXIT_TIMEOUT
+        empty_dirs(self.empty)  # and what it left in the private /tmp goes (a reset)
         with _procs_lock:
             _procs.pop(self.id, None)
         if self.stdin_w >= 0:
@@ -344,6 +354,10 @@ def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:
                 os.unlink(path)
         elif op == "mkdir":
             os.makedirs(path, exist_ok=bool(msg.get("exist_ok", True)))
+        elif op == "reset":
+            reply["killed"] = kill_all_but_us()
+            dirs = msg.get("empty")
+            reply["removed"] = empty_dirs([str(d) for d in dirs] if isinstance(dirs, list) else [])
         else:
             reply = {"ev": "done", "id": ident, "error": f"unknown op {op}", "errno": 22}
         send(reply, data)
@@ -351,6 +365,109 @@ def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:
         send(
             {"ev": "done", "id": ident, "error": exc.strerror or str(exc), "errno": exc.errno or 0}
         )
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name: state, parent, ... ([] if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].decode().split()
+    except (OSError, IndexError):
+        return []
+
+
+_ancestors: set[int] = set()  # the agent and the processes above it
+
+
+def kill_all_but_us() -> int:
+    """SIGKILL every process of this sandbox but the agent and its ancestors (the
+    tier's init): what a command left running must not reach the next one.  Only
+    asked of tiers whose sandbox is its own pid namespace, where /proc lists the
+    sandbox alone.  Repeated until nothing is left: a dying tree may still fork."""
+    if not _ancestors:  # ours never change: read once
+        pid = os.getpid()
+        while pid > 0 and pid not in _ancestors:
+            _ancestors.add(pid)
+            fields = _stat_fields(pid)
+            pid = int(fields[1]) if len(fields) > 1 else 0
+    keep = _ancestors
+    killed: set[int] = set()
+    for attempt in range(50):
+        alive = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) not in keep:
+                fields = _stat_fields(int(name))
+                if fields and fields[0] not in ("Z", "X"):  # a zombie is already dead
+                    alive.append(int(name))
+        if not alive:
+            break
+        for victim in alive:
+            try:
+                os.kill(victim, signal.SIGKILL)
+                killed.add(victim)
+            except OSError:
+                pass
+        time.sleep(0.001 * (attempt + 1))
+    return len(killed)
+
+
+def _mount_points() -> set[str]:
+    """Every mount point this sandbox has (/proc/self/mountinfo, field 5)."""
+    points = set()
+    try:
+        with open("/proc/self/mountinfo", "rb") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 4:  # octal escapes (\040 for a space) decoded
+                    point = fields[4]
+                    escaped = b"\\" in point
+                    points.add(point.decode("unicode_escape" if escaped else "utf-8", "replace"))
+    except OSError:
+        pass
+    return points
+
+
+def empty_dirs(paths: list[str]) -> int:
+    """Remove what each of ``paths`` holds (not the directory: a private tmpfs
+    stays mounted), but never a mount point or what lies beneath one, nor a
+    directory holding one (the workspace may be bound under /tmp): only what the
+    private tmpfs itself holds goes.  Symlinks are removed, never followed.
+    How many entries went."""
+    if not paths:
+        return 0
+    mounts = _mount_points()
+    held = {m.rsplit("/", k)[0] for m in mounts for k in range(1, m.count("/"))}
+    removed = 0
+    for path in paths:
+        try:
+            dev = os.lstat(path).st_dev
+        except OSError:
+            continue
+        removed += _clear(path, dev, mounts, held)
+    return removed
+
+
+def _clear(path: str, dev: int, mounts: set[str], held: set[str]) -> int:
+    removed = 0
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            if entry.path in mounts or entry.stat(follow_symlinks=False).st_dev != dev:
+                continue  # a mount point: not ours to empty
+            if entry.is_dir(follow_symlinks=False):
+                removed += _clear(entry.path, dev, mounts, held)
+                if entry.path not in held:
+                    os.rmdir(entry.path)
+                    removed += 1
+            else:
+                os.unlink(entry.path)
+                removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def report_error(args: "threading.ExceptHookArgs") -> None:

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from corral.errors import EXIT_INTERNAL, EXIT_SETUP, CorralError
@@ -163,12 +163,19 @@ def corral_argv(job: Job, report: str, log: str, net_log: str) -> list[str]:
     """``corral run`` for a job (pure: unit-tested)."""
     argv = [*_corral(), "run", "-q", "--report", report]
     argv += ["--log", log, "--net-log", net_log]
+    return [*argv, *run_flags(job), "--", *job["argv"]]
+
+
+def run_flags(job: Job) -> list[str]:
+    """The ``corral run`` options a job's keys set (pure).  Jobs with the same
+    ones would get the same sandbox: with --reuse they share a warm one."""
+    flags = []
     for key in ("policy", "workspace", "timeout", "memory", "pids", "cpus"):
         if key in job:
-            argv += [f"--{key}", str(job[key])]
+            flags += [f"--{key}", str(job[key])]
     for name in job.get("env", []):
-        argv += ["--env", name]
-    return [*argv, "--", *job["argv"]]
+        flags += ["--env", name]
+    return flags
 
 
 def _lines(path: str) -> list[dict[str, Any]]:
@@ -235,6 +242,157 @@ def run_job(job: Job, output_bytes: int = OUTPUT_BYTES) -> Result:
     return result
 
 
+# -- warm sandboxes: corral batch --reuse -------------------------------------------
+
+
+class Warm:
+    """Long-lived sandboxes, one per distinct set of a job's options, each reset
+    after every job (corral.sandbox.Sandbox.reset: the processes a command left
+    are killed, its private /tmp, /var/tmp and /dev/shm emptied).  A job costs
+    an exec, not a sandbox.  Jobs whose tier cannot be reset run as their own
+    ``corral run``.  One Warm per worker thread (or Ray actor)."""
+
+    def __init__(self, output_bytes: int = OUTPUT_BYTES) -> None:
+        self.output_bytes = output_bytes
+        self.boxes: dict[tuple[str, ...], Any] = {}  # flags -> (Sandbox, its net log, offset)
+        self.cold: set[tuple[str, ...]] = set()  # flags whose tier cannot be reset
+        self.scratch = tempfile.mkdtemp(prefix="corral-batch-warm-")
+
+    def run(self, job: Job) -> Result:
+        key = tuple(run_flags(job))
+        if key in self.cold:
+            return run_job(job, self.output_bytes)
+        began = time.monotonic()
+        try:
+            box = self.boxes.get(key) or self._open(job, key)
+        except CorralError as exc:
+            code = getattr(exc, "code", EXIT_SETUP)
+            result = error_result(job["id"], str(exc))
+            return {**result, "exit": code, "machine_failed": code in MACHINE_CODES}
+        if box is None:
+            return run_job(job, self.output_bytes)
+        return self._exec(job, key, box, began)
+
+    def _open(self, job: Job, key: tuple[str, ...]) -> Any:
+        from corral import cli
+        from corral.sandbox import Sandbox
+
+        opts, _ = cli.parse([*key, "--", "true"], cli.RUN_OPTIONS, positional=True, command="run")
+        policy = cli.build_policy(opts)
+        net_log = os.path.join(self.scratch, f"net-{len(self.boxes)}.jsonl")
+        sandbox = Sandbox(policy, log=False, kind="batch", net_log=net_log)
+        if sandbox.tier.reset_dirs(sandbox.plan) is None:
+            sandbox.close()
+            self.cold.add(key)
+            return None
+        from corral import runlog
+
+        box = self.boxes[key] = [sandbox, net_log, 0, runlog.digest(policy.to_dict())]
+        return box
+
+    def _exec(self, job: Job, key: tuple[str, ...], box: list[Any], began: float) -> Result:
+        sandbox = box[0]
+        kept = bytearray()
+
+        def keep(data: bytes) -> None:
+            if len(kept) <= self.output_bytes:
+                kept.extend(data[: self.output_bytes + 1 - len(kept)])
+
+        _copy_in(job)
+        started = time.time()
+        r = sandbox.exec_alone(  # the policy's timeout applies, as to corral run
+            job["argv"], cwd=str(job.get("workspace") or os.getcwd()), on_output=keep
+        )
+        net = self._net_lines(box)
+        result: Result = {
+            "id": job["id"],
+            "exit": r.exit_code,
+            "output": bytes(kept[: self.output_bytes]).decode("utf-8", "replace"),
+            "output_truncated": len(kept) > self.output_bytes or r.truncated,
+            "duration": round(time.monotonic() - began, 4),
+            "denials": _net_denials(net, sandbox.policy),
+            "artifacts": _artifacts(job),
+            "records": [_warm_record(job, box, r, started)],
+            "net": net,
+        }
+        if r.timed_out:
+            result["timed_out"] = True
+        return result
+
+    def _net_lines(self, box: list[Any]) -> list[dict[str, Any]]:
+        """The audit lines its proxy wrote since the last job (refusals are
+        written at once; an allowed request's line may follow within 50 ms)."""
+        try:
+            with open(box[1], "rb") as f:
+                f.seek(box[2])
+                data = f.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1
+        box[2] += end
+        lines = []
+        for raw in data[:end].splitlines():
+            try:
+                lines.append(json.loads(raw))
+            except ValueError:
+                pass
+        return lines
+
+    def _drop(self, key: tuple[str, ...]) -> None:
+        box = self.boxes.pop(key, None)
+        if box is not None:
+            box[0].close()
+
+    def close(self) -> list[dict[str, Any]]:
+        """Close every sandbox; the audit lines not yet handed out.  Each guardian
+        is let finish (its cgroup removed) first: a Ray actor is killed with its
+        children right after this returns."""
+        rest = []
+        for key in list(self.boxes):
+            box = self.boxes[key]
+            box[0].close(settle=5.0)
+            rest += self._net_lines(box)
+            self.boxes.pop(key)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        return rest
+
+
+def _net_denials(lines: list[dict[str, Any]], policy: Any) -> list[dict[str, Any]]:
+    """A job's network refusals, as corral run's report lists them."""
+    from corral.net.audit import denial_entries, deny_key
+    from corral.report import network
+
+    tally: dict[Any, int] = {}
+    for line in lines:
+        if line.get("decision") == "deny":
+            key = deny_key(line)
+            tally[key] = tally.get(key, 0) + 1
+    return [d.to_dict() for d in network(denial_entries(tally), policy)] if tally else []
+
+
+def _warm_record(job: Job, box: list[Any], r: Any, started: float) -> dict[str, Any]:
+    """The activity-log record of one job in a warm sandbox: the sandbox's run id
+    (its audit lines carry it), the job's command and outcome."""
+    from corral import runlog
+
+    sandbox = box[0]
+    return {
+        "run_id": sandbox.run_id,
+        "kind": "batch",
+        "start": runlog.iso(started),
+        "end": runlog.iso(time.time()),
+        "tier": sandbox.plan.tier,
+        "policy_digest": box[3],
+        "workspace": sandbox.policy.workspace,
+        "argv": job["argv"],
+        "network": sandbox.policy.network.mode,
+        "exit": r.exit_code,
+        "duration": round(r.duration, 4),
+        "timed_out": r.timed_out,
+        "reused": True,
+    }
+
+
 # -- a batch ---------------------------------------------------------------------------
 
 
@@ -247,10 +405,15 @@ def run(
     output_bytes: int = OUTPUT_BYTES,
     skip: set[str] | None = None,
     address: str | None = None,
+    reuse: bool = False,
+    late: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> Iterator[Result]:
     """Run jobs (from :func:`read_jobs` or dicts with the same keys) and yield one
     result per job as each finishes.  ``placement``: "local" or "ray" (with
-    ``address``).  Jobs whose id is in ``skip`` are not run."""
+    ``address``).  Jobs whose id is in ``skip`` are not run.  ``reuse``: jobs
+    with the same options share warm sandboxes, reset between jobs (:class:`Warm`);
+    the audit lines their proxies write after the last result go to ``late``
+    (default: corral's net.jsonl)."""
     skip = skip or set()
     todo: list[Job] = []
     for number, item in enumerate(jobs, 1):
@@ -270,16 +433,19 @@ def run(
             concurrency=concurrency,
             retries=retries,
             output_bytes=output_bytes,
+            reuse=reuse,
+            late=late or _write_net,
         )
         return
     if placement != "local":
         raise CorralError(f"unknown placement {placement!r} (local, ray)")
-    yield from _run_local(todo, concurrency or os.cpu_count() or 1, retries, output_bytes)
+    workers = concurrency or os.cpu_count() or 1
+    yield from _run_local(todo, workers, retries, output_bytes, reuse, late)
 
 
-def _attempts(job: Job, retries: int, output_bytes: int) -> Result:
+def _attempts(job: Job, retries: int, once: Callable[[Job], Result]) -> Result:
     for attempt in range(1, retries + 2):
-        result = run_job(job, output_bytes)
+        result = once(job)
         result["attempts"] = attempt
         if not result.pop("machine_failed", False):
             break
@@ -287,10 +453,29 @@ def _attempts(job: Job, retries: int, output_bytes: int) -> Result:
 
 
 def _run_local(
-    jobs: list[Job], concurrency: int, retries: int, output_bytes: int
+    jobs: list[Job],
+    concurrency: int,
+    retries: int,
+    output_bytes: int,
+    reuse: bool = False,
+    late: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> Iterator[Result]:
+    import threading
+
+    warm: list[Warm] = []
+    mine = threading.local()
+
+    def once(job: Job) -> Result:
+        if not reuse:
+            return run_job(job, output_bytes)
+        if not hasattr(mine, "warm"):  # each worker thread its own sandboxes
+            mine.warm = Warm(output_bytes)
+            warm.append(mine.warm)
+        result: Result = mine.warm.run(job)
+        return result
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        pending = {pool.submit(_attempts, job, retries, output_bytes) for job in jobs}
+        pending = {pool.submit(_attempts, job, retries, once) for job in jobs}
         try:
             for future in concurrent.futures.as_completed(pending):
                 result = future.result()
@@ -299,6 +484,9 @@ def _run_local(
         finally:
             for future in pending:
                 future.cancel()
+            rest = [line for w in warm for line in w.close()]
+            if rest:  # audit lines written after their job's result was made
+                (late or _write_net)(rest)
 
 
 # -- the command -------------------------------------------------------------------
@@ -378,6 +566,8 @@ def main(opts: dict[str, object], jobs_file: str) -> int:
                 retries=retries,
                 output_bytes=output_bytes,
                 address=address or None,
+                reuse=bool(opts.get("reuse")),
+                late=lambda lines: _write_net(lines, net_log),
             ):
                 _merge_logs(result, log, net_log)
                 failed += result.get("exit") != 0
@@ -398,16 +588,23 @@ def _merge_logs(result: Result, log: str | None, net_log: str | None) -> None:
         record.setdefault("node", result.get("node"))
         runlog.append(record, log)
     lines = result.pop("net", [])
-    if lines:
-        from corral.net import audit
+    for line in lines:
+        line["batch_id"] = result["id"]
+        line.setdefault("node", result.get("node"))
+    _write_net(lines, net_log)
 
-        path = net_log or audit.default_path()
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            for line in lines:
-                line["batch_id"] = result["id"]
-                line.setdefault("node", result.get("node"))
-                f.write(json.dumps(line, sort_keys=True) + "\n")
+
+def _write_net(lines: list[dict[str, Any]], net_log: str | None = None) -> None:
+    """Audit lines into the caller's net log (default: corral's net.jsonl)."""
+    if not lines:
+        return
+    from corral.net import audit
+
+    path = net_log or audit.default_path()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line, sort_keys=True) + "\n")
 
 
 def _int(opts: dict[str, object], key: str, default: int) -> int:

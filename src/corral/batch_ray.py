@@ -12,7 +12,7 @@ submitted again, to any node; a result is yielded once per job.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from corral.errors import EXIT_REFUSED, RefusedError
@@ -63,11 +63,31 @@ def connect(address: str) -> None:
 
 def on_node(job: Job, output_bytes: int) -> Result:
     """The task body: one attempt of the job on this node."""
-    import ray  # type: ignore[import-not-found,unused-ignore]
-
     from corral import batch
 
-    result = batch.run_job(job, output_bytes)
+    return _placed(batch.run_job(job, output_bytes))
+
+
+class WarmWorker:
+    """A Ray actor (``--reuse``): warm sandboxes on its node, reset between jobs
+    (corral.batch.Warm), so a job costs an exec there, not a sandbox."""
+
+    def __init__(self, output_bytes: int) -> None:
+        from corral import batch
+
+        self.warm = batch.Warm(output_bytes)
+
+    def run(self, job: Job) -> Result:
+        return _placed(self.warm.run(job))
+
+    def close(self) -> list[dict[str, Any]]:
+        return self.warm.close()
+
+
+def _placed(result: Result) -> Result:
+    """A result as it leaves its node: the node's id, and a refusal in words."""
+    import ray  # type: ignore[import-not-found,unused-ignore]
+
     result["node"] = ray.get_runtime_context().get_node_id()
     if result.get("exit") == EXIT_REFUSED:
         # this node cannot give the job's policy: refused here, never run weaker
@@ -85,9 +105,14 @@ def run(
     concurrency: int | None = None,
     retries: int = 2,
     output_bytes: int = 64 * 1024,
+    reuse: bool = False,
+    late: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> Iterator[Result]:
     connect(address)
     ray = _ray()
+    if reuse:
+        yield from _run_warm(jobs, concurrency, retries, output_bytes, late)
+        return
     task = ray.remote(on_node)
     limit = concurrency or len(jobs) or 1
     queue = list(reversed(jobs))
@@ -118,3 +143,65 @@ def run(
             continue
         result["attempts"] = attempt
         yield result
+
+
+def _run_warm(
+    jobs: list[Job],
+    concurrency: int | None,
+    retries: int,
+    output_bytes: int,
+    late: Callable[[list[dict[str, Any]]], None] | None,
+) -> Iterator[Result]:
+    """Jobs on a pool of :class:`WarmWorker` actors, one CPU each (as many as the
+    cluster has, or ``concurrency``), each given one job at a time.  The job of
+    an actor lost with its node is submitted again, to the actors left (a new
+    one is asked for only if none is: the dead node's CPUs are gone, and the
+    others are held by the live actors); a result is yielded once per job."""
+    ray = _ray()
+    actor = ray.remote(num_cpus=1, max_restarts=0)(WarmWorker)
+    size = concurrency or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    size = max(1, min(size, len(jobs)))
+    idle = [actor.remote(output_bytes) for _ in range(size)]
+    queue = list(reversed(jobs))
+    inflight: dict[Any, tuple[Job, int, Any]] = {}
+    try:
+        while queue or inflight:
+            while queue and idle:
+                worker = idle.pop()
+                job = queue.pop()
+                attempt = job.pop("_attempt", 1)
+                inflight[worker.run.remote(job)] = (job, attempt, worker)
+            ready, _ = ray.wait(list(inflight), num_returns=1)
+            job, attempt, worker = inflight.pop(ready[0])
+            try:
+                result = ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:  # the actor or its node died
+                if not idle and not inflight:  # none left: a new one, where Ray has room
+                    idle.append(actor.remote(output_bytes))
+                if attempt <= retries:
+                    queue.append({**job, "_attempt": attempt + 1})
+                    continue
+                result = {"id": job["id"], "exit": None, "error": f"the node failed: {exc}"}
+                yield {**result, "attempts": attempt}
+                continue
+            except ray.exceptions.RayTaskError as exc:  # corral itself raised on the node
+                result = {"id": job["id"], "exit": None, "error": f"on the node: {exc.cause}"}
+            idle.append(worker)
+            if result.pop("machine_failed", False) and attempt <= retries:
+                queue.append({**job, "_attempt": attempt + 1})
+                continue
+            result["attempts"] = attempt
+            yield result
+    finally:
+        # each actor closes its sandboxes and hands over its late audit lines
+        workers = idle + [w for _, _, w in inflight.values()]
+        rest: list[dict[str, Any]] = []
+        for ref in [w.close.remote() for w in workers]:
+            try:
+                rest += ray.get(ref, timeout=60)
+            except ray.exceptions.RayError:
+                pass  # gone with its node: its sandboxes went with it
+        for w in workers:
+            ray.kill(w)
+        if rest and late is not None:
+            late(rest)

@@ -339,6 +339,14 @@ BATCH_OPTIONS: Options = {
         "further attempts of a job whose machine failed "
         "(default 2; a failed command is never retried)",
     ),
+    "--reuse": (
+        "reuse",
+        "flag",
+        "",
+        "jobs with the same options share warm sandboxes, each reset after every "
+        "job (its leftover processes killed, its private /tmp emptied): an exec "
+        "per job, not a sandbox; namespace tier (others run a sandbox per job)",
+    ),
     "--output-bytes": (
         "output_bytes",
         "value",

@@ -199,11 +199,19 @@ class _Guardian:
         os.write(self.wfd, b"lk" if later else b"k")
         os.close(self.wfd)
 
-    def reap(self) -> None:
-        try:
-            os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+    def reap(self, wait: float = 0.0) -> None:
+        """Collect the guardian if it has exited; ``wait``: for up to so many seconds."""
+        deadline = time.monotonic() + wait
+        pause = 0.001
+        while True:
+            try:
+                done, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if done or time.monotonic() >= deadline:
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
 
 class Aftercare:

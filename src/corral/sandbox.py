@@ -302,10 +302,12 @@ class Sandbox:
         kind: str = "sandbox",
         on_ask: Callable[[AskInfo], object] | None = None,
         placement: Placement | None = None,
+        net_log: str | None = None,
         _ask_loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         """``placement``: where the sandbox runs and how its agent is reached
         (:mod:`corral.placement`; default: this machine over a socket pair).
+        ``net_log``: the proxy's audit log (default: corral's net.jsonl).
 
         ``image``, ``oci_runtime`` and ``engine`` set the policy's [container] keys
         (the container and gvisor tiers).  ``log``: the activity log that gets one
@@ -360,7 +362,11 @@ class Sandbox:
         from corral.net.door import open_door
 
         self._door = open_door(
-            policy, self.run_id, transport=self.tier.door_transport, answerer=on_ask is not None
+            policy,
+            self.run_id,
+            net_log,
+            transport=self.tier.door_transport,
+            answerer=on_ask is not None,
         )
         self._closed = False
         # what closing found: quarantined and restored paths, refused writes, hosts
@@ -511,8 +517,11 @@ class Sandbox:
         except (BlockingIOError, OSError):
             return ""
 
-    def close(self) -> None:
-        """Kill everything inside, remove the sandbox, its door and cgroup."""
+    def close(self, settle: float = 0.0) -> None:
+        """Kill everything inside, remove the sandbox, its door and cgroup.
+        ``settle``: wait up to this many seconds for the guardian to finish what
+        was left to it (the cgroup of a sandbox still exiting): for a process
+        about to be killed with its children (a Ray actor's worker)."""
         with self._start_lock, self._lock:
             if self._closed:
                 return
@@ -544,7 +553,7 @@ class Sandbox:
         if not ended:
             self.denials += self._started.stop()
             if self._started.care.guardian is not None:
-                self._started.care.guardian.reap()
+                self._started.care.guardian.reap(settle)
         from corral import report
 
         self.denials += report.network(refused, self.policy)
@@ -894,6 +903,53 @@ class Sandbox:
             proc.close_stdin()
         return proc
 
+    def exec_alone(
+        self,
+        command: str | list[str],
+        *,
+        cwd: str | None = None,
+        on_output: Callable[[bytes], None] | None = None,
+    ) -> ExecResult:
+        """:meth:`exec` for a sandbox that runs one job at a time (corral batch
+        --reuse), which it leaves as :meth:`reset` would: when the command exits,
+        every other process in the sandbox is killed (a one-shot run's sandbox
+        ends with its command, and a background child holding the output open
+        cannot keep the job waiting), and the private /tmp, /var/tmp and
+        /dev/shm are emptied before the result comes back.  Its stderr is its
+        stdout (one stream, in the order written: ``on_output`` and the result's
+        ``stdout``).  SandboxError on a tier that cannot be reset."""
+        self._ensure()
+        dirs = self.tier.reset_dirs(self.plan)
+        if dirs is None:
+            raise SandboxError(f"a {self.tier.name} sandbox cannot be reset between jobs")
+        for proc in self.processes():
+            proc.kill()
+        proc, header, fds = self._prepare(command, cwd, None, None, False, on_output, None)
+        header["alone"] = True
+        header["merge"] = True
+        header["empty"] = dirs
+        self._send(header, fds=fds)
+        return proc.wait()
+
+    def reset(self) -> dict[str, int]:
+        """Give this sandbox back as it started, for the next job: every process
+        left in it is killed (a command's background children too) and its
+        private /tmp, /var/tmp and /dev/shm are emptied.  The workspace and the
+        home layer stay (they persist between runs anyway), and so do the door
+        and its proxy.  Returns ``{"killed": N, "removed": N}``.  Raises
+        SandboxError on a tier that cannot do it (see ``Tier.reset_dirs``)."""
+        self._ensure()
+        dirs = self.tier.reset_dirs(self.plan)
+        if dirs is None:
+            raise SandboxError(f"a {self.tier.name} sandbox cannot be reset between jobs")
+        for proc in self.processes():
+            proc.kill()
+        header, _ = self._file("reset", "/", extra={"empty": dirs})
+        return {
+            "killed": int(str(header.get("killed", 0))),
+            "removed": int(str(header.get("removed", 0))),
+        }
+
     def processes(self) -> list[Process]:
         """The commands still running."""
         return [p for p in list(self._procs.values()) if p.running]
@@ -1112,10 +1168,12 @@ class AsyncSandbox:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def close(self) -> None:
-        """Kill everything inside, remove the sandbox, its door and cgroup."""
+    async def close(self, settle: float = 0.0) -> None:
+        """Kill everything inside, remove the sandbox, its door and cgroup
+        (``settle``: as for :meth:`Sandbox.close`)."""
         if self._sb is not None:
-            await self._on_owner(self._sb.close)
+            sb = self._sb
+            await self._on_owner(lambda: sb.close(settle))
         if self._owner is not None:
             self._owner.shutdown(wait=False)
             self._owner = None
@@ -1208,6 +1266,29 @@ class AsyncSandbox:
         """As :meth:`Sandbox.exec`, awaited."""
         proc = await self._begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
         return await self.wait(proc)
+
+    async def exec_alone(
+        self,
+        command: str | list[str],
+        *,
+        cwd: str | None = None,
+        on_output: Callable[[bytes], None] | None = None,
+    ) -> ExecResult:
+        """As :meth:`Sandbox.exec_alone`, awaited (on a thread of the loop's
+        executor: the event loop never waits on it)."""
+        import asyncio
+
+        sb = self.sync
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            None, lambda: sb.exec_alone(command, cwd=cwd, on_output=on_output)
+        )
+
+    async def reset(self) -> dict[str, int]:
+        """As :meth:`Sandbox.reset`, awaited (on the loop's executor)."""
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(None, self.sync.reset)
 
     async def spawn(
         self,

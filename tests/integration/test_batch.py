@@ -136,3 +136,63 @@ def test_doctor_lists_placements_apart_from_tiers(sandbox: tuple[Corral, Path]) 
     assert not set(names) & {t["name"] for t in doc["tiers"]}
     text = c.run(["doctor"], cwd=ws).stdout.decode()
     assert "placements (where a sandbox runs" in text and "\n  local " in text
+
+
+def test_batch_reuse_runs_jobs_in_warm_sandboxes_each_as_if_alone(
+    sandbox: tuple[Corral, Path],
+    origins: tuple[Origin, Origin],  # noqa: F811  (the fixture imported above)
+) -> None:
+    """--reuse: one warm sandbox for jobs with the same options, reset after each;
+    the policy holds for every job (deny and allow twins), a job's leftovers never
+    reach the next, and each job's network refusals are in its own result."""
+    c, ws = sandbox
+    ok, bad = origins
+    policy = ws.parent / "net.toml"
+    policy.write_text(f'[network]\nmode = "proxy"\nallow = ["127.0.0.1:{ok.port}"]\n')
+    c.chown(policy)
+    outside = ws.parent / "outside.txt"
+    common = {"workspace": str(ws), "policy": str(policy)}
+    jobs = _write_jobs(
+        c,
+        ws,
+        [
+            {
+                "id": "leave",
+                **common,
+                "command": "setsid sleep 300 >/dev/null 2>&1 & "
+                "echo x > /tmp/left; echo in > in.txt; echo left",
+            },
+            {
+                "id": "after",
+                **common,
+                "command": "ps -e -o comm | grep -c '^sleep'; "
+                "ls -A /tmp /dev/shm | grep -c left; cat in.txt",
+            },
+            {"id": "write-out", **common, "command": f"echo out > {outside}"},
+            {
+                "id": "net",
+                **common,
+                "command": f"{CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/yes; "
+                f"{CURL} {HTTP_PROXY} -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{bad.port}/no",
+            },
+            {"id": "quiet", **common, "command": "echo fine; echo err >&2; echo after"},
+        ],
+    )
+    out = ws / "results.jsonl"
+    code, err = _batch(c, ws, jobs, out, "-j", "1", "--reuse")
+    assert code == 1, err  # write-out failed
+    res = _results(out)
+    assert res["leave"]["exit"] == 0 and res["leave"]["output"] == "left\n"
+    assert res["after"]["output"] == "0\n0\nin\n", res["after"]  # killed, emptied; workspace kept
+    assert res["write-out"]["exit"] != 0 and not outside.exists()
+    assert "hello from origin" in res["net"]["output"] and "\n403" in res["net"]["output"]
+    assert ok.hits == [("GET", "/yes")] and bad.hits == []
+    refused = [d for d in res["net"]["denials"] if d.get("kind") == "network"]
+    assert refused and all(d.get("port") == bad.port for d in refused), res["net"]
+    assert res["quiet"]["denials"] == []
+    assert res["quiet"]["output"] == "fine\nerr\nafter\n"  # one stream, in order
+    runs = [json.loads(x) for x in (c.state / "corral" / "runs.jsonl").read_text().splitlines()]
+    mine = {r["batch_id"]: r for r in runs if r.get("reused")}
+    assert set(mine) == set(res) and len({r["run_id"] for r in mine.values()}) == 1
+    net = [json.loads(x) for x in (c.state / "corral" / "net.jsonl").read_text().splitlines()]
+    assert [x["batch_id"] for x in net if x.get("decision") == "deny"] == ["net"]

@@ -100,6 +100,56 @@ def test_ray_smoke_jobs_spread_over_the_workers(cluster: Cluster, tmp_path: Path
     assert len({x["node"] for x in res.values()}) == 2  # both workers ran jobs
 
 
+def test_ray_reuse_warm_sandboxes_on_each_node_hold_the_policy(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """--reuse on Ray: an actor per CPU keeps warm sandboxes on its node, reset
+    after each job; every job still meets the policy (deny and allow twins) and
+    its records and audit lines reach the caller's one log."""
+    ok, bad = Origin(), Origin()
+    try:
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        policy = tmp_path / "net.toml"
+        policy.write_text(f'[network]\nmode = "proxy"\nallow = ["127.0.0.1:{ok.port}"]\n')
+        outside = tmp_path / "outside.txt"
+        jobs = [
+            {
+                "id": f"w{i}",
+                "workspace": str(ws),
+                "policy": str(policy),
+                "command": f"sleep 0.5; ls /tmp | grep -c mark; touch /tmp/mark; "
+                f"echo in > in{i}.txt && echo wrote-in; "
+                f"echo out > {outside} || echo refused-out; "
+                f"{CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/w{i}; "
+                f"{CURL} {HTTP_PROXY} -o /dev/null -w '%{{http_code}}\\n' "
+                f"http://127.0.0.1:{bad.port}/w{i}",
+            }
+            for i in range(6)
+        ]
+        r, res = _batch(cluster, tmp_path, jobs, "--reuse")
+        assert r.returncode == 0, (r.stderr, res)
+        assert len({x["node"] for x in res.values()}) == 2  # both workers' actors
+        for i in range(6):
+            out = res[f"w{i}"]["output"]
+            assert out.startswith("0\n"), out  # the job before it left no /tmp/mark
+            assert "wrote-in" in out and "refused-out" in out, out
+            assert "hello from origin" in out and "\n403\n" in out, out
+            assert [d["port"] for d in res[f"w{i}"]["denials"]] == [bad.port]
+        assert not outside.exists()
+        assert sorted(p for _, p in ok.hits) == [f"/w{i}" for i in range(6)] and bad.hits == []
+        runs = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
+        assert sorted(r["batch_id"] for r in runs) == [f"w{i}" for i in range(6)]
+        assert all(r["reused"] for r in runs)
+        assert len({r["run_id"] for r in runs}) == 2  # one warm sandbox per actor
+        net = [json.loads(x) for x in (tmp_path / "net.jsonl").read_text().splitlines()]
+        denied = sorted(x["batch_id"] for x in net if x.get("decision") == "deny")
+        assert denied == [f"w{i}" for i in range(6)]
+    finally:
+        ok.close()
+        bad.close()
+
+
 @pytest.mark.slow
 def test_ray_each_node_enforces_the_same_policy(cluster: Cluster, tmp_path: Path) -> None:
     ok, bad = Origin(), Origin()
@@ -182,8 +232,9 @@ def test_ray_refused_policy_says_the_nodes_reason(cluster: Cluster, tmp_path: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("flags", [(), ("--reuse",)], ids=["cold", "reuse"])
 def test_ray_worker_killed_mid_batch_jobs_retried_elsewhere(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, tmp_path: Path, flags: tuple[str, ...]
 ) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -195,10 +246,10 @@ def test_ray_worker_killed_mid_batch_jobs_retried_elsewhere(
     killer = threading.Timer(2.5, cluster.kill, args=("worker1",))
     killer.start()
     try:
-        r, res = _batch(cluster, tmp_path, jobs)
+        r, res = _batch(cluster, tmp_path, jobs, *flags)
     finally:
         killer.join()
-        cluster.add_worker("worker3")  # back to two workers for later tests
+        cluster.add_worker(f"worker{3 + len(flags)}")  # back to two workers for later tests
     assert r.returncode == 0, (r.stderr, res)
     assert sorted(res) == [f"k{i}" for i in range(4)]  # nothing lost, nothing twice
     assert all(x["exit"] == 0 for x in res.values())

@@ -365,3 +365,73 @@ time.sleep(60)
     assert wait_for(lambda: not _corral_cgroups(), 5)
     with Sandbox(pol.load(str(ws)), **tier.api) as box:  # allow twin: a closed sandbox works
         assert box.exec("echo ok").stdout == b"ok\n"
+
+
+def test_exec_alone_ends_leftovers_and_empties_private_tmp_not_the_workspace(
+    home_ws: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The reset between jobs (corral batch --reuse): what a job left running is
+    killed when it ends, its private /tmp, /var/tmp and /dev/shm are emptied,
+    and a workspace bound under /tmp keeps every file (a mount is never entered)."""
+    ws = tmp_path / "deep" / "ws"  # pytest's tmp is under /tmp: bound inside /tmp
+    ws.mkdir(parents=True)
+    (ws / "kept.txt").write_text("mine\n")
+    with Sandbox(pol.load(str(ws))) as box:
+        leave = (
+            "setsid sleep 300 </dev/null >/dev/null 2>&1 & sleep 301 & "
+            "echo x > /tmp/left; mkdir -p /var/tmp/a/b /dev/shm/d; echo in > made.txt; echo ok"
+        )
+        began = time.monotonic()
+        r = box.exec_alone(["sh", "-c", leave])
+        assert (r.exit_code, r.stdout) == (0, b"ok\n")
+        assert time.monotonic() - began < 5  # the background sleeps did not hold it
+        after = box.exec(
+            "ps -e -o comm | grep -c '^sleep' ; ls -A /var/tmp /dev/shm; ls /tmp; cat kept.txt"
+        ).text
+        count, rest = after.split("\n", 1)
+        assert count == "0", after  # nothing the first job left is running
+        assert "left" not in rest and "a\n" not in rest and "d\n" not in rest, after
+        assert "mine" in rest  # the workspace, under /tmp, untouched
+        # the allowed twin: what the job wrote in the workspace stays, and so does
+        # the sandbox, ready for the next job
+        assert (ws / "made.txt").read_text() == "in\n" and (ws / "kept.txt").exists()
+        assert box.exec(["true"]).exit_code == 0
+        box.exec("setsid sleep 302 </dev/null >/dev/null 2>&1 & touch /dev/shm/again")
+        assert box.reset()["killed"] == 1  # the same, asked for on its own
+        assert box.exec("ls -A /dev/shm; ps -e -o comm | grep -c '^sleep'").text == "0\n"
+
+
+def test_a_tier_without_its_own_pid_namespace_is_never_reset(home_ws: tuple[Path, Path]) -> None:
+    """landlock's sandbox shares the host's processes: resetting it would mean
+    killing what is not its own, so it is refused (its twin, namespace, above)."""
+    from corral import tiers
+    from corral.sandbox import SandboxError
+
+    health = tiers.get("landlock").health()
+    if not health.available:
+        pytest.skip(f"landlock: {health.reason}")
+    _, ws = home_ws
+    with Sandbox(pol.load(str(ws)), tier="landlock") as box:
+        assert box.exec(["true"]).exit_code == 0
+        with pytest.raises(SandboxError, match="cannot be reset"):
+            box.reset()
+        with pytest.raises(SandboxError, match="cannot be reset"):
+            box.exec_alone(["true"])
+
+
+def test_async_exec_alone_and_reset(home_ws: tuple[Path, Path]) -> None:
+    import asyncio
+
+    _, ws = home_ws
+
+    async def main() -> tuple[bytes, dict[str, int], str]:
+        async with AsyncSandbox(pol.load(str(ws))) as box:
+            r = await box.exec_alone("echo a; echo b >&2; touch /tmp/t")
+            await box.exec("touch /dev/shm/u")
+            gone = await box.reset()
+            left = (await box.exec("ls -A /tmp /dev/shm")).text
+            return r.stdout, gone, left
+
+    out, gone, left = asyncio.run(main())
+    assert out == b"a\nb\n"  # one stream, in order
+    assert gone["removed"] == 1 and "t\n" not in left and "u" not in left, left

@@ -59,7 +59,13 @@ class Audit:
             self._first = now
         self._buffer.append(data)
         self._size += len(data)
-        if self._size >= FLUSH_BYTES or now - self._first >= FLUSH_SECONDS:
+        # a refusal is written at once: whoever reads the log after the command
+        # ended (corral batch --reuse, a person) finds it there
+        if (
+            self._size >= FLUSH_BYTES
+            or now - self._first >= FLUSH_SECONDS
+            or entry.get("decision") == "deny"
+        ):
             self.flush()
 
     def internal_error(self, run_id: str, where: str, exc: BaseException | None) -> None:

@@ -390,6 +390,13 @@ class Tier:
         cgroup (a container engine); None otherwise."""
         return None
 
+    def reset_dirs(self, plan: Plan) -> list[str] | None:
+        """What ``Sandbox.reset`` empties to give a long-lived sandbox back fresh,
+        or None if this tier's sandboxes cannot be reset: that needs a sandbox that
+        is its own pid namespace holding only the agent and what it ran (so every
+        other process can go) and private temporary directories."""
+        return None
+
     def python_argv(self) -> list[str]:
         """How to start a Python inside this tier's sandbox (the relay and the agent)."""
         from corral.tiers.namespace import inside_python

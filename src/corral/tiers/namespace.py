@@ -141,6 +141,9 @@ def _real_resolv_conf() -> tuple[str, bool] | None:
     return os.path.realpath("/etc/resolv.conf"), os.path.exists("/etc/resolv.conf")
 
 
+RESET_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+
+
 class Bwrap(LaunchStrategy):
     """bubblewrap, spawned directly; it changes to the working directory inside
     (--chdir) and reports its child and the command's exit code on the "status"
@@ -236,6 +239,12 @@ class NamespaceTier(Tier):
 
             facts.transparent = transparent.unavailable()
         return facts
+
+    def reset_dirs(self, plan: Plan) -> list[str] | None:
+        """bwrap's own pid namespace holds the agent and its commands alone (the
+        proxy's sockets are held outside); /tmp, /var/tmp and /dev/shm are the
+        plan's private tmpfs (/run is left: corral's own files live there)."""
+        return [m.dest for m in plan.mounts if m.kind == "tmpfs" and m.dest in RESET_TMP]
 
     def _network(
         self,
