@@ -304,13 +304,18 @@ class Warm:
             job["argv"], cwd=str(job.get("workspace") or os.getcwd()), on_output=keep
         )
         net = self._net_lines(box)
+        # what it created at a write-deny path goes now, as after a corral run: the
+        # next job must not find it (a planted .git/hooks/ file, say)
+        from corral.launch import quarantine
+
+        moved = [d.to_dict() for d in quarantine(sandbox.plan.quarantine, sandbox.run_id)]
         result: Result = {
             "id": job["id"],
             "exit": r.exit_code,
             "output": bytes(kept[: self.output_bytes]).decode("utf-8", "replace"),
             "output_truncated": len(kept) > self.output_bytes or r.truncated,
             "duration": round(time.monotonic() - began, 4),
-            "denials": _net_denials(net, sandbox.policy),
+            "denials": moved + _net_denials(net, sandbox.policy),
             "artifacts": _artifacts(job),
             "records": [_warm_record(job, box, r, started)],
             "net": net,

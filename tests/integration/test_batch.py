@@ -73,6 +73,10 @@ def test_batch_runs_each_job_in_its_own_sandbox(
     assert res["write-in"]["artifacts"] == [{"path": "in.txt", "bytes": 3}]
     assert (ws / "in.txt").read_text() == "in\n"
     assert res["write-out"]["exit"] != 0 and not outside.exists()
+    # a write-deny path the job created is quarantined after it, as after a run:
+    # the next job in the same sandbox does not find it
+    assert any(d.get("action") == "quarantined" for d in res["plant"]["denials"]), res["plant"]
+    assert "none" in res["planted"]["output"] and not (ws / ".vscode").exists()
     assert "hello from origin" in res["net"]["output"] and "\n403" in res["net"]["output"]
     assert ok.hits == [("GET", "/yes")] and bad.hits == []
     assert any(d.get("kind") == "network" for d in res["net"]["denials"]), res["net"]
@@ -169,6 +173,8 @@ def test_batch_reuse_runs_jobs_in_warm_sandboxes_each_as_if_alone(
                 "ls -A /tmp /dev/shm | grep -c left; cat in.txt",
             },
             {"id": "write-out", **common, "command": f"echo out > {outside}"},
+            {"id": "plant", **common, "command": "mkdir -p .vscode && echo x > .vscode/tasks.json"},
+            {"id": "planted", **common, "command": "ls -A .vscode 2>&1 || echo none"},
             {
                 "id": "net",
                 **common,
