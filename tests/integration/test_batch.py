@@ -73,10 +73,6 @@ def test_batch_runs_each_job_in_its_own_sandbox(
     assert res["write-in"]["artifacts"] == [{"path": "in.txt", "bytes": 3}]
     assert (ws / "in.txt").read_text() == "in\n"
     assert res["write-out"]["exit"] != 0 and not outside.exists()
-    # a write-deny path the job created is quarantined after it, as after a run:
-    # the next job in the same sandbox does not find it
-    assert any(d.get("action") == "quarantined" for d in res["plant"]["denials"]), res["plant"]
-    assert "none" in res["planted"]["output"] and not (ws / ".vscode").exists()
     assert "hello from origin" in res["net"]["output"] and "\n403" in res["net"]["output"]
     assert ok.hits == [("GET", "/yes")] and bad.hits == []
     assert any(d.get("kind") == "network" for d in res["net"]["denials"]), res["net"]
@@ -191,6 +187,10 @@ def test_batch_reuse_runs_jobs_in_warm_sandboxes_each_as_if_alone(
     assert res["leave"]["exit"] == 0 and res["leave"]["output"] == "left\n"
     assert res["after"]["output"] == "0\n0\nin\n", res["after"]  # killed, emptied; workspace kept
     assert res["write-out"]["exit"] != 0 and not outside.exists()
+    # a write-deny path the job created is quarantined after it, as after a run:
+    # the next job in the same sandbox does not find it
+    assert any(d.get("action") == "quarantined" for d in res["plant"]["denials"]), res["plant"]
+    assert "none" in res["planted"]["output"] and not (ws / ".vscode").exists()
     assert "hello from origin" in res["net"]["output"] and "\n403" in res["net"]["output"]
     assert ok.hits == [("GET", "/yes")] and bad.hits == []
     refused = [d for d in res["net"]["denials"] if d.get("kind") == "network"]
