@@ -254,7 +254,7 @@ class Warm:
 
     def __init__(self, output_bytes: int = OUTPUT_BYTES) -> None:
         self.output_bytes = output_bytes
-        self.boxes: dict[tuple[str, ...], Any] = {}  # flags -> (Sandbox, its net log, offset)
+        self.boxes: dict[tuple[str, ...], _Box] = {}  # a job's flags -> its warm sandbox
         self.cold: set[tuple[str, ...]] = set()  # flags whose tier cannot be reset
         self.scratch = tempfile.mkdtemp(prefix="corral-batch-warm-")
 
@@ -264,16 +264,18 @@ class Warm:
             return run_job(job, self.output_bytes)
         began = time.monotonic()
         try:
-            box = self.boxes.get(key) or self._open(job, key)
+            box = self.boxes.get(key) or self._open(key)
         except CorralError as exc:
             code = getattr(exc, "code", EXIT_SETUP)
             result = error_result(job["id"], str(exc))
             return {**result, "exit": code, "machine_failed": code in MACHINE_CODES}
         if box is None:
             return run_job(job, self.output_bytes)
-        return self._exec(job, key, box, began)
+        return self._exec(job, box, began)
 
-    def _open(self, job: Job, key: tuple[str, ...]) -> Any:
+    def _open(self, key: tuple[str, ...]) -> _Box | None:
+        """A warm sandbox for these flags (policy built as corral run builds it),
+        or None if its tier cannot be reset."""
         from corral import cli
         from corral.sandbox import Sandbox
 
@@ -285,13 +287,11 @@ class Warm:
             sandbox.close()
             self.cold.add(key)
             return None
-        from corral import runlog
-
-        box = self.boxes[key] = [sandbox, net_log, 0, runlog.digest(policy.to_dict())]
+        box = self.boxes[key] = _Box(sandbox, net_log)
         return box
 
-    def _exec(self, job: Job, key: tuple[str, ...], box: list[Any], began: float) -> Result:
-        sandbox = box[0]
+    def _exec(self, job: Job, box: _Box, began: float) -> Result:
+        sandbox = box.sandbox
         kept = bytearray()
 
         def keep(data: bytes) -> None:
@@ -303,7 +303,7 @@ class Warm:
         r = sandbox.exec_alone(  # the policy's timeout applies, as to corral run
             job["argv"], cwd=str(job.get("workspace") or os.getcwd()), on_output=keep
         )
-        net = self._net_lines(box)
+        net = box.new_lines()
         # what it created at a write-deny path goes now, as after a corral run: the
         # next job must not find it (a planted .git/hooks/ file, say)
         from corral.launch import quarantine
@@ -317,24 +317,49 @@ class Warm:
             "duration": round(time.monotonic() - began, 4),
             "denials": moved + _net_denials(net, sandbox.policy),
             "artifacts": _artifacts(job),
-            "records": [_warm_record(job, box, r, started)],
+            "records": [box.record(job, r, started)],
             "net": net,
         }
         if r.timed_out:
             result["timed_out"] = True
         return result
 
-    def _net_lines(self, box: list[Any]) -> list[dict[str, Any]]:
-        """The audit lines its proxy wrote since the last job (refusals are
+    def close(self) -> list[dict[str, Any]]:
+        """Close every sandbox; the audit lines not yet handed out.  Each guardian
+        is let finish (its cgroup removed) first: a Ray actor is killed with its
+        children right after this returns."""
+        rest = []
+        for box in self.boxes.values():
+            box.sandbox.close(settle=5.0)
+            rest += box.new_lines()
+        self.boxes.clear()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        return rest
+
+
+class _Box:
+    """One warm sandbox of :class:`Warm`: the sandbox, its proxy's audit log and
+    how far it has been read, and its policy's digest (the same for every job)."""
+
+    def __init__(self, sandbox: Any, net_log: str) -> None:
+        from corral import runlog
+
+        self.sandbox = sandbox
+        self.net_log = net_log
+        self.offset = 0
+        self.digest = runlog.digest(sandbox.policy.to_dict())
+
+    def new_lines(self) -> list[dict[str, Any]]:
+        """The audit lines its proxy wrote since the last call (refusals are
         written at once; an allowed request's line may follow within 50 ms)."""
         try:
-            with open(box[1], "rb") as f:
-                f.seek(box[2])
+            with open(self.net_log, "rb") as f:
+                f.seek(self.offset)
                 data = f.read()
         except OSError:
             return []
         end = data.rfind(b"\n") + 1
-        box[2] += end
+        self.offset += end
         lines = []
         for raw in data[:end].splitlines():
             try:
@@ -343,23 +368,27 @@ class Warm:
                 pass
         return lines
 
-    def _drop(self, key: tuple[str, ...]) -> None:
-        box = self.boxes.pop(key, None)
-        if box is not None:
-            box[0].close()
+    def record(self, job: Job, r: Any, started: float) -> dict[str, Any]:
+        """The activity-log record of one job here: the sandbox's run id (its
+        audit lines carry it), the job's command and outcome."""
+        from corral import runlog
 
-    def close(self) -> list[dict[str, Any]]:
-        """Close every sandbox; the audit lines not yet handed out.  Each guardian
-        is let finish (its cgroup removed) first: a Ray actor is killed with its
-        children right after this returns."""
-        rest = []
-        for key in list(self.boxes):
-            box = self.boxes[key]
-            box[0].close(settle=5.0)
-            rest += self._net_lines(box)
-            self.boxes.pop(key)
-        shutil.rmtree(self.scratch, ignore_errors=True)
-        return rest
+        sandbox = self.sandbox
+        return {
+            "run_id": sandbox.run_id,
+            "kind": "batch",
+            "start": runlog.iso(started),
+            "end": runlog.iso(time.time()),
+            "tier": sandbox.plan.tier,
+            "policy_digest": self.digest,
+            "workspace": sandbox.policy.workspace,
+            "argv": job["argv"],
+            "network": sandbox.policy.network.mode,
+            "exit": r.exit_code,
+            "duration": round(r.duration, 4),
+            "timed_out": r.timed_out,
+            "reused": True,
+        }
 
 
 def _net_denials(lines: list[dict[str, Any]], policy: Any) -> list[dict[str, Any]]:
@@ -373,29 +402,6 @@ def _net_denials(lines: list[dict[str, Any]], policy: Any) -> list[dict[str, Any
             key = deny_key(line)
             tally[key] = tally.get(key, 0) + 1
     return [d.to_dict() for d in network(denial_entries(tally), policy)] if tally else []
-
-
-def _warm_record(job: Job, box: list[Any], r: Any, started: float) -> dict[str, Any]:
-    """The activity-log record of one job in a warm sandbox: the sandbox's run id
-    (its audit lines carry it), the job's command and outcome."""
-    from corral import runlog
-
-    sandbox = box[0]
-    return {
-        "run_id": sandbox.run_id,
-        "kind": "batch",
-        "start": runlog.iso(started),
-        "end": runlog.iso(time.time()),
-        "tier": sandbox.plan.tier,
-        "policy_digest": box[3],
-        "workspace": sandbox.policy.workspace,
-        "argv": job["argv"],
-        "network": sandbox.policy.network.mode,
-        "exit": r.exit_code,
-        "duration": round(r.duration, 4),
-        "timed_out": r.timed_out,
-        "reused": True,
-    }
 
 
 # -- a batch ---------------------------------------------------------------------------

@@ -918,18 +918,24 @@ class Sandbox:
         /dev/shm are emptied before the result comes back.  Its stderr is its
         stdout (one stream, in the order written: ``on_output`` and the result's
         ``stdout``).  SandboxError on a tier that cannot be reset."""
-        self._ensure()
-        dirs = self.tier.reset_dirs(self.plan)
-        if dirs is None:
-            raise SandboxError(f"a {self.tier.name} sandbox cannot be reset between jobs")
-        for proc in self.processes():
-            proc.kill()
+        dirs = self._reset_dirs()
         proc, header, fds = self._prepare(command, cwd, None, None, False, on_output, None)
         header["alone"] = True
         header["merge"] = True
         header["empty"] = dirs
         self._send(header, fds=fds)
         return proc.wait()
+
+    def _reset_dirs(self) -> list[str]:
+        """What a reset empties, once the commands still running are killed;
+        SandboxError on a tier that cannot be reset (``Tier.reset_dirs``)."""
+        self._ensure()
+        dirs = self.tier.reset_dirs(self.plan)
+        if dirs is None:
+            raise SandboxError(f"a {self.tier.name} sandbox cannot be reset between jobs")
+        for proc in self.processes():
+            proc.kill()
+        return dirs
 
     def reset(self) -> dict[str, int]:
         """Give this sandbox back as it started, for the next job: every process
@@ -938,12 +944,7 @@ class Sandbox:
         home layer stay (they persist between runs anyway), and so do the door
         and its proxy.  Returns ``{"killed": N, "removed": N}``.  Raises
         SandboxError on a tier that cannot do it (see ``Tier.reset_dirs``)."""
-        self._ensure()
-        dirs = self.tier.reset_dirs(self.plan)
-        if dirs is None:
-            raise SandboxError(f"a {self.tier.name} sandbox cannot be reset between jobs")
-        for proc in self.processes():
-            proc.kill()
+        dirs = self._reset_dirs()
         header, _ = self._file("reset", "/", extra={"empty": dirs})
         return {
             "killed": int(str(header.get("killed", 0))),
