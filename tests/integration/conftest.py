@@ -224,8 +224,18 @@ def _sandbox(who: str, tier: TierCase | None) -> Iterator[tuple[Corral, Path]]:
         runner.chown(home, state, ws)
     try:
         yield runner, ws
+        _no_proxy_errors(state)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _no_proxy_errors(state: Path) -> None:
+    """Every test is also a check that the proxy met no bug: an exception inside
+    it is an audit line with decision "error" (the user sees only a count)."""
+    log = state / "corral" / "net.jsonl"
+    if log.exists():
+        errors = [line for line in log.read_text().splitlines() if '"decision":"error"' in line]
+        assert not errors, f"the proxy logged internal errors: {errors}"
 
 
 def wait_for(predicate: object, timeout: float = 10.0) -> bool:

@@ -104,6 +104,35 @@ def test_waking_a_spare_that_is_gone_is_no_error() -> None:
     theirs.close()
 
 
+def test_a_wake_after_the_run_ended_sends_nothing_and_stops_the_spares() -> None:
+    """The wake is timed (SIBLINGS_AFTER); a run that ended first has closed its
+    listeners.  Seen under load: sending their descriptors (-1) raised inside the
+    proxy's loop, an audit error.  The spares only see their channel close."""
+    import _socket
+
+    from corral.net.door import _Spares
+    from corral.netns import Listener, read_listeners
+
+    def wake(listener: _socket.socket) -> list[tuple[Listener, _socket.socket]]:
+        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+        spares = _Spares.__new__(_Spares)
+        spares.pids, spares.alive_w, spares.channels = [], -1, [ours]
+        spares.wake([(Listener("proxy", "127.0.0.1", 3128), listener)])  # raises nothing
+        got = read_listeners(theirs)
+        theirs.close()
+        return got
+
+    closed = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    closed.close()
+    assert wake(closed) == []  # the channel ended: the spare stops unwoken
+    live = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    got = wake(live)  # the twin: a live run's listener reaches the spare
+    assert [str(lis) for lis, _sock in got] == ["proxy 127.0.0.1:3128"]
+    for _lis, sock in got:
+        sock.close()
+    live.close()
+
+
 def test_guarding_a_proxy_process_does_not_import_threading(tmp_path: Path) -> None:
     """The proxy's hooks cost it no `threading` import (some 4 ms per networked
     run); a finalizer's exception still becomes a counted audit line; and a

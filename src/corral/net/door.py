@@ -648,9 +648,11 @@ class _Spares:
     def wake(self, listeners: list[tuple[Listener, socket.socket]]) -> None:
         from corral.netns import send_listeners
 
+        ended = any(sock.fileno() < 0 for _, sock in listeners)  # closed: the run is over
         for channel in self.channels:
             try:
-                send_listeners(channel, listeners)
+                if not ended:  # an ended run's spares see their channel close, and stop
+                    send_listeners(channel, listeners)
             except OSError:
                 pass  # that spare is gone already (the run ended first): nothing to wake
             channel.close()
@@ -785,11 +787,13 @@ def _serve(
         proxy = Proxy(chain, audit, net.hosts, stand_ins=net.transparent, tls=tls, asker=hub)
         proxy.guard(run_id)
 
+        later: list[aio.Handle] = []
+
         def first_use() -> None:
             _say(tally_w, USED)  # corral waits for this run's tally
             if on_first_use is not None:  # once the first request is served: not on its way
-                loop.call_later(SIBLINGS_AFTER, on_first_use)
-            loop.call_later(SIBLINGS_AFTER, _warm_guard)
+                later.append(loop.call_later(SIBLINGS_AFTER, on_first_use))
+            later.append(loop.call_later(SIBLINGS_AFTER, _warm_guard))
 
         proxy.on_first_use = first_use
         proxy.live = lambda: not _ended_now(stop_on)
@@ -803,6 +807,8 @@ def _serve(
         for fd in stop_on:
             loop.add_reader(fd, ended)
         await done
+        for handle in later:  # a run that ended within SIBLINGS_AFTER wakes no spare
+            handle.cancel()
         for server in servers:
             server.close()
         if hub is not None:
