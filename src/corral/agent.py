@@ -39,6 +39,65 @@ _write_lock = threading.Lock()
 _procs: dict[int, "Proc"] = {}
 _procs_lock = threading.Lock()
 _spawn_lock = threading.Lock()
+# The one reaper's books (see reap): the commands spawned and not yet reaped, and
+# the wait status of those reaped and not yet collected by their Proc
+_children = threading.Condition()
+_spawned: set[int] = set()
+_exited: dict[int, int] = {}
+
+PR_SET_DUMPABLE = 4
+IPC_RMID = 0
+# /proc/sysvipc file -> the libc call that removes one of its objects by id
+SYSV_IPC = (("shm", "shmctl"), ("msg", "msgctl"), ("sem", "semctl"))
+
+
+def libc(name: str, *args: int | None) -> int:
+    """Call a libc function taking ints (None: NULL); -1 if it cannot be called.
+    Through ctypes' C module alone: ctypes itself costs milliseconds to import."""
+    try:
+        import _ctypes
+
+        handle = _ctypes.dlopen(None)  # type: ignore[arg-type]  # NULL: this process
+        result: int = _ctypes.call_function(_ctypes.dlsym(handle, name), args)
+        return result
+    except (ImportError, AttributeError, OSError):
+        return -1
+
+
+def guard_self() -> bool:
+    """Make this process undumpable, so no command (same uid, no capabilities) can
+    open its /proc/PID/mem or attach to it: a command that wrote into the agent
+    would outlive a reset and reach every later command.  True if it took."""
+    return libc("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+
+
+def reap() -> None:
+    """The agent's only waitpid: every child, the commands and (as the sandbox's
+    pid 1) what they leave orphaned.  A command's status is kept for its Proc;
+    an orphan's is dropped."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            with _children:  # no child at all: until the next spawn
+                while not _spawned:
+                    _children.wait()
+            continue
+        except InterruptedError:
+            continue
+        with _children:
+            if pid in _spawned:
+                _spawned.discard(pid)
+                _exited[pid] = status
+                _children.notify_all()
+
+
+def wait_child(pid: int) -> int:
+    """The wait status of a command spawned by us, once reap has it."""
+    with _children:
+        while pid not in _exited:
+            _children.wait()
+        return _exited.pop(pid)
 
 
 def send(header: dict[str, object], payload: bytes = b"") -> None:
@@ -132,6 +191,7 @@ class Proc:
         self.alone = bool(msg.get("alone"))
         empty = msg.get("empty")
         self.empty = [str(d) for d in empty] if isinstance(empty, list) else []
+        self.ipc = bool(msg.get("ipc"))  # the IPC namespace is the sandbox's own
         argv = [str(a) for a in msg["argv"]]  # type: ignore[attr-defined]
         env = {str(k): str(v) for k, v in dict(msg.get("env") or {}).items()}  # type: ignore[call-overload]
         cwd = str(msg.get("cwd") or ".")
@@ -157,14 +217,17 @@ class Proc:
                     os.chdir(cwd)
                 except OSError as exc:
                     raise NoCwd(exc.errno or 0, exc.strerror or str(exc), cwd) from None
-                self.pid = os.posix_spawnp(
-                    argv[0],
-                    argv,
-                    env,
-                    file_actions=actions,
-                    setsid=True,
-                    setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
-                )
+                with _children:  # booked before reap can see it end
+                    self.pid = os.posix_spawnp(
+                        argv[0],
+                        argv,
+                        env,
+                        file_actions=actions,
+                        setsid=True,
+                        setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+                    )
+                    _spawned.add(self.pid)
+                    _children.notify_all()
             except OSError:
                 for fd in (in_r, out_w, err_w, out_r, err_r, self.stdin_w, *parked.values()):
                     os.close(fd)
@@ -225,7 +288,7 @@ class Proc:
             pass
 
     def wait(self) -> None:
-        _, status = os.waitpid(self.pid, 0)
+        status = wait_child(self.pid)
         if self.alone:
             kill_all_but_us()
         if self.killed:
@@ -238,7 +301,7 @@ class Proc:
         code = 128 - code if code < 0 else code
         if self.timed_out:
             code = EXIT_TIMEOUT
-        empty_dirs(self.empty)  # and what it left in the private /tmp goes (a reset)
+        scrub(self.empty, self.ipc)  # and what it left in /tmp or IPC goes (a reset)
         with _procs_lock:
             _procs.pop(self.id, None)
         if self.stdin_w >= 0:
@@ -357,7 +420,8 @@ def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:
         elif op == "reset":
             reply["killed"] = kill_all_but_us()
             dirs = msg.get("empty")
-            reply["removed"] = empty_dirs([str(d) for d in dirs] if isinstance(dirs, list) else [])
+            listed = [str(d) for d in dirs] if isinstance(dirs, list) else []
+            reply["removed"] = scrub(listed, bool(msg.get("ipc")))
         else:
             reply = {"ev": "done", "id": ident, "error": f"unknown op {op}", "errno": 22}
         send(reply, data)
@@ -425,6 +489,35 @@ def _mount_points() -> set[str]:
     except OSError:
         pass
     return points
+
+
+def scrub(paths: list[str], ipc: bool) -> int:
+    """What a reset removes once every command is gone: the private directories'
+    contents and, when the IPC namespace is the sandbox's own, every System V
+    object left in it (a POSIX queue is a file in /dev/mqueue, one of the
+    directories).  How many went."""
+    return empty_dirs(paths) + (clear_sysv_ipc() if ipc else 0)
+
+
+def clear_sysv_ipc() -> int:
+    """Remove every System V shared memory segment, message queue and semaphore
+    set this IPC namespace holds (listed in /proc/sysvipc): the next command must
+    not find what the last one left.  Only for a namespace of the sandbox's own:
+    elsewhere these would be the host's.  How many went."""
+    found = []
+    for kind, call in SYSV_IPC:
+        try:
+            with open(f"/proc/sysvipc/{kind}", "rb") as fh:
+                rows = fh.read().splitlines()[1:]  # a header line, then key, id, ...
+        except OSError:
+            continue
+        found += [(call, int(row.split()[1])) for row in rows if len(row.split()) > 1]
+    removed = 0
+    for call, ident in found:
+        # shmctl(id, IPC_RMID, NULL), msgctl(id, IPC_RMID, NULL), semctl(id, 0, IPC_RMID)
+        args = (ident, 0, IPC_RMID) if call == "semctl" else (ident, IPC_RMID, None)
+        removed += libc(call, *args) == 0
+    return removed
 
 
 def empty_dirs(paths: list[str]) -> int:
@@ -522,8 +615,10 @@ def handle(ident: int, msg: dict[str, object], payload: bytes) -> None:
 
 def main() -> None:
     threading.excepthook = report_error
+    guarded = guard_self()
     open_channel()
-    send({"ev": "ready", "pid": os.getpid()})
+    threading.Thread(target=reap, daemon=True).start()
+    send({"ev": "ready", "pid": os.getpid(), "guarded": guarded})
     while True:
         try:
             head_len, payload_len = HEADER.unpack(read_exact(HEADER.size))

@@ -63,7 +63,8 @@ class Mount:
     """One mount operation.  ``kind`` is one of:
 
     ro-bind, bind, tmpfs, dev, proc, symlink (src is the link text),
-    mask-dir, mask-file (empty, mode 000, read-only), remount-ro.
+    mask-dir, mask-file (empty, mode 000, read-only), remount-ro, mqueue (a POSIX
+    message queue filesystem: the namespace tier only).
     """
 
     __slots__ = ("dest", "kind", "src", "why")

@@ -37,7 +37,6 @@ from typing import TypeVar
 from corral.errors import CorralError
 
 HEADER = struct.Struct("!II")
-SANDBOX_AGENT = "/run/corral/agent.py"
 SPAWN_WAIT = 30.0  # seconds for the agent to report a started command's pid
 HISTORY = 100  # commands the activity log's record of a sandbox keeps (the last ones)
 
@@ -397,6 +396,7 @@ class Sandbox:
         self._stderr_r = -1  # the running instance's stderr (-1: none to discard)
         self._alive = False
         self._instance = 0  # starts so far
+        self._guarded = False  # the agent made itself undumpable (its ready frame)
         if self._lazy:
             return
         try:
@@ -464,11 +464,12 @@ class Sandbox:
     def _start_once(self) -> None:
         from corral import launch
         from corral.fsplan import Mount
+        from corral.tiers.base import SANDBOX_AGENT
 
         ours, theirs = self.placement.channel()
         self._sock = ours
         agent = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
-        command = [*self.tier.python_argv(), "-I", "-S", SANDBOX_AGENT]
+        command = self.tier.agent_command()
         agent_bind = Mount("ro-bind", SANDBOX_AGENT, agent, "the sandbox's agent")
         plan = self.tier.plan(
             self.policy,
@@ -493,6 +494,8 @@ class Sandbox:
             header, _ = self._recv()
             if header.get("ev") != "ready":
                 raise SandboxError(f"unexpected first message from the agent: {header}")
+            # no command can write into the agent (reset relies on it)
+            self._guarded = bool(header.get("guarded"))
         except (SandboxError, OSError, EOFError) as exc:
             detail = self._drain_stderr()
             self._started.stop()  # kills, removes the container and the scratch files
@@ -923,6 +926,7 @@ class Sandbox:
         header["alone"] = True
         header["merge"] = True
         header["empty"] = dirs
+        header["ipc"] = True  # a tier that can be reset has an IPC namespace of its own
         self._send(header, fds=fds)
         return proc.wait()
 
@@ -933,6 +937,10 @@ class Sandbox:
         dirs = self.tier.reset_dirs(self.plan)
         if dirs is None:
             raise SandboxError(f"a {self.tier.name} sandbox cannot be reset between jobs")
+        if not self._guarded:  # a command could have written itself into the agent
+            raise SandboxError(
+                "this sandbox cannot be reset: its agent could not make itself undumpable"
+            )
         for proc in self.processes():
             proc.kill()
         return dirs
@@ -945,7 +953,7 @@ class Sandbox:
         and its proxy.  Returns ``{"killed": N, "removed": N}``.  Raises
         SandboxError on a tier that cannot do it (see ``Tier.reset_dirs``)."""
         dirs = self._reset_dirs()
-        header, _ = self._file("reset", "/", extra={"empty": dirs})
+        header, _ = self._file("reset", "/", extra={"empty": dirs, "ipc": True})
         return {
             "killed": int(str(header.get("killed", 0))),
             "removed": int(str(header.get("removed", 0))),

@@ -401,6 +401,70 @@ def test_exec_alone_ends_leftovers_and_empties_private_tmp_not_the_workspace(
         assert box.exec("ls -A /dev/shm; ps -e -o comm | grep -c '^sleep'").text == "0\n"
 
 
+POSIX_QUEUE = (
+    "import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True); "
+    "fd = libc.mq_open(b'/corral-left', os.O_RDWR | (os.O_CREAT if sys.argv[1] == 'make' else 0),"
+    " 0o600, None); print('queue', 'found' if fd >= 0 else os.strerror(ctypes.get_errno()))"
+)
+
+
+def test_a_job_leaves_no_ipc_object_or_run_file_for_the_next(home_ws: tuple[Path, Path]) -> None:
+    """System V segments, queues and semaphores, a POSIX message queue and a file
+    in /run outlive their process; a reset removes them all, as a new sandbox
+    would not have them.  The twin: within the job they exist and are found."""
+    _, ws = home_ws
+    (ws / "mq.py").write_text(POSIX_QUEUE)
+    with Sandbox(pol.load(str(ws))) as box:
+        first = box.exec_alone(
+            "ipcmk -M 4096 -Q -S 1 >/dev/null && ipcs -m -q -s | grep -c '^0x'; "
+            "python3 mq.py make; python3 mq.py open; mkdir -p /run/user/0; echo x > /run/left; "
+            "echo y > /run/user/0/left; ls /run /dev/mqueue"
+        ).text
+        assert first.split("\n")[:3] == ["3", "queue found", "queue found"], first
+        assert "left" in first and "corral-left" in first, first
+        after = box.exec_alone(
+            "ipcs -m -q -s | grep -c '^0x'; python3 mq.py open; ls -A /run /dev/mqueue"
+        ).text
+        assert after.split("\n")[:2] == ["0", "queue No such file or directory"], after
+        assert "left" not in after and "user" not in after, after
+        assert "corral" in after  # corral's own, read-only, stays (the agent is bound there)
+        # the next job can make its own again
+        assert box.exec_alone("ipcmk -Q >/dev/null && python3 mq.py make").text == "queue found\n"
+
+
+def test_no_command_can_write_into_the_agent_or_replace_corrals_files(
+    home_ws: tuple[Path, Path],
+) -> None:
+    """The agent is the sandbox's pid 1 (no bwrap init above it) and undumpable: a
+    command (same uid) cannot open its memory to write itself in and outlive the
+    reset.  /run/corral is a read-only mount: it cannot be renamed away and
+    refilled.  The twins: a command opens its own memory, and the rest of /run
+    is writable and renamable."""
+    _, ws = home_ws
+    probe = (
+        "import sys\n"
+        "def mem(pid):\n"
+        "    try:\n"
+        "        open(f'/proc/{pid}/mem', 'r+b', buffering=0).close(); return 'open'\n"
+        "    except OSError as e:\n"
+        "        return e.strerror\n"
+        "argv = open('/proc/1/cmdline', 'rb').read().split(b'\\0')\n"
+        "print(argv[-2].decode() if b'bwrap' not in argv[0] else 'bwrap')\n"
+        "print(mem(1)); print(mem('self'))\n"
+    )
+    (ws / "probe.py").write_text(probe)
+    with Sandbox(pol.load(str(ws))) as box:
+        r = box.exec_alone(["python3", "probe.py"])
+        assert r.text.split("\n")[:3] == ["/run/corral/agent.py", "Permission denied", "open"]
+        moved = box.exec_alone(
+            "mv /run/corral /run/gone 2>&1; touch /run/corral/x 2>&1; "
+            "mkdir /run/mine && mv /run/mine /run/moved && echo renamed"
+        ).text
+        assert "Device or resource busy" in moved and "Read-only file system" in moved, moved
+        assert moved.endswith("renamed\n"), moved
+        assert box.exec_alone(["true"]).exit_code == 0  # the agent still serves
+
+
 def test_a_tier_without_its_own_pid_namespace_is_never_reset(home_ws: tuple[Path, Path]) -> None:
     """landlock's sandbox shares the host's processes: resetting it would mean
     killing what is not its own, so it is refused (its twin, namespace, above)."""

@@ -104,6 +104,7 @@ def test_mount_args_for_every_kind() -> None:
         Mount("mask-file", "/home/u/.netrc"),
         Mount("mask-file", "/ws/.env"),
         Mount("remount-ro", "/home/u"),
+        Mount("mqueue", "/dev/mqueue"),
     ]
     args, fds = mount_args(mounts)
     assert fds == [FD_EMPTY, FD_EMPTY + 1]
@@ -115,8 +116,64 @@ def test_mount_args_for_every_kind() -> None:
     )
     assert f"--perms 0000 --ro-bind-data {FD_EMPTY} /home/u/.netrc" in text
     assert f"--perms 0000 --ro-bind-data {FD_EMPTY + 1} /ws/.env" in text
-    assert text.endswith("--remount-ro /home/u")
+    assert text.endswith("--remount-ro /home/u --mqueue /dev/mqueue")
     assert text.index("/home/u/.netrc") < text.index("/ws/.env") < text.index("--remount-ro")
+
+
+def test_the_agent_is_pid_1_and_nothing_else_is(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sandbox's agent runs with no bwrap init above it (a command could write into
+    an init it may not kill, to outlive a reset); any other command keeps bwrap's."""
+    tier = NamespaceTier()
+    agent = make_plan(workspace, monkeypatch, tier.agent_command())
+    sep = agent.argv.index("--")
+    assert "--as-pid-1" in agent.argv[:sep]
+    assert agent.argv[sep + 1 :] == tier.agent_command()
+    other = make_plan(workspace, monkeypatch, ["python3", "-I", "-S", "/run/corral/agent.py"])
+    assert "--as-pid-1" not in other.argv[: other.argv.index("--")]
+
+
+def test_own_mounts_add_queues_and_seal_run_corral() -> None:
+    mounts = [
+        Mount("ro-bind", "/", "/"),
+        Mount("dev", "/dev"),
+        Mount("tmpfs", "/run"),
+        Mount("ro-bind", "/run/corral/agent.py", "/src/agent.py"),
+        Mount("ro-bind", "/run/corral/ca-bundle.pem", "/state/bundle.pem"),
+        Mount("remount-ro", "/home/u"),
+    ]
+    got = [(m.kind, m.dest) for m in namespace.own_mounts(mounts)]
+    assert got == [
+        ("ro-bind", "/"),
+        ("dev", "/dev"),
+        ("mqueue", "/dev/mqueue"),  # after /dev, which it lives in
+        ("tmpfs", "/run"),
+        ("tmpfs", "/run/corral"),  # before the first bind in it, once
+        ("ro-bind", "/run/corral/agent.py"),
+        ("ro-bind", "/run/corral/ca-bundle.pem"),
+        ("remount-ro", "/home/u"),
+        ("remount-ro", "/run/corral"),  # after every bind
+    ]
+    # nothing bound in /run/corral (a one-shot run): no tmpfs for it
+    plain = [(m.kind, m.dest) for m in namespace.own_mounts(mounts[:3])]
+    assert plain == [
+        ("ro-bind", "/"),
+        ("dev", "/dev"),
+        ("mqueue", "/dev/mqueue"),
+        ("tmpfs", "/run"),
+    ]
+
+
+def test_a_reset_empties_the_private_tmpfs_run_and_the_queues(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = NamespaceTier()
+    plan = make_plan(workspace, monkeypatch, tier.agent_command())
+    dirs = tier.reset_dirs(plan)
+    assert dirs is not None
+    assert {"/tmp", "/var/tmp", "/dev/shm", "/run", "/dev/mqueue"} <= set(dirs)
+    assert "/run/corral" not in dirs and "/dev" not in dirs
 
 
 def test_unknown_mount_kind_raises() -> None:

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from corral.seccomp import SyscallRule
 
 
+SANDBOX_AGENT = "/run/corral/agent.py"  # where Sandbox binds corral's agent inside
+
+
 class HostFacts:
     """What a tier's ``plan()`` needs to know about this host, read once by the
     caller (``Tier.gather(policy)``), so that ``plan(..., host=facts)`` is a pure
@@ -396,6 +399,12 @@ class Tier:
         is its own pid namespace holding only the agent and what it ran (so every
         other process can go) and private temporary directories."""
         return None
+
+    def agent_command(self) -> list[str]:
+        """How ``Sandbox`` starts corral's agent inside (bound at SANDBOX_AGENT).  A
+        tier may start it differently from another command: the namespace tier
+        makes it the sandbox's pid 1, with no other process above it to spare."""
+        return [*self.python_argv(), "-I", "-S", SANDBOX_AGENT]
 
     def python_argv(self) -> list[str]:
         """How to start a Python inside this tier's sandbox (the relay and the agent)."""

@@ -11,7 +11,15 @@ import os
 
 from corral import environ, fsplan
 from corral.fsplan import Mount
-from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gather_common
+from corral.tiers.base import (
+    SANDBOX_AGENT,
+    Health,
+    HostFacts,
+    LaunchStrategy,
+    Plan,
+    Tier,
+    gather_common,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -105,6 +113,8 @@ def mount_args(
             args += ["--perms", "0000", "--ro-bind-data", str(fd), m.dest]
         elif m.kind == "remount-ro":
             args += ["--remount-ro", m.dest]
+        elif m.kind == "mqueue":
+            args += ["--mqueue", m.dest]
         else:  # a new kind must be taught here before it can be used
             raise ValueError(f"unknown mount kind {m.kind!r}")
     return args, empty_fds
@@ -141,7 +151,28 @@ def _real_resolv_conf() -> tuple[str, bool] | None:
     return os.path.realpath("/etc/resolv.conf"), os.path.exists("/etc/resolv.conf")
 
 
-RESET_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+# what a reset empties: the private tmpfs (/run too: a command may leave files
+# there; corral's own under /run/corral are a read-only mount it skips) and
+# the sandbox's POSIX message queues
+RESET_TMP = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/dev/mqueue")
+OWN_RUN = "/run/corral"  # corral's files inside (the agent, the CA bundle)
+
+
+def own_mounts(mounts: list[Mount]) -> list[Mount]:
+    """``mounts`` with the sandbox's own POSIX message queue filesystem after /dev
+    (so a reset can list and remove what a command queued), and /run/corral, when
+    something is bound in it, a tmpfs of its own made read-only after the binds:
+    a command cannot rename it away and put its own agent or CA bundle there."""
+    out: list[Mount] = []
+    for m in mounts:
+        if m.dest.startswith(OWN_RUN + "/") and not any(o.dest == OWN_RUN for o in out):
+            out.append(Mount("tmpfs", OWN_RUN, why="corral's own files: read-only below"))
+        out.append(m)
+        if m.kind == "dev" and m.dest == "/dev":
+            out.append(Mount("mqueue", "/dev/mqueue", why="the sandbox's own POSIX queues"))
+    if any(o.dest == OWN_RUN for o in out):
+        out.append(Mount("remount-ro", OWN_RUN, why="corral's own files"))
+    return out
 
 
 class Bwrap(LaunchStrategy):
@@ -241,10 +272,12 @@ class NamespaceTier(Tier):
         return facts
 
     def reset_dirs(self, plan: Plan) -> list[str] | None:
-        """bwrap's own pid namespace holds the agent and its commands alone (the
-        proxy's sockets are held outside); /tmp, /var/tmp and /dev/shm are the
-        plan's private tmpfs (/run is left: corral's own files live there)."""
-        return [m.dest for m in plan.mounts if m.kind == "tmpfs" and m.dest in RESET_TMP]
+        """bwrap's own pid namespace holds the agent (its pid 1) and its commands
+        alone (the proxy's sockets are held outside), and its IPC namespace is its
+        own; /tmp, /var/tmp, /dev/shm and /run are the plan's private tmpfs, and
+        /dev/mqueue its queues."""
+        kinds = ("tmpfs", "mqueue")
+        return [m.dest for m in plan.mounts if m.kind in kinds and m.dest in RESET_TMP]
 
     def _network(
         self,
@@ -368,12 +401,16 @@ class NamespaceTier(Tier):
         status_fd, seccomp_fd = next(numbers), next(numbers)
         plan.fds = {status_fd: "status", seccomp_fd: "seccomp", **dict.fromkeys(pass_fds, "pass")}
         plan.strategy = Bwrap(self._network(plan, policy, door, facts, net))
-        plan.mounts = [*plan.mounts, *extra]
+        plan.mounts = own_mounts([*plan.mounts, *extra])
         mounts, empty_fds = mount_args(plan.mounts, numbers, scratch_sizes(policy.limits))
         plan.fds.update(dict.fromkeys(empty_fds, "empty"))
         bwrap = facts.bwrap or "bwrap"
         hardening = list(HARDENING)
         hardening.remove("--unshare-net")  # the launcher provides the network namespace
+        if command[-1:] == [SANDBOX_AGENT] and list(command) == self.agent_command():
+            # corral's agent is pid 1 (it reaps): no bwrap init above it that a
+            # command could write itself into, to outlive a reset
+            hardening.append("--as-pid-1")
         plan.argv = [
             bwrap,
             *hardening,
