@@ -224,7 +224,7 @@ class Proc:
                         env,
                         file_actions=actions,
                         setsid=True,
-                        setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+                        setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT),
                     )
                     _spawned.add(self.pid)
                     _children.notify_all()
@@ -615,6 +615,9 @@ def handle(ident: int, msg: dict[str, object], payload: bytes) -> None:
 
 def main() -> None:
     threading.excepthook = report_error
+    # a command's SIGINT must not end the agent (Python's handler would raise in
+    # the request loop); commands get the default back (setsigdef)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     guarded = guard_self()
     open_channel()
     threading.Thread(target=reap, daemon=True).start()
