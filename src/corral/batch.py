@@ -582,11 +582,18 @@ def main(opts: dict[str, object], jobs_file: str) -> int:
             ):
                 _merge_logs(result, log, net_log)
                 failed += result.get("exit") != 0
+                if "line" in result:  # a job line that could not be a job: say so now
+                    print(f"corral: {jobs_file}: {result.get('error')}", file=sys.stderr)
                 sink.write(json.dumps(result, sort_keys=True) + "\n")
                 sink.flush()
                 progress.step()
     finally:
         progress.close()
+    if failed:
+        print(
+            f"corral batch: {failed} of {len(items)} jobs did not succeed; see {out}",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 

@@ -64,6 +64,11 @@ def test_batch_runs_each_job_in_its_own_sandbox(
     out = ws / "results.jsonl"
     code, err = _batch(c, ws, jobs, out, "-j", "2")
     assert code == 1, err  # some jobs failed
+    # each bad line on stderr with its number, then one line that says how many failed
+    lines = err.splitlines()
+    assert any(x.startswith("corral: ") and ": line 3: not JSON" in x for x in lines), err
+    assert any(": line 4: unknown key 'colour'" in x for x in lines), err
+    assert lines[-1].startswith("corral batch: ") and "did not succeed; see " in lines[-1], err
     res = _results(out)
     assert res["list"]["exit"] == 0 and res["list"]["output"] == "listed\n"
     assert res["fails"]["exit"] == 3 and res["fails"]["attempts"] == 1  # never retried
