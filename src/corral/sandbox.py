@@ -921,18 +921,17 @@ class Sandbox:
         /dev/shm are emptied before the result comes back.  Its stderr is its
         stdout (one stream, in the order written: ``on_output`` and the result's
         ``stdout``).  SandboxError on a tier that cannot be reset."""
-        dirs = self._reset_dirs()
+        scrub = self._reset_request()
         proc, header, fds = self._prepare(command, cwd, None, None, False, on_output, None)
-        header["alone"] = True
-        header["merge"] = True
-        header["empty"] = dirs
-        header["ipc"] = True  # a tier that can be reset has an IPC namespace of its own
+        header.update(scrub, alone=True, merge=True)
         self._send(header, fds=fds)
         return proc.wait()
 
-    def _reset_dirs(self) -> list[str]:
-        """What a reset empties, once the commands still running are killed;
-        SandboxError on a tier that cannot be reset (``Tier.reset_dirs``)."""
+    def _reset_request(self) -> dict[str, object]:
+        """What the agent removes in a reset, once the commands still running are
+        killed: the tier's directories, and every System V object (a tier that can
+        be reset has an IPC namespace of its own).  SandboxError on a tier that
+        cannot be reset (``Tier.reset_dirs``)."""
         self._ensure()
         dirs = self.tier.reset_dirs(self.plan)
         if dirs is None:
@@ -943,7 +942,7 @@ class Sandbox:
             )
         for proc in self.processes():
             proc.kill()
-        return dirs
+        return {"empty": dirs, "ipc": True}
 
     def reset(self) -> dict[str, int]:
         """Give this sandbox back as it started, for the next job: every process
@@ -952,8 +951,7 @@ class Sandbox:
         home layer stay (they persist between runs anyway), and so do the door
         and its proxy.  Returns ``{"killed": N, "removed": N}``.  Raises
         SandboxError on a tier that cannot do it (see ``Tier.reset_dirs``)."""
-        dirs = self._reset_dirs()
-        header, _ = self._file("reset", "/", extra={"empty": dirs, "ipc": True})
+        header, _ = self._file("reset", "/", extra=self._reset_request())
         return {
             "killed": int(str(header.get("killed", 0))),
             "removed": int(str(header.get("removed", 0))),

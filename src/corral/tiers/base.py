@@ -397,7 +397,8 @@ class Tier:
         """What ``Sandbox.reset`` empties to give a long-lived sandbox back fresh,
         or None if this tier's sandboxes cannot be reset: that needs a sandbox that
         is its own pid namespace holding only the agent and what it ran (so every
-        other process can go) and private temporary directories."""
+        other process can go), its own IPC namespace (every System V object in it
+        is removed) and private temporary directories."""
         return None
 
     def agent_command(self) -> list[str]:

@@ -164,13 +164,15 @@ def own_mounts(mounts: list[Mount]) -> list[Mount]:
     something is bound in it, a tmpfs of its own made read-only after the binds:
     a command cannot rename it away and put its own agent or CA bundle there."""
     out: list[Mount] = []
+    sealed = False  # /run/corral is its own tmpfs already
     for m in mounts:
-        if m.dest.startswith(OWN_RUN + "/") and not any(o.dest == OWN_RUN for o in out):
+        if m.dest.startswith(OWN_RUN + "/") and not sealed:
             out.append(Mount("tmpfs", OWN_RUN, why="corral's own files: read-only below"))
+            sealed = True
         out.append(m)
         if m.kind == "dev" and m.dest == "/dev":
             out.append(Mount("mqueue", "/dev/mqueue", why="the sandbox's own POSIX queues"))
-    if any(o.dest == OWN_RUN for o in out):
+    if sealed:
         out.append(Mount("remount-ro", OWN_RUN, why="corral's own files"))
     return out
 
