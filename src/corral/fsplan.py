@@ -191,6 +191,28 @@ def host_unix_sockets(proc_net_unix: str = "/proc/net/unix") -> list[str]:
     return list(_seen_sockets)
 
 
+def beyond_reach(path: str, uid: int) -> bool:
+    """Whether a process of host ``uid`` with no capability over inodes it does
+    not own (as in bwrap's user namespace, where only ``uid`` is mapped) cannot
+    reach ``path``: some directory above it is another owner's and has no search
+    bit for group or others (with an ACL, the group bits are its mask, so no
+    entry grants search either).  bwrap could not mount a mask there (a root
+    corral's run failed on another user's socket in a 0700 directory), and the
+    command cannot connect() to it.  Unsure (a directory that cannot be read):
+    False, and the socket keeps its mask."""
+    parent = os.path.dirname(path)
+    while True:
+        try:
+            st = os.stat(parent)
+        except OSError:
+            return False
+        if st.st_uid != uid and not st.st_mode & 0o011:
+            return True
+        if parent == "/":
+            return False
+        parent = os.path.dirname(parent)
+
+
 def host_net_dirs(class_net: str = SYS_CLASS_NET, devices: str = "/sys/devices") -> list[str]:
     """Where the host's sysfs lists its network interfaces: ``/sys/class/net`` and,
     for each interface, the ``net`` directory under /sys/devices that holds it
@@ -414,10 +436,15 @@ def _hooks_path(git_dir: str) -> str | None:
     return os.path.normpath(os.path.join(tree, value))
 
 
-def plan_filesystem(policy: Policy, mounts: bool = True, home: str | None = None) -> FsPlan:
+def plan_filesystem(
+    policy: Policy, mounts: bool = True, home: str | None = None, capless_uid: int | None = None
+) -> FsPlan:
     """The filesystem decisions for ``policy``; with ``mounts=False`` (tiers that do
     not mount) only the decisions, without the mount list and what only it needs.
-    ``home``: the home layer's directory, to bind writable (it need not exist yet)."""
+    ``home``: the home layer's directory, to bind writable (it need not exist yet).
+    ``capless_uid``: the host uid a tier's sandbox runs as with no capability over
+    other owners' files (bwrap in its own user namespace); host sockets it could
+    not reach get no mask (see :func:`beyond_reach`)."""
     plan = FsPlan()
     writable = []
     for path in policy.writable_paths():
@@ -569,7 +596,9 @@ def plan_filesystem(policy: Policy, mounts: bool = True, home: str | None = None
         return plan
     # Host unix sockets that are still visible after the private tmpfs.
     for sock in host_unix_sockets():
-        if not in_private_tmp(sock) and _lkind(sock) == "socket":
+        if in_private_tmp(sock) or _lkind(sock) != "socket":
+            continue
+        if capless_uid is None or not beyond_reach(sock, capless_uid):
             add_mask(sock, False, SOCKET_MASK)
 
     home_binds = []

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import pty
+import pwd
 import socket
 import subprocess
 import threading
 from pathlib import Path
 
+import pytest
 from conftest import Corral, is_gvisor
 
 PROBE = r"""
@@ -249,6 +251,54 @@ a, b = socket.socketpair(); a.sendall(b"pair"); print("pair=" + b.recv(10).decod
             pass
     finally:
         for s in (stream, ws_stream, dgram):
+            s.close()
+
+
+def test_another_users_private_socket_neither_fails_the_run_nor_is_reached(
+    sandbox: tuple[Corral, Path],
+) -> None:
+    """A daemon of another user with its socket in its own 0700 directory: bwrap
+    cannot mount a mask there (the run failed with exit 125 when corral ran as
+    root), and the command cannot reach it anyway.  The twin: the same daemon's
+    socket in a directory others may enter keeps its mask, and the run works."""
+    c, ws = sandbox
+    other = pwd.getpwnam("corral-test").pw_uid if c.who == "root" else 0
+    private, public = c.base / "private-daemon", c.base / "public-daemon"
+    for d, mode in ((private, 0o700), (public, 0o755)):
+        d.mkdir()
+        os.chown(d, other, other)
+        os.chmod(d, mode)
+    socks = []
+    try:
+        for d in (private, public):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.bind(str(d / "api.sock"))
+            os.chmod(d / "api.sock", 0o777)
+            s.listen(4)
+            s.settimeout(0.1)
+            socks.append(s)
+        r = run_py(
+            c,
+            ws,
+            f"""
+import socket
+paths = {{"private": {str(private / "api.sock")!r}, "public": {str(public / "api.sock")!r}}}
+for name, path in paths.items():
+    try:
+        socket.socket(socket.AF_UNIX).connect(path); print(name + "=REACHED")
+    except OSError as e:
+        print(name + "=" + type(e).__name__)
+""",
+        )
+        assert r.returncode == 0, r.stderr
+        got = results(r.stdout)
+        assert got["private"] == "PermissionError", got  # the directory bars the way
+        assert got["public"] in ("ConnectionRefusedError", "PermissionError"), got  # its mask
+        for s in socks:
+            with pytest.raises(TimeoutError):
+                s.accept()
+    finally:
+        for s in socks:
             s.close()
 
 

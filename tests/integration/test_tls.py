@@ -88,11 +88,16 @@ class Setup:
         os.chmod(hooks, 0o755)
         os.chmod(hooks / "sitecustomize.py", 0o644)
         self.hooks = hooks
-        pylib = ws / "pylib"
+
+    def python_clients(self) -> str:
+        """The host's Python clients copied into the workspace (24 MB: only for the
+        test that runs them); the command prefix that finds them."""
+        pylib = self.ws / "pylib"
         for name in PY_PACKAGES:
             if (DIST / name).is_dir():
                 shutil.copytree(DIST / name, pylib / name, symlinks=True)
-        c.chown(pylib)
+        self.c.chown(pylib)
+        return "PYTHONPATH=$PWD/pylib python3"
 
     def policy(self, tls: str = "", inspect: tuple[str, ...] = ("origin.test", "bad.test")) -> None:
         ports = (self.origin.port, self.other.port, self.untrusted.port)
@@ -170,7 +175,7 @@ def https_lines(c: Corral) -> list[dict[str, object]]:
 def test_clients_trust_corral_inside_and_the_deny_twin(tls_setup: Setup) -> None:
     s = tls_setup
     s.policy()
-    py = "PYTHONPATH=$PWD/pylib python3"
+    py = s.python_clients()
     # httpx 0.23 refuses socks5h:// in ALL_PROXY (corral's SOCKS5 variable): unset it
     script = f"""
         {CURL} {s.url("/echo/curl")}; echo

@@ -352,6 +352,50 @@ def test_visible_host_socket_is_masked(lay: Layout, monkeypatch: pytest.MonkeyPa
     assert dests(plan, "mask-file") == [str(sock)]
 
 
+@pytest.fixture
+def open_root() -> Iterator[Path]:
+    """A directory every user may enter down from / (tmp_path's parents are 0700)."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="corral-reach-"))
+    os.chmod(root, 0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root)
+
+
+def test_a_socket_another_uid_cannot_reach_needs_no_mask(
+    open_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    me, stranger = os.getuid(), os.getuid() + 12345
+    modes = {"closed": 0o700, "others": 0o701, "group": 0o710, "open": 0o755}
+    socks = {}
+    for name, mode in modes.items():
+        (open_root / name).mkdir()
+        socks[name] = open_root / name / "d.sock"
+        bind_socket(socks[name])
+        os.chmod(open_root / name, mode)
+    assert fsplan.beyond_reach(str(socks["closed"]), stranger)
+    assert not fsplan.beyond_reach(str(socks["closed"]), me)  # its owner may enter
+    for name in ("others", "group", "open"):  # a search bit: maybe reachable
+        assert not fsplan.beyond_reach(str(socks[name]), stranger), name
+    assert not fsplan.beyond_reach(str(open_root / "gone" / "d.sock"), stranger)  # unsure
+    # the plan: the stranger's sandbox skips only the unreachable one's mask
+    monkeypatch.setattr(fsplan, "host_unix_sockets", lambda *_: [str(p) for p in socks.values()])
+    monkeypatch.setattr(fsplan, "host_net_dirs", lambda *_: [])
+    monkeypatch.setattr(fsplan, "PRIVATE_TMP", (str(open_root / "private-tmp"),))
+    ws = open_root / "ws"
+    ws.mkdir()
+    pol = Policy(str(ws))
+    pol.filesystem.use_defaults = False
+    masked = dests(plan_filesystem(pol, capless_uid=stranger), "mask-file")
+    assert masked == sorted(str(socks[n]) for n in ("others", "group", "open"))
+    # a tier whose sandbox may hold capabilities (no capless_uid) masks every one
+    assert dests(plan_filesystem(pol), "mask-file") == sorted(str(p) for p in socks.values())
+
+
 def test_host_unix_sockets_parses_proc_net_unix(tmp_path: Path) -> None:
     table = tmp_path / "unix"
     table.write_text(

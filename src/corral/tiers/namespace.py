@@ -264,7 +264,9 @@ class NamespaceTier(Tier):
         gather_common(policy, facts)
         facts.home = home.plan_home(policy)
         layer = facts.home
-        facts.fs = fsplan.plan_filesystem(policy, home=layer.path if layer else None)
+        facts.fs = fsplan.plan_filesystem(
+            policy, home=layer.path if layer else None, capless_uid=os.geteuid()
+        )
         facts.bwrap = find_bwrap(facts.environ.get("PATH", ""))
         facts.resolv_conf = _real_resolv_conf()
         if policy.network.mode == "proxy" and policy.network.transparent:
