@@ -710,7 +710,8 @@ def cmd_rules(args: list[str]) -> int:
 # and bwrap's mounts; busy machines have many) is planned again: its command
 # never started, so nothing is repeated.  The host's socket list is the one
 # read for the first plan (this process may since have entered the sandbox's
-# network namespace, where /proc/net/unix lists none of the host's).
+# network namespace, where /proc/net/unix lists none of the host's); the door and
+# that namespace are the first attempt's (corral.netns.enter).
 SETUP_ATTEMPTS = 3
 
 
@@ -731,23 +732,26 @@ def cmd_run(args: list[str]) -> int:
     run_id = launch.new_run_id()
     if opts.get("explain"):
         return _explain(tier, policy, command, passed)
-    for attempt in range(1, SETUP_ATTEMPTS + 1):
-        door = (
-            _open_door(opts, policy, run_id, tier.door_transport, answerer=True, start=False)
-            if tier.strategy.confines
-            else None
-        )
-        try:
-            return _run_plan(opts, policy, tier.name, command, run_id, door, passed, attempt)
-        except SetupRaced:
-            if attempt == SETUP_ATTEMPTS:
-                raise
-            from corral import fsplan
+    # One door for every attempt: its proxy, forked on the host side by the
+    # first, holds the listeners of the namespace this process entered.
+    door = (
+        _open_door(opts, policy, run_id, tier.door_transport, answerer=True, start=False)
+        if tier.strategy.confines
+        else None
+    )
+    try:
+        for attempt in range(1, SETUP_ATTEMPTS + 1):
+            try:
+                return _run_plan(opts, policy, tier.name, command, run_id, door, passed, attempt)
+            except SetupRaced:
+                if attempt == SETUP_ATTEMPTS:
+                    raise
+                from corral import fsplan
 
-            fsplan.freeze_host_sockets()
-        finally:
-            if door is not None:
-                door.close()
+                fsplan.freeze_host_sockets()
+    finally:
+        if door is not None:
+            door.close()
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -201,11 +201,25 @@ def resolv_target(host: tuple[str, bool] | None, private: Collection[str]) -> st
 # -- the launcher's child ---------------------------------------------------------------
 
 
+# The process that entered a namespace with enter(), and the handoff it used
+# (None: a run without a network).  A run planned again after a setup race
+# (corral.cli) is already inside; the proxy holding its listeners was forked
+# before, on the host side, and must stay the one that serves it: a proxy forked
+# from inside would reach only the sandbox's loopback.
+_entered: tuple[int, str | None] | None = None
+
+
 def enter(plan: NetPlan) -> list[tuple[Listener, _socket.socket]]:
     """Before bubblewrap starts, in the process that will start it: a new network
     namespace with loopback up and the plan's listeners, handed to the proxy
-    (or, without a handoff, returned: the caller serves them).  Raises OSError."""
+    (or, without a handoff, returned: the caller serves them).  A second call
+    in the same process stays in the namespace it made (see ``_entered``).
+    Raises OSError."""
+    global _entered
+    if _entered is not None and _entered[0] == os.getpid():
+        return _enter_again(plan, _entered[1])
     _new_namespace()
+    _entered = (os.getpid(), plan.handoff)
     _loopback_up()
     if plan.rules is not None:
         from corral.net import transparent
@@ -227,6 +241,22 @@ def enter(plan: NetPlan) -> list[tuple[Listener, _socket.socket]]:
     for _, sock in made:  # the proxy has its copies; ours must not reach bwrap
         sock.close()
     return []
+
+
+def _enter_again(plan: NetPlan, handoff: str | None) -> list[tuple[Listener, _socket.socket]]:
+    """enter() in a process already inside: with the same handoff the proxy has
+    the listeners already; without a network the resolver's sockets (closed with
+    the last attempt) are made again here."""
+    if plan.handoff != handoff:
+        raise OSError("this process is already in another sandbox's network namespace")
+    if handoff is not None:
+        return []
+    made = []
+    for listener in plan.listeners[:MAX_LISTENERS]:
+        sock = _listen(listener)
+        if sock is not None:
+            made.append((listener, sock))
+    return made
 
 
 def _new_namespace() -> None:

@@ -126,12 +126,12 @@ def test_wall_clock_timeout(box: Box) -> None:
     r = box.py(
         "print('twin=started', flush=True)\ntime.sleep(60)\nprint('attack=OUTLIVED')",
         "--timeout",
-        "1",
+        "3",  # the clock starts with the launch: gVisor's start alone took 1 s under load
         timeout=30,
     )
     took = time.monotonic() - t0
     assert r.got.get("twin") == "started", r
-    assert "OUTLIVED" not in r.out and took < 10, (took, r)
+    assert "OUTLIVED" not in r.out and took < 15, (took, r)
     assert r.code != 0, r
 
 

@@ -328,19 +328,59 @@ def test_sockets_coming_and_going_on_the_host_do_not_fail_runs(
     os.chmod(kept, 0o777)
     os.chmod(churn, 0o755)
     attack = f"python3 -c 'import socket; socket.socket(socket.AF_UNIX).connect(\"{kept}\")'"
+    # every other run has a network: a run planned again keeps its proxy on the
+    # host side (a proxy forked from inside the namespace reached only the
+    # sandbox's loopback: "Connection refused")
+    origin = _HelloOrigin()
+    get = f"curl -sS --noproxy '' --max-time 10 -x \"$HTTP_PROXY\" {origin.url}"
+    allow = ("--allow", f"127.0.0.1:{origin.port}")
     threads = [threading.Thread(target=come_and_go, args=(k,), daemon=True) for k in range(4)]
     for thread in threads:
         thread.start()
     try:
-        runs = [c.sh(ws, f"echo ran; {attack} 2>/dev/null || echo refused") for _ in range(15)]
+        runs = [
+            c.sh(ws, f"echo ran; {attack} 2>/dev/null || echo refused; {get}", *allow)
+            if k % 2
+            else c.sh(ws, f"echo ran; {attack} 2>/dev/null || echo refused")
+            for k in range(16)
+        ]
     finally:
         stop.set()
         for thread in threads:
             thread.join()
+        origin.close()
     try:
         with pytest.raises(TimeoutError):
             server.accept()  # nobody reached the kept socket
     finally:
         server.close()
-    assert [r.returncode for r in runs] == [0] * 15, [r.stderr for r in runs if r.returncode]
-    assert all(r.stdout == b"ran\nrefused\n" for r in runs), [r.stdout for r in runs]
+    assert [r.returncode for r in runs] == [0] * 16, [r.stderr for r in runs if r.returncode]
+    outs = [r.stdout for r in runs]
+    assert outs[0::2] == [b"ran\nrefused\n"] * 8, outs
+    assert outs[1::2] == [b"ran\nrefused\nhello\n"] * 8, outs  # the allow twin
+
+
+class _HelloOrigin:
+    """An HTTP origin on 127.0.0.1 that answers every GET with ``hello``."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        class Hello(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", "6")
+                self.end_headers()
+                self.wfile.write(b"hello\n")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

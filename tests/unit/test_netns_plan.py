@@ -129,3 +129,50 @@ def test_the_resolver_file_names_the_sandbox_loopback() -> None:
     with open(netns.resolv_conf(), encoding="utf-8") as fh:
         lines = [line for line in fh.read().splitlines() if not line.startswith("#")]
     assert lines == ["nameserver 127.0.0.1"]
+
+
+def test_entering_again_stays_in_the_namespace_this_process_made(tmp_path: object) -> None:
+    """A run planned again after a setup race: its process is already inside, and
+    the proxy forked before holds the listeners; a second enter() makes no new
+    namespace, hands nothing over again, and refuses another run's handoff.
+    Without a network, the resolver's sockets are made again (in the same one)."""
+    import os
+
+    def child() -> int:
+
+        handoff = str(tmp_path) + "/nobody.sock"  # nobody listens: the handoff is skipped
+        networked = netns.NetPlan(handoff, [Listener("proxy", "127.0.0.1", 3128)])
+        host = os.stat("/proc/self/ns/net").st_ino
+        if netns.enter(networked) != []:
+            return 10
+        inside = os.stat("/proc/self/ns/net").st_ino
+        if inside == host:
+            return 11
+        if netns.enter(networked) != [] or os.stat("/proc/self/ns/net").st_ino != inside:
+            return 12
+        try:
+            netns.enter(netns.NetPlan(handoff + ".other", networked.listeners))
+            return 13
+        except OSError:
+            pass
+        return 0 if os.stat("/proc/self/ns/net").st_ino == inside else 14
+
+    def offline_child() -> int:
+        held = netns.enter(offline_plan())
+        inside = os.stat("/proc/self/ns/net").st_ino
+        for _, sock in held:
+            sock.close()
+        again = netns.enter(offline_plan())  # the last attempt closed its sockets
+        ok = [lis.kind for lis, _ in again] == [lis.kind for lis, _ in held] != []
+        return 0 if ok and os.stat("/proc/self/ns/net").st_ino == inside else 20
+
+    for fn in (child, offline_child):
+        pid = os.fork()
+        if pid == 0:
+            code = 99
+            try:
+                code = fn()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, fn.__name__
