@@ -929,9 +929,10 @@ class Sandbox:
 
     def _reset_request(self) -> dict[str, object]:
         """What the agent removes in a reset, once the commands still running are
-        killed: the tier's directories, and every System V object (a tier that can
-        be reset has an IPC namespace of its own).  SandboxError on a tier that
-        cannot be reset (``Tier.reset_dirs``)."""
+        killed and the proxy has dropped the grants asks left: the tier's
+        directories, and every System V object (a tier that can be reset has an
+        IPC namespace of its own).  SandboxError on a tier that cannot be reset
+        (``Tier.reset_dirs``)."""
         self._ensure()
         dirs = self.tier.reset_dirs(self.plan)
         if dirs is None:
@@ -942,6 +943,13 @@ class Sandbox:
             )
         for proc in self.processes():
             proc.kill()
+        if self._door is not None:  # an answer given to one job is not the next's
+            try:
+                self._door.forget_grants()
+            except (OSError, RuntimeError) as exc:
+                raise SandboxError(
+                    f"this sandbox cannot be reset: its proxy did not drop the grants ({exc})"
+                ) from None
         return {"empty": dirs, "ipc": True}
 
     def reset(self) -> dict[str, int]:
@@ -949,8 +957,9 @@ class Sandbox:
         left in it is killed (a command's background children too) and its
         private /tmp, /var/tmp and /dev/shm are emptied.  The workspace and the
         home layer stay (they persist between runs anyway), and so do the door
-        and its proxy.  Returns ``{"killed": N, "removed": N}``.  Raises
-        SandboxError on a tier that cannot do it (see ``Tier.reset_dirs``)."""
+        and its proxy, which drops the grants answers to asks left.  Returns
+        ``{"killed": N, "removed": N}``.  Raises SandboxError on a tier that
+        cannot do it (see ``Tier.reset_dirs``)."""
         header, _ = self._file("reset", "/", extra=self._reset_request())
         return {
             "killed": int(str(header.get("killed", 0))),

@@ -635,3 +635,26 @@ def test_a_guardrail_ask_is_answered_too(sandbox: tuple[Corral, Path], origin: O
     out, err = finish(proc)
     assert "/deploy/yes=200" in out and "/deploy/no=403" in out, (out, err)
     assert origin.seen == ["/deploy/yes"]
+
+
+@pytest.mark.tiers("namespace", why="only a namespace sandbox can be reset between jobs")
+def test_a_reset_drops_the_grants_one_job_was_given(
+    api_ws: Path, tier: TierCase, origin: Origin
+) -> None:
+    """A grant lives in the run's proxy, which a warm sandbox keeps between jobs
+    (corral batch --reuse): each job is asked afresh.  The twin: within a job the
+    grant answers the same request at once."""
+    asked: list[str] = []
+
+    def on_ask(info: AskInfo) -> Decision:
+        asked.append(info.path)
+        return Decision.allow_for(600)
+
+    with Sandbox(api_policy(api_ws, origin), on_ask=on_ask, **tier.api) as sb:
+        jobs = [sb.exec_alone(gets(origin, "/held/a", "/held/a")) for _ in range(2)]
+        sb.reset()
+        jobs.append(sb.exec(gets(origin, "/held/a")))
+    got = [job.stdout.decode().count("/held/a=200") for job in jobs]
+    assert got == [2, 2, 1], [job.stdout for job in jobs]
+    assert asked == ["/held/a"] * 3  # once per job: the second GET of a job used its grant
+    assert origin.seen == ["/held/a"] * 5

@@ -20,7 +20,9 @@ one place) and takes answers from two places:
 
 Messages are JSON lines.  ``{"op": "list"}`` answers ``{"pending": [...]}``;
 ``{"op": "answer", "id": ..., "allow": true, "for": 600, "path": "/x/**"}``
-answers ``{"ok": true}`` or ``{"error": "..."}``.
+answers ``{"ok": true}`` or ``{"error": "..."}``; ``{"op": "forget"}`` drops
+every grant (``Sandbox.reset`` between jobs) and answers ``{"ok": true,
+"forgot": N}``.
 
 An answer "for" a duration leaves a :class:`Grant`: the same host, port and
 method, and the same path (the query aside) or a path glob given with the
@@ -206,6 +208,8 @@ class Hub(Asker):
             elif op == "answer":
                 problem = self.answer_message(message, "control")
                 reply = {"error": problem} if problem else {"ok": True}
+            elif op == "forget":
+                reply = {"ok": True, "forgot": self.forget_grants()}
             else:
                 reply = {"error": "unknown request"}
             writer.write(_dump(reply))
@@ -360,6 +364,14 @@ class Hub(Asker):
             if grant.expires > now and grant.covers(host, port, method, path, query):
                 return grant
         return None
+
+    def forget_grants(self) -> int:
+        """Drop every grant (a sandbox reset between jobs: one job's answers must
+        not answer the next job's asks); how many there were."""
+        gone, self.grants = self.grants, []
+        for grant in gone:
+            self._event({"event": "grant-revoked", "grant": grant.id, "scope": grant.scope()})
+        return len(gone)
 
     def _expire(self, grant: Grant) -> None:
         if grant in self.grants:

@@ -206,6 +206,16 @@ def _age(item: dict[str, object]) -> float:
     return float(age) if isinstance(age, int | float) else 0.0
 
 
+def forget_grants(directory: str, run_id: str) -> int:
+    """Drop every grant of one run (OSError: its proxy cannot be reached;
+    RuntimeError: it refused)."""
+    reply = _talk(socket_path(directory, run_id), {"op": "forget"})
+    forgot = reply.get("forgot")
+    if not reply.get("ok") or not isinstance(forgot, int):
+        raise RuntimeError(str(reply.get("error", "no answer from the run's proxy")))
+    return forgot
+
+
 def send_answer(directory: str, ask_id: str, decision: Decision, by: str) -> str | None:
     """Answer a held request in whichever run holds it; an error text, or None."""
     problem = f"no request {ask_id!r} is waiting (see corral pending)"

@@ -394,6 +394,19 @@ class Door:
 
         return denial_entries(tally)
 
+    def forget_grants(self) -> None:
+        """Drop the grants of this run's asks (a reset between jobs).  A proxy
+        that is gone holds none (and the sandbox has no network); one that does
+        not answer raises OSError, one that refuses RuntimeError."""
+        if not self.control_dir or not self._started:
+            return
+        from corral.net.asking import forget_grants
+
+        try:
+            forget_grants(self.control_dir, self.run_id)
+        except (FileNotFoundError, ConnectionRefusedError):
+            pass
+
     def _proxy_pids(self) -> list[int]:
         """The workers' pids, the first worker's first: proxy.pid, written by
         whichever process forked each (corral, its guardian, the first worker)."""
