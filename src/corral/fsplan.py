@@ -445,6 +445,9 @@ def plan_filesystem(
     ``capless_uid``: the host uid a tier's sandbox runs as with no capability over
     other owners' files (bwrap in its own user namespace); host sockets it could
     not reach get no mask (see :func:`beyond_reach`)."""
+    from corral.policy import check_workspace, home_dirs
+
+    check_workspace(os.path.realpath(policy.workspace), home_dirs())  # a Policy made in code
     plan = FsPlan()
     writable = []
     for path in policy.writable_paths():

@@ -1229,11 +1229,41 @@ def find_policy_file(workspace: str) -> str | None:
     return candidate if os.path.isfile(candidate) else None
 
 
+def home_dirs() -> list[str]:
+    """The launching user's home directories, real paths: $HOME and the
+    password database's entry (either may be what a tool writes to)."""
+    import pwd
+
+    found = [os.environ.get("HOME", "")]
+    try:
+        found.append(pwd.getpwuid(os.geteuid()).pw_dir)
+    except KeyError:
+        pass
+    return sorted({os.path.realpath(h) for h in found if h.startswith("/")})
+
+
+def check_workspace(ws: str, homes: list[str]) -> None:
+    """Refuse a workspace (a real path) that would make the disk, or a home
+    directory, writable: a command there could write a shell's startup files,
+    ``~/.local/bin`` or an autostart or systemd unit, which run later outside
+    the sandbox, and no list of protected paths covers every such file.  Pure."""
+    if ws == "/":
+        raise PolicyError("the workspace cannot be / (it would make the whole disk writable)")
+    for home in homes:
+        if home == "/" or not (ws == home or home.startswith(ws.rstrip("/") + "/")):
+            continue
+        what = "your home directory" if ws == home else f"a directory holding your home {home}"
+        raise PolicyError(
+            f"the workspace cannot be {what} ({ws}): a command could write files that "
+            "run later outside the sandbox (shell startup files, ~/.local/bin, autostart "
+            "and systemd units); run corral in a project directory"
+        )
+
+
 def load(workspace: str | None = None, path: str | None = None) -> Policy:
     """Defaults, then ``path`` (or the workspace's corral.toml if present)."""
     ws = os.path.realpath(workspace or os.getcwd())
-    if ws == "/":
-        raise PolicyError("the workspace cannot be / (it would make the whole disk writable)")
+    check_workspace(ws, home_dirs())
     policy = Policy(ws)
     from corral import bounds
 

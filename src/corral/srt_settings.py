@@ -552,9 +552,10 @@ def read(path: str) -> object:
 
 
 def _workspace(workspace: str | None) -> str:
+    from corral.policy import check_workspace, home_dirs
+
     ws = os.path.realpath(workspace or os.getcwd())
-    if ws == "/":
-        raise PolicyError("the workspace cannot be / (it would make the whole disk writable)")
+    check_workspace(ws, home_dirs())
     return ws
 
 

@@ -137,3 +137,18 @@ def test_setup_failure_is_reported_as_such(tmp_path: Path, monkeypatch: pytest.M
         assert "no-such-source" in exc.message
     else:
         raise AssertionError("a broken sandbox ran")
+
+
+def test_the_home_directory_is_refused_as_the_workspace(sandbox: tuple[Corral, Path]) -> None:
+    """Run from ~ (an agent started there), the workspace would be the home
+    directory, and a command could leave ~/.local/bin or a systemd unit to run
+    later outside the sandbox.  The twin: a project directory works."""
+    c, ws = sandbox
+    script = "mkdir -p ~/.local/bin && touch ~/.local/bin/evil; echo ran"
+    r = c.run(["run", "-q", "--", "sh", "-c", script], cwd=c.home)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.count("\n") == 1, err
+    assert "cannot be your home directory" in err and "project directory" in err, err
+    assert not (c.home / ".local").exists() and r.stdout == b""
+    ok = c.run(["run", "-q", "--", "sh", "-c", "echo ran"], cwd=ws)
+    assert ok.returncode == 0 and ok.stdout == b"ran\n", ok.stderr

@@ -6,6 +6,7 @@ Nothing here launches a sandbox: every run either fails before launching or uses
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,7 @@ def test_parse_errors(args: list[str], positional: bool, fragment: str) -> None:
         (["run", "--env", "A\0=B", "--", "true"], "--env"),
         (["run", "--tier", "nosuchtier", "--", "true"], "unknown tier 'nosuchtier'"),
         (["run", "--workspace", "/", "--", "true"], "workspace cannot be /"),
+        (["run", "--workspace", os.path.expanduser("~"), "--", "true"], "your home directory"),
         (["run", "--tier"], "needs a value"),
         (["doctor", "extra"], "unexpected argument"),
         (["doctor", "--tier", "x"], "unknown option"),
@@ -316,7 +318,8 @@ def test_mcp_without_the_sdk_is_refused_in_one_line(
 
     for name in ("mcp", "mcp.server", "mcp.server.mcpserver"):
         monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    monkeypatch.chdir(tmp_path / "ws")  # not tmp_path: it holds this test's $HOME
     assert cli.main(["mcp"]) == 122
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'corral[mcp]'" in err

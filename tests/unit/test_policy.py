@@ -90,6 +90,46 @@ def test_workspace_root_is_refused() -> None:
     assert "/" in info.value.message
 
 
+@pytest.mark.parametrize(
+    ("ws", "homes", "says"),
+    [
+        ("/home/alice", ["/home/alice"], "cannot be your home directory (/home/alice)"),
+        ("/home", ["/home/alice"], "a directory holding your home /home/alice (/home)"),
+        ("/root", ["/home/alice", "/root"], "your home directory (/root)"),
+    ],
+)
+def test_a_home_directory_or_one_holding_it_is_no_workspace(
+    ws: str, homes: list[str], says: str
+) -> None:
+    with pytest.raises(PolicyError) as info:
+        policy.check_workspace(ws, homes)
+    assert says in info.value.message and "project directory" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("ws", "homes"),
+    [
+        ("/home/alice/project", ["/home/alice"]),  # the twin: a project inside home
+        ("/home/alicebob", ["/home/alice"]),  # a name that only starts the same
+        ("/srv/work", ["/"]),  # a user whose home is /: only / itself is refused
+    ],
+)
+def test_a_project_directory_is_a_workspace(ws: str, homes: list[str]) -> None:
+    policy.check_workspace(ws, homes)
+
+
+def test_a_policy_made_in_code_on_the_home_directory_is_refused_at_planning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral import fsplan
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(PolicyError, match="your home directory"):
+        fsplan.plan_filesystem(policy.Policy(str(tmp_path)))
+    (tmp_path / "proj").mkdir()
+    assert fsplan.plan_filesystem(policy.Policy(str(tmp_path / "proj")), mounts=False)
+
+
 def test_workspace_corral_toml_is_found(tmp_path: Path) -> None:
     write(tmp_path, 'tier = "none"\n')
     pol = policy.load(str(tmp_path))
@@ -98,7 +138,8 @@ def test_workspace_corral_toml_is_found(tmp_path: Path) -> None:
 
 
 def test_full_policy_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    home = tmp_path.parent / f"{tmp_path.name}-home"  # beside the workspace: not in it
+    monkeypatch.setenv("HOME", str(home))
     path = write(tmp_path, FULL_POLICY)
     pol = policy.load(str(tmp_path), str(path))
     assert pol.tier == "namespace"
@@ -120,11 +161,11 @@ def test_full_policy_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert pol.writable_paths() == [
         str(tmp_path),
         str(tmp_path / "build"),
-        str(tmp_path / "home" / "cache"),
+        str(home / "cache"),
     ]
     assert pol.read_deny_paths() == [
         str(tmp_path / "secrets") + "/",
-        str(tmp_path / "home" / "private.txt"),
+        str(home / "private.txt"),
     ]
     canonical = pol.to_dict()
     env = canonical["env"]
