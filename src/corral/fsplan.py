@@ -601,7 +601,9 @@ def plan_filesystem(
     for sock in host_unix_sockets():
         if in_private_tmp(sock) or _lkind(sock) != "socket":
             continue
-        if capless_uid is None or not beyond_reach(sock, capless_uid):
+        # (a snapshot's tmpfs opens the way into the directory it replaces)
+        snapped = any(_inside(sock, root) for root in shadows)
+        if capless_uid is None or snapped or not beyond_reach(sock, capless_uid):
             add_mask(sock, False, SOCKET_MASK)
 
     home_binds = []

@@ -394,6 +394,12 @@ def test_a_socket_another_uid_cannot_reach_needs_no_mask(
     assert masked == sorted(str(socks[n]) for n in ("others", "group", "open"))
     # a tier whose sandbox may hold capabilities (no capless_uid) masks every one
     assert dests(plan_filesystem(pol), "mask-file") == sorted(str(p) for p in socks.values())
+    # a snapshot of the closed directory (a missing secret in it) opens the way:
+    # its socket is masked again
+    pol.filesystem.read_deny = [str(open_root / "closed" / "missing-secret")]
+    plan = plan_filesystem(pol, capless_uid=stranger)
+    assert Mount("tmpfs", str(open_root / "closed")) in plan.mounts
+    assert str(socks["closed"]) in dests(plan, "mask-file")
 
 
 def test_host_unix_sockets_parses_proc_net_unix(tmp_path: Path) -> None:
