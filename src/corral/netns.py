@@ -225,21 +225,14 @@ def enter(plan: NetPlan) -> list[tuple[Listener, _socket.socket]]:
         from corral.net import transparent
 
         transparent.capture(plan.rules)
-    made: list[tuple[Listener, _socket.socket]] = []
+    made = _listen_all(plan)
+    if plan.handoff is None:
+        return made
     try:
-        for listener in plan.listeners[:MAX_LISTENERS]:
-            sock = _listen(listener)
-            if sock is not None:
-                made.append((listener, sock))
-        if plan.handoff is None:
-            return made
         _hand_over(plan.handoff, made)
-    except BaseException:
-        for _, sock in made:
+    finally:
+        for _, sock in made:  # the proxy has its copies; ours must not reach bwrap
             sock.close()
-        raise
-    for _, sock in made:  # the proxy has its copies; ours must not reach bwrap
-        sock.close()
     return []
 
 
@@ -249,13 +242,21 @@ def _enter_again(plan: NetPlan, handoff: str | None) -> list[tuple[Listener, _so
     the last attempt) are made again here."""
     if plan.handoff != handoff:
         raise OSError("this process is already in another sandbox's network namespace")
-    if handoff is not None:
-        return []
-    made = []
-    for listener in plan.listeners[:MAX_LISTENERS]:
-        sock = _listen(listener)
-        if sock is not None:
-            made.append((listener, sock))
+    return [] if handoff is not None else _listen_all(plan)
+
+
+def _listen_all(plan: NetPlan) -> list[tuple[Listener, _socket.socket]]:
+    """The plan's listeners, bound in this process's namespace (all or none)."""
+    made: list[tuple[Listener, _socket.socket]] = []
+    try:
+        for listener in plan.listeners[:MAX_LISTENERS]:
+            sock = _listen(listener)
+            if sock is not None:
+                made.append((listener, sock))
+    except BaseException:
+        for _, sock in made:
+            sock.close()
+        raise
     return made
 
 
