@@ -40,7 +40,7 @@ from corral import defaults
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Collection, Sequence
+    from collections.abc import Callable, Collection, Sequence
 
     from corral.policy import Policy
 
@@ -597,14 +597,8 @@ def plan_filesystem(
         ro_binds.setdefault(path, Mount("ro-bind", path, path, "hard link: may be a file outside"))
     if not mounts:
         return plan
-    # Host unix sockets that are still visible after the private tmpfs.
-    for sock in host_unix_sockets():
-        if in_private_tmp(sock) or _lkind(sock) != "socket":
-            continue
-        # (a snapshot's tmpfs opens the way into the directory it replaces)
-        snapped = any(_inside(sock, root) for root in shadows)
-        if capless_uid is None or snapped or not beyond_reach(sock, capless_uid):
-            add_mask(sock, False, SOCKET_MASK)
+    for sock in _visible_sockets(in_private_tmp, shadows, capless_uid):
+        add_mask(sock, False, SOCKET_MASK)
 
     home_binds = []
     if home is not None:
@@ -633,6 +627,22 @@ def plan_filesystem(
     for root in sorted(shadows, key=lambda p: (-_depth(p), p)):
         plan.mounts.append(Mount("remount-ro", root, why="snapshot stays read-only"))
     return plan
+
+
+def _visible_sockets(
+    hidden: Callable[[str], bool], shadows: set[str], capless_uid: int | None
+) -> list[str]:
+    """Host unix sockets still visible after the private tmpfs (``hidden``):
+    those the plan masks.  A socket a capless sandbox cannot reach needs none,
+    unless a snapshot's tmpfs opens the way into the directory it replaces."""
+    found = []
+    for sock in host_unix_sockets():
+        if hidden(sock) or _lkind(sock) != "socket":
+            continue
+        snapped = any(_inside(sock, root) for root in shadows)
+        if capless_uid is None or snapped or not beyond_reach(sock, capless_uid):
+            found.append(sock)
+    return found
 
 
 def _shadow(root: str) -> list[Mount]:
