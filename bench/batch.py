@@ -145,7 +145,7 @@ def rows(quick: bool, count: int | None = None, with_ray: bool = True) -> list[R
         )
     name = f"batch of {count} true (Ray, 3 nodes)"
     try:
-        import ray as _ray  # noqa: F401
+        import ray as _ray  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
     except ImportError:
         with_ray = False
     if not with_ray:

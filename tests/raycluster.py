@@ -20,7 +20,7 @@ RAY = str(Path(sys.executable).with_name("ray"))
 def ray_missing() -> str | None:
     """Why a cluster cannot start here (None: it can)."""
     try:
-        import ray  # noqa: F401
+        import ray  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
     except ImportError:
         return "the ray package is not installed (pip install 'corral[ray]')"
     if not os.path.exists(RAY):
