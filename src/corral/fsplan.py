@@ -613,8 +613,12 @@ def plan_filesystem(
     masked_dirs = [m.dest for m in masks.values() if m.kind == "mask-dir"]
     shadows = {r for r in shadows if not any(_inside(r, d) for d in masked_dirs)}
     plan.mounts.extend(base)
+    # A snapshot entry that a mask or a nested snapshot covers is not bound first:
+    # bwrap makes the mount point in the snapshot's tmpfs, the secret is never
+    # bound at all, and each bind skipped saves bwrap a mount (~0.2 ms).
+    covered = {p for p, m in masks.items() if m.kind in ("mask-dir", "mask-file")} | shadows
     for root in sorted(shadows, key=lambda p: (_depth(p), p)):
-        plan.mounts.extend(_shadow(root))
+        plan.mounts.extend(m for m in _shadow(root) if m.kind != "ro-bind" or m.dest not in covered)
     for path in sorted(writable, key=lambda p: (_depth(p), p)):
         plan.mounts.append(Mount("bind", path, path, "writable"))
     protect = [

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import Corral, sees_host_root
 
 # Secrets under the home directory that the default policy must hide.
@@ -152,6 +153,38 @@ def test_default_secrets_are_unreadable(tsandbox: tuple[Corral, Path]) -> None:
         (ws / "notes.txt").write_text("ws-notes\n")
         c.chown(ws / "notes.txt")
         assert b"ws-notes" in c.sh(ws, "cat notes.txt").stdout
+
+
+def test_a_masked_secret_in_the_home_snapshot_cannot_be_opened_up(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """The home is snapshotted (some default secrets are missing); a secret in it
+    is an empty mode-000 entry: the command can neither chmod, replace nor remove
+    it.  Twin: a public sibling in the same snapshot reads fine."""
+    c, ws = tsandbox
+    if not (c.has("mounts") and sees_host_root(c)):
+        pytest.skip(f"{c.tier}: no home snapshot (the host home is not mounted)")
+    (c.home / ".ssh").mkdir(exist_ok=True)
+    (c.home / ".ssh" / "id_rsa").write_text("CANARY-ssh\n")
+    (c.home / ".netrc").write_text("CANARY-netrc\n")
+    (c.home / "notes.txt").write_text("public-notes\n")
+    c.chown(c.home)
+    h = c.home
+    r = c.sh(
+        ws,
+        f"chmod 755 {h}/.ssh || echo chmod-dir=refused; "
+        f"chmod 644 {h}/.netrc || echo chmod-file=refused; "
+        f"rmdir {h}/.ssh || echo rmdir=refused; "
+        f"echo x > {h}/.netrc || echo write=refused; "
+        f"mv {h}/.netrc {h}/n2 || echo mv=refused; "
+        f"cat {h}/.netrc {h}/.ssh/id_rsa; ls -A {h}/.ssh; cat {h}/notes.txt",
+    )
+    out = r.stdout.decode()
+    assert "CANARY" not in out, r
+    for what in ("chmod-dir", "chmod-file", "rmdir", "write", "mv"):
+        assert f"{what}=refused" in out, r
+    assert "public-notes" in out, r  # twin
+    assert (c.home / ".netrc").read_text() == "CANARY-netrc\n"  # the host's copy untouched
 
 
 def test_secret_created_after_launch_stays_hidden(tsandbox: tuple[Corral, Path]) -> None:

@@ -122,15 +122,15 @@ def test_missing_secret_shadows_home(lay: Layout) -> None:
     home = str(lay.home)
     plan = plan_filesystem(policy_for(lay, ["~/.aws/", "~/.ssh/"]))
     start = index(plan, Mount("tmpfs", home))
-    assert plan.mounts[start : start + 4] == [
+    assert plan.mounts[start : start + 3] == [
         Mount("tmpfs", home),
         Mount("ro-bind", f"{home}/.bashrc", f"{home}/.bashrc"),
-        Mount("ro-bind", f"{home}/.ssh", f"{home}/.ssh"),
         Mount("symlink", f"{home}/link", "somewhere/else"),
     ]
     assert not any(m.dest == f"{home}/agent.sock" for m in plan.mounts)
     assert not any(m.dest == f"{home}/.aws" for m in plan.mounts)
-    # the mask of the existing ~/.ssh comes after its ro-bind in the snapshot
+    # the existing ~/.ssh is masked in the snapshot, never bound into it first
+    assert [m.kind for m in plan.mounts if m.dest == f"{home}/.ssh"] == ["mask-dir"]
     assert index(plan, Mount("mask-dir", f"{home}/.ssh")) > start + 2
     # and the snapshot is remounted read-only last
     remount = index(plan, Mount("remount-ro", home))

@@ -120,6 +120,36 @@ def test_mount_args_for_every_kind() -> None:
     assert text.index("/home/u/.netrc") < text.index("/ws/.env") < text.index("--remount-ro")
 
 
+def test_masks_standing_in_a_snapshot_are_made_not_mounted() -> None:
+    """In a snapshot (a tmpfs remounted read-only last) a mask is an empty mode-000
+    entry bwrap creates: no mount; one with anything at or under it, or outside a
+    snapshot, is mounted as before."""
+    mounts = [
+        Mount("ro-bind", "/", "/"),
+        Mount("tmpfs", "/home/u"),
+        Mount("ro-bind", "/home/u/.bashrc"),
+        Mount("symlink", "/home/u/.aws", "elsewhere"),
+        Mount("mask-dir", "/home/u/.ssh"),
+        Mount("mask-file", "/home/u/.netrc"),
+        Mount("mask-file", "/home/u/.aws"),  # a symlink stands there: mounted
+        Mount("mask-dir", "/home/u/.config/gh"),  # not directly in the snapshot
+        Mount("mask-file", "/etc/shadow"),  # no snapshot at all
+        Mount("remount-ro", "/home/u"),
+    ]
+    args, fds = mount_args(mounts)
+    text = " ".join(args)
+    assert "--perms 0000 --dir /home/u/.ssh " in text
+    assert f"--perms 0000 --file {FD_EMPTY} /home/u/.netrc " in text
+    assert f"--perms 0000 --ro-bind-data {FD_EMPTY + 1} /home/u/.aws " in text
+    assert "--perms 0000 --tmpfs /home/u/.config/gh " in text
+    assert f"--perms 0000 --ro-bind-data {FD_EMPTY + 2} /etc/shadow " in text
+    assert fds == [FD_EMPTY, FD_EMPTY + 1, FD_EMPTY + 2]
+    assert text.endswith("--remount-ro /home/u")
+    # a tmpfs that is not remounted read-only is no snapshot: its masks are mounted
+    args, _ = mount_args([Mount("tmpfs", "/home/u"), Mount("mask-dir", "/home/u/.ssh")])
+    assert args[-4:] == ["--perms", "0000", "--tmpfs", "/home/u/.ssh"]
+
+
 def test_the_agent_is_pid_1_and_nothing_else_is(
     workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -88,7 +88,19 @@ def mount_args(
     args: list[str] = []
     empty_fds: list[int] = []
     sizes = sizes or {}
+    in_snapshot = snapshot_masks(mounts)
     for m in mounts:
+        if m in in_snapshot:
+            # an empty mode-000 entry made in the snapshot's tmpfs: no mount of its
+            # own, and read-only (even to chmod) once the snapshot is remounted
+            args += ["--perms", "0000"]
+            if m.kind == "mask-dir":
+                args += ["--dir", m.dest]
+            else:
+                fd = next(numbers)
+                empty_fds.append(fd)
+                args += ["--file", str(fd), m.dest]
+            continue
         if m.kind == "ro-bind":
             args += ["--ro-bind", m.src or m.dest, m.dest]
         elif m.kind == "bind":
@@ -118,6 +130,21 @@ def mount_args(
         else:  # a new kind must be taught here before it can be used
             raise ValueError(f"unknown mount kind {m.kind!r}")
     return args, empty_fds
+
+
+def snapshot_masks(mounts: list[Mount]) -> list[Mount]:
+    """The masks that stand directly in a snapshot (a tmpfs remounted read-only at
+    the end) with no other mount at or under them: bwrap need not mount them."""
+    tmpfs = {m.dest for m in mounts if m.kind == "tmpfs"}
+    snapshots = {m.dest for m in mounts if m.kind == "remount-ro"} & tmpfs
+    found = []
+    for m in mounts:
+        if m.kind not in ("mask-dir", "mask-file") or os.path.dirname(m.dest) not in snapshots:
+            continue
+        prefix = m.dest + "/"
+        if not any(o is not m and (o.dest == m.dest or o.dest.startswith(prefix)) for o in mounts):
+            found.append(m)
+    return found
 
 
 def scratch_sizes(limits: Limits) -> dict[str, int]:
