@@ -385,8 +385,9 @@ def _inside(path: str, root: str) -> bool:
 
 def _expand_keep_slash(policy: Policy, items: Iterable[str]) -> list[str]:
     out = []
+    home = os.path.expanduser("~").rstrip("/")  # once: the defaults hold some sixty ~ paths
     for item in items:
-        full = policy.expand(item)
+        full = os.path.normpath(home + item[1:]) if item.startswith("~/") else policy.expand(item)
         out.append(full + "/" if item.endswith("/") and full != "/" else full)
     return out
 
@@ -1229,17 +1230,28 @@ def find_policy_file(workspace: str) -> str | None:
     return candidate if os.path.isfile(candidate) else None
 
 
+# home_dirs' last answer, by what it depends on: a run asks twice (the policy's
+# load and the filesystem plan), and each password database lookup reads files
+_homes: tuple[tuple[str, int], list[str]] | None = None
+
+
 def home_dirs() -> list[str]:
     """The launching user's home directories, real paths: $HOME and the
     password database's entry (either may be what a tool writes to)."""
+    global _homes
+    key = (os.environ.get("HOME", ""), os.geteuid())
+    if _homes is not None and _homes[0] == key:
+        return list(_homes[1])
     import pwd
 
-    found = [os.environ.get("HOME", "")]
+    found = [key[0]]
     try:
-        found.append(pwd.getpwuid(os.geteuid()).pw_dir)
+        found.append(pwd.getpwuid(key[1]).pw_dir)
     except KeyError:
         pass
-    return sorted({os.path.realpath(h) for h in found if h.startswith("/")})
+    homes = sorted({os.path.realpath(h) for h in found if h.startswith("/")})
+    _homes = (key, homes)
+    return list(homes)
 
 
 def check_workspace(ws: str, homes: list[str]) -> None:

@@ -31,6 +31,8 @@ def iso(t: float) -> str:
 
 def _string(text: str) -> str:
     out = text.replace("\\", "\\\\").replace('"', '\\"')
+    if out.isascii() and out.isprintable():  # the common case, checked in C
+        return f'"{out}"'
     if any(ord(c) < 0x20 or 0xD800 <= ord(c) <= 0xDFFF or c == "\x7f" for c in out):
         out = "".join(
             f"\\u{ord(c):04x}" if ord(c) < 0x20 or 0xD800 <= ord(c) <= 0xDFFF or c == "\x7f" else c
