@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import cli, tiers
+from corral import cli, commands, tiers
 from corral.errors import EXIT_REFUSED, EXIT_USAGE, CorralError
 from corral.tiers.base import Health
 from corral.tiers.namespace import NamespaceTier
@@ -333,7 +333,7 @@ def test_broken_pipe_ends_like_a_pipeline(
     def closed_reader(args: list[str]) -> int:
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(cli, "cmd_doctor", closed_reader)
+    monkeypatch.setattr(commands, "cmd_doctor", closed_reader)
     monkeypatch.setattr(cli.os, "dup2", lambda *a: None)  # keep pytest's own stdout
     code, _, err = run_main(["doctor", "--json"], capsys)
     assert code == 141 and err == ""
