@@ -851,8 +851,12 @@ def _finish(
         net_log = opts.get("net_log")
         lookups = getattr(result, "lookups")  # noqa: B009  (RunResult only)
         refused = record_lookups(str(net_log) if net_log else None, str(record["run_id"]), lookups)
-    limited = result.limits_hit or result.timed_out or result.truncated or bounds.unenforced(plan)
-    if refused or limited or plan.hardlinks:  # corral.report only when there is news
+    target = str(opts.get("report") or "")
+    limited = result.limits_hit or result.timed_out or result.truncated
+    # defaults this host does not enforce were said before the run; only the
+    # report lists them again
+    unbounded = bool(target) and bool(bounds.unenforced(plan))
+    if refused or limited or unbounded or plan.hardlinks:  # corral.report only for news
         from corral import report
 
         denials += report.network(refused, plan.policy)
@@ -871,7 +875,6 @@ def _finish(
         denials=[d.to_dict() for d in denials if d.refused],
     )
     _log(record, opts.get("log"))
-    target = str(opts.get("report") or "")
     if target:
         from corral.report import document
 

@@ -140,6 +140,11 @@ def test_default_memory_and_pids_are_in_force(tsandbox: tuple[Corral, Path]) -> 
             "source": "default",
             "enforced": False,
         }
+        # the report lists the bounds not in force (said once, before the run)
+        reported = run(c, ws, "-q", "--report", "json", "--", "true")
+        doc = json.loads(reported.stderr.decode().strip().splitlines()[-1])
+        bounds = {d["name"] for d in doc["denials"] if d["kind"] == "bound"}
+        assert {"memory", "pids"} <= bounds, doc
         # allow twin: lifted on purpose, nothing to say
         lifted = run(c, ws, "--memory", "none", "--pids", "none", "--", "true")
         assert lifted.returncode == 0 and lifted.stderr == b""
