@@ -937,6 +937,9 @@ def _command(name: str) -> Callable[[list[str]], int]:
     only when one of them runs."""
     if name == "run":
         return cmd_run
+    import gc
+
+    gc.enable()  # the entry script turned it off for `run`; these may live long
     from corral import commands
 
     found: Callable[[list[str]], int] = getattr(commands, "cmd_" + name)

@@ -426,3 +426,17 @@ def test_env_name_passes_and_name_value_sets(isolated: Path) -> None:
     assert pol.env.pass_names == ["KEEP"]
     assert pol.env.set_values == {"GIVEN": "a=b", "EMPTY": ""}
     assert "a=b" not in json.dumps(pol.to_dict())  # values stay out of digests and --explain
+
+
+def test_commands_but_run_turn_the_collector_back_on() -> None:
+    """The entry script turns the cyclic collector off for `corral run` (one short
+    process); every other command may live long (shell, mcp, proxy) and gets it back."""
+    import gc
+
+    was = gc.isenabled()
+    try:
+        gc.disable()
+        assert cli._command("run") is cli.cmd_run and not gc.isenabled()
+        assert cli._command("doctor") is commands.cmd_doctor and gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
