@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import defaults, policy
+from corral import defaults, policy, policyfile
 from corral.errors import EXIT_USAGE, PolicyError
 from corral.policy import Policy
 
@@ -49,7 +49,7 @@ def write(tmp_path: Path, text: str, name: str = "corral.toml") -> Path:
 
 def load_error(path: Path, workspace: Path) -> PolicyError:
     with pytest.raises(PolicyError) as info:
-        policy.load_file(str(path), Policy(str(workspace)))
+        policyfile.load_file(str(path), Policy(str(workspace)))
     return info.value
 
 
