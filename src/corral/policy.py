@@ -661,18 +661,20 @@ ENGINES = ("podman", "docker")
 OCI_RUNTIMES = ("runc", "runsc", "crun")
 
 
-def _expect_engine(v: object) -> str:
+def _expect_choice(v: object, what: str, choices: tuple[str, ...]) -> str:
+    """A string that must be one of ``choices``; the error names ``what`` and them all."""
     name = _expect_str(v)
-    if name not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {name!r}")
+    if name not in choices:
+        raise ValueError(f"{what} must be one of {', '.join(choices)}; got {name!r}")
     return name
+
+
+def _expect_engine(v: object) -> str:
+    return _expect_choice(v, "engine", ENGINES)
 
 
 def _expect_runtime(v: object) -> str:
-    name = _expect_str(v)
-    if name not in OCI_RUNTIMES:
-        raise ValueError(f"runtime must be one of {', '.join(OCI_RUNTIMES)}; got {name!r}")
-    return name
+    return _expect_choice(v, "runtime", OCI_RUNTIMES)
 
 
 def _expect_image(v: object) -> str:

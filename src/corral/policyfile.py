@@ -24,6 +24,7 @@ from corral.policy import (
     Secret,
     _entry_value,
     _expect_ask_timeout,
+    _expect_choice,
     _expect_engine,
     _expect_home,
     _expect_http_rule,
@@ -184,10 +185,7 @@ def _expect_format(v: object) -> str:
 
 
 def _expect_mode(v: object) -> str:
-    mode = _expect_str(v)
-    if mode not in NETWORK_MODES:
-        raise ValueError(f"mode must be one of {', '.join(NETWORK_MODES)}; got {mode!r}")
-    return mode
+    return _expect_choice(v, "mode", NETWORK_MODES)
 
 
 def _expect_hardlinks(v: object) -> str:
