@@ -84,6 +84,20 @@ def test_env_values_not_in_inspect(root_sandbox: tuple[Corral, Path]) -> None:
     assert wait_for(lambda: not (corral_containers(ws) - before), 10)
 
 
+def test_a_missing_image_is_named_in_corrals_words(
+    root_sandbox: tuple[Corral, Path], case: TierCase
+) -> None:
+    c, ws = root_sandbox
+    flags = [f for f in case.flags if f != TEST_IMAGE and f != "--image"]
+    missing = "localhost/corral-no-such-image:latest"
+    r = c.run(["run", "-q", *flags, "--image", missing, "--", "true"], cwd=ws)
+    assert r.returncode == 125
+    assert f"corral: image {missing} is not in podman's store" in r.stderr.decode()
+    # twin: the image exists and the command's own 125 passes through, unexplained
+    r = c.run(["run", "-q", *flags, "--image", TEST_IMAGE, "--", "sh", "-c", "exit 125"], cwd=ws)
+    assert r.returncode == 125 and "not in podman's store" not in r.stderr.decode()
+
+
 def test_nothing_left_after_a_run_or_a_sigkill(root_sandbox: tuple[Corral, Path]) -> None:
     c, ws = root_sandbox
     before = corral_containers(ws)

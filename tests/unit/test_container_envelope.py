@@ -118,6 +118,12 @@ def test_gvisor_and_rootless_and_docker_variants() -> None:
     ]
 
 
+def test_image_lookup_uses_the_runs_engine_options() -> None:
+    argv = envelope.image_argv(spec(cgroup_manager="cgroupfs"))
+    assert argv[:2] == ["/usr/bin/podman", "--cgroup-manager=cgroupfs"]
+    assert argv[-4:] == ["inspect", "--format", "{{.Id}}", "localhost/agent:latest"]
+
+
 def test_paths_with_commas_are_refused() -> None:
     with pytest.raises(ValueError, match="comma"):
         envelope.run_argv(spec(mounts=[Mount("bind", "/a,b", "/a,b")], roots=["/a,b"]))

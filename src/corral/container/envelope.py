@@ -239,6 +239,11 @@ def _shm_size(spec: Spec) -> int:
     return 0 if spec.engine_name == "podman" else 1 << 40
 
 
+def image_argv(spec: Spec) -> list[str]:
+    """Ask the engine for the image's id: it fails when the image is not in its store."""
+    return [*global_args(spec), "image", "inspect", "--format", "{{.Id}}", spec.image]
+
+
 def remove_argv(spec: Spec) -> list[str]:
     """Remove the container whatever its state (after a kill, or by the guardian)."""
     if spec.engine_name == "podman":

@@ -14,6 +14,7 @@ the namespace tier, and talks to the same door.
 from __future__ import annotations
 
 import os
+import sys
 
 from corral import environ, fsplan
 from corral.errors import RefusedError
@@ -83,10 +84,39 @@ class EngineLaunch(LaunchStrategy):
     close_grace = 2.0  # the agent's exit ends the container; --rm removes it
     agent_fds = False  # the agent is reached through the engine's pipes
 
-    def __init__(self, env: dict[str, str], report: str, remove: list[str]) -> None:
+    def __init__(
+        self, env: dict[str, str], report: str, remove: list[str], inspect: Sequence[str] = ()
+    ) -> None:
         self.env = env  # the engine client's environment (never the sandbox's values)
         self.report = report  # a file naming limits hit, one per line ("" if none)
         self.remove = remove  # the command that removes the container
+        self.inspect = list(inspect)  # the command that finds the image (its name last)
+
+    def exit_code(self, plan: Plan, code: int) -> int:
+        # 125 is the engine's own failure; a missing image is the usual one, and the
+        # engine's words for it do not say how to get one
+        if code == 125 and self.inspect and not self._image_present():
+            engine = os.path.basename(self.inspect[0])
+            sys.stderr.write(
+                f"corral: image {self.inspect[-1]} is not in {engine}'s "
+                "store (python -m corral.container.image builds one; or --image REF)\n"
+            )
+        return code
+
+    def _image_present(self) -> bool:
+        import subprocess
+
+        try:
+            found = subprocess.run(
+                self.inspect,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=20,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return True  # cannot tell: say nothing rather than something wrong
+        return found.returncode == 0
 
     def spawn(
         self, plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool
@@ -414,7 +444,9 @@ class ContainerTier(Tier):
         ]
         engine_env = {k: facts.environ[k] for k in ENGINE_ENV if k in facts.environ}
         remove = envelope.remove_argv(spec)
-        plan.strategy = EngineLaunch(engine_env, f"{scratch}/report", remove)
+        plan.strategy = EngineLaunch(
+            engine_env, f"{scratch}/report", remove, envelope.image_argv(spec)
+        )
         plan.notes.append(
             f"{eng.name} with runtime {eng.runtime}, image {image}; the host's / is not "
             "visible, only the workspace and writable paths are bound in"
