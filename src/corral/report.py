@@ -10,6 +10,9 @@ run, the line corral prints (``text``).  Kinds:
   hard-linked file made read-only for the run;
 - ``network``: a destination (or a name lookup) the proxy refused, with the
   rule, the reason, how often, and the flag that would allow it;
+- ``unreachable``: a destination the policy allowed that could not be reached
+  (nothing listening, a failed upstream certificate), which a client may
+  report only as a reset or an empty reply;
 - ``limit``: a limit the run hit (memory, pids, timeout, output);
 - ``bound``: a default limit this host could not enforce for this user.
 
@@ -149,6 +152,9 @@ def network(entries: Iterable[dict[str, object]], policy: Policy) -> list[Denial
     lookup, no port) and ``address`` (what an allowed name resolved to) when known."""
     out = []
     for e in sorted(entries, key=lambda e: (-int(str(e.get("count") or 1)), str(e.get("host")))):
+        if e.get("unreachable"):
+            out.append(_unreachable(e))
+            continue
         lookup = bool(e.get("lookup"))
         out.append(
             Denial(
@@ -164,6 +170,23 @@ def network(entries: Iterable[dict[str, object]], policy: Policy) -> list[Denial
             )
         )
     return out
+
+
+def _unreachable(e: dict[str, object]) -> Denial:
+    port = e.get("port")
+    dest = _dest(str(e.get("host")), port if isinstance(port, int) else None)
+    count = int(str(e.get("count") or 1))
+    times = f"{count} connections, " if count > 1 else ""
+    reason = str(e.get("reason") or "no reason given")
+    return Denial(
+        "unreachable",
+        f"unreachable: {dest} ({times}allowed by {e.get('rule')}, but {reason})",
+        host=e.get("host"),
+        port=port,
+        rule=e.get("rule"),
+        reason=e.get("reason"),
+        count=count,
+    )
 
 
 def _why(d: Denial, offline: bool) -> str:

@@ -102,6 +102,42 @@ def test_allowed_host_service_is_reached_at_its_own_address(
         assert {e["scheme"] for e in log} == {"http"}
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_allowed_service_with_nothing_listening_fails_and_is_named(
+    tsandbox: tuple[Corral, Path],
+    origins: tuple[Origin, Origin],  # noqa: F811
+) -> None:
+    """Allowed, but nothing listens on the host: the client sees a failed connection
+    (a reset at its own address, a 502 through the proxy), never an empty reply,
+    and corral names the destination and the cause after the run.  The twin: the
+    allowed service that does listen is reached in the same run."""
+    c, ws = tsandbox
+    ok, _ = origins
+    down = _free_port()
+    r = c.sh(
+        ws,
+        f"""
+        curl -fsS --max-time 10 http://127.0.0.1:{down}/ ; echo "down=$?"
+        curl -fsS --max-time 10 http://127.0.0.1:{ok.port}/up
+        """,
+        "--allow",
+        f"127.0.0.1:{down}",
+        "--allow",
+        f"127.0.0.1:{ok.port}",
+    )
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert "hello from origin" in out and ok.hits == [("GET", "/up")], (out, err)
+    assert f"down={56 if own_address(c) else 22}" in out, (out, err)  # 52: empty reply
+    expected = f"corral: unreachable: 127.0.0.1:{down} (allowed by 127.0.0.1:{down}, but "
+    assert expected in err and "Connection refused" in err, err
+    assert "blocked:" not in err  # nothing was refused
+
+
 def _ipv6_loopback() -> bool:
     try:
         with socket.socket(socket.AF_INET6) as s:

@@ -79,6 +79,28 @@ def test_without_a_network_the_line_says_so(tmp_path: Path) -> None:
     )
 
 
+def test_an_allowed_destination_that_cannot_be_reached_is_its_own_line(tmp_path: Path) -> None:
+    """A service allowed with nothing listening: the client saw a reset or a 502,
+    so corral says it was allowed and why it failed; it is no denial, and the
+    refused destination beside it keeps its own line (the twin)."""
+    pol = proxy_policy(tmp_path, ["127.0.0.1:9"])
+    why = "cannot connect: 127.0.0.1: Connection refused"
+    found = report.network(
+        [
+            entry("127.0.0.1", 9, "127.0.0.1:9", why, unreachable=True, count=2),
+            entry("example.org", 443, "default", "host not in the allow list"),
+        ],
+        pol,
+    )
+    down = next(d for d in found if d.kind == "unreachable")
+    assert down.text == (
+        "unreachable: 127.0.0.1:9 (2 connections, allowed by 127.0.0.1:9, but " + why + ")"
+    )
+    assert not down.refused and down.to_dict()["reason"] == why
+    assert report.blocked_line(found, pol).startswith("blocked: example.org:443 (")
+    assert closing_lines(found, pol, None) == [down.text, report.blocked_line(found, pol)]
+
+
 def test_many_destinations_are_counted_not_listed(tmp_path: Path) -> None:
     pol = proxy_policy(tmp_path, [])
     found = report.network([entry(f"h{i}.test", 443, "default") for i in range(8)], pol)

@@ -48,18 +48,21 @@ def test_the_tally_carries_rule_reason_lookup_and_address() -> None:
             "address": "127.0.0.1",
         },
         {"host": "name.test", "port": 53, "scheme": "dns", "decision": "deny", "rule": "default"},
-        {"host": "ok.test", "port": 443, "decision": "allow", "rule": "ok.test"},
+        {"host": "ok.test", "port": 443, "decision": "allow", "rule": "ok.test", "status": 200},
+        {"host": "down.test", "port": 9, "decision": "allow", "rule": "down.test", "status": 502},
     ]
     for entry in entries:
         audit.record(entry)
     text = tally_lines(audit.denied)
-    assert text.count("\n") == 3  # one line per destination and reason; allows are not tallied
+    # one line per destination and reason; allows are not tallied, unless unreachable
+    assert text.count("\n") == 4
     tally, _ = read(text)
     assert tally[("evil.test", 443, "default", "x", "", "")] == 2
     rebinding = ("svc.test", 8080, "rebinding", next(k[3] for k in tally if k[0] == "svc.test"))
     assert "\t" not in rebinding[3] and "\n" not in rebinding[3]  # a field stays one field
     assert tally[(*rebinding, "", "127.0.0.1")] == 1
-    assert tally[("name.test", 53, "default", "", "1", "")] == 1  # a lookup
+    assert tally[("name.test", 53, "default", "", "dns", "")] == 1  # a lookup
+    assert tally[("down.test", 9, "down.test", "", "down", "")] == 1  # allowed, not reached
 
 
 def test_an_escaped_bad_name_stays_one_line_and_printable() -> None:

@@ -152,6 +152,7 @@ def test_the_relay_frames_on_a_unix_door(tmp_path: Path) -> None:
             reader, _ = await door(b"\xfbGET http://127.0.0.1:%d/plain HTTP/1.1\r\n\r\n" % ok.port)
             assert (await read_response(reader)).status == 200
             reader, _ = await door(b"\xfc127.0.0.1 %d\nGET /svc HTTP/1.1\r\n\r\n" % ok.port)
+            assert await reader.readexactly(1) == b"\x00"  # connected: the relay may go on
             assert (await read_response(reader)).status == 200
             reader, _ = await door(b"\xfc127.0.0.1 9\nGET /no HTTP/1.1\r\n\r\n")  # deny twin
             assert await closed(reader)
@@ -351,6 +352,10 @@ def test_a_door_nothing_reached_closes_at_once_and_leaves_nothing(tmp_path: Path
         client.recv(100)
     for _, sock in made:
         sock.close()
-    assert twin.close() == []  # allowed (nothing listening: 502), not denied
+    # allowed, not denied; nothing listening (502) is kept as unreachable, with why
+    [down] = twin.close()
+    assert down["unreachable"] and not down["lookup"]
+    assert (down["host"], down["port"], down["rule"]) == ("127.0.0.1", 9, "127.0.0.1:9")
+    assert "Connection refused" in str(down["reason"])
     lines = [json.loads(x) for x in (tmp_path / "net.jsonl").read_text().splitlines()]
     assert [(e["scheme"], e["status"]) for e in lines] == [("http", 502)]

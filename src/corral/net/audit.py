@@ -3,6 +3,9 @@
 The tally keeps what a person needs to act on a denial, not just a count: per
 destination, the rule that decided, its reason, whether it was a name lookup,
 and the address an allowed name resolved to (the rebinding guard's refusals).
+It also keeps what the policy allowed but could not be reached (a host service
+with nothing listening, an upstream whose certificate failed): the client saw
+only a reset or a 502, and corral says why after the run.
 
 Lines are buffered and written in batches (every 50 ms, at 64 KiB, and on
 close): one ``write`` per request was a third of the proxy's CPU.  Each batch
@@ -47,7 +50,7 @@ class Audit:
 
     def record(self, entry: dict[str, object]) -> None:
         self.requests += 1
-        if entry.get("decision") == "deny":
+        if entry.get("decision") == "deny" or entry.get("status") == UNREACHABLE:
             key = deny_key(entry)
             self.denied[key] = self.denied.get(key, 0) + 1
         if self.fd < 0:
@@ -138,7 +141,10 @@ def describe(where: str, exc: BaseException | None) -> str:
     return f"{where}: {type(exc).__name__}: {exc}{place}".replace("\n", " ")
 
 
-# host, port (0: none), rule, reason, lookup ("1" for a name lookup), address
+UNREACHABLE = 502  # the status of an allowed destination the proxy could not reach
+
+# host, port (0: none), rule, reason, kind ("dns" a refused lookup, "down" allowed
+# but unreachable, "" a refused request), address
 DenyKey = tuple[str, int, str, str, str, str]
 
 
@@ -150,9 +156,15 @@ def deny_key(entry: dict[str, object]) -> DenyKey:
         port if isinstance(port, int) else 0,
         str(entry.get("rule") or ""),
         str(entry.get("reason") or ""),
-        "1" if entry.get("scheme") == "dns" else "",
+        _kind(entry),
         str(entry.get("address") or ""),
     )
+
+
+def _kind(entry: dict[str, object]) -> str:
+    if entry.get("decision") != "deny":
+        return "down"
+    return "dns" if entry.get("scheme") == "dns" else ""
 
 
 def _field(text: str) -> str:
@@ -160,7 +172,7 @@ def _field(text: str) -> str:
 
 
 def tally_lines(denied: dict[DenyKey, int]) -> str:
-    """``deny HOST PORT RULE REASON LOOKUP ADDRESS N`` lines, tab-separated, for the
+    """``deny HOST PORT RULE REASON KIND ADDRESS N`` lines, tab-separated, for the
     door's tally pipe (one field never holds a tab or a newline)."""
     return "".join(
         "deny\t" + "\t".join(_field(str(v)) for v in key) + f"\t{n}\n" for key, n in denied.items()
@@ -172,23 +184,25 @@ def read_tally_line(rest: str) -> tuple[DenyKey, int] | None:
     fields = rest.split("\t")
     if len(fields) != 7 or not fields[1].isdigit() or not fields[6].isdigit():
         return None
-    host, port, rule, reason, lookup, address, count = fields
-    return (host, int(port), rule, reason, lookup, address), int(count)
+    host, port, rule, reason, kind, address, count = fields
+    return (host, int(port), rule, reason, kind, address), int(count)
 
 
 def denial_entries(denied: dict[DenyKey, int]) -> list[dict[str, object]]:
-    """The tally as one dict per refused destination (corral.report reads these)."""
+    """The tally as one dict per refused (or unreachable) destination; corral.report
+    reads these."""
     return [
         {
             "host": host,
             "port": port or None,
             "rule": rule,
             "reason": reason or None,
-            "lookup": bool(lookup),
+            "lookup": kind == "dns",
+            "unreachable": kind == "down",
             "address": address or None,
             "count": n,
         }
-        for (host, port, rule, reason, lookup, address), n in denied.items()
+        for (host, port, rule, reason, kind, address), n in denied.items()
     ]
 
 

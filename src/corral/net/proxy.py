@@ -70,6 +70,7 @@ PARK_MAX = 64  # idle connections kept per destination
 # The relay's frames on a unix door (see relay.py): what follows the first byte.
 PLAIN = b"\xfb"  # a proxy connection (HTTP or SOCKS5) from the relay's proxy port
 SERVICE = b"\xfc"  # "ADDRESS PORT\n", then a connection to that host service
+SERVICE_OK = b"\x00"  # the proxy's answer to SERVICE: connected, the service's bytes follow
 DNS = b"\xfd"  # one DNS query: 2-byte length + packet
 SO_ORIGINAL_DST = 80  # netfilter: where a redirected connection was going
 DNS_INFLIGHT = 64  # queries answered at once per resolver socket; more are dropped
@@ -348,7 +349,7 @@ class Proxy:
             except BadName as exc:
                 self.refuse_name(run_id, "service", line.decode("latin-1"), 0, exc, 400)
                 return
-            await self.service(reader, writer, run_id, host, port)
+            await self.service(reader, writer, run_id, host, port, ack=True)
             return
         elif frames and first == DNS:
             clock.partial = True
@@ -989,24 +990,34 @@ class Proxy:
         run_id: str,
         host: str,
         port: int,
+        ack: bool = False,
     ) -> None:
         """A connection to a host service at its own address: a CONNECT to
-        ``host:port`` with nothing to say to the client but the service's bytes
-        (a refusal is a closed connection, and an audit line)."""
+        ``host:port`` with nothing to say to the client but the service's bytes.
+        A refusal, or a service that cannot be reached, resets the connection (the
+        nearest a client can see to "connection refused") and is an audit line.
+        ``ack``: the connection came through the relay, which resets its client
+        unless the one byte ``SERVICE_OK`` comes first."""
         started = time.monotonic()
         dest = Destination(run_id, "service", host, port)
         if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
             verdict = await self.decide(dest)
             if not verdict.allowed:
                 self.log(dest, verdict, 403, 0, 0, started)
+                _reset(writer)
                 return
+            if ack:
+                writer.write(SERVICE_OK)
             await intercept(self, reader, writer, dest, verdict)
             return
         try:
             upstream = await self.open_upstream(dest, streams=False)
         except Refused as exc:
             self.log(dest, exc.verdict, exc.status, 0, 0, started)
+            _reset(writer)
             return
+        if ack:
+            writer.write(SERVICE_OK)
         up, down = await tunnel(reader, writer, upstream)
         self.log(dest, upstream.verdict, 200, up, down, started, upstream.address)
 
@@ -1244,6 +1255,19 @@ def _in_pool(address: str) -> bool:
         return ip.address(address) in dnsmsg.POOL
     except ValueError:
         return False
+
+
+def _reset(writer: aio.StreamWriter) -> None:
+    """Close a client's TCP connection with a reset rather than an orderly end, so
+    the client reports a failure instead of an empty reply (a unix socket, the
+    relay's door, has no reset: it closes, and the relay resets its client)."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None and sock.family != socket.AF_UNIX:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+    writer.transport.abort()
 
 
 async def intercept(

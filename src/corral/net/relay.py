@@ -14,9 +14,10 @@ Each accepted connection is paired with a new connection to the door, a unix
 socket leading to the proxy on the host, with one frame byte first (see
 proxy.py): a proxy connection (HTTP or SOCKS5, told apart by the proxy), a
 connection to a host service at its own address (``--service``: the proxy
-decides it as a CONNECT to that address), or a DNS query (``--dns``, UDP).
-Bytes are then pumped both ways unchanged.  If the door is gone (the proxy
-died), the client's connection is closed: no network.
+decides it as a CONNECT to that address, and answers one byte once connected),
+or a DNS query (``--dns``, UDP).  Bytes are then pumped both ways unchanged.
+If the door is gone (the proxy died), or a host service is refused or down,
+the client's connection is reset: no network.
 
 The relay exits with the command's exit status.
 """
@@ -31,6 +32,7 @@ import threading
 CHUNK = 256 * 1024
 PLAIN = b"\xfb"  # door frame: a proxy connection follows
 SERVICE = b"\xfc"  # door frame: "ADDRESS PORT\n", then a connection to that host service
+SERVICE_OK = b"\x00"  # the proxy's first byte back on a SERVICE connection: it is connected
 DNS = b"\xfd"  # door frame: one DNS query, 2-byte length + packet
 
 
@@ -49,13 +51,26 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
         pass
 
 
+def reset(client: socket.socket) -> None:
+    """End a client's connection with a reset: a refused or unreachable service reads
+    as a failure to the client, not as an empty reply."""
+    try:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    client.close()
+
+
 def serve(client: socket.socket, door: str, frame: bytes) -> None:
     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         upstream.connect(door)
         upstream.sendall(frame)
+        # a host service: the proxy says it is connected, or closes (refused, down)
+        if frame[:1] == SERVICE and upstream.recv(1) != SERVICE_OK:
+            raise ConnectionRefusedError
     except OSError:
-        client.close()  # fail closed: no proxy, no network
+        reset(client)  # fail closed: no proxy, no network
         upstream.close()
         return
     back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
