@@ -654,19 +654,26 @@ def cmd_run(args: list[str]) -> int:
         else None
     )
     try:
-        for attempt in range(1, SETUP_ATTEMPTS + 1):
-            try:
-                return _run_plan(opts, policy, tier.name, command, run_id, door, passed, attempt)
-            except SetupRaced:
-                if attempt == SETUP_ATTEMPTS:
-                    raise
-                from corral import fsplan
-
-                fsplan.freeze_host_sockets()
+        return planned_again(
+            lambda attempt: _run_plan(
+                opts, policy, tier.name, command, run_id, door, passed, attempt
+            )
+        )
     finally:
         if door is not None:
             door.close()
-    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def planned_again(attempt: Callable[[int], int]) -> int:
+    """``attempt(1)``, and again (2, 3) while its setup raced a host change."""
+    for number in range(1, SETUP_ATTEMPTS):
+        try:
+            return attempt(number)
+        except SetupRaced:
+            from corral import fsplan
+
+            fsplan.freeze_host_sockets()
+    return attempt(SETUP_ATTEMPTS)
 
 
 def _explain(tier: Tier, policy: Policy, command: list[str], passed: tuple[int, ...]) -> int:

@@ -28,6 +28,7 @@ from corral.cli import (
     POLICY_IMPORT_OPTIONS,
     RULES_OPTIONS,
     SERVE_OPTIONS,
+    SETUP_ATTEMPTS,
     SHELL_OPTIONS,
     HelpRequested,
     _err,
@@ -40,14 +41,16 @@ from corral.cli import (
     build_policy,
     parse,
     pass_fds,
+    planned_again,
 )
-from corral.errors import CorralError
+from corral.errors import CorralError, SetupRaced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
 
     from corral.net.ca import CA
+    from corral.net.door import Door
     from corral.net.hooks import Chain
     from corral.policy import Policy
     from corral.tiers.base import Health, Tier
@@ -159,36 +162,58 @@ def cmd_shell(args: list[str]) -> int:
     if opts.get("explain"):
         return _explain(tier, policy, shell_argv, passed)
     run_id = launch.new_run_id()
-    door = _open_door(opts, policy, run_id, tier.door_transport)
-    try:
-        plan = tier.plan(
-            policy,
-            shell_argv,
-            door=door.address if door else None,
-            pass_fds=passed,
-            net=door.extras if door else None,
-            host=tier.gather(policy),
-        )
-        if not opts.get("quiet"):
-            _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
-            from corral.bounds import notice
 
-            if notice(plan):  # the defaults this host cannot enforce for this user
-                _err(f"corral: note: {notice(plan)}")
-        record = _record(plan, run_id, "shell", argv)
-        import time
-
-        began = time.monotonic()
+    def attempt(number: int) -> int:
+        # a door per attempt: a raced one's proxy took that attempt's listeners
+        door = _open_door(opts, policy, run_id, tier.door_transport)
         try:
-            code, found = pty_shell.run(plan, run_id)
-        except CorralError as exc:
-            _failed(opts, record, exc)
-            raise
-        ended = _ShellResult(code, time.monotonic() - began)
-        return _finish(opts, plan, record, code, found, door, ended)
-    finally:
-        if door is not None:
-            door.close()
+            return _shell_once(opts, policy, tier, argv, shell_argv, passed, run_id, door, number)
+        finally:
+            if door is not None:
+                door.close()
+
+    return planned_again(attempt)
+
+
+def _shell_once(
+    opts: dict[str, object],
+    policy: Policy,
+    tier: Tier,
+    argv: list[str],
+    shell_argv: list[str],
+    passed: tuple[int, ...],
+    run_id: str,
+    door: Door | None,
+    attempt: int,
+) -> int:
+    from corral import shell as pty_shell
+
+    plan = tier.plan(
+        policy,
+        shell_argv,
+        door=door.address if door else None,
+        pass_fds=passed,
+        net=door.extras if door else None,
+        host=tier.gather(policy),
+    )
+    if not opts.get("quiet") and attempt == 1:
+        _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
+        from corral.bounds import notice
+
+        if notice(plan):  # the defaults this host cannot enforce for this user
+            _err(f"corral: note: {notice(plan)}")
+    record = _record(plan, run_id, "shell", argv)
+    import time
+
+    began = time.monotonic()
+    try:
+        code, found = pty_shell.run(plan, run_id)
+    except CorralError as exc:
+        if not (isinstance(exc, SetupRaced) and attempt < SETUP_ATTEMPTS):
+            _failed(opts, record, exc)  # a run planned again is recorded once, by its last
+        raise
+    ended = _ShellResult(code, time.monotonic() - began)
+    return _finish(opts, plan, record, code, found, door, ended)
 
 
 def cmd_mcp(args: list[str]) -> int:

@@ -120,22 +120,29 @@ def _close_all_but(keep: dict[int, int]) -> None:
                 pass
 
 
-def _above(wanted: dict[int, int]) -> int:
-    """The first number above every target: copies parked there cannot be overwritten
-    by a dup2 onto another target."""
-    return max([2, *wanted]) + 1
+def dup_moves(wanted: dict[int, int]) -> tuple[list[tuple[int, int]], list[int]]:
+    """The dup2 calls, in order, that leave each target number holding what its
+    source held, however sources and targets overlap (``{0: 5, 5: 7}``); and the
+    numbers they use for copies, which the caller closes.  Every source is first
+    copied above every number involved, then each copy is put in place, so no
+    dup2 lands on a source still to be read.  Run in a child (after fork, or as
+    posix_spawn's file actions), where overwriting a descriptor that is neither
+    a source nor a target is harmless: it is closed before the exec anyway.
+    Pure: no ``fcntl`` import (F_DUPFD) on the path of every run."""
+    base = max([2, *wanted, *wanted.values()]) + 1
+    parked = [base + i for i in range(len(wanted))]
+    moves = list(zip(wanted.values(), parked, strict=True))
+    moves += list(zip(parked, wanted, strict=True))
+    return moves, parked
 
 
 def move_fds_into_place(wanted: dict[int, int]) -> None:
     """In the child: make fd ``target`` refer to ``source`` for each pair, then close the
     rest: nothing the caller holds crosses unless it is asked for."""
-    import fcntl
-
-    base = _above(wanted)
-    high = {t: fcntl.fcntl(s, fcntl.F_DUPFD_CLOEXEC, base) for t, s in wanted.items()}
-    for target, source in high.items():
+    moves, _ = dup_moves(wanted)
+    for source, target in moves:
         os.dup2(source, target, inheritable=True)
-    _close_all_but(wanted)
+    _close_all_but(wanted)  # the parked copies among the rest
 
 
 class _Guardian:
@@ -708,31 +715,22 @@ def _spawn(plan: Plan, child_fds: dict[int, int], env: dict[str, str]) -> int:
     joined by the child (or spawn_inside has put us in it) and the tier changes
     directory itself.  Every other descriptor open here is
     closed in the child by a file action, so only ``child_fds`` cross."""
-    import fcntl
-
-    base = _above(child_fds)
-    high = {t: fcntl.fcntl(s, fcntl.F_DUPFD_CLOEXEC, base) for t, s in child_fds.items()}
-    try:
-        found = open_fds()
-        if found is None:  # no /proc to list them: the fork path closes by range
-            return _fork_exec(plan, child_fds, [], env, False, None)
-        actions: list[tuple[int, ...]] = [
-            (os.POSIX_SPAWN_DUP2, src, target) for target, src in high.items()
-        ]
-        # after the dup2s: closing the parked copies there is harmless (they are
-        # close-on-exec anyway); a closed number in the list is skipped by glibc
-        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in found if fd > 2 and fd not in child_fds]
-        return os.posix_spawnp(
-            plan.argv[0],
-            plan.argv,
-            env,
-            file_actions=actions,
-            setsid=True,
-            setsigdef=RESET_SIGNALS,
-        )
-    finally:
-        for fd in high.values():
-            os.close(fd)
+    found = open_fds()
+    if found is None:  # no /proc to list them: the fork path closes by range
+        return _fork_exec(plan, child_fds, [], env, False, None)
+    moves, parked = dup_moves(child_fds)
+    actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, s, t) for s, t in moves]
+    # after the dup2s; a closed number in the list is skipped by glibc
+    closing = {*found, *parked}.difference(child_fds, (0, 1, 2))
+    actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in sorted(closing)]
+    return os.posix_spawnp(
+        plan.argv[0],
+        plan.argv,
+        env,
+        file_actions=actions,
+        setsid=True,
+        setsigdef=RESET_SIGNALS,
+    )
 
 
 def _pump(

@@ -82,15 +82,19 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
     # a plan with a "status" pipe (bwrap) reports the exit code there; one without
     # is watched through a pidfd of the launched process
     ended = started.status_r if started.status_r >= 0 else os.pidfd_open(started.pid)
+    held = _Held()
     try:
         open_in = True
         while True:
             watch = [master, ended] + ([0] if open_in else [])
             try:
-                ready = select.select(watch, [], [])[0]
+                ready = select.select(watch, [], [], held.wait())[0]
             except InterruptedError:
                 continue
+            if not ready:
+                held.release()
             if ended in ready and ended != started.status_r:
+                held.release()
                 _drain(master)
                 code = os.waitstatus_to_exitcode(os.waitpid(started.pid, 0)[1])
                 code = 128 - code if code < 0 else code
@@ -98,8 +102,10 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
             if ended in ready:
                 chunk = os.read(started.status_r, 65536)
                 text += chunk.decode("utf-8", "replace")
+                if '"exit-code"' in text:
+                    held.release()  # the command ran: what it printed is its own
                 if not chunk or '"exit-code"' in text:
-                    _drain(master)
+                    held.take(_drain(master, held.holding))
                     break
             if master in ready:
                 try:
@@ -107,7 +113,7 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
                 except OSError:  # EIO: every slave fd is closed, the shell is gone
                     data = b""
                 if data:
-                    os.write(1, data)
+                    held.take(data)
             if open_in and 0 in ready:
                 data = os.read(0, 65536)
                 if data:
@@ -127,13 +133,76 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
         from corral.launch import _status_value
 
         code = _status_value(text, "exit-code")
+    if code is None and held.data:
+        held.refuse(plan.tier)  # the sandbox was never set up: bwrap said why
+    held.release()
     return 125 if code is None else plan.strategy.exit_code(plan, code), found
 
 
-def _drain(master: int) -> None:
+class _Held:
+    """The pty's first output, held back while it may be bubblewrap's own error
+    (``bwrap: ...``, written to the pty before the shell existed): if the run then
+    ends without the command's exit code, it becomes one corral line (and a run
+    planned again when a host path changed during setup) instead of bwrap's
+    words on the user's terminal.  Anything else, or a second of waiting,
+    releases it."""
+
+    PREFIX = b"bwrap: "
+    PATIENCE = 1.0  # seconds output that looks like bwrap's is held, at most
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.holding = True
+        self.since = 0.0
+
+    def take(self, data: bytes) -> None:
+        if not self.holding:
+            os.write(1, data)
+            return
+        import time
+
+        self.since = self.since or time.monotonic()
+        self.data += data
+        if not self.data.startswith(self.PREFIX[: len(self.data)]):
+            self.release()
+
+    def wait(self) -> float | None:
+        """How long select may wait before the held output is released."""
+        if not (self.holding and self.data):
+            return None
+        import time
+
+        return max(0.0, self.since + self.PATIENCE - time.monotonic())
+
+    def release(self) -> None:
+        self.holding = False
+        if self.data:
+            os.write(1, self.data)
+            self.data = b""
+
+    def refuse(self, tier: str) -> None:
+        from corral.errors import SetupError, SetupRaced
+        from corral.failures import raced, setup_failure
+
+        text = self.data.decode("utf-8", "replace").replace("\r", "")
+        tool = [line for line in text.splitlines() if line.startswith("bwrap: ")]
+        if not tool:
+            return
+        self.data = b""
+        error = setup_failure(tier, tool)
+        raise SetupRaced(error) if raced(tool) else SetupError(error)
+
+
+def _drain(master: int, keep: bool = False) -> bytes:
+    """What is left to read on the pty: written out, or returned with ``keep``."""
     os.set_blocking(master, False)
+    kept = b""
     try:
         while data := os.read(master, 65536):
-            os.write(1, data)
+            if keep:
+                kept += data
+            else:
+                os.write(1, data)
     except OSError:
         pass
+    return kept
