@@ -459,11 +459,18 @@ def plan_filesystem(
         writable.append(real)
     plan.writable = writable
 
+    # _inside() against each root, as one startswith per call (~350 a run)
+    writable_set = set(writable)
+    writable_under = tuple(w.rstrip("/") + "/" for w in writable)
+
     def in_writable(path: str) -> bool:
-        return any(_inside(path, w) for w in writable)
+        return path in writable_set or path.startswith(writable_under)
+
+    private_under = tuple(t + "/" for t in PRIVATE_TMP)
 
     def in_private_tmp(path: str) -> bool:
-        return any(_inside(path, t) for t in PRIVATE_TMP) and not in_writable(path)
+        private = path in PRIVATE_TMP or path.startswith(private_under)
+        return private and not in_writable(path)
 
     # 1. base
     base = [
@@ -487,11 +494,13 @@ def plan_filesystem(
         masks[path] = Mount("mask-dir" if is_dir else "mask-file", path, why=why)
 
     listings: dict[str, frozenset[str]] = {}
+    reals: dict[str, str] = {}
 
     def present(path: str) -> bool:
         """lexists() answered from one listing per parent: most secrets are absent, and
         one readdir of ~ is cheaper than a failed lstat per candidate."""
-        parent, name = os.path.split(path)
+        parent, _, name = path.rpartition("/")
+        parent = parent or "/"
         names = listings.get(parent)
         if names is None:
             try:
@@ -526,7 +535,10 @@ def plan_filesystem(
                 f"and {ancestor} cannot be snapshotted; not masked"
             )
             return
-        shadows.add(os.path.realpath(ancestor))
+        real = reals.get(ancestor)
+        if real is None:  # most absent secrets share one ancestor (~): resolved once
+            real = reals[ancestor] = os.path.realpath(ancestor)
+        shadows.add(real)
 
     # 2. read-deny
     for entry in policy.read_deny_paths():

@@ -36,7 +36,7 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import _socket
-    from collections.abc import Callable, Collection
+    from collections.abc import Collection
 
     from corral.policy import Policy
 
@@ -261,15 +261,13 @@ def _listen_all(plan: NetPlan) -> list[tuple[Listener, _socket.socket]]:
 
 
 def _new_namespace() -> None:
-    unshare = _libc_unshare()
     uid, gid = os.geteuid(), os.getegid()
-    if uid == 0 and unshare(CLONE_NEWNET) == 0:
+    if uid == 0 and _unshare(CLONE_NEWNET) == 0:
         return  # owned by the host's user namespace: only root outside can change it
-    if unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
-        import _ctypes
-
-        err = _ctypes.get_errno()
-        raise OSError(err, f"cannot create a network namespace: {os.strerror(err)}")
+    if _unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+        err = _unshare_errno(CLONE_NEWUSER | CLONE_NEWNET)
+        if err:
+            raise OSError(err, f"cannot create a network namespace: {os.strerror(err)}")
     # The same uid and gid inside, so bubblewrap (unprivileged in this namespace)
     # maps them on unchanged and the command sees what it sees without a network.
     for name, text in (
@@ -284,10 +282,30 @@ def _new_namespace() -> None:
             os.close(fd)
 
 
-def _libc_unshare() -> Callable[[int], int]:
-    """libc's unshare(2) (os.unshare arrives in Python 3.12).  Built from the C
-    module under ctypes: importing ctypes itself costs about a millisecond on
-    every run, this a third of that.  errno is kept (``_ctypes.get_errno``)."""
+def _unshare(flags: int) -> int:
+    """unshare(2): os.unshare from Python 3.12, else libc's through ctypes' C module
+    (ctypes itself costs about a millisecond to import on every run).  0 or -1."""
+    if hasattr(os, "unshare"):
+        try:
+            os.unshare(flags)
+        except OSError:
+            return -1
+        return 0
+    import _ctypes
+
+    unshare = _ctypes.dlsym(_ctypes.dlopen(None), "unshare")  # type: ignore[arg-type]
+    return 0 if _ctypes.call_function(unshare, (flags,)) == 0 else -1
+
+
+def _unshare_errno(flags: int) -> int:
+    """Why unshare(flags) fails: it is tried again through a function that keeps errno
+    (0 if it succeeds this time, which leaves the process where it wanted to be)."""
+    if hasattr(os, "unshare"):
+        try:
+            os.unshare(flags)
+        except OSError as exc:
+            return exc.errno or 0
+        return 0
     import _ctypes
 
     class Int(_ctypes._SimpleCData):  # type: ignore[type-arg]  # (generic in the stubs only)
@@ -300,7 +318,9 @@ def _libc_unshare() -> Callable[[int], int]:
     class Libc:
         _handle = _ctypes.dlopen(None, 0)  # type: ignore[arg-type]  # this process: libc
 
-    return Function(("unshare", Libc()))  # type: ignore[arg-type]
+    if Function(("unshare", Libc()))(flags) == 0:  # type: ignore[arg-type]
+        return 0
+    return int(_ctypes.get_errno())
 
 
 # RTM_NEWLINK for interface 1 (a new namespace's lo) with IFF_UP set: nlmsghdr

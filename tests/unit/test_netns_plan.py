@@ -176,3 +176,17 @@ def test_entering_again_stays_in_the_namespace_this_process_made(tmp_path: objec
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0, fn.__name__
+
+
+def test_unshare_reports_failure_and_its_errno_without_side_effects() -> None:
+    """The fast call (no ctypes classes on the path of every run) says only that
+    it failed; the reason comes from a second call that keeps errno.  Flag 0x1 is
+    no namespace: the kernel refuses it (EINVAL) and nothing changes; flag 0, the
+    twin, is a valid unshare of nothing."""
+    import errno
+
+    from corral import netns
+
+    assert netns._unshare(0x1) == -1
+    assert netns._unshare_errno(0x1) == errno.EINVAL
+    assert netns._unshare(0) == 0
