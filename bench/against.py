@@ -14,7 +14,9 @@ Rows, each pair interleaved (A, B, A, B, ...):
 
 - ``corral run -q -- true``, as the caller and, with ``--user``, as that
   unprivileged user (through ``setpriv``; the trees are copied where it can
-  read them);
+  read them); once started the same way for both trees (``python -c``), once
+  through each tree's own ``scripts/corral`` (what an installed ``corral``
+  runs, and so what a user waits for) when both have one;
 - a warm ``Sandbox.exec(["true"])``: one worker process per tree holds a
   Sandbox and runs batches of calls in turn; the same awaited on an
   ``AsyncSandbox``.
@@ -92,6 +94,16 @@ class Tree:
         self.label = label
         self.src = src  # the directory holding corral/
         self.python = python
+        # what `corral` on PATH runs: the tree's own entry script, if it has one
+        script = os.path.join(os.path.dirname(src), "scripts", "corral")
+        self.script = script if os.path.exists(script) else None
+
+    def entry(self, how: str) -> list[str]:
+        """How to start this tree's CLI: ``-c`` (the same line for every tree) or
+        ``script`` (the entry script it ships, as an installed ``corral`` runs)."""
+        if how == "script" and self.script is not None:
+            return [self.python, self.script]
+        return [self.python, "-c", ENTRY]
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         return {**base, "PYTHONPATH": self.src}
@@ -100,7 +112,9 @@ class Tree:
 def export(rev: str, into: str) -> str:
     """``src/corral`` at ``rev``, unpacked under ``into``; returns the src directory."""
     archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", rev, "src/corral"], capture_output=True, check=False
+        ["git", "-C", str(REPO), "archive", rev, "src/corral", "scripts"],
+        capture_output=True,
+        check=False,
     )
     if archive.returncode != 0:
         raise SystemExit(f"bench: git archive {rev}: {archive.stderr.decode().strip()}")
@@ -125,10 +139,10 @@ def time_once(argv: list[str], env: dict[str, str], cwd: str) -> int:
 
 
 def cold(
-    trees: list[Tree], env: dict[str, str], ws: str, runs: int, prefix: list[str]
+    trees: list[Tree], env: dict[str, str], ws: str, runs: int, prefix: list[str], how: str
 ) -> list[list[int]]:
     """``corral run -q -- true`` for each tree, interleaved; ns per run."""
-    argvs = [[*prefix, t.python, "-c", ENTRY, "run", "-q", "--", "true"] for t in trees]
+    argvs = [[*prefix, *t.entry(how), "run", "-q", "--", "true"] for t in trees]
     envs = [t.env(env) for t in trees]
     samples: list[list[int]] = [[] for _ in trees]
     for i in range(runs + 10):
@@ -181,8 +195,12 @@ def _user_trees(trees: list[Tree], base: str, user: str) -> tuple[list[Tree], li
     python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
     copies = []
     for i, t in enumerate(trees):
-        dest = os.path.join(base, f"user-src-{i}")
+        dest = os.path.join(base, f"user-{i}", "src")
         shutil.copytree(t.src, dest, ignore=shutil.ignore_patterns("__pycache__"))
+        if t.script is not None:
+            os.makedirs(os.path.join(base, f"user-{i}", "scripts"))
+            shutil.copy(t.script, os.path.join(base, f"user-{i}", "scripts", "corral"))
+        os.chmod(os.path.join(base, f"user-{i}"), 0o755)
         copies.append(Tree(t.label, dest, python))
     prefix = ["setpriv", f"--reuid={info.pw_uid}", f"--regid={info.pw_gid}", "--clear-groups", "--"]
     return copies, prefix
@@ -217,13 +235,16 @@ def measure(rev: str, runs: int, calls: int, user: str | None) -> list[Row]:
                 own[var] = os.path.join(base, f"{name}-{n}")
                 os.mkdir(own[var])
                 os.chmod(own[var], 0o1777)
-            got = cold(case_trees, {**env, **own}, ws, runs, prefix)
-            name = f"corral run -q -- true, {who}"
-            for t, s in zip(case_trees, got, strict=True):
-                rows.append(Row(f"against {rev}", f"{name} ({t.label})",
-                                statistics.median(s) / 1e6, "ms",
-                                f"{name} ({rev})" if t.label != rev else "",
-                                f"{len(s)} runs"))  # fmt: skip
+            hows = ["-c"] + (["script"] if all(t.script for t in case_trees) else [])
+            for how in hows:
+                got = cold(case_trees, {**env, **own}, ws, runs, prefix, how)
+                by = "python -c" if how == "-c" else "scripts/corral"
+                name = f"corral run -q -- true, {who}, via {by}"
+                for t, s in zip(case_trees, got, strict=True):
+                    rows.append(Row(f"against {rev}", f"{name} ({t.label})",
+                                    statistics.median(s) / 1e6, "ms",
+                                    f"{name} ({rev})" if t.label != rev else "",
+                                    f"{len(s)} runs"))  # fmt: skip
         for name, worker in (
             ("warm Sandbox.exec(['true'])", WORKER),
             ("warm await AsyncSandbox.exec(['true'])", ASYNC_WORKER),
