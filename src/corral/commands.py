@@ -408,12 +408,21 @@ def cmd_log(args: list[str]) -> int:
             extra += f"  proxy errors: {r['proxy_errors']} (corral log --net --decision error)"
         duration = r.get("duration")
         dur = f"{duration:.3f}s" if isinstance(duration, int | float) else "-"
-        start, run_id, tier, code = (
-            str(r.get(k) if r.get(k) is not None else "?")
-            for k in ("start", "run_id", "tier", "exit")
+        start, run_id, tier = (
+            str(r.get(k) if r.get(k) is not None else "?") for k in ("start", "run_id", "tier")
         )
-        print(f"{start}  {run_id}  {tier:<9}  exit {code:<3}  {dur:>8}  {command[:80]}{extra}")
+        print(f"{start}  {run_id}  {tier:<9}  {_outcome(r):<8}  {dur:>8}  {command[:80]}{extra}")
     return 0
+
+
+def _outcome(r: dict[str, object]) -> str:
+    """``exit N`` for a run; a long-lived sandbox (many commands, each with its own
+    code) is ``closed``, or ``open`` while it runs or if its process died."""
+    if r.get("exit") is not None:
+        return f"exit {r['exit']}"
+    if r.get("kind") == "sandbox":
+        return "closed" if r.get("end") else "open"
+    return "exit ?"
 
 
 def _shown_command(r: dict[str, object]) -> str:

@@ -455,7 +455,8 @@ def plan_filesystem(
         if _kind(real) != "dir":
             from corral.errors import PolicyError
 
-            raise PolicyError(f"writable path {path} does not exist or is not a directory")
+            what = "the workspace" if path == policy.workspace else "writable path"
+            raise PolicyError(f"{what} {path} does not exist or is not a directory")
         writable.append(real)
     plan.writable = writable
 

@@ -76,3 +76,19 @@ def test_log_tolerates_null_fields(tmp_path: Path, capsys: pytest.CaptureFixture
     path.write_text('{"run_id": "x", "tier": null, "exit": null}\n')
     assert cli.main(["log", "--log", str(path)]) == 0
     assert "x" in capsys.readouterr().out
+
+
+def test_a_sandbox_is_closed_not_an_unknown_exit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A long-lived sandbox has no one exit code (each command had its own): it is
+    shown as closed; a run without a code still shows exit ?."""
+    path = tmp_path / "runs.jsonl"
+    runlog.append({"run_id": "s", "kind": "sandbox", "end": "2024-01-01T00:00:01Z"}, str(path))
+    runlog.append({"run_id": "o", "kind": "sandbox"}, str(path))
+    runlog.append({"run_id": "r", "kind": "run"}, str(path))
+    assert cli.main(["log", "--log", str(path)]) == 0
+    sandbox, still, run = capsys.readouterr().out.splitlines()
+    assert "closed" in sandbox and "exit" not in sandbox
+    assert "open" in still
+    assert "exit ?" in run
