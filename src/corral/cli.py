@@ -643,6 +643,7 @@ def cmd_run(args: list[str]) -> int:
     from corral import launch, tiers
 
     tier, _health = tiers.select(policy.tier, policy)
+    refuse_unused_flags(opts, tier)
     run_id = launch.new_run_id()
     if opts.get("explain"):
         return _explain(tier, policy, command, passed)
@@ -662,6 +663,22 @@ def cmd_run(args: list[str]) -> int:
     finally:
         if door is not None:
             door.close()
+
+
+CONTAINER_FLAGS = (("engine", "--engine"), ("oci_runtime", "--oci-runtime"), ("image", "--image"))
+
+
+def refuse_unused_flags(opts: dict[str, object], tier: Tier) -> None:
+    """A container flag given with a tier that has no container is a mistake to say,
+    not an option to drop (the policy file's [container] stays config for later)."""
+    if tier.uses_container:
+        return
+    for key, flag in CONTAINER_FLAGS:
+        if key in opts:
+            raise CorralError(
+                f"{flag} is for the container tiers (--tier container or gvisor), "
+                f"not the {tier.name} tier"
+            )
 
 
 def planned_again(attempt: Callable[[int], int]) -> int:

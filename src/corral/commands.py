@@ -42,6 +42,7 @@ from corral.cli import (
     parse,
     pass_fds,
     planned_again,
+    refuse_unused_flags,
 )
 from corral.errors import CorralError, SetupRaced
 
@@ -151,6 +152,7 @@ def cmd_shell(args: list[str]) -> int:
     from corral import shell as pty_shell
 
     tier, _health = tiers.select(policy.tier, policy)
+    refuse_unused_flags(opts, tier)
     if not tier.strategy.confines:
         raise CorralError(f"corral shell needs a sandbox tier, not {tier.name}")
     if tier.strategy.shell:

@@ -440,3 +440,26 @@ def test_commands_but_run_turn_the_collector_back_on() -> None:
         assert cli._command("doctor") is commands.cmd_doctor and gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_container_flags_with_a_tier_without_a_container_are_refused() -> None:
+    """--image, --engine and --oci-runtime say something only to the container
+    tiers: given to another, the mistake is said, not dropped; the twin: the
+    container tiers take them."""
+    from corral.cli import refuse_unused_flags
+    from corral.errors import CorralError
+    from corral.tiers.container import ContainerTier, GVisorTier
+    from corral.tiers.landlock import LandlockTier
+    from corral.tiers.namespace import NamespaceTier
+
+    for flag, key in (
+        ("--image", "image"),
+        ("--engine", "engine"),
+        ("--oci-runtime", "oci_runtime"),
+    ):
+        for tier in (NamespaceTier(), LandlockTier()):
+            with pytest.raises(CorralError, match=f"{flag} is for the container tiers"):
+                refuse_unused_flags({key: "x"}, tier)
+        for tier in (ContainerTier(), GVisorTier()):
+            refuse_unused_flags({key: "x"}, tier)
+    refuse_unused_flags({"memory": "1G"}, NamespaceTier())  # other flags: any tier

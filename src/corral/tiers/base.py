@@ -370,6 +370,8 @@ class Tier:
     # How the sandbox reaches the proxy: "unix" (a socket bound in; plan() gets its
     # path) or "tcp" (a loopback port; plan() gets "127.0.0.1:PORT").
     door_transport = "unix"
+    # whether [container] (engine, OCI runtime, image) means anything to it
+    uses_container = False
     # how its plans are started, stopped and cleaned up (see LaunchStrategy)
     strategy: type[LaunchStrategy] = LaunchStrategy
 

@@ -193,6 +193,7 @@ class ContainerTier(Tier):
     strength = 60
     summary = "podman or docker with a hardened envelope (runc, or runsc = gVisor)"
     default_runtime = ""
+    uses_container = True
     strategy = EngineLaunch
 
     def _engine(self, policy: Policy | None) -> tuple[Engine | None, str]:
