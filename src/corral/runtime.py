@@ -405,11 +405,15 @@ class FileWatch:
         handled = rt.handled
         while True:
             await asyncio.sleep(self.interval)
+            # counted before the scan: an event handled while it ran may have written
+            # after it passed by, so the next scan is the first to see that write
+            # and must be a baseline too
+            at_start, busy_at_start = rt.handled, rt.busy
             now = await loop.run_in_executor(None, self.scan, root)
             changed = sorted(p for p, v in now.items() if before.get(p) != v)
             removed = sorted(p for p in before if p not in now)
-            quiet = rt.busy or rt.handled != handled or not rt.queue.empty()
-            before, handled = now, rt.handled
+            quiet = busy_at_start or rt.busy or rt.handled != handled or not rt.queue.empty()
+            before, handled = now, at_start
             if (changed or removed) and not quiet:
                 shown = ", ".join([*changed, *(f"{p} (removed)" for p in removed)][:20])
                 rt.fire(
