@@ -772,6 +772,20 @@ def _record(plan: Plan, run_id: str, kind: str, argv: list[str]) -> dict[str, ob
     return record
 
 
+def plan_with_door(
+    tier: Tier, policy: Policy, argv: list[str], door: Door | None, passed: tuple[int, ...]
+) -> Plan:
+    """The tier's plan for ``argv`` behind ``door`` (None: no network)."""
+    return tier.plan(
+        policy,
+        argv,
+        door=door.address if door else None,
+        pass_fds=passed,
+        net=door.extras if door else None,
+        host=tier.gather(policy),  # the host, read once: plan() reads nothing
+    )
+
+
 def _run_plan(
     opts: dict[str, object],
     policy: Policy,
@@ -785,14 +799,7 @@ def _run_plan(
     from corral import bounds, launch, tiers
 
     tier = tiers.get(tier_name)
-    plan = tier.plan(
-        policy,
-        command,
-        door=door.address if door else None,
-        pass_fds=passed,
-        net=door.extras if door else None,
-        host=tier.gather(policy),  # the host, read once: plan() reads nothing
-    )
+    plan = plan_with_door(tier, policy, command, door, passed)
     quiet = bool(opts.get("quiet"))
     if attempt == 1:  # said once, not again for a run planned again
         _say_plan(plan, policy.tier == "auto", quiet)

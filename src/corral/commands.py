@@ -41,6 +41,7 @@ from corral.cli import (
     build_policy,
     parse,
     pass_fds,
+    plan_with_door,
     planned_again,
     refuse_unused_flags,
 )
@@ -190,14 +191,7 @@ def _shell_once(
 ) -> int:
     from corral import shell as pty_shell
 
-    plan = tier.plan(
-        policy,
-        shell_argv,
-        door=door.address if door else None,
-        pass_fds=passed,
-        net=door.extras if door else None,
-        host=tier.gather(policy),
-    )
+    plan = plan_with_door(tier, policy, shell_argv, door, passed)
     if not opts.get("quiet") and attempt == 1:
         _err(f"corral: shell in a {tier.name} sandbox; workspace {policy.workspace}")
         from corral.bounds import notice
