@@ -101,6 +101,7 @@ class FsPlan:
         "notes",
         "quarantine",
         "read_deny",
+        "repositories",
         "writable",
         "write_protect",
     )
@@ -108,6 +109,9 @@ class FsPlan:
     def __init__(self) -> None:
         self.mounts: list[Mount] = []
         self.quarantine: list[str] = []  # absolute paths checked after the run
+        # the workspace's repositories at launch: those made during the run are
+        # looked at after it (corral.gitguard); None: not walked
+        self.repositories: frozenset[tuple[int, int]] | None = None
         self.writable: list[str] = []
         self.notes: list[str] = []
         self.read_deny: list[str] = []  # absolute, present or not (real paths when present)
@@ -256,10 +260,11 @@ class WorkspaceScan:
     """What a bounded walk of the workspace found: git dirs, secret files, and regular
     files with more links than the walk found inside the workspace."""
 
-    __slots__ = ("complete", "git_dirs", "hardlinks", "secret_files")
+    __slots__ = ("complete", "git_dirs", "git_files", "hardlinks", "secret_files")
 
     def __init__(self) -> None:
         self.git_dirs: list[str] = []
+        self.git_files: list[str] = []  # ``.git`` files (``gitdir: PATH``), found as such
         self.secret_files: list[str] = []
         self.hardlinks: list[str] = []
         self.complete = True
@@ -271,9 +276,12 @@ def _is_secret_name(name: str) -> bool:
     return name.startswith(".env.") and name not in defaults.ENV_TEMPLATES
 
 
-def scan_workspace(root: str) -> WorkspaceScan:
+def scan_workspace(root: str, git_only: bool = False) -> WorkspaceScan:
     """Find repositories (their git dirs), secret files and hard links, bounded in
-    depth and size (the same walk: one extra stat per regular file)."""
+    depth and size (the same walk: one extra stat per regular file).  A git dir
+    is a ``.git`` directory, a submodule's or a linked worktree's under it, or
+    the workspace directory a ``.git`` file points to.  ``git_only``: repositories
+    alone (the walk after a run, :func:`new_git_dirs`)."""
     scan = WorkspaceScan()
     budget = defaults.SCAN_MAX_ENTRIES
     # (device, inode) -> (links the inode has, paths of it found in the workspace)
@@ -296,20 +304,89 @@ def scan_workspace(root: str) -> WorkspaceScan:
             except OSError:
                 continue
             if name == ".git":
-                if is_dir:
-                    scan.git_dirs.append(entry.path)
-                    scan.git_dirs.extend(_submodule_git_dirs(os.path.join(entry.path, "modules")))
+                _note_repository(entry.path, is_dir, scan)
                 continue
             if is_dir:
                 if name not in defaults.SCAN_SKIP_DIRS and depth < defaults.SCAN_MAX_DEPTH:
                     stack.append((entry.path, depth + 1))
                 continue
+            if git_only:
+                continue
             if _is_secret_name(name):
                 scan.secret_files.append(entry.path)
             _note_links(entry, linked)
+    scan.git_dirs = list(dict.fromkeys(scan.git_dirs))  # a submodule's, found twice
     # links all found inside the workspace share nothing with the outside
     scan.hardlinks = sorted(p for n, paths in linked.values() if len(paths) < n for p in paths)
     return scan
+
+
+def _note_repository(path: str, is_dir: bool, scan: WorkspaceScan) -> None:
+    """A ``.git`` entry: its git dir with the submodules' and linked worktrees' under
+    it.  A ``.git`` file (``gitdir: PATH``) or symlink counts in ``git_files``, and
+    the directory it leads to as a git dir (read-only for the run where it is
+    writable, as any other; :func:`new_git_dirs` looks at those inside ``root``)."""
+    if not is_dir:
+        scan.git_files.append(path)
+        if os.path.islink(path):
+            target: str | None = os.path.realpath(path)
+        else:
+            target = gitfile_target(path)
+        if target is None or not os.path.isdir(target):
+            return
+        path = target
+    scan.git_dirs.append(path)
+    scan.git_dirs.extend(_submodule_git_dirs(os.path.join(path, "modules")))
+    scan.git_dirs.extend(_worktree_git_dirs(path))
+
+
+def identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of a path itself (a symlink is not followed)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def repositories(scan: WorkspaceScan) -> frozenset[tuple[int, int]]:
+    """The identities of the git dirs and ``.git`` entries a walk found: what a run
+    did not create (see corral.gitguard)."""
+    found = (identity(p) for p in (*scan.git_dirs, *scan.git_files))
+    return frozenset(i for i in found if i is not None)
+
+
+def created_repositories(root: str, known: frozenset[tuple[int, int]]) -> WorkspaceScan | None:
+    """After a run: the walk again, when it finds a git dir or ``.git`` entry that
+    was not there at launch (None when there is none: the usual case, and the
+    only cost of the check)."""
+    scan = scan_workspace(root, git_only=True)
+    for path in (*scan.git_dirs, *scan.git_files):
+        if identity(path) not in known:
+            return scan
+    return None
+
+
+def gitfile_target(path: str) -> str | None:
+    """Where a ``.git`` file (``gitdir: PATH``) points, absolute; None if it is not one."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            first = fh.readline(4096)
+    except OSError:
+        return None
+    if not first.startswith("gitdir:"):
+        return None
+    target = first[len("gitdir:") :].strip()
+    return os.path.normpath(os.path.join(os.path.dirname(path), target)) if target else None
+
+
+def _worktree_git_dirs(git_dir: str) -> list[str]:
+    """Linked worktrees' own git dirs: each reads its ``config.worktree``."""
+    try:
+        entries = os.scandir(os.path.join(git_dir, "worktrees"))
+        return [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
 
 
 def _note_links(
@@ -558,6 +635,7 @@ def plan_filesystem(
             f"workspace scan stopped after {defaults.SCAN_MAX_ENTRIES} entries; "
             "deeper repositories and .env files were not masked"
         )
+    plan.repositories = repositories(scan)
     for secret in scan.secret_files:
         add_mask(secret, False, "secret file in workspace")
         plan.read_deny.append(secret)

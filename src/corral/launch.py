@@ -314,6 +314,7 @@ class Aftercare:
         if self.cg is not None:
             self.cg.remove(wait)
         said += quarantine(self.plan.quarantine, self.run_id)
+        said += created_repositories(self.plan, self.run_id)
         if self.snapshot:
             from corral import restore
 
@@ -366,6 +367,21 @@ def quarantine(paths: list[str], run_id: str) -> list[Denial]:
         except OSError as exc:
             moved.append(quarantined(path, error=str(exc)))
     return moved
+
+
+def created_repositories(plan: Plan, run_id: str) -> list[Denial]:
+    """What in a repository the run made would run code on the host, quarantined."""
+    if plan.repositories is None:
+        return []
+    from corral import fsplan
+
+    root = plan.policy.workspace  # as the walk at launch named its paths
+    scan = fsplan.created_repositories(root, plan.repositories)
+    if scan is None:
+        return []
+    from corral import gitguard
+
+    return gitguard.quarantine(gitguard.findings(root, scan, plan.repositories), run_id)
 
 
 def run(

@@ -74,6 +74,20 @@ def quarantined(path: str, moved_to: str = "", error: str = "") -> Denial:
     )
 
 
+def new_repository(path: str, why: str, moved_to: str = "", error: str = "") -> Denial:
+    """Something in a repository the run created that would run code on the host."""
+    where = f"moved to {moved_to}" if moved_to else f"could not move it: {error}"
+    return Denial(
+        "file",
+        f"denied write: {path} ({why}, in a repository made during the run); {where}",
+        path=path,
+        rule="new-repository",
+        action="quarantined",
+        moved_to=moved_to or None,
+        error=error or None,
+    )
+
+
 def restored(path: str, moved_to: str = "", error: str = "", parent: str = "") -> Denial:
     """A write-deny path changed during the run and put back (tiers without mounts).
     ``parent``: the directory holding it was replaced, so nothing was put back."""

@@ -271,6 +271,56 @@ def test_missing_write_deny_path_is_quarantined(tsandbox: tuple[Corral, Path]) -
     assert len(moved) == 1
 
 
+REPO_SKELETON = """
+mkdir -p {0}/.git/hooks {0}/.git/objects {0}/.git/refs/heads
+echo 'ref: refs/heads/main' > {0}/.git/HEAD
+echo '#!/bin/sh' > {0}/.git/hooks/pre-commit.sample
+"""
+
+
+def test_a_repository_made_in_the_run_cannot_run_code_on_the_host(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """A repository the command makes (no git needed inside: the files git reads)
+    keeps no hook and no config key that runs code; the host's real git then
+    commits in it and nothing of the sandbox's runs.  Twin: a repository with
+    the config a clone writes keeps it, and the host's git uses its remote."""
+    c, ws = tsandbox
+    script = (
+        REPO_SKELETON.format("evil")
+        + REPO_SKELETON.format("good")
+        + f"""
+    printf '#!/bin/sh\\ntouch {ws}/hook-ran\\n' > evil/.git/hooks/pre-commit
+    chmod +x evil/.git/hooks/pre-commit
+    printf '[core]\\n\\tbare = false\\n\\tfsmonitor = "touch {ws}/fsmonitor-ran"\\n' \
+        > evil/.git/config
+    printf '[core]\\n\\tbare = false\\n[remote "origin"]\\n\\turl = https://127.0.0.1/x.git\\n' \
+        > good/.git/config
+    """
+    )
+    r = c.sh(ws, script)
+    assert r.returncode == 0, r.stderr
+    err = r.stderr.decode()
+    assert "evil/.git/hooks/pre-commit (a git hook, in a repository made during the run)" in err
+    assert "evil/.git/config (git config sets core.fsmonitor" in err
+    assert "good/" not in err
+    assert sorted(p.name for p in (ws / "evil" / ".git" / "hooks").iterdir()) == [
+        "pre-commit.sample"
+    ]
+    assert not (ws / "evil" / ".git" / "config").exists()
+    git = ["git", "-c", "safe.directory=*", "-c", "user.name=t", "-c", "user.email=t@127.0.0.1"]
+    done = subprocess.run(
+        [*git, "-C", str(ws / "evil"), "commit", "-q", "--allow-empty", "-m", "x"],
+        capture_output=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not (ws / "hook-ran").exists() and not (ws / "fsmonitor-ran").exists()
+    remote = subprocess.run(
+        [*git, "-C", str(ws / "good"), "remote", "get-url", "origin"], capture_output=True
+    )
+    assert remote.stdout == b"https://127.0.0.1/x.git\n", remote.stderr
+
+
 def test_workspace_secret_files_are_masked(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     (ws / ".env").write_text("CANARY-dotenv\n")

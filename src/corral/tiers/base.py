@@ -271,6 +271,7 @@ class Plan:
         "policy",
         "prepare",
         "quarantine",
+        "repositories",
         "restore",
         "scratch",
         "seccomp",
@@ -292,6 +293,9 @@ class Plan:
         self.bounds: dict[str, Bound] = {}  # each limit: value, where from, enforced or not
         self.fds: dict[int, str] = {}
         self.quarantine: list[str] = []
+        # the workspace's repositories at launch (FsPlan.repositories): the ones a
+        # run makes are looked at after it (corral.gitguard)
+        self.repositories: frozenset[tuple[int, int]] | None = None
         # where $HOME points, made and seeded by the launcher (corral.home)
         self.home: HomeLayer | None = None
         # read-only files git writes through a lock file beside them: directory ->

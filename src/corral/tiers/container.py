@@ -329,6 +329,7 @@ class ContainerTier(Tier):
         fs = facts.fs
         assert fs is not None and facts.bundle is not None
         plan.quarantine = fs.quarantine
+        plan.repositories = fs.repositories
         plan.notes = list(fs.notes)
         plan.lock_watch = fs.lock_watch
         plan.hardlinks = fs.hardlinks

@@ -359,6 +359,7 @@ class LandlockTier(Tier):
         assert fs is not None
         plan.notes = list(fs.notes)
         plan.quarantine = fs.quarantine
+        plan.repositories = fs.repositories
         plan.restore = fs.write_protect
         plan.hardlinks = fs.hardlinks
         plan.env = environ.sandbox_env(policy, facts.environ)

@@ -212,6 +212,7 @@ class MicroVMTier(Tier):
         plan.argv = vm.argv
         plan.notes = vm.notes
         plan.quarantine = facts.fs.quarantine
+        plan.repositories = facts.fs.repositories
         plan.cwd = vm.launch.cwd if vm.launch is not None else policy.workspace
         plan.env = dict(vm.launch.env) if vm.launch is not None else {}
         _bounds(plan, vm)

@@ -416,6 +416,7 @@ class NamespaceTier(Tier):
         assert fs is not None
         plan.mounts = fs.mounts
         plan.quarantine = fs.quarantine
+        plan.repositories = fs.repositories
         plan.notes = fs.notes
         plan.lock_watch = fs.lock_watch
         plan.hardlinks = fs.hardlinks

@@ -1,0 +1,189 @@
+"""Repositories a run created: what in them would run code outside the sandbox.
+
+At launch every git dir in the workspace gets its hooks and config made
+read-only (:mod:`corral.fsplan`).  A repository the command creates during the
+run (``git init``, a clone, a new submodule or worktree, a ``.git`` file or
+symlink pointing somewhere) is not covered by that, and what it holds runs on
+the host the next time anyone uses git there: a hook, or a config key such as
+``core.fsmonitor``, ``core.pager`` or an ``alias.*`` beginning with ``!``.
+
+After the run, the workspace is walked again (the same bounded walk) and every
+git dir or ``.git`` entry not there at launch (by inode) is looked at:
+
+* ``hooks/``: everything but the ``*.sample`` files ``git init`` writes;
+* ``config`` when it sets any key outside :data:`SAFE_KEYS` (or cannot be read
+  plainly): the keys git writes itself for init, clone, remotes, branches and
+  identity.  Unknown means unsafe;
+* ``config.worktree`` and ``commondir`` (unless it names a git dir known at
+  launch): what a linked worktree reads;
+* a ``.git`` file or symlink leading out of the workspace to a directory not
+  known at launch.
+
+Each is moved to the quarantine (as a created write-deny path is) and named
+after the run.  Only paths inside the workspace are ever moved.
+"""
+
+from __future__ import annotations
+
+import os
+
+from corral import fsplan
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.report import Denial
+
+# "section.key" for sections without a subsection, "section.*.key" with one.
+SAFE_KEYS = frozenset(
+    {
+        "core.repositoryformatversion",
+        "core.filemode",
+        "core.bare",
+        "core.logallrefupdates",
+        "core.ignorecase",
+        "core.precomposeunicode",
+        "core.symlinks",
+        "core.worktree",  # a submodule's git dir names its working tree
+        "init.defaultbranch",
+        "extensions.objectformat",
+        "user.name",
+        "user.email",
+        "remote.*.url",
+        "remote.*.pushurl",
+        "remote.*.fetch",
+        "branch.*.remote",
+        "branch.*.merge",
+        "submodule.*.url",
+        "submodule.*.active",
+    }
+)
+HOOKS_KEPT = ".sample"  # git's own examples: never run
+
+
+def unsafe_config_key(text: str) -> str | None:
+    """The first key of a git config that is not in SAFE_KEYS (or a line this
+    reader cannot take plainly, such as a continued value); None when all are safe."""
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            name = _section(line)
+            if name is None:
+                return line[:60]
+            section = name
+            continue
+        if line.endswith("\\"):
+            return "a continued value"
+        key = f"{section}.{line.split('=', 1)[0].strip().lower()}"
+        if not section or key not in SAFE_KEYS:
+            return key
+    return None
+
+
+def _section(line: str) -> str | None:
+    """``[core]`` -> core; ``[remote "origin"]`` and ``[remote.origin]`` -> remote.*."""
+    inner, close, rest = line[1:].partition("]")
+    if not close or (rest.strip() and rest.strip()[0] not in "#;"):
+        return None  # a key on the same line as its section: not read here
+    name, _, sub = inner.strip().partition(" ")
+    if sub or "." in name:
+        return name.split(".", 1)[0].lower() + ".*"
+    return name.lower()
+
+
+def risky_parts(git_dir: str, known: frozenset[tuple[int, int]]) -> list[tuple[str, str]]:
+    """(path, why) for what in a new git dir would run code on the host."""
+    found: list[tuple[str, str]] = []
+    hooks = os.path.join(git_dir, "hooks")
+    if os.path.islink(hooks):
+        found.append((hooks, "a hooks directory that is a symlink"))
+    else:
+        try:
+            names = sorted(os.listdir(hooks))
+        except OSError:
+            names = []
+        found += [
+            (os.path.join(hooks, n), "a git hook") for n in names if not n.endswith(HOOKS_KEPT)
+        ]
+    config = os.path.join(git_dir, "config")
+    if os.path.lexists(config):
+        key = _config_problem(config)
+        if key is not None:
+            found.append((config, f"git config sets {key}"))
+    worktree = os.path.join(git_dir, "config.worktree")
+    if os.path.lexists(worktree):
+        found.append((worktree, "a worktree's git config"))
+    common = os.path.join(git_dir, "commondir")
+    if os.path.lexists(common) and _identity(_commondir(git_dir, common)) not in known:
+        found.append((common, "a worktree's common dir that is not a repository known at launch"))
+    return found
+
+
+def _config_problem(path: str) -> str | None:
+    if os.path.islink(path):
+        return "a symlink"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return unsafe_config_key(fh.read(1 << 20))
+    except (OSError, UnicodeDecodeError):
+        return "something unreadable"
+
+
+def _commondir(git_dir: str, common: str) -> str:
+    try:
+        with open(common, encoding="utf-8", errors="replace") as fh:
+            target = fh.readline(4096).strip()
+    except OSError:
+        return ""
+    return os.path.realpath(os.path.join(git_dir, target)) if target else ""
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def findings(
+    root: str, scan: fsplan.WorkspaceScan, known: frozenset[tuple[int, int]]
+) -> list[tuple[str, str]]:
+    """(path, why) to quarantine, from a walk made after the run."""
+    inside = root.rstrip("/") + "/"
+    found: list[tuple[str, str]] = []
+    for entry in scan.git_files:
+        if fsplan.identity(entry) in known:
+            continue
+        if os.path.islink(entry):
+            target = os.path.realpath(entry)
+        else:
+            target = fsplan.gitfile_target(entry) or ""
+        # one inside is a git dir of this walk, looked at below
+        if not target.startswith(inside) and _identity(target) not in known:
+            found.append((entry, "a .git entry leading out of the workspace"))
+    for git_dir in scan.git_dirs:
+        if git_dir.startswith(inside) and fsplan.identity(git_dir) not in known:
+            found += risky_parts(git_dir, known)
+    return [(p, why) for p, why in found if p.startswith(inside)]
+
+
+def quarantine(found: list[tuple[str, str]], run_id: str) -> list[Denial]:
+    """Move each finding out of the workspace; the denials to report."""
+    import shutil
+
+    from corral import runlog
+    from corral.report import new_repository
+
+    said = []
+    for path, why in found:
+        dest = os.path.join(runlog.state_dir(), "quarantine", run_id, path.lstrip("/"))
+        try:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.move(path, dest)
+            said.append(new_repository(path, why, moved_to=dest))
+        except OSError as exc:
+            said.append(new_repository(path, why, error=str(exc)))
+    return said

@@ -1,0 +1,172 @@
+"""corral.gitguard: what in a repository made during a run would run code on the
+host, found on real directories (no sandbox: the walk and the decisions)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from corral import fsplan, gitguard
+
+INIT_CONFIG = """[core]
+\trepositoryformatversion = 0
+\tfilemode = true
+\tbare = false
+\tlogallrefupdates = true
+"""
+CLONE_CONFIG = (
+    INIT_CONFIG
+    + """[remote "origin"]
+\turl = https://127.0.0.1/x.git
+\tfetch = +refs/heads/*:refs/remotes/origin/*
+[branch "main"]
+\tremote = origin
+\tmerge = refs/heads/main
+[user]
+\tname = agent
+\temail = agent@127.0.0.1
+"""
+)
+
+
+@pytest.mark.parametrize("text", [INIT_CONFIG, CLONE_CONFIG, "", "# nothing\n; at all\n"])
+def test_configs_git_writes_itself_are_safe(text: str) -> None:
+    assert gitguard.unsafe_config_key(text) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[core]\n\tfsmonitor = touch x\n", "core.fsmonitor"),
+        ("[Core]\n\tFsMonitor = touch x\n", "core.fsmonitor"),
+        ("[core]\n\tpager = sh -c x\n", "core.pager"),
+        ("[core]\n\thooksPath = h\n", "core.hookspath"),
+        ('[alias]\n\tst = "!sh -c x"\n', "alias.st"),
+        ('[remote "o"]\n\turl = x\n\tuploadpack = sh -c x\n', "remote.*.uploadpack"),
+        ("[remote.o]\n\treceivepack = x\n", "remote.*.receivepack"),
+        ('[filter "lfs"]\n\tclean = x\n', "filter.*.clean"),
+        ("[include]\n\tpath = ../elsewhere\n", "include.path"),
+        ("[core]\n\tsshCommand = x\n", "core.sshcommand"),
+        ("bare = true\n", ".bare"),  # a key before any section
+        ("[core]\n\tbare = false \\\n\t\tmore\n", "a continued value"),
+    ],
+)
+def test_any_other_key_is_unsafe(text: str, key: str) -> None:
+    assert gitguard.unsafe_config_key(text) == key
+
+
+def test_a_key_on_its_section_line_is_not_read_plainly() -> None:
+    assert gitguard.unsafe_config_key("[core] fsmonitor = x\n") == "[core] fsmonitor = x"
+
+
+def make_repo(path: Path, config: str = INIT_CONFIG) -> Path:
+    git = path / ".git"
+    (git / "hooks").mkdir(parents=True)
+    (git / "hooks" / "pre-commit.sample").write_text("#!/bin/sh\n")
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    (git / "config").write_text(config)
+    return git
+
+
+def findings(ws: Path, known: frozenset[tuple[int, int]]) -> list[tuple[str, str]]:
+    scan = fsplan.created_repositories(str(ws), known)
+    return [] if scan is None else gitguard.findings(str(ws), scan, known)
+
+
+def launch(ws: Path) -> frozenset[tuple[int, int]]:
+    return fsplan.repositories(fsplan.scan_workspace(str(ws)))
+
+
+def test_nothing_new_costs_one_walk_and_finds_nothing(tmp_path: Path) -> None:
+    old = make_repo(tmp_path / "old")
+    known = launch(tmp_path)
+    (old / "hooks" / "pre-commit").write_text("#!/bin/sh\n")  # (read-only in a run)
+    assert fsplan.created_repositories(str(tmp_path), known) is None
+
+
+def test_a_new_repository_loses_its_hooks_and_an_unsafe_config(tmp_path: Path) -> None:
+    known = launch(tmp_path)
+    evil = make_repo(tmp_path / "evil", "[core]\n\tfsmonitor = touch x\n")
+    (evil / "hooks" / "post-checkout").write_text("#!/bin/sh\n")
+    good = make_repo(tmp_path / "good", CLONE_CONFIG)
+    found = dict(findings(tmp_path, known))
+    assert found == {
+        str(evil / "hooks" / "post-checkout"): "a git hook",
+        str(evil / "config"): "git config sets core.fsmonitor",
+    }
+    assert str(good / "config") not in found  # the allow twin: a clone's config stays
+
+
+def test_a_replaced_git_dir_counts_as_new(tmp_path: Path) -> None:
+    make_repo(tmp_path)
+    known = launch(tmp_path)
+    os.rename(tmp_path / ".git", tmp_path / ".git-old")  # its read-only mounts go with it
+    git = make_repo(tmp_path)
+    (git / "hooks" / "pre-push").write_text("#!/bin/sh\n")
+    assert [p for p, _ in findings(tmp_path, known)] == [str(git / "hooks" / "pre-push")]
+
+
+def test_git_entries_leading_out_of_the_workspace(tmp_path: Path) -> None:
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    ws.mkdir()
+    make_repo(outside)
+    kept = make_repo(ws / "kept")
+    known = launch(ws)
+    (ws / "a").mkdir()
+    (ws / "a" / ".git").symlink_to(outside / ".git")
+    (ws / "b").mkdir()
+    (ws / "b" / ".git").write_text(f"gitdir: {outside / '.git'}\n")
+    (ws / "c").mkdir()
+    (ws / "c" / ".git").write_text(f"gitdir: {kept}\n")  # a repository known at launch
+    found = [p for p, _ in findings(ws, known)]
+    assert found == [str(ws / "a" / ".git"), str(ws / "b" / ".git")]
+    assert (outside / ".git" / "config").exists()  # nothing outside is ever a finding
+
+
+def test_a_new_worktree_of_a_known_repository(tmp_path: Path) -> None:
+    git = make_repo(tmp_path)
+    known = launch(tmp_path)
+    tree = git / "worktrees" / "feature"
+    tree.mkdir(parents=True)
+    (tree / "commondir").write_text("../..\n")  # the known git dir: kept
+    (tree / "HEAD").write_text("ref: refs/heads/feature\n")
+    assert findings(tmp_path, known) == []
+    (tree / "config.worktree").write_text("[core]\n\tfsmonitor = x\n")
+    other = tree.parent / "other"
+    other.mkdir()
+    (other / "commondir").write_text("../../../elsewhere\n")
+    assert sorted(p for p, _ in findings(tmp_path, known)) == sorted(
+        [str(other / "commondir"), str(tree / "config.worktree")]
+    )
+
+
+def test_quarantine_moves_findings_out_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    known = launch(ws)
+    evil = make_repo(ws / "evil", "[core]\n\tpager = x\n")
+    said = gitguard.quarantine(findings(ws, known), "run1")
+    assert not (evil / "config").exists() and (evil / "HEAD").exists()
+    (denial,) = said
+    assert denial.fields["rule"] == "new-repository"
+    assert "git config sets core.pager" in denial.text
+    moved = Path(str(denial.fields["moved_to"]))
+    assert moved.read_text() == "[core]\n\tpager = x\n"
+
+
+def test_the_launch_walk_protects_gitfile_targets_and_worktrees(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    sep = make_repo(ws / "sep")  # a --separate-git-dir repository
+    (ws / "tree").mkdir()
+    (ws / "tree" / ".git").write_text("gitdir: ../sep/.git\n")
+    wt = sep / "worktrees" / "w"
+    wt.mkdir(parents=True)
+    scan = fsplan.scan_workspace(str(ws))
+    assert scan.git_dirs.count(str(sep)) == 1  # found as .git and through the file
+    assert str(wt) in scan.git_dirs
+    assert scan.git_files == [str(ws / "tree" / ".git")]
