@@ -187,6 +187,40 @@ def test_a_masked_secret_in_the_home_snapshot_cannot_be_opened_up(
     assert (c.home / ".netrc").read_text() == "CANARY-netrc\n"  # the host's copy untouched
 
 
+def test_a_masked_directory_outside_a_snapshot_cannot_be_opened_up(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """A secret directory in the workspace (no snapshot there: the workspace is
+    writable) is masked by an empty mode-000 mount of its own: the command, which
+    owns it, can neither chmod it open nor fill it.  Twin: a sibling directory
+    takes the same chmod and a file."""
+    c, ws = tsandbox
+    (ws / "vault").mkdir()
+    (ws / "vault" / "key").write_text("CANARY-vault\n")
+    (ws / "open").mkdir()
+    c.chown(ws)
+    r = c.sh(
+        ws,
+        "chmod 755 vault 2>/dev/null && echo chmod=DONE || echo chmod=refused; "
+        "echo x > vault/new 2>/dev/null && echo write=DONE || echo write=refused; "
+        "cat vault/key 2>/dev/null; "
+        "echo x > open/new && echo twin=ok; chmod 700 open && echo chmod-twin=ok",
+        "--read-deny",
+        str(ws / "vault") + "/",
+    )
+    out = r.stdout.decode()
+    assert "CANARY" not in out, r  # (the container engines' tmpfs copies what is under it)
+    assert "twin=ok" in out, r
+    assert (ws / "vault" / "key").read_text() == "CANARY-vault\n"
+    if not c.has("mounts"):
+        return  # landlock withholds reading only: writing there is documented
+    assert "write=refused" in out, r
+    assert not (ws / "vault" / "new").exists()
+    assert "chmod-twin=ok" in out, r  # (landlock's seccomp refuses every chmod)
+    if c.tier is None or c.tier.id != "gvisor":  # (gVisor's read-only tmpfs takes a chmod)
+        assert "chmod=refused" in out, r
+
+
 def test_secret_created_after_launch_stays_hidden(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     (c.home / "notes.txt").write_text("public-notes\n")

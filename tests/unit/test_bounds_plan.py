@@ -425,16 +425,18 @@ def spec(**kw: object) -> envelope.Spec:
 
 def test_envelope_sizes_from_the_limits() -> None:
     argv = envelope.run_argv(spec(tmp=4 * GiB, shm=GiB, run_size=64 * MiB))
-    assert "/tmp:rw,nosuid,nodev,size=4g,mode=1777" in argv
-    assert "/var/tmp:rw,nosuid,nodev,size=4g,mode=1777" in argv
-    assert "/run:rw,nosuid,nodev,size=64m,mode=755" in argv
+    assert "/tmp:rw,notmpcopyup,nosuid,nodev,size=4g,mode=1777" in argv
+    assert "/var/tmp:rw,notmpcopyup,nosuid,nodev,size=4g,mode=1777" in argv
+    assert "/run:rw,notmpcopyup,nosuid,nodev,size=64m,mode=755" in argv
     assert f"--shm-size={GiB}" in argv
-    assert "/tmp:rw,nosuid,nodev,size=1536k,mode=1777" in envelope.run_argv(spec(tmp=1536 << 10))
+    small = envelope.run_argv(spec(tmp=1536 << 10))
+    assert "/tmp:rw,notmpcopyup,nosuid,nodev,size=1536k,mode=1777" in small
 
 
 def test_envelope_lifted_sizes() -> None:
     argv = envelope.run_argv(spec(tmp=None, shm=None))
-    assert "/tmp:rw,nosuid,nodev,mode=1777" in argv and "--shm-size=0" in argv  # podman: no bound
+    assert "/tmp:rw,notmpcopyup,nosuid,nodev,mode=1777" in argv
+    assert "--shm-size=0" in argv  # podman: no bound
     docker = envelope.run_argv(spec(shm=None, engine_name="docker"))
     assert f"--shm-size={1 << 40}" in docker  # docker reads 0 as 64 MiB
 

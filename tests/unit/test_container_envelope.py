@@ -83,8 +83,8 @@ def test_mounts_only_inside_roots_and_masks_applied() -> None:
     assert any(a.startswith(f"{WS}/secrets:ro,") and "mode=000" in a for a in argv)
     assert "type=bind,src=/src/corral/container/boot.py,dst=/run/corral/boot.py,ro" in argv
     # allow twins: private scratch is writable and bounded
-    assert "/tmp:rw,nosuid,nodev,size=256m,mode=1777" in argv
-    assert "/var/tmp:rw,nosuid,nodev,size=256m,mode=1777" in argv
+    assert "/tmp:rw,notmpcopyup,nosuid,nodev,size=256m,mode=1777" in argv
+    assert "/var/tmp:rw,notmpcopyup,nosuid,nodev,size=256m,mode=1777" in argv
     # the host home is not in the container: nothing of it is bound in
     assert "/home/u" not in joined.replace(WS, "")
 

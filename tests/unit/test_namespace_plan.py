@@ -112,12 +112,13 @@ def test_mount_args_for_every_kind() -> None:
     assert text.startswith(
         "--ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --bind /ws /ws "
         "--ro-bind /ws/.git/hooks /ws/.git/hooks --symlink target /home/u/link "
-        "--perms 0000 --tmpfs /home/u/.ssh "
+        "--perms 0000 --size 4096 --tmpfs /home/u/.ssh --remount-ro /home/u/.ssh "
     )
     assert f"--perms 0000 --ro-bind-data {FD_EMPTY} /home/u/.netrc" in text
     assert f"--perms 0000 --ro-bind-data {FD_EMPTY + 1} /ws/.env" in text
     assert text.endswith("--remount-ro /home/u --mqueue /dev/mqueue")
-    assert text.index("/home/u/.netrc") < text.index("/ws/.env") < text.index("--remount-ro")
+    last = text.index("--remount-ro /home/u ")
+    assert text.index("/home/u/.netrc") < text.index("/ws/.env") < last
 
 
 def test_masks_standing_in_a_snapshot_are_made_not_mounted() -> None:
@@ -141,13 +142,17 @@ def test_masks_standing_in_a_snapshot_are_made_not_mounted() -> None:
     assert "--perms 0000 --dir /home/u/.ssh " in text
     assert f"--perms 0000 --file {FD_EMPTY} /home/u/.netrc " in text
     assert f"--perms 0000 --ro-bind-data {FD_EMPTY + 1} /home/u/.aws " in text
-    assert "--perms 0000 --tmpfs /home/u/.config/gh " in text
+    gh = "/home/u/.config/gh"
+    assert f"--perms 0000 --size 4096 --tmpfs {gh} --remount-ro {gh}" in text
     assert f"--perms 0000 --ro-bind-data {FD_EMPTY + 2} /etc/shadow " in text
     assert fds == [FD_EMPTY, FD_EMPTY + 1, FD_EMPTY + 2]
     assert text.endswith("--remount-ro /home/u")
     # a tmpfs that is not remounted read-only is no snapshot: its masks are mounted
     args, _ = mount_args([Mount("tmpfs", "/home/u"), Mount("mask-dir", "/home/u/.ssh")])
-    assert args[-4:] == ["--perms", "0000", "--tmpfs", "/home/u/.ssh"]
+    assert args[-8:] == [
+        *("--perms", "0000", "--size", "4096", "--tmpfs", "/home/u/.ssh"),
+        *("--remount-ro", "/home/u/.ssh"),
+    ]
 
 
 def test_the_agent_is_pid_1_and_nothing_else_is(

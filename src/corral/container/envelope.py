@@ -18,6 +18,10 @@ SCRATCH_SIZE = 256 << 20  # each of /tmp and /var/tmp
 SHM_SIZE = 64 << 20
 RUN_SIZE = 64 << 20
 MASK_SIZE = "4k"
+# podman's --tmpfs copies what lies under the mount point into the new tmpfs by
+# default (tmpcopyup): a mask over a secret directory would hold a copy of the
+# secret, and a snapshot of a directory with corral's state the state itself.
+NO_COPY = "notmpcopyup,"
 
 
 class Spec:
@@ -137,13 +141,13 @@ def mount_args(
             continue
         if m.kind == "tmpfs":
             if dest in ("/tmp", "/var/tmp"):
-                out += ["--tmpfs", f"{dest}:rw,nosuid,nodev,{_size(tmp)}mode=1777"]
+                out += ["--tmpfs", f"{dest}:rw,{NO_COPY}nosuid,nodev,{_size(tmp)}mode=1777"]
             elif dest == "/run":
-                out += ["--tmpfs", f"{dest}:rw,nosuid,nodev,{_size(run)}mode=755"]
+                out += ["--tmpfs", f"{dest}:rw,{NO_COPY}nosuid,nodev,{_size(run)}mode=755"]
             elif dest == "/dev/shm":
                 continue  # the engine's own private /dev/shm (--shm-size)
             elif any(_inside(dest, r) for r in roots):
-                out += ["--tmpfs", f"{dest}:rw,nosuid,nodev,{_size(tmp)}".rstrip(",")]
+                out += ["--tmpfs", f"{dest}:rw,{NO_COPY}nosuid,nodev,{_size(tmp)}".rstrip(",")]
             continue
         if not any(_inside(dest, r) for r in roots):
             continue
@@ -154,7 +158,7 @@ def mount_args(
             ro = ",ro" if m.kind == "ro-bind" else ""
             out += ["--mount", f"type=bind,src={src},dst={dest}{ro}"]
         elif m.kind == "mask-dir":
-            out += ["--tmpfs", f"{dest}:ro,nosuid,nodev,noexec,size={MASK_SIZE},mode=000"]
+            out += ["--tmpfs", f"{dest}:ro,{NO_COPY}nosuid,nodev,noexec,size={MASK_SIZE},mode=000"]
         elif m.kind == "mask-file":
             out += ["--mount", f"type=bind,src={_check_path(mask_file)},dst={dest},ro"]
         else:

@@ -116,9 +116,11 @@ def mount_args(
         elif m.kind == "symlink":
             args += ["--symlink", m.src or "", m.dest]
         elif m.kind == "mask-dir":
-            # An empty, private, mode-000 tmpfs: nothing in it to read, and anything
-            # written there vanishes with the sandbox, so no remount is needed.
-            args += ["--perms", "0000", "--tmpfs", m.dest]
+            # An empty, private, mode-000 tmpfs, read-only at once: nothing in it to
+            # read, and its owner (the sandbox) cannot chmod it open to fill it
+            # (a tmpfs not remounted takes half the host's RAM, and inodes beyond)
+            args += ["--perms", "0000", "--size", "4096", "--tmpfs", m.dest]
+            args += ["--remount-ro", m.dest]
         elif m.kind == "mask-file":
             fd = next(numbers)
             empty_fds.append(fd)
