@@ -377,7 +377,7 @@ def gitfile_target(path: str) -> str | None:
     if not first.startswith("gitdir:"):
         return None
     target = first[len("gitdir:") :].strip()
-    return os.path.normpath(os.path.join(os.path.dirname(path), target)) if target else None
+    return os.path.realpath(os.path.join(os.path.dirname(path), target)) if target else None
 
 
 def _worktree_git_dirs(git_dir: str) -> list[str]:

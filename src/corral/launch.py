@@ -375,7 +375,8 @@ def created_repositories(plan: Plan, run_id: str) -> list[Denial]:
         return []
     from corral import fsplan
 
-    root = plan.policy.workspace  # as the walk at launch named its paths
+    # real paths: a git dir reached through a symlink must not pass for one inside
+    root = os.path.realpath(plan.policy.workspace)
     scan = fsplan.created_repositories(root, plan.repositories)
     if scan is None:
         return []

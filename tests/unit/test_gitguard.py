@@ -120,8 +120,12 @@ def test_git_entries_leading_out_of_the_workspace(tmp_path: Path) -> None:
     (ws / "b" / ".git").write_text(f"gitdir: {outside / '.git'}\n")
     (ws / "c").mkdir()
     (ws / "c" / ".git").write_text(f"gitdir: {kept}\n")  # a repository known at launch
-    found = [p for p, _ in findings(ws, known)]
-    assert found == [str(ws / "a" / ".git"), str(ws / "b" / ".git")]
+    (ws / "link").symlink_to(outside)  # a path inside that leads out
+    (ws / "d").mkdir()
+    (ws / "d" / ".git").write_text(f"gitdir: {ws / 'link' / '.git'}\n")
+    (outside / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\n")  # the user's own
+    found = sorted(p for p, _ in findings(ws, known))
+    assert found == [str(ws / n / ".git") for n in ("a", "b", "d")]
     assert (outside / ".git" / "config").exists()  # nothing outside is ever a finding
 
 
