@@ -349,24 +349,46 @@ class Aftercare:
 
 
 def quarantine(paths: list[str], run_id: str) -> list[Denial]:
-    """Move anything created at a write-deny path out of the workspace; say what moved."""
+    """Move anything created at a write-deny path out of the workspace; say what moved.
+
+    A path is named as it was at launch, with no symlink on the way.  If one of
+    its directories is a symlink now, the run made it (to lead the move to a
+    directory it could not write, another repository's hooks): the symlink
+    itself is moved, never what it leads to."""
     moved = []
-    for path in paths:
-        if not os.path.lexists(path):
+    seen = set()
+    for named in paths:
+        path = _not_through_links(named)
+        if path in seen or not os.path.lexists(path):
             continue
+        seen.add(path)
         from corral import runlog
         from corral.report import quarantined
 
+        via = named if path != named else ""
         dest = os.path.join(runlog.state_dir(), "quarantine", run_id, path.lstrip("/"))
         try:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             import shutil
 
             shutil.move(path, dest)
-            moved.append(quarantined(path, moved_to=dest))
+            moved.append(quarantined(path, moved_to=dest, via=via))
         except OSError as exc:
-            moved.append(quarantined(path, error=str(exc)))
+            moved.append(quarantined(path, error=str(exc), via=via))
     return moved
+
+
+def _not_through_links(path: str) -> str:
+    """``path``, or the first of its directories that is now a symlink."""
+    parent = os.path.dirname(path)
+    if os.path.realpath(parent) == parent:
+        return path
+    where = ""
+    for part in parent.strip("/").split("/"):
+        where += "/" + part
+        if os.path.islink(where):
+            return where
+    return path  # (changed back in between: as it was named)
 
 
 def created_repositories(plan: Plan, run_id: str) -> list[Denial]:

@@ -60,12 +60,14 @@ class Denial:
 # -- files ------------------------------------------------------------------------
 
 
-def quarantined(path: str, moved_to: str = "", error: str = "") -> Denial:
-    """A write-deny path that did not exist at launch and was created."""
+def quarantined(path: str, moved_to: str = "", error: str = "", via: str = "") -> Denial:
+    """A write-deny path that did not exist at launch and was created (``via``: the
+    write-deny path a symlink made during the run stood on the way to)."""
     where = f"moved to {moved_to}" if moved_to else f"could not move it: {error}"
+    what = f"(a symlink on the way to {via}, write-deny)" if via else "(write-deny)"
     return Denial(
         "file",
-        f"denied write: {path} (write-deny) was created; {where}",
+        f"denied write: {path} {what} was created; {where}",
         path=path,
         rule="write-deny",
         action="quarantined",

@@ -355,6 +355,28 @@ def test_a_repository_made_in_the_run_cannot_run_code_on_the_host(
     assert remote.stdout == b"https://127.0.0.1/x.git\n", remote.stderr
 
 
+def test_quarantine_never_follows_a_symlink_the_run_made(tsandbox: tuple[Corral, Path]) -> None:
+    """A repository known at launch has no hooks directory (quarantined if made).
+    The command moves the repository away and puts a symlink to another
+    repository outside the workspace in its place: corral moves the symlink, and
+    the other repository's own hooks stay.  Twin: a .vscode made in the same run
+    is quarantined as usual."""
+    c, ws = tsandbox
+    other = c.base / "other" / ".git" / "hooks"
+    other.mkdir(parents=True)
+    (other / "pre-commit").write_text("#!/bin/sh\n")
+    (ws / "sub" / ".git").mkdir(parents=True)
+    (ws / "sub" / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    c.chown(ws, c.base / "other")
+    r = c.sh(ws, f"mv sub sub-old && ln -s {c.base / 'other'} sub && mkdir .vscode")
+    assert r.returncode == 0, r.stderr
+    assert (other / "pre-commit").read_text() == "#!/bin/sh\n"
+    assert not os.path.lexists(ws / "sub")
+    err = r.stderr.decode()
+    assert f"{ws}/sub (a symlink on the way to {ws}/sub/.git/hooks, write-deny)" in err, err
+    assert not (ws / ".vscode").exists() and f"{ws}/.vscode (write-deny)" in err, err
+
+
 def test_workspace_secret_files_are_masked(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     (ws / ".env").write_text("CANARY-dotenv\n")
