@@ -367,13 +367,27 @@ def created_repositories(root: str, known: frozenset[tuple[int, int]]) -> Worksp
     return None
 
 
-def gitfile_target(path: str) -> str | None:
-    """Where a ``.git`` file (``gitdir: PATH``) points, absolute; None if it is not one."""
+def read_small(path: str, limit: int = 1 << 20) -> str | None:
+    """The start of a regular file in the workspace (None for anything else).  The
+    sandbox may have made it a FIFO, which an open() for reading would wait on
+    for ever, or a device: opened without blocking, and read only if regular."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            first = fh.readline(4096)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def gitfile_target(path: str) -> str | None:
+    """Where a ``.git`` file (``gitdir: PATH``) points, absolute; None if it is not one."""
+    first = (read_small(path, 4096) or "").partition("\n")[0]
     if not first.startswith("gitdir:"):
         return None
     target = first[len("gitdir:") :].strip()
@@ -477,18 +491,14 @@ def _submodule_git_dirs(modules: str) -> list[str]:
 def _core_settings(git_dir: str) -> dict[str, str]:
     """The ``[core]`` keys of a git dir's config, lower-cased (enough for what we need)."""
     found: dict[str, str] = {}
-    try:
-        with open(os.path.join(git_dir, "config"), encoding="utf-8", errors="replace") as fh:
-            section = ""
-            for raw in fh:
-                line = raw.strip()
-                if line.startswith("["):
-                    section = line.strip("[]").strip().lower()
-                elif section == "core" and "=" in line:
-                    key, _, value = line.partition("=")
-                    found[key.strip().lower()] = value.split("#", 1)[0].strip().strip('"')
-    except OSError:
-        pass
+    section = ""
+    for raw in (read_small(os.path.join(git_dir, "config")) or "").splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            section = line.strip("[]").strip().lower()
+        elif section == "core" and "=" in line:
+            key, _, value = line.partition("=")
+            found[key.strip().lower()] = value.split("#", 1)[0].strip().strip('"')
     return found
 
 

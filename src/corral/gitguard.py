@@ -109,9 +109,9 @@ def risky_parts(git_dir: str, known: frozenset[tuple[int, int]]) -> list[tuple[s
         ]
     config = os.path.join(git_dir, "config")
     if os.path.lexists(config):
-        key = _config_problem(config)
-        if key is not None:
-            found.append((config, f"git config sets {key}"))
+        why = _config_problem(config)
+        if why is not None:
+            found.append((config, why))
     worktree = os.path.join(git_dir, "config.worktree")
     if os.path.lexists(worktree):
         found.append((worktree, "a worktree's git config"))
@@ -123,20 +123,16 @@ def risky_parts(git_dir: str, known: frozenset[tuple[int, int]]) -> list[tuple[s
 
 def _config_problem(path: str) -> str | None:
     if os.path.islink(path):
-        return "a symlink"
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return unsafe_config_key(fh.read(1 << 20))
-    except (OSError, UnicodeDecodeError):
-        return "something unreadable"
+        return "a git config that is a symlink"
+    text = fsplan.read_small(path)
+    if text is None or "\ufffd" in text:
+        return "a git config that is not a plain text file"
+    key = unsafe_config_key(text)
+    return None if key is None else f"git config sets {key}"
 
 
 def _commondir(git_dir: str, common: str) -> str:
-    try:
-        with open(common, encoding="utf-8", errors="replace") as fh:
-            target = fh.readline(4096).strip()
-    except OSError:
-        return ""
+    target = (fsplan.read_small(common, 4096) or "").partition("\n")[0].strip()
     return os.path.realpath(os.path.join(git_dir, target)) if target else ""
 
 
@@ -162,7 +158,9 @@ def findings(
         else:
             target = fsplan.gitfile_target(entry) or ""
         # one inside is a git dir of this walk, looked at below
-        if not target.startswith(inside) and _identity(target) not in known:
+        if not target:
+            found.append((entry, "a .git entry that is neither a directory nor a gitdir file"))
+        elif not target.startswith(inside) and _identity(target) not in known:
             found.append((entry, "a .git entry leading out of the workspace"))
     for git_dir in scan.git_dirs:
         if git_dir.startswith(inside) and fsplan.identity(git_dir) not in known:

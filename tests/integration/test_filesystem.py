@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Corral, sees_host_root
+from conftest import Corral, is_gvisor, sees_host_root
 
 # Secrets under the home directory that the default policy must hide.
 SECRET_FILES = [
@@ -353,6 +353,26 @@ def test_a_repository_made_in_the_run_cannot_run_code_on_the_host(
         [*git, "-C", str(ws / "good"), "remote", "get-url", "origin"], capture_output=True
     )
     assert remote.stdout == b"https://127.0.0.1/x.git\n", remote.stderr
+
+
+def test_fifos_where_git_keeps_files_do_not_hold_corral(tsandbox: tuple[Corral, Path]) -> None:
+    """FIFOs made where git keeps files (a .git, a config) would hold corral's read
+    for ever, after this run and at the launch of every later one.  Twin: the
+    next run in the workspace starts and its command runs."""
+    c, ws = tsandbox
+    r = c.run(
+        ["run", "-q", "--", "sh", "-c", "mkdir -p n/.git m && mkfifo n/.git/config m/.git"],
+        cwd=ws,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr
+    if not is_gvisor(c):  # (gVisor keeps a FIFO made in a bound directory to itself)
+        assert b"n/.git/config (a git config that is not a plain text" in r.stderr, r.stderr
+    (ws / "p").mkdir()
+    os.mkfifo(ws / "p" / ".git")  # one a run left (or the user made): read at launch
+    c.chown(ws)
+    again = c.run(["run", "-q", "--", "echo", "next=ok"], cwd=ws, timeout=30)
+    assert again.stdout == b"next=ok\n", again.stderr
 
 
 def test_quarantine_never_follows_a_symlink_the_run_made(tsandbox: tuple[Corral, Path]) -> None:

@@ -146,6 +146,27 @@ def test_a_new_worktree_of_a_known_repository(tmp_path: Path) -> None:
     )
 
 
+def test_fifos_and_devices_are_never_read(tmp_path: Path) -> None:
+    """A FIFO where git keeps a file would hold any open() for reading for ever:
+    the walk at launch and the look after the run both pass it by, and after the
+    run it is quarantined as a config or a .git entry git cannot read plainly."""
+    (tmp_path / "old" / ".git").mkdir(parents=True)
+    os.mkfifo(tmp_path / "old" / ".git" / "config")  # made by an earlier run
+    (tmp_path / "pipe").mkdir()
+    os.mkfifo(tmp_path / "pipe" / ".git")
+    known = launch(tmp_path)  # returns at all
+    assert fsplan.read_small(str(tmp_path / "pipe" / ".git")) is None
+    evil = tmp_path / "new" / ".git"
+    evil.mkdir(parents=True)
+    os.mkfifo(evil / "config")
+    (tmp_path / "dev").mkdir()
+    os.symlink("/dev/zero", tmp_path / "dev" / ".git")
+    assert dict(findings(tmp_path, known)) == {
+        str(evil / "config"): "a git config that is not a plain text file",
+        str(tmp_path / "dev" / ".git"): "a .git entry leading out of the workspace",
+    }
+
+
 def test_quarantine_moves_findings_out_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
