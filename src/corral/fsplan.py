@@ -358,9 +358,11 @@ def repositories(scan: WorkspaceScan) -> frozenset[tuple[int, int]]:
 
 def created_repositories(root: str, known: frozenset[tuple[int, int]]) -> WorkspaceScan | None:
     """After a run: the walk again, when it finds a git dir or ``.git`` entry that
-    was not there at launch (None when there is none: the usual case, and the
-    only cost of the check)."""
+    was not there at launch, or stops at its bound (None otherwise: the usual
+    case, and the only cost of the check)."""
     scan = scan_workspace(root, git_only=True)
+    if not scan.complete:
+        return scan  # (a run can make many files to end the walk before its repository)
     for path in (*scan.git_dirs, *scan.git_files):
         if identity(path) not in known:
             return scan

@@ -90,6 +90,20 @@ def new_repository(path: str, why: str, moved_to: str = "", error: str = "") -> 
     )
 
 
+def repositories_unchecked(limit: int) -> Denial:
+    """The walk after the run stopped at its bound: a repository the run made
+    beyond it was not looked at (a note, not a refusal)."""
+    return Denial(
+        "bound",
+        f"the workspace walk after the run stopped after {limit} entries: a repository "
+        "made during the run beyond them was not checked for hooks",
+        name="new-repositories",
+        value=limit,
+        source="default",
+        reason="workspace walk bound",
+    )
+
+
 def restored(path: str, moved_to: str = "", error: str = "", parent: str = "") -> Denial:
     """A write-deny path changed during the run and put back (tiers without mounts).
     ``parent``: the directory holding it was replaced, so nothing was put back."""

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from corral import fsplan, gitguard
+from corral import launch as launch_mod
 
 INIT_CONFIG = """[core]
 \trepositoryformatversion = 0
@@ -97,6 +99,23 @@ def test_a_new_repository_loses_its_hooks_and_an_unsafe_config(tmp_path: Path) -
         str(evil / "config"): "git config sets core.fsmonitor",
     }
     assert str(good / "config") not in found  # the allow twin: a clone's config stays
+
+
+def test_a_walk_ended_by_its_bound_is_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run can make enough files to end the walk before its repository: the walk
+    comes back incomplete, so corral says what it did not check."""
+    known = launch(tmp_path)
+    monkeypatch.setattr(fsplan.defaults, "SCAN_MAX_ENTRIES", 50)
+    (tmp_path / "aaa").mkdir()
+    for n in range(60):
+        (tmp_path / "aaa" / str(n)).touch()
+    make_repo(tmp_path / "zzz")
+    scan = fsplan.created_repositories(str(tmp_path), known)
+    assert scan is not None and not scan.complete
+    plan = SimpleNamespace(repositories=known, policy=SimpleNamespace(workspace=str(tmp_path)))
+    said = launch_mod.created_repositories(plan, "run1")  # type: ignore[arg-type]
+    assert [d.kind for d in said] == ["bound"]
+    assert "stopped after 50 entries" in said[0].text and "not checked" in said[0].text
 
 
 def test_a_replaced_git_dir_counts_as_new(tmp_path: Path) -> None:
