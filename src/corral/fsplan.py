@@ -533,207 +533,248 @@ def plan_filesystem(
     ``home``: the home layer's directory, to bind writable (it need not exist yet).
     ``capless_uid``: the host uid a tier's sandbox runs as with no capability over
     other owners' files (bwrap in its own user namespace); host sockets it could
-    not reach get no mask (see :func:`beyond_reach`)."""
+    not reach get no mask (see :func:`beyond_reach`).
+
+    The steps, in order: the writable roots; the base (host read-only, own /dev,
+    /proc, private tmp); read-deny paths (masks, or snapshots of the nearest
+    existing parent of a missing one); the workspace walk (repositories, secret
+    files, hard links); write-deny paths (read-only binds, or quarantine of a
+    missing one); then, for the tiers that mount, host sockets and the layout."""
     from corral.policy import check_workspace, home_dirs
 
     check_workspace(os.path.realpath(policy.workspace), home_dirs())  # a Policy made in code
-    plan = FsPlan()
-    writable = []
-    for path in policy.writable_paths():
-        real = os.path.realpath(path)
-        if _kind(real) != "dir":
-            from corral.errors import PolicyError
-
-            what = "the workspace" if path == policy.workspace else "writable path"
-            raise PolicyError(f"{what} {path} does not exist or is not a directory")
-        writable.append(real)
-    plan.writable = writable
-
-    # _inside() against each root, as one startswith per call (~350 a run)
-    writable_set = set(writable)
-    writable_under = tuple(w.rstrip("/") + "/" for w in writable)
-
-    def in_writable(path: str) -> bool:
-        return path in writable_set or path.startswith(writable_under)
-
-    private_under = tuple(t + "/" for t in PRIVATE_TMP)
-
-    def in_private_tmp(path: str) -> bool:
-        private = path in PRIVATE_TMP or path.startswith(private_under)
-        return private and not in_writable(path)
-
-    # 1. base
-    base = [
-        Mount("ro-bind", "/", "/", "host filesystem, read-only"),
-        Mount("dev", "/dev", why="minimal /dev: no raw devices"),
-        Mount("proc", "/proc", why="own /proc: host processes invisible"),
-    ]
-    for tmp in PRIVATE_TMP:
-        if os.path.isdir(tmp):
-            base.append(Mount("tmpfs", tmp, why="private scratch; hides host sockets"))
+    steps = _Planner(policy, mounts)
+    steps.read_deny()
+    scan = steps.workspace()
+    steps.write_deny(scan)
     if mounts:
-        proc_names = {n for n in PROC_HOST_STATE if os.path.lexists(f"/proc/{n}")}
-        base += kernel_mounts(proc_names, host_net_dirs())
+        steps.lay_out(home, capless_uid)
+    return steps.plan
 
-    shadows: set[str] = set()
-    masks: dict[str, Mount] = {}
 
-    def add_mask(path: str, is_dir: bool, why: str) -> None:
-        if in_private_tmp(path):
-            return  # already hidden by a private tmpfs
-        masks[path] = Mount("mask-dir" if is_dir else "mask-file", path, why=why)
+class _Planner:
+    """One plan_filesystem call: the decisions made so far, and the tests each
+    step asks of a path (inside a writable root? in a private tmpfs? present?)."""
 
-    listings: dict[str, frozenset[str]] = {}
-    reals: dict[str, str] = {}
+    def __init__(self, policy: Policy, mounts: bool) -> None:
+        self.policy = policy
+        self.mounts = mounts
+        self.plan = FsPlan()
+        self.plan.writable = self._writable_roots()
+        # _inside() against each root, as one startswith per call (~350 a run)
+        self.writable_set = set(self.plan.writable)
+        self.writable_under = tuple(w.rstrip("/") + "/" for w in self.plan.writable)
+        self.private_under = tuple(t + "/" for t in PRIVATE_TMP)
+        self.shadows: set[str] = set()  # directories snapshotted (see _shadow)
+        self.masks: dict[str, Mount] = {}
+        self.ro_binds: dict[str, Mount] = {}
+        self.listings: dict[str, frozenset[str]] = {}
+        self.reals: dict[str, str] = {}
 
-    def present(path: str) -> bool:
+    def _writable_roots(self) -> list[str]:
+        writable = []
+        for path in self.policy.writable_paths():
+            real = os.path.realpath(path)
+            if _kind(real) != "dir":
+                from corral.errors import PolicyError
+
+                what = "the workspace" if path == self.policy.workspace else "writable path"
+                raise PolicyError(f"{what} {path} does not exist or is not a directory")
+            writable.append(real)
+        return writable
+
+    def in_writable(self, path: str) -> bool:
+        return path in self.writable_set or path.startswith(self.writable_under)
+
+    def in_private_tmp(self, path: str) -> bool:
+        private = path in PRIVATE_TMP or path.startswith(self.private_under)
+        return private and not self.in_writable(path)
+
+    def present(self, path: str) -> bool:
         """lexists() answered from one listing per parent: most secrets are absent, and
         one readdir of ~ is cheaper than a failed lstat per candidate."""
         parent, _, name = path.rpartition("/")
         parent = parent or "/"
-        names = listings.get(parent)
+        names = self.listings.get(parent)
         if names is None:
             try:
                 names = frozenset(os.listdir(parent))
             except OSError:
                 names = frozenset()
-            listings[parent] = names
+            self.listings[parent] = names
         return name in names
 
-    def add_read_deny(entry: str, why: str, if_present: bool = False) -> None:
-        is_dir_entry = entry.endswith("/")
+    def add_mask(self, path: str, is_dir: bool, why: str) -> None:
+        if self.in_private_tmp(path):
+            return  # already hidden by a private tmpfs
+        self.masks[path] = Mount("mask-dir" if is_dir else "mask-file", path, why=why)
+
+    # -- read-deny -------------------------------------------------------------------
+
+    def read_deny(self) -> None:
+        for entry in self.policy.read_deny_paths():
+            self.add_read_deny(entry, "read-deny")
+        for entry in self.policy.read_deny_if_present():
+            self.add_read_deny(entry, "read-deny (when present)", if_present=True)
+        # corral's own activity log and quarantine: history of other runs
+        from corral import runlog
+
+        self.add_read_deny(runlog.state_dir() + "/", "corral's own state")
+
+    def add_read_deny(self, entry: str, why: str, if_present: bool = False) -> None:
         path = entry.rstrip("/") or "/"
-        if present(path):
-            targets = {path, os.path.realpath(path)}
-            for target in targets:
+        if self.present(path):
+            for target in {path, os.path.realpath(path)}:
                 kind = _kind(target)
                 if kind != "missing":
-                    add_mask(target, kind == "dir", why)
-                    plan.read_deny.append(target)
+                    self.add_mask(target, kind == "dir", why)
+                    self.plan.read_deny.append(target)
             return
-        if if_present or in_writable(path) or in_private_tmp(path):
+        if if_present or self.in_writable(path) or self.in_private_tmp(path):
             return  # only the sandbox itself could create it in a writable place
-        plan.read_deny.append(path)
+        self.plan.read_deny.append(path)
+        if self.mounts:  # (a tier without mounts, landlock, needs no snapshot)
+            self._snapshot_for(path, "dir" if entry.endswith("/") else "file")
+
+    def _snapshot_for(self, path: str, kind: str) -> None:
+        """A missing secret: its nearest existing parent is snapshotted, so what is
+        created there after launch stays out of the sandbox's sight."""
         ancestor = os.path.dirname(path)
-        while ancestor != "/" and not present(ancestor):
+        while ancestor != "/" and not self.present(ancestor):
             ancestor = os.path.dirname(ancestor)
-        if not mounts:
-            return  # a tier without mounts (landlock) protects it without a snapshot
-        if ancestor in NEVER_SHADOW or in_writable(ancestor):
-            plan.notes.append(
-                f"{path} ({'dir' if is_dir_entry else 'file'}) is missing "
-                f"and {ancestor} cannot be snapshotted; not masked"
+        if ancestor in NEVER_SHADOW or self.in_writable(ancestor):
+            self.plan.notes.append(
+                f"{path} ({kind}) is missing and {ancestor} cannot be snapshotted; not masked"
             )
             return
-        real = reals.get(ancestor)
+        real = self.reals.get(ancestor)
         if real is None:  # most absent secrets share one ancestor (~): resolved once
-            real = reals[ancestor] = os.path.realpath(ancestor)
-        shadows.add(real)
+            real = self.reals[ancestor] = os.path.realpath(ancestor)
+        self.shadows.add(real)
 
-    # 2. read-deny
-    for entry in policy.read_deny_paths():
-        add_read_deny(entry, "read-deny")
-    for entry in policy.read_deny_if_present():
-        add_read_deny(entry, "read-deny (when present)", if_present=True)
-    # corral's own activity log and quarantine: history of other runs
-    from corral import runlog
+    # -- the workspace walk -----------------------------------------------------------
 
-    add_read_deny(runlog.state_dir() + "/", "corral's own state")
+    def workspace(self) -> WorkspaceScan:
+        """Nested repositories, secret files and hard links in the workspace."""
+        plan = self.plan
+        scan = scan_workspace(self.policy.workspace)
+        if not scan.complete:
+            plan.notes.append(
+                f"workspace scan stopped after {defaults.SCAN_MAX_ENTRIES} entries; "
+                "deeper repositories and .env files were not masked"
+            )
+        plan.repositories = repositories(scan)
+        for secret in scan.secret_files:
+            self.add_mask(secret, False, "secret file in workspace")
+            plan.read_deny.append(secret)
+        plan.hardlinks = [p for p in scan.hardlinks if p not in self.masks]
+        if plan.hardlinks:
+            # a link to a secret is the secret: masked like one, not merely read-only
+            for path in links_to(plan.hardlinks, plan.read_deny):
+                self.add_mask(path, False, "hard link to a secret")
+                plan.read_deny.append(path)
+            plan.hardlinks = [p for p in plan.hardlinks if p not in self.masks]
+        if plan.hardlinks:
+            plan.notes.append(hardlink_decision(plan.hardlinks, self.policy.filesystem.hardlinks))
+        return scan
 
-    # 3./4. workspace scan: nested repositories and secret files
-    scan = scan_workspace(policy.workspace)
-    if not scan.complete:
-        plan.notes.append(
-            f"workspace scan stopped after {defaults.SCAN_MAX_ENTRIES} entries; "
-            "deeper repositories and .env files were not masked"
-        )
-    plan.repositories = repositories(scan)
-    for secret in scan.secret_files:
-        add_mask(secret, False, "secret file in workspace")
-        plan.read_deny.append(secret)
-    plan.hardlinks = [p for p in scan.hardlinks if p not in masks]
-    if plan.hardlinks:
-        # a link to a secret is the secret: masked like one, not merely read-only
-        for path in links_to(plan.hardlinks, plan.read_deny):
-            add_mask(path, False, "hard link to a secret")
-            plan.read_deny.append(path)
-        plan.hardlinks = [p for p in plan.hardlinks if p not in masks]
-    if plan.hardlinks:
-        plan.notes.append(hardlink_decision(plan.hardlinks, policy.filesystem.hardlinks))
+    # -- write-deny -------------------------------------------------------------------
 
-    ro_binds: dict[str, Mount] = {}
+    def write_deny(self, scan: WorkspaceScan) -> None:
+        for pattern in self.policy.write_deny_patterns():
+            self.add_write_deny(self.policy.expand(pattern), "write-deny")
+        for git_dir in scan.git_dirs:
+            self._protect_git_dir(git_dir)
+        self.plan.write_protect = sorted(self.ro_binds)
+        for path in self.plan.hardlinks:
+            self.ro_binds.setdefault(
+                path, Mount("ro-bind", path, path, "hard link: may be a file outside")
+            )
 
-    def add_write_deny(path: str, is_dir: bool, why: str) -> None:
+    def _protect_git_dir(self, git_dir: str) -> None:
+        """Hooks and config run code outside the sandbox: read-only, and the lock files
+        git writes them through watched (corral.lockwatch)."""
+        for name in defaults.GITDIR_WRITE_DENY:
+            path = os.path.join(git_dir, name.rstrip("/"))
+            self.add_write_deny(path, "git hooks/config run code outside the sandbox")
+        hooks = _hooks_path(git_dir)
+        if hooks:
+            self.add_write_deny(hooks, "core.hooksPath")
+        for name in defaults.GITDIR_WRITE_DENY:
+            path = os.path.join(git_dir, name)
+            if not name.endswith("/") and path in self.ro_binds:
+                self.plan.lock_watch.setdefault(git_dir, {})[name + ".lock"] = path
+
+    def add_write_deny(self, path: str, why: str) -> None:
         kind = _lkind(path)
         if kind == "link":
             real = os.path.realpath(path)
-            if not in_writable(real):
+            if not self.in_writable(real):
                 return  # points outside the writable area, already read-only
             path, kind = real, _kind(real)
         if kind == "missing":
-            if in_writable(path):
-                plan.quarantine.append(path)
+            if self.in_writable(path):
+                self.plan.quarantine.append(path)
             return
-        if in_writable(path) and path not in masks:
-            ro_binds[path] = Mount("ro-bind", path, path, why)
+        if self.in_writable(path) and path not in self.masks:
+            self.ro_binds[path] = Mount("ro-bind", path, path, why)
 
-    for pattern in policy.write_deny_patterns():
-        target = policy.expand(pattern)
-        add_write_deny(target, pattern.endswith("/"), "write-deny")
-    for git_dir in scan.git_dirs:
-        for name in defaults.GITDIR_WRITE_DENY:
-            add_write_deny(
-                os.path.join(git_dir, name.rstrip("/")),
-                name.endswith("/"),
-                "git hooks/config run code outside the sandbox",
-            )
-        hooks = _hooks_path(git_dir)
-        if hooks:
-            add_write_deny(hooks, True, "core.hooksPath")
-        for name in defaults.GITDIR_WRITE_DENY:
-            path = os.path.join(git_dir, name)
-            if not name.endswith("/") and path in ro_binds:
-                plan.lock_watch.setdefault(git_dir, {})[name + ".lock"] = path
+    # -- the mount list ---------------------------------------------------------------
 
-    plan.write_protect = sorted(ro_binds)
-    for path in plan.hardlinks:
-        ro_binds.setdefault(path, Mount("ro-bind", path, path, "hard link: may be a file outside"))
-    if not mounts:
-        return plan
-    for sock in _visible_sockets(in_private_tmp, shadows, capless_uid):
-        add_mask(sock, False, SOCKET_MASK)
+    def lay_out(self, home: str | None, capless_uid: int | None) -> None:
+        """base, snapshots, writable roots, protections (binds and masks), the home
+        layer, then the snapshots remounted read-only."""
+        for sock in _visible_sockets(self.in_private_tmp, self.shadows, capless_uid):
+            self.add_mask(sock, False, SOCKET_MASK)
+        home_binds = self._home_layer(home)
+        masks = self.masks
+        # A snapshot inside a masked directory is pointless and would fail: the mask
+        # hides it anyway.
+        masked_dirs = [m.dest for m in masks.values() if m.kind == "mask-dir"]
+        shadows = {r for r in self.shadows if not any(_inside(r, d) for d in masked_dirs)}
+        mounts = self.plan.mounts
+        mounts.extend(self._base())
+        # A snapshot entry that a mask or a nested snapshot covers is not bound first:
+        # bwrap makes the mount point in the snapshot's tmpfs, the secret is never
+        # bound at all, and each bind skipped saves bwrap a mount (~0.2 ms).
+        covered = {p for p, m in masks.items() if m.kind in ("mask-dir", "mask-file")} | shadows
+        for root in sorted(shadows, key=lambda p: (_depth(p), p)):
+            mounts.extend(m for m in _shadow(root) if m.kind != "ro-bind" or m.dest not in covered)
+        for path in sorted(self.plan.writable, key=lambda p: (_depth(p), p)):
+            mounts.append(Mount("bind", path, path, "writable"))
+        protect = [
+            m
+            for m in [*self.ro_binds.values(), *masks.values()]
+            if not any(m.dest != d and _inside(m.dest, d) for d in masked_dirs)
+        ]
+        mounts.extend(sorted(protect, key=lambda m: (_depth(m.dest), m.dest)))
+        mounts.extend(home_binds)
+        for root in sorted(shadows, key=lambda p: (-_depth(p), p)):
+            mounts.append(Mount("remount-ro", root, why="snapshot stays read-only"))
 
-    home_binds = []
-    if home is not None:
-        for path, m in list(masks.items()):
+    def _base(self) -> list[Mount]:
+        base = [
+            Mount("ro-bind", "/", "/", "host filesystem, read-only"),
+            Mount("dev", "/dev", why="minimal /dev: no raw devices"),
+            Mount("proc", "/proc", why="own /proc: host processes invisible"),
+        ]
+        for tmp in PRIVATE_TMP:
+            if os.path.isdir(tmp):
+                base.append(Mount("tmpfs", tmp, why="private scratch; hides host sockets"))
+        proc_names = {n for n in PROC_HOST_STATE if os.path.lexists(f"/proc/{n}")}
+        return base + kernel_mounts(proc_names, host_net_dirs())
+
+    def _home_layer(self, home: str | None) -> list[Mount]:
+        if home is None:
+            return []
+        for path, m in list(self.masks.items()):
             if m.kind == "mask-dir" and _inside(home, path):
                 # mode 000 would bar the way to the layer; an empty tmpfs hides
                 # corral's state (other layers, the logs) just as well
-                masks[path] = Mount("tmpfs", path, why="corral's state: hidden but the home layer")
-        home_binds.append(Mount("bind", home, home, "home layer: this workspace's $HOME"))
-    # Lay out: base, shadows, writable, masks, home, remount.  A snapshot inside a
-    # masked directory is pointless and would fail: the mask hides it anyway.
-    masked_dirs = [m.dest for m in masks.values() if m.kind == "mask-dir"]
-    shadows = {r for r in shadows if not any(_inside(r, d) for d in masked_dirs)}
-    plan.mounts.extend(base)
-    # A snapshot entry that a mask or a nested snapshot covers is not bound first:
-    # bwrap makes the mount point in the snapshot's tmpfs, the secret is never
-    # bound at all, and each bind skipped saves bwrap a mount (~0.2 ms).
-    covered = {p for p, m in masks.items() if m.kind in ("mask-dir", "mask-file")} | shadows
-    for root in sorted(shadows, key=lambda p: (_depth(p), p)):
-        plan.mounts.extend(m for m in _shadow(root) if m.kind != "ro-bind" or m.dest not in covered)
-    for path in sorted(writable, key=lambda p: (_depth(p), p)):
-        plan.mounts.append(Mount("bind", path, path, "writable"))
-    protect = [
-        m
-        for m in [*ro_binds.values(), *masks.values()]
-        if not any(m.dest != d and _inside(m.dest, d) for d in masked_dirs)
-    ]
-    plan.mounts.extend(sorted(protect, key=lambda m: (_depth(m.dest), m.dest)))
-    plan.mounts.extend(home_binds)
-    for root in sorted(shadows, key=lambda p: (-_depth(p), p)):
-        plan.mounts.append(Mount("remount-ro", root, why="snapshot stays read-only"))
-    return plan
+                self.masks[path] = Mount(
+                    "tmpfs", path, why="corral's state: hidden but the home layer"
+                )
+        return [Mount("bind", home, home, "home layer: this workspace's $HOME")]
 
 
 def _visible_sockets(
