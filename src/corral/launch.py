@@ -793,182 +793,253 @@ def _pump(
     resolver: Resolver | None = None,
     asks: TerminalPrompt | None = None,
 ) -> None:
-    limit = plan.policy.limits.output
-    timeout = plan.policy.limits.timeout
-    deadline = time.monotonic() + timeout if timeout else None
-    kept = 0
-    status_text = ""
-    watch_setup = status_r >= 0  # without a status pipe there is no setup phase to watch
-    started = not watch_setup
-    held_err = b""  # stderr held back until the sandbox's child exists
-    suspect = b""  # a "bwrap: " line, until it is known to be bwrap's own or not
-    err_tail = b""  # the last stderr bytes: where the sandbox tool's own errors land
-    killed = False
-    exited_at: float | None = None
-    pidfd = os.pidfd_open(pid)
-    poller = select.poll()
-    open_fds = {out_r: out_fd, err_r: err_fd}
-    for fd in (out_r, err_r, wake_r, pidfd):
-        poller.register(fd, select.POLLIN)
-    if status_r >= 0:
-        poller.register(status_r, select.POLLIN)
-    lookups = set(resolver.fds()) if resolver is not None else set()
-    for fd in lookups:
-        poller.register(fd, select.POLLIN)
-    if asks is not None:
-        asks.attach(poller)  # it (un)registers the terminal while a prompt is up
+    """Relay the sandbox's output until it is gone, then set ``result``'s exit code
+    (SetupError or SetupRaced when the sandbox never started)."""
+    pump = _Pump(plan, result, pid, out_fd, err_fd, on_output, resolver, asks)
+    pump.watch(out_r, err_r, status_r, wake_r)
+    pump.loop(received)
+    pump.finish()
 
-    def kill() -> None:
-        nonlocal killed
-        if not killed:
-            killed = True
-            plan.strategy.stop(plan, pid)
 
-    broken: set[int] = set()  # our own outputs whose reader went away
+class _Pump:
+    """One run's output loop.  Besides relaying stdout and stderr (bounded by the
+    output limit), it reads the sandbox tool's status pipe (bwrap's JSON: the
+    child's pid, then the command's exit code), answers the offline resolver,
+    forwards signals, enforces the timeout, and holds back stderr that may be
+    the sandbox tool's own error, to say it in corral's words."""
 
-    def emit(target: int, data: bytes) -> None:
-        nonlocal kept
-        result.output_bytes += len(data)
-        room = limit - kept
+    def __init__(
+        self,
+        plan: Plan,
+        result: RunResult,
+        pid: int,
+        out_fd: int,
+        err_fd: int,
+        on_output: Callable[[int, bytes], None] | None,
+        resolver: Resolver | None,
+        asks: TerminalPrompt | None,
+    ) -> None:
+        self.plan, self.result, self.pid = plan, result, pid
+        self.out_fd, self.err_fd = out_fd, err_fd
+        self.on_output, self.resolver, self.asks = on_output, resolver, asks
+        self.limit = plan.policy.limits.output
+        timeout = plan.policy.limits.timeout
+        self.deadline = time.monotonic() + timeout if timeout else None
+        self.kept = 0  # bytes relayed so far
+        self.status_text = ""
+        self.status_r = -1
+        self.watch_setup = False  # without a status pipe there is no setup phase
+        self.started = True
+        self.held_err = b""  # stderr held back until the sandbox's child exists
+        self.suspect = b""  # a "bwrap: " line, until it is known to be bwrap's own or not
+        self.err_tail = b""  # the last stderr bytes: where the sandbox tool's own errors land
+        self.killed = False
+        self.exited_at: float | None = None
+        self.broken: set[int] = set()  # our own outputs whose reader went away
+        self.poller = select.poll()
+        self.pidfd = os.pidfd_open(pid)
+        self.open_fds: dict[int, int] = {}  # pipe -> where its output goes
+        self.err_r = self.wake_r = -1
+        self.lookups: set[int] = set()
+
+    def watch(self, out_r: int, err_r: int, status_r: int, wake_r: int) -> None:
+        self.open_fds = {out_r: self.out_fd, err_r: self.err_fd}
+        self.err_r, self.wake_r, self.status_r = err_r, wake_r, status_r
+        self.watch_setup = status_r >= 0
+        self.started = not self.watch_setup
+        for fd in (out_r, err_r, wake_r, self.pidfd):
+            self.poller.register(fd, select.POLLIN)
+        if status_r >= 0:
+            self.poller.register(status_r, select.POLLIN)
+        if self.resolver is not None:
+            self.lookups = set(self.resolver.fds())
+        for fd in self.lookups:
+            self.poller.register(fd, select.POLLIN)
+        if self.asks is not None:
+            self.asks.attach(self.poller)  # it (un)registers the terminal while a prompt is up
+
+    def kill(self) -> None:
+        if not self.killed:
+            self.killed = True
+            self.plan.strategy.stop(self.plan, self.pid)
+
+    def emit(self, target: int, data: bytes) -> None:
+        self.result.output_bytes += len(data)
+        room = self.limit - self.kept
         if room <= 0:
-            result.truncated = True
+            self.result.truncated = True
             return
         if len(data) > room:
             data = data[:room]
-            result.truncated = True
-        kept += len(data)
-        if on_output is not None:
-            on_output(target, data)
-        elif asks is not None and asks.holds(target):
-            asks.hold(target, data)  # after the prompt: it must not write over it
+            self.result.truncated = True
+        self.kept += len(data)
+        if self.on_output is not None:
+            self.on_output(target, data)
+        elif self.asks is not None and self.asks.holds(target):
+            self.asks.hold(target, data)  # after the prompt: it must not write over it
         elif not _write_all(target, data):
-            broken.add(target)
+            self.broken.add(target)
 
-    while open_fds or exited_at is None:
+    # -- the loop -----------------------------------------------------------------------
+
+    def loop(self, received: list[int]) -> None:
+        while self.open_fds or self.exited_at is None:
+            events = self.poller.poll(self._wait_ms())
+            if received and not self.killed:
+                self.result.signal = received[0]
+                self.kill()
+            late = self.deadline is not None and time.monotonic() >= self.deadline
+            if late and not self.killed:
+                self.result.timed_out = True
+                self.kill()
+            if not events and self.exited_at is not None:
+                return  # the command is gone and its pipes went quiet (a daemon kept them)
+            for fd, _mask in events:
+                self._ready(fd)
+
+    def _wait_ms(self) -> float | None:
         now = time.monotonic()
         wait: float | None = None
-        if deadline is not None:
-            wait = max(0.0, deadline - now)
-        if exited_at is not None:
+        if self.deadline is not None:
+            wait = max(0.0, self.deadline - now)
+        if self.exited_at is not None:
             # Without bwrap's exit-code record, its reason for failing is still on
             # the way through stderr: wait longer for it on a busy machine.
-            settled = not watch_setup or '"exit-code"' in status_text
-            grace = max(0.0, exited_at + (EXIT_GRACE if settled else 2.0) - now)
+            settled = not self.watch_setup or '"exit-code"' in self.status_text
+            grace = max(0.0, self.exited_at + (EXIT_GRACE if settled else 2.0) - now)
             wait = grace if wait is None else min(wait, grace)
-        events = poller.poll(None if wait is None else wait * 1000)
-        if received and not killed:
-            result.signal = received[0]
-            kill()
-        if deadline is not None and time.monotonic() >= deadline and not killed:
-            result.timed_out = True
-            kill()
-        if not events and exited_at is not None:
-            break  # the command is gone and its pipes went quiet (e.g. a daemon kept them)
-        for fd, _mask in events:
-            if asks is not None and fd in asks.fds():
-                asks.on_ready(fd)
-            elif fd in lookups:
-                assert resolver is not None
-                resolver.answer(fd)
-            elif fd == wake_r:
-                os.read(wake_r, 512)
-            elif fd == pidfd:
-                exited_at = time.monotonic()
-                poller.unregister(pidfd)
-            elif fd == status_r:
-                chunk = os.read(status_r, CHUNK)
-                if not chunk:
-                    poller.unregister(status_r)
-                    status_r = -1
-                    continue
-                status_text += chunk.decode("utf-8", "replace")
-                if not started and _status_value(status_text, "child-pid") is not None:
-                    started = True
-                    if held_err.startswith(b"bwrap: "):  # the child's own setup failed
-                        suspect, held_err = held_err, b""
-                    elif held_err:
-                        emit(err_fd, held_err)
-                        held_err = b""
-            else:
-                chunk = os.read(fd, CHUNK)
-                if not chunk:
-                    poller.unregister(fd)
-                    del open_fds[fd]
-                elif fd == err_r and not started:
-                    held_err += chunk[: max(0, limit - len(held_err))]
-                else:
-                    if suspect and fd == err_r and not suspect.endswith(b"\n"):
-                        # bwrap writes its message in pieces: hold the whole line
-                        suspect += chunk[: max(0, limit - kept - len(suspect))]
-                        err_tail = (err_tail + chunk)[-4096:]
-                        continue
-                    if suspect:  # more output: it was the command's own, pass it on
-                        emit(err_fd, suspect)
-                        suspect = b""
-                    if fd == err_r and watch_setup:
-                        err_tail = (err_tail + chunk)[-4096:]
-                        if chunk.startswith(b"bwrap: "):
-                            # bwrap failed after reporting its child (chdir, exec):
-                            # held back to say it in corral's words if bwrap then
-                            # exits without the command's exit code
-                            suspect = chunk[: max(0, limit - kept)]
-                            continue
-                    emit(open_fds[fd], chunk)
-                    if open_fds[fd] in broken:
-                        # like a pipeline: the command's next write gets EPIPE/SIGPIPE
-                        # (dup2 over the read end, not close: the number stays ours
-                        # until the launcher's final cleanup closes it)
-                        poller.unregister(fd)
-                        del open_fds[fd]
-                        null = os.open(os.devnull, os.O_RDONLY)
-                        os.dup2(null, fd, inheritable=False)
-                        os.close(null)
-    os.close(pidfd)
-    if status_r >= 0:  # collect the final exit-code record
-        try:
-            os.set_blocking(status_r, False)
-            while chunk := os.read(status_r, CHUNK):
-                status_text += chunk.decode("utf-8", "replace")
-        except (BlockingIOError, OSError):
-            pass
-    if exited_at is None or killed:
-        kill()
-    _, wait_status = os.waitpid(pid, 0)
-    code = _status_value(status_text, "exit-code")
-    if watch_setup and code is None and not killed:
-        # bwrap reports the command's exit code only if the command ran; without
-        # that record and with bwrap's own error text, setup failed.
+        return None if wait is None else wait * 1000
+
+    def _ready(self, fd: int) -> None:
+        if self.asks is not None and fd in self.asks.fds():
+            self.asks.on_ready(fd)
+        elif fd in self.lookups:
+            assert self.resolver is not None
+            self.resolver.answer(fd)
+        elif fd == self.wake_r:
+            os.read(self.wake_r, 512)
+        elif fd == self.pidfd:
+            self.exited_at = time.monotonic()
+            self.poller.unregister(self.pidfd)
+        elif fd == self.status_r:
+            self._status()
+        else:
+            self._output(fd)
+
+    def _status(self) -> None:
+        chunk = os.read(self.status_r, CHUNK)
+        if not chunk:
+            self.poller.unregister(self.status_r)
+            self.status_r = -1
+            return
+        self.status_text += chunk.decode("utf-8", "replace")
+        if not self.started and _status_value(self.status_text, "child-pid") is not None:
+            self.started = True
+            if self.held_err.startswith(b"bwrap: "):  # the child's own setup failed
+                self.suspect, self.held_err = self.held_err, b""
+            elif self.held_err:
+                self.emit(self.err_fd, self.held_err)
+                self.held_err = b""
+
+    def _output(self, fd: int) -> None:
+        chunk = os.read(fd, CHUNK)
+        if not chunk:
+            self.poller.unregister(fd)
+            del self.open_fds[fd]
+            return
+        if fd == self.err_r and not self.started:
+            self.held_err += chunk[: max(0, self.limit - len(self.held_err))]
+            return
+        if self._held_as_suspect(fd, chunk):
+            return
+        self.emit(self.open_fds[fd], chunk)
+        if self.open_fds[fd] in self.broken:
+            # like a pipeline: the command's next write gets EPIPE/SIGPIPE (dup2
+            # over the read end, not close: the number stays ours until the
+            # launcher's final cleanup closes it)
+            self.poller.unregister(fd)
+            del self.open_fds[fd]
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, fd, inheritable=False)
+            os.close(null)
+
+    def _held_as_suspect(self, fd: int, chunk: bytes) -> bool:
+        """Output after the child exists: True if ``chunk`` (on stderr) is held back
+        as (part of) a line that may be bwrap's own error.  Any other output
+        first releases a held line: it was the command's own."""
+        err = fd == self.err_r
+        if err and self.suspect and not self.suspect.endswith(b"\n"):
+            # bwrap writes its message in pieces: hold the whole line
+            self.suspect += chunk[: max(0, self.limit - self.kept - len(self.suspect))]
+            self.err_tail = (self.err_tail + chunk)[-4096:]
+            return True
+        if self.suspect:  # more output: it was the command's own, pass it on
+            self.emit(self.err_fd, self.suspect)
+            self.suspect = b""
+        if err and self.watch_setup:
+            self.err_tail = (self.err_tail + chunk)[-4096:]
+            if chunk.startswith(b"bwrap: "):
+                # bwrap failed after reporting its child (chdir, exec): held back to
+                # say it in corral's words if bwrap then exits without the
+                # command's exit code
+                self.suspect = chunk[: max(0, self.limit - self.kept)]
+                return True
+        return False
+
+    # -- the end ------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        os.close(self.pidfd)
+        if self.status_r >= 0:  # collect the final exit-code record
+            try:
+                os.set_blocking(self.status_r, False)
+                while chunk := os.read(self.status_r, CHUNK):
+                    self.status_text += chunk.decode("utf-8", "replace")
+            except (BlockingIOError, OSError):
+                pass
+        if self.exited_at is None or self.killed:
+            self.kill()
+        _, wait_status = os.waitpid(self.pid, 0)
+        code = _status_value(self.status_text, "exit-code")
+        if self.watch_setup and code is None and not self.killed:
+            code = self._without_exit_record(wait_status)
+        if self.suspect:
+            self.emit(self.err_fd, self.suspect)
+        if self.held_err:
+            self.emit(self.err_fd, self.held_err)
+        if code is None:
+            code = os.waitstatus_to_exitcode(wait_status)
+            code = 128 - code if code < 0 else code
+        code = self.plan.strategy.exit_code(self.plan, code)
+        if self.result.timed_out:
+            code = EXIT_TIMEOUT
+        elif self.result.signal is not None:
+            code = 128 + self.result.signal
+        self.result.exit_code = code
+
+    def _without_exit_record(self, wait_status: int) -> int | None:
+        """bwrap reports the command's exit code only if the command ran.  Without
+        that record and with bwrap's own error text, setup failed (raised), or the
+        command could not be executed (127 or 126, said as a shell would)."""
         # (a failure after bwrap reported its child is held in ``suspect``; its
         # later pieces are in err_tail too: each line once)
-        text = (held_err + suspect + err_tail).decode("utf-8", "replace")
+        text = (self.held_err + self.suspect + self.err_tail).decode("utf-8", "replace")
         tool = list(dict.fromkeys(ln for ln in text.splitlines() if ln.startswith("bwrap: ")))
+        plan = self.plan
         path, by_policy = plan.env.get("PATH", ""), "PATH" in plan.policy.env.set_values
         from corral.failures import execvp_failure, raced, setup_failure
 
         said = execvp_failure(tool[-1], path, by_policy) if tool else None
         if said is not None and all(line.startswith("bwrap: execvp ") for line in tool):
-            # the sandbox was fine; the command could not be executed: say it as a
-            # shell would, in corral's words (127 not found, 126 not executable)
             line, code = said
-            suspect = (line + "\n").encode()
-        elif not started or (tool and os.waitstatus_to_exitcode(wait_status) == 1):
+            self.suspect = (line + "\n").encode()
+            return code
+        if not self.started or (tool and os.waitstatus_to_exitcode(wait_status) == 1):
             if not tool:
                 tool = ["bwrap: " + text.strip().replace("\n", "; ")] if text.strip() else []
             error = setup_failure(plan.tier, tool)
             raise SetupRaced(error) if raced(tool) else SetupError(error)
-    if suspect:
-        emit(err_fd, suspect)
-    if held_err:
-        emit(err_fd, held_err)
-    if code is None:
-        code = os.waitstatus_to_exitcode(wait_status)
-        code = 128 - code if code < 0 else code
-    code = plan.strategy.exit_code(plan, code)
-    if result.timed_out:
-        code = EXIT_TIMEOUT
-    elif result.signal is not None:
-        code = 128 + result.signal
-    result.exit_code = code
+        return None
 
 
 def _write_all(fd: int, data: bytes) -> bool:
