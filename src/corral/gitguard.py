@@ -170,18 +170,11 @@ def findings(
 
 def quarantine(found: list[tuple[str, str]], run_id: str) -> list[Denial]:
     """Move each finding out of the workspace; the denials to report."""
-    import shutil
-
-    from corral import runlog
+    from corral.quarantine import move_out
     from corral.report import new_repository
 
     said = []
     for path, why in found:
-        dest = os.path.join(runlog.state_dir(), "quarantine", run_id, path.lstrip("/"))
-        try:
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            shutil.move(path, dest)
-            said.append(new_repository(path, why, moved_to=dest))
-        except OSError as exc:
-            said.append(new_repository(path, why, error=str(exc)))
+        dest, error = move_out(path, run_id)
+        said.append(new_repository(path, why, dest, error))
     return said

@@ -362,19 +362,11 @@ def quarantine(paths: list[str], run_id: str) -> list[Denial]:
         if path in seen or not os.path.lexists(path):
             continue
         seen.add(path)
-        from corral import runlog
+        from corral.quarantine import move_out
         from corral.report import quarantined
 
-        via = named if path != named else ""
-        dest = os.path.join(runlog.state_dir(), "quarantine", run_id, path.lstrip("/"))
-        try:
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            import shutil
-
-            shutil.move(path, dest)
-            moved.append(quarantined(path, moved_to=dest, via=via))
-        except OSError as exc:
-            moved.append(quarantined(path, error=str(exc), via=via))
+        dest, error = move_out(path, run_id)
+        moved.append(quarantined(path, dest, error, via=named if path != named else ""))
     return moved
 
 
