@@ -188,6 +188,19 @@ class ContainerFacts(HostFacts):
         self.sockets = sockets
 
 
+def _seccomp_rules(runtime: str) -> tuple[SyscallRule, ...]:
+    """corral's deny list for the engine's profile.  gVisor answers a filtered clone3
+    with EPERM whatever errno the profile names, so glibc never falls back to
+    clone() and no thread starts; its own clone3 creates no host namespace: the
+    rule guards nothing there."""
+    from corral import seccomp
+
+    rules = seccomp.default_deny_rules()
+    if runtime != "runsc":
+        return rules
+    return (*(r for r in rules if r.name != "clone3"), *gvisor_namespace_rules())
+
+
 class ContainerTier(Tier):
     name = "container"
     strength = 60
@@ -314,7 +327,6 @@ class ContainerTier(Tier):
         net: NetExtras | None = None,
         host: HostFacts | None = None,
     ) -> Plan:
-        from corral import seccomp
         from corral.container import envelope
         from corral.fsplan import Mount
 
@@ -335,15 +347,7 @@ class ContainerTier(Tier):
         plan.hardlinks = fs.hardlinks
         plan.env = environ.sandbox_env(policy, facts.environ)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable, facts.cwd)
-        plan.seccomp = seccomp.default_deny_rules()
-        if eng.runtime == "runsc":
-            # gVisor answers a filtered clone3 with EPERM whatever errno the profile
-            # names, so glibc never falls back to clone() and no thread starts.  Its
-            # own clone3 creates no host namespace: the rule guards nothing there.
-            plan.seccomp = (
-                *(r for r in plan.seccomp if r.name != "clone3"),
-                *gvisor_namespace_rules(),
-            )
+        plan.seccomp = _seccomp_rules(eng.runtime)
         suffix = facts.token
         scratch = os.path.join(facts.tmpdir, f"corral-ctr-{suffix}")
         bundle = facts.bundle
@@ -362,23 +366,7 @@ class ContainerTier(Tier):
         plan.argv = []
         keep = ",".join(str(n) for n in sorted(pass_fds)) or "-"
         full = [*bundle.argv, "-I", "-S", BOOT, ENV_FILE, report, keep, "--", *inner]
-        mounts = list(fs.mounts)
-        if eng.runtime == "runsc":
-            mounts = self._gvisor_sockets(policy, mounts, facts.sockets)
-        roots = [*fs.writable, INSIDE]
-        layer = facts.home
-        first: list[Mount] = []
-        if layer is not None:
-            # the host's home is absent here: the layer is bound at $HOME itself, and
-            # the host home's masks (secrets that are not in the container) are dropped
-            # but those of a workspace inside it
-            dest = plan.env["HOME"]
-            mounts = [m for m in mounts if not _inside(m.dest, dest) or _under(m.dest, fs.writable)]
-            # first: a workspace inside the home is bound over it, not under it
-            first.append(Mount("bind", dest, layer.path, "home layer at $HOME"))
-            roots.append(dest)
-            plan.home = layer
-        plan.mounts = [*first, *mounts, *own, *extra]
+        roots = self._lay_out(plan, policy, facts, [*own, *extra])
         spec = envelope.Spec(eng.path, image, full)
         spec.engine_name = eng.name
         spec.runtime = eng.runtime_path
@@ -454,6 +442,34 @@ class ContainerTier(Tier):
             "visible, only the workspace and writable paths are bound in"
         )
         return plan
+
+    def _lay_out(
+        self, plan: Plan, policy: Policy, facts: ContainerFacts, own: list[Mount]
+    ) -> list[str]:
+        """``plan.mounts``: the home layer first, fsplan's list, then corral's own;
+        the host paths bound in (the roots the envelope keeps fsplan's masks in)."""
+        from corral.fsplan import Mount
+
+        fs, eng = facts.fs, facts.engine
+        assert fs is not None and eng is not None
+        mounts = list(fs.mounts)
+        if eng.runtime == "runsc":
+            mounts = self._gvisor_sockets(policy, mounts, facts.sockets)
+        roots = [*fs.writable, INSIDE]
+        layer = facts.home
+        first: list[Mount] = []
+        if layer is not None:
+            # the host's home is absent here: the layer is bound at $HOME itself, and
+            # the host home's masks (secrets that are not in the container) are dropped
+            # but those of a workspace inside it
+            dest = plan.env["HOME"]
+            mounts = [m for m in mounts if not _inside(m.dest, dest) or _under(m.dest, fs.writable)]
+            # first: a workspace inside the home is bound over it, not under it
+            first.append(Mount("bind", dest, layer.path, "home layer at $HOME"))
+            roots.append(dest)
+            plan.home = layer
+        plan.mounts = [*first, *mounts, *own]
+        return roots
 
     def _bounds(self, plan: Plan, eng: Engine, problem: str) -> bool:
         """Record the limits as this engine applies them; False if it cannot for this
