@@ -111,7 +111,7 @@ class FsPlan:
         self.quarantine: list[str] = []  # absolute paths checked after the run
         # the workspace's repositories at launch: those made during the run are
         # looked at after it (corral.gitguard); None: not walked
-        self.repositories: frozenset[tuple[int, int]] | None = None
+        self.repositories: Repositories | None = None
         self.writable: list[str] = []
         self.notes: list[str] = []
         self.read_deny: list[str] = []  # absolute, present or not (real paths when present)
@@ -260,7 +260,7 @@ class WorkspaceScan:
     """What a bounded walk of the workspace found: git dirs, secret files, and regular
     files with more links than the walk found inside the workspace."""
 
-    __slots__ = ("complete", "git_dirs", "git_files", "hardlinks", "secret_files")
+    __slots__ = ("complete", "dirs", "git_dirs", "git_files", "hardlinks", "secret_files")
 
     def __init__(self) -> None:
         self.git_dirs: list[str] = []
@@ -268,6 +268,37 @@ class WorkspaceScan:
         self.secret_files: list[str] = []
         self.hardlinks: list[str] = []
         self.complete = True
+        self.dirs: dict[str, WalkedDir] = {}  # every directory listed, as it was
+
+
+class WalkedDir:
+    """A directory as a walk listed it: its inode and change time, how many entries
+    it had, the subdirectories walked next and its ``.git`` entries.  A later walk
+    that finds the same inode with the same change time (a new entry, a rename, a
+    touch all change it, and no one but root can set it back) needs no listing."""
+
+    __slots__ = ("count", "ctime", "gits", "ino", "subdirs")
+
+    def __init__(self, ino: int, ctime: int) -> None:
+        self.ino = ino
+        self.ctime = ctime
+        self.count = 0
+        self.subdirs: list[tuple[str, int]] = []
+        self.gits: list[tuple[str, bool]] = []
+
+
+class Repositories:
+    """The workspace's repositories at launch (``known``: identities of git dirs and
+    ``.git`` entries) and its walk (``dirs``; ``cutoff``: change times from before
+    it are trusted unchanged, see :func:`created_repositories`)."""
+
+    __slots__ = ("cutoff", "dirs", "known")
+
+    def __init__(self, scan: WorkspaceScan, cutoff: int) -> None:
+        found = (identity(p) for p in (*scan.git_dirs, *scan.git_files))
+        self.known = frozenset(i for i in found if i is not None)
+        self.dirs = scan.dirs
+        self.cutoff = cutoff
 
 
 def _is_secret_name(name: str) -> bool:
@@ -276,12 +307,15 @@ def _is_secret_name(name: str) -> bool:
     return name.startswith(".env.") and name not in defaults.ENV_TEMPLATES
 
 
-def scan_workspace(root: str, git_only: bool = False) -> WorkspaceScan:
+def scan_workspace(
+    root: str, git_only: bool = False, before: Repositories | None = None
+) -> WorkspaceScan:
     """Find repositories (their git dirs), secret files and hard links, bounded in
     depth and size (the same walk: one extra stat per regular file).  A git dir
     is a ``.git`` directory, a submodule's or a linked worktree's under it, or
     the workspace directory a ``.git`` file points to.  ``git_only``: repositories
-    alone (the walk after a run, :func:`new_git_dirs`)."""
+    alone (the walk after a run); ``before``: the walk at launch, whose
+    directories unchanged since are not listed again."""
     scan = WorkspaceScan()
     budget = defaults.SCAN_MAX_ENTRIES
     # (device, inode) -> (links the inode has, paths of it found in the workspace)
@@ -289,36 +323,70 @@ def scan_workspace(root: str, git_only: bool = False) -> WorkspaceScan:
     stack: list[tuple[str, int]] = [(root, 0)]
     while stack:
         path, depth = stack.pop()
-        try:
-            entries = list(os.scandir(path))
-        except OSError:
-            continue
-        budget -= len(entries)
+        walked = _unchanged(path, before) if before is not None else None
+        if walked is None:
+            walked = _list(path, depth, scan, linked, git_only)
+            if walked is None:
+                continue
+        budget -= walked.count
         if budget < 0:
             scan.complete = False
             break
-        for entry in entries:
-            name = entry.name
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)
-            except OSError:
-                continue
-            if name == ".git":
-                _note_repository(entry.path, is_dir, scan)
-                continue
-            if is_dir:
-                if name not in defaults.SCAN_SKIP_DIRS and depth < defaults.SCAN_MAX_DEPTH:
-                    stack.append((entry.path, depth + 1))
-                continue
-            if git_only:
-                continue
-            if _is_secret_name(name):
-                scan.secret_files.append(entry.path)
-            _note_links(entry, linked)
+        scan.dirs[path] = walked
+        stack.extend(walked.subdirs)
+        for git, is_dir in walked.gits:
+            _note_repository(git, is_dir, scan)
     scan.git_dirs = list(dict.fromkeys(scan.git_dirs))  # a submodule's, found twice
     # links all found inside the workspace share nothing with the outside
     scan.hardlinks = sorted(p for n, paths in linked.values() if len(paths) < n for p in paths)
     return scan
+
+
+def _list(
+    path: str,
+    depth: int,
+    scan: WorkspaceScan,
+    linked: dict[tuple[int, int], tuple[int, list[str]]],
+    git_only: bool,
+) -> WalkedDir | None:
+    """One directory of the walk: its subdirectories and ``.git`` entries, and (but
+    with ``git_only``) its secret files and hard-linked files noted in ``scan``."""
+    try:
+        st = os.lstat(path)
+        entries = list(os.scandir(path))
+    except OSError:
+        return None
+    walked = WalkedDir(st.st_ino, st.st_ctime_ns)
+    walked.count = len(entries)
+    for entry in entries:
+        name = entry.name
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            continue
+        if name == ".git":
+            walked.gits.append((entry.path, is_dir))
+        elif is_dir:
+            if name not in defaults.SCAN_SKIP_DIRS and depth < defaults.SCAN_MAX_DEPTH:
+                walked.subdirs.append((entry.path, depth + 1))
+        elif not git_only:
+            if _is_secret_name(name):
+                scan.secret_files.append(entry.path)
+            _note_links(entry, linked)
+    return walked
+
+
+def _unchanged(path: str, before: Repositories) -> WalkedDir | None:
+    """The launch walk's record of ``path`` if the directory is still the one it
+    listed, untouched since (its change time from before the walk's cutoff)."""
+    walked = before.dirs.get(path)
+    if walked is None or walked.ctime >= before.cutoff:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return walked if (st.st_ino, st.st_ctime_ns) == (walked.ino, walked.ctime) else None
 
 
 def _note_repository(path: str, is_dir: bool, scan: WorkspaceScan) -> None:
@@ -349,22 +417,30 @@ def identity(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def repositories(scan: WorkspaceScan) -> frozenset[tuple[int, int]]:
-    """The identities of the git dirs and ``.git`` entries a walk found: what a run
-    did not create (see corral.gitguard)."""
-    found = (identity(p) for p in (*scan.git_dirs, *scan.git_files))
-    return frozenset(i for i in found if i is not None)
+# Directories whose change time is less than this before the launch walk are
+# listed again after the run whatever it says: a file system's clock may tick
+# coarsely, and a change made in the same tick as the last one before the walk
+# would leave the time as it was.
+CTIME_MARGIN_NS = 1_000_000_000
 
 
-def created_repositories(root: str, known: frozenset[tuple[int, int]]) -> WorkspaceScan | None:
-    """After a run: the walk again, when it finds a git dir or ``.git`` entry that
-    was not there at launch, or stops at its bound (None otherwise: the usual
-    case, and the only cost of the check)."""
-    scan = scan_workspace(root, git_only=True)
+def walk_started() -> int:
+    """The cutoff for a walk beginning now (see CTIME_MARGIN_NS)."""
+    import time
+
+    return time.time_ns() - CTIME_MARGIN_NS
+
+
+def created_repositories(root: str, before: Repositories) -> WorkspaceScan | None:
+    """After a run: the walk again (listing only the directories changed since the
+    walk at launch), when it finds a git dir or ``.git`` entry that was not
+    there at launch, or stops at its bound (None otherwise: the usual case, and
+    the only cost of the check)."""
+    scan = scan_workspace(root, git_only=True, before=before)
     if not scan.complete:
         return scan  # (a run can make many files to end the walk before its repository)
     for path in (*scan.git_dirs, *scan.git_files):
-        if identity(path) not in known:
+        if identity(path) not in before.known:
             return scan
     return None
 
@@ -657,13 +733,14 @@ class _Planner:
     def workspace(self) -> WorkspaceScan:
         """Nested repositories, secret files and hard links in the workspace."""
         plan = self.plan
+        cutoff = walk_started()
         scan = scan_workspace(self.policy.workspace)
         if not scan.complete:
             plan.notes.append(
                 f"workspace scan stopped after {defaults.SCAN_MAX_ENTRIES} entries; "
                 "deeper repositories and .env files were not masked"
             )
-        plan.repositories = repositories(scan)
+        plan.repositories = Repositories(scan, cutoff)
         for secret in scan.secret_files:
             self.add_mask(secret, False, "secret file in workspace")
             plan.read_deny.append(secret)
@@ -685,6 +762,9 @@ class _Planner:
             self.add_write_deny(self.policy.expand(pattern), "write-deny")
         for git_dir in scan.git_dirs:
             self._protect_git_dir(git_dir)
+        for path in scan.git_files:  # (a symlink cannot be rewritten in place)
+            if not os.path.islink(path):
+                self.add_write_deny(path, "a .git file names the repository git uses")
         self.plan.write_protect = sorted(self.ro_binds)
         for path in self.plan.hardlinks:
             self.ro_binds.setdefault(

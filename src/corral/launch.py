@@ -396,7 +396,7 @@ def created_repositories(plan: Plan, run_id: str) -> list[Denial]:
         return []
     from corral import gitguard
 
-    said = gitguard.quarantine(gitguard.findings(root, scan, plan.repositories), run_id)
+    said = gitguard.quarantine(gitguard.findings(root, scan, plan.repositories.known), run_id)
     if not scan.complete:
         from corral.defaults import SCAN_MAX_ENTRIES
         from corral.report import repositories_unchecked

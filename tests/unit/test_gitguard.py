@@ -4,6 +4,7 @@ host, found on real directories (no sandbox: the walk and the decisions)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -72,13 +73,14 @@ def make_repo(path: Path, config: str = INIT_CONFIG) -> Path:
     return git
 
 
-def findings(ws: Path, known: frozenset[tuple[int, int]]) -> list[tuple[str, str]]:
+def findings(ws: Path, known: fsplan.Repositories) -> list[tuple[str, str]]:
     scan = fsplan.created_repositories(str(ws), known)
-    return [] if scan is None else gitguard.findings(str(ws), scan, known)
+    return [] if scan is None else gitguard.findings(str(ws), scan, known.known)
 
 
-def launch(ws: Path) -> frozenset[tuple[int, int]]:
-    return fsplan.repositories(fsplan.scan_workspace(str(ws)))
+def launch(ws: Path) -> fsplan.Repositories:
+    cutoff = fsplan.walk_started()
+    return fsplan.Repositories(fsplan.scan_workspace(str(ws)), cutoff)
 
 
 def test_nothing_new_costs_one_walk_and_finds_nothing(tmp_path: Path) -> None:
@@ -214,3 +216,59 @@ def test_the_launch_walk_protects_gitfile_targets_and_worktrees(tmp_path: Path) 
     assert scan.git_dirs.count(str(sep)) == 1  # found as .git and through the file
     assert str(wt) in scan.git_dirs
     assert scan.git_files == [str(ws / "tree" / ".git")]
+
+
+def test_the_walk_after_the_run_lists_only_what_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Directories untouched since the launch walk are not listed again (their
+    change time says so); a repository made in a deep directory, and one made
+    where a touch then set the modification time back, are still found."""
+    for n in range(20):
+        (tmp_path / f"d{n}" / "sub").mkdir(parents=True)
+    monkeypatch.setattr(fsplan, "CTIME_MARGIN_NS", 0)
+    time.sleep(0.05)  # older than the cutoff of the walk below
+    known = launch(tmp_path)
+    listed: list[str] = []
+    real_scandir = os.scandir
+
+    def counting(path: str) -> object:
+        listed.append(str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(fsplan.os, "scandir", counting)
+    assert fsplan.created_repositories(str(tmp_path), known) is None
+    assert listed == []  # nothing changed: nothing listed
+    deep = make_repo(tmp_path / "d3" / "sub" / "new")
+    (deep / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
+    forged = tmp_path / "d9"
+    before = os.stat(forged)
+    evil = make_repo(forged)
+    (evil / "hooks" / "post-merge").write_text("#!/bin/sh\n")
+    os.utime(forged, ns=(before.st_atime_ns, before.st_mtime_ns))  # a touch, set back
+    found = sorted(p for p, _ in findings(tmp_path, known))
+    assert found == sorted([str(deep / "hooks" / "pre-commit"), str(evil / "hooks" / "post-merge")])
+    assert str(tmp_path / "d0") not in listed and str(tmp_path / "d3" / "sub") in listed
+
+
+def test_a_directory_changed_just_before_launch_is_listed_again(tmp_path: Path) -> None:
+    """Within the margin a file system's coarse clock may not show a change made in
+    the same tick: such a directory is listed after the run whatever its time."""
+    known = launch(tmp_path)  # tmp_path was made just now: within the margin
+    evil = make_repo(tmp_path)
+    (evil / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
+    assert [p for p, _ in findings(tmp_path, known)] == [str(evil / "hooks" / "pre-commit")]
+
+
+def test_a_known_gitfile_is_read_only_for_the_run(tmp_path: Path) -> None:
+    """Rewritten in place (no directory changes), it could send git to a repository
+    the run made anywhere: it is write-protected like a git dir's config."""
+    from corral.fsplan import plan_filesystem
+    from corral.policy import Policy
+
+    real = tmp_path / "real"
+    make_repo(real)
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / ".git").write_text("gitdir: ../real/.git\n")
+    plan = plan_filesystem(Policy(str(tmp_path)), mounts=False)
+    assert str(tmp_path / "tree" / ".git") in plan.write_protect

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from corral.bounds import Bound
     from corral.cgroups import CgroupHost, CgroupPlan
-    from corral.fsplan import FsPlan, Mount
+    from corral.fsplan import FsPlan, Mount, Repositories
     from corral.home import HomeLayer
     from corral.net.trust import NetExtras
     from corral.netns import Resolver
@@ -295,7 +295,7 @@ class Plan:
         self.quarantine: list[str] = []
         # the workspace's repositories at launch (FsPlan.repositories): the ones a
         # run makes are looked at after it (corral.gitguard)
-        self.repositories: frozenset[tuple[int, int]] | None = None
+        self.repositories: Repositories | None = None
         # where $HOME points, made and seeded by the launcher (corral.home)
         self.home: HomeLayer | None = None
         # read-only files git writes through a lock file beside them: directory ->
