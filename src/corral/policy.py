@@ -276,6 +276,8 @@ class Policy:
         items += self.filesystem.read_deny
         # a secret's file is the real value: never readable inside, defaults or not
         items += [s.ref for s in self.secrets.values() if s.kind == "file"]
+        if self.tls.ca_key:  # the user's own CA: with its key, any certificate it signs
+            items.append(self.tls.ca_key)
         return _expand_keep_slash(self, items)
 
     def read_deny_if_present(self) -> list[str]:

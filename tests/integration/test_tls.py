@@ -283,6 +283,24 @@ def test_ca_key_stays_outside_and_ephemeral_leaves_nothing(tls_setup: Setup) -> 
     assert list(tmp.iterdir()) == []  # the bundle went with the door; the key was never written
 
 
+def test_the_users_own_ca_key_is_never_readable_inside(tls_setup: Setup) -> None:
+    """[tls] ca_key names the user's own CA: with it the command could sign any
+    certificate whatever trusts that CA accepts.  It stays unreadable, wherever it
+    is (here in the workspace, visible on every tier); the twin: its certificate
+    reads, and interception signs with that CA."""
+    s = tls_setup
+    own = OriginCA(s.ws / "myca", "the user's own CA")
+    s.c.chown(s.ws)
+    s.policy(tls=f'ca_cert = "{own.cert_path}"\nca_key = "{own.key_path}"\n')
+    probe = f"grep -c 'PRIVATE KEY' {own.key_path} 2>/dev/null || echo key=hidden; "
+    probe += f"grep -c CERTIFICATE {own.cert_path}; "
+    out, err, code = s.run(probe + f"{CURL} -o /dev/null -w 'ok=%{{http_code}}' {s.url('/echo')}")
+    assert code == 0, err
+    assert "key=hidden" in out and "ok=200" in out, (out, err)
+    assert out.split()[1] == "2", out  # the certificate reads (its BEGIN and END lines)
+    assert b"PRIVATE KEY" in own.key_path.read_bytes()  # untouched on the host
+
+
 def test_system_bundle_paths_trust_corral_where_the_tier_can_mount(tls_setup: Setup) -> None:
     s = tls_setup
     s.policy()

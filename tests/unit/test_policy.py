@@ -449,6 +449,9 @@ def test_read_deny_paths_keep_trailing_slash(
     assert "/" in paths  # never "//"
     assert len(paths) == len(defaults.READ_DENY_HOME) + 3
     pol.filesystem.use_defaults = False
+    pol.tls.ca_key = str(tmp_path / "ca" / "key.pem")  # the user's own CA: defaults or not
+    assert str(tmp_path / "ca" / "key.pem") in pol.read_deny_paths()
+    pol.filesystem.use_defaults = False
     assert pol.read_deny_paths() == [
         str(tmp_path / "ws" / "secrets") + "/",
         str(tmp_path / "ws" / "key.pem"),
