@@ -466,6 +466,9 @@ def _log_net(opts: dict[str, object], count: int) -> int:
         what = f"{r.get('method') or ''} {r.get('path') or ''}".strip() or str(r.get("scheme"))
         if r.get("event"):  # an approval's line (corral.net.approvals)
             what = f"{r['event']} {r.get('answer') or r.get('scope') or what}"
+        if r.get("decision") == "note":  # the log's own (its bound, corral.net.audit)
+            print(f"{r.get('time', '?')}  {r.get('run_id', '?')}  note   {r.get('reason')}")
+            continue
         print(
             f"{r.get('time', '?')}  {r.get('run_id', '?')}  {r.get('decision', '?'):<5}  "
             f"{r.get('host')}:{r.get('port')}  {what[:60]}  rule={r.get('rule')}  "

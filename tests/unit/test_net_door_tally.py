@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from corral.net.audit import Audit, DenyKey, describe, tally_lines
 from corral.net.door import Door
@@ -163,3 +166,33 @@ print("ok")
     )
     assert out.stdout.strip() == "ok", out.stderr
     assert "in a finalizer" not in out.stderr and "ZeroDivisionError" not in out.stderr
+
+
+def test_a_runs_audit_lines_and_tally_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command in a loop of refused requests must not fill the disk through the
+    log, nor the proxy's memory through the tally: past the bounds requests are
+    counted, and the log says so (once when crossing, and how many at close).
+    Twin: another run's lines through the same proxy are still written."""
+    from corral.net import audit as audit_mod
+
+    monkeypatch.setattr(audit_mod, "RUN_MAX_BYTES", 2000)
+    monkeypatch.setattr(audit_mod, "TALLY_MAX", 5)
+    log = tmp_path / "net.jsonl"
+    a = audit_mod.Audit(str(log))
+    for n in range(100):
+        a.record({"run_id": "loud", "host": f"h{n}.test", "port": 443, "decision": "deny"})
+    a.record({"run_id": "quiet", "host": "ok.test", "port": 443, "decision": "allow"})
+    a.close()
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    loud = [x for x in lines if x["run_id"] == "loud"]
+    assert 5 < len(loud) < 30  # some lines, then the bound
+    notes = [x["reason"] for x in loud if x["decision"] == "note"]
+    assert notes[0].startswith("this run's lines passed 0 MiB") and notes[1].startswith(
+        f"{100 - len(loud) + 2} requests not written"
+    )
+    assert [x["host"] for x in lines if x["run_id"] == "quiet"] == ["ok.test"]
+    assert len(a.denied) == 6 and sum(a.denied.values()) == 100
+    others = [k for k in a.denied if k[0] == audit_mod.OTHERS]
+    assert a.denied[others[0]] == 95

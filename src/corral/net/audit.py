@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 
 FLUSH_BYTES = 64 * 1024
 FLUSH_SECONDS = 0.05
+# Bounds on what one run can make corral keep: a command in a loop of refused
+# requests would otherwise fill the user's disk through this log, and the
+# proxy's memory through the tally (one entry per distinct destination).
+# Beyond them requests are counted, and the log says so.
+RUN_MAX_BYTES = 256 << 20
+TALLY_MAX = 10_000
+OTHERS = "(others)"  # the tally's host for destinations beyond TALLY_MAX
 
 
 def default_path() -> str:
@@ -47,17 +54,30 @@ class Audit:
         self._first = 0.0  # when the oldest buffered line was added
         self._encode = _encoder()
         self._stamp = (0, "")  # (whole second, its ISO text) reused within a second
+        self._written: dict[object, int] = {}  # run id -> bytes of its lines so far
+        self.unwritten: dict[object, int] = {}  # run id -> lines beyond RUN_MAX_BYTES
 
     def record(self, entry: dict[str, object]) -> None:
         self.requests += 1
         if entry.get("decision") == "deny" or entry.get("status") == UNREACHABLE:
             key = deny_key(entry)
+            if key not in self.denied and len(self.denied) >= TALLY_MAX:
+                key = (OTHERS, 0, "", "more destinations than corral tallies", key[4], "")
             self.denied[key] = self.denied.get(key, 0) + 1
         if self.fd < 0:
+            return
+        run = entry.get("run_id")
+        if run in self.unwritten:
+            self.unwritten[run] += 1
             return
         now = time.time()
         line = self._encode({"time": self._time(now), **entry}) + "\n"
         data = line.encode("utf-8", "backslashreplace")
+        written = self._written.get(run, 0) + len(data)
+        self._written[run] = written
+        if written > RUN_MAX_BYTES:
+            self.unwritten[run] = 1
+            data = self._note(run, now, f"this run's lines passed {RUN_MAX_BYTES >> 20} MiB")
         if not self._buffer:
             self._first = now
         self._buffer.append(data)
@@ -94,6 +114,11 @@ class Audit:
             self._stamp = (second, iso(second)[:-5])
         return f"{self._stamp[1]}.{int(now % 1 * 1000):03d}Z"
 
+    def _note(self, run: object, now: float, what: str) -> bytes:
+        entry = {"time": self._time(now), "run_id": run, "decision": "note"}
+        entry.update(rule="audit-limit", reason=f"{what}; later requests are counted, not written")
+        return (self._encode(entry) + "\n").encode("utf-8", "backslashreplace")
+
     def flush(self) -> None:
         if self._buffer and self.fd >= 0:
             os.write(self.fd, b"".join(self._buffer))
@@ -101,6 +126,10 @@ class Audit:
         self._size = 0
 
     def close(self) -> None:
+        for run, count in self.unwritten.items():
+            if self.fd >= 0:
+                self._buffer.append(self._note(run, time.time(), f"{count} requests not written"))
+        self.unwritten.clear()
         self.flush()
         if self.fd >= 0:
             os.close(self.fd)
