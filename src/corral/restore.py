@@ -56,13 +56,21 @@ def _walk(path: str) -> Tree | None:
             total += st.st_size
             if total > MAX_BYTES:
                 raise TooLarge(f"{path} holds more than {MAX_BYTES >> 20} MiB")
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+            # (a process of the run still alive could swap in a FIFO or keep the
+            # file growing: the open never waits, and the read is bounded)
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise TooLarge(f"{full} is no longer a regular file")
                 data = b""
-                while chunk := os.read(fd, 1 << 20):
+                room = MAX_BYTES - total + st.st_size + 1
+                while len(data) < room and (chunk := os.read(fd, min(1 << 20, room))):
                     data += chunk
             finally:
                 os.close(fd)
+            total += len(data) - st.st_size
+            if total > MAX_BYTES:
+                raise TooLarge(f"{path} holds more than {MAX_BYTES >> 20} MiB")
             tree[rel] = ("f", stat.S_IMODE(st.st_mode), data, *times)
         else:  # fifo/socket/device
             tree[rel] = ("o", stat.S_IMODE(st.st_mode), b"", *times)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,27 @@ def test_unchanged_or_only_read_is_not_a_change(git: Path) -> None:
     os.utime(git / "config", ns=(OLD + 99, OLD))  # an access time alone moved
     assert restore.restore(snap, "run-2") == []
     assert os.stat(git / "config").st_mtime_ns == OLD
+
+
+def test_a_fifo_swapped_in_after_the_look_never_holds_the_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process of the run still alive could put a FIFO where the walk just saw a
+    regular file: the open does not wait, and the walk stops with a reason."""
+    fifo = tmp_path / "config"
+    os.mkfifo(fifo)
+    regular = os.stat(tmp_path)  # its times; the mode is made regular below
+    real_lstat = os.lstat
+
+    class Regular:
+        st_mode = stat.S_IFREG | 0o644
+        st_size = 0
+        st_mtime_ns = regular.st_mtime_ns
+        st_atime_ns = regular.st_atime_ns
+
+    def lstat(path: object) -> object:
+        return Regular() if str(path) == str(fifo) else real_lstat(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(restore.os, "lstat", lstat)
+    with pytest.raises(restore.TooLarge, match="no longer a regular file"):
+        restore._walk(str(fifo))
