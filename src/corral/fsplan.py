@@ -446,6 +446,12 @@ def created_repositories(root: str, before: Repositories) -> WorkspaceScan | Non
 
 
 def read_small(path: str, limit: int = 1 << 20) -> str | None:
+    """The start of a regular file in the workspace as text (None for anything else)."""
+    data = read_small_bytes(path, limit)
+    return None if data is None else data.decode("utf-8", "replace")
+
+
+def read_small_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
     """The start of a regular file in the workspace (None for anything else).  The
     sandbox may have made it a FIFO, which an open() for reading would wait on
     for ever, or a device: opened without blocking, and read only if regular."""
@@ -456,7 +462,7 @@ def read_small(path: str, limit: int = 1 << 20) -> str | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        return os.read(fd, limit).decode("utf-8", "replace")
+        return os.read(fd, limit)
     except OSError:
         return None
     finally:

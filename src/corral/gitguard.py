@@ -93,8 +93,12 @@ def _section(line: str) -> str | None:
     return name.lower()
 
 
-def risky_parts(git_dir: str, known: frozenset[tuple[int, int]]) -> list[tuple[str, str]]:
-    """(path, why) for what in a new git dir would run code on the host."""
+def risky_parts(
+    git_dir: str, known: frozenset[tuple[int, int]], templates: list[str] | None = None
+) -> list[tuple[str, str]]:
+    """(path, why) for what in a new git dir would run code on the host
+    (``templates``: git's template directories the run could not write)."""
+    templates = template_dirs() if templates is None else templates
     found: list[tuple[str, str]] = []
     hooks = os.path.join(git_dir, "hooks")
     if os.path.islink(hooks):
@@ -105,7 +109,10 @@ def risky_parts(git_dir: str, known: frozenset[tuple[int, int]]) -> list[tuple[s
         except OSError:
             names = []
         found += [
-            (os.path.join(hooks, n), "a git hook") for n in names if not n.endswith(HOOKS_KEPT)
+            (os.path.join(hooks, n), "a git hook")
+            for n in names
+            if not n.endswith(HOOKS_KEPT)
+            and not _from_template(os.path.join(hooks, n), n, templates)
         ]
     config = os.path.join(git_dir, "config")
     if os.path.lexists(config):
@@ -119,6 +126,45 @@ def risky_parts(git_dir: str, known: frozenset[tuple[int, int]]) -> list[tuple[s
     if os.path.lexists(common) and _identity(_commondir(git_dir, common)) not in known:
         found.append((common, "a worktree's common dir that is not a repository known at launch"))
     return found
+
+
+def template_dirs(environ: dict[str, str] | None = None) -> list[str]:
+    """Where git copies a new repository's hooks from: ``$GIT_TEMPLATE_DIR``, the
+    user's and the system's ``init.templateDir``, git's own default."""
+    env = os.environ if environ is None else environ
+    found = [env["GIT_TEMPLATE_DIR"]] if env.get("GIT_TEMPLATE_DIR") else []
+    home = env.get("HOME") or os.path.expanduser("~")
+    xdg = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    for config in (os.path.join(home, ".gitconfig"), os.path.join(xdg, "git", "config")):
+        found += _template_setting(fsplan.read_small(config) or "", home)
+    found += _template_setting(fsplan.read_small("/etc/gitconfig") or "", home)
+    return [*found, "/usr/share/git-core/templates"]
+
+
+def _template_setting(text: str, home: str) -> list[str]:
+    section, found = "", []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            section = _section(line) or ""
+        elif section == "init" and "=" in line:
+            key, _, value = line.partition("=")
+            if key.strip().lower() == "templatedir":
+                value = value.split("#", 1)[0].strip().strip('"')
+                found.append(home + value[1:] if value.startswith("~/") else value)
+    return found
+
+
+def _from_template(path: str, name: str, templates: list[str]) -> bool:
+    """Whether a hook is one git copied from a template directory of the user's (the
+    same name and bytes): the user's own, not the command's."""
+    data = fsplan.read_small_bytes(path)
+    if data is None:
+        return False
+    for directory in templates:
+        if fsplan.read_small_bytes(os.path.join(directory, "hooks", name)) == data:
+            return True
+    return False
 
 
 def _config_problem(path: str) -> str | None:
@@ -162,9 +208,11 @@ def findings(
             found.append((entry, "a .git entry that is neither a directory nor a gitdir file"))
         elif not target.startswith(inside) and _identity(target) not in known:
             found.append((entry, "a .git entry leading out of the workspace"))
+    # a template the run could write (one in the workspace) vouches for nothing
+    templates = [d for d in template_dirs() if not os.path.realpath(d).startswith(inside)]
     for git_dir in scan.git_dirs:
         if git_dir.startswith(inside) and fsplan.identity(git_dir) not in known:
-            found += risky_parts(git_dir, known)
+            found += risky_parts(git_dir, known, templates)
     return [(p, why) for p, why in found if p.startswith(inside)]
 
 

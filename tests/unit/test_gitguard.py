@@ -272,3 +272,33 @@ def test_a_known_gitfile_is_read_only_for_the_run(tmp_path: Path) -> None:
     (tmp_path / "tree" / ".git").write_text("gitdir: ../real/.git\n")
     plan = plan_filesystem(Policy(str(tmp_path)), mounts=False)
     assert str(tmp_path / "tree" / ".git") in plan.write_protect
+
+
+def test_a_hook_git_copied_from_the_users_template_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Gerrit user's template has a real commit-msg hook, which git copies into
+    every repository it makes: that one is the user's own and stays.  The same
+    name with other bytes is the command's, and goes."""
+    home = tmp_path / "home"
+    template = home / "tmpl"
+    (template / "hooks").mkdir(parents=True)
+    (template / "hooks" / "commit-msg").write_bytes(b"#!/bin/sh\n# Change-Id\n\xff\n")
+    (home / ".gitconfig").write_text('[init]\n\ttemplateDir = "~/tmpl"\n')
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("GIT_TEMPLATE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    assert str(template) in gitguard.template_dirs()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    known = launch(ws)
+    kept = make_repo(ws / "cloned")
+    (kept / "hooks" / "commit-msg").write_bytes(b"#!/bin/sh\n# Change-Id\n\xff\n")
+    forged = make_repo(ws / "forged")
+    (forged / "hooks" / "commit-msg").write_bytes(b"#!/bin/sh\n# Change-Id\n\xfe\n")
+    assert [p for p, _ in findings(ws, known)] == [str(forged / "hooks" / "commit-msg")]
+    # a template in the workspace (the run could write it) vouches for nothing
+    (home / ".gitconfig").write_text(f"[init]\n\ttemplateDir = {ws / 'tmpl'}\n")
+    (ws / "tmpl" / "hooks").mkdir(parents=True)
+    (ws / "tmpl" / "hooks" / "commit-msg").write_bytes(b"#!/bin/sh\n# Change-Id\n\xfe\n")
+    assert str(forged / "hooks" / "commit-msg") in [p for p, _ in findings(ws, known)]
