@@ -63,30 +63,33 @@ class Denial:
 def quarantined(path: str, moved_to: str = "", error: str = "", via: str = "") -> Denial:
     """A write-deny path that did not exist at launch and was created (``via``: the
     write-deny path a symlink made during the run stood on the way to)."""
-    where = f"moved to {moved_to}" if moved_to else f"could not move it: {error}"
-    what = f"(a symlink on the way to {via}, write-deny)" if via else "(write-deny)"
-    return Denial(
-        "file",
-        f"denied write: {path} {what} was created; {where}",
-        path=path,
-        rule="write-deny",
-        action="quarantined",
-        moved_to=moved_to or None,
-        error=error or None,
+    what = (
+        f"(a symlink on the way to {via}, write-deny) was created"
+        if via
+        else "(write-deny) was created"
     )
+    extra = {"via": via} if via else {}
+    return _moved(path, what, "write-deny", moved_to, error, **extra)
 
 
 def new_repository(path: str, why: str, moved_to: str = "", error: str = "") -> Denial:
     """Something in a repository the run created that would run code on the host."""
+    what = f"({why}, in a repository made during the run)"
+    return _moved(path, what, "new-repository", moved_to, error, reason=why)
+
+
+def _moved(path: str, what: str, rule: str, moved_to: str, error: str, **extra: str) -> Denial:
+    """A path the quarantine took out of the workspace (or could not: ``error``)."""
     where = f"moved to {moved_to}" if moved_to else f"could not move it: {error}"
     return Denial(
         "file",
-        f"denied write: {path} ({why}, in a repository made during the run); {where}",
+        f"denied write: {path} {what}; {where}",
         path=path,
-        rule="new-repository",
+        rule=rule,
         action="quarantined",
         moved_to=moved_to or None,
         error=error or None,
+        **extra,
     )
 
 

@@ -201,6 +201,7 @@ def test_quarantine_moves_findings_out_and_says_why(
     (denial,) = said
     assert denial.fields["rule"] == "new-repository"
     assert "git config sets core.pager" in denial.text
+    assert denial.to_dict()["reason"] == "git config sets core.pager"  # --report json says why
     moved = Path(str(denial.fields["moved_to"]))
     assert moved.read_text() == "[core]\n\tpager = x\n"
 
