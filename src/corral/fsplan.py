@@ -40,7 +40,7 @@ from corral import defaults
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Sequence
+    from collections.abc import Callable, Collection, Iterator, Sequence
 
     from corral.policy import Policy
 
@@ -572,18 +572,43 @@ def _submodule_git_dirs(modules: str) -> list[str]:
     return found
 
 
+MALFORMED = "?"  # git_config's section for a line it cannot take plainly
+
+
+def git_config(text: str) -> Iterator[tuple[str, str, str]]:
+    """(section, key, value) for each setting of a git config file, as git reads
+    it: the section lower-cased (``name.*`` for one with a subsection, so
+    ``[remote "origin"]`` is ``remote.*``), the key lower-cased, the value
+    without its comment and quotes; a setting may follow its header on the same
+    line.  A line this reader cannot take plainly (a continued value, an
+    unclosed header) comes as (MALFORMED, what it is, "")."""
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            inner, close, rest = line[1:].partition("]")
+            if not close:
+                section = MALFORMED
+                yield MALFORMED, line[:60], ""
+                continue
+            name, _, sub = inner.strip().partition(" ")
+            section = name.split(".", 1)[0].lower() + ".*" if sub or "." in name else name.lower()
+            line = rest.strip()
+            if not line or line[0] in "#;":
+                continue
+        if line.endswith("\\"):
+            yield MALFORMED, "a continued value", ""
+            continue
+        key, _, value = line.partition("=")
+        yield section, key.strip().lower(), value.split("#", 1)[0].strip().strip('"')
+
+
 def _core_settings(git_dir: str) -> dict[str, str]:
     """The ``[core]`` keys of a git dir's config, lower-cased (enough for what we need)."""
-    found: dict[str, str] = {}
-    section = ""
-    for raw in (read_small(os.path.join(git_dir, "config")) or "").splitlines():
-        line = raw.strip()
-        if line.startswith("["):
-            section = line.strip("[]").strip().lower()
-        elif section == "core" and "=" in line:
-            key, _, value = line.partition("=")
-            found[key.strip().lower()] = value.split("#", 1)[0].strip().strip('"')
-    return found
+    text = read_small(os.path.join(git_dir, "config")) or ""
+    return {key: value for section, key, value in git_config(text) if section == "core"}
 
 
 def _hooks_path(git_dir: str) -> str | None:

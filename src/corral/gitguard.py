@@ -63,34 +63,13 @@ HOOKS_KEPT = ".sample"  # git's own examples: never run
 def unsafe_config_key(text: str) -> str | None:
     """The first key of a git config that is not in SAFE_KEYS (or a line this
     reader cannot take plainly, such as a continued value); None when all are safe."""
-    section = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("["):
-            name = _section(line)
-            if name is None:
-                return line[:60]
-            section = name
-            continue
-        if line.endswith("\\"):
-            return "a continued value"
-        key = f"{section}.{line.split('=', 1)[0].strip().lower()}"
-        if not section or key not in SAFE_KEYS:
+    for section, key, _ in fsplan.git_config(text):
+        if section == fsplan.MALFORMED:
             return key
+        name = f"{section}.{key}"
+        if not section or name not in SAFE_KEYS:
+            return name
     return None
-
-
-def _section(line: str) -> str | None:
-    """``[core]`` -> core; ``[remote "origin"]`` and ``[remote.origin]`` -> remote.*."""
-    inner, close, rest = line[1:].partition("]")
-    if not close or (rest.strip() and rest.strip()[0] not in "#;"):
-        return None  # a key on the same line as its section: not read here
-    name, _, sub = inner.strip().partition(" ")
-    if sub or "." in name:
-        return name.split(".", 1)[0].lower() + ".*"
-    return name.lower()
 
 
 def risky_parts(
@@ -142,16 +121,10 @@ def template_dirs(environ: dict[str, str] | None = None) -> list[str]:
 
 
 def _template_setting(text: str, home: str) -> list[str]:
-    section, found = "", []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("["):
-            section = _section(line) or ""
-        elif section == "init" and "=" in line:
-            key, _, value = line.partition("=")
-            if key.strip().lower() == "templatedir":
-                value = value.split("#", 1)[0].strip().strip('"')
-                found.append(home + value[1:] if value.startswith("~/") else value)
+    found = []
+    for section, key, value in fsplan.git_config(text):
+        if section == "init" and key == "templatedir":
+            found.append(home + value[1:] if value.startswith("~/") else value)
     return found
 
 

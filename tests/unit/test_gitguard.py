@@ -60,8 +60,19 @@ def test_any_other_key_is_unsafe(text: str, key: str) -> None:
     assert gitguard.unsafe_config_key(text) == key
 
 
-def test_a_key_on_its_section_line_is_not_read_plainly() -> None:
-    assert gitguard.unsafe_config_key("[core] fsmonitor = x\n") == "[core] fsmonitor = x"
+def test_a_key_on_its_section_line_is_read_as_git_reads_it() -> None:
+    assert gitguard.unsafe_config_key("[core] fsmonitor = x\n") == "core.fsmonitor"
+    assert gitguard.unsafe_config_key("[core\n\tbare = true\n") == "[core"  # unclosed
+
+
+def test_one_reader_for_git_config() -> None:
+    """What the launch walk (core.hooksPath) and the look after the run both read."""
+    text = '[Core] hooksPath = "h" # moved\n[remote "o"]\n\tURL = x\n[init]\ntemplateDir=~/t\n'
+    assert list(fsplan.git_config(text)) == [
+        ("core", "hookspath", "h"),
+        ("remote.*", "url", "x"),
+        ("init", "templatedir", "~/t"),
+    ]
 
 
 def make_repo(path: Path, config: str = INIT_CONFIG) -> Path:
