@@ -408,11 +408,11 @@ def _note_repository(path: str, is_dir: bool, scan: WorkspaceScan) -> None:
     scan.git_dirs.extend(_worktree_git_dirs(path))
 
 
-def identity(path: str) -> tuple[int, int] | None:
-    """(device, inode) of a path itself (a symlink is not followed)."""
+def identity(path: str, follow: bool = False) -> tuple[int, int] | None:
+    """(device, inode) of a path itself (with ``follow``, of what a symlink leads to)."""
     try:
-        st = os.lstat(path)
-    except OSError:
+        st = os.stat(path, follow_symlinks=follow)
+    except (OSError, ValueError):
         return None
     return (st.st_dev, st.st_ino)
 

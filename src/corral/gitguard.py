@@ -102,7 +102,10 @@ def risky_parts(
     if os.path.lexists(worktree):
         found.append((worktree, "a worktree's git config"))
     common = os.path.join(git_dir, "commondir")
-    if os.path.lexists(common) and _identity(_commondir(git_dir, common)) not in known:
+    if (
+        os.path.lexists(common)
+        and fsplan.identity(_commondir(git_dir, common), follow=True) not in known
+    ):
         found.append((common, "a worktree's common dir that is not a repository known at launch"))
     return found
 
@@ -155,14 +158,6 @@ def _commondir(git_dir: str, common: str) -> str:
     return os.path.realpath(os.path.join(git_dir, target)) if target else ""
 
 
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    return (st.st_dev, st.st_ino)
-
-
 def findings(
     root: str, scan: fsplan.WorkspaceScan, known: frozenset[tuple[int, int]]
 ) -> list[tuple[str, str]]:
@@ -179,7 +174,7 @@ def findings(
         # one inside is a git dir of this walk, looked at below
         if not target:
             found.append((entry, "a .git entry that is neither a directory nor a gitdir file"))
-        elif not target.startswith(inside) and _identity(target) not in known:
+        elif not target.startswith(inside) and fsplan.identity(target, follow=True) not in known:
             found.append((entry, "a .git entry leading out of the workspace"))
     # a template the run could write (one in the workspace) vouches for nothing
     templates = [d for d in template_dirs() if not os.path.realpath(d).startswith(inside)]
