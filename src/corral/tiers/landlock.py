@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from corral.fsplan import Mount
+    from corral.fsplan import FsPlan, Mount
     from corral.landlock import Ruleset, Tree
     from corral.net.trust import NetExtras
     from corral.policy import Policy
@@ -379,25 +379,7 @@ class LandlockTier(Tier):
             base = "/tmp"
         plan.scratch = os.path.join(base, "corral-scratch-" + facts.token)
         plan.env.setdefault("TMPDIR", plan.scratch)
-        port = None
-        if policy.network.mode == "proxy":
-            from corral.net.door import proxy_env
-            from corral.netns import loopback_services
-
-            port = door_port(door)
-            # No namespace of its own: an allowed host service cannot be served at
-            # its own address, so proxy-aware clients must send it to the proxy.
-            services, _ = loopback_services(policy.network.allow, policy.network.deny)
-            hosts = tuple(dict.fromkeys(h for h, _ in services))
-            plan.env = {**proxy_env(port, port, through_proxy=hosts), **plan.env}
-            if hosts:
-                plan.notes.append(SERVICES_NOTE)
-        bundle = net.ca_bundle if net is not None and port is not None else None
-        if net is not None and port is not None:
-            from corral.net.trust import sandbox_env
-
-            # no mounts: the variables name the host's file, granted below
-            plan.env = sandbox_env(net, plan.env, bundle or "")
+        port, bundle = self._network(plan, policy, door, net)
         # No mounts here: a file a tier would bind in (the agent) is used where it is,
         # readable through its own grant.
         binds = {m.dest: m.src or m.dest for m in extra if m.kind == "ro-bind"}
@@ -407,33 +389,66 @@ class LandlockTier(Tier):
         rules = landlock.build(
             abi, fs.writable, secrets, plan.scratch, port, tree.listdir, tree.is_dir, fs.hardlinks
         )
-        beside = sorted(
-            {os.path.dirname(p) for p in fs.read_deny if any(_within(p, w) for w in fs.writable)}
-        )
-        if beside:
-            plan.notes.append(
-                "landlock: new files created directly in "
-                + ", ".join(beside)
-                + " cannot be read back in this run (a secret file there is hidden, and "
-                "Landlock rights follow directories)"
-            )
-        split = sorted({os.path.dirname(p) for h in fs.hardlinks for p in _parents(h, fs.writable)})
-        if split:
-            plan.notes.append(
-                "landlock: new files created directly in "
-                + ", ".join(split)
-                + " cannot be opened for writing in this run (a hard-linked file below "
-                "is read-only, and Landlock rights follow directories)"
-            )
-        if binds:
-            grants = ((src, landlock.READ_FILE | landlock.EXECUTE) for src in binds.values())
-            rules.paths = sorted({*rules.paths, *grants})
+        plan.notes += _split_notes(fs)
+        grants = [(src, landlock.READ_FILE | landlock.EXECUTE) for src in binds.values()]
         if bundle:
-            rules.paths = sorted({*rules.paths, (bundle, landlock.READ_FILE)})
+            grants.append((bundle, landlock.READ_FILE))
         if layer is not None:
             # created by the launcher after planning (like the scratch directory); a
             # grant rooted inside corral's withheld state directory still holds
-            access = (landlock.READ | landlock.WRITE) & rules.handled_fs
-            rules.paths = sorted({*rules.paths, (layer.path, access)})
+            grants.append((layer.path, (landlock.READ | landlock.WRITE) & rules.handled_fs))
+        if grants:
+            rules.paths = sorted({*rules.paths, *grants})
         plan.strategy = Confined(rules)
         return plan
+
+    def _network(
+        self, plan: Plan, policy: Policy, door: str | None, net: NetExtras | None
+    ) -> tuple[int | None, str | None]:
+        """The proxy's port the ruleset lets the sandbox connect to, and corral's CA
+        bundle it lets it read (None, None without a network)."""
+        if policy.network.mode != "proxy":
+            return None, None
+        from corral.net.door import proxy_env
+        from corral.netns import loopback_services
+
+        port = door_port(door)
+        # No namespace of its own: an allowed host service cannot be served at
+        # its own address, so proxy-aware clients must send it to the proxy.
+        services, _ = loopback_services(policy.network.allow, policy.network.deny)
+        hosts = tuple(dict.fromkeys(h for h, _ in services))
+        plan.env = {**proxy_env(port, port, through_proxy=hosts), **plan.env}
+        if hosts:
+            plan.notes.append(SERVICES_NOTE)
+        if net is None:
+            return port, None
+        from corral.net.trust import sandbox_env
+
+        # no mounts: the variables name the host's file, granted by the ruleset
+        plan.env = sandbox_env(net, plan.env, net.ca_bundle or "")
+        return port, net.ca_bundle
+
+
+def _split_notes(fs: FsPlan) -> list[str]:
+    """What Landlock's rights following directories means for this plan's secrets
+    and hard links in the writable places."""
+    notes = []
+    beside = sorted(
+        {os.path.dirname(p) for p in fs.read_deny if any(_within(p, w) for w in fs.writable)}
+    )
+    if beside:
+        notes.append(
+            "landlock: new files created directly in "
+            + ", ".join(beside)
+            + " cannot be read back in this run (a secret file there is hidden, and "
+            "Landlock rights follow directories)"
+        )
+    split = sorted({os.path.dirname(p) for h in fs.hardlinks for p in _parents(h, fs.writable)})
+    if split:
+        notes.append(
+            "landlock: new files created directly in "
+            + ", ".join(split)
+            + " cannot be opened for writing in this run (a hard-linked file below "
+            "is read-only, and Landlock rights follow directories)"
+        )
+    return notes
