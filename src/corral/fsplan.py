@@ -794,7 +794,7 @@ class _Planner:
         for git_dir in scan.git_dirs:
             self._protect_git_dir(git_dir)
         for path in scan.git_files:  # (a symlink cannot be rewritten in place)
-            if not os.path.islink(path):
+            if not os.path.islink(path) and gitfile_target(path) is not None:
                 self.add_write_deny(path, "a .git file names the repository git uses")
         self.plan.write_protect = sorted(self.ro_binds)
         for path in self.plan.hardlinks:
