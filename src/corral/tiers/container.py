@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from corral.container.bundle import Bundle
     from corral.container.engine import Engine
+    from corral.container.envelope import Spec
     from corral.fsplan import Mount
     from corral.net.trust import NetExtras
     from corral.policy import Policy
@@ -374,32 +375,12 @@ class ContainerTier(Tier):
         spec.cgroup_manager = eng.cgroup_manager
         spec.rootless = eng.rootless
         spec.swap_accounting = eng.swap_accounting
-        spec.ulimits = dict(eng.ulimits)
-        lim = policy.limits
-        pids = lim.get("pids")
-        if eng.runtime == "runsc" and pids is not None and pids < GVISOR_MIN_PIDS:
-            raise RefusedError(
-                f"tier {self.name} with runsc cannot enforce a pids limit of {pids:g}: "
-                "gVisor's own host threads count against it (it fails to start below "
-                f"{GVISOR_MIN_PIDS}), so the limit bounds the sandbox, not its processes"
-            )
-        enforce = self._bounds(plan, eng, facts.limits_problem)
-        if eng.runtime == "runsc":
-            # gVisor applies rlimits in its own kernel, where the host's ceiling does
-            # not bind
-            spec.ulimits = {}
+        self._limits(plan, policy, facts, spec)
         spec.name = f"corral-{suffix}"
         # the workspace label lets `podman ps --filter label=corral.workspace=DIR`
         # find one project's sandboxes (and tests find their own, not a neighbour's)
         spec.labels = {"corral": "1", "corral.workspace": policy.workspace}
         spec.uid, spec.gid = facts.uid, facts.gid
-        if enforce:
-            spec.memory = int(lim.get("memory") or 0)
-            spec.pids = int(lim.get("pids") or 0)
-            spec.cpus = float(lim.get("cpus") or 0.0)
-        tmp, shm = lim.get("tmp"), lim.get("shm")
-        spec.tmp = None if tmp is None else int(tmp)
-        spec.shm = None if shm is None else int(shm)
         spec.seccomp = f"{scratch}/seccomp.json"
         spec.mounts = plan.mounts
         spec.roots = roots
@@ -419,12 +400,23 @@ class ContainerTier(Tier):
         # a terminal on stdin gets a terminal inside (the engine's own pty, not
         # ours: TIOCSTI there cannot reach the caller's); the agent speaks frames
         spec.tty = not extra and facts.stdin_tty
+        self._envelope(plan, spec, facts, scratch, image)
+        return plan
+
+    def _envelope(
+        self, plan: Plan, spec: Spec, facts: ContainerFacts, scratch: str, image: str
+    ) -> None:
+        """The engine's argv from the spec, the files the launcher writes in the
+        scratch directory first, and how the run is started and removed."""
+        from corral.container import envelope
+        from corral.container.seccomp_oci import dumps, profile
+
+        eng = facts.engine
+        assert eng is not None
         try:
             plan.argv = envelope.run_argv(spec, mask_file=f"{scratch}/mask")
         except ValueError as exc:
             raise RefusedError(f"tier {self.name}: {exc}") from None
-        from corral.container.seccomp_oci import dumps, profile
-
         plan.scratch = scratch
         plan.prepare = [
             ("env", env_file(plan.env), 0o600),
@@ -441,7 +433,29 @@ class ContainerTier(Tier):
             f"{eng.name} with runtime {eng.runtime}, image {image}; the host's / is not "
             "visible, only the workspace and writable paths are bound in"
         )
-        return plan
+
+    def _limits(self, plan: Plan, policy: Policy, facts: ContainerFacts, spec: Spec) -> None:
+        """The engine's bounds: memory, pids and cpus when this host can enforce them
+        (:meth:`_bounds`), the rlimits, the private tmpfs and shm sizes."""
+        eng = facts.engine
+        assert eng is not None
+        lim = policy.limits
+        pids = lim.get("pids")
+        if eng.runtime == "runsc" and pids is not None and pids < GVISOR_MIN_PIDS:
+            raise RefusedError(
+                f"tier {self.name} with runsc cannot enforce a pids limit of {pids:g}: "
+                "gVisor's own host threads count against it (it fails to start below "
+                f"{GVISOR_MIN_PIDS}), so the limit bounds the sandbox, not its processes"
+            )
+        # gVisor applies rlimits in its own kernel, where the host's ceiling does not bind
+        spec.ulimits = {} if eng.runtime == "runsc" else dict(eng.ulimits)
+        if self._bounds(plan, eng, facts.limits_problem):
+            spec.memory = int(lim.get("memory") or 0)
+            spec.pids = int(lim.get("pids") or 0)
+            spec.cpus = float(lim.get("cpus") or 0.0)
+        tmp, shm = lim.get("tmp"), lim.get("shm")
+        spec.tmp = None if tmp is None else int(tmp)
+        spec.shm = None if shm is None else int(shm)
 
     def _lay_out(
         self, plan: Plan, policy: Policy, facts: ContainerFacts, own: list[Mount]
