@@ -72,7 +72,9 @@ def _walk(path: str) -> Tree | None:
             if total > MAX_BYTES:
                 raise TooLarge(f"{path} holds more than {MAX_BYTES >> 20} MiB")
             tree[rel] = ("f", stat.S_IMODE(st.st_mode), data, *times)
-        else:  # fifo/socket/device
+        elif stat.S_ISFIFO(st.st_mode):  # made again on restore (empty, like any FIFO)
+            tree[rel] = ("p", stat.S_IMODE(st.st_mode), b"", *times)
+        else:  # socket/device
             tree[rel] = ("o", stat.S_IMODE(st.st_mode), b"", *times)
 
     try:
@@ -102,6 +104,8 @@ def _write(path: str, tree: Tree) -> None:
             os.mkdir(full, mode)
         elif kind == "l":
             os.symlink(data.decode(), full)
+        elif kind == "p":
+            os.mkfifo(full, mode)
         elif kind == "f":
             fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
             try:
@@ -109,12 +113,12 @@ def _write(path: str, tree: Tree) -> None:
             finally:
                 os.close(fd)
     for rel, (kind, mode, _, _, _) in tree.items():  # modes the umask narrowed
-        if kind in "df":
+        if kind in "dfp":
             os.chmod(os.path.join(path, rel) if rel else path, mode)
     # times last, deepest first: making an entry moves its directory's times
     for rel in sorted(tree, reverse=True):
         kind, _, _, mtime, atime = tree[rel]
-        if kind in "dfl":
+        if kind in "dflp":
             full = os.path.join(path, rel) if rel else path
             os.utime(full, ns=(atime, mtime), follow_symlinks=False)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import threading
 import time
@@ -372,6 +373,29 @@ def test_fifos_where_git_keeps_files_do_not_hold_corral(tsandbox: tuple[Corral, 
     os.mkfifo(ws / "p" / ".git")  # one a run left (or the user made): read at launch
     c.chown(ws)
     again = c.run(["run", "-q", "--", "echo", "next=ok"], cwd=ws, timeout=30)
+    assert again.stdout == b"next=ok\n", again.stderr
+
+
+def test_a_fifo_where_corral_protects_a_path_never_holds_a_run(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """A FIFO at a write-deny path (.envrc): gVisor's gofer opened it and waited
+    for ever, and the stuck container outlived corral.  gVisor now refuses at
+    once, naming it; the other tiers keep it protected.  Twin: without the FIFO,
+    the same run starts."""
+    c, ws = tsandbox
+    os.mkfifo(ws / ".envrc")
+    c.chown(ws)
+    r = c.run(["run", "-q", "--", "sh", "-c", "rm -f .envrc; echo ran"], cwd=ws, timeout=60)
+    if is_gvisor(c):
+        assert r.returncode == 122, r.stderr
+        assert f"{ws}/.envrc (write-deny): it is a FIFO".encode() in r.stderr, r.stderr
+        assert b"ran" not in r.stdout
+    else:
+        assert r.stdout == b"ran\n", r.stderr
+    assert stat.S_ISFIFO(os.lstat(ws / ".envrc").st_mode)  # not removed from inside
+    os.unlink(ws / ".envrc")
+    again = c.run(["run", "-q", "--", "echo", "next=ok"], cwd=ws, timeout=60)
     assert again.stdout == b"next=ok\n", again.stderr
 
 

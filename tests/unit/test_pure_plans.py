@@ -257,6 +257,22 @@ def test_gvisor_plan_drops_a_masked_socket_the_facts_name() -> None:
     assert Mount("mask-dir", f"{HOME}/.ssh") in plan.mounts
 
 
+def test_gvisor_refuses_to_mount_over_a_fifo_the_facts_name() -> None:
+    """gVisor's gofer would wait for ever on the FIFO; leaving the mount out would
+    leave the path unprotected.  Twin: the same plan on runc keeps the mount."""
+    fs = fs_plan()
+    fs.mounts.append(Mount("ro-bind", f"{WS}/.envrc", f"{WS}/.envrc", why="write-deny"))
+    fifo = frozenset({f"{WS}/.envrc"})
+    with pytest.raises(RefusedError, match=r"\.envrc \(write-deny\): it is a FIFO"):
+        GVisorTier().plan(
+            policy(), ["true"], host=container_facts(engine=fake_engine("runsc"), fs=fs, fifos=fifo)
+        )
+    plan = ContainerTier().plan(
+        policy(), ["true"], host=container_facts(engine=fake_engine("runc"), fs=fs, fifos=fifo)
+    )
+    assert Mount("ro-bind", f"{WS}/.envrc", f"{WS}/.envrc") in plan.mounts
+
+
 def test_gvisor_refuses_a_socket_in_the_workspace_with_a_network() -> None:
     pol = policy()
     pol.network.mode, pol.network.allow = "proxy", ["a.test"]

@@ -165,9 +165,19 @@ class EngineLaunch(LaunchStrategy):
 class ContainerFacts(HostFacts):
     """The container tier's host: the engine and runtime chosen (or why none can
     be), whether it can enforce limits for this user, the host Python it binds
-    in, where the per-run files go, and which masked paths are unix sockets."""
+    in, where the per-run files go, which masked paths are unix sockets, and which
+    mount targets are FIFOs or device nodes (gVisor only: its gofer opens every
+    target, and an open of a FIFO waits for a writer that never comes)."""
 
-    __slots__ = ("bundle", "engine", "engine_why", "limits_problem", "sockets", "tmpdir")
+    __slots__ = (
+        "bundle",
+        "engine",
+        "engine_why",
+        "fifos",
+        "limits_problem",
+        "sockets",
+        "tmpdir",
+    )
 
     def __init__(
         self,
@@ -178,6 +188,7 @@ class ContainerFacts(HostFacts):
         bundle: Bundle | None = None,
         tmpdir: str = "/tmp",
         sockets: frozenset[str] = frozenset(),
+        fifos: frozenset[str] = frozenset(),
         **common: Any,
     ) -> None:
         super().__init__(**common)
@@ -187,6 +198,7 @@ class ContainerFacts(HostFacts):
         self.bundle = bundle
         self.tmpdir = tmpdir
         self.sockets = sockets
+        self.fifos = fifos
 
 
 def _seccomp_rules(runtime: str) -> tuple[SyscallRule, ...]:
@@ -308,14 +320,17 @@ class ContainerTier(Tier):
         facts.tmpdir = _tmpdir()
         facts.stdin_tty = os.isatty(0)
         if facts.engine.runtime == "runsc":
-            found = set()
+            sockets, fifos = set(), set()
             for m in facts.fs.mounts:
                 try:
-                    if m.kind == "mask-file" and stat.S_ISSOCK(os.lstat(m.dest).st_mode):
-                        found.add(m.dest)
+                    mode = os.lstat(m.dest).st_mode
                 except OSError:
-                    pass
-            facts.sockets = frozenset(found)
+                    continue
+                if m.kind == "mask-file" and stat.S_ISSOCK(mode):
+                    sockets.add(m.dest)
+                elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+                    fifos.add(m.dest)
+            facts.sockets, facts.fifos = frozenset(sockets), frozenset(fifos)
         return facts
 
     def plan(
@@ -469,6 +484,7 @@ class ContainerTier(Tier):
         mounts = list(fs.mounts)
         if eng.runtime == "runsc":
             mounts = self._gvisor_sockets(policy, mounts, facts.sockets)
+            self._gvisor_fifos(mounts, facts.fifos)
         roots = [*fs.writable, INSIDE]
         layer = facts.home
         first: list[Mount] = []
@@ -530,6 +546,19 @@ class ContainerTier(Tier):
                 "remove it, or use --oci-runtime runc"
             )
         return kept
+
+    def _gvisor_fifos(self, mounts: list[Mount], fifos: frozenset[str]) -> None:
+        """Refuse a mount over a FIFO or a device node (``fifos``: those among the
+        targets on this host).  gVisor's gofer opens every mount target, and the
+        open of a FIFO waits for ever, with runsc holding its lock: the run would
+        never start.  Leaving the mount out would leave that path unprotected."""
+        for m in mounts:
+            if m.dest in fifos:
+                raise RefusedError(
+                    f"tier {self.name} cannot protect {m.dest} ({m.why or m.kind}): it is a "
+                    "FIFO or a device node, and gVisor waits for ever on one it mounts over; "
+                    "remove it, or use --oci-runtime runc"
+                )
 
     def _through_door(
         self,
