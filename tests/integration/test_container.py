@@ -187,3 +187,48 @@ def test_sandbox_is_lazy_shared_restarted_and_removed(policy: object) -> None:
 
 def test_tiers_cases_are_listed() -> None:
     assert {c.id for c in CASES} >= {"container", "gvisor"}
+
+
+RUNSC = ["podman", "--cgroup-manager=cgroupfs", "--runtime=/usr/bin/runsc"]
+
+
+def _left_then_cleaned(fifo: Path, stuck: bool) -> None:
+    """Start a container (``stuck``: with a mount over the FIFO), kill its client,
+    run corral's cleanup, and check nothing of it is left."""
+    from corral.container import leftovers
+    from corral.tiers.container import EngineLaunch
+
+    name = f"corral-leftover-{uuid.uuid4().hex[:8]}"
+    mounts = ["--mount", f"type=bind,src={fifo},dst={fifo},ro"] if stuck else []
+    run = [*RUNSC, "run", "--rm", "--name", name, "--network=none", *mounts]
+    client = subprocess.Popen(
+        [*run, TEST_IMAGE, "sleep", "600"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    up = "runsc-gofer" if stuck else "sleep 600"
+    assert wait_for(lambda: pids_matching(f"conmon .*{name}") and pids_matching(up), 30)
+    client.kill()
+    client.wait()
+    ids, pids, _ = leftovers.find(name)
+    assert ids and pids
+    remove = [*RUNSC, "rm", "--force", "--ignore", "--time=0", name]
+    EngineLaunch(dict(os.environ), "", remove).cleanup(None, clean=False)  # type: ignore[arg-type]
+    assert wait_for(lambda: not leftovers.find(name)[1], 10), name
+    assert wait_for(lambda: not any(pids_matching(i) for i in ids), 10)
+    state = [e for e in os.listdir("/var/run/runsc") if any(e.startswith(i) for i in ids)]
+    assert not state, state
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not any(runtime(c) == "runsc" for c in CONTAINER_CASES), reason="no runsc here")
+def test_a_runtime_hung_before_the_start_leaves_nothing(tmp_path: Path) -> None:
+    """A container whose runtime hangs in ``runsc create`` (its gofer waiting on a
+    FIFO mounted over: made by hand, corral refuses such a plan) survives
+    ``podman rm --force``: conmon, runsc, the gofer and the sandbox kept running
+    with runsc's lock held.  corral's cleanup ends them.  Twin: the same cleanup
+    of a container that started normally leaves nothing either."""
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    _left_then_cleaned(fifo, stuck=True)
+    _left_then_cleaned(fifo, stuck=False)

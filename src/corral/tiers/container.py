@@ -141,10 +141,14 @@ class EngineLaunch(LaunchStrategy):
         return True  # the container outlives a killed client
 
     def cleanup(self, plan: Plan, clean: bool) -> None:
-        """A killed client leaves its container behind: remove it, quietly, bounded."""
+        """A killed client leaves its container behind: remove it, quietly, bounded.
+        A runtime that hung before the container started outlives the engine's
+        removal: its processes are ended by the container's ID (see leftovers)."""
         if clean:
             return
         import subprocess
+
+        from corral.container import leftovers
 
         try:
             subprocess.run(
@@ -157,6 +161,7 @@ class EngineLaunch(LaunchStrategy):
             )
         except (OSError, subprocess.TimeoutExpired):
             pass
+        leftovers.end(*leftovers.find(self.remove[-1]))  # (the name ends the argv)
 
     def describe(self) -> list[str]:
         return ["if killed: " + " ".join(self.remove)]
