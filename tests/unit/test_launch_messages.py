@@ -88,6 +88,12 @@ def test_a_host_path_that_changed_during_setup_is_a_race_others_are_not() -> Non
     assert raced(["bwrap: Can't create file at /srv/x.sock: Read-only file system"])
     assert raced(["bwrap: Can't find source path /srv/x.sock: No such file or directory"])
     assert raced(["bwrap: Can't mkdir parents for /srv/a/b: Permission denied"])
+    assert raced(
+        [
+            "bwrap: Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: "
+            'remount "/newroot/var/lib/containers/storage/overlay/b4/merged": Invalid argument'
+        ]
+    )
     # twins: failures planning again cannot fix
     assert not raced(["bwrap: Creating new namespace failed: Operation not permitted"])
     assert not raced(["bwrap: execvp nosuch: No such file or directory"])
