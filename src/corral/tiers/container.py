@@ -206,6 +206,21 @@ class ContainerFacts(HostFacts):
         self.fifos = fifos
 
 
+def _engine_spec(eng: Engine, image: str, argv: list[str], name: str) -> Spec:
+    """The envelope's spec as far as the engine and runtime chosen decide it."""
+    from corral.container.envelope import Spec
+
+    spec = Spec(eng.path, image, argv)
+    spec.engine_name = eng.name
+    spec.runtime = eng.runtime_path
+    spec.runtime_name = eng.runtime
+    spec.cgroup_manager = eng.cgroup_manager
+    spec.rootless = eng.rootless
+    spec.swap_accounting = eng.swap_accounting
+    spec.name = name
+    return spec
+
+
 def _seccomp_rules(runtime: str) -> tuple[SyscallRule, ...]:
     """corral's deny list for the engine's profile.  gVisor answers a filtered clone3
     with EPERM whatever errno the profile names, so glibc never falls back to
@@ -348,7 +363,6 @@ class ContainerTier(Tier):
         net: NetExtras | None = None,
         host: HostFacts | None = None,
     ) -> Plan:
-        from corral.container import envelope
         from corral.fsplan import Mount
 
         facts = host if isinstance(host, ContainerFacts) else self.gather(policy)
@@ -388,15 +402,8 @@ class ContainerTier(Tier):
         keep = ",".join(str(n) for n in sorted(pass_fds)) or "-"
         full = [*bundle.argv, "-I", "-S", BOOT, ENV_FILE, report, keep, "--", *inner]
         roots = self._lay_out(plan, policy, facts, [*own, *extra])
-        spec = envelope.Spec(eng.path, image, full)
-        spec.engine_name = eng.name
-        spec.runtime = eng.runtime_path
-        spec.runtime_name = eng.runtime
-        spec.cgroup_manager = eng.cgroup_manager
-        spec.rootless = eng.rootless
-        spec.swap_accounting = eng.swap_accounting
+        spec = _engine_spec(eng, image, full, f"corral-{suffix}")
         self._limits(plan, policy, facts, spec)
-        spec.name = f"corral-{suffix}"
         # the workspace label lets `podman ps --filter label=corral.workspace=DIR`
         # find one project's sandboxes (and tests find their own, not a neighbour's)
         spec.labels = {"corral": "1", "corral.workspace": policy.workspace}
