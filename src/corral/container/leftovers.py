@@ -44,9 +44,7 @@ def container_ids(name: str, argvs: dict[int, list[str]]) -> set[str]:
 
 def holders(ids: set[str], argvs: dict[int, list[str]]) -> list[int]:
     """The pids whose arguments carry one of ``ids`` (pure)."""
-    return sorted(
-        pid for pid, argv in argvs.items() if any(i in a for a in argv for i in ids) and ids
-    )
+    return sorted(pid for pid, argv in argvs.items() if any(i in a for a in argv for i in ids))
 
 
 def runtime_roots(pids: list[int], argvs: dict[int, list[str]]) -> set[str]:
