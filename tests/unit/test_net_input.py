@@ -119,8 +119,11 @@ async def world(
     hosts: dict[str, str] | None = None,
     origin_host: str = "127.0.0.1",
     hooks: list[Hook] | None = None,
+    stand_in: str | None = None,
     **timeouts: float,
 ) -> AsyncIterator[World]:
+    """``stand_in``: captured connections were going to the stand-in address the
+    resolver handed out for that name (else to the origin's own address)."""
     here = Path(tempfile.mkdtemp(dir=tmp_path))
     origin = await Origin(origin_host).start()
     rules = HostRules.parse([a.format(port=origin.port) for a in allow], [])
@@ -136,9 +139,12 @@ async def world(
     sock.listen(16)
     unix = await proxy.serve_unix(sock, RUN_ID)
     listener = socket.create_server(("127.0.0.1", 0))
-    capture = await proxy.serve_capture(
-        listener, RUN_ID, original=lambda _sock: ("127.0.0.1", origin.port)
-    )
+
+    def original(_sock: object) -> tuple[str, int]:
+        address = proxy.pool(RUN_ID).address_for(stand_in) if stand_in else "127.0.0.1"
+        return address, origin.port
+
+    capture = await proxy.serve_capture(listener, RUN_ID, original=original)
     w = World(
         origin,
         proxy,
@@ -176,12 +182,10 @@ class Outcome:
         return f"Outcome(reached={self.reached}, answer={self.answer!r})"
 
 
-GET_PATH = b"GET /named HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-
-
-async def _through(reader: aio.StreamReader, writer: aio.StreamWriter) -> bool:
-    """One GET inside an open tunnel; then close it, so that its audit line is written."""
-    writer.write(GET_PATH)
+async def _through(reader: aio.StreamReader, writer: aio.StreamWriter, name: bytes) -> bool:
+    """One GET inside an open tunnel (its Host the tunnel's name, as clients send);
+    then close it, so that its audit line is written."""
+    writer.write(b"GET /named HTTP/1.1\r\nHost: " + name + b"\r\nConnection: close\r\n\r\n")
     response = await read_response(reader)
     writer.close()
     return response.status == 200 and b"hello from origin" in response.body
@@ -204,7 +208,7 @@ async def via_connect(w: World, name: bytes) -> Outcome:
     status = int(head.split(b" ")[1])
     if status != 200:
         return Outcome(False, status)
-    return Outcome(await _through(reader, writer), status)
+    return Outcome(await _through(reader, writer, name), status)
 
 
 async def via_socks5(w: World, name: bytes) -> Outcome:
@@ -214,7 +218,7 @@ async def via_socks5(w: World, name: bytes) -> Outcome:
     reply = await reader.readexactly(10)
     if reply[1] != 0:
         return Outcome(False, reply[1])
-    return Outcome(await _through(reader, writer), 0)
+    return Outcome(await _through(reader, writer, name), 0)
 
 
 def capture_frame(port: int) -> bytes:

@@ -777,9 +777,9 @@ def test_connect_to_bad_authority_is_400(tmp_path: Path) -> None:
 
 
 async def http_through_socks(
-    reader: aio.StreamReader, writer: aio.StreamWriter, path: str
+    reader: aio.StreamReader, writer: aio.StreamWriter, path: str, host: str = "x"
 ) -> Response:
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
     response = await read_response(reader)
     writer.write_eof()
     return response
@@ -791,7 +791,7 @@ def test_socks5_connect_with_domain_name(tmp_path: Path) -> None:
             reader, writer = await w.connect()
             code = await socks_request(reader, writer, socks_domain("localhost"), w.origin.port)
             assert code == 0x00
-            response = await http_through_socks(reader, writer, "/socks-name")
+            response = await http_through_socks(reader, writer, "/socks-name", "localhost")
             assert response.body == b"hello from origin /socks-name\n"
             assert w.origin.paths == ["/socks-name"]
             (line,) = await w.wait_audit(1)

@@ -913,8 +913,9 @@ class Proxy:
             await self.refuse_http(writer, dest, exc, started)
             return
         writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-        up, down = await tunnel(reader, writer, upstream)
-        self.log(dest, upstream.verdict, 200, up, down, started, upstream.address)
+        up, down = await tunnel(reader, writer, upstream, name=dest.host)
+        status = 200 if upstream.verdict.allowed else 403
+        self.log(dest, upstream.verdict, status, up, down, started, upstream.address)
 
     # -- SOCKS5 ----------------------------------------------------------------------
 
@@ -978,8 +979,9 @@ class Proxy:
             writer.write(_socks_reply(code))
             return
         writer.write(_socks_reply(SOCKS_OK))
-        up, down = await tunnel(reader, writer, upstream)
-        self.log(dest, upstream.verdict, SOCKS_OK, up, down, started, upstream.address)
+        up, down = await tunnel(reader, writer, upstream, name=dest.host)
+        code = SOCKS_OK if upstream.verdict.allowed else SOCKS_NOT_ALLOWED
+        self.log(dest, upstream.verdict, code, up, down, started, upstream.address)
 
     # -- host services at their own address ------------------------------------------------
 
@@ -1101,26 +1103,21 @@ class Proxy:
         clock.since = 0.0  # the peek below has its own bound
         named = self.pool(run_id).name_for(address)
         early = await _peek(reader)
-        try:
-            claimed = _claimed_name(early)
-        except BadName as exc:
-            raw = sniff.tls_server_name(early) or sniff.raw_http_host(early) or ""
-            verdict, shown = self.refuse_name(run_id, "transparent", raw, port, exc, 400)
-            if sniff.is_http_request(early):
-                await _send_denial(writer, 400, verdict, shown, port)
-            return
+        found = sniff.claim(early, final=True)
+        asked: set[str] = set()
+        for raw in found.names:
+            try:
+                asked.add(normalize(raw))
+            except BadName as exc:
+                verdict, shown = self.refuse_name(run_id, "transparent", raw, port, exc, 400)
+                if sniff.is_http_request(early):
+                    await _send_denial(writer, 400, verdict, shown, port)
+                return
+        claimed = min(asked) if len(asked) == 1 else None
         dest = Destination(run_id, "transparent", named or claimed or address, port)
-        if named and claimed and claimed != named:
-            # The stand-in address was handed out for `named`; a different SNI or
-            # Host would be domain fronting through an allowed name.
-            verdict = Verdict(
-                False, "name-mismatch", f"connected to {named} but asked for {claimed}"
-            )
-            await self._refuse_captured(writer, dest, verdict, 403, early, started)
-            return
-        if named is None and _in_pool(address):
-            verdict = Verdict(False, "default", "stand-in address from an earlier run")
-            await self._refuse_captured(writer, dest, verdict, 403, early, started)
+        refusal = _captured_refusal(found, asked, named, address)
+        if refusal is not None:
+            await self._refuse_captured(writer, dest, refusal, 403, early, started)
             return
         if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
             verdict = await self.decide(dest)
@@ -1134,8 +1131,10 @@ class Proxy:
         except Refused as exc:
             await self._refuse_captured(writer, dest, exc.verdict, exc.status, early, started)
             return
-        up, down = await tunnel(reader, writer, upstream, early)
-        self.log(dest, upstream.verdict, 200, up + len(early), down, started, upstream.address)
+        # nothing sent in time: the stand-in's name still binds what comes later
+        up, down = await tunnel(reader, writer, upstream, early, None if early else named)
+        status = 200 if upstream.verdict.allowed else 403
+        self.log(dest, upstream.verdict, status, up + len(early), down, started, upstream.address)
 
     async def _refuse_captured(
         self,
@@ -1214,7 +1213,7 @@ async def _peek(reader: aio.StreamReader) -> bytes:
     """What a captured client sends first (a TLS ClientHello, an HTTP head), if anything."""
     early = b""
     try:
-        while len(early) < PEEK_LIMIT and not sniff.looks_complete(early):
+        while len(early) < PEEK_LIMIT and sniff.claim(early).state == "wait":
             chunk = await aio.wait_for(reader.read(PEEK_LIMIT), PEEK_TIMEOUT)
             if not chunk:
                 break
@@ -1224,14 +1223,21 @@ async def _peek(reader: aio.StreamReader) -> bytes:
     return early
 
 
-def _claimed_name(early: bytes) -> str | None:
-    """The normalized name a captured client asks for (SNI, else Host); BadName if
-    the name it gives cannot be one destination."""
-    server_name = sniff.tls_server_name(early)
-    if server_name is not None:
-        return normalize(server_name)
-    host = sniff.http_host(early)
-    return normalize(host) if host is not None else None
+def _captured_refusal(
+    found: sniff.Claim, asked: set[str], named: str | None, address: str
+) -> Verdict | None:
+    """Why a captured connection is refused before it is decided, if it is."""
+    if found.state == "unreadable":
+        return Verdict(False, "name-unreadable", found.reason)
+    if len(asked) > 1:
+        return Verdict(False, "name-mismatch", f"asked for {' and '.join(sorted(asked))} at once")
+    if named and asked and named not in asked:
+        # The stand-in address was handed out for `named`; a different SNI or
+        # Host would be domain fronting through an allowed name.
+        return Verdict(False, "name-mismatch", f"connected to {named} but asked for {min(asked)}")
+    if named is None and _in_pool(address):
+        return Verdict(False, "default", "stand-in address from an earlier run")
+    return None
 
 
 def _always() -> bool:
@@ -1350,19 +1356,55 @@ class _Pump(aio.BufferedProtocol):
         self.count = 0
         self.eof = False
         self.partner: _Pump | None = None
+        self.hold: _Hold | None = None  # the client's side of a tunnel to a name
+        self.refused: Verdict | None = None
 
     def data_received(self, data: bytes) -> None:
         self.count += len(data)
-        self.peer.write(data)
+        if self.hold is None:
+            self.peer.write(data)
+        else:
+            self.held(data)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return aio.READ_BUFFER
 
     def buffer_updated(self, nbytes: int) -> None:
         self.count += nbytes
-        self.peer.write(aio.READ_BUFFER[:nbytes])  # sent now, or the rest copied
+        if self.hold is None:
+            self.peer.write(aio.READ_BUFFER[:nbytes])  # sent now, or the rest copied
+        else:
+            self.held(bytes(aio.READ_BUFFER[:nbytes]))
+
+    def held(self, data: bytes, final: bool = False) -> None:
+        """Hold the first bytes until they show the name they ask for: pass them
+        on if it is the tunnel's, else refuse (an HTTP client reads why)."""
+        hold = self.hold
+        assert hold is not None
+        verdict = hold.feed(data, final)
+        if verdict is None:
+            if hold.timer is None:  # bytes that stay unfinished are unreadable
+                hold.timer = aio.get_running_loop().call_later(PEEK_TIMEOUT, self.expire)
+            return
+        self.hold = None
+        if hold.timer is not None:
+            hold.timer.cancel()
+        if verdict.allowed:
+            self.peer.write(hold.data)
+            return
+        self.refused = verdict
+        if sniff.is_http_request(hold.data):
+            body = _denial_record(verdict, hold.name, hold.port)
+            self.transport.write(_denial(403, verdict.rule, body, b"application/json"))
+        self.finish()
+
+    def expire(self) -> None:
+        if self.hold is not None:
+            self.held(b"", final=True)
 
     def eof_received(self) -> bool:
+        if self.hold is not None:
+            self.held(b"", final=True)
         self.eof = True
         if self.peer.can_write_eof() and not self.peer.is_closing():
             self.peer.write_eof()
@@ -1389,14 +1431,57 @@ class _Pump(aio.BufferedProtocol):
             self.done.set_result(None)
 
 
+class _Hold:
+    """A tunnel's first client bytes, until they say which name they ask for.
+
+    A tunnel to a name goes to that name's address, but a CDN serves whichever
+    of its sites the ClientHello's SNI (or the Host) asks for: another name there
+    is domain fronting, refused as ``name-mismatch``; bytes that look like TLS or
+    HTTP but cannot be read are refused as ``name-unreadable``.  A tunnel to an
+    address was allowed as that address: it has no name to hold to."""
+
+    __slots__ = ("data", "name", "port", "timer")
+
+    def __init__(self, name: str, port: int) -> None:
+        self.name = name
+        self.port = port
+        self.data = b""
+        self.timer: aio.Handle | None = None
+
+    def feed(self, data: bytes, final: bool) -> Verdict | None:
+        """None while more bytes could change the answer; then the verdict."""
+        self.data += data
+        found = sniff.claim(self.data, final or len(self.data) >= PEEK_LIMIT)
+        if found.state == "wait":
+            return None
+        if found.state == "unreadable":
+            return Verdict(False, "name-unreadable", f"{found.reason}, in a tunnel to {self.name}")
+        for raw in found.names:
+            try:
+                asked = normalize(raw)
+            except BadName as exc:
+                return Verdict(False, "name-mismatch", f"a tunnel to {self.name} asked for {exc}")
+            if asked != self.name:
+                return Verdict(
+                    False, "name-mismatch", f"connected to {self.name} but asked for {asked}"
+                )
+        return _HELD_OK
+
+
+_HELD_OK = Verdict(True, "name", "the first bytes ask for the tunnel's name")
+
+
 async def tunnel(
     client_r: aio.StreamReader,
     client_w: aio.StreamWriter,
     upstream: Upstream,
     first_up: bytes = b"",
+    name: str | None = None,
 ) -> tuple[int, int]:
     """Splice the client and a bare upstream transport until both sides are done;
-    returns (bytes up, bytes down).  ``first_up`` was read from the client already."""
+    returns (bytes up, bytes down).  ``first_up`` was read from the client already.
+    ``name``: the client's first bytes must ask for it (see _Hold); a refusal
+    ends the tunnel and becomes ``upstream.verdict``."""
     client = client_w.transport
     server = upstream.transport
     holding = upstream.holding
@@ -1405,6 +1490,8 @@ async def tunnel(
     up = _Pump(client, server, done)  # reads the client, writes the server
     down = _Pump(server, client, done)
     up.partner, down.partner = down, up
+    if name is not None and not ip.is_address(name):
+        up.hold = _Hold(name, upstream.port)
     early_up = first_up + client_r.take_buffered()
     early_down = bytes(holding.buffer)
     client_eof = client_r.at_eof()
@@ -1428,6 +1515,10 @@ async def tunnel(
     finally:
         client.close()
         server.close()
+        if up.hold is not None and up.hold.timer is not None:
+            up.hold.timer.cancel()
+    if up.refused is not None:
+        upstream.verdict = up.refused
     return up.count, down.count
 
 
@@ -1471,27 +1562,36 @@ async def _send_denial(
         text = f"corral: denied by the sandbox's policy ({verdict.rule}): {verdict.reason}\n"
         body, kind = text.encode("utf-8", "replace"), b"text/plain; charset=utf-8"
     else:
-        record = {
-            "decision": "deny",
-            "rule": verdict.rule,
-            "reason": verdict.reason,
-            "host": host,
-            "port": port,
-        }
-        body, kind = (dumps(record) + "\n").encode(), b"application/json"
-    headers = [
-        (b"content-type", kind),
-        (b"content-length", str(len(body)).encode()),
-        (b"x-corral-decision", f"deny; rule={verdict.rule}".encode("ascii", "replace")),
-    ]
-    if status != 403:
-        headers.append((b"connection", b"close"))
-    first = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}".encode()
-    writer.write(http1.serialize_head(first, headers) + body)
+        body, kind = _denial_record(verdict, host, port), b"application/json"
+    writer.write(_denial(status, verdict.rule, body, kind))
     try:
         await writer.drain()
     except ConnectionError:
         pass
+
+
+def _denial(status: int, rule: str, body: bytes, kind: bytes) -> bytes:
+    headers = [
+        (b"content-type", kind),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-corral-decision", f"deny; rule={rule}".encode("ascii", "replace")),
+    ]
+    if status != 403:
+        headers.append((b"connection", b"close"))
+    first = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}".encode()
+    return http1.serialize_head(first, headers) + body
+
+
+def _denial_record(verdict: Verdict, host: str, port: int) -> bytes:
+    """The JSON body of a refusal an HTTP client reads."""
+    record = {
+        "decision": "deny",
+        "rule": verdict.rule,
+        "reason": verdict.reason,
+        "host": host,
+        "port": port,
+    }
+    return (dumps(record) + "\n").encode()
 
 
 _REASONS = {

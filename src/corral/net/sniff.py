@@ -4,50 +4,182 @@ In transparent mode a client did not tell a proxy where it goes; its first
 bytes usually do: a TLS ClientHello carries the server name (SNI), an HTTP/1
 request carries a Host header.  Neither is trusted to pick the *address*: the
 proxy resolves the name itself.
+
+The same bytes guard an opaque tunnel: a CONNECT (or SOCKS5) to an allowed
+name whose ClientHello or Host asks for another name is domain fronting, since
+a CDN routes by what the client asks for, not by the address it dialled.
+:func:`claim` reads them fail-closed: bytes that start like TLS or HTTP but
+cannot be read (a ClientHello split over records it cannot join, a request
+line still unfinished when time runs out) are *unreadable*, never "no name".
 """
 
 from __future__ import annotations
 
 import struct
 
+TLS_HANDSHAKE = 0x16
+MAX_HELLO = 16 * 1024  # bigger than any real ClientHello (post-quantum key shares: ~2 KB)
+_TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
-def tls_server_name(data: bytes) -> str | None:
-    """SNI host name of a TLS ClientHello at the start of ``data``, if complete."""
+
+class Claim:
+    """What a client's first bytes ask for.  ``state``: "wait" (more bytes could
+    change the answer), "names" (every name they give, raw), "none" (they give no
+    name: another protocol, or TLS without SNI) or "unreadable" (``reason``).
+    (A plain class: the proxy's hot path does not import typing.)"""
+
+    __slots__ = ("names", "reason", "state")
+
+    def __init__(self, state: str, names: tuple[str, ...] = (), reason: str = "") -> None:
+        self.state = state
+        self.names = names
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Claim({self.state!r}, {self.names!r}, {self.reason!r})"
+
+
+WAIT = Claim("wait")
+NONE = Claim("none")
+
+
+def claim(data: bytes, final: bool = False) -> Claim:
+    """The names ``data`` asks for; ``final``: no more bytes will come in time
+    (then an unfinished ClientHello or request head is unreadable, not a wait)."""
+    if not data:
+        return NONE if final else WAIT
+    found = _tls_claim(data) if data[0] == TLS_HANDSHAKE else _http_claim(data)
+    if found.state == "wait" and final:
+        what = "ClientHello" if data[0] == TLS_HANDSHAKE else "HTTP request head"
+        return Claim("unreadable", reason=f"an unfinished {what}")
+    return found
+
+
+def _tls_claim(data: bytes) -> Claim:
+    """Join the handshake records at the start of ``data`` into the ClientHello
+    (a client may split it over several, and servers join them), then read its SNI."""
+    hello = b""
+    at = 0
+    while len(hello) < 4 or len(hello) < 4 + int.from_bytes(hello[1:4], "big"):
+        if len(data) < at + 5:
+            return WAIT
+        if data[at] != TLS_HANDSHAKE or data[at + 1] != 0x03:
+            return Claim("unreadable", reason="a TLS record that is not the ClientHello's")
+        (size,) = struct.unpack("!H", data[at + 3 : at + 5])
+        if len(data) < at + 5 + size:
+            return WAIT
+        hello += data[at + 5 : at + 5 + size]
+        at += 5 + size
+        if hello[:1] not in (b"", b"\x01"):
+            return Claim("unreadable", reason="a TLS handshake that is not a ClientHello")
+        if len(hello) >= 4 and int.from_bytes(hello[1:4], "big") > MAX_HELLO:
+            return Claim("unreadable", reason="a ClientHello larger than corral reads")
     try:
-        if len(data) < 5 or data[0] != 0x16 or data[1] != 0x03:
-            return None
-        (record_len,) = struct.unpack("!H", data[3:5])
-        body = data[5 : 5 + record_len]
-        if len(body) < 4 or body[0] != 0x01:  # handshake type: client_hello
-            return None
-        at = 4 + 2 + 32  # handshake header, client_version, random
-        session_len = body[at]
-        at += 1 + session_len
-        (suites_len,) = struct.unpack("!H", body[at : at + 2])
-        at += 2 + suites_len
-        compression_len = body[at]
-        at += 1 + compression_len
-        (extensions_len,) = struct.unpack("!H", body[at : at + 2])
-        at += 2
-        end = min(len(body), at + extensions_len)
-        while at + 4 <= end:
-            ext_type, ext_len = struct.unpack("!HH", body[at : at + 4])
-            at += 4
-            if ext_type == 0:  # server_name
-                names = body[at : at + ext_len]
-                pos = 2
-                while pos + 3 <= len(names):
-                    kind = names[pos]
-                    (name_len,) = struct.unpack("!H", names[pos + 1 : pos + 3])
-                    if kind == 0:  # the normalizer decides what is acceptable in it
-                        raw = names[pos + 3 : pos + 3 + name_len]
-                        return raw.decode("utf-8", "surrogateescape")
-                    pos += 3 + name_len
-                return None
-            at += ext_len
-    except (IndexError, struct.error, UnicodeDecodeError):
-        return None
-    return None
+        names = _hello_names(hello[4 : 4 + int.from_bytes(hello[1:4], "big")])
+    except (IndexError, ValueError, struct.error):
+        return Claim("unreadable", reason="a malformed ClientHello")
+    return Claim("names", names) if names else NONE
+
+
+def _hello_names(body: bytes) -> tuple[str, ...]:
+    """The host names of a ClientHello's server_name extension (ValueError if it
+    is malformed or repeated: a server could read it otherwise than corral)."""
+    at = 2 + 32  # client_version, random
+    at += 1 + body[at]  # session id
+    at += 2 + struct.unpack("!H", body[at : at + 2])[0]  # cipher suites
+    at += 1 + body[at]  # compression methods
+    if at == len(body):
+        return ()  # no extensions at all
+    (total,) = struct.unpack("!H", body[at : at + 2])
+    at += 2
+    if at + total != len(body):
+        raise ValueError("extensions length")
+    names: list[str] = []
+    seen = False
+    while at < len(body):
+        kind, size = struct.unpack("!HH", body[at : at + 4])
+        value = body[at + 4 : at + 4 + size]
+        if len(value) != size:
+            raise ValueError("extension length")
+        at += 4 + size
+        if kind == 0:
+            if seen:
+                raise ValueError("two server_name extensions")
+            seen = True
+            names.extend(_server_names(value))
+    if len(names) > 1:
+        raise ValueError("more than one host name")
+    return tuple(names)
+
+
+def _server_names(value: bytes) -> list[str]:
+    (total,) = struct.unpack("!H", value[:2])
+    if total + 2 != len(value):
+        raise ValueError("server_name list length")
+    names = []
+    pos = 2
+    while pos < len(value):
+        kind = value[pos]
+        (size,) = struct.unpack("!H", value[pos + 1 : pos + 3])
+        raw = value[pos + 3 : pos + 3 + size]
+        if len(raw) != size:
+            raise ValueError("server name length")
+        if kind == 0:  # the normalizer decides what is acceptable in it
+            names.append(raw.decode("utf-8", "surrogateescape"))
+        pos += 3 + size
+    return names
+
+
+def _http_claim(data: bytes) -> Claim:
+    """An HTTP/1 request's names: its Host and an absolute-form target's authority.
+    Bare LF line ends count, as many servers accept them, and so do empty lines
+    before the request line, which servers skip."""
+    data = data.lstrip(b"\r\n")
+    if not data:
+        return WAIT
+    first, newline, _ = data.partition(b"\n")
+    parts = first.split()
+    if not newline:
+        return WAIT if _request_line_prefix(first) else NONE
+    if first.rstrip(b"\r") == b"PRI * HTTP/2.0":
+        return Claim("unreadable", reason="cleartext HTTP/2, whose host corral does not read")
+    if len(parts) != 3 or not set(parts[0]) <= _TOKEN or not parts[2].upper().startswith(b"HTTP/"):
+        return NONE  # not HTTP/1 (HTTP/0.9 names no host)
+    hosts: list[bytes] = []
+    for line in data.split(b"\n")[1:-1]:  # the last piece has no line end yet
+        line = line.rstrip(b"\r")
+        if not line:
+            return _with_target(parts[1], hosts)
+        if line[:1] in (b" ", b"\t"):
+            return Claim("unreadable", reason="a folded header line")
+        name, colon, value = line.partition(b":")
+        if colon and name.strip().lower() == b"host":
+            hosts.append(value.strip(b" \t"))
+    return WAIT
+
+
+def _with_target(target: bytes, hosts: list[bytes]) -> Claim:
+    """The host names of a complete head: its Host and an absolute-form target."""
+    from corral.net.http1 import HttpError, split_authority
+
+    if len(hosts) > 1:
+        return Claim("unreadable", reason="more than one Host header")
+    scheme, sep, rest = target.partition(b"://")
+    if sep and scheme.isalpha():  # servers route by this authority before Host
+        hosts.append(rest.split(b"/")[0].split(b"?")[0].split(b"#")[0].rpartition(b"@")[2])
+    try:
+        names = tuple(split_authority(h, 80)[0] for h in hosts)
+    except HttpError as exc:
+        return Claim("unreadable", reason=f"a bad Host: {exc.message}")
+    return Claim("names", names) if names else NONE
+
+
+def _request_line_prefix(data: bytes) -> bool:
+    """``data`` (no line end yet) could still become an HTTP/1 request line."""
+    method, space, rest = data.partition(b" ")
+    if not method or not set(method) <= _TOKEN:
+        return False
+    return not space or b"\r" not in rest
 
 
 def _request_head(data: bytes) -> list[bytes] | None:
@@ -63,44 +195,3 @@ def _request_head(data: bytes) -> list[bytes] | None:
 def is_http_request(data: bytes) -> bool:
     """``data`` begins with a complete HTTP/1 request head (the client can read a status)."""
     return _request_head(data) is not None
-
-
-def raw_http_host(data: bytes) -> str | None:
-    """The first Host header's value as sent, for logging a refusal."""
-    for line in _request_head(data) or []:
-        name, colon, value = line.partition(b":")
-        if colon and name.strip().lower() == b"host":
-            return value.strip().decode("utf-8", "surrogateescape")
-    return None
-
-
-def http_host(data: bytes) -> str | None:
-    """Host header of an HTTP/1 request at the start of ``data`` (without port).
-
-    Raises BadName when the head names its host ambiguously: two Host headers
-    (we would decide on one, the origin might serve the other) or a value that
-    is no authority."""
-    from corral.net.http1 import HttpError, split_authority
-    from corral.net.names import BadName
-
-    values = []
-    for line in _request_head(data) or []:
-        name, colon, value = line.partition(b":")
-        if colon and name.strip().lower() == b"host":
-            values.append(value.strip(b" \t"))
-    if not values:
-        return None
-    if len(values) > 1:
-        raise BadName("more than one Host header")
-    try:
-        return split_authority(values[0], 80)[0]
-    except HttpError as exc:
-        raise BadName(f"bad Host header: {exc.message}") from None
-
-
-def looks_complete(data: bytes) -> bool:
-    """Enough bytes to decide: a whole TLS record, or a whole HTTP head."""
-    if data[:1] == b"\x16" and len(data) >= 5:
-        record_len: int = struct.unpack("!H", data[3:5])[0]
-        return len(data) >= 5 + record_len
-    return b"\r\n\r\n" in data
