@@ -247,7 +247,7 @@ def test_socks5_nul_name_cannot_dial_a_host_no_rule_names(
     assert code == 0x01 and s.recv(1) == b""
     assert ok.hits == []
     code, s = proxy.socks5(b"good.wild.test", ok.port)  # twin: the rule's own name
-    assert code == 0x00 and b"hello from origin" in _get(s, "/good")
+    assert code == 0x00 and b"hello from origin" in _get(s, "/good", "good.wild.test")
     assert ok.hits == [("GET", "/good")]
 
 
@@ -296,7 +296,7 @@ def test_a_pinned_name_in_full_width_letters_is_dialled_as_pinned_not_resolved(
     )
     # pinned to ::1; the host's resolver would say 127.0.0.1 (/etc/hosts)
     code, s = proxy.socks5(FULL_WIDTH_LOCALHOST, port)
-    assert code == 0 and b"hello from origin" in _get(s, "/socks")
+    assert code == 0 and b"hello from origin" in _get(s, "/socks", "localhost")
     s = proxy.connect()
     s.sendall(b"GET http://" + FULL_WIDTH_LOCALHOST + b":%d/http HTTP/1.1\r\n\r\n" % port)
     assert b"hello from origin" in s.recv(4096)

@@ -240,6 +240,33 @@ def test_other_hosts_stay_opaque_tunnels(tls_setup: Setup) -> None:
     assert len(tunnels) == 2 and all(e["decision"] == "allow" for e in tunnels)
 
 
+def test_a_tunnel_whose_sni_asks_for_another_name_is_refused(tls_setup: Setup) -> None:
+    """Domain fronting with a real curl: CONNECT to an allowed, opaque name while
+    the ClientHello asks for another (on a CDN, the other site answers).  Fronting
+    to an inspected name would also dodge its rules.  ``-k``: only corral refuses."""
+    s = tls_setup
+    s.policy()
+    port = s.other.port
+    via = f"--connect-to ::other.test:{port}"
+    script = f"""
+        {CURL} -k {via} https://evil.test:{port}/echo/fronted || echo fronted=refused
+        {CURL} -k {via} https://origin.test:{port}/secret/fronted || echo inspected=refused
+        {CURL} -k {via} https://other.test:{port}/echo/own && echo
+    """
+    out, err, code = s.run(script, deny="/secret")
+    assert code == 0, err
+    assert "fronted=refused" in out and "inspected=refused" in out
+    assert [r["target"] for r in s.other.requests] == ["/echo/own"]  # the twin
+    assert s.origin.requests == []
+    lines = [e for e in net_log(s.c) if e["scheme"] == "connect"]
+    assert [(e["host"], e["decision"], e["rule"]) for e in lines] == [
+        ("other.test", "deny", "name-mismatch"),
+        ("other.test", "deny", "name-mismatch"),
+        ("other.test", "allow", lines[2]["rule"]),
+    ]
+    assert "asked for evil.test" in str(lines[0]["reason"])
+
+
 def test_untrusted_origin_is_a_502_with_reason_and_audit(tls_setup: Setup) -> None:
     s = tls_setup
     s.policy()

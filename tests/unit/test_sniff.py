@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import ssl
 import struct
 
@@ -27,7 +28,7 @@ def split(hello: bytes, *cuts: int) -> bytes:
     (size,) = struct.unpack("!H", hello[3:5])
     payload = hello[5 : 5 + size]
     edges = [0, *cuts, len(payload)]
-    pieces = [payload[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+    pieces = [payload[a:b] for a, b in itertools.pairwise(edges)]
     return b"".join(hello[:3] + struct.pack("!H", len(p)) + p for p in pieces)
 
 
@@ -60,7 +61,10 @@ def test_a_client_hello_without_sni_names_nothing() -> None:
     ("data", "reason"),
     [
         (b"\x16\x03\x01\x00\x04\x02\x00\x00\x00", "a TLS handshake that is not a ClientHello"),
-        (b"\x16\x03\x01\x00\x01\x01\x17\x03\x03\x00\x01x", "a TLS record that is not the ClientHello's"),
+        (
+            b"\x16\x03\x01\x00\x01\x01\x17\x03\x03\x00\x01x",
+            "a TLS record that is not the ClientHello's",
+        ),
         (b"\x16\x03\x01\x00\x04\x01\xff\xff\xff", "a ClientHello larger than corral reads"),
         (b"\x16\x03\x01\x00\x08\x01\x00\x00\x04\x03\x03\x00\x00", "a malformed ClientHello"),
     ],

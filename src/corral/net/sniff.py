@@ -194,4 +194,4 @@ def _request_head(data: bytes) -> list[bytes] | None:
 
 def is_http_request(data: bytes) -> bool:
     """``data`` begins with a complete HTTP/1 request head (the client can read a status)."""
-    return _request_head(data) is not None
+    return _request_head(data.lstrip(b"\r\n")) is not None
