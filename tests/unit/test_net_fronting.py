@@ -269,3 +269,48 @@ def test_captured_by_stand_in_split_hello_and_late_bytes_are_held(
             assert reasons == ["name-mismatch", "name-mismatch"]
 
     run(go)
+
+
+async def two_requests(reader: aio.StreamReader, writer: aio.StreamWriter) -> list[int]:
+    """Keep-alive: the first request asks for the tunnel's name, the second for another."""
+    statuses = []
+    for path, host in (("/first", NAME), ("/second", "evil.test")):
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        statuses.append((await read_response(reader)).status)
+    writer.close()
+    return statuses
+
+
+def test_plain_http_in_a_tunnel_is_served_request_by_request(tmp_path: Path) -> None:
+    """Once only the first request was read: the second could ask a CDN for
+    another site.  Now every request goes out with the name's own Host."""
+
+    async def go() -> None:
+        async with world(tmp_path, ["*.wild.test", "127.0.0.1:{port}"], TABLE) as w:
+            assert await two_requests(*await connect(w, NAME, w.origin.port)) == [200, 200]
+            reader, writer = await w.tcp()
+            await socks_hello(reader, writer)
+            writer.write(b"\x05\x01\x00\x03" + bytes([len(NAME)]) + NAME.encode())
+            writer.write(struct.pack("!H", w.origin.port))
+            assert (await reader.readexactly(10))[1] == 0
+            assert await two_requests(reader, writer) == [200, 200]
+            hosts = [r.header(b"host") for r in w.origin.requests]
+            assert hosts == [f"{NAME}:{w.origin.port}".encode()] * 4
+            assert w.origin.accepts == 2  # the tunnel's own connection, kept for the requests
+            lines = await w.decided("allow", 4)
+            assert [(e["scheme"], e["path"]) for e in lines] == [
+                ("http", "/first"),
+                ("http", "/second"),
+            ] * 2
+
+    run(go)
+
+
+def test_captured_plain_http_is_served_request_by_request(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with world(tmp_path, ["*.wild.test", "127.0.0.1:{port}"], TABLE, stand_in=NAME) as w:
+            assert await two_requests(*await w.capture()) == [200, 200]
+            hosts = [r.header(b"host") for r in w.origin.requests]
+            assert hosts == [f"{NAME}:{w.origin.port}".encode()] * 2
+
+    run(go)

@@ -129,10 +129,21 @@ class Upstream:
     """A connection to a destination: streams for HTTP forwarding, or a bare
     transport for tunnels (no StreamReader to create, copy through and discard)."""
 
-    __slots__ = ("address", "holding", "host", "port", "reader", "transport", "verdict", "writer")
+    __slots__ = (
+        "address",
+        "handover",
+        "holding",
+        "host",
+        "port",
+        "reader",
+        "transport",
+        "verdict",
+        "writer",
+    )
 
     def __init__(self, host: str, port: int, address: str, verdict: Verdict) -> None:
         self.verdict = verdict
+        self.handover = False  # a tunnel found plain HTTP: serve it request by request
         self.host = host
         self.port = port
         self.address = address
@@ -914,6 +925,9 @@ class Proxy:
             return
         writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         up, down = await tunnel(reader, writer, upstream, name=dest.host)
+        if upstream.handover:
+            await serve_plain(self, reader, writer, dest, upstream)
+            return
         status = 200 if upstream.verdict.allowed else 403
         self.log(dest, upstream.verdict, status, up, down, started, upstream.address)
 
@@ -980,6 +994,9 @@ class Proxy:
             return
         writer.write(_socks_reply(SOCKS_OK))
         up, down = await tunnel(reader, writer, upstream, name=dest.host)
+        if upstream.handover:
+            await serve_plain(self, reader, writer, dest, upstream)
+            return
         code = SOCKS_OK if upstream.verdict.allowed else SOCKS_NOT_ALLOWED
         self.log(dest, upstream.verdict, code, up, down, started, upstream.address)
 
@@ -1119,12 +1136,16 @@ class Proxy:
         if refusal is not None:
             await self._refuse_captured(writer, dest, refusal, 403, early, started)
             return
-        if self.tls is not None and self.chain.needs_inspection(dest.host, dest.port):
+        inspected = self.tls is not None and self.chain.needs_inspection(dest.host, dest.port)
+        if inspected or found.http:
             verdict = await self.decide(dest)
             if not verdict.allowed:
                 await self._refuse_captured(writer, dest, verdict, 403, early, started)
-                return
-            await intercept(self, reader, writer, dest, verdict, early)
+            elif inspected:
+                await intercept(self, reader, writer, dest, verdict, early)
+            else:
+                reader.feed_data(early + reader.take_buffered())  # back, in order
+                await serve_plain(self, reader, writer, dest)
             return
         try:
             upstream = await self.open_upstream(dest, streams=False)
@@ -1133,6 +1154,9 @@ class Proxy:
             return
         # nothing sent in time: the stand-in's name still binds what comes later
         up, down = await tunnel(reader, writer, upstream, early, None if early else named)
+        if upstream.handover:
+            await serve_plain(self, reader, writer, dest, upstream)
+            return
         status = 200 if upstream.verdict.allowed else 403
         self.log(dest, upstream.verdict, status, up + len(early), down, started, upstream.address)
 
@@ -1358,6 +1382,7 @@ class _Pump(aio.BufferedProtocol):
         self.partner: _Pump | None = None
         self.hold: _Hold | None = None  # the client's side of a tunnel to a name
         self.refused: Verdict | None = None
+        self.handover: bytes | None = None  # plain HTTP's first bytes, for serve_plain
 
     def data_received(self, data: bytes) -> None:
         self.count += len(data)
@@ -1389,6 +1414,12 @@ class _Pump(aio.BufferedProtocol):
         self.hold = None
         if hold.timer is not None:
             hold.timer.cancel()
+        if verdict.allowed and hold.http:
+            self.handover = hold.data  # tunnel() gives the client back to the proxy
+            self.transport.pause_reading()
+            if not self.done.done():
+                self.done.set_result(None)
+            return
         if verdict.allowed:
             self.peer.write(hold.data)
             return
@@ -1440,12 +1471,13 @@ class _Hold:
     HTTP but cannot be read are refused as ``name-unreadable``.  A tunnel to an
     address was allowed as that address: it has no name to hold to."""
 
-    __slots__ = ("data", "name", "port", "timer")
+    __slots__ = ("data", "http", "name", "port", "timer")
 
     def __init__(self, name: str, port: int) -> None:
         self.name = name
         self.port = port
         self.data = b""
+        self.http = False
         self.timer: aio.Handle | None = None
 
     def feed(self, data: bytes, final: bool) -> Verdict | None:
@@ -1456,6 +1488,7 @@ class _Hold:
             return None
         if found.state == "unreadable":
             return Verdict(False, "name-unreadable", f"{found.reason}, in a tunnel to {self.name}")
+        self.http = found.http
         for raw in found.names:
             try:
                 asked = normalize(raw)
@@ -1481,8 +1514,11 @@ async def tunnel(
     """Splice the client and a bare upstream transport until both sides are done;
     returns (bytes up, bytes down).  ``first_up`` was read from the client already.
     ``name``: the client's first bytes must ask for it (see _Hold); a refusal
-    ends the tunnel and becomes ``upstream.verdict``."""
+    ends the tunnel and becomes ``upstream.verdict``.  Plain HTTP ends it too,
+    with ``upstream.handover`` set and the client's bytes back in ``client_r``:
+    the caller serves it request by request (serve_plain)."""
     client = client_w.transport
+    before = client.get_protocol()
     server = upstream.transport
     holding = upstream.holding
     assert server is not None and holding is not None, "tunnels use a bare transport"
@@ -1513,13 +1549,48 @@ async def tunnel(
                 transport.resume_reading()
         await done
     finally:
-        client.close()
-        server.close()
+        if up.handover is not None:
+            client.set_protocol(before)
+            client_r.feed_data(up.handover)
+            client.resume_reading()
+            _give_streams(upstream)
+        else:
+            client.close()
+            server.close()
         if up.hold is not None and up.hold.timer is not None:
             up.hold.timer.cancel()
     if up.refused is not None:
         upstream.verdict = up.refused
     return up.count, down.count
+
+
+def _give_streams(upstream: Upstream) -> None:
+    """A tunnel's bare upstream, now with the streams HTTP forwarding reads and writes."""
+    loop = aio.get_running_loop()
+    transport = upstream.transport
+    assert transport is not None
+    reader = aio.StreamReader(limit=http1.MAX_HEAD, loop=loop)
+    protocol = aio.StreamReaderProtocol(reader, loop=loop)
+    transport.set_protocol(protocol)
+    protocol.connection_made(transport)
+    upstream.reader, upstream.writer = reader, aio.StreamWriter(transport, protocol, reader, loop)
+    upstream.handover = True
+    transport.resume_reading()
+
+
+async def serve_plain(
+    proxy: Proxy,
+    reader: aio.StreamReader,
+    writer: aio.StreamWriter,
+    dest: Destination,
+    upstream: Upstream | None = None,
+) -> None:
+    """Plain HTTP in a tunnel to a name, or captured: served like forwarded HTTP,
+    each request decided, audited and sent with the name's own Host, so a later
+    request on the connection cannot ask a CDN for another site."""
+    from corral.net import tls
+
+    await tls.serve_requests(proxy, reader, writer, dest, "http", upstream)
 
 
 async def _send_error(writer: aio.StreamWriter, status: int, message: str) -> None:

@@ -26,14 +26,19 @@ class Claim:
     """What a client's first bytes ask for.  ``state``: "wait" (more bytes could
     change the answer), "names" (every name they give, raw), "none" (they give no
     name: another protocol, or TLS without SNI) or "unreadable" (``reason``).
-    (A plain class: the proxy's hot path does not import typing.)"""
+    ``http``: the bytes are an HTTP/1 request head (the proxy then serves the
+    connection request by request).  (A plain class: the proxy's hot path does
+    not import typing.)"""
 
-    __slots__ = ("names", "reason", "state")
+    __slots__ = ("http", "names", "reason", "state")
 
-    def __init__(self, state: str, names: tuple[str, ...] = (), reason: str = "") -> None:
+    def __init__(
+        self, state: str, names: tuple[str, ...] = (), reason: str = "", http: bool = False
+    ) -> None:
         self.state = state
         self.names = names
         self.reason = reason
+        self.http = http
 
     def __repr__(self) -> str:
         return f"Claim({self.state!r}, {self.names!r}, {self.reason!r})"
@@ -171,7 +176,7 @@ def _with_target(target: bytes, hosts: list[bytes]) -> Claim:
         names = tuple(split_authority(h, 80)[0] for h in hosts)
     except HttpError as exc:
         return Claim("unreadable", reason=f"a bad Host: {exc.message}")
-    return Claim("names", names) if names else NONE
+    return Claim("names" if names else "none", names, http=True)
 
 
 def _request_line_prefix(data: bytes) -> bool:

@@ -158,11 +158,12 @@ async def serve_requests(
     writer: aio.StreamWriter,
     dest: Destination,
     scheme: str,
+    upstream: Upstream | None = None,
 ) -> None:
-    """The keep-alive loop of HTTP requests inside one inspected connection."""
+    """The keep-alive loop of HTTP requests inside one inspected connection
+    (``upstream``: one already open to ``dest``, with streams)."""
     loop = aio.get_running_loop()
     clock = proxy._clock(reader)  # idle and head timeouts, as for any client
-    upstream: Upstream | None = None
     upstream_tls = proxy.tls.upstream if scheme == "https" and proxy.tls else None
     idle = True
     try:
