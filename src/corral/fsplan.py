@@ -102,6 +102,7 @@ class FsPlan:
         "quarantine",
         "read_deny",
         "repositories",
+        "secrets_inside",
         "writable",
         "write_protect",
     )
@@ -116,6 +117,9 @@ class FsPlan:
         self.notes: list[str] = []
         self.read_deny: list[str] = []  # absolute, present or not (real paths when present)
         self.write_protect: list[str] = []  # existing write-deny paths inside writable ones
+        # existing secrets inside writable ones: a tier without mounts cannot stop the
+        # run renaming, linking or rewriting them (corral.restore undoes it)
+        self.secrets_inside: list[str] = []
         # files in the workspace whose content may be shared with a file outside it:
         # read-only for the run (mount tiers bind them so; landlock withholds writing)
         self.hardlinks: list[str] = []
@@ -654,9 +658,13 @@ def plan_filesystem(
     steps.read_deny()
     scan = steps.workspace()
     steps.write_deny(scan)
+    plan = steps.plan
+    plan.secrets_inside = sorted(
+        p for p in set(plan.read_deny) if p in steps.masks and steps.in_writable(p)
+    )
     if mounts:
         steps.lay_out(home, capless_uid)
-    return steps.plan
+    return plan
 
 
 class _Planner:

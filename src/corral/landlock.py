@@ -18,7 +18,8 @@ Consequences worth knowing (``corral doctor`` and the README say them too):
 * write-deny paths inside the writable workspace (git hooks and config, editor
   settings) cannot be carved out without making new files there unwritable, so
   the launcher snapshots them and restores them after the run
-  (:mod:`corral.restore`);
+  (:mod:`corral.restore`); so for secrets there, which the run can rename,
+  link or rewrite though not read: put back, and their other names taken out;
 * a hard-linked file in the workspace (its content may be a file outside) *is*
   carved out, because undo would come too late for the file outside: the
   directories on the way to it are split, so a file created later directly in

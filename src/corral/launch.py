@@ -251,7 +251,9 @@ class Aftercare:
                 except (restore.TooLarge, OSError) as exc:
                     from corral.errors import RefusedError
 
-                    raise RefusedError(f"cannot protect a write-deny path: {exc}") from None
+                    raise RefusedError(
+                        f"cannot protect a write-deny path or a secret in the workspace: {exc}"
+                    ) from None
             if plan.scratch:
                 prepare_scratch(plan)
             if plan.home is not None:
@@ -318,7 +320,15 @@ class Aftercare:
         if self.snapshot:
             from corral import restore
 
-            said += restore.restore(self.snapshot, self.run_id)  # type: ignore[arg-type]
+            roots = [os.path.realpath(p) for p in self.plan.policy.writable_paths()]
+            if self.plan.home is not None:
+                roots.append(self.plan.home.path)
+            said += restore.restore(
+                self.snapshot,  # type: ignore[arg-type]
+                self.run_id,
+                self.plan.restore,
+                roots,
+            )
         if self.plan.scratch:
             try:
                 os.rmdir(self.plan.scratch)  # usually empty: no shutil import (~5 ms)

@@ -107,15 +107,17 @@ def repositories_unchecked(limit: int) -> Denial:
     )
 
 
-def restored(path: str, moved_to: str = "", error: str = "", parent: str = "") -> Denial:
-    """A write-deny path changed during the run and put back (tiers without mounts).
-    ``parent``: the directory holding it was replaced, so nothing was put back."""
+def restored(
+    path: str, moved_to: str = "", error: str = "", parent: str = "", rule: str = "write-deny"
+) -> Denial:
+    """A write-deny path or a secret changed during the run and put back (tiers without
+    mounts).  ``parent``: the directory holding it was replaced, so nothing was put back."""
     if parent:
-        text = f"denied write: {path} (write-deny) was changed, and {parent} was replaced; "
+        text = f"denied write: {path} ({rule}) was changed, and {parent} was replaced; "
         text += "not restored"
         error = f"{parent} was replaced"
     else:
-        text = f"denied write: {path} (write-deny) was changed "
+        text = f"denied write: {path} ({rule}) was changed "
         text += f"(moved to {moved_to})" if moved_to else "(removed)"
         text += (
             f"; could not restore it: {error}"
@@ -126,8 +128,37 @@ def restored(path: str, moved_to: str = "", error: str = "", parent: str = "") -
         "file",
         text,
         path=path,
-        rule="write-deny",
+        rule=rule,
         action="not restored" if error else "restored",
+        moved_to=moved_to or None,
+        error=error or None,
+    )
+
+
+def secret_copy(secret: str, copy: str, moved_to: str = "", error: str = "") -> Denial:
+    """Another name a secret's file got during the run (a rename, a hard link), taken
+    out of the workspace so that no later run reads it there (``copy`` empty: the
+    search could not cover every place, ``error`` says so)."""
+    if not copy:
+        text = f"denied read: {secret} (read-deny) was moved or linked during the run, "
+        text += f"and corral could not look everywhere for it: {error}"
+    else:
+        where = (
+            f"moved that to {moved_to}"
+            if moved_to
+            else f"could not take it out: {error}"
+            if error
+            else "removed that link"
+        )
+        text = f"denied read: {secret} (read-deny) was moved or linked to {copy}; {where}"
+    action = "quarantined" if moved_to else "removed" if not error else "not taken out"
+    return Denial(
+        "file",
+        text,
+        path=secret,
+        rule="read-deny",
+        action=action if copy else "not found",
+        copy=copy or None,
         moved_to=moved_to or None,
         error=error or None,
     )

@@ -1,11 +1,17 @@
-"""Snapshot write-deny paths before a run and put them back after it.
+"""Snapshot write-deny paths and secrets before a run and put them back after it.
 
 Tiers without mounts (landlock) cannot make ``.git/hooks`` read-only inside a
-writable workspace (see :mod:`corral.landlock`).  Instead the launcher takes
+writable workspace (see :mod:`corral.landlock`), nor stop a run renaming,
+hard-linking or rewriting a ``.env`` there: Landlock keeps its content
+unreadable in the run, but ``mv .env notes.txt`` would leave it readable to
+the next run.  Instead the launcher takes
 a snapshot of each such path before the command starts and, once every
 process of the run is gone, compares: anything changed is moved to the
 quarantine directory and the snapshot is written back.  This is undo, not
 prevention: during the run the change exists, and the README says so.
+For a secret, every other name its file or directory got during the run (a
+rename, a hard link: found by inode in the writable places) is moved to the
+quarantine as well, so no later run can read it there.
 
 Restoring happens when nothing of the sandbox is left running, so the checks
 below cannot be raced.  What is put back is the content, the mode and the
@@ -21,14 +27,18 @@ import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+
     from corral.report import Denial
 
 MAX_BYTES = 16 * 1024 * 1024  # a hooks directory is kilobytes; refuse surprises
 MAX_ENTRIES = 5000
 
-# relative path -> (kind, mode, content or link, mtime_ns, atime_ns); a change is
-# anything but the access time, which reading alone moves
-Tree = dict[str, tuple[str, int, bytes, int, int]]
+# relative path -> (kind, mode, content or link, mtime_ns, atime_ns, (dev, inode,
+# links)); a change is anything but the access time, which reading alone moves
+Tree = dict[str, tuple[str, int, bytes, int, int, tuple[int, int, int]]]
+Inode = tuple[int, int]
+MAX_SEARCH = 500_000  # entries looked at for a secret's other names (only if it moved)
 
 
 class TooLarge(Exception):
@@ -45,7 +55,7 @@ def _walk(path: str) -> Tree | None:
         st = os.lstat(full)
         if len(tree) >= MAX_ENTRIES:
             raise TooLarge(f"{path} has more than {MAX_ENTRIES} entries")
-        times = (st.st_mtime_ns, st.st_atime_ns)
+        times = (st.st_mtime_ns, st.st_atime_ns, (st.st_dev, st.st_ino, st.st_nlink))
         if stat.S_ISLNK(st.st_mode):
             tree[rel] = ("l", 0, os.readlink(full).encode(), *times)
         elif stat.S_ISDIR(st.st_mode):
@@ -84,7 +94,7 @@ def _walk(path: str) -> Tree | None:
     return tree
 
 
-def snapshot(paths: list[str]) -> dict[str, Tree]:
+def snapshot(paths: Iterable[str]) -> dict[str, Tree]:
     """Trees of the given paths as they are now (TooLarge if one is unreasonable)."""
     return {p: t for p in paths if (t := _walk(p)) is not None}
 
@@ -98,7 +108,7 @@ def _changed(before: Tree, now: Tree | None) -> bool:
 
 def _write(path: str, tree: Tree) -> None:
     for rel in sorted(tree):  # parents sort before their entries
-        kind, mode, data, _, _ = tree[rel]
+        kind, mode, data = tree[rel][:3]
         full = os.path.join(path, rel) if rel else path
         if kind == "d":
             os.mkdir(full, mode)
@@ -112,22 +122,32 @@ def _write(path: str, tree: Tree) -> None:
                 os.write(fd, data)
             finally:
                 os.close(fd)
-    for rel, (kind, mode, _, _, _) in tree.items():  # modes the umask narrowed
+    for rel, (kind, mode, *_) in tree.items():  # modes the umask narrowed
         if kind in "dfp":
             os.chmod(os.path.join(path, rel) if rel else path, mode)
     # times last, deepest first: making an entry moves its directory's times
     for rel in sorted(tree, reverse=True):
-        kind, _, _, mtime, atime = tree[rel]
+        kind, _, _, mtime, atime, _ = tree[rel]
         if kind in "dflp":
             full = os.path.join(path, rel) if rel else path
             os.utime(full, ns=(atime, mtime), follow_symlinks=False)
 
 
-def restore(snap: dict[str, Tree], run_id: str) -> list[Denial]:
-    """Put changed paths back; one denial per path that had been changed."""
+def restore(
+    snap: dict[str, Tree],
+    run_id: str,
+    rules: Mapping[str, str] | None = None,
+    roots: Sequence[str] = (),
+) -> list[Denial]:
+    """Put changed paths back; one denial per path that had been changed.
+    ``rules``: path -> "write-deny" (the default) or "read-deny" (a secret: its
+    other names in ``roots``, the writable places, are taken out too)."""
     from corral.launch import quarantine
     from corral.report import restored
 
+    rules = rules or {}
+    secrets = {p: t for p, t in snap.items() if rules.get(p) == "read-deny"}
+    strays = _moved_inodes(secrets)  # looked at before anything is put back
     said = []
     for path, before in snap.items():
         try:
@@ -137,8 +157,9 @@ def restore(snap: dict[str, Tree], run_id: str) -> list[Denial]:
         if not _changed(before, now):
             continue
         parent = os.path.dirname(path)
+        rule = rules.get(path, "write-deny")
         if os.path.realpath(parent) != parent:
-            said.append(restored(path, parent=parent))
+            said.append(restored(path, parent=parent, rule=rule))
             continue
         try:
             left = os.stat(parent)  # as the run left it: the undo must not show there
@@ -156,5 +177,101 @@ def restore(snap: dict[str, Tree], run_id: str) -> list[Denial]:
             except OSError:
                 pass  # not ours to set (another owner): a trace, not a failure
         moved_to = str(moved[0].fields.get("moved_to") or "") if moved else ""
-        said.append(restored(path, moved_to, error))
+        said.append(restored(path, moved_to, error, rule=rule))
+    if strays:
+        said += _take_out_copies(strays, roots, run_id)
     return said
+
+
+def _moved_inodes(secrets: dict[str, Tree]) -> dict[Inode, set[str]]:
+    """The inodes of secret files and directories that are no longer (only) where
+    they were: moved, removed, or linked anew -> the names they had at launch."""
+    strays: dict[Inode, set[str]] = {}
+    for path, tree in secrets.items():
+        names: dict[Inode, set[str]] = {}
+        moved: set[Inode] = set()
+        for rel, (kind, *_, (dev, ino, links)) in tree.items():
+            full = os.path.join(path, rel) if rel else path
+            names.setdefault((dev, ino), set()).add(full)
+            if kind not in "fd":
+                continue
+            try:
+                st = os.lstat(full)
+            except OSError:
+                st = None
+            if (
+                st is None
+                or (st.st_dev, st.st_ino) != (dev, ino)
+                or (kind == "f" and st.st_nlink > links)
+            ):
+                moved.add((dev, ino))
+        for inode in moved:
+            strays.setdefault(inode, set()).update(names[inode])
+    return strays
+
+
+def _take_out_copies(
+    strays: dict[Inode, set[str]], roots: Sequence[str], run_id: str
+) -> list[Denial]:
+    """Find the other names of moved secrets in ``roots`` and quarantine them."""
+    from corral.quarantine import move_out
+    from corral.report import secret_copy
+
+    found, complete = _find_inodes(strays, roots)
+    said = []
+    for copy, inode in found:
+        if _still_at(strays[inode], inode) and not os.path.isdir(copy):
+            try:  # a link beside the secret it still names: nothing to keep
+                os.unlink(copy)
+                dest, error = "", ""
+            except OSError as exc:
+                dest, error = "", str(exc)
+        else:
+            dest, error = move_out(copy, run_id)
+        said.append(secret_copy(min(strays[inode]), copy, dest, error))
+    if not complete:
+        for inode, names in strays.items():
+            why = f"more than {MAX_SEARCH} entries; look for inode {inode[1]}"
+            said.append(secret_copy(min(names), "", "", why))
+    return said
+
+
+def _still_at(names: set[str], inode: Inode) -> bool:
+    """The secret's inode is still at one of the names it had at launch."""
+    for name in names:
+        try:
+            st = os.lstat(name)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == inode:
+            return True
+    return False
+
+
+def _find_inodes(
+    strays: dict[Inode, set[str]], roots: Sequence[str]
+) -> tuple[list[tuple[str, Inode]], bool]:
+    """Paths under ``roots`` (not following symlinks) whose inode is a stray and
+    that are not one of its names at launch; and whether the search was complete."""
+    inodes = {ino for _, ino in strays}
+    known = {name for names in strays.values() for name in names}
+    found: list[tuple[str, Inode]] = []
+    seen = 0
+    pending = [r for r in dict.fromkeys(roots) if os.path.isdir(r)]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            if seen > MAX_SEARCH:
+                return found, False
+            if entry.inode() in inodes and entry.path not in known:
+                st = entry.stat(follow_symlinks=False)
+                if (st.st_dev, st.st_ino) in strays:
+                    found.append((entry.path, (st.st_dev, st.st_ino)))
+                    continue  # a whole directory goes: nothing beneath to look at
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+    return found, True

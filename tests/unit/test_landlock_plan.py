@@ -204,13 +204,18 @@ def test_plan_is_pure_and_complete(tmp_path: Path) -> None:
     ws.mkdir()
     (ws / ".git" / "hooks").mkdir(parents=True)
     (ws / ".git" / "config").write_text("[core]\n")
+    (ws / ".env").write_text("KEY=1\n")
     policy = Policy.load(workspace=str(ws))
     plan = LandlockTier().plan(policy, ["true"])
     assert plan.argv == ["true"] and isinstance(plan.strategy, Confined)
     assert plan.scratch and plan.env["TMPDIR"] == plan.scratch
     assert not os.path.exists(plan.scratch)  # the launcher creates it
-    assert str(ws / ".git" / "config") in plan.restore
-    assert str(ws / ".git" / "hooks") in plan.restore
+    assert plan.restore[str(ws / ".git" / "config")] == "write-deny"
+    assert plan.restore[str(ws / ".git" / "hooks")] == "write-deny"
+    # a secret in the workspace: unreadable by Landlock, its renames and links undone
+    assert plan.restore[str(ws / ".env")] == "read-deny"
+    assert all(p.startswith(str(ws)) for p in plan.restore)  # ~/.ssh and such: not here
+    assert f"  {ws / '.env'} (read-deny)" in plan.describe()
     assert dict(plan.strategy.ruleset.paths)[str(ws)] & L.WRITE_FILE
     assert "HTTP_PROXY" not in plan.env
     policy.network.mode = "proxy"

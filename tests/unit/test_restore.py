@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,7 @@ def test_a_fifo_swapped_in_after_the_look_never_holds_the_walk(
         st_size = 0
         st_mtime_ns = regular.st_mtime_ns
         st_atime_ns = regular.st_atime_ns
+        st_dev, st_ino, st_nlink = regular.st_dev, 1, 1
 
     def lstat(path: object) -> object:
         return Regular() if str(path) == str(fifo) else real_lstat(path)  # type: ignore[arg-type]
@@ -83,3 +85,85 @@ def test_a_fifo_swapped_in_after_the_look_never_holds_the_walk(
     monkeypatch.setattr(restore.os, "lstat", lstat)
     with pytest.raises(restore.TooLarge, match="no longer a regular file"):
         restore._walk(str(fifo))
+
+
+@pytest.fixture
+def secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ws = tmp_path / "ws"
+    (ws / "private").mkdir(parents=True)
+    (ws / ".env").write_text("KEY=secret\n")
+    (ws / "private" / "id").write_text("ID=secret\n")
+    (ws / "plain.txt").write_text("plain\n")
+    return ws
+
+
+def _settle(ws: Path, run: Callable[[], None]) -> list[str]:
+    """Snapshot the two secrets (and a write-deny twin), do ``run``, restore."""
+    rules = {str(ws / ".env"): "read-deny", str(ws / "private"): "read-deny"}
+    snap = restore.snapshot(rules)
+    run()
+    said = restore.restore(snap, "run-s", rules, [str(ws)])
+    return [str(d) for d in said]
+
+
+def _holders(ws: Path) -> set[str]:
+    return {
+        str(f.relative_to(ws))
+        for f in ws.rglob("*")
+        if f.is_file() and not f.is_symlink() and b"secret" in f.read_bytes()
+    }
+
+
+def test_a_secret_renamed_anywhere_in_the_workspace_is_taken_out(secrets: Path) -> None:
+    ws = secrets
+
+    def run() -> None:
+        (ws / "new").mkdir()
+        (ws / ".env").rename(ws / "new" / "notes.txt")
+        (ws / "private").rename(ws / "public")
+
+    said = _settle(ws, run)
+    assert _holders(ws) == {".env", "private/id"}
+    assert not (ws / "public").exists() and (ws / "new").is_dir()
+    copies = [s for s in said if "was moved or linked to" in s]
+    assert len(copies) == 2 and all("moved that to" in s for s in copies), said  # no name left
+    assert sum("restored from the snapshot" in s for s in said) == 2
+
+
+def test_a_hard_link_to_an_unchanged_secret_is_taken_out(secrets: Path) -> None:
+    ws = secrets
+    said = _settle(ws, lambda: os.link(ws / ".env", ws / "link.txt"))
+    assert not (ws / "link.txt").exists()
+    assert (ws / ".env").read_text() == "KEY=secret\n" and os.stat(ws / ".env").st_nlink == 1
+    assert len(said) == 1 and f"linked to {ws / 'link.txt'}; removed that link" in said[0]
+
+
+def test_a_secret_rewritten_in_place_is_put_back_and_plain_files_stay(secrets: Path) -> None:
+    ws = secrets
+
+    def run() -> None:
+        (ws / ".env").write_text("wiped\n")
+        (ws / "plain.txt").rename(ws / "renamed.txt")  # the twin: not a secret
+        os.link(ws / "renamed.txt", ws / "linked.txt")
+
+    said = _settle(ws, run)
+    assert (ws / ".env").read_text() == "KEY=secret\n"
+    assert (ws / "renamed.txt").read_text() == (ws / "linked.txt").read_text() == "plain\n"
+    assert len(said) == 1 and "(read-deny) was changed" in said[0]
+
+
+def test_an_unchanged_secret_costs_no_search(
+    secrets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(restore, "_find_inodes", None)  # never called
+    assert _settle(secrets, lambda: None) == []
+
+
+def test_a_search_cut_short_says_so(secrets: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws = secrets
+    monkeypatch.setattr(restore, "MAX_SEARCH", 2)
+    for n in range(5):
+        (ws / f"f{n}").write_text("x")
+    said = _settle(ws, lambda: (ws / ".env").rename(ws / "f9"))
+    assert any("could not look everywhere for it: more than 2 entries" in s for s in said), said

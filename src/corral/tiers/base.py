@@ -302,9 +302,11 @@ class Plan:
         # {lock name: protected path}, watched during the run (corral.lockwatch)
         self.lock_watch: dict[str, dict[str, str]] = {}
         self.hardlinks: list[str] = []  # files made read-only: may share content outside
-        # tiers without mounts (landlock): write-deny paths put back after the run;
+        # tiers without mounts (landlock): write-deny paths and secrets inside writable
+        # places, put back after the run (path -> "write-deny" or "read-deny"; a
+        # secret's copies made by a rename or a link are taken out too);
         # a private directory the launcher creates (and fills: ``prepare``)
-        self.restore: list[str] = []
+        self.restore: dict[str, str] = {}
         self.scratch: str | None = None
         self.notes: list[str] = []
         self.prepare: list[tuple[str, bytes, int]] = []  # files made in scratch: name, data, mode
@@ -327,7 +329,7 @@ class Plan:
             lines.append(f"scratch (private, removed after the run): {self.scratch}")
         if self.restore:
             lines.append("snapshotted at launch, restored after the run if changed:")
-            lines.extend(f"  {p}" for p in self.restore)
+            lines.extend(f"  {p} ({rule})" for p, rule in self.restore.items())
         lines.extend(self.strategy.describe())
         lines.extend(network_lines(self.policy))
         if self.seccomp:

@@ -49,6 +49,10 @@ DIFFERENCES = (
     "can be changed during the run; corral restores them afterwards and reports it",
     "names inside secret directories can be listed, not read; a new file created "
     "beside a secret file in the workspace (e.g. next to .env) cannot be read back",
+    "a secret in the workspace (.env, a read_deny path there) stays unreadable but can be "
+    "renamed, hard-linked or rewritten during the run; after it corral puts it back from "
+    "a snapshot taken at launch and takes its other names out (found by inode), so no "
+    "later run reads it, and reports each (up to 16 MiB of secrets there; more is refused)",
     "chmod and chown are refused everywhere, the workspace included (Landlock does not "
     "govern file modes; a read-only file the sandbox owns could otherwise be opened up)",
     "$HOME is the workspace's home layer here too, but tools that set file modes in it "
@@ -360,7 +364,8 @@ class LandlockTier(Tier):
         plan.notes = list(fs.notes)
         plan.quarantine = fs.quarantine
         plan.repositories = fs.repositories
-        plan.restore = fs.write_protect
+        plan.restore = dict.fromkeys(fs.write_protect, "write-deny")
+        plan.restore.update(dict.fromkeys(fs.secrets_inside, "read-deny"))
         plan.hardlinks = fs.hardlinks
         plan.env = environ.sandbox_env(policy, facts.environ)
         plan.cwd = environ.sandbox_cwd(policy, fs.writable, facts.cwd)
