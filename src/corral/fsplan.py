@@ -96,6 +96,7 @@ class FsPlan:
 
     __slots__ = (
         "hardlinks",
+        "keep_in_place",
         "lock_watch",
         "mounts",
         "notes",
@@ -120,6 +121,10 @@ class FsPlan:
         # existing secrets inside writable ones: a tier without mounts cannot stop the
         # run renaming, linking or rewriting them (corral.restore undoes it)
         self.secrets_inside: list[str] = []
+        # what mount tiers keep where it was: a mask or a read-only bind cannot be
+        # undone from inside, but it moves with a directory above it that the run
+        # renames (then a later run would not cover it at its new path)
+        self.keep_in_place: list[str] = []
         # files in the workspace whose content may be shared with a file outside it:
         # read-only for the run (mount tiers bind them so; landlock withholds writing)
         self.hardlinks: list[str] = []
@@ -662,6 +667,10 @@ def plan_filesystem(
     plan.secrets_inside = sorted(
         p for p in set(plan.read_deny) if p in steps.masks and steps.in_writable(p)
     )
+    # (git's own files are not here: a repository moved away and made again at its
+    # old path is a repository made during the run, which corral.gitguard checks)
+    users = {p for p, m in steps.ro_binds.items() if m.why == "write-deny"}
+    plan.keep_in_place = sorted(users | set(plan.secrets_inside))
     if mounts:
         steps.lay_out(home, capless_uid)
     return plan

@@ -247,7 +247,7 @@ class Aftercare:
                 from corral import restore
 
                 try:
-                    self.snapshot = dict(restore.snapshot(plan.restore))
+                    self.snapshot = dict(restore.snapshot(plan.restore, plan.restore))
                 except (restore.TooLarge, OSError) as exc:
                     from corral.errors import RefusedError
 

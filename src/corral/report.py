@@ -135,6 +135,32 @@ def restored(
     )
 
 
+def made_in_place(path: str, moved_to: str = "", error: str = "") -> Denial:
+    """What the run made at an in-place path after a renamed directory carried it off."""
+    what = "was made where a path the run carried off was"
+    return _moved(path, what, "in-place", moved_to, error)
+
+
+def carried_back(path: str, now: str, error: str = "") -> Denial:
+    """An in-place path (a masked secret, a read-only write-deny path) that a directory
+    renamed during the run carried to ``now``: put back at ``path`` (or ``error``)."""
+    if now:
+        text = f"denied write: {path} was carried to {now} by a directory the run renamed; "
+        text += f"could not move it back: {error}" if error else "moved back"
+    else:
+        text = f"denied write: {path} was carried away by a directory the run renamed, "
+        text += f"and corral could not find it: {error}"
+    return Denial(
+        "file",
+        text,
+        path=path,
+        rule="in-place",
+        action="not moved back" if error else "moved back",
+        now=now or None,
+        error=error or None,
+    )
+
+
 def secret_copy(secret: str, copy: str, moved_to: str = "", error: str = "") -> Denial:
     """Another name a secret's file got during the run (a rename, a hard link), taken
     out of the workspace so that no later run reads it there (``copy`` empty: the

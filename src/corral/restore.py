@@ -13,6 +13,13 @@ For a secret, every other name its file or directory got during the run (a
 rename, a hard link: found by inode in the writable places) is moved to the
 quarantine as well, so no later run can read it there.
 
+Mount tiers need less: a masked secret or a read-only write-deny path cannot
+be changed from inside, but a directory above it can be renamed, and the mount
+goes with it (``mv data data2`` carries ``data/private``, so a later run,
+which masks ``data/private``, would read ``data2/private``).  Those paths are
+"in-place": only their inode is noted at launch, and one that moved is put
+back where it was (what the run made at its old path goes to the quarantine).
+
 Restoring happens when nothing of the sandbox is left running, so the checks
 below cannot be raced.  What is put back is the content, the mode and the
 modification time (to the nanosecond) of every entry, and the access time;
@@ -94,9 +101,23 @@ def _walk(path: str) -> Tree | None:
     return tree
 
 
-def snapshot(paths: Iterable[str]) -> dict[str, Tree]:
-    """Trees of the given paths as they are now (TooLarge if one is unreasonable)."""
-    return {p: t for p in paths if (t := _walk(p)) is not None}
+def snapshot(paths: Iterable[str], rules: Mapping[str, str] | None = None) -> dict[str, Tree]:
+    """Trees of the given paths as they are now (TooLarge if one is unreasonable);
+    an "in-place" path (``rules``) only by its inode."""
+    rules = rules or {}
+    return {
+        p: t
+        for p in paths
+        if (t := _anchor(p) if rules.get(p) == "in-place" else _walk(p)) is not None
+    }
+
+
+def _anchor(path: str) -> Tree | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return {"": ("i", 0, b"", 0, 0, (st.st_dev, st.st_ino, st.st_nlink))}
 
 
 def _changed(before: Tree, now: Tree | None) -> bool:
@@ -148,8 +169,11 @@ def restore(
     rules = rules or {}
     secrets = {p: t for p, t in snap.items() if rules.get(p) == "read-deny"}
     strays = _moved_inodes(secrets)  # looked at before anything is put back
+    carried = _carried(snap, rules)
     said = []
     for path, before in snap.items():
+        if rules.get(path) == "in-place":
+            continue  # (_carried looked at it)
         try:
             now = _walk(path)
         except (OSError, TooLarge):
@@ -178,9 +202,64 @@ def restore(
                 pass  # not ours to set (another owner): a trace, not a failure
         moved_to = str(moved[0].fields.get("moved_to") or "") if moved else ""
         said.append(restored(path, moved_to, error, rule=rule))
+    if carried:
+        said += _put_back(carried, roots, run_id)
     if strays:
         said += _take_out_copies(strays, roots, run_id)
     return said
+
+
+def _carried(snap: dict[str, Tree], rules: Mapping[str, str]) -> dict[Inode, str]:
+    """The in-place paths whose inode is no longer there -> the path it had."""
+    carried = {}
+    for path, tree in snap.items():
+        if rules.get(path) != "in-place":
+            continue
+        dev, ino, _ = tree[""][5]
+        try:
+            st = os.lstat(path)
+        except OSError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != (dev, ino):
+            carried[(dev, ino)] = path
+    return carried
+
+
+def _put_back(carried: dict[Inode, str], roots: Sequence[str], run_id: str) -> list[Denial]:
+    """Move each carried path back from where the run's rename took it."""
+    from corral.quarantine import move_out
+    from corral.report import carried_back, made_in_place
+
+    found, complete = _find_inodes({i: {p} for i, p in carried.items()}, roots)
+    said: list[Denial] = []
+    for now, inode in found:
+        path = carried.pop(inode)
+        if os.path.lexists(path):  # what the run made at the old path
+            said.append(made_in_place(path, *move_out(path, run_id)))
+        error = _move_back(now, path)
+        said.append(carried_back(path, now, error))
+    for path in carried.values():
+        why = "it is gone" if complete else f"not found in the first {MAX_SEARCH} entries"
+        said.append(carried_back(path, "", why))
+    return said
+
+
+def _move_back(now: str, path: str) -> str:
+    """Rename ``now`` to ``path``, making missing directories on the way (never
+    through a symlink the run left); "" or why not."""
+    existing = os.path.dirname(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if os.path.realpath(existing) != existing:
+        return f"{existing} is a symlink now"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if os.path.lexists(path):
+            return f"{path} could not be cleared"
+        os.rename(now, path)
+    except OSError as exc:
+        return str(exc)
+    return ""
 
 
 def _moved_inodes(secrets: dict[str, Tree]) -> dict[Inode, set[str]]:

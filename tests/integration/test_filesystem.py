@@ -440,15 +440,23 @@ def test_a_workspace_secret_renamed_or_linked_never_reaches_a_later_run(
 ) -> None:
     """Landlock keeps a ``.env`` unreadable in its run but cannot stop a rename or a
     link: ``mv .env notes.txt`` once left it readable to the next run.  Mount tiers
-    refuse the rename; landlock undoes it.  Either way no later run reads a copy,
-    and each secret is back where it was, with its content."""
+    refuse that, but a mask moves with a directory renamed above it: ``mv conf
+    conf2`` once left ``conf2/keys`` readable to the next run, and let a run swap
+    the write-deny ``conf/prod.yaml`` for its own.  Landlock undoes all of it,
+    mount tiers move what was carried back.  No later run reads a copy, and each
+    protected path is back where it was, with its content."""
     c, ws = tsandbox
     (ws / ".env").write_text("CANARY-dotenv\n")
     (ws / ".env.local").write_text("CANARY-local\n")
     (ws / "private").mkdir()
     (ws / "private" / "key").write_text("CANARY-key\n")
     (ws / "ok.txt").write_text("plain\n")
-    (ws / "corral.toml").write_text('[filesystem]\nread_deny = ["private"]\n')
+    (ws / "conf" / "keys").mkdir(parents=True)
+    (ws / "conf" / "keys" / "k").write_text("CANARY-nested\n")
+    (ws / "conf" / "prod.yaml").write_text("mode: safe\n")
+    (ws / "corral.toml").write_text(
+        '[filesystem]\nread_deny = ["private", "conf/keys"]\nwrite_deny = ["conf/prod.yaml"]\n'
+    )
     c.chown(ws)
     first = c.sh(
         ws,
@@ -456,23 +464,28 @@ def test_a_workspace_secret_renamed_or_linked_never_reaches_a_later_run(
         mkdir -p hide
         mv .env hide/notes.txt; ln private/key keylink; mv private pub
         echo more >> hide/notes.txt; echo more >> pub/key; echo wiped > .env.local
+        mv conf conf2 && mkdir conf && echo "mode: evil" > conf/prod.yaml
         mv ok.txt ok2.txt && ln ok2.txt ok3.txt && echo twins-made
         true
     """,
     )
     assert b"twins-made" in first.stdout, first.stderr
-    later = c.sh(ws, "cat hide/notes.txt keylink pub/key .env private/key ok2.txt ok3.txt 2>&1")
+    later = c.sh(
+        ws, "cat hide/notes.txt keylink pub/key .env private/key conf2/keys/k ok2.txt ok3.txt 2>&1"
+    )
     assert b"CANARY" not in later.stdout, later.stdout
     assert later.stdout.count(b"plain") == 2  # the twins: ordinary files keep new names
     assert (ws / ".env").read_text() == "CANARY-dotenv\n"
     assert (ws / ".env.local").read_text() == "CANARY-local\n"  # rewritten: put back
     assert (ws / "private" / "key").read_text() == "CANARY-key\n"
+    assert (ws / "conf" / "keys" / "k").read_text() == "CANARY-nested\n"
+    assert (ws / "conf" / "prod.yaml").read_text() == "mode: safe\n"
     holders = {
         str(f.relative_to(ws))
         for f in ws.rglob("*")
         if f.is_file() and not f.is_symlink() and b"CANARY" in f.read_bytes()
     }
-    assert holders == {".env", ".env.local", "private/key"}  # no other name holds one
+    assert holders == {".env", ".env.local", "private/key", "conf/keys/k"}  # and no other
     if c.tier is not None and c.tier.tier == "landlock":  # the undo is said after the run
         err = first.stderr.decode()
         assert "(read-deny) was moved or linked to" in err and "keylink" in err, err

@@ -167,3 +167,61 @@ def test_a_search_cut_short_says_so(secrets: Path, monkeypatch: pytest.MonkeyPat
         (ws / f"f{n}").write_text("x")
     said = _settle(ws, lambda: (ws / ".env").rename(ws / "f9"))
     assert any("could not look everywhere for it: more than 2 entries" in s for s in said), said
+
+
+def _keep(ws: Path, run: Callable[[], None]) -> list[str]:
+    """Anchor ``conf/keys`` (a mount tier's mask) at launch, do ``run``, check."""
+    rules = {str(ws / "conf" / "keys"): "in-place"}
+    snap = restore.snapshot(rules, rules)
+    run()
+    return [str(d) for d in restore.restore(snap, "run-k", rules, [str(ws)])]
+
+
+@pytest.fixture
+def nested(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ws = tmp_path / "ws"
+    (ws / "conf" / "keys").mkdir(parents=True)
+    (ws / "conf" / "keys" / "k").write_text("secret\n")
+    (ws / "conf" / "app.yaml").write_text("app\n")
+    return ws
+
+
+def test_a_path_carried_off_by_a_renamed_directory_is_moved_back(nested: Path) -> None:
+    ws = nested
+
+    def run() -> None:
+        (ws / "conf").rename(ws / "settings")
+        (ws / "conf" / "keys").mkdir(parents=True)
+        (ws / "conf" / "keys" / "k").write_text("the run's own\n")
+
+    said = _keep(ws, run)
+    assert (ws / "conf" / "keys" / "k").read_text() == "secret\n"
+    assert (ws / "settings" / "app.yaml").read_text() == "app\n"  # the rest of the rename stays
+    assert not (ws / "settings" / "keys").exists()
+    assert len(said) == 2, said
+    assert "was made where a path the run carried off was; moved to" in said[0]
+    assert said[1].endswith(
+        f"was carried to {ws / 'settings' / 'keys'} by a directory the run renamed; moved back"
+    )
+
+
+def test_a_path_left_in_place_costs_one_look(nested: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(restore, "_find_inodes", None)  # never called
+    assert _keep(nested, lambda: (nested / "conf" / "app.yaml").unlink()) == []
+    assert restore.snapshot({"/no/such": "in-place"}, {"/no/such": "in-place"}) == {}
+
+
+def test_never_moved_back_through_a_symlink_the_run_left(nested: Path, tmp_path: Path) -> None:
+    ws = nested
+    outside = tmp_path / "outside"
+    outside.mkdir()
+
+    def run() -> None:
+        (ws / "conf").rename(ws / "settings")
+        (ws / "conf").symlink_to(outside)
+
+    said = _keep(ws, run)
+    assert list(outside.iterdir()) == []  # nothing went through the link
+    assert (ws / "settings" / "keys" / "k").read_text() == "secret\n"
+    assert len(said) == 1 and f"could not move it back: {ws / 'conf'} is a symlink now" in said[0]

@@ -302,9 +302,10 @@ class Plan:
         # {lock name: protected path}, watched during the run (corral.lockwatch)
         self.lock_watch: dict[str, dict[str, str]] = {}
         self.hardlinks: list[str] = []  # files made read-only: may share content outside
-        # tiers without mounts (landlock): write-deny paths and secrets inside writable
-        # places, put back after the run (path -> "write-deny" or "read-deny"; a
-        # secret's copies made by a rename or a link are taken out too);
+        # write-deny paths and secrets inside writable places, checked after the run
+        # (corral.restore): path -> "write-deny" or "read-deny" (tiers without
+        # mounts: content put back; a secret's other names taken out too) or
+        # "in-place" (mount tiers: moved back if a renamed directory carried it);
         # a private directory the launcher creates (and fills: ``prepare``)
         self.restore: dict[str, str] = {}
         self.scratch: str | None = None
@@ -327,9 +328,14 @@ class Plan:
             lines.extend(f"  {m!r}" for m in self.mounts)
         if self.scratch:
             lines.append(f"scratch (private, removed after the run): {self.scratch}")
-        if self.restore:
+        kept = [p for p, rule in self.restore.items() if rule == "in-place"]
+        undone = [(p, rule) for p, rule in self.restore.items() if rule != "in-place"]
+        if undone:
             lines.append("snapshotted at launch, restored after the run if changed:")
-            lines.extend(f"  {p} ({rule})" for p, rule in self.restore.items())
+            lines.extend(f"  {p} ({rule})" for p, rule in undone)
+        if kept:
+            lines.append("kept in place (moved back if a directory the run renames carries one):")
+            lines.extend(f"  {p}" for p in kept)
         lines.extend(self.strategy.describe())
         lines.extend(network_lines(self.policy))
         if self.seccomp:

@@ -377,6 +377,7 @@ class ContainerTier(Tier):
         assert fs is not None and facts.bundle is not None
         plan.quarantine = fs.quarantine
         plan.repositories = fs.repositories
+        plan.restore = dict.fromkeys(fs.keep_in_place, "in-place")
         plan.notes = list(fs.notes)
         plan.lock_watch = fs.lock_watch
         plan.hardlinks = fs.hardlinks

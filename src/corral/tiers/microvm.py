@@ -213,6 +213,7 @@ class MicroVMTier(Tier):
         plan.notes = vm.notes
         plan.quarantine = facts.fs.quarantine
         plan.repositories = facts.fs.repositories
+        plan.restore = dict.fromkeys(facts.fs.keep_in_place, "in-place")
         plan.cwd = vm.launch.cwd if vm.launch is not None else policy.workspace
         plan.env = dict(vm.launch.env) if vm.launch is not None else {}
         _bounds(plan, vm)

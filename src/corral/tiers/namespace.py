@@ -419,6 +419,7 @@ class NamespaceTier(Tier):
         plan.mounts = fs.mounts
         plan.quarantine = fs.quarantine
         plan.repositories = fs.repositories
+        plan.restore = dict.fromkeys(fs.keep_in_place, "in-place")
         plan.notes = fs.notes
         plan.lock_watch = fs.lock_watch
         plan.hardlinks = fs.hardlinks
