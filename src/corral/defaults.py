@@ -173,6 +173,9 @@ GITDIR_WRITE_DENY = ("hooks/", "config", "config.worktree")
 # Directories the workspace scan does not descend into: huge, and not where a
 # repository or a secret file is expected.
 SCAN_SKIP_DIRS = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".tox", "target"})
+# Of those, the environments installers fill with hard links into their caches
+# (uv, pnpm, bun): corral.linkfarm looks at them package by package instead.
+LINK_FARMS = frozenset({".venv", "venv", ".tox", "node_modules"})
 SCAN_MAX_DEPTH = 6
 SCAN_MAX_ENTRIES = 20000
 

@@ -269,13 +269,14 @@ class WorkspaceScan:
     """What a bounded walk of the workspace found: git dirs, secret files, and regular
     files with more links than the walk found inside the workspace."""
 
-    __slots__ = ("complete", "dirs", "git_dirs", "git_files", "hardlinks", "secret_files")
+    __slots__ = ("complete", "dirs", "farms", "git_dirs", "git_files", "hardlinks", "secret_files")
 
     def __init__(self) -> None:
         self.git_dirs: list[str] = []
         self.git_files: list[str] = []  # ``.git`` files (``gitdir: PATH``), found as such
         self.secret_files: list[str] = []
         self.hardlinks: list[str] = []
+        self.farms: list[str] = []  # environments the walk skips (corral.linkfarm looks in)
         self.complete = True
         self.dirs: dict[str, WalkedDir] = {}  # every directory listed, as it was
 
@@ -378,6 +379,8 @@ def _list(
         elif is_dir:
             if name not in defaults.SCAN_SKIP_DIRS and depth < defaults.SCAN_MAX_DEPTH:
                 walked.subdirs.append((entry.path, depth + 1))
+            elif name in defaults.LINK_FARMS and not git_only:
+                scan.farms.append(entry.path)
         elif not git_only:
             if _is_secret_name(name):
                 scan.secret_files.append(entry.path)
@@ -560,6 +563,24 @@ def hardlink_decision(found: list[str], choice: str) -> str:
         )
         raise RefusedError(f"{what} ({why}); copy them apart or remove them")
     return f"{what}; read-only for this run"
+
+
+def farm_decision(found: list[str], choice: str) -> str:
+    """The note for environments whose packages are hard links into a tool's cache
+    (RefusedError when the policy says "refuse")."""
+    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    what = (
+        f"packages in {shown} are hard links into a cache outside the workspace (uv, "
+        "pnpm, bun): writing one would change every environment linked from it"
+    )
+    if choice == "refuse":
+        from corral.errors import RefusedError
+
+        raise RefusedError(f'{what} ([filesystem] hardlinks = "refuse"); copy them apart')
+    return (
+        f"{what}; read-only for this run (an environment made with UV_LINK_MODE=copy, "
+        "or pnpm's package-import-method=copy, stays writable)"
+    )
 
 
 def _submodule_git_dirs(modules: str) -> list[str]:
@@ -801,6 +822,13 @@ class _Planner:
             plan.hardlinks = [p for p in plan.hardlinks if p not in self.masks]
         if plan.hardlinks:
             plan.notes.append(hardlink_decision(plan.hardlinks, self.policy.filesystem.hardlinks))
+        if scan.farms:
+            from corral import linkfarm
+
+            linked = linkfarm.find(scan.farms)
+            if linked:
+                plan.notes.append(farm_decision(linked, self.policy.filesystem.hardlinks))
+                plan.hardlinks += linked
         return scan
 
     # -- write-deny -------------------------------------------------------------------

@@ -491,6 +491,63 @@ def test_a_workspace_secret_renamed_or_linked_never_reaches_a_later_run(
         assert "(read-deny) was moved or linked to" in err and "keylink" in err, err
 
 
+def _uv_env(uv: str, env: Path, wheels: Path, cache: Path, link_mode: str) -> Path:
+    """An environment made by real uv from a local wheel; its ``tinypkg/__init__.py``."""
+    run = {**os.environ, "UV_CACHE_DIR": str(cache), "UV_OFFLINE": "1", "UV_LINK_MODE": link_mode}
+    python = str(env / "bin" / "python")
+    venv = [uv, "venv", "-q", "--python", "/usr/bin/python3", str(env)]
+    subprocess.run(venv, env=run, check=True)
+    install = ["pip", "install", "-q", "--python", python, "--no-index", "--find-links"]
+    subprocess.run([uv, *install, str(wheels), "tinypkg"], env=run, check=True)
+    (module,) = env.glob("lib/python3*/site-packages/tinypkg/__init__.py")
+    return module
+
+
+def test_a_uv_environment_linked_to_its_cache_stays_unwritten(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """uv links every file of a package from its cache (its default on Linux): a
+    run that wrote into one once changed the cached copy, and with it every
+    environment uv makes from it later, on the host.  Its twin, made with
+    UV_LINK_MODE=copy, stays writable; both stay importable."""
+    import shutil
+    import sys
+
+    from test_tls import tiny_wheel
+
+    uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    if not os.path.exists(uv):
+        pytest.skip("uv is not installed: pip install -e '.[dev]' installs it")
+    c, ws = tsandbox
+    wheels = c.base / "wheels"
+    wheels.mkdir()
+    tiny_wheel(wheels)
+    cache = c.base / "uv-cache"  # beside the workspace: the same filesystem
+    linked = _uv_env(uv, ws / ".venv", wheels, cache, "hardlink")
+    copied = _uv_env(uv, ws / "venv", wheels, cache, "copy")
+    assert os.stat(linked).st_nlink == 2 and os.stat(copied).st_nlink == 1
+    (ws / "src").mkdir()  # (landlock: new files go where a directory was at launch)
+    c.chown(ws)
+    r = c.sh(
+        ws,
+        """
+        for f in .venv/lib/python3*/site-packages/tinypkg/__init__.py; do
+            echo "VALUE = 'poisoned'" >> "$f"; echo linked=$?; cat "$f"
+        done
+        for f in venv/lib/python3*/site-packages/tinypkg/__init__.py; do
+            echo "VALUE = 'changed'" >> "$f"; echo copied=$?
+        done
+        echo new > src/new.txt && echo workspace=ok
+    """,
+    )
+    out = r.stdout.decode()
+    assert "linked=0" not in out and "copied=0" in out and "workspace=ok" in out, out
+    assert "VALUE = 'tiny'" in out  # still read (and importable)
+    cached = [p for p in cache.rglob("__init__.py") if os.stat(p).st_ino == os.stat(linked).st_ino]
+    assert cached and cached[0].read_text() == "VALUE = 'tiny'\n"  # the cache is untouched
+    assert "changed" in copied.read_text()
+
+
 def test_corral_state_is_hidden(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     (c.state / "other.txt").write_text("public-state\n")

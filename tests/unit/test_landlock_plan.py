@@ -5,6 +5,8 @@ or the kernel (tests/integration run the same policies for real)."""
 from __future__ import annotations
 
 import errno
+import functools
+import operator
 import os
 from pathlib import Path
 
@@ -310,3 +312,25 @@ def test_plan_notes_where_new_files_cannot_be_written(
     assert isinstance(plan.strategy, Confined)
     rules = dict(plan.strategy.ruleset.paths)
     assert not allowed(rules, str(ws / "sub" / "linked.txt"), L.WRITE_FILE)
+
+
+def test_a_linked_environment_gets_no_write_right(tmp_path: Path) -> None:
+    """Packages hard-linked from a cache outside (uv, pnpm): read and run, never written."""
+    from tests.unit.test_linkfarm import venv
+
+    ws = tmp_path / "ws"
+    site = venv(ws, tmp_path / "cache")
+    (ws / "src").mkdir()
+    plan = LandlockTier().plan(Policy.load(workspace=str(ws)), ["true"])
+    assert isinstance(plan.strategy, Confined)
+    rules = dict(plan.strategy.ruleset.paths)
+
+    def rights(path: Path) -> int:
+        text = str(path)
+        return functools.reduce(
+            operator.or_, (r for p, r in rules.items() if text == p or text.startswith(p + "/")), 0
+        )
+
+    linked = site / "pkg0" / "__init__.py"
+    assert rights(linked) & L.READ_FILE and not rights(linked) & (L.WRITE_FILE | L.TRUNCATE)
+    assert rights(ws / "src" / "new.py") & L.WRITE_FILE  # the twin: the workspace stays writable
