@@ -176,6 +176,10 @@ SCAN_SKIP_DIRS = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".to
 # Of those, the environments installers fill with hard links into their caches
 # (uv, pnpm, bun): corral.linkfarm looks at them package by package instead.
 LINK_FARMS = frozenset({".venv", "venv", ".tox", "node_modules"})
+# Set inside unless passed or set: an installer run in the sandbox copies from
+# its cache (the home layer's) instead of linking, so the environment it makes
+# is not read-only to the next run (corral.linkfarm).
+INSTALLER_ENV = {"UV_LINK_MODE": "copy", "npm_config_package_import_method": "copy"}
 SCAN_MAX_DEPTH = 6
 SCAN_MAX_ENTRIES = 20000
 

@@ -27,6 +27,8 @@ def sandbox_env(policy: Policy, source: Mapping[str, str] | None = None) -> dict
             env[name] = value
     env.setdefault("PATH", defaults.FALLBACK_PATH)
     env.setdefault("HOME", policy.home())
+    for name, value in defaults.INSTALLER_ENV.items():
+        env.setdefault(name, value)
     env.update(policy.env.set_values)
     env["CORRAL_SANDBOX"] = "1"  # lets tools (and tests) know where they run
     return env

@@ -28,7 +28,7 @@ HOST_ENV = {
 
 def test_only_base_names_pass_by_default(tmp_path: Path) -> None:
     env = environ.sandbox_env(Policy(str(tmp_path)), HOST_ENV)
-    allowed = {*defaults.BASE_ENV, "CORRAL_SANDBOX"}
+    allowed = {*defaults.BASE_ENV, *defaults.INSTALLER_ENV, "CORRAL_SANDBOX"}
     assert set(env) <= allowed
     assert env["PATH"] == "/opt/bin:/usr/bin"
     assert env["HOME"] == "/home/someone"
@@ -52,7 +52,8 @@ def test_policy_pass_and_set(tmp_path: Path) -> None:
     assert "NOT_ON_HOST" not in env
     assert env["GREETING"] == "hello"
     assert env["LANG"] == "fr_FR.UTF-8"  # a set value wins over a passed one
-    assert set(env) == {*defaults.BASE_ENV, "CI", "GOPATH", "GREETING", "CORRAL_SANDBOX"} - {"TZ"}
+    names = {*defaults.BASE_ENV, *defaults.INSTALLER_ENV, "CI", "GOPATH", "GREETING"}
+    assert set(env) == names - {"TZ"} | {"CORRAL_SANDBOX"}
     assert "AWS_SECRET_ACCESS_KEY" not in env
 
 
@@ -69,7 +70,22 @@ def test_fallbacks_for_empty_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "PATH": defaults.FALLBACK_PATH,
         "HOME": str(tmp_path / "home"),
         "CORRAL_SANDBOX": "1",
+        **defaults.INSTALLER_ENV,
     }
+
+
+def test_installers_copy_inside_unless_told_otherwise(tmp_path: Path) -> None:
+    """uv and pnpm link from their cache by default: inside, that cache is the home
+    layer's, and an environment made of links would be read-only to the next run
+    (corral.linkfarm).  A passed or set value wins."""
+    env = environ.sandbox_env(Policy(str(tmp_path)), {})
+    assert env["UV_LINK_MODE"] == "copy" and env["npm_config_package_import_method"] == "copy"
+    pol = Policy(str(tmp_path))
+    pol.env.pass_names = ["UV_LINK_MODE"]
+    pol.env.set_values = {"npm_config_package_import_method": "hardlink"}
+    env = environ.sandbox_env(pol, {"UV_LINK_MODE": "symlink"})
+    assert env["UV_LINK_MODE"] == "symlink"
+    assert env["npm_config_package_import_method"] == "hardlink"
 
 
 def test_defaults_to_os_environ(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

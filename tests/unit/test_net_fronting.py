@@ -314,3 +314,17 @@ def test_captured_plain_http_is_served_request_by_request(tmp_path: Path) -> Non
             assert hosts == [f"{NAME}:{w.origin.port}".encode()] * 2
 
     run(go)
+
+
+def test_plain_http_then_a_half_close_is_still_answered(tmp_path: Path) -> None:
+    """``printf 'GET ...' | nc``: the request, then the client's end of writing."""
+
+    async def go() -> None:
+        async with world(tmp_path, ["*.wild.test", "127.0.0.1:{port}"], TABLE) as w:
+            reader, writer = await connect(w, NAME, w.origin.port)
+            writer.write(f"GET /half HTTP/1.1\r\nHost: {NAME}\r\n\r\n".encode())
+            writer.write_eof()
+            assert (await read_response(reader)).status == 200
+            assert w.origin.paths == ["/half"]
+
+    run(go)

@@ -1437,6 +1437,8 @@ class _Pump(aio.BufferedProtocol):
         if self.hold is not None:
             self.held(b"", final=True)
         self.eof = True
+        if self.handover is not None:
+            return True  # the client's reader is told when it is handed back
         if self.peer.can_write_eof() and not self.peer.is_closing():
             self.peer.write_eof()
         if self.partner is not None and self.partner.eof:
@@ -1552,6 +1554,8 @@ async def tunnel(
         if up.handover is not None:
             client.set_protocol(before)
             client_r.feed_data(up.handover)
+            if up.eof:
+                client_r.feed_eof()
             client.resume_reading()
             _give_streams(upstream)
         else:
