@@ -182,7 +182,9 @@ def restore(
             continue
         parent = os.path.dirname(path)
         rule = rules.get(path, "write-deny")
-        if os.path.realpath(parent) != parent:
+        # a secret goes back even where the run renamed its directory away
+        made = rule == "read-deny" and bool(_make_parents(path))
+        if os.path.realpath(parent) != parent or made:
             said.append(restored(path, parent=parent, rule=rule))
             continue
         try:
@@ -244,9 +246,9 @@ def _put_back(carried: dict[Inode, str], roots: Sequence[str], run_id: str) -> l
     return said
 
 
-def _move_back(now: str, path: str) -> str:
-    """Rename ``now`` to ``path``, making missing directories on the way (never
-    through a symlink the run left); "" or why not."""
+def _make_parents(path: str) -> str:
+    """Make the missing directories on the way to ``path`` (a run renamed one away),
+    never through a symlink the run left; "" or why not."""
     existing = os.path.dirname(path)
     while not os.path.lexists(existing):
         existing = os.path.dirname(existing)
@@ -254,6 +256,17 @@ def _move_back(now: str, path: str) -> str:
         return f"{existing} is a symlink now"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
+    except OSError as exc:
+        return str(exc)
+    return ""
+
+
+def _move_back(now: str, path: str) -> str:
+    """Rename ``now`` to ``path``, making missing directories on the way; "" or why not."""
+    error = _make_parents(path)
+    if error:
+        return error
+    try:
         if os.path.lexists(path):
             return f"{path} could not be cleared"
         os.rename(now, path)

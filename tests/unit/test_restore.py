@@ -225,3 +225,16 @@ def test_never_moved_back_through_a_symlink_the_run_left(nested: Path, tmp_path:
     assert list(outside.iterdir()) == []  # nothing went through the link
     assert (ws / "settings" / "keys" / "k").read_text() == "secret\n"
     assert len(said) == 1 and f"could not move it back: {ws / 'conf'} is a symlink now" in said[0]
+
+
+def test_a_secret_whose_directory_was_renamed_away_goes_back(secrets: Path) -> None:
+    ws = secrets
+    (ws / "private" / "deeper").mkdir()
+    (ws / "private" / "deeper" / "k").write_text("K=secret\n")
+    rules = {str(ws / "private" / "deeper"): "read-deny"}
+    snap = restore.snapshot(rules)
+    (ws / "private").rename(ws / "moved")
+    said = [str(d) for d in restore.restore(snap, "run-d", rules, [str(ws)])]
+    assert (ws / "private" / "deeper" / "k").read_text() == "K=secret\n"
+    assert not (ws / "moved" / "deeper").exists()  # its copy: taken out
+    assert any("restored from the snapshot" in s for s in said), said
