@@ -269,7 +269,16 @@ class WorkspaceScan:
     """What a bounded walk of the workspace found: git dirs, secret files, and regular
     files with more links than the walk found inside the workspace."""
 
-    __slots__ = ("complete", "dirs", "farms", "git_dirs", "git_files", "hardlinks", "secret_files")
+    __slots__ = (
+        "complete",
+        "dirs",
+        "farms",
+        "git_dirs",
+        "git_files",
+        "hardlinks",
+        "policy_files",
+        "secret_files",
+    )
 
     def __init__(self) -> None:
         self.git_dirs: list[str] = []
@@ -277,6 +286,8 @@ class WorkspaceScan:
         self.secret_files: list[str] = []
         self.hardlinks: list[str] = []
         self.farms: list[str] = []  # environments the walk skips (corral.linkfarm looks in)
+        # what a `corral run` started in that directory would load as its policy
+        self.policy_files: list[str] = []
         self.complete = True
         self.dirs: dict[str, WalkedDir] = {}  # every directory listed, as it was
 
@@ -287,7 +298,7 @@ class WalkedDir:
     that finds the same inode with the same change time (a new entry, a rename, a
     touch all change it, and no one but root can set it back) needs no listing."""
 
-    __slots__ = ("count", "ctime", "gits", "ino", "subdirs")
+    __slots__ = ("count", "ctime", "gits", "ino", "policies", "subdirs")
 
     def __init__(self, ino: int, ctime: int) -> None:
         self.ino = ino
@@ -295,6 +306,7 @@ class WalkedDir:
         self.count = 0
         self.subdirs: list[tuple[str, int]] = []
         self.gits: list[tuple[str, bool]] = []
+        self.policies: list[str] = []  # entries named corral.toml
 
 
 class Repositories:
@@ -344,6 +356,7 @@ def scan_workspace(
             break
         scan.dirs[path] = walked
         stack.extend(walked.subdirs)
+        scan.policy_files += walked.policies
         for git, is_dir in walked.gits:
             _note_repository(git, is_dir, scan)
     scan.git_dirs = list(dict.fromkeys(scan.git_dirs))  # a submodule's, found twice
@@ -374,6 +387,8 @@ def _list(
             is_dir = entry.is_dir(follow_symlinks=False)
         except OSError:
             continue
+        if name == defaults.POLICY_FILENAME:
+            walked.policies.append(entry.path)
         if name == ".git":
             walked.gits.append((entry.path, is_dir))
         elif is_dir:
@@ -454,7 +469,14 @@ def created_repositories(root: str, before: Repositories) -> WorkspaceScan | Non
     for path in (*scan.git_dirs, *scan.git_files):
         if identity(path) not in before.known:
             return scan
-    return None
+    return scan if new_policy_files(scan, before) else None
+
+
+def new_policy_files(scan: WorkspaceScan, before: Repositories) -> list[str]:
+    """Policy files (``corral.toml``) the walk after a run finds that the walk at
+    launch did not: a run must not write what a later run started there loads."""
+    known = {p for walked in before.dirs.values() for p in walked.policies}
+    return [p for p in scan.policy_files if p not in known]
 
 
 def read_small(path: str, limit: int = 1 << 20) -> str | None:
@@ -690,7 +712,7 @@ def plan_filesystem(
     )
     # (git's own files are not here: a repository moved away and made again at its
     # old path is a repository made during the run, which corral.gitguard checks)
-    users = {p for p, m in steps.ro_binds.items() if m.why == "write-deny"}
+    users = {p for p, m in steps.ro_binds.items() if m.why.startswith("write-deny")}
     plan.keep_in_place = sorted(users | set(plan.secrets_inside))
     if mounts:
         steps.lay_out(home, capless_uid)
@@ -841,6 +863,8 @@ class _Planner:
         for path in scan.git_files:  # (a symlink cannot be rewritten in place)
             if not os.path.islink(path) and gitfile_target(path) is not None:
                 self.add_write_deny(path, "a .git file names the repository git uses")
+        for path in scan.policy_files:  # what a run started in that directory loads
+            self.add_write_deny(path, "write-deny: a policy file")
         self.plan.write_protect = sorted(self.ro_binds)
         for path in self.plan.hardlinks:
             self.ro_binds.setdefault(

@@ -405,8 +405,14 @@ def created_repositories(plan: Plan, run_id: str) -> list[Denial]:
     if scan is None:
         return []
     from corral import gitguard
+    from corral.quarantine import move_out
+    from corral.report import new_policy_file
 
-    said = gitguard.quarantine(gitguard.findings(root, scan, plan.repositories.known), run_id)
+    said = [
+        new_policy_file(path, *move_out(path, run_id))
+        for path in fsplan.new_policy_files(scan, plan.repositories)
+    ]
+    said += gitguard.quarantine(gitguard.findings(root, scan, plan.repositories.known), run_id)
     if not scan.complete:
         from corral.defaults import SCAN_MAX_ENTRIES
         from corral.report import repositories_unchecked

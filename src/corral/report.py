@@ -99,7 +99,7 @@ def repositories_unchecked(limit: int) -> Denial:
     return Denial(
         "bound",
         f"the workspace walk after the run stopped after {limit} entries: a repository "
-        "made during the run beyond them was not checked for hooks",
+        "or a policy file (corral.toml) made during the run beyond them was not checked",
         name="new-repositories",
         value=limit,
         source="default",
@@ -133,6 +133,13 @@ def restored(
         moved_to=moved_to or None,
         error=error or None,
     )
+
+
+def new_policy_file(path: str, moved_to: str = "", error: str = "") -> Denial:
+    """A ``corral.toml`` the run made: what a later run started in its directory
+    would have loaded as its policy."""
+    what = "(a policy file, made during the run: a run started there would load it)"
+    return _moved(path, what, "write-deny", moved_to, error)
 
 
 def made_in_place(path: str, moved_to: str = "", error: str = "") -> Denial:

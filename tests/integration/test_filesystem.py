@@ -548,6 +548,42 @@ def test_a_uv_environment_linked_to_its_cache_stays_unwritten(
     assert "changed" in copied.read_text()
 
 
+def test_a_policy_file_a_run_plants_in_a_subdirectory_is_never_loaded(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """``corral run`` started in a directory loads its ``corral.toml``.  Only the
+    workspace root's was protected: a run could plant ``sub/corral.toml`` (say,
+    ``defaults = false``, unmasking every secret) for a later run started in
+    ``sub``, or rewrite one already there.  Now every policy file the walk finds
+    is write-deny, and one made during the run is quarantined after it.  The
+    twin: the same file written by the user is what a run in ``sub`` loads."""
+    c, ws = tsandbox
+    planted = '[env]\nset = { PLANTED = "by-the-run" }\n'
+    (ws / "sub" / "deep").mkdir(parents=True)
+    (ws / "sub" / "deep" / "corral.toml").write_text('[env]\nset = { OWN = "the-users" }\n')
+    c.chown(ws)
+    first = c.sh(
+        ws,
+        f"""
+        printf '{planted}' > sub/corral.toml && echo planted
+        printf '{planted}' >> sub/deep/corral.toml || echo existing=refused
+        true
+    """,
+    )
+    assert b"planted" in first.stdout, first.stderr
+    assert not (ws / "sub" / "corral.toml").exists()
+    assert "PLANTED" not in (ws / "sub" / "deep" / "corral.toml").read_text()
+    assert b"a policy file, made during the run" in first.stderr
+    later = c.sh(ws / "sub", "echo planted=$PLANTED")
+    assert later.stdout.strip() == b"planted=", later.stderr
+    (ws / "sub" / "corral.toml").write_text(planted)  # the user's own, from the host
+    c.chown(ws / "sub" / "corral.toml")
+    own = c.sh(ws / "sub", "echo planted=$PLANTED")
+    assert own.stdout.strip() == b"planted=by-the-run", own.stderr
+    deep = c.sh(ws / "sub" / "deep", "echo own=$OWN")
+    assert deep.stdout.strip() == b"own=the-users", deep.stderr
+
+
 def test_corral_state_is_hidden(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     (c.state / "other.txt").write_text("public-state\n")

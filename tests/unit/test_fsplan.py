@@ -588,3 +588,24 @@ def test_configs_that_hold_registry_tokens_are_unreadable_by_default(lay: Layout
     for name in (".yarnrc", ".bunfig.toml", ".condarc"):
         assert str(home / name) in plan.read_deny
     assert str(home) in dests(plan, "remount-ro")
+
+
+def test_every_policy_file_in_the_workspace_is_write_deny_and_new_ones_are_found(
+    tmp_path: Path,
+) -> None:
+    """A run started in ``sub`` loads ``sub/corral.toml``: it is policy like the root's."""
+    from corral.fsplan import Repositories, new_policy_files, scan_workspace
+
+    ws = tmp_path / "ws"
+    (ws / "sub" / "deep").mkdir(parents=True)
+    (ws / "sub" / "deep" / "corral.toml").write_text("[env]\n")
+    fs = plan_filesystem(Policy.load(workspace=str(ws)))
+    nested = str(ws / "sub" / "deep" / "corral.toml")
+    assert any(m.kind == "ro-bind" and m.dest == nested for m in fs.mounts)
+    assert nested in fs.keep_in_place
+    before = Repositories(scan_workspace(str(ws)), 0)
+    (ws / "sub" / "corral.toml").write_text("[filesystem]\ndefaults = false\n")
+    after = scan_workspace(str(ws), git_only=True)
+    assert new_policy_files(after, before) == [str(ws / "sub" / "corral.toml")]
+    (ws / "sub" / "corral.toml").unlink()  # the twin: nothing new, nothing found
+    assert new_policy_files(scan_workspace(str(ws), git_only=True), before) == []
