@@ -644,6 +644,32 @@ def main() -> None:
     os._exit(0)
 
 
+def wait_for_go(go: str, ready: str) -> None:
+    """A microVM Sandbox's agent, started by the guest's init before its state was
+    saved (corral.vm.guestpython): what it imports is imported, so it says so
+    (``ready`` made) and waits for the one line the init writes to the fifo ``go``
+    once the request has mounted the view: ROOT and the hex of a JSON object with
+    the run's cwd, uid, gid and env.  Then it becomes what the init's ``run``
+    makes of any other command: chrooted at ROOT, in cwd, with only those ids
+    (no supplementary groups) and only that environment.  Nothing before the
+    line is the run's: a state holds no request."""
+    import _ctypes  # noqa: F401  libc() imports it late: from here, not the view
+
+    os.close(os.open(ready, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    with open(go, "rb") as fh:
+        root, _, blob = fh.readline().decode().strip().partition(" ")
+    run = json.loads(bytes.fromhex(blob))
+    os.chroot(root)
+    os.chdir(str(run["cwd"]))
+    os.setgroups([])
+    os.setgid(int(run["gid"]))
+    os.setuid(int(run["uid"]))
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in dict(run["env"]).items()})
+
+
 if __name__ == "__main__":
     sys.setswitchinterval(0.001)  # pump threads hand output over promptly
+    if sys.argv[1:2] == ["--wait"]:
+        wait_for_go(sys.argv[2], sys.argv[3])
     main()

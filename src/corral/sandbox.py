@@ -477,7 +477,8 @@ class Sandbox:
             door=self._door.address if self._door else None,
             extra=[agent_bind],
             net=self._door.extras if self._door else None,
-            host=self.tier.gather(self.policy),  # read again for each start: a new token
+            # read again for each start: a new token
+            host=self.tier.gather(self.policy, agent=True),
         )
         self.plan = plan
         err_r, err_w = os.pipe()

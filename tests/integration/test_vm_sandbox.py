@@ -132,3 +132,33 @@ def test_a_sandbox_starts_from_the_saved_state_with_the_same_decision(
         assert (ws / "landed.txt").read_text() == "landed\n"  # the twin: writes land
         assert sb.files.read_text("landed.txt") == "landed\n"
     assert wait_for(lambda: not our_qemus(), 10)
+
+
+def test_the_agent_started_before_the_state_runs_as_any_command_would(
+    home_ws: tuple[Path, Path],
+) -> None:
+    """A Sandbox's machine starts its agent in the init, before the state is saved:
+    it must end up where the init puts any command (the caller's ids, no other
+    group, only the run's environment, the run's directory, the pids cgroup)
+    and see the same decision: the secret refused, the workspace written."""
+    home, ws = home_ws
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "id_rsa").write_text(SECRET)
+    policy = pol.load(str(ws))
+    policy.limits.pids = 77
+    policy.env.set_values["ONLY_THIS"] = "x\ny"
+    with Sandbox(policy, tier="microvm", log=False) as sb:
+        r = sb.exec(
+            "id -u; id -g; id -G; pwd; env | grep -c -v -e '^[A-Za-z_][A-Za-z0-9_]*=' -e '^y$';"
+            " printenv ONLY_THIS; cat /proc/self/cgroup; cat /sys/fs/cgroup/corral/pids.max;"
+            f" echo landed > landed.txt; cat {home}/.ssh/id_rsa || echo refused"
+        )
+        assert "agent: corral's, started by the guest's init" in how_it_started(sb)
+        assert "LD_LIBRARY_PATH" not in sb.exec("env").stdout.decode()
+    lines = r.stdout.decode().splitlines()
+    ids = str(os.getuid()), str(os.getgid()), str(os.getgid())
+    assert lines[:5] == [*ids, str(ws), "0"], r.stdout
+    assert lines[5:9] == ["x", "y", "0::/corral", "77"], r.stdout
+    assert SECRET.encode() not in r.stdout and lines[-1] == "refused"
+    assert (ws / "landed.txt").read_text() == "landed\n"  # the twin: writes land
+    assert wait_for(lambda: not our_qemus(), 10)

@@ -4,8 +4,10 @@ tests/integration/test_vm.py boots the real guest."""
 
 from __future__ import annotations
 
+import json
 import lzma
 import os
+import shlex
 import stat
 import struct
 import subprocess
@@ -604,3 +606,72 @@ def test_health_without_probing_does_not_boot(tmp_path: Path) -> None:
         qemu_path, assets, "i", str(tmp_path / "c"), probe=False, device=str(device)
     )
     assert found.accel == "tcg" and "not probed yet" in found.reason
+
+
+# ---- a Sandbox's machine: the agent's Python in the initramfs ---------------------
+
+
+def test_a_waiting_agents_request_carries_its_run_as_one_word() -> None:
+    """No argv is run and every value survives: the agent decodes one hex word."""
+    env = {"A": "va'l", "B": "x\ny $(z)", "PATH": "/usr/bin:/bin"}
+    launch = guest.Launch(["python3", "agent.py"], env, "/work space", 1000, 1001, 64, False)
+    launch.duplex = launch.waiting = True
+    request = guest.request(guest.exports(["/work space"]), [], launch).decode()
+    run = shlex.split(request.splitlines()[-1])
+    assert run[:7] == ["run", "1000", "1001", "64", "0", "2", "/work space"]
+    assert len(run) == 8 and "agent.py" not in request
+    got = json.loads(bytes.fromhex(run[7]))
+    assert got == {"cwd": "/work space", "uid": 1000, "gid": 1001, "env": env}
+
+
+LDD = """\
+/usr/bin/python3.11:
+\tlinux-vdso.so.1 (0x00007ffd)
+\tlibm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x00007f01)
+\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f02)
+\t/lib64/ld-linux-x86-64.so.2 (0x00007f03)
+/usr/lib/python3.11/lib-dynload/_ctypes.cpython-311-x86_64-linux-gnu.so:
+\tlibffi.so.8 => /opt/ffi/lib/libffi.so.8 (0x00007f04)
+\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f02)
+"""
+
+
+def test_the_agents_python_is_its_interpreter_modules_and_libraries() -> None:
+    from corral.vm import guestpython
+
+    ctypes_so = "/usr/lib/python3.11/lib-dynload/_ctypes.cpython-311-x86_64-linux-gnu.so"
+    probed: dict[str, list[str] | str] = {
+        "python": "/usr/bin/python3.11",
+        "modules": ["/usr/lib/python3.11/os.py", "/usr/lib/python3.11/json/__init__.py"],
+        "maps": ["/usr/bin/python3.11", ctypes_so, "/usr/lib/locale/C.utf8/LC_CTYPE"],
+    }
+    assert guestpython.elf_files(probed) == ["/usr/bin/python3.11", ctypes_so]
+    closure = guestpython.entries(probed, LDD)
+    assert isinstance(closure, guestpython.Closure)
+    paths = [g for g, _ in closure.files]
+    assert "/lib64/ld-linux-x86-64.so.2" in paths and "/opt/ffi/lib/libffi.so.8" in paths
+    assert ctypes_so in paths and "/usr/lib/python3.11/json/__init__.py" in paths
+    assert "/usr/lib/locale/C.utf8/LC_CTYPE" not in paths  # only what it must load
+    assert closure.libdirs == ["/lib/x86_64-linux-gnu", "/opt/ffi/lib"]  # no ld.so.cache
+    missing = guestpython.entries(probed, LDD.replace("/opt/ffi/lib/libffi.so.8", "not found"))
+    assert missing == "the loader does not find libffi.so.8"
+
+
+def test_the_agents_python_is_laid_out_at_its_host_paths() -> None:
+    files = [
+        initramfs.PythonFile("/usr/lib/python3.11/os.py", b"# os", 0o100644, 1_700_000_000),
+        initramfs.PythonFile("/usr/bin/python3.11", b"\x7fELF", 0o100755, 1_600_000_000),
+        initramfs.PythonFile("/bin/busybox", b"not this", 0o100755, 1),  # the initramfs's own
+    ]
+    data = initramfs.archive([], b"BUSYBOX", [], ("/usr/bin/python3.11", ["/lib/x"], files))
+    found = parse_newc(data)
+    names = [n for n, _, _ in found]
+    by_name = {n: (mode, body) for n, mode, body in found}
+    assert by_name["corral/python"][1] == b"/usr/bin/python3.11\n/lib/x\n"
+    assert by_name["bin/busybox"][1] == b"BUSYBOX"
+    assert by_name["usr/bin/python3.11"] == (stat.S_IFREG | 0o755, b"\x7fELF")
+    for name in names:  # every parent comes before its children
+        parent = name.rsplit("/", 1)[0]
+        assert "/" not in name or names.index(parent) < names.index(name)
+    at = data.index(b"usr/lib/python3.11/os.py\0") - 110
+    assert int(data[at + 46 : at + 54], 16) == 1_700_000_000  # its mtime: the .pyc stays valid

@@ -12,9 +12,10 @@ from corral.errors import RefusedError
 from corral.fsplan import Mount
 from corral.policy import Policy
 from corral.tiers import get
+from corral.tiers.base import Plan
 from corral.tiers.microvm import MicroVMTier, VmFacts, VmStrategy
 from corral.vm import probe, qemu, setup
-from corral.vm.run import VmHost
+from corral.vm.run import AgentMachine, VmHost
 
 
 def facts_for(policy: Policy, accel: str = "tcg") -> VmFacts:
@@ -159,3 +160,57 @@ def test_firecracker_refuses_with_every_reason_and_even_when_complete(
     monkeypatch.setenv("CORRAL_FIRECRACKER_ROOTFS", str(tmp_path / "rootfs.ext4"))
     health = get("firecracker").health()
     assert not health.available and "no Firecracker launcher" in health.reason
+
+
+# ---- a Sandbox's machine: the agent waiting since before the state was saved ----
+
+
+def agent_plan(policy: Policy, facts: VmFacts, command: list[str] | None = None) -> Plan:
+    from corral.tiers.base import SANDBOX_AGENT
+
+    tier = MicroVMTier()
+    bind = Mount("ro-bind", SANDBOX_AGENT, "/src/agent.py", "the sandbox's agent")
+    door = "/run/door.sock" if policy.network.mode == "proxy" else None
+    return tier.plan(policy, command or tier.agent_command(), door, extra=[bind], host=facts)
+
+
+def test_a_sandboxs_agent_is_the_one_its_machine_started(policy: Policy) -> None:
+    facts = facts_for(policy)
+    assert facts.vm is not None
+    facts.vm.agent = AgentMachine("/fake/agent-initramfs.cpio", ["q", "k", "agent-initrd"])
+    sandbox = agent_plan(policy, facts).strategy
+    assert isinstance(sandbox, VmStrategy) and sandbox.vm.launch is not None
+    assert sandbox.vm.launch.waiting and sandbox.vm.launch.duplex
+    argv = sandbox.vm.argv
+    assert argv[argv.index("/fake/agent-initramfs.cpio") + 1] == "/vm/initrd"
+    run = MicroVMTier().plan(policy, ["true"], host=facts).strategy
+    assert isinstance(run, VmStrategy) and run.vm.launch is not None
+    assert not run.vm.launch.waiting and "/fake/initramfs.cpio" in run.vm.argv
+    assert sandbox.vm.warm_key != run.vm.warm_key  # each machine its own saved state
+    # another command with the agent's bind is no agent: it runs as any command
+    other = agent_plan(policy, facts, ["sh", "-c", "true"]).strategy
+    assert isinstance(other, VmStrategy) and other.vm.launch is not None
+    assert not other.vm.launch.waiting
+
+
+def test_without_that_machine_the_agent_starts_with_the_guest_and_says_why(
+    policy: Policy,
+) -> None:
+    facts = facts_for(policy)
+    assert facts.vm is not None
+    facts.vm.agent = "/usr/bin/python3 is older than Python 3.11"
+    plan = agent_plan(policy, facts)
+    assert isinstance(plan.strategy, VmStrategy) and plan.strategy.vm.launch is not None
+    assert not plan.strategy.vm.launch.waiting
+    assert any("no waiting agent: /usr/bin/python3 is older" in n for n in plan.notes)
+
+
+def test_a_networked_sandboxs_agent_starts_behind_its_relay(policy: Policy) -> None:
+    policy.network.mode = "proxy"
+    facts = facts_for(policy)
+    assert facts.vm is not None
+    facts.vm.agent = AgentMachine("/fake/agent-initramfs.cpio", ["agent-initrd"])
+    plan = agent_plan(policy, facts)
+    vm = plan.strategy.vm if isinstance(plan.strategy, VmStrategy) else None
+    assert vm is not None and vm.launch is not None and not vm.launch.waiting
+    assert "/fake/initramfs.cpio" in vm.argv and "/run/corral/guestdoor.py" in vm.launch.argv

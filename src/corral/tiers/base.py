@@ -387,10 +387,12 @@ class Tier:
     # how its plans are started, stopped and cleaned up (see LaunchStrategy)
     strategy: type[LaunchStrategy] = LaunchStrategy
 
-    def gather(self, policy: Policy) -> HostFacts:
+    def gather(self, policy: Policy, agent: bool = False) -> HostFacts:
         """Read what :meth:`plan` needs to know about this host, once, with a fresh
         token each call (the caller's job: ``corral run``, each ``Sandbox`` start).
-        Tiers that need more extend this and return their own subclass."""
+        Tiers that need more extend this and return their own subclass.
+        ``agent``: the plan will be a Sandbox's agent (a tier may read more for it)."""
+        del agent
         return gather_common(policy, HostFacts())
 
     def health(self, probe: bool = False) -> Health:

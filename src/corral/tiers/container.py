@@ -320,7 +320,7 @@ class ContainerTier(Tier):
 
         return list(host_bundle().argv)
 
-    def gather(self, policy: Policy) -> ContainerFacts:
+    def gather(self, policy: Policy, agent: bool = False) -> ContainerFacts:
         import stat
 
         from corral import cgroups, home

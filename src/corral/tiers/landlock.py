@@ -305,7 +305,7 @@ class LandlockTier(Tier):
     door_transport = "tcp"
     strategy = Confined
 
-    def gather(self, policy: Policy) -> LandlockFacts:
+    def gather(self, policy: Policy, agent: bool = False) -> LandlockFacts:
         from corral import home, landlock
 
         facts = LandlockFacts()

@@ -162,11 +162,11 @@ class MicroVMTier(Tier):
 
         return run.health(probe_now=probe)
 
-    def gather(self, policy: Policy) -> VmFacts:
+    def gather(self, policy: Policy, agent: bool = False) -> VmFacts:
         from corral import fsplan
         from corral.vm import run
 
-        facts = VmFacts(run.gather())
+        facts = VmFacts(run.gather(agent=agent))
         gather_common(policy, facts)
         facts.fs = fsplan.plan_filesystem(policy)
         return facts
@@ -205,6 +205,9 @@ class MicroVMTier(Tier):
             name=f"corral-vm-{facts.vm.owner}-{facts.token}",
             view_extra=view,
             env_extra=env_extra,
+            # a Sandbox's agent (its bind is in extra): the one a Sandbox machine's
+            # init started before the state was saved, when there is one
+            agent=command == self.agent_command() and any(m.dest in GUEST_OWN for m in extra),
         )
         vm.timeout = None  # the launcher's: it stops the whole VM (stop())
         plan = Plan(self.name, policy)

@@ -286,7 +286,7 @@ class NamespaceTier(Tier):
     door_transport = "netns"
     strategy = Bwrap
 
-    def gather(self, policy: Policy) -> NamespaceFacts:
+    def gather(self, policy: Policy, agent: bool = False) -> NamespaceFacts:
         from corral import home
 
         facts = NamespaceFacts()

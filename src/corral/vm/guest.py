@@ -22,6 +22,7 @@ kernel, the initramfs live outside :data:`VIEW`).
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from corral.fsplan import PRIVATE_TMP, SOCKET_MASK, Mount
@@ -112,7 +113,7 @@ def guest_mounts(
 class Launch:
     """Who runs what in the guest."""
 
-    __slots__ = ("argv", "cwd", "duplex", "env", "gid", "network", "pids", "uid")
+    __slots__ = ("argv", "cwd", "duplex", "env", "gid", "network", "pids", "uid", "waiting")
 
     def __init__(
         self,
@@ -124,6 +125,7 @@ class Launch:
         pids: int | None,
         network: bool,
         duplex: bool = False,
+        waiting: bool = False,
     ) -> None:
         self.argv = list(argv)
         self.env = dict(env)
@@ -135,6 +137,10 @@ class Launch:
         # stdin and stdout are one port, read and written (corral's agent: the
         # host's end is the Sandbox's socket, handed to QEMU as it is)
         self.duplex = duplex
+        # the command is corral's agent, started by a Sandbox machine's init before
+        # its state was saved (corral.vm.guestpython): argv is not run, the agent
+        # only takes the cwd, ids and environment (guest.go)
+        self.waiting = waiting
 
 
 def request(
@@ -163,14 +169,23 @@ def request(
         str(launch.gid),
         str(launch.pids) if launch.pids is not None else "-",
         "1" if launch.network else "0",
-        "1" if launch.duplex else "0",
+        "2" if launch.waiting else "1" if launch.duplex else "0",
         q(launch.cwd),
-        *(q(f"{k}={v}") for k, v in sorted(launch.env.items())),
-        "--",
-        *(q(a) for a in launch.argv),
     ]
+    if launch.waiting:
+        run.append(go(launch))
+    else:
+        run += [*(q(f"{k}={v}") for k, v in sorted(launch.env.items())), "--"]
+        run += [q(a) for a in launch.argv]
     lines.append(" ".join(run))
     return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+
+
+def go(launch: Launch) -> str:
+    """The waiting agent's line (after the root the init adds): the hex of its cwd,
+    ids and environment, one word whatever the values hold."""
+    run = {"cwd": launch.cwd, "uid": launch.uid, "gid": launch.gid, "env": launch.env}
+    return json.dumps(run, sort_keys=True).encode("utf-8", "surrogateescape").hex()
 
 
 def describe(shares: Sequence[Export], mounts: Sequence[tuple[str, str, str]]) -> list[str]:

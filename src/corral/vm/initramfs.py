@@ -33,13 +33,14 @@ from __future__ import annotations
 import hashlib
 import os
 
-from corral.vm import cpio
+from corral.vm import cpio, guestpython
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from corral.vm.guestpython import Closure
     from corral.vm.setup import Assets
 
-BUILD_VERSION = "4"  # bumped when the layout changes, so old cached archives are not used
+BUILD_VERSION = "5"  # bumped when the layout changes, so old cached archives are not used
 # corral's own files the guest needs when its network goes through the door
 HELPERS = (("vm", "mux.py"), ("vm", "guestdoor.py"), ("net", "relay.py"), ("", "agent.py"))
 MSIZE = 512000  # the largest 9p message the virtio transport takes: fewer round trips
@@ -156,7 +157,7 @@ counter() {
 	while read -r k v; do [ "$k" = "$3" ] && eval "$1=\$v"; done <"$2"
 }
 
-run() {  # UID GID PIDS NET DUPLEX CWD ENV... -- ARGV...
+run() {  # UID GID PIDS NET DUPLEX CWD (ENV... -- ARGV... | GO)
 	uid=$1 gid=$2 pids=$3 net=$4 duplex=$5 cwd=$6
 	shift 6
 	[ -d "$R$cwd" ] || fail "cannot enter $cwd"
@@ -179,6 +180,13 @@ run() {  # UID GID PIDS NET DUPLEX CWD ENV... -- ARGV...
 	if [ "$net" = 1 ]; then
 		[ -n "$PORT_door" ] || fail "no door port"
 		exec 4<>"$PORT_door"
+	fi
+	if [ "$duplex" = 2 ]; then  # the agent waiting since the boot: GO is its one line
+		kill -0 "$AGENT" 2>/dev/null && echo "$AGENT" >$c/corral/cgroup.procs \
+			|| fail "corral's agent is not waiting"
+		echo "$R $1" >/corral/go || fail "cannot start corral's agent"
+		wait "$AGENT"
+		finish $?
 	fi
 	# ENV... -- NAME ARGS  ->  ENV... PROGRAM ARGS (env -i takes NAME=VALUE words first)
 	n=$# i=0 path= state=env code=
@@ -216,6 +224,11 @@ run() {  # UID GID PIDS NET DUPLEX CWD ENV... -- ARGV...
 		code=$?
 		exec 5>&- 6>&-
 	fi
+	finish "$code"
+}
+
+finish() {  # CODE: the command has ended; the rest of the guest goes, then the report
+	code=$1
 	exec 4>&-
 	kill -9 -1 2>/dev/null
 	sync
@@ -230,6 +243,25 @@ run() {  # UID GID PIDS NET DUPLEX CWD ENV... -- ARGV...
 	read -r -t 30 bye <&3
 	poweroff -f
 }
+
+# A Sandbox's machine (its initramfs carries the agent's Python, named in
+# /corral/python with its libraries' directories): corral's agent starts here,
+# before the state is saved, and waits at the fifo /corral/go (corral.agent's
+# wait_for_go); it says it is ready by making /corral/ready.  Its stdin and
+# stdout are the stdin port (the Sandbox's channel), its stderr the stderr port.
+AGENT=
+if [ -r /corral/python ]; then
+	ports 4 && [ -n "$PORT_stdin" ] && [ -n "$PORT_stderr" ] || fail "no stdio ports"
+	{ read -r py; read -r libs; } </corral/python
+	mkfifo -m 600 /corral/go || fail "cannot make the agent's fifo"
+	env -i LD_LIBRARY_PATH="$libs" "$py" -I -S /corral/agent.py --wait /corral/go /corral/ready \
+		<>"$PORT_stdin" >&0 2>"$PORT_stderr" 3>&- &
+	AGENT=$!
+	until [ -e /corral/ready ]; do
+		kill -0 "$AGENT" 2>/dev/null || fail "corral's agent did not start"
+		usleep 5000
+	done
+fi
 
 # the host may save the VM's state here (the same for every run: no request yet)
 echo waiting >&3
@@ -284,11 +316,28 @@ def init_script(modules: list[str]) -> str:
     return INIT.replace("@MODULES@", " ".join(modules)).replace("@MSIZE@", str(MSIZE))
 
 
+class PythonFile:
+    """One file of the agent's Python (:mod:`corral.vm.guestpython`), read."""
+
+    __slots__ = ("data", "mode", "mtime", "path")
+
+    def __init__(self, path: str, data: bytes, mode: int, mtime: int) -> None:
+        self.path = path
+        self.data = data
+        self.mode = mode
+        self.mtime = mtime
+
+
 def archive(
-    modules: list[tuple[str, bytes]], busybox: bytes, helpers: list[tuple[str, bytes]]
+    modules: list[tuple[str, bytes]],
+    busybox: bytes,
+    helpers: list[tuple[str, bytes]],
+    python: tuple[str, list[str], list[PythonFile]] | None = None,
 ) -> bytes:
     """The initramfs: ``modules`` (name, bytes) in load order, a static ``busybox``,
-    and corral's ``helpers`` (file name, bytes) in ``/corral``."""
+    and corral's ``helpers`` (file name, bytes) in ``/corral``; a Sandbox's machine
+    also has ``python``: its interpreter's path, its libraries' directories and
+    its files, each at its host path."""
     entries = [
         cpio.directory("bin"),
         cpio.file("bin/busybox", busybox, 0o755),
@@ -305,7 +354,32 @@ def archive(
         cpio.directory("sys"),
         cpio.file("init", init_script([name for name, _ in modules]).encode(), 0o755),
     ]
+    if python is not None:
+        entries += python_entries(*python, taken={e.name for e in entries})
     return cpio.newc(entries)
+
+
+def python_entries(
+    interpreter: str, libdirs: list[str], files: list[PythonFile], taken: set[str]
+) -> list[cpio.Entry]:
+    """The agent's Python: ``/corral/python`` naming it and its library directories,
+    then each file (its parent directories first); a path the initramfs already
+    has is left out."""
+    out = [cpio.file("corral/python", f"{interpreter}\n{':'.join(libdirs)}\n".encode())]
+    made = set(taken)
+    for f in sorted(files, key=lambda f: f.path):
+        name = f.path.lstrip("/")
+        if name in made:
+            continue
+        parts = name.split("/")
+        for depth in range(1, len(parts)):
+            parent = "/".join(parts[:depth])
+            if parent not in made:
+                made.add(parent)
+                out.append(cpio.directory(parent))
+        made.add(name)
+        out.append(cpio.file(name, f.data, f.mode & 0o777, f.mtime))
+    return out
 
 
 def helper_files() -> list[tuple[str, bytes]]:
@@ -330,8 +404,18 @@ def find_busybox(candidates: tuple[str, ...] = ("/bin/busybox", "/usr/bin/busybo
     return None
 
 
-def cached(assets: Assets, busybox: str, cache: str) -> str:
-    """The initramfs for ``assets`` in ``cache``, built if no file of that digest is there."""
+def read_python(closure: Closure) -> tuple[str, list[str], list[PythonFile]]:
+    files = []
+    for guest_path, host_path in closure.files:
+        with open(host_path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            files.append(PythonFile(guest_path, fh.read(), st.st_mode, int(st.st_mtime)))
+    return closure.python, closure.libdirs, files
+
+
+def cached(assets: Assets, busybox: str, cache: str, python: Closure | None = None) -> str:
+    """The initramfs for ``assets`` in ``cache`` (with the agent's ``python``: a
+    Sandbox's machine), built if no file of that digest is there."""
     with open(busybox, "rb") as fh:
         box = fh.read()
     modules = []
@@ -344,10 +428,14 @@ def cached(assets: Assets, busybox: str, cache: str) -> str:
     digest.update(reseed_program())
     for part in (box, *(d for _, d in modules), *(d for _, d in helpers)):
         digest.update(hashlib.sha256(part).digest())
+    if python is not None:  # its files by identity: a plan does not read 12 MB
+        digest.update(python.python.encode() + b"\0" + ":".join(python.libdirs).encode())
+        for line in guestpython.identities(python):
+            digest.update(line.encode("utf-8", "surrogateescape") + b"\0")
     path = os.path.join(cache, f"initramfs-{digest.hexdigest()[:16]}.cpio")
     if os.path.exists(path):
         return path
-    data = archive(modules, box, helpers)
+    data = archive(modules, box, helpers, read_python(python) if python is not None else None)
     os.makedirs(cache, mode=0o700, exist_ok=True)
     work = f"{path}.tmp{os.getpid()}"
     with open(work, "wb") as fh:

@@ -106,6 +106,11 @@ class VmPlan:
     def describe(self) -> str:
         lines = [f"accelerator: {self.decision.reason if self.decision else '?'}"]
         lines.append(f"start: {self.warm().describe()}")
+        if self.launch is not None and self.launch.waiting:
+            lines.append(
+                "agent: corral's, started by the guest's init before its state was saved;"
+                " it takes this run's directory, ids and environment"
+            )
         if self.machine is not None:
             lines.append(f"vcpus: {self.machine.cpus}  guest RAM: {self.machine.memory_mib} MiB")
         lines.append(f"timeout: {self.timeout if self.timeout else 'none'}")
@@ -169,6 +174,7 @@ class VmHost:
     CPUs and the caller's ids."""
 
     __slots__ = (
+        "agent",
         "assets",
         "bwrap",
         "cache",
@@ -211,12 +217,26 @@ class VmHost:
         self.cache = cache  # this user's VM cache: the saved states
         # what a saved state depends on besides QEMU's argv (corral.vm.snapshot)
         self.state_inputs = list(state_inputs)
+        # a Sandbox's machine: its initramfs (with the agent's Python) and state
+        # inputs, or why it has none (its agent then starts as any command)
+        self.agent: AgentMachine | str = "not gathered"
 
 
-def gather(probe_now: bool = True) -> VmHost:
+class AgentMachine:
+    """The initramfs of a Sandbox's machine and what its saved state depends on."""
+
+    __slots__ = ("initrd", "state_inputs")
+
+    def __init__(self, initrd: str, state_inputs: Sequence[str]) -> None:
+        self.initrd = initrd
+        self.state_inputs = list(state_inputs)
+
+
+def gather(probe_now: bool = True, agent: bool = False) -> VmHost:
     """Read this host for a VM plan: RefusedError naming what is missing, the
     initramfs built if this cache has none of its digest, and the accelerator
-    probed once per host kernel, QEMU and guest kernel (``probe_now``)."""
+    probed once per host kernel, QEMU and guest kernel (``probe_now``).
+    ``agent``: also a Sandbox's machine (its initramfs built the first time)."""
     assets, busybox, qemu_path, bwrap = requirements()
     cache = setup.cache_dir()
     try:
@@ -227,7 +247,7 @@ def gather(probe_now: bool = True) -> VmHost:
         raise SetupError(f"microvm: cannot use the cache {cache}: {exc}") from None
     if decision.accel == "kvm":  # KVM's guest state follows the host's kernel and CPU
         inputs += [os.uname().release, os.uname().version]
-    return VmHost(
+    host = VmHost(
         assets,
         qemu_path,
         bwrap,
@@ -241,6 +261,29 @@ def gather(probe_now: bool = True) -> VmHost:
         cache,
         inputs,
     )
+    if agent:
+        host.agent = _agent_machine(assets, busybox, cache, inputs)
+    return host
+
+
+def _agent_machine(
+    assets: setup.Assets, busybox: str, cache: str, inputs: list[str]
+) -> AgentMachine | str:
+    """A Sandbox's machine: the initramfs with the agent's Python (built once), or
+    why there is none."""
+    from corral.tiers import namespace
+    from corral.vm import guestpython
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    closure = guestpython.gather(namespace.inside_python(), os.path.join(here, "agent.py"), cache)
+    if isinstance(closure, str):
+        return closure
+    try:
+        initrd = initramfs.cached(assets, busybox, cache, closure)
+        # the base initramfs's identity is the third input
+        return AgentMachine(initrd, [*inputs[:2], snapshot.identity(initrd), *inputs[3:]])
+    except OSError as exc:
+        return f"its initramfs cannot be built: {exc}"
 
 
 def prepare(
@@ -268,11 +311,14 @@ def build(
     name: str = "corral-vm",
     view_extra: Sequence[Mount] = (),
     env_extra: Mapping[str, str] | None = None,
+    agent: bool = False,
 ) -> VmPlan:
     """The plan for ``command`` under ``policy`` on the host ``host`` describes, with
     the filesystem decision ``fs``; reads nothing.  ``view_extra``: more read-only
     binds in QEMU's view (the guest's root); ``env_extra``: variables that win
-    over the policy's (hooks' placeholders)."""
+    over the policy's (hooks' placeholders).  ``agent``: ``command`` is a
+    Sandbox's agent; without a network it runs as the agent a Sandbox machine's
+    init started before its state was saved, when this host has that machine."""
     from corral import environ, fsplan
     from corral.tiers import namespace
 
@@ -307,6 +353,10 @@ def build(
         command = [*bridge, "--", *relay_args, "--", *command]
     if env_extra:
         env = {**env, **env_extra}
+    ready = host.agent if agent and policy.network.mode != "proxy" else None
+    if isinstance(ready, str):
+        plan.notes.append(f"the agent starts with the guest (no waiting agent: {ready})")
+        ready = None
     plan.launch = guest.Launch(
         command,
         env,
@@ -315,6 +365,8 @@ def build(
         host.gid,
         None if pids is None else int(pids),
         policy.network.mode == "proxy",
+        duplex=ready is not None,
+        waiting=ready is not None,
     )
     plan.request = guest.request(plan.shares, plan.guest_mounts, plan.launch)
 
@@ -345,7 +397,8 @@ def build(
         console=console,
         monitor=monitor,
     )
-    own = qemu.own_root(host.facts, host.assets.vmlinux, host.initrd, host.decision.accel == "kvm")
+    initrd, inputs = (ready.initrd, ready.state_inputs) if ready else (host.initrd, None)
+    own = qemu.own_root(host.facts, host.assets.vmlinux, initrd, host.decision.accel == "kvm")
     plan.argv = qemu.sandbox_argv(
         host.bwrap,
         own,
@@ -355,7 +408,9 @@ def build(
         qemu.qemu_argv(plan.machine),
     )
     plan.cache = host.cache
-    plan.warm_key = snapshot.state_key(qemu.qemu_argv(plan.machine), host.state_inputs)
+    plan.warm_key = snapshot.state_key(
+        qemu.qemu_argv(plan.machine), inputs if inputs is not None else host.state_inputs
+    )
     plan.restore_args = ["-incoming", f"fd:{state}"]
     return plan
 

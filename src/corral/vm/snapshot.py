@@ -12,7 +12,9 @@ What keeps the tier's guarantees:
 
 * **Nothing of a run is in a state.** It is saved before the request is sent:
   no mount of the host's view (QEMU refuses to migrate a mounted 9p export),
-  no command, no environment value.  Only the guest's kernel and init are in it.
+  no command, no environment value.  Only the guest's kernel and init are in
+  it and, for a Sandbox's machine, corral's agent waiting for its first line
+  (:mod:`corral.vm.guestpython`): its code and modules, no ids, cwd or env.
 * **Fresh per run.** Every guest restored from one state would share its
   kernel's random state and clock: the request's first line (``fresh``) mixes 32
   bytes of the host's randomness into the guest's pool and reseeds its
