@@ -320,6 +320,31 @@ def test_the_initramfs_is_cached_by_its_inputs(tmp_path: Path) -> None:
     assert not [n for n in os.listdir(tmp_path / "cache") if ".tmp" in n]
 
 
+def test_only_the_most_recently_used_initramfs_images_are_kept(tmp_path: Path) -> None:
+    """An upgrade builds new images; the old ones must not pile up in the cache."""
+    kdir = tmp_path / "kernel"
+    (kdir / "modules").mkdir(parents=True)
+    (kdir / "modules" / "virtio.ko").write_bytes(b"ko")
+    assets = setup.Assets(str(kdir), "6.1.0-t", ["virtio"])
+    box = tmp_path / "busybox"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "state-k").write_bytes(b"a state is not an image")
+    paths = []
+    for n in range(initramfs.KEEP):
+        box.write_bytes(b"\x7fELF static %d" % n)
+        paths.append(initramfs.cached(assets, str(box), str(cache)))
+        os.utime(paths[-1], (1000 + n, 1000 + n))
+    box.write_bytes(b"\x7fELF static 0")
+    assert initramfs.cached(assets, str(box), str(cache)) == paths[0]  # used: the newest
+    box.write_bytes(b"\x7fELF static new")
+    newest = initramfs.cached(assets, str(box), str(cache))
+    images = sorted(n for n in os.listdir(cache) if n.startswith("initramfs-"))
+    kept = sorted(os.path.basename(p) for p in (paths[0], *paths[2:], newest))
+    assert images == kept  # the least recently used one, paths[1], went
+    assert (cache / "state-k").exists()
+
+
 def test_find_busybox_takes_only_a_static_one(tmp_path: Path) -> None:
     dynamic = tmp_path / "dynamic"
     dynamic.write_bytes(elf64([(3, b"/lib64/ld-linux-x86-64.so.2\0")]))

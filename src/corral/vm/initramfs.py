@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from corral.vm import cpio, guestpython
+from corral.vm import cpio, guestpython, snapshot
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from corral.vm.setup import Assets
 
 BUILD_VERSION = "5"  # bumped when the layout changes, so old cached archives are not used
+KEEP = 4  # images kept in a cache: a Sandbox's and a run's for this corral and one other
 # corral's own files the guest needs when its network goes through the door
 HELPERS = (("vm", "mux.py"), ("vm", "guestdoor.py"), ("net", "relay.py"), ("", "agent.py"))
 MSIZE = 512000  # the largest 9p message the virtio transport takes: fewer round trips
@@ -433,12 +434,16 @@ def cached(assets: Assets, busybox: str, cache: str, python: Closure | None = No
         for line in guestpython.identities(python):
             digest.update(line.encode("utf-8", "surrogateescape") + b"\0")
     path = os.path.join(cache, f"initramfs-{digest.hexdigest()[:16]}.cpio")
-    if os.path.exists(path):
+    try:
+        os.utime(path)  # used now: the images an upgrade left behind go first
         return path
+    except FileNotFoundError:
+        pass
     data = archive(modules, box, helpers, read_python(python) if python is not None else None)
     os.makedirs(cache, mode=0o700, exist_ok=True)
     work = f"{path}.tmp{os.getpid()}"
     with open(work, "wb") as fh:
         fh.write(data)
     os.rename(work, path)
+    snapshot.prune(cache, KEEP, "initramfs-", ".cpio")
     return path

@@ -158,11 +158,12 @@ def commit(fd: int, path: str) -> None:
     prune(cache, KEEP)
 
 
-def prune(cache: str, keep: int) -> None:
-    """Remove all but the ``keep`` most recently used states in ``cache``."""
+def prune(cache: str, keep: int, prefix: str = PREFIX, suffix: str = "") -> None:
+    """Remove all but the ``keep`` most recently used states in ``cache`` (or files
+    named ``prefix``...``suffix``: the initramfs images)."""
     found = []
     for name in os.listdir(cache):
-        if name.startswith(PREFIX):
+        if name.startswith(prefix) and name.endswith(suffix):
             try:
                 found.append((os.stat(os.path.join(cache, name)).st_mtime, name))
             except FileNotFoundError:
