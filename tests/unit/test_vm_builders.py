@@ -17,7 +17,7 @@ import pytest
 
 from corral.errors import RefusedError
 from corral.fsplan import Mount
-from corral.vm import cpio, guest, initramfs, kernel, probe, qemu, setup
+from corral.vm import cpio, guest, initramfs, kernel, probe, qemu, setup, snapshot
 from corral.vm import run as vmrun
 
 # ---- cpio ------------------------------------------------------------------------
@@ -336,7 +336,9 @@ def test_only_the_most_recently_used_initramfs_images_are_kept(tmp_path: Path) -
         paths.append(initramfs.cached(assets, str(box), str(cache)))
         os.utime(paths[-1], (1000 + n, 1000 + n))
     box.write_bytes(b"\x7fELF static 0")
+    before = snapshot.identity(paths[0])
     assert initramfs.cached(assets, str(box), str(cache)) == paths[0]  # used: the newest
+    assert snapshot.identity(paths[0]) == before  # a state's key holds it: unchanged
     box.write_bytes(b"\x7fELF static new")
     newest = initramfs.cached(assets, str(box), str(cache))
     images = sorted(n for n in os.listdir(cache) if n.startswith("initramfs-"))

@@ -434,11 +434,9 @@ def cached(assets: Assets, busybox: str, cache: str, python: Closure | None = No
         for line in guestpython.identities(python):
             digest.update(line.encode("utf-8", "surrogateescape") + b"\0")
     path = os.path.join(cache, f"initramfs-{digest.hexdigest()[:16]}.cpio")
-    try:
-        os.utime(path)  # used now: the images an upgrade left behind go first
+    if os.path.exists(path):
+        snapshot.mark_used(path)  # the images an upgrade left behind go first
         return path
-    except FileNotFoundError:
-        pass
     data = archive(modules, box, helpers, read_python(python) if python is not None else None)
     os.makedirs(cache, mode=0o700, exist_ok=True)
     work = f"{path}.tmp{os.getpid()}"

@@ -159,13 +159,13 @@ def commit(fd: int, path: str) -> None:
 
 
 def prune(cache: str, keep: int, prefix: str = PREFIX, suffix: str = "") -> None:
-    """Remove all but the ``keep`` most recently used states in ``cache`` (or files
-    named ``prefix``...``suffix``: the initramfs images)."""
+    """Remove all but the ``keep`` most recently used (:func:`mark_used`) states in
+    ``cache`` (or files named ``prefix``...``suffix``: the initramfs images)."""
     found = []
     for name in os.listdir(cache):
         if name.startswith(prefix) and name.endswith(suffix):
             try:
-                found.append((os.stat(os.path.join(cache, name)).st_mtime, name))
+                found.append((os.stat(os.path.join(cache, name)).st_atime, name))
             except FileNotFoundError:
                 continue
     for _, name in sorted(found, reverse=True)[keep:]:
@@ -181,11 +181,17 @@ def open_state(path: str) -> int | None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    mark_used(path)
+    return fd
+
+
+def mark_used(path: str) -> None:
+    """Set a cached file's access time to now, for :func:`prune`; its modification
+    time stays, since a state's key holds the initramfs's (:func:`identity`)."""
     try:
-        os.utime(path)
+        os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns))
     except OSError:
         pass
-    return fd
 
 
 def discard(path: str, fd: int) -> None:
