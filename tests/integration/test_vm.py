@@ -32,7 +32,7 @@ def _why_not() -> str:
     from corral.vm import run
 
     if not setup.installed(setup.SYSTEM_DIR):
-        return f"no guest kernel in {setup.SYSTEM_DIR} (run: {setup.SETUP_COMMAND} --system)"
+        return f"no guest kernel in {setup.SYSTEM_DIR} (run: {setup.setup_command()} --system)"
     try:
         run.requirements()
     except CorralError as exc:

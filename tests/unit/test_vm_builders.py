@@ -260,7 +260,19 @@ def test_setup_names_what_the_kernel_lacks() -> None:
 def test_require_refuses_with_the_command_that_sets_up(tmp_path: Path) -> None:
     with pytest.raises(RefusedError) as caught:
         setup.require(str(tmp_path / "user"), str(tmp_path / "system"))
-    assert caught.value.message.endswith(f"run: {setup.SETUP_COMMAND}")
+    assert caught.value.message.endswith(f"run: {setup.setup_command()}")
+
+
+def test_setup_command_names_the_python_running_corral(monkeypatch: pytest.MonkeyPatch) -> None:
+    # From a virtual environment the message must name that environment's python.
+    monkeypatch.setattr(setup.sys, "executable", "/home/me/proj/.venv/bin/python")
+    monkeypatch.setattr(setup.sys, "prefix", "/home/me/proj/.venv")
+    assert setup.setup_command() == "/home/me/proj/.venv/bin/python -m corral.vm.setup"
+    # The system's own python3, found first on PATH, is named plainly.
+    monkeypatch.setattr(setup.sys, "prefix", setup.sys.base_prefix)
+    monkeypatch.setattr(setup.shutil, "which", lambda name: "/usr/bin/python3")
+    monkeypatch.setattr(setup.sys, "executable", "/usr/bin/python3")
+    assert setup.setup_command() == "python3 -m corral.vm.setup"
 
 
 def test_require_finds_a_system_kernel_and_ignores_half_written_ones(tmp_path: Path) -> None:

@@ -124,13 +124,13 @@ def test_without_a_guest_kernel_the_tier_refuses_with_the_setup_command(
     monkeypatch.setattr(setup, "installed", lambda cache=None: [])
     health = MicroVMTier().health()
     assert not health.available
-    assert health.reason.endswith(f"no guest kernel is set up; run: {setup.SETUP_COMMAND}")
+    assert health.reason.endswith(f"no guest kernel is set up; run: {setup.setup_command()}")
     try:
         code = cli.main(["run", "--tier", "microvm", "--", "true"])
     except SystemExit as exc:
         code = int(exc.code or 0)
     err = capsys.readouterr().err
-    assert code == 122 and err.count("\n") == 1 and setup.SETUP_COMMAND in err
+    assert code == 122 and err.count("\n") == 1 and setup.setup_command() in err
 
 
 def test_firecracker_refuses_with_every_reason_and_even_when_complete(

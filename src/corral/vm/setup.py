@@ -19,6 +19,7 @@ user's first, then the system's), or a refusal naming the command that fixes it.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,21 @@ import sys
 from corral.errors import CorralError, RefusedError, SetupError
 from corral.vm import kernel
 
-SETUP_COMMAND = "python3 -m corral.vm.setup"
+
+def setup_command() -> str:
+    """The command that sets the guest kernel up, for the interpreter running corral.
+
+    A user who installed corral into a virtual environment needs that
+    environment's python, not whatever ``python3`` is on PATH.
+    """
+    python = sys.executable or "python3"
+    on_path = shutil.which("python3")
+    in_venv = sys.prefix != sys.base_prefix
+    if on_path and not in_venv and os.path.realpath(on_path) == os.path.realpath(python):
+        python = "python3"
+    return f"{shlex.quote(python)} -m corral.vm.setup"
+
+
 META_PACKAGE = "linux-image-amd64"
 # What the guest needs from its kernel: the microvm's virtio-mmio bus, the
 # virtio-serial ports (stdio, control, door) and the 9p file system.
@@ -102,7 +117,7 @@ def require(cache: str | None = None, system: str = SYSTEM_DIR) -> Assets:
         raise RefusedError(f"microvm: guests are x86_64 only; this host is {os.uname().machine}")
     found = installed(cache) + installed(system)
     if not found:
-        raise RefusedError(f"microvm: no guest kernel is set up; run: {SETUP_COMMAND}")
+        raise RefusedError(f"microvm: no guest kernel is set up; run: {setup_command()}")
     return found[0]
 
 
@@ -378,7 +393,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0
     if any(a not in ("--no-fetch", "--system") for a in argv):
-        print(f"usage: {SETUP_COMMAND} [--no-fetch] [--system]", file=sys.stderr)
+        print(f"usage: {setup_command()} [--no-fetch] [--system]", file=sys.stderr)
         return 2
     cache = SYSTEM_DIR if "--system" in argv else None
     try:
