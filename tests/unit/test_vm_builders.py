@@ -41,6 +41,22 @@ def parse_newc(data: bytes) -> list[tuple[str, int, bytes]]:
         at = body + size + (-size % 4)
 
 
+def test_newc_writes_a_device_node_with_its_numbers() -> None:
+    data = cpio.newc([cpio.char_device("dev/null", 1, 3)])
+    fields = [int(data[6 + 8 * i : 14 + 8 * i], 16) for i in range(13)]
+    assert fields[1] == stat.S_IFCHR | 0o666 and (fields[9], fields[10]) == (1, 3)
+    assert fields[6] == 0  # no data
+
+
+def test_the_guest_dev_holds_only_the_usual_nodes() -> None:
+    # the guest's consoles and virtio ports (the control port among them) stay the init's
+    data = initramfs.archive([], b"BUSYBOX", [])
+    nodes = {n for n, mode, _ in parse_newc(data) if stat.S_ISCHR(mode)}
+    names = {n.removeprefix(initramfs.DEV_TEMPLATE + "/") for n in nodes}
+    assert names == {"null", "zero", "full", "random", "urandom", "tty"}
+    assert f"cp -a /{initramfs.DEV_TEMPLATE}/. $R/dev/" in initramfs.init_script([])
+
+
 def test_newc_round_trips_files_dirs_and_links() -> None:
     entries = [
         cpio.directory("a"),
@@ -304,9 +320,8 @@ def test_the_initramfs_holds_the_init_modules_busybox_and_helpers() -> None:
     mode, init = files["init"]
     assert mode == stat.S_IFREG | 0o755
     text = init.decode()
-    assert "for m in virtio 9p; do" in text and "@" not in text.replace("$@", "").replace(
-        '"$@"', ""
-    )
+    assert "loadmods /lib/modules/virtio.ko /lib/modules/9p.ko ||" in text
+    assert "set -- virtio 9p\n" in text and "@" not in text.replace("$@", "").replace('"$@"', "")
     assert f"msize={initramfs.MSIZE}" in text
 
 

@@ -206,3 +206,16 @@ def test_the_reseed_program_reseeds_as_root_and_is_refused_otherwise() -> None:
         assert nobody.returncode == 1  # EPERM: the kernel refuses a user
     finally:
         shutil.rmtree(where)
+
+
+@needs_x86
+def test_the_module_loader_names_the_first_file_it_could_not_load(tmp_path: Path) -> None:
+    # Loading succeeds only in the guest (tests/integration/test_vm.py boots with it);
+    # here nothing can load: a missing file, and /dev/null, which the kernel refuses to
+    # read as a module (not a regular file) before anything else.
+    program = tmp_path / "loadmods"
+    program.write_bytes(initramfs.loadmods_program())
+    program.chmod(0o755)
+    assert subprocess.run([str(program)]).returncode == 0  # nothing asked, nothing failed
+    assert subprocess.run([str(program), str(tmp_path / "none.ko")]).returncode == 1
+    assert subprocess.run([str(program), "/dev/null", "/dev/zero"]).returncode == 1

@@ -40,10 +40,20 @@ if TYPE_CHECKING:
     from corral.vm.guestpython import Closure
     from corral.vm.setup import Assets
 
-BUILD_VERSION = "7"  # bumped when the layout changes, so old cached archives are not used
+BUILD_VERSION = "9"  # bumped when the layout changes, so old cached archives are not used
 KEEP = 4  # images kept in a cache: a Sandbox's and a run's for this corral and one other
 # corral's own files the guest needs when its network goes through the door
 HELPERS = (("vm", "mux.py"), ("vm", "guestdoor.py"), ("net", "relay.py"), ("", "agent.py"))
+# in the initramfs, the guest root's /dev (not under /corral, whose files are copied)
+DEV_TEMPLATE = "guest-dev"
+DEV_NODES: tuple[tuple[str, int, int], ...] = (
+    *(("null", 1, 3), ("zero", 1, 5), ("full", 1, 7)),
+    *(("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)),
+)
+DEV_LINKS: tuple[tuple[str, str], ...] = (
+    *(("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0")),
+    *(("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")),
+)
 MSIZE = 512000  # the largest 9p message the virtio transport takes: fewer round trips
 
 INIT = r"""#!/bin/busybox sh
@@ -52,8 +62,14 @@ INIT = r"""#!/bin/busybox sh
 # process (no fork, no exec), which under TCG saves tens of milliseconds each.
 R=/mnt
 export PATH=/bin
-fail() {
-	if [ -n "$CTL" ]; then echo "error $*" >&3; else echo "corral-init: $*" >&2; fi
+fail() {  # the host stops the VM once it has read the error (powered off at once, the
+	# VM could take the line with it); should it never, after 10 s
+	if [ -n "$CTL" ]; then
+		echo "error $*" >&3
+		read -r -t 10 _ <&3
+	else
+		echo "corral-init: $*" >&2
+	fi
 	poweroff -f
 }
 /bin/busybox mount -t proc proc /proc  # applets are run through /proc/self/exe
@@ -63,28 +79,38 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 # no console (the usual case): the init has no stdin, stdout or stderr at all
 for fd in 0 1 2; do [ -e /proc/self/fd/$fd ] || eval "exec $fd<>/dev/null"; done
-for m in @MODULES@; do insmod /lib/modules/$m.ko || fail "cannot load module $m"; done
+set -- @MODULES@
+loadmods @MODULE_FILES@ || { eval "m=\${$?}"; fail "cannot load module $m"; }
 
-# ports N: wait until N virtio-serial ports have their names, then set
-# PORT_<name> to each one's device (corral.ctl -> PORT_ctl=/dev/vport0p1).
-# Up to a minute of the guest's clock: on a busy host a TCG guest gets a small
-# share of a CPU while its clock runs at the host's pace.
+# ports N NAME...: wait until N virtio-serial ports have their names and device
+# nodes, the ports NAME... among them, setting PORT_<name> to each one's device
+# (corral.ctl -> PORT_ctl=/dev/vport0p1).  Ports come up one by one, in no set
+# order: the first one named need not be the one asked for.  Up to a minute of
+# the guest's clock: on a busy host a TCG guest gets a small share of a CPU
+# while its clock runs at the host's pace.
 ports() {
+	need=$1
+	shift
 	i=0
 	while [ $i -lt 12000 ]; do
 		n=0
 		for d in /sys/class/virtio-ports/*; do
 			[ -e "$d/name" ] && read -r name <"$d/name" && [ -n "$name" ] || continue
+			[ -e "/dev/${d##*/}" ] || continue
 			eval "PORT_${name#corral.}=/dev/${d##*/}"
 			n=$((n + 1))
 		done
-		[ $n -ge "$1" ] && return 0
+		if [ $n -ge "$need" ]; then
+			missing=
+			for x in "$@"; do eval "[ -n \"\$PORT_$x\" ]" || missing=$x; done
+			[ -z "$missing" ] && return 0
+		fi
 		usleep 5000
 		i=$((i + 1))
 	done
 	return 1
 }
-ports 1 && [ -n "$PORT_ctl" ] || fail "no control port"
+ports 1 ctl || fail "no control port"
 CTL=$PORT_ctl
 exec 3<>"$CTL"
 case " $CMDLINE " in *" corral.mode=probe "*) echo ready >&3; poweroff -f;; esac
@@ -99,17 +125,10 @@ mount_root() {  # TAG CACHE: the host's view, read-only, and the guest's own ker
 	mount -t sysfs -o ro,nosuid,nodev,noexec sys $R/sys
 	mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 $R/sys/fs/cgroup
 	mount -t tmpfs -o nosuid,noexec,mode=755,size=65536 dev $R/dev
-	for n in "null 1 3" "zero 1 5" "full 1 7" "random 1 8" "urandom 1 9" "tty 5 0"; do
-		set -- $n
-		mknod -m 666 $R/dev/$1 c $2 $3
-	done
-	mkdir $R/dev/pts $R/dev/shm
+	# the few nodes a command needs, made in the initramfs (DEV_TEMPLATE): one cp
+	# instead of a dozen mknod, mkdir and ln, each a process under TCG
+	cp -a /@DEV@/. $R/dev/ || fail "cannot fill /dev"
 	mount -t devpts -o newinstance,ptmxmode=0666,mode=620,nosuid,noexec devpts $R/dev/pts
-	ln -s pts/ptmx $R/dev/ptmx
-	ln -s /proc/self/fd $R/dev/fd
-	ln -s /proc/self/fd/0 $R/dev/stdin
-	ln -s /proc/self/fd/1 $R/dev/stdout
-	ln -s /proc/self/fd/2 $R/dev/stderr
 }
 mount_tmpfs() {  # PATH SIZE: private scratch, as on the namespace tier
 	mkdir -p "$R$1" && mount -t tmpfs -o nosuid,nodev,mode=1777,size=$2 tmpfs "$R$1" \
@@ -176,8 +195,7 @@ run() {  # UID GID PIDS NET DUPLEX CWD (ENV... -- ARGV... | GO)
 		mkdir -p $R/run/corral && cp /corral/* $R/run/corral/ && chown "$uid:$gid" $R/run/corral \
 			|| fail "cannot prepare /run/corral"
 	fi
-	ports $want && [ -n "$PORT_stdin" ] && [ -n "$PORT_stdout" ] && [ -n "$PORT_stderr" ] \
-		|| fail "no stdio ports"
+	ports $want stdin stdout stderr || fail "no stdio ports"
 	if [ "$net" = 1 ]; then
 		[ -n "$PORT_door" ] || fail "no door port"
 		exec 4<>"$PORT_door"
@@ -252,7 +270,7 @@ finish() {  # CODE: the command has ended; the rest of the guest goes, then the 
 # stdout are the stdin port (the Sandbox's channel), its stderr the stderr port.
 AGENT=
 if [ -r /corral/python ]; then
-	ports 4 && [ -n "$PORT_stdin" ] && [ -n "$PORT_stderr" ] || fail "no stdio ports"
+	ports 4 stdin stderr || fail "no stdio ports"
 	{ read -r py; read -r libs; } </corral/python
 	mkfifo -m 600 /corral/go || fail "cannot make the agent's fifo"
 	env -i LD_LIBRARY_PATH="$libs" "$py" -I -S /corral/agent.py --wait /corral/go /corral/ready \
@@ -299,18 +317,62 @@ RESEED_CODE = (
 ELF_BASE = 0x400000
 
 
+# /bin/loadmods FILE...: finit_module(open(FILE), "", 0) for each, in order, in one
+# process; exit status 0, or the (1-based) number of the first FILE that did not
+# load.  Busybox's insmod is a process per module (each a fork under TCG) that
+# reads the file into its memory first; this lets the kernel read it.
+LOADMODS_CODE = bytes.fromhex(
+    "488b1c24"  # mov rbx, [rsp]                 argc
+    "4c8d642410"  # lea r12, [rsp+16]            &argv[1]
+    "41bd01000000"  # mov r13d, 1                i
+    "4939dd"  # loop: cmp r13, rbx
+    "733a"  # jae done
+    "498b3c24"  # mov rdi, [r12]                 open(argv[i],
+    "31f6"  # xor esi, esi                        O_RDONLY)
+    "b802000000"  # mov eax, 2
+    "0f05"  # syscall
+    "85c0"  # test eax, eax
+    "781f"  # js fail
+    "89c7"  # mov edi, eax                       finit_module(fd,
+    "488d3529000000"  # lea rsi, [rip+41]          "",
+    "31d2"  # xor edx, edx                        0)
+    "b839010000"  # mov eax, 313
+    "0f05"  # syscall
+    "85c0"  # test eax, eax
+    "7809"  # js fail
+    "4983c408"  # add r12, 8
+    "49ffc5"  # inc r13
+    "ebcb"  # jmp loop
+    "4489ef"  # fail: mov edi, r13d              exit(i)
+    "b83c000000"  # mov eax, 60
+    "0f05"  # syscall
+    "31ff"  # done: xor edi, edi                 exit(0)
+    "b83c000000"  # mov eax, 60
+    "0f05"  # syscall
+    "00"  # "" (at the lea's next instruction, offset 46, + 41)
+)
+
+
 def reseed_program() -> bytes:
-    """The static ELF of :data:`RESEED_CODE`: one header, one loadable segment."""
+    return static_program(RESEED_CODE)
+
+
+def loadmods_program() -> bytes:
+    return static_program(LOADMODS_CODE)
+
+
+def static_program(code: bytes) -> bytes:
+    """The static ELF of x86-64 ``code``: one header, one loadable segment."""
     import struct
 
     headers = 64 + 56
-    size = headers + len(RESEED_CODE)
+    size = headers + len(code)
     ident = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)  # 64-bit, little-endian, v1
     elf = ident + struct.pack(
         "<HHIQQQIHHHHHH", 2, 0x3E, 1, ELF_BASE + headers, 64, 0, 0, 64, 56, 1, 0, 0, 0
     )
     segment = struct.pack("<IIQQQQQQ", 1, 5, 0, ELF_BASE, ELF_BASE, size, size, 0x1000)
-    return elf + segment + RESEED_CODE
+    return elf + segment + code
 
 
 SIGNATURE_MAGIC = b"~Module signature appended~\n"
@@ -337,7 +399,23 @@ def without_signature(module: bytes) -> bytes:
 
 
 def init_script(modules: list[str]) -> str:
-    return INIT.replace("@MODULES@", " ".join(modules)).replace("@MSIZE@", str(MSIZE))
+    files = " ".join(f"/lib/modules/{m}.ko" for m in modules)
+    text = INIT.replace("@MODULES@", " ".join(modules)).replace("@MODULE_FILES@", files)
+    text = text.replace("@MSIZE@", str(MSIZE))
+    return text.replace("@DEV@", DEV_TEMPLATE)
+
+
+def dev_entries() -> list[cpio.Entry]:
+    """The guest root's ``/dev``, as the init copies it onto a tmpfs: the usual
+    character devices (not the guest's consoles or virtio ports: those stay the
+    init's), ``pts`` and ``shm`` to mount on, the standard links."""
+    entries = [cpio.directory(DEV_TEMPLATE)]
+    for name, major, minor in DEV_NODES:
+        entries.append(cpio.char_device(f"{DEV_TEMPLATE}/{name}", major, minor))
+    entries += [cpio.directory(f"{DEV_TEMPLATE}/{d}") for d in ("pts", "shm")]
+    for name, target in DEV_LINKS:
+        entries.append(cpio.symlink(f"{DEV_TEMPLATE}/{name}", target))
+    return entries
 
 
 class PythonFile:
@@ -367,9 +445,11 @@ def archive(
         cpio.file("bin/busybox", busybox, 0o755),
         cpio.symlink("bin/sh", "busybox"),
         cpio.file("bin/reseed", reseed_program(), 0o755),
+        cpio.file("bin/loadmods", loadmods_program(), 0o755),
         cpio.directory("corral"),
         *(cpio.file(f"corral/{name}", data) for name, data in helpers),
         cpio.directory("dev"),
+        *dev_entries(),
         cpio.directory("lib"),
         cpio.directory("lib/modules"),
         *(cpio.file(f"lib/modules/{name}.ko", without_signature(data)) for name, data in modules),
@@ -449,7 +529,7 @@ def cached(assets: Assets, busybox: str, cache: str, python: Closure | None = No
     helpers = helper_files()
     digest = hashlib.sha256(BUILD_VERSION.encode())
     digest.update(init_script(assets.modules).encode())
-    digest.update(reseed_program())
+    digest.update(reseed_program() + loadmods_program())
     for part in (box, *(d for _, d in modules), *(d for _, d in helpers)):
         digest.update(hashlib.sha256(part).digest())
     if python is not None:  # its files by identity: a plan does not read 12 MB
