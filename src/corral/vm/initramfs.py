@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from corral.vm.guestpython import Closure
     from corral.vm.setup import Assets
 
-BUILD_VERSION = "9"  # bumped when the layout changes, so old cached archives are not used
+BUILD_VERSION = "10"  # bumped when the layout changes, so old cached archives are not used
 KEEP = 4  # images kept in a cache: a Sandbox's and a run's for this corral and one other
 # corral's own files the guest needs when its network goes through the door
 HELPERS = (("vm", "mux.py"), ("vm", "guestdoor.py"), ("net", "relay.py"), ("", "agent.py"))
@@ -116,6 +116,8 @@ exec 3<>"$CTL"
 case " $CMDLINE " in *" corral.mode=probe "*) echo ready >&3; poweroff -f;; esac
 ip link set lo up
 hostname corral
+# the stdout and stderr ports' byte counters, read after the command (finish)
+mount -t debugfs debugfs /sys/kernel/debug
 
 # The functions the request calls.
 mount_root() {  # TAG CACHE: the host's view, read-only, and the guest's own kernel files
@@ -131,11 +133,12 @@ mount_root() {  # TAG CACHE: the host's view, read-only, and the guest's own ker
 	mount -t devpts -o newinstance,ptmxmode=0666,mode=620,nosuid,noexec devpts $R/dev/pts
 }
 mount_tmpfs() {  # PATH SIZE: private scratch, as on the namespace tier
-	mkdir -p "$R$1" && mount -t tmpfs -o nosuid,nodev,mode=1777,size=$2 tmpfs "$R$1" \
+	{ [ -d "$R$1" ] || mkdir -p "$R$1"; } \
+		&& mount -t tmpfs -o nosuid,nodev,mode=1777,size=$2 tmpfs "$R$1" \
 		|| fail "cannot mount a tmpfs on $1"
 }
 mount_rw() {  # TAG PATH CACHE: a writable export (the workspace...)
-	mkdir -p "$R$2" && mount -t 9p \
+	{ [ -d "$R$2" ] || mkdir -p "$R$2"; } && mount -t 9p \
 		-o trans=virtio,version=9p2000.L,access=client,msize=@MSIZE@,cache=$3,nosuid "$1" "$R$2" \
 		|| fail "cannot mount $2 ($1)"
 }
@@ -251,7 +254,6 @@ finish() {  # CODE: the command has ended; the rest of the guest goes, then the 
 	exec 4>&-
 	kill -9 -1 2>/dev/null
 	sync
-	mount -t debugfs debugfs /sys/kernel/debug
 	d=/sys/kernel/debug/virtio-ports
 	counter out $d/${PORT_stdout##*/} bytes_sent:
 	counter err $d/${PORT_stderr##*/} bytes_sent:
