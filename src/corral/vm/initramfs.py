@@ -385,7 +385,7 @@ def without_signature(module: bytes) -> bytes:
     """A kernel module with its appended signature cut off (unchanged if it has none).
 
     The guest kernel checks a signed module's signature before loading it, which
-    under TCG took ~130 ms for the nine modules the guest loads.  The check
+    under TCG took ~30 ms for the nine modules the guest loads.  The check
     protects nothing here: the modules and the kernel come from the same host
     directory (the kernel itself is not checked by QEMU), and the guest does not
     enforce signatures, so an unsigned module loads as a signed one does (it

@@ -338,18 +338,7 @@ def build(
     plan.shares = guest.exports(fs.writable)
     present = [m.dest for m in fs.mounts if m.kind == "tmpfs" and m.dest in fsplan.PRIVATE_TMP]
     plan.guest_mounts = guest.guest_mounts(plan.shares, namespace.scratch_sizes(limits), present)
-    env = environ.sandbox_env(policy)
-    if policy.network.mode == "proxy":
-        from corral.net import door as doors
-
-        if door is None:
-            raise ValueError("network mode proxy needs the door's path")
-        env = {**doors.proxy_env(), **env}
-        # the relay as on the other tiers, behind the guest's end of the door port
-        relay = doors.relay_argv([namespace.inside_python()])
-        bridge = [relay[0], "-I", "-S", "/run/corral/guestdoor.py", "4", doors.SANDBOX_DOOR]
-        relay_args = relay[relay.index(doors.SANDBOX_RELAY) + 1 :]
-        command = [*bridge, "--", *relay_args, "--", *command]
+    command, env = _guest_command(policy, command, door)
     if env_extra:
         env = {**env, **env_extra}
     ready = host.agent if agent and policy.network.mode != "proxy" else None
@@ -369,49 +358,74 @@ def build(
     )
     plan.request = guest.request(plan.shares, plan.guest_mounts, plan.launch)
 
+    machine = qemu.Machine(
+        accel=host.decision.accel,
+        cpus=vcpus,
+        memory_mib=memory_mib,
+        cmdline=qemu.kernel_cmdline(host.facts.tsc_khz, console=console),
+        exports=plan.shares,
+        name=name,
+        qemu=host.qemu,
+        console=console,
+    )
+    _sandbox(plan, host, machine, ready)
+    return plan
+
+
+def _guest_command(
+    policy: Policy, command: list[str], door: str | None
+) -> tuple[list[str], dict[str, str]]:
+    """The command the guest runs and its environment: with a network, behind the
+    relay (as on the other tiers) reached through the guest's end of the door port."""
+    from corral import environ
+    from corral.tiers import namespace
+
+    env = environ.sandbox_env(policy)
+    if policy.network.mode != "proxy":
+        return command, env
+    from corral.net import door as doors
+
+    if door is None:
+        raise ValueError("network mode proxy needs the door's path")
+    relay = doors.relay_argv([namespace.inside_python()])
+    bridge = [relay[0], "-I", "-S", "/run/corral/guestdoor.py", "4", doors.SANDBOX_DOOR]
+    relay_args = relay[relay.index(doors.SANDBOX_RELAY) + 1 :]
+    return [*bridge, "--", *relay_args, "--", *command], {**doors.proxy_env(), **env}
+
+
+def _sandbox(plan: VmPlan, host: VmHost, machine: qemu.Machine, ready: AgentMachine | None) -> None:
+    """QEMU in its bubblewrap sandbox for ``machine``: the descriptors it is handed
+    (numbered in ``plan.fds``), its argv, and the key of its saved state."""
+    from corral.tiers import namespace
+
+    assert plan.launch is not None
     numbers = iter(range(3, 1 << 16))
     status_fd, seccomp_fd = next(numbers), next(numbers)
     plan.fds[status_fd] = "status"
     plan.fds[seccomp_fd] = "seccomp"
     ports = list(qemu.PORTS if plan.launch.network else qemu.PORTS[:-1])
-    port_fds = []
     for port in ports:
         number = next(numbers)
         plan.fds[number] = port
-        port_fds.append((port, number))
+        machine.ports.append((port, number))
     monitor, state = next(numbers), next(numbers)
     plan.fds[monitor] = MONITOR
     plan.fds[state] = "state"  # passed only when a saved state is restored
+    machine.monitor = monitor
     view_args, empty = namespace.mount_args(plan.view, numbers)
     plan.fds.update(dict.fromkeys(empty, "empty"))
-    plan.machine = qemu.Machine(
-        accel=host.decision.accel,
-        cpus=vcpus,
-        memory_mib=memory_mib,
-        cmdline=qemu.kernel_cmdline(host.facts.tsc_khz, console=console),
-        ports=port_fds,
-        exports=plan.shares,
-        name=name,
-        qemu=host.qemu,
-        console=console,
-        monitor=monitor,
-    )
+    plan.machine = machine
     initrd, inputs = (ready.initrd, ready.state_inputs) if ready else (host.initrd, None)
     own = qemu.own_root(host.facts, host.assets.vmlinux, initrd, host.decision.accel == "kvm")
+    qemu_argv = qemu.qemu_argv(machine)
     plan.argv = qemu.sandbox_argv(
-        host.bwrap,
-        own,
-        bound_tmpfs(view_args, 65536),
-        status_fd,
-        seccomp_fd,
-        qemu.qemu_argv(plan.machine),
+        host.bwrap, own, bound_tmpfs(view_args, 65536), status_fd, seccomp_fd, qemu_argv
     )
     plan.cache = host.cache
     plan.warm_key = snapshot.state_key(
-        qemu.qemu_argv(plan.machine), inputs if inputs is not None else host.state_inputs
+        qemu_argv, inputs if inputs is not None else host.state_inputs
     )
     plan.restore_args = ["-incoming", f"fd:{state}"]
-    return plan
 
 
 class Result:
