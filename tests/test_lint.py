@@ -30,5 +30,7 @@ def test_ruff(args: list[str]) -> None:
 
 
 def test_mypy_strict() -> None:
-    out = subprocess.run([_tool("mypy"), "src", "bench"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [_tool("mypy"), "src", "tests", "bench"], cwd=ROOT, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -10,6 +10,7 @@ off macOS, Firecracker without its binary) is left out and says why in
 from __future__ import annotations
 
 import functools
+from typing import TypedDict
 
 # How a tier isolates, where tiers differ by design (tests assert the mechanism
 # each tier has; none of them may be weaker than the tier documents):
@@ -27,6 +28,14 @@ NAMESPACED = frozenset({"mounts", "private-tmp", "own-dev", "pidns", "uts", "net
 HOST_ROOT = frozenset({"host-root"})
 
 
+class SandboxArgs(TypedDict, total=False):
+    """The keyword arguments for ``Sandbox(...)`` that select a tier case."""
+
+    tier: str
+    oci_runtime: str
+    image: str
+
+
 class TierCase:
     __slots__ = ("api", "flags", "id", "props", "tier")
 
@@ -36,13 +45,13 @@ class TierCase:
         tier: str,
         flags: tuple[str, ...],
         props: frozenset[str] = NAMESPACED,
-        api: dict[str, str] | None = None,
+        api: SandboxArgs | None = None,
     ) -> None:
         self.id = id
         self.tier = tier
         self.flags = flags  # inserted after `corral run` / `corral shell`
         self.props = props
-        self.api = api or {"tier": tier}  # keyword arguments for Sandbox(...)
+        self.api: SandboxArgs = api or {"tier": tier}  # keyword arguments for Sandbox(...)
 
     def __repr__(self) -> str:
         return self.id

@@ -21,6 +21,7 @@ import socket
 import ssl
 import threading
 from pathlib import Path
+from typing import TypedDict
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -103,6 +104,15 @@ class OriginCA:
         return cert_path, key_path
 
 
+class Arrived(TypedDict):
+    """A request the origin received (``Origin.requests``)."""
+
+    method: str
+    target: str
+    headers: list[tuple[str, ...]]
+    body_bytes: int
+
+
 class Origin:
     """An HTTP/1.1 origin on 127.0.0.1 (and ::1 when ``v6``), TLS when given a
     certificate; threads, one per connection; ``close()`` stops it."""
@@ -120,7 +130,7 @@ class Origin:
             self.context.set_alpn_protocols(["http/1.1"])
             self.served_cert = Path(cert[0]).read_text()
         self.index = index
-        self.requests: list[dict[str, object]] = []  # what arrived, for assertions
+        self.requests: list[Arrived] = []  # what arrived, for assertions
         self.alpn: list[str | None] = []
         family = socket.AF_INET6 if v6 else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
@@ -152,7 +162,7 @@ class Origin:
         try:
             if self.context is not None:
                 conn = self.context.wrap_socket(conn, server_side=True)
-                self.alpn.append(conn.selected_alpn_protocol())  # type: ignore[attr-defined]
+                self.alpn.append(conn.selected_alpn_protocol())
             reader = _Reader(conn)
             while self._one(conn, reader):
                 pass
@@ -174,7 +184,12 @@ class Origin:
             body = reader.exactly(int(lower["content-length"]))
         elif lower.get("transfer-encoding", "").lower() == "chunked":
             body = reader.chunked()
-        record = {"method": method, "target": target, "headers": headers, "body_bytes": len(body)}
+        record: Arrived = {
+            "method": method,
+            "target": target,
+            "headers": headers,
+            "body_bytes": len(body),
+        }
         self.requests.append(record)
         close = lower.get("connection", "").lower() == "close"
         if target == "/ws" and lower.get("upgrade", "").lower() == "websocket":
@@ -194,9 +209,7 @@ class Origin:
         )
         return not close
 
-    def _answer(
-        self, method: str, target: str, record: dict[str, object]
-    ) -> tuple[str, str, bytes]:
+    def _answer(self, method: str, target: str, record: Arrived) -> tuple[str, str, bytes]:
         if target.startswith("/bytes/"):
             return "200 OK", "application/octet-stream", b"b" * int(target.split("/")[2])
         if target.startswith("/count"):

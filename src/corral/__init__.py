@@ -6,6 +6,23 @@ would slow every sandboxed command.
 
 __version__ = "0.1.0"
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the names __getattr__ hands out, typed for a user's type checker
+    from corral.net.asking import AskInfo, Decision
+    from corral.policy import Policy
+    from corral.sandbox import AsyncSandbox, ExecResult, Process, Sandbox, SandboxError
+
+    __all__ = [
+        "AskInfo",
+        "AsyncSandbox",
+        "Decision",
+        "ExecResult",
+        "Policy",
+        "Process",
+        "Sandbox",
+        "SandboxError",
+    ]
+
 
 def __getattr__(name: str) -> object:
     """``from corral import Sandbox, Policy``, imported only when asked for."""

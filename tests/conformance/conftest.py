@@ -18,6 +18,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -28,7 +29,11 @@ _fixtures = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _fixtures
 _spec.loader.exec_module(_fixtures)
 
-Corral = _fixtures.Corral
+if TYPE_CHECKING:
+    # The same module, as mypy sees it (pyproject.toml puts tests/integration on mypy_path).
+    from conftest import Corral
+else:
+    Corral = _fixtures.Corral
 tsandbox = _fixtures.tsandbox
 
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -205,7 +205,7 @@ def sandbox(who: str) -> Iterator[tuple[Corral, Path]]:
     yield from _sandbox(who, None)
 
 
-def _sandbox(who: str, tier: TierCase | None) -> Iterator[tuple[Corral, Path]]:
+def _sandbox(who: str, tier: TierCase | None) -> Generator[tuple[Corral, Path], None, None]:
     if os.geteuid() == 0:
         ROOT_BASE.mkdir(parents=True, exist_ok=True)
         os.chmod(ROOT_BASE, 0o755)

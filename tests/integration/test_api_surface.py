@@ -10,6 +10,7 @@ import inspect
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Corral
@@ -43,7 +44,7 @@ def script(
     )
 
 
-def records(c: Corral, ws: Path) -> list[dict[str, object]]:
+def records(c: Corral, ws: Path) -> list[dict[str, Any]]:  # runs.jsonl, as JSON
     out = c.run(["log", "--json", "-n", "0"], cwd=ws)
     assert out.returncode == 0
     path = c.state / "corral" / "runs.jsonl"
@@ -78,9 +79,9 @@ with Sandbox(pol.load(WS), log=False, **API) as quiet:  # the twin: asked not to
             "argv": ["/bin/sh", "-c", "exit 3"],
             "exit": 3,
             "duration": rec["commands"][0]["duration"],
-        },  # type: ignore[index]
-        {"argv": ["no-such-command"], "exit": 127, "duration": rec["commands"][1]["duration"]},  # type: ignore[index]
-        {"argv": ["true"], "exit": 0, "duration": rec["commands"][2]["duration"]},  # type: ignore[index]
+        },
+        {"argv": ["no-such-command"], "exit": 127, "duration": rec["commands"][1]["duration"]},
+        {"argv": ["true"], "exit": 0, "duration": rec["commands"][2]["duration"]},
     ]
     for key in ("start", "end", "tier", "policy_digest", "workspace", "bounds", "denials"):
         assert key in rec, key

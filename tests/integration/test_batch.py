@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from conftest import Corral
 from test_network import CURL, HTTP_PROXY, Origin, origins  # noqa: F401  (fixture)
@@ -17,7 +18,7 @@ def _write_jobs(c: Corral, ws: Path, jobs: list[object]) -> Path:
     return path
 
 
-def _results(path: Path) -> dict[str, dict[str, object]]:
+def _results(path: Path) -> dict[str, dict[str, Any]]:  # JSON lines, by job id
     return {r["id"]: r for r in map(json.loads, path.read_text().splitlines())}
 
 

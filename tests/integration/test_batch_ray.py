@@ -14,8 +14,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_network import CURL, HTTP_PROXY, Origin
@@ -50,8 +51,8 @@ def tmp_path() -> Iterator[Path]:
 
 
 def _batch(
-    cluster: Cluster, tmp: Path, jobs: list[dict[str, object]], *flags: str
-) -> tuple[subprocess.CompletedProcess[str], dict[str, dict[str, object]]]:
+    cluster: Cluster, tmp: Path, jobs: Sequence[Mapping[str, object]], *flags: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, dict[str, Any]]]:
     path, out = tmp / "jobs.jsonl", tmp / "results.jsonl"
     path.write_text("".join(json.dumps(j) + "\n" for j in jobs))
     r = subprocess.run(
@@ -76,7 +77,7 @@ def _batch(
         timeout=300,
         env=cluster.env,
     )
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     if out.exists():
         for line in out.read_text().splitlines():
             res = json.loads(line)

@@ -306,6 +306,7 @@ def test_quiet_silences_the_notice(tsandbox: tuple[Corral, Path]) -> None:
 @pytest.mark.tiers("namespace", "container", "gvisor", why="no private /tmp or /dev/shm")
 def test_sandbox_api_gets_the_defaults(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
+    assert c.tier is not None  # tsandbox: always a tier case
     code = f"""
 import os, sys
 from corral import policy as pol

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Corral
@@ -358,7 +359,7 @@ def test_mcp_inherits_no_descriptor(tsandbox: tuple[Corral, Path]) -> None:
         assert "dir40=err" in str(result.get("stdout")), result  # twin: the tool ran
 
 
-def mcp_call(server: subprocess.Popen[bytes], tool: str, args: dict[str, object]) -> dict:
+def mcp_call(server: subprocess.Popen[bytes], tool: str, args: dict[str, object]) -> dict[str, Any]:
     """initialize, then one tools/call, over newline-delimited JSON-RPC."""
     assert server.stdin is not None and server.stdout is not None
 
@@ -367,7 +368,7 @@ def mcp_call(server: subprocess.Popen[bytes], tool: str, args: dict[str, object]
         server.stdin.write(json.dumps(message).encode() + b"\n")
         server.stdin.flush()
 
-    def reply(ident: int) -> dict:
+    def reply(ident: int) -> dict[str, Any]:
         assert server.stdout is not None
         while True:
             line = server.stdout.readline()

@@ -577,7 +577,7 @@ class Https:
     def __init__(self, c: Corral) -> None:
         from tests import tls_origin
 
-        make_ca = getattr(tls_origin, "OriginCA", None) or tls_origin.TestCA
+        make_ca = tls_origin.OriginCA
         directory = c.base / "origin-ca"
         self.ca = make_ca(directory)
         cert, key = self.ca.server_files(self.NAMES)

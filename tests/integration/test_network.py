@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Corral, pids_matching, sees_host_root, wait_for
@@ -72,7 +73,7 @@ def origins() -> Iterator[tuple[Origin, Origin]]:
         forbidden.close()
 
 
-def net_log(c: Corral) -> list[dict[str, object]]:
+def net_log(c: Corral) -> list[dict[str, Any]]:  # net.jsonl, as JSON
     path = c.state / "corral" / "net.jsonl"
     if not path.exists():
         return []
@@ -200,7 +201,7 @@ def test_wildcard_and_port_rules(
         "--deny",
         "*.example.org",
     )
-    lines = [
+    lines: list[Any] = [  # a log entry's JSON, or curl's output
         json.loads(x) if x.startswith("{") else x
         for x in r.stdout.decode().splitlines()
         if x.strip()
@@ -398,7 +399,7 @@ def test_audit_lines_match_what_was_sent(
     assert post["method"] == "POST" and post["path"] == "/echo" and post["status"] == 200
     assert post["host"] == "127.0.0.1" and post["port"] == ok.port
     assert post["address"] == "127.0.0.1" and post["decision"] == "allow"
-    assert 5000 < post["bytes_up"] < 6000 and 5000 < post["bytes_down"] < 6000  # type: ignore[operator]
+    assert 5000 < post["bytes_up"] < 6000 and 5000 < post["bytes_down"] < 6000
     assert denied["decision"] == "deny" and denied["status"] == 403 and denied["bytes_up"] == 0
     for key in ("time", "scheme", "rule", "duration"):
         assert key in post

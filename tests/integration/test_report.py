@@ -10,14 +10,15 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Corral
 from test_network import CURL, HTTP_PROXY, Origin, origins  # noqa: F401  (fixture)
 
 
-def last_json(stderr: bytes) -> dict[str, object]:
-    doc: dict[str, object] = json.loads(stderr.decode().strip().splitlines()[-1])
+def last_json(stderr: bytes) -> dict[str, Any]:  # the --report json document
+    doc: dict[str, Any] = json.loads(stderr.decode().strip().splitlines()[-1])
     return doc
 
 
@@ -218,4 +219,4 @@ def test_an_unprotected_git_write_is_not_a_denial(tsandbox: tuple[Corral, Path])
     script = "echo new > .git/HEAD.lock && mv .git/HEAD.lock .git/HEAD && cat .git/HEAD"
     r = c.sh(ws, script, "--report", "json")
     assert r.returncode == 0 and r.stdout.startswith(b"new")
-    assert [d for d in last_json(r.stderr)["denials"] if d["kind"] == "file"] == []  # type: ignore[index, union-attr]
+    assert [d for d in last_json(r.stderr)["denials"] if d["kind"] == "file"] == []

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from conftest import ROOT_BASE, Corral
@@ -73,12 +74,12 @@ def model() -> Iterator[ModelServer]:
         server.close()
 
 
-def log_of(ws: Path) -> list[dict[str, object]]:
+def log_of(ws: Path) -> list[dict[str, Any]]:  # activity.jsonl, as JSON
     path = ws.parent / "agent" / "activity.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def tool_records(ws: Path) -> list[dict[str, object]]:
+def tool_records(ws: Path) -> list[dict[str, Any]]:
     return [r for r in log_of(ws) if r["kind"] == "tool"]
 
 
@@ -166,7 +167,7 @@ def test_refusals_are_tool_errors_and_the_loop_goes_on(api_ws: Path, origin: Ori
     assert ssh["denials"] == [ssh["error"]]
     assert notes["error"] is None and notes["denials"] == []
     assert denied["exit_code"] == 0 and denied["error"]
-    (reason,) = denied["denials"]  # type: ignore[misc]
+    (reason,) = denied["denials"]
     assert reason.startswith("denied by the sandbox's policy (") and f":{other.port}" in reason
     assert allowed["error"] is None and allowed["denials"] == []
     # what the model read back: corral's reason for the refusals, the data for the twins
@@ -374,6 +375,7 @@ def test_mcp_serves_the_same_tools(api_ws: Path) -> None:
     mcp = pytest.importorskip("mcp", reason="the mcp SDK is part of the dev extra")
     from mcp import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
+    from mcp.types import TextContent, Tool
 
     params = StdioServerParameters(
         command=sys.executable,
@@ -386,26 +388,27 @@ def test_mcp_serves_the_same_tools(api_ws: Path) -> None:
         },
     )
 
-    async def go() -> list[object]:
+    async def go() -> list[Tool]:
         async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
             await s.initialize()
             tools = (await s.list_tools()).tools
             bad = await s.call_tool("run_command", {"cmd": "x"})
-            assert bad.is_error and "missing argument command" in bad.content[0].text
+            assert (
+                bad.is_error
+                and "missing argument command" in cast(TextContent, bad.content[0]).text
+            )
             return list(tools)
 
     served = asyncio.run(go())
     assert mcp is not None
     # the runtime offers the same sandbox tools, and read_memory (its own index, on the host)
-    runtime_side = {
-        t["function"]["name"]: t["function"]
-        for t in Runtime(ScriptedBrain([]), directory=api_ws).tools
-    }  # type: ignore[index]
-    assert [t.name for t in served] == [n for n in runtime_side if n != "read_memory"]  # type: ignore[attr-defined]
+    schemas: list[dict[str, Any]] = Runtime(ScriptedBrain([]), directory=api_ws).tools  # JSON
+    runtime_side = {t["function"]["name"]: t["function"] for t in schemas}
+    assert [t.name for t in served] == [n for n in runtime_side if n != "read_memory"]
     assert list(runtime_side)[-1] == "read_memory"
     for t in served:
-        fn = runtime_side[t.name]  # type: ignore[attr-defined]
-        assert t.input_schema == fn["parameters"] and t.description == fn["description"]  # type: ignore[attr-defined]
+        fn = runtime_side[t.name]
+        assert t.input_schema == fn["parameters"] and t.description == fn["description"]
 
 
 # -- corral agent, as root and as the user ---------------------------------------------------------

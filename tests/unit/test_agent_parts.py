@@ -6,6 +6,7 @@ command line's one-line errors."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -38,7 +39,7 @@ def test_every_tool_has_one_schema_of_type_object() -> None:
         assert params["type"] == "object" and params["additionalProperties"] is False
         props = params["properties"]
         assert isinstance(props, dict)
-        assert set(params["required"]) <= set(props)  # type: ignore[arg-type]
+        assert set(cast("list[str]", params["required"])) <= set(props)  # JSON schema
 
 
 def test_arguments_checked_against_the_schema() -> None:
@@ -114,6 +115,7 @@ def test_parse_reply() -> None:
     )
     assert reply.message()["tool_calls"][1]["function"]["name"] == "list_files"  # type: ignore[index]
     assert parse_reply({"choices": [{"message": {"content": "hi"}}]}) == Reply("hi")
+    bad: object
     for bad in ({}, {"choices": []}, {"choices": [{"message": {"content": 3}}]}, [1], "x"):
         with pytest.raises(BrainError, match=r"^malformed model response: "):
             parse_reply(bad)

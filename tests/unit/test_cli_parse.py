@@ -13,7 +13,7 @@ import pytest
 
 from corral import cli, commands, tiers
 from corral.errors import EXIT_REFUSED, EXIT_USAGE, CorralError
-from corral.tiers.base import Health
+from corral.tiers.base import Health, Tier
 from corral.tiers.namespace import NamespaceTier
 
 
@@ -334,7 +334,7 @@ def test_broken_pipe_ends_like_a_pipeline(
         raise BrokenPipeError(32, "Broken pipe")
 
     monkeypatch.setattr(commands, "cmd_doctor", closed_reader)
-    monkeypatch.setattr(cli.os, "dup2", lambda *a: None)  # keep pytest's own stdout
+    monkeypatch.setattr(os, "dup2", lambda *a: None)  # keep pytest's own stdout
     code, _, err = run_main(["doctor", "--json"], capsys)
     assert code == 141 and err == ""
     code, out, err = run_main(["--version"], capsys)  # allow twin: a reader that stays
@@ -452,6 +452,7 @@ def test_container_flags_with_a_tier_without_a_container_are_refused() -> None:
     from corral.tiers.landlock import LandlockTier
     from corral.tiers.namespace import NamespaceTier
 
+    tier: Tier
     for flag, key in (
         ("--image", "image"),
         ("--engine", "engine"),

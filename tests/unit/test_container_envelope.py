@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 
 from corral import seccomp
@@ -165,7 +167,8 @@ def test_seccomp_profile_from_corral_rules() -> None:
     for ok in (0x0, 0x8, 0x20000, 0x20008):
         assert not _denied(prof, "personality", ok), ok
     assert _denied(prof, "personality", 0x0040000)
-    errnos = {r["names"][0]: r["errnoRet"] for r in prof["syscalls"]}  # type: ignore[index]
+    syscalls = cast("list[dict[str, Any]]", prof["syscalls"])  # the profile's JSON
+    errnos = {r["names"][0]: r["errnoRet"] for r in syscalls}
     assert errnos["socket"] == 97 and errnos["clone3"] == 38  # EAFNOSUPPORT, ENOSYS
 
 

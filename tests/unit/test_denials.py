@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -21,7 +22,9 @@ def proxy_policy(tmp_path: Path, allow: list[str], deny: list[str] | None = None
     return pol
 
 
-def entry(host: str, port: int | None, rule: str, reason: str = "", **more: object) -> dict:
+def entry(
+    host: str, port: int | None, rule: str, reason: str = "", **more: object
+) -> dict[str, object]:
     return {"host": host, "port": port, "rule": rule, "reason": reason, "count": 1, **more}
 
 
@@ -185,7 +188,8 @@ def test_closing_lines_order_and_the_report_document(tmp_path: Path) -> None:
     ]
     doc = report.document("r1", "namespace", 3, [*net, moved])
     assert doc["run_id"] == "r1" and doc["exit"] == 3
-    assert [d["kind"] for d in doc["denials"]] == ["network", "file"]  # type: ignore[index]
+    denials = cast("list[dict[str, object]]", doc["denials"])  # report.document's JSON
+    assert [d["kind"] for d in denials] == ["network", "file"]
 
 
 @pytest.mark.parametrize("port", [None, 0])

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from corral import fsplan, gitguard
+from corral import defaults, fsplan, gitguard
 from corral import launch as launch_mod
 
 INIT_CONFIG = """[core]
@@ -118,7 +118,7 @@ def test_a_walk_ended_by_its_bound_is_said(tmp_path: Path, monkeypatch: pytest.M
     """A run can make enough files to end the walk before its repository: the walk
     comes back incomplete, so corral says what it did not check."""
     known = launch(tmp_path)
-    monkeypatch.setattr(fsplan.defaults, "SCAN_MAX_ENTRIES", 50)
+    monkeypatch.setattr(defaults, "SCAN_MAX_ENTRIES", 50)
     (tmp_path / "aaa").mkdir()
     for n in range(60):
         (tmp_path / "aaa" / str(n)).touch()
@@ -248,7 +248,7 @@ def test_the_walk_after_the_run_lists_only_what_changed(
         listed.append(str(path))
         return real_scandir(path)
 
-    monkeypatch.setattr(fsplan.os, "scandir", counting)
+    monkeypatch.setattr(os, "scandir", counting)
     assert fsplan.created_repositories(str(tmp_path), known) is None
     assert listed == []  # nothing changed: nothing listed
     deep = make_repo(tmp_path / "d3" / "sub" / "new")

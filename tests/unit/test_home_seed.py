@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -280,7 +281,7 @@ def test_seeding_is_skipped_while_nothing_it_looks_at_changes(
         prepared(ws)
     assert calls == []  # the fast path: a read and a few stats
     top = Path(layer.path)
-    changes = [
+    changes: list[Callable[[], object]] = [
         lambda: (real / ".bashrc").write_text("two, longer\n"),  # a copied file's content
         lambda: (real / ".inputrc").write_text("x\n"),  # the real home gains an entry
         lambda: (real / ".config" / "app.toml").write_text("x\n"),  # so does ~/.config

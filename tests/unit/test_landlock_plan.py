@@ -11,12 +11,12 @@ import os
 from pathlib import Path
 
 import pytest
+from test_seccomp import AUDIT_ARCH, RET_ERRNO, run
 
 from corral import landlock as L
 from corral.policy import Policy
 from corral.seccomp import compile_filter, native_arch, syscall_number
 from corral.tiers.landlock import DIFFERENCES, Confined, LandlockTier, extra_seccomp_rules
-from tests.unit.test_seccomp import AUDIT_ARCH, RET_ERRNO, run
 
 # A small tree: dirs map to their entries; anything else listed is a file; links are None.
 TREE: dict[str, dict[str, bool | None]] = {
@@ -316,7 +316,7 @@ def test_plan_notes_where_new_files_cannot_be_written(
 
 def test_a_linked_environment_gets_no_write_right(tmp_path: Path) -> None:
     """Packages hard-linked from a cache outside (uv, pnpm): read and run, never written."""
-    from tests.unit.test_linkfarm import venv
+    from test_linkfarm import venv
 
     ws = tmp_path / "ws"
     site = venv(ws, tmp_path / "cache")

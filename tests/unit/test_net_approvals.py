@@ -25,10 +25,10 @@ from corral.net.approvals import (
     Grant,
     Hub,
     control_dir,
-    format_seconds,
     list_pending,
     send_answer,
 )
+from corral.net.asking import format_seconds
 from corral.net.audit import Audit
 from corral.net.door import may_ask
 from corral.net.hooks import Destination, Request

@@ -19,9 +19,11 @@ T = TypeVar("T")
 
 def run(coro: Awaitable[T]) -> T:
     async def bounded() -> T:
-        return await aio.wait_for(coro, 5)
+        result: T = await aio.wait_for(coro, 5)  # aio's helpers return Any
+        return result
 
-    return aio.run(bounded())
+    result: T = aio.run(bounded())
+    return result
 
 
 class FakeTransport:

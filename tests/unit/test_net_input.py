@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import pytest
 from test_net_proxy_unit import (
@@ -111,6 +111,13 @@ class World:
         return [e for e in self.audit() if e["decision"] == decision]
 
 
+class Timeouts(TypedDict, total=False):
+    """The Proxy's keyword timeouts a world may shorten."""
+
+    idle_timeout: float
+    head_timeout: float
+
+
 @asynccontextmanager
 async def world(
     tmp_path: Path,
@@ -120,7 +127,7 @@ async def world(
     origin_host: str = "127.0.0.1",
     hooks: list[Hook] | None = None,
     stand_in: str | None = None,
-    **timeouts: float,
+    **timeouts: Unpack[Timeouts],
 ) -> AsyncIterator[World]:
     """``stand_in``: captured connections were going to the stand-in address the
     resolver handed out for that name (else to the origin's own address)."""
@@ -615,7 +622,7 @@ def test_trailers_are_dropped_not_forwarded(tmp_path: Path) -> None:
 
 # -- time: slow heads and idle connections --------------------------------------------------
 
-FAST = {"idle_timeout": 1.2, "head_timeout": 0.6}
+FAST: Timeouts = {"idle_timeout": 1.2, "head_timeout": 0.6}
 
 
 def test_a_head_that_trickles_in_gets_408_and_a_close(tmp_path: Path) -> None:

@@ -49,9 +49,11 @@ AUDIT_FIELDS = {
 
 def run(factory: Callable[[], Awaitable[T]]) -> T:
     async def bounded() -> T:
-        return await aio.wait_for(factory(), TIMEOUT)
+        result: T = await aio.wait_for(factory(), TIMEOUT)  # aio's helpers return Any
+        return result
 
-    return aio.run(bounded())
+    result: T = aio.run(bounded())
+    return result
 
 
 # -- the origin --------------------------------------------------------------------------------

@@ -245,7 +245,7 @@ def test_the_resolver_socket_answers_over_udp(tmp_path: Path) -> None:
 def test_without_a_network_every_lookup_is_refused_and_remembered() -> None:
     server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     server.bind(("127.0.0.1", 0))
-    resolver = netns.Resolver([(Listener("dns", "127.0.0.1", 0), server)])  # type: ignore[list-item]
+    resolver = netns.Resolver([(Listener("dns", "127.0.0.1", 0), server)])
     client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     client.settimeout(2)
     try:

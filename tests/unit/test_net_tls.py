@@ -228,7 +228,7 @@ def test_user_ca_is_made_once_0600_and_shared_by_concurrent_runs(tmp_path: Path)
     for t in threads:
         t.join()
     assert len(set(found)) == 1  # one CA, whoever came first
-    path = state / calib.USER_CA
+    path = state / trust.USER_CA
     assert path.stat().st_mode & 0o777 == 0o600
     assert path.parent.stat().st_mode & 0o777 == 0o700
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # nothing left aside

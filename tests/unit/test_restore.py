@@ -82,7 +82,7 @@ def test_a_fifo_swapped_in_after_the_look_never_holds_the_walk(
     def lstat(path: object) -> object:
         return Regular() if str(path) == str(fifo) else real_lstat(path)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(restore.os, "lstat", lstat)
+    monkeypatch.setattr(os, "lstat", lstat)
     with pytest.raises(restore.TooLarge, match="no longer a regular file"):
         restore._walk(str(fifo))
 
@@ -98,7 +98,7 @@ def secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return ws
 
 
-def _settle(ws: Path, run: Callable[[], None]) -> list[str]:
+def _settle(ws: Path, run: Callable[[], object]) -> list[str]:
     """Snapshot the two secrets (and a write-deny twin), do ``run``, restore."""
     rules = {str(ws / ".env"): "read-deny", str(ws / "private"): "read-deny"}
     snap = restore.snapshot(rules)

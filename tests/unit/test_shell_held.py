@@ -12,7 +12,9 @@ from corral.shell import _Held
 RACE = b"bwrap: Can't create file at /srv/churn/s0-26.sock: Read-only file system\r\n"
 
 
-def test_bwraps_setup_error_is_held_and_becomes_corrals_line(capfd: pytest.CaptureFixture) -> None:
+def test_bwraps_setup_error_is_held_and_becomes_corrals_line(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     held = _Held()
     held.take(RACE[:5])  # arrives in pieces
     held.take(RACE[5:])
@@ -33,7 +35,7 @@ def test_a_setup_error_that_is_no_race_is_refused_without_a_retry() -> None:
     assert not isinstance(caught.value, SetupRaced)
 
 
-def test_the_commands_own_output_passes_at_once(capfd: pytest.CaptureFixture) -> None:
+def test_the_commands_own_output_passes_at_once(capfd: pytest.CaptureFixture[str]) -> None:
     """The twin: a prompt is not held; nor is 'bwrap: ...' printed by the command
     itself once it has run (released by its exit code, or after PATIENCE)."""
     held = _Held()

@@ -158,7 +158,12 @@ def test_the_port_closing_ends_every_stream(tmp_path: Path) -> None:
     guest_side, host_side = socket.socketpair()
     guest = mux.Mux(os.dup(guest_side.fileno()))
     done = threading.Event()
-    threading.Thread(target=lambda: (guest.serve(), done.set()), daemon=True).start()
+
+    def serve() -> None:
+        guest.serve()
+        done.set()
+
+    threading.Thread(target=serve, daemon=True).start()
     conn = connect(guest)
     host_side.close()  # QEMU is gone
     assert done.wait(10)
