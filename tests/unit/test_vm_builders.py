@@ -8,14 +8,16 @@ import json
 import lzma
 import os
 import shlex
+import shutil
 import stat
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from corral.errors import RefusedError
+from corral.errors import RefusedError, SetupError
 from corral.fsplan import Mount
 from corral.vm import cpio, guest, initramfs, kernel, probe, qemu, setup, snapshot
 from corral.vm import run as vmrun
@@ -25,7 +27,7 @@ from corral.vm import run as vmrun
 
 def parse_newc(data: bytes) -> list[tuple[str, int, bytes]]:
     """(name, mode, data) of each entry, read back independently of the writer."""
-    found = []
+    found: list[tuple[str, int, bytes]] = []
     at = 0
     while True:
         assert data[at : at + 6] == b"070701"
@@ -269,7 +271,7 @@ def test_setup_gathers_what_the_wanted_modules_need() -> None:
 
 def test_setup_names_what_the_kernel_lacks() -> None:
     source = FakeSource({"virtio_mmio": [], "virtio_console": [], "9pnet_virtio": []}, set())
-    with pytest.raises(setup.SetupError, match=r"neither built in nor as modules: 9p$"):
+    with pytest.raises(SetupError, match=r"neither built in nor as modules: 9p$"):
         setup._gather_modules(source)
 
 
@@ -281,13 +283,13 @@ def test_require_refuses_with_the_command_that_sets_up(tmp_path: Path) -> None:
 
 def test_setup_command_names_the_python_running_corral(monkeypatch: pytest.MonkeyPatch) -> None:
     # From a virtual environment the message must name that environment's python.
-    monkeypatch.setattr(setup.sys, "executable", "/home/me/proj/.venv/bin/python")
-    monkeypatch.setattr(setup.sys, "prefix", "/home/me/proj/.venv")
+    monkeypatch.setattr(sys, "executable", "/home/me/proj/.venv/bin/python")
+    monkeypatch.setattr(sys, "prefix", "/home/me/proj/.venv")
     assert setup.setup_command() == "/home/me/proj/.venv/bin/python -m corral.vm.setup"
     # The system's own python3, found first on PATH, is named plainly.
-    monkeypatch.setattr(setup.sys, "prefix", setup.sys.base_prefix)
-    monkeypatch.setattr(setup.shutil, "which", lambda name: "/usr/bin/python3")
-    monkeypatch.setattr(setup.sys, "executable", "/usr/bin/python3")
+    monkeypatch.setattr(sys, "prefix", sys.base_prefix)
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/python3")
+    monkeypatch.setattr(sys, "executable", "/usr/bin/python3")
     assert setup.setup_command() == "python3 -m corral.vm.setup"
 
 
@@ -348,6 +350,39 @@ def test_the_init_script_parses_in_busybox_sh() -> None:
     script = initramfs.init_script(["virtio"])
     out = subprocess.run(["/bin/busybox", "sh", "-n"], input=script.encode(), capture_output=True)
     assert out.returncode == 0, out.stderr
+
+
+def _fstab_field(text: str) -> str:
+    """A field of an fstab line as getmntent(3) reads it."""
+    for escape, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        text = text.replace(escape, char)
+    return text
+
+
+@pytest.mark.skipif(not os.path.exists("/bin/busybox"), reason="busybox is not installed")
+def test_the_inits_queue_writes_fstab_lines_mount_reads_back(tmp_path: Path) -> None:
+    """Mount points go into the init's fstab escaped (a space or a line break would
+    split the line): each reads back as the path it was."""
+    script = initramfs.init_script([])
+    queue = script[script.index("queue() {") : script.index("mounts() {")]
+    awkward = ["/mnt/ws", "/mnt/a b", "/mnt/tab\there", "/mnt/new\nline", "/mnt/back\\slash",
+               "/mnt/it's", "/mnt/$HOME*"]  # fmt: skip
+    fstab = tmp_path / "fstab"
+    calls = "".join(f'queue tmpfs "${{{i + 1}}}" tmpfs size=1\n' for i in range(len(awkward)))
+    subprocess.run(
+        ["/bin/busybox", "sh", "-c", f"FSTAB={fstab}\n{queue}{calls}", "sh", *awkward],
+        check=True,
+    )
+    lines = fstab.read_text().splitlines()
+    assert len(lines) == len(awkward)
+    for line, path in zip(lines, awkward, strict=True):
+        fields = line.split()
+        assert (
+            len(fields) == 6
+            and fields[0] == "tmpfs"
+            and fields[2:] == ["tmpfs", "size=1", "0", "0"]
+        )
+        assert _fstab_field(fields[1]) == path
 
 
 def test_the_initramfs_is_cached_by_its_inputs(tmp_path: Path) -> None:
@@ -477,6 +512,7 @@ def test_the_request_quotes_every_word_for_the_guests_shell() -> None:
     stubs = (
         'mount_root() { printf "root[%s]\\n" "$@"; }\n'
         'mount_rw() { printf "rw[%s]\\n" "$@"; }\n'
+        "mounts() { :; }\n"
         'run() { printf "run[%s]\\n" "$@"; }\n'
     )
     out = subprocess.run(
@@ -489,6 +525,33 @@ def test_the_request_quotes_every_word_for_the_guests_shell() -> None:
     assert run[:7] == ["1000", "1001", "64", "0", "0", "/work space/it's", "A=va'l"]
     assert run[7:10] == ["B=x\ny", "PATH=/usr/bin:/bin", "--"]
     assert run[10:] == ["printf", *awkward]
+
+
+def test_the_request_makes_queued_mounts_before_a_mount_point_under_them() -> None:
+    """The init batches mounts (one `mount -a` each): a mount point that may lie
+    under a queued mount is looked for only once that batch is made."""
+    launch = guest.Launch(["true"], {}, "/tmp/ws", 0, 0, None, False)
+    mounts = [
+        ("tmpfs", "/run", "64"),
+        ("tmpfs", "/tmp", "1024"),
+        ("tmpfs", "/dev/shm", "50%"),
+        ("9p", "/tmp/ws", "w0"),
+        ("tmpfs", "/var/tmp", "1024"),
+        ("9p", "/tmp/ws/sub", "w1"),
+    ]
+    lines = guest.request(guest.exports(["/tmp/ws"]), mounts, launch).decode().splitlines()
+    assert lines[:9] == [
+        "mount_root root loose",
+        "mount_tmpfs /run 64",
+        "mount_tmpfs /tmp 1024",
+        "mount_tmpfs /dev/shm 50%",
+        "mounts",  # /tmp's tmpfs before /tmp/ws is looked for
+        "mount_rw w0 /tmp/ws mmap",
+        "mount_tmpfs /var/tmp 1024",
+        "mounts",
+        "mount_rw w1 /tmp/ws/sub mmap",
+    ]
+    assert lines[9].startswith("run ")  # run makes the last batch
 
 
 def test_environment_values_are_never_in_qemus_argv() -> None:

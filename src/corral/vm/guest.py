@@ -151,6 +151,10 @@ def request(
 ) -> bytes:
     """The shell script the guest's init sources: its mounts, then ``run``.
 
+    The init queues mounts and makes them a batch at a time: ``mounts`` comes
+    before a mount whose mount point lies under one still queued (a workspace in
+    /tmp after /tmp's tmpfs), and ``run`` makes the rest.
+
     Every path, name and value is quoted for the shell; environment values go
     through the control port only, never an argv the host can see.  ``fresh``
     (random bytes, the host's time in seconds): first, for a guest restored from
@@ -158,7 +162,12 @@ def request(
     q = shlex.quote
     lines = [f"fresh {fresh[0].hex()} @{int(fresh[1])}"] if fresh is not None else []
     lines.append(f"mount_root {q(ROOT_TAG)} {ROOT_CACHE}")
+    queued: list[str] = []  # the init makes queued mounts in one batch (its `mounts`)
     for kind, path, what in mounts:
+        if any(_inside(path, parent) for parent in queued):
+            lines.append("mounts")  # its mount point is looked for (or made) in there
+            queued.clear()
+        queued.append(path)
         if kind == "tmpfs":
             lines.append(f"mount_tmpfs {q(path)} {q(what)}")
         else:
