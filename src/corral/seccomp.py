@@ -105,11 +105,12 @@ _X86_64: dict[str, int] = {
     "execve": 59, "exit": 60, "wait4": 61, "kill": 62, "uname": 63, "fcntl": 72,
     "flock": 73, "fsync": 74, "fdatasync": 75, "truncate": 76, "ftruncate": 77,
     "getcwd": 79, "chdir": 80, "fchdir": 81, "rename": 82, "mkdir": 83, "rmdir": 84,
-    "link": 86, "unlink": 87, "symlink": 88, "readlink": 89, "chmod": 90, "fchmod": 91,
+    "creat": 85, "link": 86, "unlink": 87, "symlink": 88, "readlink": 89, "chmod": 90, "fchmod": 91,
     "chown": 92, "fchown": 93, "lchown": 94, "umask": 95, "gettimeofday": 96,
     "getrusage": 98, "sysinfo": 99, "ptrace": 101, "getuid": 102, "syslog": 103,
     "getgid": 104, "geteuid": 107, "getegid": 108, "getppid": 110, "sigaltstack": 131,
-    "uselib": 134, "personality": 135, "vhangup": 153, "pivot_root": 155, "prctl": 157,
+    "mknod": 133, "uselib": 134, "personality": 135, "vhangup": 153, "pivot_root": 155,
+    "prctl": 157,
     "arch_prctl": 158, "adjtimex": 159, "chroot": 161, "acct": 163, "settimeofday": 164,
     "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169,
     "sethostname": 170, "setdomainname": 171, "iopl": 172, "ioperm": 173,
@@ -118,7 +119,8 @@ _X86_64: dict[str, int] = {
     "set_tid_address": 218, "clock_settime": 227, "clock_gettime": 228,
     "clock_getres": 229, "clock_nanosleep": 230, "exit_group": 231, "epoll_wait": 232,
     "epoll_ctl": 233, "tgkill": 234, "kexec_load": 246, "waitid": 247, "add_key": 248,
-    "request_key": 249, "keyctl": 250, "openat": 257, "mkdirat": 258, "fchownat": 260,
+    "request_key": 249, "keyctl": 250, "openat": 257, "mkdirat": 258, "mknodat": 259,
+    "fchownat": 260,
     "newfstatat": 262, "unlinkat": 263, "renameat": 264, "linkat": 265,
     "symlinkat": 266, "readlinkat": 267, "fchmodat": 268, "faccessat": 269,
     "pselect6": 270, "ppoll": 271, "unshare": 272, "set_robust_list": 273,
@@ -141,7 +143,7 @@ _X86_64: dict[str, int] = {
 _AARCH64: dict[str, int] = {
     "getcwd": 17, "lookup_dcookie": 18, "eventfd2": 19, "epoll_create1": 20,
     "epoll_ctl": 21, "epoll_pwait": 22, "dup": 23, "dup3": 24, "fcntl": 25, "ioctl": 29,
-    "flock": 32, "mkdirat": 34, "unlinkat": 35, "symlinkat": 36, "linkat": 37,
+    "flock": 32, "mknodat": 33, "mkdirat": 34, "unlinkat": 35, "symlinkat": 36, "linkat": 37,
     "renameat": 38, "umount2": 39, "mount": 40, "pivot_root": 41, "truncate": 45,
     "ftruncate": 46, "faccessat": 48, "chdir": 49, "fchdir": 50, "chroot": 51,
     "fchmod": 52, "fchmodat": 53, "fchownat": 54, "fchown": 55, "openat": 56,
@@ -453,6 +455,9 @@ _AF_UNIX = 1
 _AF_INET = 2
 _AF_INET6 = 10
 _TIOCSTI = 0x5412
+_SET_ID_BITS = 0o6000  # S_ISUID | S_ISGID
+_O_CREAT = 0o100  # x86_64 and the asm-generic arches (aarch64)
+_O_TMPFILE_BIT = 0o20000000  # __O_TMPFILE: O_TMPFILE is this | O_DIRECTORY
 _TIOCLINUX = 0x541C
 # <sys/personality.h>: PER_LINUX, PER_LINUX32, UNAME26, PER_LINUX32|UNAME26,
 # and 0xffffffff which only queries.  Everything else toggles behaviour that
@@ -469,6 +474,15 @@ _ARG_NAMES = {
     "socket": ("domain", "type"),
     "socketpair": ("domain",),
     "ioctl": ("fd", "request"),
+    "chmod": ("path", "mode"),
+    "fchmod": ("fd", "mode"),
+    "fchmodat": ("dirfd", "path", "mode"),
+    "fchmodat2": ("dirfd", "path", "mode"),
+    "creat": ("path", "mode"),
+    "mknod": ("path", "mode"),
+    "mknodat": ("dirfd", "path", "mode"),
+    "open": ("path", "oflag", "mode"),
+    "openat": ("dirfd", "path", "oflag", "mode"),
 }
 _NAMESPACE_FLAGS = {
     0x00020000: "CLONE_NEWNS",
@@ -491,6 +505,8 @@ _CONSTANTS: dict[str, dict[int, str]] = {
     },
     "domain": {_AF_UNIX: "AF_UNIX", _AF_INET: "AF_INET", _AF_INET6: "AF_INET6"},
     "request": {_TIOCSTI: "TIOCSTI", _TIOCLINUX: "TIOCLINUX"},
+    "mode": {0o4000: "S_ISUID", 0o2000: "S_ISGID"},
+    "oflag": {_O_CREAT: "O_CREAT", _O_TMPFILE_BIT: "O_TMPFILE"},
 }
 
 
@@ -518,6 +534,36 @@ def _describe_cond(call: str, cond: ArgCond) -> str:
 
 def _deny(name: str, why: str, err: int = _errno.EPERM) -> SyscallRule:
     return SyscallRule(name=name, errno=err, why=why)
+
+
+def _set_id_rules() -> tuple[SyscallRule, ...]:
+    """No file gets a set-user-ID or set-group-ID bit.  What the sandbox writes
+    outlives it: a set-ID program left in the workspace runs later outside it,
+    as its owner (root, when corral ran as root) for whoever runs it.  Every way
+    a mode is set is covered: chmod and its fd and at forms, a file created with
+    that mode (open, openat, creat; O_TMPFILE too) or made by mknod.  openat2
+    passes its mode in a struct seccomp cannot read: ENOSYS, and callers fall
+    back to openat, which is filtered."""
+    why = "set-ID bits: the program would run as its owner outside the sandbox"
+    bits = ArgCond
+    rules = [
+        SyscallRule(name, _errno.EPERM, (bits(index, "bits_set", _SET_ID_BITS),), why)
+        for name, index in (
+            ("chmod", 1),
+            ("fchmod", 1),
+            ("fchmodat", 2),
+            ("fchmodat2", 2),
+            ("creat", 1),
+            ("mknod", 1),
+            ("mknodat", 2),
+        )
+    ]
+    for name, flags in (("open", 1), ("openat", 2)):
+        for creating in (_O_CREAT, _O_TMPFILE_BIT):
+            when = (bits(flags, "bits_set", creating), bits(flags + 1, "bits_set", _SET_ID_BITS))
+            rules.append(SyscallRule(name, _errno.EPERM, when, why))
+    rules.append(_deny("openat2", "its mode is in a struct seccomp cannot read", _errno.ENOSYS))
+    return tuple(rules)
 
 
 def default_deny_rules() -> tuple[SyscallRule, ...]:
@@ -627,6 +673,7 @@ def default_deny_rules() -> tuple[SyscallRule, ...]:
             (ArgCond(0, "ne", _AF_UNIX),),
             "only AF_UNIX socket pairs",
         ),
+        *_set_id_rules(),
         # Terminal injection: push keystrokes into a tty shared with the host.
         SyscallRule(
             "ioctl",

@@ -40,6 +40,24 @@ def test_setuid_binary(box: Box) -> None:
     assert "euid=0" not in r.out and "uid=0(" not in r.out, r
 
 
+def test_set_id_program_left_behind(box: Box) -> None:
+    # What the run writes outlives it: a set-user-ID program left in the workspace
+    # would run later, outside, as its owner (root when corral ran as root).
+    r = box.py(
+        "write('prog', '')\n"
+        "attempt('chmod_suid', lambda: os.chmod('prog', 0o4755))\n"
+        "attempt('chmod_sgid', lambda: os.chmod('prog', 0o2755))\n"
+        "attempt('create_suid', lambda: os.close(os.open('made', os.O_WRONLY | os.O_CREAT, 0o4755)))\n"
+        "attempt('mknod_suid', lambda: os.mknod('node', 0o104755))\n"
+        "attempt('twin', lambda: os.close(os.open('plain', os.O_WRONLY | os.O_CREAT, 0o755)))"
+    )
+    for name in ("chmod_suid", "chmod_sgid", "create_suid", "mknod_suid"):
+        assert r.denied(name), (name, r)
+    assert r.got.get("twin") == "ok" and (box.ws / "plain").stat().st_mode & 0o111, r
+    left = [p.name for p in box.ws.rglob("*") if p.lstat().st_mode & 0o6000]
+    assert left == [], r
+
+
 def test_capabilities_and_no_new_privs(box: Box) -> None:
     r = box.py(
         "st = dict(l.split(':', 1) for l in read('/proc/self/status').splitlines())\n"

@@ -702,3 +702,56 @@ def test_untouched_write_protected_files_are_left_alone(tsandbox: tuple[Corral, 
     assert r.returncode == 0, r
     assert os.stat(config).st_mtime_ns == OLD_NS
     assert b"denied write" not in r.stderr, r
+
+
+# --- set-ID programs left behind ---------------------------------------------------
+
+# Runs inside: every way a file gets a mode, with and without set-ID bits.
+SET_ID_PROBE = r"""
+import os
+def attempt(what, act):
+    try:
+        act()
+        print(what + "=ok")
+    except OSError as e:
+        print(f"{what}=err:{e.errno}")
+open("prog", "w").close()
+attempt("chmod-suid", lambda: os.chmod("prog", 0o4755))
+attempt("chmod-sgid", lambda: os.chmod("prog", 0o2755))
+fd = os.open("prog", os.O_RDONLY)
+attempt("fchmod-suid", lambda: os.fchmod(fd, 0o6711))
+attempt("create-suid", lambda: os.close(os.open("made", os.O_WRONLY | os.O_CREAT, 0o4755)))
+attempt("mknod-suid", lambda: os.mknod("node", 0o104755))
+attempt("create-plain", lambda: os.close(os.open("plain", os.O_WRONLY | os.O_CREAT, 0o755)))
+attempt("chmod-plain", lambda: os.chmod("prog", 0o755))
+"""
+
+
+def set_id_files(ws: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(ws)): oct(p.lstat().st_mode)
+        for p in ws.rglob("*")
+        if p.lstat().st_mode & 0o6000
+    }
+
+
+def test_no_set_id_program_outlives_the_run(tsandbox: tuple[Corral, Path]) -> None:
+    """A set-user-ID program the run leaves in the workspace runs later, outside the
+    sandbox, as its owner: a root shell for whoever reaches it when corral ran as
+    root.  Every tier but gVisor once let one through (chmod, or a file created
+    with that mode; landlock by creation only).  Twin: plain modes still apply
+    (landlock refuses every chmod, by design)."""
+    c, ws = tsandbox
+    r = c.run(["run", "-q", "--", "python3", "-c", SET_ID_PROBE], cwd=ws)
+    out = r.stdout.decode()
+    assert r.returncode == 0, r
+    for what in ("chmod-suid", "chmod-sgid", "fchmod-suid", "create-suid", "mknod-suid"):
+        assert f"{what}=err:{errno.EPERM}" in out, (what, out)
+    assert set_id_files(ws) == {}
+    assert not (ws / "made").exists() and not (ws / "node").exists()
+    assert "create-plain=ok" in out and (ws / "plain").stat().st_mode & 0o777 == 0o755, out
+    assert c.tier is not None
+    if c.tier.tier == "landlock":
+        assert f"chmod-plain=err:{errno.EPERM}" in out, out
+    else:
+        assert "chmod-plain=ok" in out and (ws / "prog").stat().st_mode & 0o7777 == 0o755, out

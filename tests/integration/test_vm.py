@@ -133,6 +133,22 @@ def test_workspace_writes_land_and_writes_outside_fail(sandbox: tuple[Corral, Pa
     assert out.split()[-1] == str(c.uid)
 
 
+def test_the_guest_leaves_no_set_id_program(sandbox: tuple[Corral, Path]) -> None:
+    """The guest's root may set any mode inside the guest, but its writes to the
+    workspace are made on the host by QEMU, under corral's syscall filter: no
+    set-ID bit lands there.  Twin: a plain mode does."""
+    from test_escapes import SET_ID_PROBE, set_id_files
+
+    c, ws = sandbox
+    r = vm(c, ws, "--", "python3", "-c", SET_ID_PROBE)
+    out = r.stdout.decode()
+    assert r.returncode == 0, r
+    for what in ("chmod-suid", "chmod-sgid", "fchmod-suid", "create-suid", "mknod-suid"):
+        assert f"{what}=err:" in out, (what, out)
+    assert set_id_files(ws) == {} and not (ws / "made").exists()
+    assert "chmod-plain=ok" in out and (ws / "prog").stat().st_mode & 0o7777 == 0o755, out
+
+
 @pytest.mark.slow
 def test_secrets_stay_absent_even_for_the_guests_root(sandbox: tuple[Corral, Path]) -> None:
     """The masks are on the host side of 9p, not mounts in the guest: there is

@@ -68,6 +68,9 @@ THREAD_FLAGS = (
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET = 1, 2, 10, 16, 17
 TCGETS, TIOCSTI, TIOCLINUX = 0x5401, 0x5412, 0x541C
 ADDR_NO_RANDOMIZE = 0x0040000
+AT_FDCWD = 0xFFFFFF9C
+O_WRONLY, O_CREAT, O_TMPFILE = 0o1, 0o100, 0o20200000
+S_IFREG = 0o100000
 
 # The brief's minimum deny list; default_deny_rules() must cover all of it.
 REQUIRED_DENIED = {
@@ -283,6 +286,15 @@ def test_arch_specific_syscalls(arch: str) -> None:
         ("clock_adjtime", (0xFFFFFFFB,), errno.EPERM),  # a dynamic (fd) clock id
         ("mount", (), errno.EPERM),
         ("bpf", (), errno.EPERM),
+        # no set-user-ID or set-group-ID bit on any file, however the mode is set
+        ("fchmodat", (AT_FDCWD, 0, 0o4755), errno.EPERM),
+        ("fchmodat", (AT_FDCWD, 0, 0o2755), errno.EPERM),
+        ("fchmodat2", (AT_FDCWD, 0, 0o6755, 0), errno.EPERM),
+        ("fchmod", (3, 0o4711), errno.EPERM),
+        ("openat", (AT_FDCWD, 0, O_WRONLY | O_CREAT, 0o4755), errno.EPERM),
+        ("openat", (AT_FDCWD, 0, O_WRONLY | O_TMPFILE, 0o2700), errno.EPERM),
+        ("mknodat", (AT_FDCWD, 0, S_IFREG | 0o4755, 0), errno.EPERM),
+        ("openat2", (AT_FDCWD, 0, 0, 24), errno.ENOSYS),
     ],
 )
 def test_denied_calls(arch: str, name: str, args: tuple[int, ...], expected: int) -> None:
@@ -313,6 +325,12 @@ def test_denied_calls(arch: str, name: str, args: tuple[int, ...], expected: int
         ("adjtimex", ()),
         ("getpid", ()),
         ("exit_group", (0,)),
+        ("fchmodat", (AT_FDCWD, 0, 0o755)),
+        ("fchmodat", (AT_FDCWD, 0, 0o1777)),  # the sticky bit gives nobody an identity
+        ("fchmod", (3, 0o644)),
+        ("openat", (AT_FDCWD, 0, O_WRONLY | O_CREAT, 0o755)),
+        ("openat", (AT_FDCWD, 0, O_WRONLY, 0o4755)),  # no O_CREAT: the mode is ignored
+        ("mknodat", (AT_FDCWD, 0, S_IFREG | 0o644, 0)),
     ],
 )
 def test_allow_twins(arch: str, name: str, args: tuple[int, ...]) -> None:
@@ -329,6 +347,7 @@ def test_allow_twins(arch: str, name: str, args: tuple[int, ...]) -> None:
         ("socket", (0xFFFFFFFF_00000010, 3, 0), err(errno.EAFNOSUPPORT)),
         ("clone", (0x00000001_00000000 | CLONE_NEWUSER,), err(errno.EPERM)),
         ("unshare", (0xFFFFFFFF_00000000 | CLONE_NEWUSER,), err(errno.EPERM)),
+        ("fchmodat", (AT_FDCWD, 0, 0xFFFF0000_00000000 | 0o4755), err(errno.EPERM)),
         # ... nor an allowed call into a denied one.
         ("ioctl", (0, 0x00000001_00005401, 0), RET_ALLOW),
         ("socket", (0x00000001_00000002, 1, 0), RET_ALLOW),
@@ -605,6 +624,39 @@ def _default_checks(libc: ctypes.CDLL) -> list[str]:
         os._exit(0)
     if os.waitpid(pid, 0)[1] != 0:
         failures.append("fork() child did not exit cleanly")
+    failures += _set_id_checks()
+    return failures
+
+
+def _set_id_checks() -> list[str]:
+    """No set-ID bit reaches a file; plain modes still do (the twins)."""
+    import tempfile
+
+    failures = []
+    where = tempfile.mkdtemp()
+    path = os.path.join(where, "f")
+    denied = [
+        ("chmod u+s", lambda: os.chmod(path, 0o4755)),
+        ("chmod g+s", lambda: os.chmod(path, 0o2755)),
+        ("create u+s", lambda: os.close(os.open(path + "2", os.O_WRONLY | os.O_CREAT, 0o4755))),
+    ]
+    allowed = [("chmod 755", lambda: os.chmod(path, 0o755))]
+    allowed.append(("create 755", lambda: os.close(os.open(path + "3", os.O_CREAT, 0o755))))
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+    for what, act in denied:
+        try:
+            act()
+            failures.append(f"{what} succeeded")
+        except PermissionError:
+            pass
+    for what, act in allowed:
+        try:
+            act()
+        except OSError as exc:
+            failures.append(f"{what} failed: {exc!r}")
+    modes = [os.stat(os.path.join(where, n)).st_mode for n in os.listdir(where)]
+    if any(m & 0o6000 for m in modes) or os.path.exists(path + "2"):
+        failures.append(f"a set-ID file was made: {[oct(m) for m in modes]}")
     return failures
 
 
@@ -686,6 +738,9 @@ def test_rules_describe_themselves_readably() -> None:
         "socket(domain not in AF_UNIX, AF_INET, AF_INET6) -> EAFNOSUPPORT",
         "socketpair(domain != AF_UNIX) -> EAFNOSUPPORT",
         "ioctl(request == TIOCSTI) -> EPERM",
+        "fchmodat(mode has any of S_ISUID, S_ISGID) -> EPERM",
+        "openat(oflag has O_CREAT and mode has any of S_ISUID, S_ISGID) -> EPERM",
+        "openat2 -> ENOSYS",
         "socket(domain == AF_INET and type is not SOCK_STREAM) -> EACCES",
     ):
         assert text in said, text
