@@ -635,12 +635,12 @@ def _set_id_checks() -> list[str]:
     failures = []
     where = tempfile.mkdtemp()
     path = os.path.join(where, "f")
-    denied = [
+    denied: list[tuple[str, Callable[[], None]]] = [
         ("chmod u+s", lambda: os.chmod(path, 0o4755)),
         ("chmod g+s", lambda: os.chmod(path, 0o2755)),
         ("create u+s", lambda: os.close(os.open(path + "2", os.O_WRONLY | os.O_CREAT, 0o4755))),
     ]
-    allowed = [("chmod 755", lambda: os.chmod(path, 0o755))]
+    allowed: list[tuple[str, Callable[[], None]]] = [("chmod 755", lambda: os.chmod(path, 0o755))]
     allowed.append(("create 755", lambda: os.close(os.open(path + "3", os.O_CREAT, 0o755))))
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
     for what, act in denied:
