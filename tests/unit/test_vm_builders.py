@@ -13,6 +13,7 @@ import stat
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -810,3 +811,54 @@ def test_the_agents_python_is_laid_out_at_its_host_paths() -> None:
         assert "/" not in name or names.index(parent) < names.index(name)
     at = data.index(b"usr/lib/python3.11/os.py\0") - 110
     assert int(data[at + 46 : at + 54], 16) == 1_700_000_000  # its mtime: the .pyc stays valid
+
+
+# ---- the control port, as a hostile guest's root could use it ----------------------
+
+
+class _FakeVm:
+    """The host's ends of a VM's ports, without a VM: the test plays the guest."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.guest: dict[str, socket.socket] = {}
+        self.socks: dict[str, socket.socket] = {}
+        for name in ("corral.ctl", "corral.stdout", "corral.stderr"):
+            self.socks[name], self.guest[name] = socket.socketpair()
+        self.err_r, self.err_w = os.pipe()
+        self.state = None
+
+    def ended(self) -> str:
+        return "ended"
+
+    def follow(self, control: bytes) -> vmrun.Result:
+        class Plan:
+            timeout = 5.0
+
+        result = vmrun.Result()
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            follower = vmrun._Follower(self, Plan(), result, null, null, time.monotonic())  # type: ignore[arg-type]
+            self.guest["corral.ctl"].sendall(control)
+            follower.run()
+        finally:
+            os.close(null)
+        return result
+
+
+def test_a_control_line_without_end_is_refused_not_held() -> None:
+    """The guest's root can write the control port: an endless line ends the run
+    with one corral line instead of growing the host's memory."""
+    vm = _FakeVm()
+    with pytest.raises(SetupError, match="control line of over"):
+        vm.follow(b"x" * (vmrun.MAX_CONTROL_LINE * 4))
+    assert _FakeVm().follow(b"exit 3 0 0 0\n").exit_code == 3  # the twin
+
+
+def test_the_guests_error_words_reach_the_terminal_as_plain_text() -> None:
+    with pytest.raises(SetupError) as caught:
+        _FakeVm().follow(b"error bad \x1b]0;owned\x07 mount\x1b[2J" + b"y" * 2000 + b"\n")
+    message = caught.value.message
+    assert "\x1b" not in message and "\x07" not in message
+    assert message.startswith("microvm: bad ?]0;owned? mount?[2J") and len(message) < 600

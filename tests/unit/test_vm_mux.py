@@ -171,3 +171,95 @@ def test_the_port_closing_ends_every_stream(tmp_path: Path) -> None:
     conn.close()
     guest_side.close()
     del tmp_path
+
+
+# --- a hostile guest: the guest's root can write any frame on the port -------------
+
+
+class Door:
+    """A door that accepts every connection and never reads: counts them."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(1024)
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+
+def hostile_link(tmp_path: Path) -> tuple[socket.socket, mux.Mux, threading.Event]:
+    """The host end of the port, and the raw guest side of it (frames by hand)."""
+    guest_side, host_side = socket.socketpair()
+    host = mux.Mux(os.dup(host_side.fileno()), mux.unix_opener(str(tmp_path / "door.sock")))
+    host_side.close()
+    done = threading.Event()
+
+    def serve() -> None:
+        host.serve()
+        done.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return guest_side, host, done
+
+
+def frames(sock: socket.socket, until: float) -> list[tuple[int, int]]:
+    """(kind, stream) of every frame the host sends before ``until`` seconds pass."""
+    got, buf = [], b""
+    sock.settimeout(0.2)
+    end = time.monotonic() + until
+    while time.monotonic() < end:
+        try:
+            buf += sock.recv(65536)
+        except TimeoutError:
+            continue
+        while len(buf) >= mux.HEADER.size:
+            kind, sid, length = mux.HEADER.unpack(buf[: mux.HEADER.size])
+            if len(buf) < mux.HEADER.size + length:
+                break
+            got.append((kind, sid))
+            buf = buf[mux.HEADER.size + length :]
+    return got
+
+
+def test_a_guest_cannot_open_streams_without_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each stream is a door connection and two threads on the host: past
+    MAX_STREAMS an OPEN is answered CLOSE and no connection is made."""
+    monkeypatch.setattr(mux, "MAX_STREAMS", 8)
+    door = Door(str(tmp_path / "door.sock"))
+    guest, host, done = hostile_link(tmp_path)
+    guest.sendall(b"".join(mux.HEADER.pack(mux.OPEN, sid, 0) for sid in range(1, 21)))
+    got = frames(guest, 2.0)
+    assert sorted(sid for kind, sid in got if kind == mux.CLOSE) == list(range(9, 21))
+    assert len(door.held) == 8 and len(host.streams) == 8  # the twin: 8 were opened
+    guest.sendall(mux.HEADER.pack(mux.OPEN, 3, 0))  # a second OPEN for an open stream
+    assert (mux.CLOSE, 3) in frames(guest, 1.0) and len(host.streams) == 7
+    guest.close()
+    assert done.wait(10)
+
+
+def test_data_past_the_window_ends_the_stream(tmp_path: Path) -> None:
+    """A peer that ignores the window (sends without waiting for ACKs) to a door
+    that does not read: the host keeps at most WINDOW bytes, then ends the stream."""
+    Door(str(tmp_path / "door.sock"))
+    guest, host, done = hostile_link(tmp_path)
+    chunk = b"x" * mux.MAX_PAYLOAD
+    guest.sendall(mux.HEADER.pack(mux.OPEN, 1, 0) + mux.HEADER.pack(mux.OPEN, 2, 0))
+    within = mux.HEADER.pack(mux.DATA, 2, 1000) + b"y" * 1000  # the twin: stays open
+    flood = mux.HEADER.pack(mux.DATA, 1, len(chunk)) + chunk
+    guest.sendall(within)
+    for _ in range(3 * mux.WINDOW // len(chunk)):
+        guest.sendall(flood)
+    got = frames(guest, 2.0)
+    assert (mux.CLOSE, 1) in got and (mux.CLOSE, 2) not in got
+    assert list(host.streams) == [2]
+    guest.close()
+    assert done.wait(10)

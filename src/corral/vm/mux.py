@@ -19,6 +19,12 @@ A frame is a header ``!BIH`` (kind, stream id, payload length) and the payload:
 
 Each stream has two threads per end: one reads its socket into frames, one
 writes received frames into its socket.
+
+The host end trusts nothing the guest sends (the guest's root can write any
+frame on the port): it keeps at most :data:`MAX_STREAMS` streams open (an OPEN
+past that, or for a stream already open, is answered CLOSE), and a stream
+whose peer sends more than :data:`WINDOW` bytes it has not had acknowledged is
+ended, so what the host holds for a guest stays bounded.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ OPEN, DATA, EOF, CLOSE, ACK = 1, 2, 3, 4, 5
 HEADER = struct.Struct("!BIH")
 MAX_PAYLOAD = 65535
 WINDOW = 256 * 1024
+MAX_STREAMS = 512  # open at once per port: connections a guest holds through the door
 
 
 class _Stream:
@@ -48,6 +55,7 @@ class _Stream:
         self.inbox: list[bytes | None] = []  # to write to the socket; None: the peer's EOF
         self.done = False  # CLOSE sent or received: everything stops
         self.halves = 0  # directions finished (2: the stream is over)
+        self.held = 0  # bytes received, not yet written out (so not yet acknowledged)
 
     def start(self) -> None:
         for target in (self._read_socket, self._write_socket):
@@ -93,6 +101,8 @@ class _Stream:
             except OSError:
                 self.abort(tell=True)
                 return
+            with self.lock:  # before the ACK: the peer may send again once it has it
+                self.held -= len(data)
             self.mux.send(ACK, self.sid, struct.pack("!I", len(data)))
 
     def _half_done(self) -> None:
@@ -105,13 +115,19 @@ class _Stream:
 
     def received(self, kind: int, payload: bytes) -> None:
         with self.lock:
-            if kind == DATA:
+            overrun = kind == DATA and self.held + len(payload) > WINDOW
+            if overrun:
+                pass  # a peer that ignores the window: ended below, nothing kept
+            elif kind == DATA:
+                self.held += len(payload)
                 self.inbox.append(payload)
             elif kind == EOF:
                 self.inbox.append(None)
             elif kind == ACK and len(payload) == 4:
                 self.credit += struct.unpack("!I", payload)[0]
             self.lock.notify_all()
+        if overrun:
+            self.abort(tell=True)
 
     def abort(self, tell: bool = False) -> None:
         with self.lock:
@@ -220,6 +236,15 @@ class Mux:
             stream.received(kind, payload)
 
     def _opened(self, sid: int) -> None:
+        with self.slock:
+            existing = self.streams.get(sid)
+            full = len(self.streams) >= MAX_STREAMS
+        if existing is not None:  # a second OPEN for an open stream ends it
+            existing.abort(tell=True)
+            return
+        if full:
+            self.send(CLOSE, sid)
+            return
         sock = None
         if self.opener is not None:
             try:

@@ -53,6 +53,9 @@ BOOT_TIMEOUT = 60.0
 # state that does not resume is given up for a boot
 RESTORE_TIMEOUT = 20.0
 CHUNK = 65536
+# The control port is the init's, but the guest's root can reach it: its lines are
+# bounded, and what the host prints of one is plain text (no terminal controls).
+MAX_CONTROL_LINE = 4096
 
 
 def find_program(name: str) -> str | None:
@@ -827,6 +830,10 @@ class _Follower:
         else:
             self.control += data
             self._lines()
+            if len(self.control) > MAX_CONTROL_LINE:
+                raise SetupError(
+                    f"microvm: the guest sent a control line of over {MAX_CONTROL_LINE} bytes"
+                )
 
     def _lines(self) -> None:
         """Take the control lines received, up to the one run() waits for."""
@@ -843,12 +850,19 @@ class _Follower:
             self.drain_until = time.monotonic() + DRAIN_TIMEOUT
 
 
+def _plain(text: str, limit: int = 500) -> str:
+    """The guest's words as one line of plain text: controls (an escape sequence
+    would drive the user's terminal) become '?', and at most ``limit`` characters."""
+    kept = "".join(ch if ch.isprintable() else "?" for ch in text[:limit])
+    return kept + ("..." if len(text) > limit else "")
+
+
 def _report(line: str, result: Result, out: int, err: int) -> dict[int, int]:
     """Take in the guest's ``exit CODE OUT ERR OOM`` or ``error WHY`` line."""
     kind, _, rest = line.partition(" ")
     fields = rest.split()
     if kind == "error":
-        raise SetupError(f"microvm: {rest}")
+        raise SetupError(f"microvm: {_plain(rest)}")
     if kind != "exit" or len(fields) != 4 or not all(f.isdigit() for f in fields):
         raise SetupError(f"microvm: the guest answered {line[:200]!r}")
     code, out_n, err_n, oom = (int(f) for f in fields)
