@@ -832,13 +832,15 @@ def _run_plan(
 
 def _say_plan(plan: Plan, auto: bool, quiet: bool) -> None:
     """The plan's warning, the tier auto chose, and its notes, on stderr."""
+    from corral.errors import plain
+
     if plan.strategy.warning:
         _err(plan.strategy.warning)
     elif auto and not quiet:
         _err(f"corral: tier {plan.tier} (auto: strongest available here)")
     for note in plan.notes:
-        if not quiet:
-            _err(f"corral: note: {note}")
+        if not quiet:  # (one line each: a path in it may hold a line break)
+            _err(f"corral: note: {plain(note)}")
 
 
 def _failed(opts: dict[str, object], record: dict[str, object], exc: CorralError) -> None:
@@ -959,7 +961,9 @@ def _log(record: dict[str, object], path: object) -> None:
 
 
 def _err(line: str) -> None:
-    sys.stderr.write(line + "\n")
+    from corral.errors import visible
+
+    sys.stderr.write(visible(line) + "\n")
     sys.stderr.flush()
 
 

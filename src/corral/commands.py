@@ -45,7 +45,7 @@ from corral.cli import (
     planned_again,
     refuse_unused_flags,
 )
-from corral.errors import CorralError, SetupRaced
+from corral.errors import CorralError, SetupRaced, plain
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ def cmd_mcp(args: list[str]) -> int:
                     f"corral: mcp server on a {sb.tier.name} sandbox; workspace {policy.workspace}"
                 )
                 for note in sb.notes:
-                    _err(f"corral: note: {note}")
+                    _err(f"corral: note: {plain(note)}")
             await mcp_server.serve(sb)
 
     anyio.run(main)
@@ -407,7 +407,8 @@ def cmd_log(args: list[str]) -> int:
         start, run_id, tier = (
             str(r.get(k) if r.get(k) is not None else "?") for k in ("start", "run_id", "tier")
         )
-        print(f"{start}  {run_id}  {tier:<9}  {_outcome(r):<8}  {dur:>8}  {command[:80]}{extra}")
+        line = f"{start}  {run_id}  {tier:<9}  {_outcome(r):<8}  {dur:>8}  {command[:80]}{extra}"
+        print(plain(line))  # an agent's command may hold terminal controls
     return 0
 
 
@@ -467,13 +468,14 @@ def _log_net(opts: dict[str, object], count: int) -> int:
         if r.get("event"):  # an approval's line (corral.net.approvals)
             what = f"{r['event']} {r.get('answer') or r.get('scope') or what}"
         if r.get("decision") == "note":  # the log's own (its bound, corral.net.audit)
-            print(f"{r.get('time', '?')}  {r.get('run_id', '?')}  note   {r.get('reason')}")
+            print(plain(f"{r.get('time', '?')}  {r.get('run_id', '?')}  note   {r.get('reason')}"))
             continue
-        print(
+        line = (  # the host, method and path are the sandbox's: plain text only
             f"{r.get('time', '?')}  {r.get('run_id', '?')}  {r.get('decision', '?'):<5}  "
             f"{r.get('host')}:{r.get('port')}  {what[:60]}  rule={r.get('rule')}  "
             f"status={r.get('status')}  up={r.get('bytes_up')} down={r.get('bytes_down')}"
         )
+        print(plain(line))
     return 0
 
 
@@ -511,10 +513,11 @@ def cmd_pending(args: list[str]) -> int:
     for item in held:
         host = f"{item.get('host')}:{item.get('port')}"
         age = f"{float(item.get('age', 0) or 0):.0f}s"  # type: ignore[arg-type]
-        print(
+        line = (  # the method and path are the sandbox's: plain text only
             f"{item.get('id')!s:<9} {item.get('run')!s:<19} {age:>5}  {item.get('method')!s:<7} "
             f"{host:<24} {str(item.get('path'))[:60]:<28} {item.get('rule')}"
         )
+        print(plain(line))
     return 0
 
 

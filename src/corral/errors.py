@@ -54,3 +54,28 @@ class SetupRaced(SetupError):
     """A host path changed between the plan and the sandbox's mounts (a unix
     socket another program removed, say).  The command never started, so the
     caller may plan again and retry."""
+
+
+def plain(text: str) -> str:
+    """Text the sandbox chose (a path, a name) as it may appear in one of corral's
+    lines: every character a terminal could act on (escape sequences, line
+    breaks, invisible format characters such as a right-to-left override) as a
+    backslash escape, so a command can neither erase, recolour nor forge what
+    corral says.  Everything else (non-ASCII letters included) as it is."""
+    if text.isprintable():  # the common case, checked in C
+        return text
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def visible(text: str) -> str:
+    """:func:`plain` for a whole message, whose own line breaks stay."""
+    if text.isprintable():
+        return text
+    return "\n".join(plain(line) for line in text.split("\n"))
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

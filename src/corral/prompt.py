@@ -254,8 +254,12 @@ class TerminalPrompt:
 
 
 def _what(ask: AskInfo) -> str:
+    """The held request as the person deciding reads it: plain text only (the
+    method and path are the sandbox's; a control in them could redraw the line)."""
+    from corral.errors import plain
+
     where = f"{ask.host}:{ask.port}{ask.path}"
-    return f"{ask.method} {where[:120]} ({ask.rule})"
+    return plain(f"{ask.method} {where[:120]} ({ask.rule})")
 
 
 def _write(fd: int, data: bytes) -> None:

@@ -38,8 +38,12 @@ class Denial:
     __slots__ = ("fields", "kind", "text")
 
     def __init__(self, kind: str, text: str = "", **fields: object) -> None:
+        from corral.errors import plain
+
         self.kind = kind
-        self.text = text  # the closing line on stderr ("" if said before the run)
+        # the closing line on stderr ("" if said before the run); the paths and names
+        # in it are the sandbox's choice: no terminal control survives in it
+        self.text = plain(text)
         self.fields = fields
 
     def to_dict(self) -> dict[str, object]:

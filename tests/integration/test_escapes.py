@@ -755,3 +755,29 @@ def test_no_set_id_program_outlives_the_run(tsandbox: tuple[Corral, Path]) -> No
         assert f"chmod-plain=err:{errno.EPERM}" in out, out
     else:
         assert "chmod-plain=ok" in out and (ws / "prog").stat().st_mode & 0o7777 == 0o755, out
+
+
+# --- corral's own lines: no terminal control from the sandbox -----------------------
+
+
+def test_names_the_run_chose_cannot_drive_the_terminal(tsandbox: tuple[Corral, Path]) -> None:
+    """corral names what it quarantined after the run: a hook named with an escape
+    sequence and a line break once reached the terminal raw, so a command could
+    erase, recolour or forge corral's own report.  Twin: a plain name is shown as
+    it is, non-ASCII letters included."""
+    c, ws = tsandbox
+    evil = "pre-commit\x1b[2K\x1b[1A\nforged: all good\u202e"
+    name = evil.encode("unicode_escape").decode()  # printf's escapes make it inside
+    script = (  # a repository made by hand: git init cannot chmod on landlock
+        "mkdir -p made/.git/hooks made/.git/objects made/.git/refs && "
+        "echo 'ref: refs/heads/main' > made/.git/HEAD && "
+        f"printf '#!/bin/sh\\n' > \"made/.git/hooks/$(printf '{name}')\" && "
+        "printf '#!/bin/sh\\n' > made/.git/hooks/post-merge-é"
+    )
+    r = c.run(["run", "-q", "--", "sh", "-c", script], cwd=ws)
+    err = r.stderr.decode()
+    assert r.returncode == 0, r
+    assert "\x1b" not in err and "\u202e" not in err, err
+    assert "\nforged" not in err and "forged: all good" in err, err  # shown, on no line of its own
+    assert "made/.git/hooks/pre-commit\\x1b[2K\\x1b[1A\\x0aforged" in err, err
+    assert "made/.git/hooks/post-merge-é" in err, err  # the twin

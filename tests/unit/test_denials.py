@@ -197,3 +197,33 @@ def test_a_destination_without_port_is_a_name(tmp_path: Path, port: int | None) 
     pol = proxy_policy(tmp_path, [])
     found = report.network([entry("name.test", port, "default")], pol)
     assert found[0].fields["allow_with"] == "--allow name.test"
+
+
+def test_plain_escapes_what_a_terminal_would_act_on_and_nothing_else() -> None:
+    from corral.errors import plain, visible
+
+    assert plain("/ws/notes-é ü.txt") == "/ws/notes-é ü.txt"  # printable: as it is
+    assert plain("a\x1b[2Jb") == "a\\x1b[2Jb"
+    assert plain("a\nb\tc\x07") == "a\\x0ab\\x09c\\x07"  # no line of its own
+    assert plain("x\x9by") == "x\\x9by"  # a C1 control (CSI)
+    assert plain("abc\u202etxt.exe") == "abc\\u202etxt.exe"  # right-to-left override
+    assert plain("bad\udc9b") == "bad\\udc9b"  # an undecodable byte of a file name
+    assert visible("one\ntwo \x1b[31m") == "one\ntwo \\x1b[31m"  # a message's own lines stay
+
+
+def test_a_denial_line_never_carries_a_terminal_control() -> None:
+    d = report.quarantined("/ws/.git/hooks/x\x1b]0;owned\x07\nforged", moved_to="/q/x")
+    assert "\x1b" not in d.text and "\n" not in d.text and "\x07" not in d.text
+    assert d.text.startswith("denied write: /ws/.git/hooks/x\\x1b]0;owned\\x07\\x0aforged")
+    assert d.to_dict()["path"] == "/ws/.git/hooks/x\x1b]0;owned\x07\nforged"  # data: exact
+
+
+def test_the_approval_prompt_shows_the_request_as_plain_text() -> None:
+    from corral.net.asking import AskInfo
+    from corral.prompt import _what
+
+    ask = AskInfo(
+        {"id": "a1", "host": "api.test", "port": 443, "method": "DELETE", "path": "/x\x9b2K\x85"}
+    )
+    shown = _what(ask)
+    assert shown == "DELETE api.test:443/x\\x9b2K\\x85 ()" and shown.isprintable()
