@@ -401,8 +401,10 @@ class FileWatch:
         assert rt.sb is not None
         root = self.root or rt.sb.policy.workspace
         loop = asyncio.get_running_loop()
-        before = await loop.run_in_executor(None, self.scan, root)
+        # counted before the baseline scan, as in the loop: an event handled while it
+        # ran may have written after the scan passed by (its write is not news)
         handled = rt.handled
+        before = await loop.run_in_executor(None, self.scan, root)
         while True:
             await asyncio.sleep(self.interval)
             # counted before the scan: an event handled while it ran may have written

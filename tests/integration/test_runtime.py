@@ -545,7 +545,27 @@ def test_cli_agent_serve_stops_cleanly(sandbox: tuple[Corral, Path], model: Mode
 # -- the file watcher and the webhook -------------------------------------------------------------
 
 
-def test_file_watch_wakes_on_host_changes_not_on_its_own_writes(api_ws: Path) -> None:
+class SlowFirstScan(FileWatch):
+    """A watcher whose baseline scan takes long (a loaded machine, a big tree):
+    the event is handled, and its file written, while that scan runs."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(interval=interval)
+        self.scans = 0
+
+    def scan(self, root: str) -> dict[str, tuple[int, int]]:
+        self.scans += 1
+        if self.scans == 1:
+            seen = super().scan(root)  # before the agent's write...
+            time.sleep(1.5)  # ...which lands while this scan is still "running"
+            return seen
+        return super().scan(root)
+
+
+@pytest.mark.parametrize("watch", [FileWatch, SlowFirstScan], ids=["scan", "slow-first-scan"])
+def test_file_watch_wakes_on_host_changes_not_on_its_own_writes(
+    api_ws: Path, watch: type[FileWatch]
+) -> None:
     brain = ScriptedBrain(
         [turn(call("write_file", path="own.txt", content="mine")), Reply("wrote")]
     )
@@ -556,11 +576,12 @@ def test_file_watch_wakes_on_host_changes_not_on_its_own_writes(api_ws: Path) ->
             pol.load(str(api_ws)),
             directory=api_ws.parent / "agent",
             tier="namespace",
-            listeners=[FileWatch(interval=0.1)],
+            listeners=[watch(interval=0.1)],
         )
         async with rt:
             assert (await rt.fire(Event("task", "write own.txt"))).text == "wrote"
-            await asyncio.sleep(0.5)  # a few scans: own.txt is the agent's own write
+            # a few scans (after the slow baseline): own.txt is the agent's own write
+            await asyncio.sleep(0.5 if watch is FileWatch else 2.5)
             (api_ws / "host.txt").write_text("from the host")
             for _ in range(50):
                 if len(brain.seen) == 3:
