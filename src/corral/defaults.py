@@ -156,6 +156,19 @@ WRITE_DENY_WORKSPACE = (
     ".vscode/",
     ".idea/",
     ".devcontainer/",
+    # agent tools' project settings: hooks, permissions and MCP servers they run
+    # (unsandboxed) the next time they start here, and commands they offer
+    ".claude/",
+    ".mcp.json",
+    ".cursor/",
+    ".gemini/",
+    ".zed/",
+    ".aider.conf.yml",
+    # git reads these from a work tree (.gitmodules: submodule URLs) or by include;
+    # ripgrep reads a config named by RIPGREP_CONFIG_PATH, which agents set to one
+    ".gitconfig",
+    ".gitmodules",
+    ".ripgreprc",
     ".envrc",
     ".bashrc",
     ".bash_profile",

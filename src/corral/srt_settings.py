@@ -48,6 +48,15 @@ SRT_PROTECTED = (
     ".claude/agents/",
 )
 
+def protected_by_default(path: str) -> bool:
+    """Whether corral's own defaults write-protect ``path`` (a name relative to the
+    workspace), itself or as part of a protected directory."""
+    return any(
+        path == entry or (entry.endswith("/") and path.startswith(entry))
+        for entry in defaults.WRITE_DENY_WORKSPACE
+    )
+
+
 # Where srt's defaults and corral's differ whatever the file says; printed by
 # `corral policy import` above the TOML.
 DEFAULT_DIFFERENCES = (
@@ -337,12 +346,13 @@ class _Reader:
         self.check_writable()
         # "." is the workspace, which corral makes writable anyway (listing it binds it twice)
         out.writable = [p for p in out.writable if os.path.normpath(p) != "."]
-        extra = [p for p in SRT_PROTECTED if p not in defaults.WRITE_DENY_WORKSPACE]
+        extra = [p for p in SRT_PROTECTED if not protected_by_default(p)]
         out.write_deny += [p for p in extra if p not in out.write_deny]
-        out.notes.append(
-            "write_deny ends with what srt protects by default and corral's defaults "
-            f"do not: {' '.join(extra)}"
-        )
+        if extra:
+            out.notes.append(
+                "write_deny ends with what srt protects by default and corral's defaults "
+                f"do not: {' '.join(extra)}"
+            )
 
     def check_writable(self) -> None:
         """Refuse what corral would leave more writable than srt does."""

@@ -781,3 +781,37 @@ def test_names_the_run_chose_cannot_drive_the_terminal(tsandbox: tuple[Corral, P
     assert "\nforged" not in err and "forged: all good" in err, err  # shown, on no line of its own
     assert "made/.git/hooks/pre-commit\\x1b[2K\\x1b[1A\\x0aforged" in err, err
     assert "made/.git/hooks/post-merge-é" in err, err  # the twin
+
+
+# --- agent tools' project settings: run later, unsandboxed, by the tool -------------
+
+
+def test_agent_tool_settings_cannot_be_planted(tsandbox: tuple[Corral, Path]) -> None:
+    """A hook in .claude/settings.json, a server in .mcp.json or .cursor/mcp.json runs
+    on the host the next time that agent tool starts in this directory, outside
+    the sandbox (srt protects these by default; corral's defaults once did not).
+    Twin: the project's own files (CLAUDE.md, src/) are written as ever."""
+    c, ws = tsandbox
+    (ws / ".claude").mkdir()
+    settings = ws / ".claude" / "settings.json"
+    settings.write_text('{"permissions": {}}\n')
+    c.chown(ws)
+    hook = (
+        '{"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": "touch /pwn"}]}]}}'
+    )
+    script = f"""
+        echo '{hook}' > .claude/settings.json 2>/dev/null || echo settings=denied
+        mkdir -p .cursor && echo '{{}}' > .cursor/mcp.json
+        echo '{{"mcpServers": {{"x": {{"command": "sh"}}}}}}' > .mcp.json
+        echo '# notes' >> CLAUDE.md && mkdir -p src && echo x > src/a && echo twin=ok
+    """
+    r = c.run(["run", "-q", "--", "sh", "-c", script], cwd=ws)
+    assert r.returncode == 0, r
+    assert settings.read_text() == '{"permissions": {}}\n'  # refused, or put back after
+    assert not (ws / ".mcp.json").exists() and not (ws / ".cursor").exists()  # quarantined
+    err = r.stderr.decode()
+    assert ".mcp.json" in err and ".cursor" in err, err
+    if c.has("mounts"):
+        assert "settings=denied" in r.stdout.decode(), r
+    assert "twin=ok" in r.stdout.decode() and (ws / "CLAUDE.md").read_text() == "# notes\n"
+    assert (ws / "src" / "a").read_text() == "x\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import cli, defaults, policy, srt_settings
+from corral import cli, policy, srt_settings
 from corral.errors import EXIT_USAGE, PolicyError
 from corral.net.rules import HostRules
 from corral.srt_settings import Translation
@@ -80,12 +80,15 @@ def test_filesystem_lists_map_onto_corral_fields(ws: Path) -> None:
     assert tr.write_deny[:2] == [".env", "config/production.json"]
 
 
-def test_srt_default_protections_corral_lacks_are_added_once(ws: Path) -> None:
+def test_corral_defaults_protect_everything_srt_protects(ws: Path) -> None:
+    """srt's built-in write protection is part of corral's own defaults (a policy
+    translated from srt's settings needs nothing added, and says nothing of it)."""
+    assert all(srt_settings.protected_by_default(p) for p in srt_settings.SRT_PROTECTED)
+    assert srt_settings.protected_by_default(".claude/settings.json")  # the whole directory
+    assert not srt_settings.protected_by_default("src/main.py")  # the twin
     tr = translate(settings(filesystem={"denyWrite": [".mcp.json"]}), ws)
-    extra = [p for p in srt_settings.SRT_PROTECTED if p not in defaults.WRITE_DENY_WORKSPACE]
-    assert ".mcp.json" in extra and ".claude/commands/" in extra and ".bashrc" not in extra
-    assert tr.write_deny == [".mcp.json", *(p for p in extra if p != ".mcp.json")]
-    assert any(".mcp.json" in note for note in tr.notes)
+    assert tr.write_deny == [".mcp.json"]
+    assert not any("srt protects by default" in note for note in tr.notes)
 
 
 def test_tilde_and_relative_paths_keep_srt_meaning(ws: Path) -> None:
