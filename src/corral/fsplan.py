@@ -57,6 +57,15 @@ SOCKET_MASK = "host unix socket"  # the reason a host socket's mask gives
 PROC_HOST_STATE = ("sys", "fs", "acpi", "scsi")
 SYS_CLASS_NET = "/sys/class/net"
 NEVER_SHADOW = frozenset({"/", "/usr", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/proc", "/sys"})
+# Names write-protected in every directory the workspace walk reaches below the
+# root (the root's own are the policy's write-deny patterns): what an editor, an
+# agent tool, a shell or a `corral run` started in that directory loads.  Each
+# name says whether a directory (True) or a file (False) is meant; a symlink
+# counts as either, being protected where it leads.
+PROTECTED_NAMES: dict[str, bool] = {
+    **{n.rstrip("/"): n.endswith("/") for n in defaults.WRITE_DENY_WORKSPACE},
+    defaults.POLICY_FILENAME: False,
+}
 
 
 class Mount:
@@ -276,7 +285,7 @@ class WorkspaceScan:
         "git_dirs",
         "git_files",
         "hardlinks",
-        "policy_files",
+        "protected",
         "secret_files",
     )
 
@@ -286,8 +295,9 @@ class WorkspaceScan:
         self.secret_files: list[str] = []
         self.hardlinks: list[str] = []
         self.farms: list[str] = []  # environments the walk skips (corral.linkfarm looks in)
-        # what a `corral run` started in that directory would load as its policy
-        self.policy_files: list[str] = []
+        # PROTECTED_NAMES below the root: what a `corral run`, an editor or an agent
+        # tool started in that directory would load
+        self.protected: list[str] = []
         self.complete = True
         self.dirs: dict[str, WalkedDir] = {}  # every directory listed, as it was
 
@@ -298,7 +308,7 @@ class WalkedDir:
     that finds the same inode with the same change time (a new entry, a rename, a
     touch all change it, and no one but root can set it back) needs no listing."""
 
-    __slots__ = ("count", "ctime", "gits", "ino", "policies", "subdirs")
+    __slots__ = ("count", "ctime", "gits", "ino", "protected", "subdirs")
 
     def __init__(self, ino: int, ctime: int) -> None:
         self.ino = ino
@@ -306,21 +316,32 @@ class WalkedDir:
         self.count = 0
         self.subdirs: list[tuple[str, int]] = []
         self.gits: list[tuple[str, bool]] = []
-        self.policies: list[str] = []  # entries named corral.toml
+        self.protected: list[str] = []  # entries named in PROTECTED_NAMES (not at the root)
 
 
 class Repositories:
     """The workspace's repositories at launch (``known``: identities of git dirs and
     ``.git`` entries) and its walk (``dirs``; ``cutoff``: change times from before
-    it are trusted unchanged, see :func:`created_repositories`)."""
+    it are trusted unchanged, see :func:`created_repositories`).  ``names``: the
+    protected names the policy applies below the root (:func:`protected_names`)."""
 
-    __slots__ = ("cutoff", "dirs", "known")
+    __slots__ = ("cutoff", "dirs", "known", "names")
 
-    def __init__(self, scan: WorkspaceScan, cutoff: int) -> None:
+    def __init__(
+        self, scan: WorkspaceScan, cutoff: int, names: Collection[str] = PROTECTED_NAMES
+    ) -> None:
         found = (identity(p) for p in (*scan.git_dirs, *scan.git_files))
         self.known = frozenset(i for i in found if i is not None)
         self.dirs = scan.dirs
         self.cutoff = cutoff
+        self.names = names
+
+
+def protected_names(use_defaults: bool) -> Collection[str]:
+    """The protected names a policy applies in subdirectories: all of them, or with
+    ``[filesystem] defaults = false`` (the root's built-in names off too) only
+    the policy file, which is protected whatever the policy says."""
+    return PROTECTED_NAMES if use_defaults else (defaults.POLICY_FILENAME,)
 
 
 def _is_secret_name(name: str) -> bool:
@@ -356,7 +377,7 @@ def scan_workspace(
             break
         scan.dirs[path] = walked
         stack.extend(walked.subdirs)
-        scan.policy_files += walked.policies
+        scan.protected += walked.protected
         for git, is_dir in walked.gits:
             _note_repository(git, is_dir, scan)
     scan.git_dirs = list(dict.fromkeys(scan.git_dirs))  # a submodule's, found twice
@@ -387,8 +408,13 @@ def _list(
             is_dir = entry.is_dir(follow_symlinks=False)
         except OSError:
             continue
-        if name == defaults.POLICY_FILENAME:
-            walked.policies.append(entry.path)
+        # (the root's own are the policy's write-deny patterns)
+        if (
+            depth
+            and name in PROTECTED_NAMES
+            and (PROTECTED_NAMES[name] == is_dir or entry.is_symlink())
+        ):
+            walked.protected.append(entry.path)
         if name == ".git":
             walked.gits.append((entry.path, is_dir))
         elif is_dir:
@@ -469,14 +495,23 @@ def created_repositories(root: str, before: Repositories) -> WorkspaceScan | Non
     for path in (*scan.git_dirs, *scan.git_files):
         if identity(path) not in before.known:
             return scan
-    return scan if new_policy_files(scan, before) else None
+    return scan if new_protected(scan, before) else None
 
 
-def new_policy_files(scan: WorkspaceScan, before: Repositories) -> list[str]:
-    """Policy files (``corral.toml``) the walk after a run finds that the walk at
-    launch did not: a run must not write what a later run started there loads."""
-    known = {p for walked in before.dirs.values() for p in walked.policies}
-    return [p for p in scan.policy_files if p not in known]
+def new_protected(scan: WorkspaceScan, before: Repositories) -> list[str]:
+    """Protected entries below the root (a ``corral.toml``, a ``.vscode/``, a
+    ``.mcp.json``...) the walk after a run finds that the walk at launch did not:
+    a run must not write what a later run, an editor or an agent tool started
+    there loads.  One inside another new one goes with it, so is not listed."""
+    known = {p for walked in before.dirs.values() for p in walked.protected}
+    found = sorted(
+        p for p in scan.protected if p not in known and p.rpartition("/")[2] in before.names
+    )
+    new: list[str] = []
+    for path in found:  # (a directory sorts before what it holds)
+        if not new or not path.startswith(tuple(p + "/" for p in new)):
+            new.append(path)
+    return new
 
 
 def read_small(path: str, limit: int = 1 << 20) -> str | None:
@@ -825,13 +860,16 @@ class _Planner:
         """Nested repositories, secret files and hard links in the workspace."""
         plan = self.plan
         cutoff = walk_started()
-        scan = scan_workspace(self.policy.workspace)
+        # real, as the walk after the run (launch.created_repositories): a path found
+        # then that the walk at launch named otherwise would pass for a new one
+        scan = scan_workspace(os.path.realpath(self.policy.workspace))
         if not scan.complete:
             plan.notes.append(
                 f"workspace scan stopped after {defaults.SCAN_MAX_ENTRIES} entries; "
                 "deeper repositories and .env files were not masked"
             )
-        plan.repositories = Repositories(scan, cutoff)
+        use_defaults = self.policy.filesystem.use_defaults
+        plan.repositories = Repositories(scan, cutoff, protected_names(use_defaults))
         for secret in scan.secret_files:
             self.add_mask(secret, False, "secret file in workspace")
             plan.read_deny.append(secret)
@@ -863,8 +901,14 @@ class _Planner:
         for path in scan.git_files:  # (a symlink cannot be rewritten in place)
             if not os.path.islink(path) and gitfile_target(path) is not None:
                 self.add_write_deny(path, "a .git file names the repository git uses")
-        for path in scan.policy_files:  # what a run started in that directory loads
-            self.add_write_deny(path, "write-deny: a policy file")
+        # what a run, an editor or an agent tool started in that directory loads
+        names = self.plan.repositories.names if self.plan.repositories else ()
+        for path in scan.protected:
+            name = path.rpartition("/")[2]
+            if name == defaults.POLICY_FILENAME:
+                self.add_write_deny(path, "write-deny: a policy file")
+            elif name in names:
+                self.add_write_deny(path, "write-deny: what a tool started there runs")
         self.plan.write_protect = sorted(self.ro_binds)
         for path in self.plan.hardlinks:
             self.ro_binds.setdefault(

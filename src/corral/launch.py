@@ -394,7 +394,8 @@ def _not_through_links(path: str) -> str:
 
 
 def created_repositories(plan: Plan, run_id: str) -> list[Denial]:
-    """What in a repository the run made would run code on the host, quarantined."""
+    """What in a repository the run made would run code on the host, and protected
+    entries it made in subdirectories (a corral.toml, a .vscode/...), quarantined."""
     if plan.repositories is None:
         return []
     from corral import fsplan
@@ -406,11 +407,11 @@ def created_repositories(plan: Plan, run_id: str) -> list[Denial]:
         return []
     from corral import gitguard
     from corral.quarantine import move_out
-    from corral.report import new_policy_file
+    from corral.report import new_protected
 
     said = [
-        new_policy_file(path, *move_out(path, run_id))
-        for path in fsplan.new_policy_files(scan, plan.repositories)
+        new_protected(path, *move_out(path, run_id))
+        for path in fsplan.new_protected(scan, plan.repositories)
     ]
     said += gitguard.quarantine(gitguard.findings(root, scan, plan.repositories.known), run_id)
     if not scan.complete:

@@ -48,6 +48,7 @@ SRT_PROTECTED = (
     ".claude/agents/",
 )
 
+
 def protected_by_default(path: str) -> bool:
     """Whether corral's own defaults write-protect ``path`` (a name relative to the
     workspace), itself or as part of a protected directory."""
@@ -71,8 +72,8 @@ DEFAULT_DIFFERENCES = (
     "unix sockets: srt on Linux refuses to create any; corral lets the command use "
     "its own and hides the host's",
     "protected names (.bashrc, .mcp.json, .vscode...): srt finds them in subdirectories "
-    "too (3 levels); corral protects them at the workspace root, and .git hooks and "
-    "config in every repository (6 levels)",
+    "3 levels deep; corral in every directory its workspace walk reaches (6 levels), "
+    "with .git hooks and config in every repository",
 )
 
 _GLOB_CHARS = frozenset("*?[]")
@@ -221,8 +222,8 @@ _OTHER_KEYS: dict[str, tuple[str, Callable[[object], bool], str]] = {
     "mandatoryDenySearchDepth": (
         _NUMBER,
         _never,
-        "corral has no such depth: it protects .git in repositories 6 levels deep "
-        "and srt's other protected names at the workspace root only",
+        "corral has no such setting: it protects .git in repositories and srt's other "
+        "protected names in every directory its workspace walk reaches (6 levels)",
     ),
     "git": (
         _OBJECT,

@@ -306,6 +306,61 @@ def test_missing_write_deny_path_is_quarantined(tsandbox: tuple[Corral, Path]) -
     assert len(moved) == 1
 
 
+def test_protected_names_in_subdirectories_are_write_deny_and_new_ones_quarantined(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """A monorepo: an editor or agent tool started in ``pkg/a`` runs the tasks, hooks
+    and MCP servers ``pkg/a/.vscode`` and ``pkg/a/.claude`` set up, outside any
+    sandbox.  Only the workspace root's were protected; now every directory the
+    walk reaches: existing ones cannot be changed (mount tiers: the write fails;
+    landlock: restored after the run and reported), new ones are quarantined and
+    reported.  Twins: the code and docs beside them are written as usual."""
+    c, ws = tsandbox
+    a, b = ws / "pkg" / "a", ws / "pkg" / "b"
+    tasks = '{"tasks": []}\n'
+    (a / ".vscode").mkdir(parents=True)
+    (a / ".vscode" / "tasks.json").write_text(tasks)
+    (a / ".claude").mkdir()
+    (a / ".claude" / "settings.json").write_text("{}\n")
+    (a / "src").mkdir()
+    b.mkdir()
+    c.chown(ws)
+    r = sh(
+        c,
+        ws,
+        """
+        for f in pkg/a/.vscode/tasks.json pkg/a/.claude/settings.json; do
+            echo '{"hooks": "touch /pwned"}' > $f 2>/dev/null && echo "$f=WROTE" || echo "$f=denied"
+        done
+        echo '{"mcpServers": {"x": {"command": "sh"}}}' > pkg/b/.mcp.json && echo mcp=made
+        mkdir pkg/b/.cursor && echo '{}' > pkg/b/.cursor/mcp.json && echo cursor=made
+        echo code > pkg/a/src/x.py && echo code=ok
+        echo docs > pkg/b/README.md && echo docs=ok
+    """,
+    )
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert r.returncode == 0, err
+    if c.has("mounts"):
+        assert "WROTE" not in out and out.count("=denied") == 2, out
+    else:  # written during the run, put back after it and reported
+        for path in (a / ".vscode", a / ".claude"):
+            assert f"{path} (write-deny) was changed" in err, err
+    assert (a / ".vscode" / "tasks.json").read_text() == tasks
+    assert (a / ".claude" / "settings.json").read_text() == "{}\n"
+    assert "mcp=made" in out and "cursor=made" in out, out
+    assert not (b / ".mcp.json").exists() and not (b / ".cursor").exists()
+    for path in (b / ".mcp.json", b / ".cursor"):
+        assert f"{path} (an editor's or agent tool's settings, made during the run" in err, err
+    quarantine = c.state / "corral" / "quarantine"
+    moved = sorted(str(p.relative_to(quarantine)) for p in quarantine.rglob("*mcp.json"))
+    assert len(moved) == 2 and moved[0].endswith("pkg/b/.cursor/mcp.json"), moved
+    assert moved[1].endswith("pkg/b/.mcp.json"), moved
+    # the twins
+    assert "code=ok" in out and "docs=ok" in out, out
+    assert (a / "src" / "x.py").read_text() == "code\n"
+    assert (b / "README.md").read_text() == "docs\n"
+
+
 REPO_SKELETON = """
 mkdir -p {0}/.git/hooks {0}/.git/objects {0}/.git/refs/heads
 echo 'ref: refs/heads/main' > {0}/.git/HEAD

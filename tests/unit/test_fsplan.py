@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import fsplan
+from corral import defaults, fsplan
 from corral.errors import PolicyError
 from corral.fsplan import FsPlan, Mount, plan_filesystem
 from corral.policy import Policy
@@ -594,7 +594,7 @@ def test_every_policy_file_in_the_workspace_is_write_deny_and_new_ones_are_found
     tmp_path: Path,
 ) -> None:
     """A run started in ``sub`` loads ``sub/corral.toml``: it is policy like the root's."""
-    from corral.fsplan import Repositories, new_policy_files, scan_workspace
+    from corral.fsplan import Repositories, new_protected, scan_workspace
 
     ws = tmp_path / "ws"
     (ws / "sub" / "deep").mkdir(parents=True)
@@ -606,6 +606,92 @@ def test_every_policy_file_in_the_workspace_is_write_deny_and_new_ones_are_found
     before = Repositories(scan_workspace(str(ws)), 0)
     (ws / "sub" / "corral.toml").write_text("[filesystem]\ndefaults = false\n")
     after = scan_workspace(str(ws), git_only=True)
-    assert new_policy_files(after, before) == [str(ws / "sub" / "corral.toml")]
+    assert new_protected(after, before) == [str(ws / "sub" / "corral.toml")]
     (ws / "sub" / "corral.toml").unlink()  # the twin: nothing new, nothing found
-    assert new_policy_files(scan_workspace(str(ws), git_only=True), before) == []
+    assert new_protected(scan_workspace(str(ws), git_only=True), before) == []
+
+
+def test_protected_names_are_found_in_every_directory_the_walk_reaches(lay: Layout) -> None:
+    """A monorepo's ``packages/foo/.vscode/`` runs its tasks in an editor started in
+    ``packages/foo``: protected like the root's, at depth 1 to SCAN_MAX_DEPTH (the
+    walk lists no deeper).  The root's own come from the policy's patterns, once."""
+    ws = lay.ws
+    levels = [ws / "/".join(f"d{n}" for n in range(1, depth + 1)) for depth in range(1, 8)]
+    for here in levels:
+        (here / ".vscode").mkdir(parents=True)
+        (here / ".claude").mkdir()
+        (here / ".claude" / "settings.json").write_text("{}\n")
+        (here / ".mcp.json").write_text("{}\n")
+    (ws / ".vscode").mkdir()
+    scan = fsplan.scan_workspace(str(ws))
+    found = set(scan.protected)
+    for here in levels[: defaults.SCAN_MAX_DEPTH]:
+        for name in (".vscode", ".claude", ".mcp.json"):
+            assert str(here / name) in found, here / name
+    for name in (".vscode", ".claude", ".mcp.json"):
+        assert str(levels[defaults.SCAN_MAX_DEPTH] / name) not in found  # depth 7
+    assert str(ws / ".vscode") not in found  # the root's: write_deny_patterns
+    plan = plan_filesystem(policy_for(lay))
+    binds = {m.dest: m for m in plan.mounts if m.kind == "ro-bind"}
+    deepest = str(levels[defaults.SCAN_MAX_DEPTH - 1] / ".claude")
+    assert deepest in binds and binds[deepest].why.startswith("write-deny")
+    assert deepest in plan.keep_in_place and deepest in plan.write_protect
+    assert str(levels[0] / ".mcp.json") in binds
+    assert (
+        str(levels[0]) not in binds
+        and str(levels[defaults.SCAN_MAX_DEPTH] / ".vscode") not in binds
+    )
+    assert [m.dest for m in plan.mounts].count(str(ws / ".vscode")) == 1
+    # [filesystem] defaults = false turns the names off below the root as at it;
+    # a policy file stays protected whatever the policy says
+    (levels[0] / "corral.toml").write_text("[env]\n")
+    off = plan_filesystem(policy_for(lay, []))
+    dests_off = {m.dest for m in off.mounts if m.kind == "ro-bind"}
+    assert str(levels[0] / ".vscode") not in dests_off
+    assert str(levels[0] / "corral.toml") in dests_off
+
+
+def test_a_file_named_like_a_protected_directory_is_not_taken_for_it(lay: Layout) -> None:
+    """The list says ``.vscode/`` is a directory and ``.mcp.json`` a file: a FILE named
+    ``.vscode`` or a directory named ``.mcp.json`` is neither (the twins match).  A
+    symlink counts as either: it is protected where it leads."""
+    ws = lay.ws
+    (ws / "a").mkdir()
+    (ws / "a" / ".vscode").write_text("not settings\n")
+    (ws / "a" / ".mcp.json").mkdir()
+    (ws / "b" / ".vscode").mkdir(parents=True)
+    (ws / "b" / ".mcp.json").write_text("{}\n")
+    (ws / "c").mkdir()
+    (ws / "c" / ".cursor").symlink_to(ws / "b" / ".vscode")
+    found = set(fsplan.scan_workspace(str(ws)).protected)
+    assert str(ws / "a" / ".vscode") not in found and str(ws / "a" / ".mcp.json") not in found
+    assert {str(ws / "b" / ".vscode"), str(ws / "b" / ".mcp.json")} <= found
+    assert str(ws / "c" / ".cursor") in found
+
+
+def test_protected_entries_made_after_launch_are_new_and_those_there_are_not(
+    lay: Layout,
+) -> None:
+    ws = lay.ws
+    (ws / "pkg" / "a" / ".vscode").mkdir(parents=True)
+    (ws / "pkg" / "a" / ".vscode" / "tasks.json").write_text("{}\n")
+    (ws / "pkg" / "b").mkdir()
+    before = fsplan.Repositories(fsplan.scan_workspace(str(ws)), 0)
+    (ws / "pkg" / "a" / ".vscode" / "tasks.json").write_text('{"evil": 1}\n')  # existing
+    (ws / "pkg" / "b" / ".mcp.json").write_text("{}\n")
+    (ws / "pkg" / "b" / ".cursor" / "sub").mkdir(parents=True)
+    (ws / "pkg" / "b" / ".cursor" / "sub" / ".mcp.json").write_text("{}\n")  # goes with it
+    (ws / "pkg" / "b" / "README.md").write_text("twin\n")
+    (ws / ".vscode").mkdir()  # the root's: the quarantine list has it (write_deny_patterns)
+    after = fsplan.scan_workspace(str(ws), git_only=True, before=before)
+    assert fsplan.new_protected(after, before) == [
+        str(ws / "pkg" / "b" / ".cursor"),
+        str(ws / "pkg" / "b" / ".mcp.json"),
+    ]
+    assert fsplan.created_repositories(str(ws), before) is not None
+    # with [filesystem] defaults = false only a new corral.toml counts
+    off = fsplan.Repositories(fsplan.scan_workspace(str(ws)), 0, ("corral.toml",))
+    (ws / "pkg" / "a" / ".claude").mkdir()
+    (ws / "pkg" / "a" / "corral.toml").write_text("[env]\n")
+    later = fsplan.scan_workspace(str(ws), git_only=True)
+    assert fsplan.new_protected(later, off) == [str(ws / "pkg" / "a" / "corral.toml")]
