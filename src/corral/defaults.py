@@ -105,6 +105,14 @@ READ_DENY_HOME = (
     "~/.config/op/",
     "~/.ngrok2/",
     "~/.config/ngrok/",
+    "~/.gemini/",  # Gemini CLI: OAuth credentials
+    "~/.config/github-copilot/",  # Copilot's OAuth tokens (hosts.json, apps.json)
+    "~/.config/configstore/",  # npm-published CLIs' tokens (firebase-tools...)
+    "~/.config/.wrangler/",  # Cloudflare's wrangler: OAuth token
+    "~/.wrangler/",  # (its older place)
+    "~/.fly/",  # fly.io: access token
+    "~/.databrickscfg",
+    "~/.huggingface/",  # (Hugging Face's older token place)
     # browser profiles hold session cookies
     "~/.mozilla/",
     "~/.config/google-chrome/",
@@ -133,6 +141,8 @@ READ_DENY_IF_PRESENT = (
     "~/.gradle/gradle.properties",
     "~/.nuget/NuGet/NuGet.Config",
     "~/.local/share/keyrings/",
+    "~/.cache/huggingface/token",  # Hugging Face's access token
+    "~/.config/sops/age/keys.txt",  # age private keys sops decrypts with
     "/etc/shadow",
     "/etc/gshadow",
     "/etc/shadow-",

@@ -26,6 +26,9 @@ SECRET_FILES = [
     ".npmrc",
     ".pypirc",
     ".bash_history",
+    ".gemini/oauth_creds.json",
+    ".config/github-copilot/apps.json",
+    ".cache/huggingface/token",
 ]
 
 
