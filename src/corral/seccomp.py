@@ -114,6 +114,8 @@ _X86_64: dict[str, int] = {
     "arch_prctl": 158, "adjtimex": 159, "chroot": 161, "acct": 163, "settimeofday": 164,
     "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169,
     "sethostname": 170, "setdomainname": 171, "iopl": 172, "ioperm": 173,
+    "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197,
+    "lremovexattr": 198, "fremovexattr": 199,
     "init_module": 175, "delete_module": 176, "quotactl": 179, "gettid": 186,
     "futex": 202, "sched_getaffinity": 204, "lookup_dcookie": 212, "getdents64": 217,
     "set_tid_address": 218, "clock_settime": 227, "clock_gettime": 228,
@@ -137,11 +139,12 @@ _X86_64: dict[str, int] = {
     "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_open": 434, "clone3": 435,
     "openat2": 437, "pidfd_getfd": 438, "faccessat2": 439, "mount_setattr": 442,
     "quotactl_fd": 443, "landlock_create_ruleset": 444, "landlock_add_rule": 445,
-    "landlock_restrict_self": 446, "fchmodat2": 452,
+    "landlock_restrict_self": 446, "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466,
 }  # fmt: skip
 
 _AARCH64: dict[str, int] = {
-    "getcwd": 17, "lookup_dcookie": 18, "eventfd2": 19, "epoll_create1": 20,
+    "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
+    "fremovexattr": 16, "getcwd": 17, "lookup_dcookie": 18, "eventfd2": 19, "epoll_create1": 20,
     "epoll_ctl": 21, "epoll_pwait": 22, "dup": 23, "dup3": 24, "fcntl": 25, "ioctl": 29,
     "flock": 32, "mknodat": 33, "mkdirat": 34, "unlinkat": 35, "symlinkat": 36, "linkat": 37,
     "renameat": 38, "umount2": 39, "mount": 40, "pivot_root": 41, "truncate": 45,
@@ -180,7 +183,8 @@ _AARCH64: dict[str, int] = {
     "pidfd_open": 434, "clone3": 435, "openat2": 437, "pidfd_getfd": 438,
     "faccessat2": 439, "mount_setattr": 442, "quotactl_fd": 443,
     "landlock_create_ruleset": 444, "landlock_add_rule": 445,
-    "landlock_restrict_self": 446, "fchmodat2": 452,
+    "landlock_restrict_self": 446, "fchmodat2": 452, "setxattrat": 463,
+    "removexattrat": 466,
 }  # fmt: skip
 
 _TABLES: dict[str, dict[str, int]] = {"x86_64": _X86_64, "aarch64": _AARCH64}

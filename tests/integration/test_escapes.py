@@ -815,3 +815,47 @@ def test_agent_tool_settings_cannot_be_planted(tsandbox: tuple[Corral, Path]) ->
         assert "settings=denied" in r.stdout.decode(), r
     assert "twin=ok" in r.stdout.decode() and (ws / "CLAUDE.md").read_text() == "# notes\n"
     assert (ws / "src" / "a").read_text() == "x\n"
+
+
+# --- extended attributes: an ACL is a mode ------------------------------------------
+
+ACL_PROBE = r"""
+import os, struct, sys
+target = sys.argv[1]
+ent = lambda tag, perm, uid=0xFFFFFFFF: struct.pack("<HHI", tag, perm, uid)
+# USER_OBJ rw, a named user (nobody) rw, GROUP_OBJ -, MASK rw, OTHER r: world-readable
+acl = struct.pack("<I", 2) + ent(1, 6) + ent(2, 6, 65534) + ent(4, 0) + ent(0x10, 6) + ent(0x20, 4)
+for what, act in (
+    ("acl", lambda: os.setxattr(target, "system.posix_acl_access", acl)),
+    ("xattr", lambda: os.setxattr(target, "user.planted", b"x")),
+):
+    try:
+        act()
+        print(what + "=ok")
+    except OSError as e:
+        print(f"{what}=err:{e.errno}")
+print("read=" + open(target).read().strip())
+"""
+
+
+def test_an_acl_cannot_open_up_a_file_outside_the_workspace(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """Landlock governs neither modes nor extended attributes, and a POSIX ACL is an
+    extended attribute that sets a file's mode: on the landlock tier a command once
+    made the user's private file outside the workspace world-readable (600 -> 664)
+    and readable by another user.  Twin: the file still reads."""
+    c, ws = tsandbox
+    outside = c.base / "outside-acl"
+    outside.mkdir()
+    private = outside / "private.txt"
+    private.write_text("mine\n")
+    private.chmod(0o600)
+    c.chown(outside, ws)
+    r = c.run(["run", "-q", "--", "python3", "-c", ACL_PROBE, str(private)], cwd=ws)
+    out = r.stdout.decode()
+    assert private.stat().st_mode & 0o777 == 0o600, out
+    assert os.listxattr(private) == [], out
+    assert "acl=err:" in out and "xattr=err:" in out, r
+    if c.has("host-root"):  # (containers: the file outside is not there at all)
+        assert "read=mine" in out, r

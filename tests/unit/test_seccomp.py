@@ -525,7 +525,8 @@ def test_bad_errno_rejected(bad_errno: int) -> None:
 # --- syscall tables against this machine's kernel headers ----------------------
 
 # Syscalls newer than the linux-libc-dev this machine has (same number everywhere).
-NEWER_THAN_DEBIAN_12 = {"fchmodat2": 452}  # Linux 6.6
+# fchmodat2: Linux 6.6; setxattrat, removexattrat: 6.13
+NEWER_THAN_DEBIAN_12 = {"fchmodat2": 452, "setxattrat": 463, "removexattrat": 466}
 X86_64_HEADER = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")
 GENERIC_HEADER = Path("/usr/include/asm-generic/unistd.h")
 

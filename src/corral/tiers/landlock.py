@@ -54,7 +54,8 @@ DIFFERENCES = (
     "a snapshot taken at launch and takes its other names out (found by inode), so no "
     "later run reads it, and reports each (up to 16 MiB of secrets there; more is refused)",
     "chmod and chown are refused everywhere, the workspace included (Landlock does not "
-    "govern file modes; a read-only file the sandbox owns could otherwise be opened up)",
+    "govern file modes; a read-only file the sandbox owns could otherwise be opened up), "
+    "and so are extended attributes and ACLs (ENOTSUP: an ACL sets a mode too)",
     "$HOME is the workspace's home layer here too, but tools that set file modes in it "
     "stop at that refused chmod: pip install (--user included) and git config --global "
     "on an existing ~/.gitconfig fail (npm install, caches and new files work)",
@@ -96,6 +97,19 @@ _METADATA_CALLS = (
     "lchown",
     "fchownat",
 )
+# ... nor extended attributes: an ACL (system.posix_acl_access) is one, and setting
+# it changes the file's mode, so a private file outside the workspace could be
+# opened up to other users.  ENOTSUP: tools take it as a file system without them.
+_XATTR_WRITES = (
+    "setxattr",
+    "lsetxattr",
+    "fsetxattr",
+    "setxattrat",
+    "removexattr",
+    "lremovexattr",
+    "fremovexattr",
+    "removexattrat",
+)
 
 
 def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
@@ -107,8 +121,13 @@ def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
         SyscallRule(name, errno.EPERM, (), "file modes and owners: Landlock does not govern them")
         for name in _METADATA_CALLS
     )
+    xattrs = tuple(
+        SyscallRule(name, errno.EOPNOTSUPP, (), "extended attributes and ACLs (an ACL sets a mode)")
+        for name in _XATTR_WRITES
+    )
     return (
         *metadata,
+        *xattrs,
         SyscallRule(
             "socket",
             eacces,
