@@ -66,6 +66,8 @@ PROTECTED_NAMES: dict[str, bool] = {
     **{n.rstrip("/"): n.endswith("/") for n in defaults.WRITE_DENY_WORKSPACE},
     defaults.POLICY_FILENAME: False,
 }
+# Of those, the ones quarantined when a run makes one in a subdirectory (new_protected)
+QUARANTINED_WHEN_NEW = frozenset({defaults.POLICY_FILENAME})
 
 
 class Mount:
@@ -325,16 +327,21 @@ class Repositories:
     it are trusted unchanged, see :func:`created_repositories`).  ``names``: the
     protected names the policy applies below the root (:func:`protected_names`)."""
 
-    __slots__ = ("cutoff", "dirs", "known", "names")
+    __slots__ = ("cutoff", "dirs", "known", "names", "skip")
 
     def __init__(
-        self, scan: WorkspaceScan, cutoff: int, names: Collection[str] = PROTECTED_NAMES
+        self,
+        scan: WorkspaceScan,
+        cutoff: int,
+        names: Collection[str] = PROTECTED_NAMES,
+        skip: Collection[str] = (),
     ) -> None:
         found = (identity(p) for p in (*scan.git_dirs, *scan.git_files))
         self.known = frozenset(i for i in found if i is not None)
         self.dirs = scan.dirs
         self.cutoff = cutoff
         self.names = names
+        self.skip = skip  # what the walk at launch did not walk (scan_workspace)
 
 
 def protected_names(use_defaults: bool) -> Collection[str]:
@@ -351,14 +358,19 @@ def _is_secret_name(name: str) -> bool:
 
 
 def scan_workspace(
-    root: str, git_only: bool = False, before: Repositories | None = None
+    root: str,
+    git_only: bool = False,
+    before: Repositories | None = None,
+    skip: Collection[str] = (),
 ) -> WorkspaceScan:
     """Find repositories (their git dirs), secret files and hard links, bounded in
     depth and size (the same walk: one extra stat per regular file).  A git dir
     is a ``.git`` directory, a submodule's or a linked worktree's under it, or
     the workspace directory a ``.git`` file points to.  ``git_only``: repositories
     alone (the walk after a run); ``before``: the walk at launch, whose
-    directories unchanged since are not listed again."""
+    directories unchanged since are not listed again; ``skip``: directories not
+    walked (corral's own state directory, should it lie in the workspace: the
+    home layers' dotfiles are the sandbox's to write)."""
     scan = WorkspaceScan()
     budget = defaults.SCAN_MAX_ENTRIES
     # (device, inode) -> (links the inode has, paths of it found in the workspace)
@@ -366,6 +378,8 @@ def scan_workspace(
     stack: list[tuple[str, int]] = [(root, 0)]
     while stack:
         path, depth = stack.pop()
+        if depth and path in skip:
+            continue
         walked = _unchanged(path, before) if before is not None else None
         if walked is None:
             walked = _list(path, depth, scan, linked, git_only)
@@ -489,7 +503,7 @@ def created_repositories(root: str, before: Repositories) -> WorkspaceScan | Non
     walk at launch), when it finds a git dir or ``.git`` entry that was not
     there at launch, or stops at its bound (None otherwise: the usual case, and
     the only cost of the check)."""
-    scan = scan_workspace(root, git_only=True, before=before)
+    scan = scan_workspace(root, git_only=True, before=before, skip=before.skip)
     if not scan.complete:
         return scan  # (a run can make many files to end the walk before its repository)
     for path in (*scan.git_dirs, *scan.git_files):
@@ -499,13 +513,16 @@ def created_repositories(root: str, before: Repositories) -> WorkspaceScan | Non
 
 
 def new_protected(scan: WorkspaceScan, before: Repositories) -> list[str]:
-    """Protected entries below the root (a ``corral.toml``, a ``.vscode/``, a
-    ``.mcp.json``...) the walk after a run finds that the walk at launch did not:
-    a run must not write what a later run, an editor or an agent tool started
-    there loads.  One inside another new one goes with it, so is not listed."""
+    """Policy files (``corral.toml``) below the root that the walk after a run finds
+    and the walk at launch did not: a run must not write what a later run
+    started there loads (corral loads it without asking).  The other protected
+    names are read-only where they exist at launch, but new ones in a
+    subdirectory stay: a clone or a project template brings its own ``.vscode/``
+    and ``.gitmodules``, and the tools that load them ask before trusting a
+    folder.  One inside another new one goes with it, so is not listed."""
     known = {p for walked in before.dirs.values() for p in walked.protected}
     found = sorted(
-        p for p in scan.protected if p not in known and p.rpartition("/")[2] in before.names
+        p for p in scan.protected if p not in known and p.rpartition("/")[2] in QUARANTINED_WHEN_NEW
     )
     new: list[str] = []
     for path in found:  # (a directory sorts before what it holds)
@@ -862,14 +879,17 @@ class _Planner:
         cutoff = walk_started()
         # real, as the walk after the run (launch.created_repositories): a path found
         # then that the walk at launch named otherwise would pass for a new one
-        scan = scan_workspace(os.path.realpath(self.policy.workspace))
+        from corral.runlog import state_dir
+
+        skip = {os.path.realpath(state_dir())}
+        scan = scan_workspace(os.path.realpath(self.policy.workspace), skip=skip)
         if not scan.complete:
             plan.notes.append(
                 f"workspace scan stopped after {defaults.SCAN_MAX_ENTRIES} entries; "
                 "deeper repositories and .env files were not masked"
             )
         use_defaults = self.policy.filesystem.use_defaults
-        plan.repositories = Repositories(scan, cutoff, protected_names(use_defaults))
+        plan.repositories = Repositories(scan, cutoff, protected_names(use_defaults), skip)
         for secret in scan.secret_files:
             self.add_mask(secret, False, "secret file in workspace")
             plan.read_deny.append(secret)

@@ -407,10 +407,10 @@ def created_repositories(plan: Plan, run_id: str) -> list[Denial]:
         return []
     from corral import gitguard
     from corral.quarantine import move_out
-    from corral.report import new_protected
+    from corral.report import new_policy_file
 
     said = [
-        new_protected(path, *move_out(path, run_id))
+        new_policy_file(path, *move_out(path, run_id))
         for path in fsplan.new_protected(scan, plan.repositories)
     ]
     said += gitguard.quarantine(gitguard.findings(root, scan, plan.repositories.known), run_id)

@@ -147,43 +147,6 @@ def new_policy_file(path: str, moved_to: str = "", error: str = "") -> Denial:
     return _moved(path, what, "write-deny", moved_to, error)
 
 
-# What a protected name below the workspace root is (corral.fsplan.PROTECTED_NAMES)
-PROTECTED_KINDS = {
-    ".gitconfig": "git configuration",
-    ".gitmodules": "git's submodule list",
-    ".ripgreprc": "ripgrep's configuration",
-    ".envrc": "direnv's script",
-}
-SHELL_RC = frozenset(
-    {
-        ".bashrc",
-        ".bash_profile",
-        ".bash_login",
-        ".bash_logout",
-        ".profile",
-        ".zshrc",
-        ".zshenv",
-        ".zprofile",
-        ".zlogin",
-    }
-)
-
-
-def new_protected(path: str, moved_to: str = "", error: str = "") -> Denial:
-    """A protected entry the run made in a subdirectory (``corral.toml``, ``.vscode/``,
-    ``.mcp.json``...): what a run, an editor or an agent tool started in that
-    directory would have loaded, outside the sandbox."""
-    name = os.path.basename(path)
-    if name == "corral.toml":
-        return new_policy_file(path, moved_to, error)
-    if name in SHELL_RC:
-        kind = "a shell startup file"
-    else:
-        kind = PROTECTED_KINDS.get(name, "an editor's or agent tool's settings")
-    what = f"({kind}, made during the run: what a tool started there loads, unsandboxed)"
-    return _moved(path, what, "write-deny", moved_to, error, reason=kind)
-
-
 def made_in_place(path: str, moved_to: str = "", error: str = "") -> Denial:
     """What the run made at an in-place path after a renamed directory carried it off."""
     what = "was made where a path the run carried off was"

@@ -306,15 +306,16 @@ def test_missing_write_deny_path_is_quarantined(tsandbox: tuple[Corral, Path]) -
     assert len(moved) == 1
 
 
-def test_protected_names_in_subdirectories_are_write_deny_and_new_ones_quarantined(
+def test_protected_names_in_subdirectories_are_write_deny(
     tsandbox: tuple[Corral, Path],
 ) -> None:
     """A monorepo: an editor or agent tool started in ``pkg/a`` runs the tasks, hooks
     and MCP servers ``pkg/a/.vscode`` and ``pkg/a/.claude`` set up, outside any
     sandbox.  Only the workspace root's were protected; now every directory the
     walk reaches: existing ones cannot be changed (mount tiers: the write fails;
-    landlock: restored after the run and reported), new ones are quarantined and
-    reported.  Twins: the code and docs beside them are written as usual."""
+    landlock: restored after the run and reported).  New ones in a subdirectory
+    stay (a clone or a project template brings its own), but a new corral.toml
+    there is quarantined.  Twins: the code and docs beside them are written."""
     c, ws = tsandbox
     a, b = ws / "pkg" / "a", ws / "pkg" / "b"
     tasks = '{"tasks": []}\n'
@@ -334,6 +335,7 @@ def test_protected_names_in_subdirectories_are_write_deny_and_new_ones_quarantin
         done
         echo '{"mcpServers": {"x": {"command": "sh"}}}' > pkg/b/.mcp.json && echo mcp=made
         mkdir pkg/b/.cursor && echo '{}' > pkg/b/.cursor/mcp.json && echo cursor=made
+        echo '[filesystem]' > pkg/b/corral.toml && echo policy=made
         echo code > pkg/a/src/x.py && echo code=ok
         echo docs > pkg/b/README.md && echo docs=ok
     """,
@@ -347,14 +349,9 @@ def test_protected_names_in_subdirectories_are_write_deny_and_new_ones_quarantin
             assert f"{path} (write-deny) was changed" in err, err
     assert (a / ".vscode" / "tasks.json").read_text() == tasks
     assert (a / ".claude" / "settings.json").read_text() == "{}\n"
-    assert "mcp=made" in out and "cursor=made" in out, out
-    assert not (b / ".mcp.json").exists() and not (b / ".cursor").exists()
-    for path in (b / ".mcp.json", b / ".cursor"):
-        assert f"{path} (an editor's or agent tool's settings, made during the run" in err, err
-    quarantine = c.state / "corral" / "quarantine"
-    moved = sorted(str(p.relative_to(quarantine)) for p in quarantine.rglob("*mcp.json"))
-    assert len(moved) == 2 and moved[0].endswith("pkg/b/.cursor/mcp.json"), moved
-    assert moved[1].endswith("pkg/b/.mcp.json"), moved
+    assert "mcp=made" in out and "cursor=made" in out and "policy=made" in out, out
+    assert (b / ".mcp.json").exists() and (b / ".cursor" / "mcp.json").exists()
+    assert not (b / "corral.toml").exists() and f"{b / 'corral.toml'}" in err, err
     # the twins
     assert "code=ok" in out and "docs=ok" in out, out
     assert (a / "src" / "x.py").read_text() == "code\n"

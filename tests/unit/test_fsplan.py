@@ -683,15 +683,30 @@ def test_protected_entries_made_after_launch_are_new_and_those_there_are_not(
     (ws / "pkg" / "b" / ".cursor" / "sub" / ".mcp.json").write_text("{}\n")  # goes with it
     (ws / "pkg" / "b" / "README.md").write_text("twin\n")
     (ws / ".vscode").mkdir()  # the root's: the quarantine list has it (write_deny_patterns)
+    (ws / "pkg" / "b" / "corral.toml").write_text("[env]\n")  # what corral loads, unasked
     after = fsplan.scan_workspace(str(ws), git_only=True, before=before)
-    assert fsplan.new_protected(after, before) == [
-        str(ws / "pkg" / "b" / ".cursor"),
-        str(ws / "pkg" / "b" / ".mcp.json"),
-    ]
+    # only the policy file: a clone or a template brings its own .vscode/, .mcp.json...
+    assert fsplan.new_protected(after, before) == [str(ws / "pkg" / "b" / "corral.toml")]
     assert fsplan.created_repositories(str(ws), before) is not None
+    (ws / "pkg" / "b" / "corral.toml").unlink()
+    assert fsplan.created_repositories(str(ws), before) is None  # the twin
     # with [filesystem] defaults = false only a new corral.toml counts
     off = fsplan.Repositories(fsplan.scan_workspace(str(ws)), 0, ("corral.toml",))
     (ws / "pkg" / "a" / ".claude").mkdir()
     (ws / "pkg" / "a" / "corral.toml").write_text("[env]\n")
     later = fsplan.scan_workspace(str(ws), git_only=True)
     assert fsplan.new_protected(later, off) == [str(ws / "pkg" / "a" / "corral.toml")]
+
+
+def test_corrals_own_state_directory_in_the_workspace_is_not_walked(lay: Layout) -> None:
+    """Should corral's state directory lie in the workspace, its home layers' dotfiles
+    (.bashrc, .gitconfig: the sandbox's own $HOME) are not protected names."""
+    ws = lay.ws
+    layer = ws / "state" / "corral" / "homes" / "ws-1"
+    layer.mkdir(parents=True)
+    (layer / ".gitconfig").write_text("[user]\n")
+    (ws / "pkg").mkdir()
+    (ws / "pkg" / ".gitconfig").write_text("[user]\n")  # the twin: found
+    scan = fsplan.scan_workspace(str(ws), skip={str(ws / "state" / "corral")})
+    assert scan.protected == [str(ws / "pkg" / ".gitconfig")]
+    assert str(layer / ".gitconfig") in fsplan.scan_workspace(str(ws)).protected
