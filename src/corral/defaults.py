@@ -174,11 +174,8 @@ WRITE_DENY_WORKSPACE = (
     ".gemini/",
     ".zed/",
     ".aider.conf.yml",
-    # git reads these from a work tree (.gitmodules: submodule URLs) or by include;
-    # ripgrep reads a config named by RIPGREP_CONFIG_PATH, which agents set to one
-    ".gitconfig",
-    ".gitmodules",
-    ".ripgreprc",
+    # (not .gitmodules, .gitconfig or .ripgreprc, which srt also protects: content a
+    # clone brings, read only when included or named; a translated srt policy adds them)
     ".envrc",
     ".bashrc",
     ".bash_profile",

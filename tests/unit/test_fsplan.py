@@ -700,13 +700,13 @@ def test_protected_entries_made_after_launch_are_new_and_those_there_are_not(
 
 def test_corrals_own_state_directory_in_the_workspace_is_not_walked(lay: Layout) -> None:
     """Should corral's state directory lie in the workspace, its home layers' dotfiles
-    (.bashrc, .gitconfig: the sandbox's own $HOME) are not protected names."""
+    (.bashrc, .zshrc: the sandbox's own $HOME) are not protected names."""
     ws = lay.ws
     layer = ws / "state" / "corral" / "homes" / "ws-1"
     layer.mkdir(parents=True)
-    (layer / ".gitconfig").write_text("[user]\n")
+    (layer / ".zshrc").write_text("# mine\n")
     (ws / "pkg").mkdir()
-    (ws / "pkg" / ".gitconfig").write_text("[user]\n")  # the twin: found
+    (ws / "pkg" / ".zshrc").write_text("# mine\n")  # the twin: found
     scan = fsplan.scan_workspace(str(ws), skip={str(ws / "state" / "corral")})
-    assert scan.protected == [str(ws / "pkg" / ".gitconfig")]
-    assert str(layer / ".gitconfig") in fsplan.scan_workspace(str(ws)).protected
+    assert scan.protected == [str(ws / "pkg" / ".zshrc")]
+    assert str(layer / ".zshrc") in fsplan.scan_workspace(str(ws)).protected

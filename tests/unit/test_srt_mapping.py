@@ -80,15 +80,17 @@ def test_filesystem_lists_map_onto_corral_fields(ws: Path) -> None:
     assert tr.write_deny[:2] == [".env", "config/production.json"]
 
 
-def test_corral_defaults_protect_everything_srt_protects(ws: Path) -> None:
-    """srt's built-in write protection is part of corral's own defaults (a policy
-    translated from srt's settings needs nothing added, and says nothing of it)."""
-    assert all(srt_settings.protected_by_default(p) for p in srt_settings.SRT_PROTECTED)
-    assert srt_settings.protected_by_default(".claude/settings.json")  # the whole directory
+def test_srt_default_protections_corral_lacks_are_added_once(ws: Path) -> None:
+    """srt's built-in write protection, where corral's defaults lack it (git's and
+    ripgrep's files a clone brings), is added to a translated policy, once."""
+    assert srt_settings.protected_by_default(".claude/commands/")  # in corral's .claude/
+    assert srt_settings.protected_by_default(".mcp.json")
     assert not srt_settings.protected_by_default("src/main.py")  # the twin
-    tr = translate(settings(filesystem={"denyWrite": [".mcp.json"]}), ws)
-    assert tr.write_deny == [".mcp.json"]
-    assert not any("srt protects by default" in note for note in tr.notes)
+    extra = [p for p in srt_settings.SRT_PROTECTED if not srt_settings.protected_by_default(p)]
+    assert extra == [".gitconfig", ".gitmodules", ".ripgreprc"]
+    tr = translate(settings(filesystem={"denyWrite": [".gitmodules"]}), ws)
+    assert tr.write_deny == [".gitmodules", ".gitconfig", ".ripgreprc"]
+    assert any("srt protects by default" in note for note in tr.notes)
 
 
 def test_tilde_and_relative_paths_keep_srt_meaning(ws: Path) -> None:
