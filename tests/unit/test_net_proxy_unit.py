@@ -741,6 +741,30 @@ def test_connect_allowed_then_http_inside_the_tunnel(tmp_path: Path) -> None:
     run(go)
 
 
+def test_the_runs_end_waits_for_the_last_tunnel_to_be_recorded(tmp_path: Path) -> None:
+    """A tunnel writes its audit line once both ends are done.  When the run ends, its
+    clients' sockets close, and the worker stopped at once: the last tunnel's line
+    was lost now and then (a CI run saw it).  settle() waits for it, bounded."""
+
+    async def go() -> None:
+        async with world(tmp_path, ALLOW_ORIGIN) as w:
+            target = f"127.0.0.1:{w.origin.port}".encode()
+            reader, writer, head = await connect_tunnel(w, target)
+            assert head == b"HTTP/1.1 200 Connection Established\r\n\r\n"
+            writer.write(b"GET /last HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive origin
+            assert (await read_response(reader)).status == 200
+            writer.transport.abort()  # the client's process is gone
+            await w.proxy.settle(5.0)  # what the worker does at the run's end
+            w.proxy.audit.flush()  # (as the worker does when it stops)
+            (line,) = w.audit()  # recorded already: no waiting for it here
+            assert line["scheme"] == "connect" and line["decision"] == "allow"
+            t = aio.get_running_loop().time()
+            await w.proxy.settle(5.0)  # nothing open: no wait (the twin)
+            assert aio.get_running_loop().time() - t < 0.1
+
+    run(go)
+
+
 def test_connect_denied_is_403(tmp_path: Path) -> None:
     async def go() -> None:
         async with world(tmp_path, ["127.0.0.1:1"]) as w:

@@ -71,6 +71,9 @@ SOCKS_PORT = 1080
 DNS_PORT = 53
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 SIBLINGS_AFTER = 0.02  # seconds after the first connection the idle siblings start serving
+# At the run's end, how long a worker waits for connections still ending (their
+# clients are gone) before it stops, cutting off the rest unrecorded.
+SETTLE_WITHIN = 1.0
 USED = b"used\n"
 
 
@@ -824,6 +827,7 @@ def _serve(
             handle.cancel()
         for server in servers:
             server.close()
+        await proxy.settle(SETTLE_WITHIN)  # the last connections' audit lines
         if hub is not None:
             hub.close()
 

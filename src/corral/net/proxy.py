@@ -235,6 +235,7 @@ class Proxy:
         self._dns_inflight = 0
         self._flush_scheduled = False
         self._clocks: set[_Clock] = set()
+        self._settled: aio.Future | None = None  # settle() waits on it: no connection left
         self._sweeper: aio.Task | None = None
         # (run id, host, port) -> idle upstream TLS connections, newest last
         self._parked: dict[tuple[str, str, int], list[tuple[float, Upstream]]] = {}
@@ -296,7 +297,7 @@ class Proxy:
             try:
                 address, port = find(writer.get_extra_info("socket"))
             except (OSError, BadName):
-                self._clocks.discard(clock)
+                self._forget(clock)
                 writer.close()
                 return
             await self._guarded(
@@ -399,8 +400,27 @@ class Proxy:
             self.audit.internal_error(run_id, "connection", exc)
         finally:
             if clock is not None:
-                self._clocks.discard(clock)
+                self._forget(clock)
             writer.close()
+
+    async def settle(self, within: float) -> None:
+        """Wait, at most ``within`` seconds, for the connections still open to end.
+        The run's end closes every client's socket, but a tunnel writes its audit
+        line only once it has seen that: stopping the worker at once lost the last
+        one now and then (a connection cancelled mid-way records nothing)."""
+        if not self._clocks:
+            return
+        self._settled = aio.get_running_loop().create_future()
+        try:
+            await aio.wait_for(self._settled, within)
+        except TimeoutError:
+            pass  # cut off unrecorded: what settle() is there to make rare
+
+    def _forget(self, clock: _Clock) -> None:
+        """A connection has ended (its clock no longer swept)."""
+        self._clocks.discard(clock)
+        if not self._clocks and self._settled is not None and not self._settled.done():
+            self._settled.set_result(None)
 
     def used(self) -> None:
         """Something arrived: tell whoever waits for the first use, once."""
