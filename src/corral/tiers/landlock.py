@@ -55,7 +55,8 @@ DIFFERENCES = (
     "later run reads it, and reports each (up to 16 MiB of secrets there; more is refused)",
     "chmod and chown are refused everywhere, the workspace included (Landlock does not "
     "govern file modes; a read-only file the sandbox owns could otherwise be opened up), "
-    "and so are extended attributes and ACLs (ENOTSUP: an ACL sets a mode too)",
+    "and so are extended attributes and ACLs (ENOTSUP: an ACL sets a mode too); git "
+    "init and git clone stop there (git gives its config.lock the config's mode)",
     "$HOME is the workspace's home layer here too, but tools that set file modes in it "
     "stop at that refused chmod: pip install (--user included) and git config --global "
     "on an existing ~/.gitconfig fail (npm install, caches and new files work)",
