@@ -861,4 +861,5 @@ def test_the_guests_error_words_reach_the_terminal_as_plain_text() -> None:
         _FakeVm().follow(b"error bad \x1b]0;owned\x07 mount\x1b[2J" + b"y" * 2000 + b"\n")
     message = caught.value.message
     assert "\x1b" not in message and "\x07" not in message
-    assert message.startswith("microvm: bad ?]0;owned? mount?[2J") and len(message) < 600
+    assert message.startswith("microvm: bad \\x1b]0;owned\\x07 mount\\x1b[2J")
+    assert len(message) < 600

@@ -851,10 +851,11 @@ class _Follower:
 
 
 def _plain(text: str, limit: int = 500) -> str:
-    """The guest's words as one line of plain text: controls (an escape sequence
-    would drive the user's terminal) become '?', and at most ``limit`` characters."""
-    kept = "".join(ch if ch.isprintable() else "?" for ch in text[:limit])
-    return kept + ("..." if len(text) > limit else "")
+    """The guest's words as one line of plain text (corral.errors.plain: no terminal
+    control), at most ``limit`` characters of them."""
+    from corral.errors import plain
+
+    return plain(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 def _report(line: str, result: Result, out: int, err: int) -> dict[int, int]:
