@@ -324,23 +324,15 @@ class WalkedDir:
 class Repositories:
     """The workspace's repositories at launch (``known``: identities of git dirs and
     ``.git`` entries) and its walk (``dirs``; ``cutoff``: change times from before
-    it are trusted unchanged, see :func:`created_repositories`).  ``names``: the
-    protected names the policy applies below the root (:func:`protected_names`)."""
+    it are trusted unchanged, see :func:`created_repositories`)."""
 
-    __slots__ = ("cutoff", "dirs", "known", "names", "skip")
+    __slots__ = ("cutoff", "dirs", "known", "skip")
 
-    def __init__(
-        self,
-        scan: WorkspaceScan,
-        cutoff: int,
-        names: Collection[str] = PROTECTED_NAMES,
-        skip: Collection[str] = (),
-    ) -> None:
+    def __init__(self, scan: WorkspaceScan, cutoff: int, skip: Collection[str] = ()) -> None:
         found = (identity(p) for p in (*scan.git_dirs, *scan.git_files))
         self.known = frozenset(i for i in found if i is not None)
         self.dirs = scan.dirs
         self.cutoff = cutoff
-        self.names = names
         self.skip = skip  # what the walk at launch did not walk (scan_workspace)
 
 
@@ -888,8 +880,7 @@ class _Planner:
                 f"workspace scan stopped after {defaults.SCAN_MAX_ENTRIES} entries; "
                 "deeper repositories and .env files were not masked"
             )
-        use_defaults = self.policy.filesystem.use_defaults
-        plan.repositories = Repositories(scan, cutoff, protected_names(use_defaults), skip)
+        plan.repositories = Repositories(scan, cutoff, skip)
         for secret in scan.secret_files:
             self.add_mask(secret, False, "secret file in workspace")
             plan.read_deny.append(secret)
@@ -922,7 +913,7 @@ class _Planner:
             if not os.path.islink(path) and gitfile_target(path) is not None:
                 self.add_write_deny(path, "a .git file names the repository git uses")
         # what a run, an editor or an agent tool started in that directory loads
-        names = self.plan.repositories.names if self.plan.repositories else ()
+        names = protected_names(self.policy.filesystem.use_defaults)
         for path in scan.protected:
             name = path.rpartition("/")[2]
             if name == defaults.POLICY_FILENAME:

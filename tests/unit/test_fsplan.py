@@ -691,7 +691,7 @@ def test_protected_entries_made_after_launch_are_new_and_those_there_are_not(
     (ws / "pkg" / "b" / "corral.toml").unlink()
     assert fsplan.created_repositories(str(ws), before) is None  # the twin
     # with [filesystem] defaults = false only a new corral.toml counts
-    off = fsplan.Repositories(fsplan.scan_workspace(str(ws)), 0, ("corral.toml",))
+    off = fsplan.Repositories(fsplan.scan_workspace(str(ws)), 0)
     (ws / "pkg" / "a" / ".claude").mkdir()
     (ws / "pkg" / "a" / "corral.toml").write_text("[env]\n")
     later = fsplan.scan_workspace(str(ws), git_only=True)
