@@ -571,22 +571,33 @@ def _set_id_rules() -> tuple[SyscallRule, ...]:
 
 
 def default_deny_rules() -> tuple[SyscallRule, ...]:
-    """The baseline policy: block kernel surfaces an agent never needs.
-
-    Time: settimeofday and clock_settime are denied outright.  clock_adjtime
-    is denied only for clocks other than CLOCK_REALTIME, because glibc
-    implements adjtimex()/ntp_gettime() as clock_adjtime(CLOCK_REALTIME) for
-    plain reads; changing the realtime clock still needs CAP_SYS_TIME, while
-    dynamic (PTP) clocks are gated only by file permissions.  adjtimex itself
-    is allowed for the same reason: it is realtime-only and cap-checked.
-    """
-    eperm = _errno.EPERM
+    """The baseline policy: block kernel surfaces an agent never needs, in groups
+    (the order is the rules' order, which compile_filter keeps per syscall)."""
     return (
-        # Reaching into other processes.
+        *_process_rules(),
+        *_kernel_rules(),
+        *_mount_rules(),
+        *_namespace_rules(),
+        *_clock_rules(),
+        *_socket_rules(),
+        *_set_id_rules(),
+        *_terminal_rules(),
+    )
+
+
+def _process_rules() -> tuple[SyscallRule, ...]:
+    """Reaching into other processes."""
+    return (
         _deny("ptrace", "inspect or control other processes"),
         _deny("process_vm_readv", "read another process's memory"),
         _deny("process_vm_writev", "write another process's memory"),
         _deny("pidfd_getfd", "steal file descriptors from another process"),
+    )
+
+
+def _kernel_rules() -> tuple[SyscallRule, ...]:
+    """Kernel interfaces an agent never needs: big, exploit-prone, or host-wide."""
+    return (
         # Large, exploit-prone kernel interfaces.
         _deny("io_uring_setup", "io_uring: frequent kernel exploit vector"),
         _deny("io_uring_enter", "io_uring: frequent kernel exploit vector"),
@@ -617,6 +628,12 @@ def default_deny_rules() -> tuple[SyscallRule, ...]:
         _deny("lookup_dcookie", "profiling interface that resolves kernel dcookies"),
         _deny("uselib", "obsolete a.out loader"),
         _deny("vhangup", "hang up the controlling terminal"),
+    )
+
+
+def _mount_rules() -> tuple[SyscallRule, ...]:
+    """The sandbox's file system layout is fixed by the launcher."""
+    return (
         # Filesystem layout is fixed by the launcher.
         _deny("mount", "change the sandbox's mounts"),
         _deny("umount2", "uncover paths hidden by sandbox mounts"),
@@ -630,6 +647,13 @@ def default_deny_rules() -> tuple[SyscallRule, ...]:
         _deny("mount_setattr", "change mount flags such as read-only"),
         _deny("name_to_handle_at", "file handles can escape the mount view"),
         _deny("open_by_handle_at", "opens files outside the mount view by handle"),
+    )
+
+
+def _namespace_rules() -> tuple[SyscallRule, ...]:
+    """Other namespaces, and new user namespaces."""
+    eperm = _errno.EPERM
+    return (
         # Namespaces: a fresh user namespace grants capabilities that unlock
         # far more kernel code; setns would join namespaces outside the box.
         _deny("setns", "join another namespace"),
@@ -648,7 +672,20 @@ def default_deny_rules() -> tuple[SyscallRule, ...]:
         # clone3 passes flags in a struct seccomp cannot read; ENOSYS makes
         # glibc and other runtimes fall back to clone(), which we can filter.
         _deny("clone3", "flags unreadable by seccomp; callers fall back to clone", _errno.ENOSYS),
-        # Time.
+    )
+
+
+def _clock_rules() -> tuple[SyscallRule, ...]:
+    """The host's clocks, and personality flags that weaken mitigations.
+
+    settimeofday and clock_settime are denied outright.  clock_adjtime is denied
+    only for clocks other than CLOCK_REALTIME, because glibc implements
+    adjtimex()/ntp_gettime() as clock_adjtime(CLOCK_REALTIME) for plain reads;
+    changing the realtime clock still needs CAP_SYS_TIME, while dynamic (PTP)
+    clocks are gated only by file permissions.  adjtimex itself is allowed for
+    the same reason: it is realtime-only and cap-checked."""
+    eperm = _errno.EPERM
+    return (
         _deny("settimeofday", "set the host clock"),
         _deny("clock_settime", "set the host clock or a PTP clock"),
         SyscallRule(
@@ -663,6 +700,12 @@ def default_deny_rules() -> tuple[SyscallRule, ...]:
             (ArgCond(0, "not_in", values=_SAFE_PERSONALITIES),),
             "personality flags like ADDR_NO_RANDOMIZE weaken exploit mitigations",
         ),
+    )
+
+
+def _socket_rules() -> tuple[SyscallRule, ...]:
+    """Socket families."""
+    return (
         # Networking: only local and IP sockets; netlink, packet, etc. expose
         # host network configuration and large, bug-prone protocol code.
         SyscallRule(
@@ -677,7 +720,13 @@ def default_deny_rules() -> tuple[SyscallRule, ...]:
             (ArgCond(0, "ne", _AF_UNIX),),
             "only AF_UNIX socket pairs",
         ),
-        *_set_id_rules(),
+    )
+
+
+def _terminal_rules() -> tuple[SyscallRule, ...]:
+    """Terminal injection."""
+    eperm = _errno.EPERM
+    return (
         # Terminal injection: push keystrokes into a tty shared with the host.
         SyscallRule(
             "ioctl",
