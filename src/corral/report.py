@@ -103,8 +103,7 @@ def repositories_unchecked(limit: int) -> Denial:
     return Denial(
         "bound",
         f"the workspace walk after the run stopped after {limit} entries: a repository "
-        "or a protected file (corral.toml, .vscode, .mcp.json...) made during the run "
-        "beyond them was not checked",
+        "or a policy file (corral.toml) made during the run beyond them was not checked",
         name="new-repositories",
         value=limit,
         source="default",
