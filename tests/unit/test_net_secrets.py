@@ -369,3 +369,39 @@ def test_an_echo_in_basic_credentials_of_any_case_is_hidden(hook: SecretsHook) -
 
 def test_a_host_with_no_secret_is_still_looked_at(hook: SecretsHook) -> None:
     assert hook.sees_requests_to("anything.test", 443)
+
+
+def test_the_shortest_echoes_are_still_hidden(hook: SecretsHook) -> None:
+    """Headers too short to hold a value are not scanned; the shortest that can
+    (the bare value, the bare value in Basic credentials) are hidden."""
+    ph = placeholder(hook, "API_KEY")
+    chain = Chain([hook])
+    dest = Destination("run", "https", "api.test", 443)
+    req = Request("GET", "/", [(b"x-key", ph.encode())], 0)
+    chain.request(dest, req)
+    bare_basic = b"Basic " + base64.b64encode(REAL)
+    response = Response(200, [(b"x-echo", REAL)])
+    chain.response(dest, req, response)
+    assert response.headers == [(b"x-echo", ph.encode())]
+    response = Response(200, [(b"x-basic", bare_basic)])
+    chain.response(dest, req, response)
+    assert base64.b64decode(response.headers[0][1].split()[1]) == ph.encode()
+    short = [(b"x-almost", REAL[:-1]), (b"content-length", b"2")]  # the twin: one byte short
+    response = Response(200, list(short))
+    chain.response(dest, req, response)
+    assert response.headers == short
+
+
+def test_a_rewrite_after_another_request_uses_its_own_headers(hook: SecretsHook) -> None:
+    """rewrite reuses what on_request found only for the very same request: one held
+    by an ask while another came through is rewritten from its own headers."""
+    ph = placeholder(hook, "API_KEY")
+    dest = Destination("run", "https", "api.test", 443)
+    first = Request("GET", "/", [(b"x-key", ph.encode())], 0)
+    second = Request("GET", "/", [(b"x-other", ph.encode())], 0)
+    hook.on_request(dest, first)
+    hook.on_request(dest, second)
+    hook.rewrite(dest, first)
+    hook.rewrite(dest, second)
+    assert first.headers == [(b"x-key", REAL)]
+    assert second.headers == [(b"x-other", REAL)]

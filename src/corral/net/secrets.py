@@ -194,6 +194,9 @@ class SecretsHook(Hook):
         self._find = _NOTHING.findall  # every placeholder of this run in some text
         self._headers: dict[tuple[str, int, tuple[tuple[bytes, bytes], ...]], _Seen] = {}
         self._by_host: dict[tuple[str, int], _HostPlan] = {}
+        # the request on_request last looked at, and what its headers hold: rewrite
+        # of that same request (the usual next call) needs no second lookup
+        self._last: tuple[Request | None, _Seen | None] = (None, None)
 
     def inspects(self) -> list[tuple[str, str]]:
         return [
@@ -237,6 +240,7 @@ class SecretsHook(Hook):
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
         seen = self._seen(dest, request.headers)
+        self._last = (request, seen)
         target = request.target
         if PREFIX_TEXT in target or "%" in target:
             in_target = self._in_target(target)
@@ -251,7 +255,9 @@ class SecretsHook(Hook):
     def rewrite(self, dest: Destination, request: Request) -> None:
         if "secrets" not in request.audit:
             return  # on_request found nothing to put in
-        seen = self._seen(dest, request.headers)
+        last, seen = self._last
+        if last is not request or seen is None:  # (an ask held it; others came between)
+            seen = self._seen(dest, request.headers)
         if PREFIX_TEXT in request.target:
             target = request.target.encode("latin-1")
             for secret in seen.plan.mine:
@@ -265,6 +271,11 @@ class SecretsHook(Hook):
         if "secrets" not in request.audit:
             return  # no value went out with this request: none can come back
         plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
+        for _, value in response.headers:
+            if len(value) >= plan.shortest:
+                break
+        else:  # no value is long enough to hold an echo, even inside Basic credentials
+            return
         text = b"\n".join(map(_value, response.headers)).decode("latin-1")  # (_values_text)
         if "basic " in text.lower() or any(map(text.__contains__, plan.echoes)):
             response.headers[:] = [(k, _hide(v, plan.pairs)) for k, v in response.headers]
@@ -328,6 +339,7 @@ class _HostPlan:
         "mine",
         "names",
         "pairs",
+        "shortest",
     )
 
     def __init__(self, mine: list[Loaded], all_secrets: list[Loaded]) -> None:
@@ -342,6 +354,9 @@ class _HostPlan:
         self.pairs = [(s.value, s.placeholder) for s in mine]
         self.pairs += [(s.encoded, s.placeholder) for s in mine if s.encoded != s.value]
         self.echoes = [real.decode("latin-1") for real, _ in self.pairs]  # (as text)
+        # a header value shorter than every real form cannot hold one; nor can Basic
+        # credentials, whose base64 is longer than what it encodes (no pair: no echo)
+        self.shortest = min((len(real) for real, _ in self.pairs), default=1 << 62)
 
     def rewrite(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """Headers with this host's values in place of placeholders, and each
