@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from corral.vm.guestpython import Closure
     from corral.vm.setup import Assets
 
-BUILD_VERSION = "10"  # bumped when the layout changes, so old cached archives are not used
+BUILD_VERSION = "11"  # bumped when the layout changes, so old cached archives are not used
 KEEP = 4  # images kept in a cache: a Sandbox's and a run's for this corral and one other
 # corral's own files the guest needs when its network goes through the door
 HELPERS = (("vm", "mux.py"), ("vm", "guestdoor.py"), ("net", "relay.py"), ("", "agent.py"))
@@ -401,29 +401,6 @@ def static_program(code: bytes) -> bytes:
     return elf + segment + code
 
 
-SIGNATURE_MAGIC = b"~Module signature appended~\n"
-SIGNATURE_INFO = 12  # struct module_signature, before the magic; its last field: sig_len
-
-
-def without_signature(module: bytes) -> bytes:
-    """A kernel module with its appended signature cut off (unchanged if it has none).
-
-    The guest kernel checks a signed module's signature before loading it, which
-    under TCG took ~30 ms for the nine modules the guest loads.  The check
-    protects nothing here: the modules and the kernel come from the same host
-    directory (the kernel itself is not checked by QEMU), and the guest does not
-    enforce signatures, so an unsigned module loads as a signed one does (it
-    taints the guest kernel, which only its log shows)."""
-    import struct
-
-    if not module.endswith(SIGNATURE_MAGIC) or len(module) < len(SIGNATURE_MAGIC) + SIGNATURE_INFO:
-        return module
-    info_end = len(module) - len(SIGNATURE_MAGIC)
-    (sig_len,) = struct.unpack(">I", module[info_end - 4 : info_end])
-    start = info_end - SIGNATURE_INFO - sig_len
-    return module[:start] if start > 0 else module
-
-
 def init_script(modules: list[str]) -> str:
     files = " ".join(f"/lib/modules/{m}.ko" for m in modules)
     text = INIT.replace("@MODULES@", " ".join(modules)).replace("@MODULE_FILES@", files)
@@ -478,7 +455,7 @@ def archive(
         *dev_entries(),
         cpio.directory("lib"),
         cpio.directory("lib/modules"),
-        *(cpio.file(f"lib/modules/{name}.ko", without_signature(data)) for name, data in modules),
+        *(cpio.file(f"lib/modules/{name}.ko", data) for name, data in modules),
         cpio.directory("mnt"),
         cpio.directory("proc"),
         cpio.directory("sys"),
