@@ -149,6 +149,40 @@ def test_the_guest_leaves_no_set_id_program(sandbox: tuple[Corral, Path]) -> Non
     assert "chmod-plain=ok" in out and (ws / "prog").stat().st_mode & 0o7777 == 0o755, out
 
 
+MODULE_PROBE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def load(path):  # finit_module(2): x86-64 number 313
+    fd = os.open(path, os.O_RDONLY)
+    ok = libc.syscall(313, fd, b"", 0) == 0
+    return "loaded" if ok else os.strerror(ctypes.get_errno())
+signed = sys.argv[1]
+data = open(signed, "rb").read()
+magic = b"~Module signature appended~\\n"
+size = int.from_bytes(data[-len(magic) - 4 : -len(magic)], "big")
+with open("unsigned.ko", "wb") as fh:
+    fh.write(data[: -len(magic) - 12 - size])
+print("signed:", load(signed))
+print("unsigned:", load("unsigned.ko"))
+"""
+
+
+def test_the_guests_root_loads_no_unsigned_module(sandbox: tuple[Corral, Path]) -> None:
+    """The guest kernel is locked down: even its root cannot load a module without
+    Debian's signature.  Twin: the same module signed passes the check (and is
+    then found already loaded)."""
+    c, ws = sandbox
+    if c.who != "root":
+        pytest.skip("loading a module needs the guest's root (corral run as root)")
+    (assets,) = setup.installed(setup.SYSTEM_DIR)[:1]
+    r = vm(c, ws, "--", "python3", "-c", MODULE_PROBE, assets.module_path("virtio"))
+    assert r.returncode == 0, r
+    assert r.stdout.decode().splitlines() == [
+        "signed: File exists",
+        "unsigned: Operation not permitted",
+    ]
+
+
 @pytest.mark.slow
 def test_secrets_stay_absent_even_for_the_guests_root(sandbox: tuple[Corral, Path]) -> None:
     """The masks are on the host side of 9p, not mounts in the guest: there is
