@@ -32,7 +32,7 @@ RUN_OPTIONS: Options = {
         "tier",
         "value",
         "NAME",
-        "auto (default: strongest available), namespace, landlock, container, gvisor, none",
+        "auto (default: strongest available) or one of {tiers}",
     ),
     "--engine": (
         "engine",

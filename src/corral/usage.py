@@ -4,6 +4,7 @@ own so that ``corral run`` never loads it."""
 
 from __future__ import annotations
 
+from corral import tiers
 from corral.cli import COMMANDS, Options
 from corral.errors import EXIT_CODES
 
@@ -30,6 +31,7 @@ def options_text(table: Options) -> str:
     for names in seen.values():
         documented = [n for n in names if table[n][3]] or names
         _, kind, metavar, help_ = table[documented[0]]
+        help_ = help_.replace("{tiers}", ", ".join(tiers.names()))  # (the registry's order)
         head = "  " + ", ".join(names) + (f" {metavar}" if kind != "flag" else "")
         body = wrap(help_, 88, " " * 24)
         if len(head) < 22 and body:

@@ -362,6 +362,19 @@ def test_every_command_has_help_listing_every_option_it_parses(
         assert code == 0 and out.startswith(f"usage: corral {command} ")
 
 
+def test_help_names_every_tier_the_registry_knows(capsys: pytest.CaptureFixture[str]) -> None:
+    from corral import tiers
+
+    for command, (_, _, table) in cli.COMMANDS.items():
+        if "--tier" not in table:
+            continue
+        _, out, _ = run_main([command, "--help"], capsys)
+        listed = " ".join(out.split())  # (the wrapped lines joined)
+        assert "{tiers}" not in listed
+        for name in tiers.names():
+            assert name in listed, (command, name)
+
+
 def test_top_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_main(["--help"], capsys)
     for command, (usage, what, _) in cli.COMMANDS.items():

@@ -44,6 +44,8 @@ RUN_NAMES = [
     *("--explain", "-q"),
 ]
 CONSOLE = ("console", "flag", "", "the guest's serial console on stderr (debugging)")
+# how a user gets the console: `corral run` has no such option, this module does
+CONSOLE_HINT = "python -m corral.vm.run --console -- COMMAND"
 MONITOR = "corral.qmp"  # QEMU's QMP monitor: a socket pair like the ports
 DRAIN_TIMEOUT = 10.0  # seconds to collect output the guest said it sent
 # seconds for the guest to boot and take the request: 2 to 5 s under TCG, more on a
@@ -787,7 +789,7 @@ class _Follower:
                     what = "boot" if self.vm.state is None else "resume from its saved state"
                     raise _Gone(
                         f"microvm: the guest did not {what} within {self.boot_timeout:g} s "
-                        "(--console shows where it stopped)",
+                        f"({CONSOLE_HINT} shows where it stopped)",
                         late=True,
                     )
                 if self.expect is None:
@@ -876,9 +878,8 @@ def _report(line: str, result: Result, out: int, err: int) -> dict[int, int]:
 
 def _why_ended(qemu_err: bytes, how: str) -> str:
     lines = qemu_err.decode(errors="replace").strip().splitlines()
-    why = (
-        lines[-1] if lines else f"{how}; the guest stopped before it reported (--console shows why)"
-    )
+    stopped = f"{how}; the guest stopped before it reported ({CONSOLE_HINT} shows why)"
+    why = lines[-1] if lines else stopped
     return f"microvm: the VM ended before the command did: {why}"
 
 
