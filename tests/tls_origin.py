@@ -8,6 +8,8 @@ The origin speaks HTTP/1.1 with keep-alive over TLS (or plain) and answers:
 * ``/count`` (any method with a body): how many body bytes arrived, from a
   Content-Length or a chunked body;
 * ``/ws``: a WebSocket-style upgrade (101), then every byte echoed back;
+  offered h2c among the upgrades, it picks h2c (as an HTTP/2 server would),
+  and ``/ws/h2c`` answers any upgrade with h2c;
 * ``/simple/...`` and ``/files/...``: a package index from a directory.
 """
 
@@ -192,10 +194,13 @@ class Origin:
         }
         self.requests.append(record)
         close = lower.get("connection", "").lower() == "close"
-        if target == "/ws" and lower.get("upgrade", "").lower() == "websocket":
+        offered = [t.strip().lower() for t in lower.get("upgrade", "").split(",")]
+        if target.startswith("/ws") and ("websocket" in offered or "h2c" in offered):
+            picked = "h2c" if "h2c" in offered or target == "/ws/h2c" else "websocket"
             conn.sendall(
-                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                b"Connection: Upgrade\r\nSec-WebSocket-Accept: test\r\n\r\n" + reader.rest()
+                f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: {picked}\r\n".encode()
+                + b"Connection: Upgrade\r\nSec-WebSocket-Accept: test\r\n\r\n"
+                + reader.rest()
             )
             while data := conn.recv(65536):
                 conn.sendall(data)

@@ -434,6 +434,47 @@ def test_websocket_upgrade_then_raw_bytes_both_ways(harness: Harness) -> None:
     assert any(x["status"] == 101 and x["path"] == "/ws" for x in h.lines())
 
 
+def _upgrade(h: Harness, target: str, offer: str) -> tuple[bytes, ssl.SSLSocket]:
+    """An upgrade asked for through interception: the response head and the socket."""
+    sock = socket.create_connection(("127.0.0.1", h.port), timeout=10)
+    sock.sendall(f"CONNECT origin.test:{h.origin.port} HTTP/1.1\r\n\r\n".encode())
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    tls = ssl.create_default_context(cafile=h.bundle).wrap_socket(
+        sock, server_hostname="origin.test"
+    )
+    tls.sendall(
+        f"GET {target} HTTP/1.1\r\nHost: origin.test\r\nUpgrade: {offer}\r\n".encode()
+        + b"Connection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n"
+        + b"Sec-WebSocket-Key: dGVzdA==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    head = b""
+    while b"\r\n\r\n" not in head and (data := tls.recv(4096)):
+        head += data
+    return head, tls
+
+
+def test_no_upgrade_but_websocket_reaches_the_origin(harness: Harness) -> None:
+    """h2c smuggled beside websocket would turn the connection into HTTP/2 that no
+    rule sees: only the websocket token is passed on, and a 101 to anything else
+    is refused.  Twin: the websocket upgrade itself goes through."""
+    h = harness
+    for offer in ("h2c, websocket", "websocket, h2c"):
+        head, tls = _upgrade(h, "/ws", offer)
+        tls.close()
+        assert head.startswith(b"HTTP/1.1 101") and b"upgrade: websocket" in head.lower(), head
+    offers = [{k.lower(): v for k, v in r["headers"]}.get("upgrade") for r in h.origin.requests]
+    assert offers == ["websocket", "websocket"]
+    head, tls = _upgrade(h, "/ws/h2c", "websocket")  # an origin that switches anyway
+    tls.close()
+    assert head.startswith(b"HTTP/1.1 502"), head
+    assert any(x["status"] == 502 and x["path"] == "/ws/h2c" for x in h.lines())
+    for offer in ("h2c", "websocketx", "not-websocket"):  # nothing else is an upgrade at all
+        head, tls = _upgrade(h, "/echo", offer)
+        tls.close()
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert "upgrade" not in {k.lower() for k, _ in h.origin.requests[-1]["headers"]}
+
+
 @pytest.mark.hooks(hooks=[InspectHook(["origin.test", "127.0.0.1"]), DenyPath()])
 def test_untrusted_origin_is_a_502_with_a_reason_and_an_audit_line(harness: Harness) -> None:
     h = harness

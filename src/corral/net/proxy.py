@@ -836,12 +836,11 @@ class Proxy:
                 break
             if status == 101 and not upgrade:
                 raise HttpError(502, "upstream switched protocols without being asked")
+            if status == 101 and _tokens(response.get_all(b"upgrade")) != {upgrade}:
+                raise HttpError(502, "upstream switched to a protocol other than websocket")
             out_headers = http1.forwardable(response, kind)
             if status == 101:
-                out_headers += [
-                    (b"connection", b"upgrade"),
-                    (b"upgrade", response.get(b"upgrade") or upgrade),
-                ]
+                out_headers += [(b"connection", b"upgrade"), (b"upgrade", upgrade)]
             if hooked is not None:
                 seen = Response(status, list(out_headers))
                 refused_response = self.chain.response(dest, hooked, seen)
@@ -1341,13 +1340,16 @@ def _announced(kind: str, length: int) -> int | None:
 
 
 def _websocket_upgrade(request: http1.Message) -> bytes:
-    """The Upgrade value of a WebSocket handshake (b"" for anything else: other
-    upgrades, h2c among them, are not passed on)."""
-    value = request.get(b"upgrade")
-    if value is None or b"websocket" not in value.lower():
+    """b"websocket" for a WebSocket handshake, b"" for anything else.  Only that
+    token is passed on: h2c (offered alone or beside websocket) would turn the
+    connection into HTTP/2 whose requests no hook sees."""
+    if b"websocket" not in _tokens(request.get_all(b"upgrade")):
         return b""
-    tokens = {t.strip().lower() for v in request.get_all(b"connection") for t in v.split(b",")}
-    return value if b"upgrade" in tokens else b""
+    return b"websocket" if b"upgrade" in _tokens(request.get_all(b"connection")) else b""
+
+
+def _tokens(values: list[bytes]) -> set[bytes]:
+    return {t.strip().lower() for v in values for t in v.split(b",")}
 
 
 async def _splice(
