@@ -500,10 +500,10 @@ def parse(
         if eq:
             value = inline
             i += 1
-        elif i + 1 < len(args):
+        elif i + 1 < len(args) and args[i + 1] != "--":
             value = args[i + 1]
             i += 2
-        else:
+        else:  # (`--allow -- cmd`: the value forgotten, not a host named "--")
             raise CorralError(f"option {name} needs a value")
         if kind == "list":
             existing = opts.setdefault(attr, [])

@@ -99,6 +99,11 @@ def test_parse_empty_and_last_value_wins() -> None:
     assert opts == {"tier": ""}
 
 
+def test_a_value_may_start_with_a_dash_but_is_not_the_separator() -> None:
+    opts, command = cli.parse(["--env", "-x", "--allow=--", "--", "true"], cli.RUN_OPTIONS, True)
+    assert (opts["env"], opts["allow"], command) == (["-x"], ["--"], ["true"])
+
+
 @pytest.mark.parametrize(
     ("args", "positional", "fragment"),
     [
@@ -107,6 +112,7 @@ def test_parse_empty_and_last_value_wins() -> None:
         (["-x"], True, "unknown option -x"),
         (["--tier"], True, "needs a value"),
         (["--quiet", "--memory"], True, "needs a value"),
+        (["--allow", "--", "true"], True, "needs a value"),  # forgotten, not a host "--"
         (["--explain=yes"], True, "takes no value"),
         (["stray"], False, "unexpected argument"),
     ],
