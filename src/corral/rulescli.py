@@ -150,7 +150,24 @@ def cmd_check(opts: dict[str, object], rest: list[str]) -> int:
         print(f"intercepted: {'yes' if inspected else 'no (an opaque tunnel)'}")
     if not pinned and chain.connect(dest).allowed:
         print("note: a name's resolved address is checked when the proxy resolves it")
+    if verdict.rule == "default":
+        _note_rules_open_nothing(policy, dest.host, dest.port)
     return 0 if verdict.allowed else EXIT_REFUSED_HERE
+
+
+def _note_rules_open_nothing(policy: Policy, host: str, port: int) -> None:
+    """A host refused by the allow list that request rules name: the usual slip is
+    expecting the rules to let it through."""
+    from corral.net.httprules import HttpRules
+
+    named = HttpRules.from_entries(policy.network.rules).for_host(host, port)
+    names = sorted({rule.name for rule in named})
+    if names:
+        verb = "names" if len(names) == 1 else "name"
+        print(
+            f"note: {', '.join(names)} {verb} this host, but rules only narrow what "
+            "[network] allow lets through: add it there too"
+        )
 
 
 def _is_address(host: str) -> bool:

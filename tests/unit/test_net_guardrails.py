@@ -427,6 +427,24 @@ def test_rules_check_explains_and_sends_nothing(
     assert code == EXIT_USAGE and err == "corral: ftp://x/: expected an http:// or https:// URL\n"
 
 
+def test_rules_check_says_rules_do_not_open_a_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "corral.toml").write_text(
+        '[network]\nmode = "proxy"\nallow = ["open.test"]\n'
+        '[[network.rules]]\nhost = "api.test"\nmethods = ["GET"]\naction = "allow"\n'
+        '[[network.rules]]\nhost = "open.test"\nmethods = ["GET"]\naction = "allow"\n'
+    )
+    ws = str(tmp_path)
+    code, out, _ = cli(capsys, "rules", "check", "--workspace", ws, "GET", "https://api.test/")
+    assert code == 1 and "rule: default" in out
+    assert "note: network.rules[1] names this host, but rules only narrow" in out
+    code, out, _ = cli(capsys, "rules", "check", "--workspace", ws, "GET", "https://open.test/")
+    assert code == 0 and "rule: network.rules[2]" in out and "only narrow" not in out
+    code, out, _ = cli(capsys, "rules", "check", "--workspace", ws, "GET", "https://else.test/")
+    assert code == 1 and "note:" not in out  # no rule names it: nothing to say
+
+
 def test_rules_hash_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / "c.md", CRITICAL)
     code, out, _ = cli(capsys, "rules", "hash", str(path))
