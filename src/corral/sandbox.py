@@ -287,6 +287,21 @@ class Files:
         self.sb._file("mkdir", path, writing=True, extra={"exist_ok": exist_ok})
 
 
+def _load_named(path: str, workspace: str | None) -> Policy:
+    """``Sandbox("dir")`` is that workspace (with its corral.toml, if any);
+    ``Sandbox("corral.toml")`` that policy file, as ``corral run --policy``."""
+    from corral import policy as pol
+    from corral.errors import PolicyError
+
+    if os.path.isdir(path):
+        if workspace is not None:
+            raise PolicyError(f"Sandbox: {path} is a directory, and workspace= names another")
+        return pol.load(path)
+    if os.path.isfile(path):
+        return pol.load(workspace, path)
+    raise PolicyError(f"Sandbox: {path}: no such workspace directory or policy file")
+
+
 class Sandbox:
     def __init__(
         self,
@@ -326,8 +341,13 @@ class Sandbox:
 
         if policy is None:
             policy = pol.load(workspace)
+        elif isinstance(policy, str | os.PathLike):
+            policy = _load_named(os.fspath(policy), workspace)
         if not isinstance(policy, Policy):
-            raise TypeError("policy must be a corral.policy.Policy (Policy.load(...))")
+            raise TypeError(
+                "policy must be a corral.policy.Policy (Policy.load(...)), "
+                "a workspace directory or a policy file"
+            )
         # built or changed in code: the checks a policy file gets (allow without a
         # network mode is an error, not a sandbox quietly without network)
         pol.check_network(policy, python=True)

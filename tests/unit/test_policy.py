@@ -568,3 +568,21 @@ def test_explain_lists_the_network_rules(tmp_path: Path) -> None:
     assert "  deny: *.internal.test" in lines
     assert "  pinned: mirror.test = 10.0.0.5 (no DNS)" in lines
     assert any("rebinding" in line or "private" in line for line in lines)
+
+
+def test_a_sandbox_takes_a_workspace_directory_or_a_policy_file(tmp_path: Path) -> None:
+    from corral.sandbox import _load_named
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "corral.toml").write_text("[limits]\npids = 77\n")
+    other = tmp_path / "other.toml"
+    other.write_text("[limits]\npids = 88\n")
+    by_dir = _load_named(str(ws), None)
+    assert (by_dir.workspace, by_dir.limits.pids) == (str(ws), 77)  # its corral.toml too
+    by_file = _load_named(str(other), str(ws))
+    assert (by_file.workspace, by_file.limits.pids) == (str(ws), 88)
+    with pytest.raises(PolicyError, match="no such workspace directory or policy file"):
+        _load_named(str(tmp_path / "missing"), None)
+    with pytest.raises(PolicyError, match="workspace= names another"):
+        _load_named(str(ws), str(tmp_path))
