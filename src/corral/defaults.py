@@ -196,10 +196,13 @@ SCAN_SKIP_DIRS = frozenset({"node_modules", ".venv", "venv", "__pycache__", ".to
 # Of those, the environments installers fill with hard links into their caches
 # (uv, pnpm, bun): corral.linkfarm looks at them package by package instead.
 LINK_FARMS = frozenset({".venv", "venv", ".tox", "node_modules"})
-# Set inside unless passed or set: an installer run in the sandbox copies from
-# its cache (the home layer's) instead of linking, so the environment it makes
-# is not read-only to the next run (corral.linkfarm).
-INSTALLER_ENV = {"UV_LINK_MODE": "copy", "npm_config_package_import_method": "copy"}
+# Set inside unless passed or set: uv run in the sandbox copies from its cache
+# (the home layer's) instead of linking, so the environment it makes is not
+# read-only to the next run (corral.linkfarm).  Not pnpm's
+# npm_config_package_import_method: npm warns of it on every command, and pnpm
+# needs no help (across the mounts of the namespace, container and microvm
+# tiers its links fail and it copies; on landlock its copy fails at a chmod).
+INSTALLER_ENV = {"UV_LINK_MODE": "copy"}
 SCAN_MAX_DEPTH = 6
 SCAN_MAX_ENTRIES = 20000
 

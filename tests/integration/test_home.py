@@ -312,6 +312,7 @@ def test_npm_install_uses_the_layer(box: tuple[Corral, Path]) -> None:
     install = "npm install --offline --no-audit --no-fund --no-update-notifier && echo npm=ok"
     r = run(c, ws, install)
     assert "npm=ok" in out(r), out(r)
+    assert "Unknown env config" not in out(r)  # corral sets no npm_config_ name npm lacks
     r = run(c, ws, "node -e \"console.log(require('tiny-home'))\"")
     assert "tiny-home works" in out(r), out(r)
     layer = layer_of(c, ws)
