@@ -11,8 +11,8 @@ bits, new for each run).  The proxy, on the host, holds the real value:
   on every request to those hosts, whatever the client sent;
 * a placeholder on its way to any other host, in any of those places (a
   percent-encoded one too), denies the request (``secret-wrong-host``);
-* a response header that echoes the value reaches the client with the
-  placeholder instead.
+* a response header (of an interim 1xx head too) or reason phrase that echoes
+  the value reaches the client with the placeholder instead.
 
 What the proxy does not see: request and response *bodies* (a body that
 carries the value is not rewritten, either way) and anything inside a tunnel
@@ -185,7 +185,8 @@ class SecretsHook(Hook):
     # replaced by values without a control byte, Basic credentials re-encoded, the
     # header of a secret (its name and format checked in _check_fit); a target
     # with placeholders replaced by percent-encoded values; what on_response
-    # writes: placeholders in place of values, Basic credentials re-encoded
+    # writes: placeholders in place of values (in header values and the reason
+    # phrase), Basic credentials re-encoded
     writes_checked = True
 
     def __init__(self, policy: Policy) -> None:
@@ -271,6 +272,8 @@ class SecretsHook(Hook):
         if "secrets" not in request.audit:
             return  # no value went out with this request: none can come back
         plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
+        if len(response.reason) >= plan.shortest:  # "401 bad key ..." echoes too
+            response.reason = _hide(response.reason, plan.pairs)
         for _, value in response.headers:
             if len(value) >= plan.shortest:
                 break
