@@ -6,12 +6,15 @@ ones included) and what reached the origin (the real value: the twin)."""
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pytest
 
@@ -183,3 +186,57 @@ def test_placeholder_for_another_host_is_still_denied(interim_harness: Harness) 
     h = interim_harness
     heads = h.curl("/early", "-H", f"X-Key: {h.placeholder}", origin=h.other)
     assert heads.startswith("HTTP/1.1 403") and h.other.seen == []
+
+
+# -- the value in other encodings ----------------------------------------------------------------
+
+
+def b64(data: bytes, urlsafe: bool = False) -> str:
+    return (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(data).decode()
+
+
+def encoded(target: str, headers: dict[str, str]) -> bytes:
+    """The value the request carried, as origins write it back: in a redirect encoded
+    by their own URL encoder, in Basic credentials inside another header, base64
+    inside a session cookie (urlsafe, unpadded, signed) or at an odd offset."""
+    key = headers.get("x-key", "")
+    raw = key.encode("latin-1")
+    session = b64(json.dumps({"api_key": key}).encode(), urlsafe=True).rstrip("=")
+    echo = {
+        "/lower": f"Location: /next?k={quote(key, safe='').lower()}",
+        "/partial": f"Location: /next?k={quote(key, safe='/')}",
+        "/double": f"Location: /next?k={quote(quote(key, safe=''), safe='')}",
+        "/basic-inside": f'X-Seen: auth="Basic {b64(b"user:" + raw)}", ok',
+        "/cookie": f"Set-Cookie: session={session}.ZmFrZS1zaWc; Path=/",
+        "/offset": f"X-Token: {b64(b'v1:' + raw + b':x')}",
+    }.get(target, "X-Nothing: 1")
+    return ok(f"{echo}\r\nX-Plain: {b64(b'hello there, nothing secret')}\r\n")
+
+
+encoded_harness = pytest.fixture(harness_for(encoded))
+ENCODED = ["/lower", "/partial", "/double", "/basic-inside", "/cookie", "/offset"]
+
+
+def decoded_forms(text: str) -> list[bytes]:
+    """What a client could make of ``text``: percent-decoded (twice), and every run
+    of base64 characters decoded at each offset, in both alphabets."""
+    forms = [unquote(unquote(text)).encode("latin-1")]
+    for run in re.findall(r"[A-Za-z0-9+/_-]{4,}", text):
+        standard = run.replace("-", "+").replace("_", "/")
+        for offset in range(4):
+            part = standard[offset:]
+            part = part[: len(part) - (len(part) % 4 == 1)]
+            forms.append(base64.b64decode(part + "=" * (-len(part) % 4)))
+    return forms
+
+
+@pytest.mark.parametrize("path", ENCODED)
+def test_an_echo_in_another_encoding_is_hidden(encoded_harness: Harness, path: str) -> None:
+    h = encoded_harness
+    heads = h.curl(path, "-H", f"X-Key: {h.placeholder}")
+    assert_no_real_form(heads)
+    assert all(REAL.encode() not in form for form in decoded_forms(heads)), heads
+    # the twin: the origin got the real value, the client the placeholder in its place
+    assert h.origin.seen[-1][1]["x-key"] == REAL
+    assert any(h.placeholder.encode() in form for form in decoded_forms(heads)), heads
+    assert f"x-plain: {b64(b'hello there, nothing secret')}" in heads  # left as it was
