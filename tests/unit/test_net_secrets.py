@@ -149,11 +149,12 @@ def test_echoed_values_come_back_as_placeholders(hook: SecretsHook) -> None:
     assert values[b"x-echo"] == b"key=" + ph.encode()
     assert base64.b64decode(values[b"x-basic"].split()[1]) == b"u:" + ph.encode()
     assert values[b"location"] == b"/a?k=" + ph.encode()
-    # a request that carried no secret: nothing of one can come back, nothing is scanned
+    # a host no secret goes to: nothing of one can come back, nothing is scanned
+    elsewhere = Destination("run", "https", "other.test", 443)
     plain = Request("GET", "/", [], 0)
-    assert chain.request(Destination("run", "https", "other.test", 443), plain) is None
+    assert chain.request(elsewhere, plain) is None
     untouched = Response(200, [(b"x-echo", b"key=" + REAL)])
-    chain.response(dest, plain, untouched)
+    chain.response(elsewhere, plain, untouched)
     assert untouched.headers == [(b"x-echo", b"key=" + REAL)]
 
 

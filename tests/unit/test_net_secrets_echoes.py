@@ -240,3 +240,34 @@ def test_an_echo_in_another_encoding_is_hidden(encoded_harness: Harness, path: s
     assert h.origin.seen[-1][1]["x-key"] == REAL
     assert any(h.placeholder.encode() in form for form in decoded_forms(heads)), heads
     assert f"x-plain: {b64(b'hello there, nothing secret')}" in heads  # left as it was
+
+
+# -- an origin that remembers --------------------------------------------------------------------
+
+
+def remembering() -> Script:
+    """An origin that keeps the last key it was sent and names it on every later
+    response (a session, a "current key" header), asked for it or not."""
+    kept = {"key": ""}
+
+    def script(target: str, headers: dict[str, str]) -> bytes:
+        kept["key"] = headers.get("x-key", kept["key"])
+        return ok(f"X-Current-Key: {kept['key']}\r\n")
+
+    return script
+
+
+def test_an_echo_on_a_later_request_that_carried_nothing_is_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(tmp_path, remembering(), monkeypatch)
+    try:
+        first = h.curl("/login", "-H", f"X-Key: {h.placeholder}")
+        later = h.curl("/whoami")  # no placeholder, no secret header: nothing went out
+        for heads in (first, later):
+            assert_no_real_form(heads)
+            assert f"x-current-key: {h.placeholder}" in heads, heads
+        # the twin: the origin got the real value once, and nothing the second time
+        assert [seen.get("x-key") for _, seen in h.origin.seen] == [REAL, None]
+    finally:
+        h.close()

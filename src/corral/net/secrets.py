@@ -321,9 +321,11 @@ class SecretsHook(Hook):
         request.headers[:] = seen.rewritten
 
     def on_response(self, dest: Destination, request: Request, response: Response) -> None:
-        if "secrets" not in request.audit:
-            return  # no value went out with this request: none can come back
         plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
+        if not plan.mine:
+            return  # no value ever goes there: none can come back
+        # (whether this request carried one does not matter: an origin keeps what an
+        # earlier one sent, in a session, and may name it on any later response)
         if len(response.reason) >= plan.shortest:  # "401 bad key ..." echoes too
             response.reason = _hide(response.reason, plan.mine)
         for _, value in response.headers:
