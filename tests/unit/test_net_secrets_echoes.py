@@ -163,6 +163,8 @@ def interim(target: str, headers: dict[str, str]) -> bytes:
         return early.encode("latin-1") + ok()
     if target == "/reason":  # a reason phrase that names what was wrong
         return f"HTTP/1.1 401 bad key {key}\r\nContent-Length: 2\r\n\r\nno".encode("latin-1")
+    if target == "/name":  # a header named after it (percent-encoded: a valid name)
+        return ok(f"X-Seen: 1\r\n{quote(key, safe='')}: 1\r\n")
     return ok(f"X-Seen: {key}\r\n")
 
 
@@ -271,3 +273,12 @@ def test_an_echo_on_a_later_request_that_carried_nothing_is_hidden(
         assert [seen.get("x-key") for _, seen in h.origin.seen] == [REAL, None]
     finally:
         h.close()
+
+
+def test_a_header_named_after_the_value_is_dropped(interim_harness: Harness) -> None:
+    h = interim_harness
+    heads = h.curl("/name", "-H", f"X-Key: {h.placeholder}")
+    assert_no_real_form(heads)
+    # the twin: the rest of the response arrives, and the origin got the real value
+    assert heads.startswith("HTTP/1.1 200") and "x-seen: 1" in heads, heads
+    assert h.origin.seen[-1][1]["x-key"] == REAL

@@ -36,6 +36,7 @@ import binascii
 import operator
 import os
 import re
+from itertools import chain
 
 from corral.errors import RefusedError
 from corral.net import http1
@@ -328,14 +329,17 @@ class SecretsHook(Hook):
         # earlier one sent, in a session, and may name it on any later response)
         if len(response.reason) >= plan.shortest:  # "401 bad key ..." echoes too
             response.reason = _hide(response.reason, plan.mine)
-        for _, value in response.headers:
-            if len(value) >= plan.shortest:
+        for name, value in response.headers:
+            if len(value) >= plan.shortest or len(name) >= plan.shortest:
                 break
-        else:  # no value is long enough to hold an echo, in any spelling
+        else:  # no name or value is long enough to hold an echo, in any spelling
             return
-        text = b"\n".join(map(_value, response.headers)).decode("latin-1")  # (_values_text)
+        text = b"\n".join(chain.from_iterable(response.headers)).decode("latin-1")
         if any(map(text.__contains__, plan.echoes)):
-            response.headers[:] = [(k, _hide(v, plan.mine)) for k, v in response.headers]
+            # a header named after the value is no header a client needs: dropped
+            response.headers[:] = [
+                (k, _hide(v, plan.mine)) for k, v in response.headers if _hide(k, plan.mine) == k
+            ]
 
     def _seen(self, dest: Destination, headers: list[tuple[bytes, bytes]]) -> _Seen:
         """What these very headers hold and become on their way to ``dest``, worked
