@@ -149,11 +149,12 @@ def test_echoed_values_come_back_as_placeholders(hook: SecretsHook) -> None:
     assert values[b"x-echo"] == b"key=" + ph.encode()
     assert base64.b64decode(values[b"x-basic"].split()[1]) == b"u:" + ph.encode()
     assert values[b"location"] == b"/a?k=" + ph.encode()
-    # a request that carried no secret: nothing of one can come back, nothing is scanned
+    # a host no secret goes to: nothing of one can come back, nothing is scanned
+    elsewhere = Destination("run", "https", "other.test", 443)
     plain = Request("GET", "/", [], 0)
-    assert chain.request(Destination("run", "https", "other.test", 443), plain) is None
+    assert chain.request(elsewhere, plain) is None
     untouched = Response(200, [(b"x-echo", b"key=" + REAL)])
-    chain.response(dest, plain, untouched)
+    chain.response(elsewhere, plain, untouched)
     assert untouched.headers == [(b"x-echo", b"key=" + REAL)]
 
 
@@ -405,3 +406,41 @@ def test_a_rewrite_after_another_request_uses_its_own_headers(hook: SecretsHook)
     hook.rewrite(dest, second)
     assert first.headers == [(b"x-key", REAL)]
     assert second.headers == [(b"x-other", REAL)]
+
+
+def hidden(h: SecretsHook, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Response headers from api.test after a request that carried API_KEY."""
+    chain = Chain([h])
+    dest = Destination("run", "https", "api.test", 443)
+    req = Request("GET", "/", [(b"x-key", placeholder(h, "API_KEY").encode())], 0)
+    chain.request(dest, req)
+    response = Response(200, list(headers))
+    chain.response(dest, req, response)
+    return response.headers
+
+
+def test_echoes_in_any_url_spelling_are_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORRAL_TEST_REAL", "a key/with+signs")
+    h = SecretsHook(make_policy(tmp_path))
+    h.open()
+    ph = placeholder(h, "API_KEY").encode()
+    for spelled in (b"a+key%2fwith%2Bsigns", b"a%20key/with%2bsigns", b"a%2520key%252Fwith+signs"):
+        assert hidden(h, [(b"location", b"/x?k=" + spelled + b"&n=1")]) == [
+            (b"location", b"/x?k=" + ph + b"&n=1")
+        ]
+    # the twin: a different value in the same spellings is left as it was
+    other = [(b"location", b"/x?k=a+key%2fwith%2Bsign"), (b"link", b"</a%20b>")]
+    assert hidden(h, other) == other
+
+
+def test_base64_cut_short_is_replaced_whole(hook: SecretsHook) -> None:
+    """Base64 that holds most of the value but not all of it cannot be rewritten
+    to hold the placeholder: the run becomes the placeholder."""
+    ph = placeholder(hook, "API_KEY").encode()
+    cut = base64.b64encode(b"ke=" + REAL)[:-4]  # all but the value's last two bytes
+    assert REAL[:-2] in base64.b64decode(cut)
+    assert hidden(hook, [(b"x-token", b"t=" + cut + b"; x")]) == [(b"x-token", b"t=" + ph + b"; x")]
+    whole = base64.b64encode(b"ke=" + REAL)  # the twin: whole, it is rewritten
+    assert hidden(hook, [(b"x-token", whole)]) == [(b"x-token", base64.b64encode(b"ke=" + ph))]

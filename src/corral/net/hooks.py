@@ -45,8 +45,9 @@ Requests (plain HTTP and intercepted HTTPS alike)
        whatever a hook wrote.  What a hook writes is checked as a client's
        request is (a CR/LF or other control byte in a value, a malformed name
        or target: the request is refused, 502, ``rule: rewrite``).
-    3. ``on_response(dest, request, response)``: the response head before the
-       client sees it; may edit ``response.headers`` in place (replace an
+    3. ``on_response(dest, request, response)``: each response head (interim
+       1xx ones included) before the client sees it; may edit
+       ``response.headers`` in place and replace ``response.reason`` (replace an
        echoed real value by its placeholder; framing stays the origin's).  A
        deny here replaces the response with a 403 and drops the upstream
        connection.
@@ -177,14 +178,19 @@ class Request:
 
 
 class Response:
-    """A response head as hooks see it: status and (lower-case name, value) pairs,
-    hop-by-hop ones removed; ``headers`` may be edited in place."""
+    """A response head as hooks see it: status, reason phrase and (lower-case name,
+    value) pairs, hop-by-hop ones removed; ``headers`` may be edited in place and
+    ``reason`` replaced (an origin may write anything there).  An interim (1xx)
+    head is one too: hooks see each before the final one."""
 
-    __slots__ = ("headers", "status", "unchecked")
+    __slots__ = ("headers", "reason", "status", "unchecked")
 
-    def __init__(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(
+        self, status: int, headers: list[tuple[bytes, bytes]], reason: bytes = b""
+    ) -> None:
         self.status = status
         self.headers = headers
+        self.reason = reason
         self.unchecked = True  # as Request.unchecked, set by Chain.response
 
 

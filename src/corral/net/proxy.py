@@ -96,6 +96,14 @@ class Refused(Exception):
         self.refused = refused  # the destination actively refused the connection
 
 
+class _ResponseRefused(Exception):
+    """A response hook denied the head the origin sent (the client gets a 403)."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict.reason)
+        self.verdict = verdict
+
+
 class NoDestination(Exception):
     """A request whose host can be no destination (audited already)."""
 
@@ -825,8 +833,13 @@ class Proxy:
                 status = response.status
                 kind, length = http1.framing(response, request.method)
                 if 100 <= status < 200 and status != 101:
-                    first = response.version + b" " + str(status).encode() + b" " + response.reason
-                    out = http1.serialize_head(first, http1.forwardable(response, kind))
+                    # an interim head (103 Early Hints, 100) may echo what the request
+                    # carried as much as the final one: the hooks see it too
+                    reason, out_headers = response.reason, http1.forwardable(response, kind)
+                    if hooked is not None:
+                        reason, out_headers = self._response_head(dest, hooked, response, kind)
+                    first = response.version + b" " + str(status).encode() + b" " + reason
+                    out = http1.serialize_head(first, out_headers)
                     down += len(out)
                     writer.write(out)
                     response_head = await http1.read_head(upstream.streams()[0])
@@ -838,25 +851,15 @@ class Proxy:
                 raise HttpError(502, "upstream switched protocols without being asked")
             if status == 101 and _tokens(response.get_all(b"upgrade")) != {upgrade}:
                 raise HttpError(502, "upstream switched to a protocol other than websocket")
-            out_headers = http1.forwardable(response, kind)
+            reason, out_headers = response.reason, http1.forwardable(response, kind)
+            if hooked is not None:
+                reason, out_headers = self._response_head(dest, hooked, response, kind)
             if status == 101:
                 out_headers += [(b"connection", b"upgrade"), (b"upgrade", upgrade)]
-            if hooked is not None:
-                seen = Response(status, list(out_headers))
-                refused_response = self.chain.response(dest, hooked, seen)
-                if refused_response is not None and not refused_response.allowed:
-                    upstream.close()
-                    self.log(dest, refused_response, 403, up, 0, started, upstream.address, extra)
-                    await _send_denial(writer, 403, refused_response, dest.host, dest.port)
-                    return request.keep_alive(), None
-                if seen.unchecked:
-                    out_headers = http1.refit(seen.headers, out_headers, 502)
-                else:
-                    out_headers = seen.headers
             keep = kind != "close" and request.keep_alive()
             if not keep and status != 101:  # say so: a client must not reuse it
                 out_headers.append((b"connection", b"close"))
-            first = response.version + b" " + str(status).encode() + b" " + response.reason
+            first = response.version + b" " + str(status).encode() + b" " + reason
             out = http1.serialize_head(first, out_headers)
             down += len(out)
             if status == 101:  # decided: from here on, bytes both ways, unhooked
@@ -875,6 +878,11 @@ class Proxy:
                 upstream.close()
                 return False, None
             down += await http1.copy_body(upstream.streams()[0], writer, kind, length, out)
+        except _ResponseRefused as exc:
+            upstream.close()
+            self.log(dest, exc.verdict, 403, up, 0, started, upstream.address, extra)
+            await _send_denial(writer, 403, exc.verdict, dest.host, dest.port)
+            return request.keep_alive(), None
         except HttpError as exc:
             refused = verdict
             if exc.status == 413 and hooked is not None:
@@ -897,6 +905,23 @@ class Proxy:
             upstream.close()
             upstream = None
         return keep, upstream
+
+    def _response_head(
+        self, dest: Destination, hooked: Request, response: http1.Message, kind: str
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """A response head (interim or final) after the request hooks' on_response:
+        its reason phrase and headers, checked unless every hook vouches for what it
+        writes; _ResponseRefused when a hook denies it."""
+        headers = http1.forwardable(response, kind)
+        seen = Response(response.status, list(headers), response.reason)
+        refused = self.chain.response(dest, hooked, seen)
+        if refused is not None and not refused.allowed:
+            raise _ResponseRefused(refused)
+        if not seen.unchecked:
+            return seen.reason, seen.headers
+        if not http1.CONTROL.isdisjoint(seen.reason):
+            raise HttpError(502, "a rule produced a control character in a reason phrase")
+        return seen.reason, http1.refit(seen.headers, headers, 502)
 
     async def _decide_request(
         self, dest: Destination, request: Request, verdict: Verdict

@@ -11,8 +11,10 @@ bits, new for each run).  The proxy, on the host, holds the real value:
   on every request to those hosts, whatever the client sent;
 * a placeholder on its way to any other host, in any of those places (a
   percent-encoded one too), denies the request (``secret-wrong-host``);
-* a response header that echoes the value reaches the client with the
-  placeholder instead.
+* a response header (of an interim 1xx head too) or reason phrase that echoes
+  the value reaches the client with the placeholder instead: the value as it
+  is, percent-encoded however an origin spells it, or inside base64 at any
+  offset (:func:`_hide`).
 
 What the proxy does not see: request and response *bodies* (a body that
 carries the value is not rewritten, either way) and anything inside a tunnel
@@ -34,6 +36,7 @@ import binascii
 import operator
 import os
 import re
+from itertools import chain
 
 from corral.errors import RefusedError
 from corral.net import http1
@@ -68,7 +71,17 @@ class Loaded:
     Its repr never shows the value (an exception or a debugger printing it must
     not leak it)."""
 
-    __slots__ = ("encoded", "header", "header_value", "hosts", "name", "placeholder", "value")
+    __slots__ = (
+        "_spelled",
+        "cores",
+        "encoded",
+        "header",
+        "header_value",
+        "hosts",
+        "name",
+        "placeholder",
+        "value",
+    )
 
     def __init__(self, secret: Secret, value: bytes, placeholder: str) -> None:
         self.name = secret.name
@@ -78,7 +91,15 @@ class Loaded:
         self.hosts = [Rule(h) for h in secret.hosts]
         self.header = secret.header.encode()
         self.header_value = secret.format.encode().replace(b"{value}", value)
+        self.cores = _base64_cores(value)
+        self._spelled: re.Pattern[bytes] | None = None  # made where it is used: a worker
         _check_fit(self)
+
+    def spelled(self) -> re.Pattern[bytes]:
+        """The value as URL encoders write it back (:func:`_spellings`)."""
+        if self._spelled is None:
+            self._spelled = _spellings(self.value)
+        return self._spelled
 
     def allowed_to(self, host: str, port: int) -> bool:
         return any(covers(rule, host, port) for rule in self.hosts)
@@ -107,6 +128,38 @@ def _check_fit(secret: Loaded) -> None:
 
 def _percent_encode(value: bytes) -> bytes:
     return b"".join(bytes([b]) if b in _UNRESERVED else b"%%%02X" % b for b in value)
+
+
+def _spellings(value: bytes) -> re.Pattern[bytes]:
+    """The value however an origin's URL encoder writes it back into a header (a
+    redirect's Location, a Link): each byte as itself or %XX, the hex digits in
+    either case, %25XX when encoded twice, a space also as '+'."""
+    parts = []
+    for byte in value:
+        high, low = f"{byte:02X}"[0], f"{byte:02X}"[1]
+        escape = f"%(?:25)?[{high}{high.lower()}][{low}{low.lower()}]"
+        plus = r"|\+" if byte == 0x20 else ""
+        parts.append(f"(?:{re.escape(chr(byte))}|{escape}{plus})")
+    return re.compile("".join(parts).encode("latin-1"))
+
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_STANDARD = bytes.maketrans(b"-_", b"+/")
+_BASE64 = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_")
+MIN_CORE = 8  # shorter base64 would turn up by chance in any cookie
+
+
+def _base64_cores(value: bytes) -> list[bytes]:
+    """What base64 of anything holding the value holds, wherever the value starts
+    within a 3-byte group (Basic credentials, a JSON session cookie, a token): the
+    characters that encode its own bytes only, in both alphabets."""
+    cores = set()
+    for offset in range(3):
+        whole = value[offset : offset + (len(value) - offset) // 3 * 3]
+        core = base64.b64encode(whole)
+        if len(core) >= MIN_CORE:
+            cores |= {core, core.translate(_URLSAFE)}
+    return sorted(cores)
 
 
 def read_value(secret: Secret, policy: Policy) -> bytes:
@@ -185,7 +238,8 @@ class SecretsHook(Hook):
     # replaced by values without a control byte, Basic credentials re-encoded, the
     # header of a secret (its name and format checked in _check_fit); a target
     # with placeholders replaced by percent-encoded values; what on_response
-    # writes: placeholders in place of values, Basic credentials re-encoded
+    # writes: placeholders (unreserved characters only) in place of values in header
+    # values and the reason phrase, and base64 re-encoded around them
     writes_checked = True
 
     def __init__(self, policy: Policy) -> None:
@@ -268,17 +322,24 @@ class SecretsHook(Hook):
         request.headers[:] = seen.rewritten
 
     def on_response(self, dest: Destination, request: Request, response: Response) -> None:
-        if "secrets" not in request.audit:
-            return  # no value went out with this request: none can come back
         plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
-        for _, value in response.headers:
-            if len(value) >= plan.shortest:
+        if not plan.mine:
+            return  # no value ever goes there: none can come back
+        # (whether this request carried one does not matter: an origin keeps what an
+        # earlier one sent, in a session, and may name it on any later response)
+        if len(response.reason) >= plan.shortest:  # "401 bad key ..." echoes too
+            response.reason = _hide(response.reason, plan.mine)
+        for name, value in response.headers:
+            if len(value) >= plan.shortest or len(name) >= plan.shortest:
                 break
-        else:  # no value is long enough to hold an echo, even inside Basic credentials
+        else:  # no name or value is long enough to hold an echo, in any spelling
             return
-        text = b"\n".join(map(_value, response.headers)).decode("latin-1")  # (_values_text)
-        if "basic " in text.lower() or any(map(text.__contains__, plan.echoes)):
-            response.headers[:] = [(k, _hide(v, plan.pairs)) for k, v in response.headers]
+        text = b"\n".join(chain.from_iterable(response.headers)).decode("latin-1")
+        if any(map(text.__contains__, plan.echoes)):
+            # a header named after the value is no header a client needs: dropped
+            response.headers[:] = [
+                (k, _hide(v, plan.mine)) for k, v in response.headers if _hide(k, plan.mine) == k
+            ]
 
     def _seen(self, dest: Destination, headers: list[tuple[bytes, bytes]]) -> _Seen:
         """What these very headers hold and become on their way to ``dest``, worked
@@ -338,7 +399,6 @@ class _HostPlan:
         "header_pairs",
         "mine",
         "names",
-        "pairs",
         "shortest",
     )
 
@@ -350,13 +410,14 @@ class _HostPlan:
         self.header_names = sorted({s.name for s in with_header})
         self.header_keys = frozenset(s.header for s in with_header)
         self.header_pairs = [(s.header, s.header_value) for s in with_header]
-        # (real form, placeholder): what an echo in a response is turned back into
-        self.pairs = [(s.value, s.placeholder) for s in mine]
-        self.pairs += [(s.encoded, s.placeholder) for s in mine if s.encoded != s.value]
-        self.echoes = [real.decode("latin-1") for real, _ in self.pairs]  # (as text)
-        # a header value shorter than every real form cannot hold one; nor can Basic
-        # credentials, whose base64 is longer than what it encodes (no pair: no echo)
-        self.shortest = min((len(real) for real, _ in self.pairs), default=1 << 62)
+        # what a response header holding an echo holds (as text): the value, the
+        # base64 of its bytes, or the escape that starts a percent-encoded byte
+        # (" " as "+" too); _hide then finds each spelling
+        echoes = {s.value for s in mine} | {c for s in mine for c in s.cores}
+        self.shortest = min(map(len, echoes), default=1 << 62)  # no value: no echo
+        if mine:
+            echoes |= {b"%", b"+"} if any(b" " in s.value for s in mine) else {b"%"}
+        self.echoes = [e.decode("latin-1") for e in sorted(echoes)]
 
     def rewrite(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """Headers with this host's values in place of placeholders, and each
@@ -400,16 +461,41 @@ def _swap(key: bytes, value: bytes, secrets: list[Loaded]) -> bytes:
     return value
 
 
-def _hide(value: bytes, pairs: list[tuple[bytes, bytes]]) -> bytes:
-    """A response header value with any real value (raw, as it went into a path, or
-    inside Basic credentials) replaced by its placeholder."""
-    for real, placeholder in pairs:
-        if real in value:
-            value = value.replace(real, placeholder)
-    if value[:1] in (b"B", b"b"):
-        decoded = _basic(value)
-        if decoded is not None and any(real in decoded for real, _ in pairs):
-            for real, placeholder in pairs:
-                decoded = decoded.replace(real, placeholder)
-            value = b"Basic " + base64.b64encode(decoded)
+def _hide(value: bytes, secrets: list[Loaded]) -> bytes:
+    """A response header value (or reason phrase) with each of the secrets' values
+    replaced by its placeholder: as it is, percent-encoded in any way, and inside
+    base64 (Basic credentials, a session cookie, a token)."""
+    for secret in secrets:
+        value = secret.spelled().sub(secret.placeholder, value)
+        for core in secret.cores:
+            for _ in range(value.count(core)):
+                value = _hide_in_base64(value, value.find(core), core, secret)
     return value
+
+
+def _hide_in_base64(value: bytes, at: int, core: bytes, secret: Loaded) -> bytes:
+    """``value`` with the base64 run holding ``core`` at ``at`` decoded, the secret
+    replaced by its placeholder and encoded again in the run's own alphabet; a run
+    that does not hold the whole value (cut short) becomes the placeholder."""
+    start, end = at, at + len(core)
+    while start and value[start - 1] in _BASE64:
+        start -= 1
+    start += (at - start) % 4  # a word glued before it is not part of its groups
+    while end < len(value) and value[end] in _BASE64:
+        end += 1
+    body = value[start:end]
+    body = body[: len(body) - (len(body) % 4 == 1)]  # a lone last character holds no byte
+    padding = len(value[end : end + 2]) - len(value[end : end + 2].lstrip(b"="))
+    padded = padding > 0 and start + len(body) == end
+    stop = end + padding if padded else start + len(body)
+    standard = body.translate(_STANDARD)
+    decoded = base64.b64decode(standard + b"=" * (-len(standard) % 4))
+    hidden = secret.spelled().sub(secret.placeholder, decoded)
+    if hidden == decoded:
+        return value[:start] + secret.placeholder + value[stop:]
+    out = base64.b64encode(hidden)
+    if standard != body:  # the URL-safe alphabet (a JWT, a signed cookie)
+        out = out.translate(_URLSAFE)
+        if not padded:
+            out = out.rstrip(b"=")
+    return value[:start] + out + value[stop:]

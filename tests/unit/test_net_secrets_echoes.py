@@ -1,0 +1,284 @@
+"""A real value echoed back by its own host never reaches the client: the real
+``Proxy`` in a thread with ``[secrets]``, curl as the client and a scripted
+origin on 127.0.0.1 that echoes the value it received in the places a response
+head can hold it.  Evidence is what curl printed (every head it saw, interim
+ones included) and what reached the origin (the real value: the twin)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+import pytest
+
+from corral.net import aio
+from corral.net.audit import Audit
+from corral.net.hooks import Chain, HostRulesHook
+from corral.net.proxy import Proxy, run_loop
+from corral.net.rules import HostRules
+from corral.net.secrets import SecretsHook
+from corral.policy import Policy, Secret
+
+# '/', '+', '=' and '~' are written differently by each URL encoder
+REAL = "sk/real+key=9f8e~7d6c5b4a"
+CURL = ["curl", "-sS", "--max-time", "10", "-D", "-", "-o", "/dev/null"]
+
+Script = Callable[[str, dict[str, str]], bytes]
+
+
+class Origin:
+    """Answers each request with what ``script`` makes of its target and headers,
+    keeping (target, headers) of everything that arrived."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port: int = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buffer = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, buffer = buffer.partition(b"\r\n\r\n")  # (requests without a body)
+                lines = head.decode("latin-1").split("\r\n")
+                target = lines[0].split(" ")[1]
+                headers = {}
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                self.seen.append((target, headers))
+                conn.sendall(self.script(target, headers))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Harness:
+    """The origin (the secret's host) and a second one, a proxy for both whose
+    secret K may go to the first only."""
+
+    def __init__(self, tmp: Path, script: Script, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.origin, self.other = Origin(script), Origin(script)
+        monkeypatch.setenv("CORRAL_TEST_ECHO_REAL", REAL)
+        policy = Policy(str(tmp))
+        policy.network.mode = "proxy"
+        policy.secrets = {
+            "K": Secret("K", "env:CORRAL_TEST_ECHO_REAL", [f"127.0.0.1:{self.origin.port}"])
+        }
+        hook = SecretsHook(policy)
+        hook.open()
+        self.placeholder = hook.sandbox_env()["K"]
+        chain = Chain([HostRulesHook(HostRules.parse(["127.0.0.1"], [])), hook])
+        self.audit = Audit(str(tmp / "net.jsonl"))
+        self.proxy = Proxy(chain, self.audit)
+        ready = threading.Event()
+        self.port = 0
+
+        async def main() -> None:
+            self._loop = aio.get_running_loop()
+            self._stop = aio.Event()
+            server = await self.proxy.serve_tcp("127.0.0.1", 0, "run-echo")
+            self.port = server.sockets[0].getsockname()[1]
+            ready.set()
+            await self._stop.wait()
+            server.close()
+
+        self._thread = threading.Thread(target=run_loop, args=(main(),), daemon=True)
+        self._thread.start()
+        assert ready.wait(10)
+
+    def curl(self, path: str, *args: str, origin: Origin | None = None) -> str:
+        """Every response head curl saw for ``path`` (interim ones too)."""
+        url = f"http://127.0.0.1:{(origin or self.origin).port}{path}"
+        out = subprocess.run(
+            [*CURL, "-x", f"http://127.0.0.1:{self.port}", *args, url],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(5)
+        self.origin.close()
+        self.other.close()
+        self.audit.close()
+
+
+def harness_for(script: Script) -> Callable[[Path, pytest.MonkeyPatch], Iterator[Harness]]:
+    def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+        h = Harness(tmp_path, script, monkeypatch)
+        try:
+            yield h
+        finally:
+            h.close()
+
+    return make
+
+
+def assert_no_real_form(text: str) -> None:
+    """Neither the value nor any of its encodings a client could undo."""
+    assert REAL not in text
+    assert quote(REAL, safe="").lower() not in text.lower()
+
+
+def ok(extra: str = "") -> bytes:
+    return f"HTTP/1.1 200 OK\r\n{extra}Content-Length: 2\r\n\r\nok".encode("latin-1")
+
+
+# -- interim responses and the status line ------------------------------------------------------
+
+
+def interim(target: str, headers: dict[str, str]) -> bytes:
+    """The value the request carried, echoed where the final head's hiding never looked."""
+    key = headers.get("x-key", "")
+    if target == "/early":  # 103 Early Hints (a Link header naming the request's query)
+        early = f"HTTP/1.1 103 Early Hints\r\nLink: </style.css?k={key}>\r\n\r\n"
+        return early.encode("latin-1") + ok()
+    if target == "/reason":  # a reason phrase that names what was wrong
+        return f"HTTP/1.1 401 bad key {key}\r\nContent-Length: 2\r\n\r\nno".encode("latin-1")
+    if target == "/name":  # a header named after it (percent-encoded: a valid name)
+        return ok(f"X-Seen: 1\r\n{quote(key, safe='')}: 1\r\n")
+    return ok(f"X-Seen: {key}\r\n")
+
+
+interim_harness = pytest.fixture(harness_for(interim))
+
+
+def test_interim_heads_and_reason_phrases_hide_the_value(interim_harness: Harness) -> None:
+    h = interim_harness
+    for path, status in (("/early", "200"), ("/reason", "401"), ("/final", "200")):
+        heads = h.curl(path, "-H", f"X-Key: {h.placeholder}")
+        assert_no_real_form(heads)
+        assert h.placeholder in heads, heads  # the echo is there, as the placeholder
+        final = [line for line in heads.splitlines() if line.startswith("HTTP/")][-1]
+        assert final.startswith("HTTP/1.1 " + status), heads
+    # the twin: the origin got the real value each time, and the 103 reached the client
+    assert [seen["x-key"] for _, seen in h.origin.seen] == [REAL] * 3
+    assert "HTTP/1.1 103" in h.curl("/early", "-H", f"X-Key: {h.placeholder}")
+
+
+def test_placeholder_for_another_host_is_still_denied(interim_harness: Harness) -> None:
+    h = interim_harness
+    heads = h.curl("/early", "-H", f"X-Key: {h.placeholder}", origin=h.other)
+    assert heads.startswith("HTTP/1.1 403") and h.other.seen == []
+
+
+# -- the value in other encodings ----------------------------------------------------------------
+
+
+def b64(data: bytes, urlsafe: bool = False) -> str:
+    return (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(data).decode()
+
+
+def encoded(target: str, headers: dict[str, str]) -> bytes:
+    """The value the request carried, as origins write it back: in a redirect encoded
+    by their own URL encoder, in Basic credentials inside another header, base64
+    inside a session cookie (urlsafe, unpadded, signed) or at an odd offset."""
+    key = headers.get("x-key", "")
+    raw = key.encode("latin-1")
+    session = b64(json.dumps({"api_key": key}).encode(), urlsafe=True).rstrip("=")
+    echo = {
+        "/lower": f"Location: /next?k={quote(key, safe='').lower()}",
+        "/partial": f"Location: /next?k={quote(key, safe='/')}",
+        "/double": f"Location: /next?k={quote(quote(key, safe=''), safe='')}",
+        "/basic-inside": f'X-Seen: auth="Basic {b64(b"user:" + raw)}", ok',
+        "/cookie": f"Set-Cookie: session={session}.ZmFrZS1zaWc; Path=/",
+        "/offset": f"X-Token: {b64(b'v1:' + raw + b':x')}",
+    }.get(target, "X-Nothing: 1")
+    return ok(f"{echo}\r\nX-Plain: {b64(b'hello there, nothing secret')}\r\n")
+
+
+encoded_harness = pytest.fixture(harness_for(encoded))
+ENCODED = ["/lower", "/partial", "/double", "/basic-inside", "/cookie", "/offset"]
+
+
+def decoded_forms(text: str) -> list[bytes]:
+    """What a client could make of ``text``: percent-decoded (twice), and every run
+    of base64 characters decoded at each offset, in both alphabets."""
+    forms = [unquote(unquote(text)).encode("latin-1")]
+    for run in re.findall(r"[A-Za-z0-9+/_-]{4,}", text):
+        standard = run.replace("-", "+").replace("_", "/")
+        for offset in range(4):
+            part = standard[offset:]
+            part = part[: len(part) - (len(part) % 4 == 1)]
+            forms.append(base64.b64decode(part + "=" * (-len(part) % 4)))
+    return forms
+
+
+@pytest.mark.parametrize("path", ENCODED)
+def test_an_echo_in_another_encoding_is_hidden(encoded_harness: Harness, path: str) -> None:
+    h = encoded_harness
+    heads = h.curl(path, "-H", f"X-Key: {h.placeholder}")
+    assert_no_real_form(heads)
+    assert all(REAL.encode() not in form for form in decoded_forms(heads)), heads
+    # the twin: the origin got the real value, the client the placeholder in its place
+    assert h.origin.seen[-1][1]["x-key"] == REAL
+    assert any(h.placeholder.encode() in form for form in decoded_forms(heads)), heads
+    assert f"x-plain: {b64(b'hello there, nothing secret')}" in heads  # left as it was
+
+
+# -- an origin that remembers --------------------------------------------------------------------
+
+
+def remembering() -> Script:
+    """An origin that keeps the last key it was sent and names it on every later
+    response (a session, a "current key" header), asked for it or not."""
+    kept = {"key": ""}
+
+    def script(target: str, headers: dict[str, str]) -> bytes:
+        kept["key"] = headers.get("x-key", kept["key"])
+        return ok(f"X-Current-Key: {kept['key']}\r\n")
+
+    return script
+
+
+def test_an_echo_on_a_later_request_that_carried_nothing_is_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(tmp_path, remembering(), monkeypatch)
+    try:
+        first = h.curl("/login", "-H", f"X-Key: {h.placeholder}")
+        later = h.curl("/whoami")  # no placeholder, no secret header: nothing went out
+        for heads in (first, later):
+            assert_no_real_form(heads)
+            assert f"x-current-key: {h.placeholder}" in heads, heads
+        # the twin: the origin got the real value once, and nothing the second time
+        assert [seen.get("x-key") for _, seen in h.origin.seen] == [REAL, None]
+    finally:
+        h.close()
+
+
+def test_a_header_named_after_the_value_is_dropped(interim_harness: Harness) -> None:
+    h = interim_harness
+    heads = h.curl("/name", "-H", f"X-Key: {h.placeholder}")
+    assert_no_real_form(heads)
+    # the twin: the rest of the response arrives, and the origin got the real value
+    assert heads.startswith("HTTP/1.1 200") and "x-seen: 1" in heads, heads
+    assert h.origin.seen[-1][1]["x-key"] == REAL
