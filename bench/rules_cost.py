@@ -106,10 +106,11 @@ def _policy(variant: str, origin_ca: str) -> object:
             {"host": HOST, "paths": ["/api/admin/**"], "action": "deny"},
         ]
     if variant.endswith("rules"):
+        hosts = [f"{HOST}:1-65535"]  # ports named: plain HTTP too (a bare name is HTTPS only)
         policy.secrets = {
-            "KEY": Secret("KEY", "env:BENCH_REAL_KEY", [HOST]),
+            "KEY": Secret("KEY", "env:BENCH_REAL_KEY", hosts),
             "TOKEN": Secret(
-                "TOKEN", "env:BENCH_REAL_KEY", [HOST], "authorization", "Bearer {value}"
+                "TOKEN", "env:BENCH_REAL_KEY", hosts, "authorization", "Bearer {value}"
             ),
         }
     return policy

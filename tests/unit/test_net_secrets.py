@@ -314,7 +314,7 @@ def test_headers_too_long_to_keep_are_still_decided(hook: SecretsHook) -> None:
     assert allowed is False
     _, req, _ = exchange(hook, "api.test", "/", big)
     assert req.headers[-1] == (b"x-api-key", REAL)
-    assert all(sum(len(v) for _, v in key[2]) < 5000 for key in hook._headers)
+    assert all(sum(len(v) for _, v in key[3]) < 5000 for key in hook._headers)
 
 
 def test_what_the_hook_writes_needs_no_check_of_its_own(hook: SecretsHook) -> None:
@@ -444,3 +444,39 @@ def test_base64_cut_short_is_replaced_whole(hook: SecretsHook) -> None:
     assert hidden(hook, [(b"x-token", b"t=" + cut + b"; x")]) == [(b"x-token", b"t=" + ph + b"; x")]
     whole = base64.b64encode(b"ke=" + REAL)  # the twin: whole, it is rewritten
     assert hidden(hook, [(b"x-token", whole)]) == [(b"x-token", base64.b64encode(b"ke=" + ph))]
+
+
+def test_a_secret_goes_over_plain_http_only_where_its_hosts_name_a_port(
+    hook: SecretsHook, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "api.test" means its HTTPS: a sandbox asking for http://api.test:80 must not
+    have the key sent in clear text.  Twins: the same request over HTTPS, and
+    plain HTTP where the entry names a port ("bearer.test:443")."""
+    ph = placeholder(hook, "API_KEY")
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), hook])
+    plain = Destination("run", "http", "api.test", 80)
+    req = Request("GET", f"/?k={ph}", [(b"x-api-key", ph.encode())], 0)
+    verdict = chain.request(plain, req)
+    assert verdict is not None and not verdict.allowed and verdict.rule == "secret-plain-http"
+    assert "API_KEY goes to api.test over HTTPS only" in verdict.reason
+    _, over_tls, _ = exchange(hook, "api.test", "/", [(b"x-api-key", ph.encode())])
+    assert over_tls.headers == [(b"x-api-key", REAL)]
+    named = Destination("run", "http", "bearer.test", 443)
+    req = Request("GET", "/", [], 0)
+    assert chain.request(named, req) is None
+    chain.rewrite(named, req)
+    assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL)]
+    # a header to set goes over HTTPS only too, for an entry without a port
+    policy = make_policy(tmp_path)
+    policy.secrets["BEARER"].hosts = ["bearer.test"]
+    portless = SecretsHook(policy)
+    portless.open()
+    both = Chain([HostRulesHook(HostRules.parse(["*"], [])), portless])
+    req = Request("GET", "/", [], 0)
+    assert both.request(Destination("run", "http", "bearer.test", 80), req) is None
+    both.rewrite(Destination("run", "http", "bearer.test", 80), req)
+    assert req.headers == [] and req.audit == {}
+    req = Request("GET", "/", [], 0)
+    both.request(Destination("run", "https", "bearer.test", 443), req)
+    both.rewrite(Destination("run", "https", "bearer.test", 443), req)
+    assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL)]

@@ -53,6 +53,7 @@ PREFIX = b"corral-secret-"
 PREFIX_TEXT = PREFIX.decode()
 MAX_VALUE = 8 * 1024  # a credential, not a document; it has to fit in a header
 WRONG_HOST = "secret-wrong-host"
+PLAIN_HTTP = "secret-plain-http"
 # bytes a value keeps when it goes into a path or a query; the rest is percent-encoded
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 # Headers longer than this in all are worked out afresh for each request: the cache
@@ -101,8 +102,14 @@ class Loaded:
             self._spelled = _spellings(self.value)
         return self._spelled
 
-    def allowed_to(self, host: str, port: int) -> bool:
-        return any(covers(rule, host, port) for rule in self.hosts)
+    def allowed_to(self, host: str, port: int, plain: bool = False) -> bool:
+        """Whether the value may go to (host, port); over plain HTTP (``plain``)
+        only by an entry that names a port: "api.test" means its HTTPS, so a
+        sandbox cannot have the key sent in clear text to http://api.test:80."""
+        return any(
+            covers(rule, host, port) and (not plain or rule.ports is not None)
+            for rule in self.hosts
+        )
 
     def __repr__(self) -> str:
         return f"<secret {self.name}>"
@@ -246,8 +253,8 @@ class SecretsHook(Hook):
         self.policy = policy  # nothing is read here: see open()
         self.secrets: list[Loaded] = []
         self._find = _NOTHING.findall  # every placeholder of this run in some text
-        self._headers: dict[tuple[str, int, tuple[tuple[bytes, bytes], ...]], _Seen] = {}
-        self._by_host: dict[tuple[str, int], _HostPlan] = {}
+        self._headers: dict[tuple[str, int, bool, tuple[tuple[bytes, bytes], ...]], _Seen] = {}
+        self._by_host: dict[tuple[str, int, bool], _HostPlan] = {}
         # the request on_request last looked at, and what its headers hold: rewrite
         # of that same request (the usual next call) needs no second lookup
         self._last: tuple[Request | None, _Seen | None] = (None, None)
@@ -281,15 +288,18 @@ class SecretsHook(Hook):
     def sees_requests_to(self, host: str, port: int) -> bool:
         return bool(self.policy.secrets)  # any host: a placeholder must not go there
 
-    def for_host(self, host: str, port: int) -> _HostPlan:
-        key = (host, port)
+    def for_host(self, host: str, port: int, plain: bool = False) -> _HostPlan:
+        """What requests to (host, port) need, over HTTPS or plain HTTP (``plain``)."""
+        key = (host, port, plain)
         found = self._by_host.get(key)
         if found is None:
             if len(self._by_host) >= self.CACHE_SIZE:
                 self._by_host.clear()
-            found = self._by_host[key] = _HostPlan(
-                [s for s in self.secrets if s.allowed_to(host, port)], self.secrets
-            )
+            mine = [s for s in self.secrets if s.allowed_to(host, port, plain)]
+            https_only = [
+                s.name for s in self.secrets if plain and s not in mine and s.allowed_to(host, port)
+            ]
+            found = self._by_host[key] = _HostPlan(mine, self.secrets, https_only)
         return found
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
@@ -322,7 +332,10 @@ class SecretsHook(Hook):
         request.headers[:] = seen.rewritten
 
     def on_response(self, dest: Destination, request: Request, response: Response) -> None:
-        plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
+        # (over HTTPS or not: a value sent before over HTTPS can come back in clear)
+        plan = self._by_host.get((dest.host, dest.port, False)) or self.for_host(
+            dest.host, dest.port
+        )
         if not plan.mine:
             return  # no value ever goes there: none can come back
         # (whether this request carried one does not matter: an origin keeps what an
@@ -346,10 +359,13 @@ class SecretsHook(Hook):
         out once: a keep-alive client sends the same headers request after
         request, and hashing them is cheaper than the scans (the key is the
         headers themselves, so a hit is exact)."""
-        key = (dest.host, dest.port, tuple(headers))
+        plain = dest.scheme != "https"
+        key = (dest.host, dest.port, plain, tuple(headers))
         seen = self._headers.get(key)
         if seen is None:
-            plan = self._by_host.get((dest.host, dest.port)) or self.for_host(dest.host, dest.port)
+            plan = self._by_host.get((dest.host, dest.port, plain)) or self.for_host(
+                dest.host, dest.port, plain
+            )
             seen = _Seen(plan, dest.host, self._in_headers(headers))
             if sum(len(k) + len(v) for k, v in headers) <= CACHED_HEADERS:
                 if len(self._headers) >= self.CACHE_SIZE:
@@ -397,13 +413,17 @@ class _HostPlan:
         "header_keys",
         "header_names",
         "header_pairs",
+        "https_only",
         "mine",
         "names",
         "shortest",
     )
 
-    def __init__(self, mine: list[Loaded], all_secrets: list[Loaded]) -> None:
+    def __init__(
+        self, mine: list[Loaded], all_secrets: list[Loaded], https_only: list[str] | None = None
+    ) -> None:
         self.mine = mine  # the secrets that may go there
+        self.https_only = frozenset(https_only or ())  # names: there, but only over HTTPS
         self.allowed = frozenset(s.placeholder.decode() for s in mine)
         self.names = {s.placeholder.decode(): s.name for s in all_secrets}
         with_header = [s for s in mine if s.header]
@@ -434,6 +454,12 @@ class _HostPlan:
         wrong = sorted({self.names[p] for p in found if p not in self.allowed})
         if not wrong:
             return names, None
+        if set(wrong) <= self.https_only:
+            reason = (
+                f"secret {', '.join(wrong)} goes to {host} over HTTPS only "
+                "(a port in its hosts allows plain HTTP there)"
+            )
+            return names, Verdict(False, PLAIN_HTTP, reason)
         reason = f"secret {', '.join(wrong)} may not be sent to {host}"
         return names, Verdict(False, WRONG_HOST, reason)
 
