@@ -859,3 +859,85 @@ def test_an_acl_cannot_open_up_a_file_outside_the_workspace(
     assert "acl=err:" in out and "xattr=err:" in out, r
     if c.has("host-root"):  # (containers: the file outside is not there at all)
         assert "read=mine" in out, r
+
+
+# --- inode flags and attributes: ioctls Landlock does not govern --------------------
+
+# Runs inside: sets inode flags (FS_IOC_SETFLAGS), the generation number
+# (FS_IOC_SETVERSION), extended flags (FS_IOC_FSSETXATTR) and, since Linux 6.17,
+# the same by path (file_setattr) on the file named, opened read-only: the kernel
+# asks only for ownership, not for a writable descriptor.
+INODE_FLAGS_PROBE = r"""
+import ctypes, errno, fcntl, os, struct, sys
+target = sys.argv[1]
+NODUMP, XFLAG_NOATIME = 0x40, 0x40
+def attempt(what, act):
+    try:
+        act()
+        print(what + "=ok")
+    except OSError as e:
+        print(f"{what}=err:{e.errno}")
+fd = os.open(target, os.O_RDONLY)
+flags = struct.unpack("<q", fcntl.ioctl(fd, 0x80086601, bytes(8)))[0]  # FS_IOC_GETFLAGS
+print(f"getflags={flags:#x}")
+attempt("setflags", lambda: fcntl.ioctl(fd, 0x40086602, struct.pack("<q", flags | NODUMP)))
+attempt("setversion", lambda: fcntl.ioctl(fd, 0x40087602, struct.pack("<q", 4242)))
+attempt("ext4-setversion", lambda: fcntl.ioctl(fd, 0x40086604, struct.pack("<q", 4343)))
+xattr = bytearray(fcntl.ioctl(fd, 0x801C581F, bytes(28)))  # FS_IOC_FSGETXATTR
+xattr[0:4] = struct.pack("<I", struct.unpack("<I", xattr[0:4])[0] | XFLAG_NOATIME)
+attempt("fssetxattr", lambda: fcntl.ioctl(fd, 0x401C5820, bytes(xattr)))
+libc = ctypes.CDLL(None, use_errno=True)
+attr = ctypes.create_string_buffer(struct.pack("<QIIII", XFLAG_NOATIME, 0, 0, 0, 0))
+def file_setattr():  # file_setattr(AT_FDCWD, path, attr, size, 0)
+    if libc.syscall(469, -100, target.encode(), attr, ctypes.c_size_t(24), 0) < 0:
+        raise OSError(ctypes.get_errno(), "file_setattr")
+attempt("file_setattr", file_setattr)
+print("read=" + open(target).read().strip())
+"""
+
+
+def inode_state(path: Path) -> tuple[int, int]:
+    """(inode flags, generation number) of ``path``, read on the host."""
+    import struct
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        flags = fcntl.ioctl(fd, 0x80086601, bytes(8))  # FS_IOC_GETFLAGS
+        version = fcntl.ioctl(fd, 0x80087601, bytes(8))  # FS_IOC_GETVERSION
+    finally:
+        os.close(fd)
+    return struct.unpack("<q", flags)[0], struct.unpack("<q", version)[0]
+
+
+def test_inode_flags_outside_the_workspace_cannot_be_set(tsandbox: tuple[Corral, Path]) -> None:
+    """Landlock governs device ioctls only, and setting a file's inode flags,
+    extended flags or generation number asks the kernel for ownership, not for a
+    writable descriptor: on the landlock tier a command once marked the user's
+    files outside the workspace nodump (skipped by backups), noatime and sync,
+    and changed their generation (NFS handles), through a read-only open.
+    Twin: the flags still read, and (namespace) they can be set in the workspace."""
+    c, ws = tsandbox
+    outside = c.base / "outside-flags"
+    outside.mkdir()
+    private = outside / "mine.txt"
+    private.write_text("mine\n")
+    c.chown(outside, ws)
+    before = inode_state(private)
+    r = c.run(["run", "-q", "--", "python3", "-c", INODE_FLAGS_PROBE, str(private)], cwd=ws)
+    out = lines(r.stdout)
+    assert inode_state(private) == before, r
+    if not c.has("host-root"):
+        return  # (containers: the file outside is not there at all)
+    assert r.returncode == 0, r
+    for what in ("setflags", "setversion", "ext4-setversion", "fssetxattr"):
+        assert out[what].startswith("err:"), (what, r)
+    assert out["file_setattr"].startswith("err:"), r
+    assert out["read"] == "mine" and "getflags" in out, r  # twin: reading is not touched
+    if c.has("mounts"):  # twin: in the workspace the owner still sets them
+        (ws / "own.txt").write_text("own\n")
+        c.chown(ws / "own.txt")
+        plain = inode_state(ws / "own.txt")
+        r = c.run(["run", "-q", "--", "python3", "-c", INODE_FLAGS_PROBE, "own.txt"], cwd=ws)
+        out = lines(r.stdout)
+        assert out["setflags"] == "ok" and out["fssetxattr"] == "ok", r
+        assert inode_state(ws / "own.txt") != plain, r
