@@ -941,3 +941,58 @@ def test_inode_flags_outside_the_workspace_cannot_be_set(tsandbox: tuple[Corral,
         out = lines(r.stdout)
         assert out["setflags"] == "ok" and out["fssetxattr"] == "ok", r
         assert inode_state(ws / "own.txt") != plain, r
+
+
+# --- a protected file carried off by a renamed directory -------------------------
+
+
+def test_a_policy_file_carried_off_cannot_be_replaced(tsandbox: tuple[Corral, Path]) -> None:
+    """``mv sub sub2`` carries ``sub/corral.toml`` (read-only) away with its directory;
+    the run then makes ``sub/corral.toml`` with ``defaults = false`` for a later run
+    started in ``sub``.  The check for new policy files went by path: it took the
+    user's own file at ``sub2/`` for the new one and quarantined it, the search
+    for the carried file then found nothing to move back, and the planted file
+    stayed where the next run loads it (namespace and container tiers).  Twin:
+    the rest of the rename stays."""
+    c, ws = tsandbox
+    (ws / "sub").mkdir()
+    (ws / "sub" / "corral.toml").write_text("[filesystem]\n")
+    (ws / "sub" / "notes.txt").write_text("notes\n")
+    c.chown(ws)
+    script = "mv sub sub2 && mkdir sub && echo 'defaults = false' > sub/corral.toml && echo made"
+    r = c.sh(ws, script)
+    assert b"made" in r.stdout, r
+    assert (ws / "sub" / "corral.toml").read_text() == "[filesystem]\n", r
+    assert b"denied write" in r.stderr and b"sub/corral.toml" in r.stderr, r
+    assert (ws / "sub2" / "notes.txt").read_text() == "notes\n", r  # twin
+
+
+def test_moving_back_never_goes_through_a_link_the_run_left(tsandbox: tuple[Corral, Path]) -> None:
+    """``mv sub sub2 && ln -s /elsewhere sub``: after the run corral moves the
+    carried ``sub/.env`` back and first clears what the run made at its old place,
+    which it looked for through the run's symlink: a ``.env`` in the directory
+    the link named, outside the workspace, went to the quarantine (as root: any
+    directory on the host).  Twin: the carried files come back, the rest of the
+    rename stays."""
+    c, ws = tsandbox
+    victim = c.base / "outside-victim"
+    victim.mkdir()
+    (victim / ".env").write_text("PROD=1\n")
+    (victim / "corral.toml").write_text("# theirs\n")
+    (ws / "sub").mkdir()
+    (ws / "sub" / ".env").write_text("A=1\n")
+    (ws / "sub" / "corral.toml").write_text("[filesystem]\n")
+    (ws / "sub" / "notes.txt").write_text("notes\n")
+    c.chown(victim, ws)
+    r = c.sh(ws, f"mv sub sub2 && ln -s {victim} sub && echo made")
+    assert b"made" in r.stdout, r
+    assert (victim / ".env").read_text() == "PROD=1\n", r  # nothing taken from outside
+    assert (victim / "corral.toml").read_text() == "# theirs\n", r
+    assert sorted(p.name for p in victim.iterdir()) == [".env", "corral.toml"], r
+    if not c.has("mounts"):  # landlock restores from its snapshot, never through a link
+        assert b"was replaced; not restored" in r.stderr, r
+        return
+    assert not (ws / "sub").is_symlink(), r
+    assert (ws / "sub" / ".env").read_text() == "A=1\n", r  # twin: put back
+    assert (ws / "sub" / "corral.toml").read_text() == "[filesystem]\n", r
+    assert (ws / "sub2" / "notes.txt").read_text() == "notes\n", r
