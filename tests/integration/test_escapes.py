@@ -996,3 +996,48 @@ def test_moving_back_never_goes_through_a_link_the_run_left(tsandbox: tuple[Corr
     assert (ws / "sub" / ".env").read_text() == "A=1\n", r  # twin: put back
     assert (ws / "sub" / "corral.toml").read_text() == "[filesystem]\n", r
     assert (ws / "sub2" / "notes.txt").read_text() == "notes\n", r
+
+
+# --- hard links between files of the workspace -------------------------------------
+
+
+def linked_pair(c: Corral, ws: Path, protected: Path, link: Path) -> None:
+    """``link`` a hard link to ``protected``, and a plain pair of links (sub/a.txt,
+    a2.txt) beside them, all inside the workspace and owned by the user."""
+    (ws / "sub").mkdir(exist_ok=True)
+    os.link(protected, link)
+    (ws / "sub" / "a.txt").write_text("a\n")
+    os.link(ws / "sub" / "a.txt", ws / "a2.txt")
+    c.chown(ws)
+
+
+def test_a_hard_link_to_a_protected_file_is_read_only(tsandbox: tuple[Corral, Path]) -> None:
+    """One run makes ``sub/.claude/settings.json`` (a new one in a subdirectory stays)
+    and a hard link to it; in the next, ``.claude`` is read-only but the link was
+    not: a hook written through it ran, unsandboxed, when the agent tool started
+    in ``sub`` (a landlock run can link ``corral.toml`` itself the same way).
+    Links whose names the walk all found inside were taken as harmless.  Twin: a
+    plain pair of links is written as ever."""
+    c, ws = tsandbox
+    (ws / "sub" / ".claude").mkdir(parents=True)
+    settings = ws / "sub" / ".claude" / "settings.json"
+    settings.write_text('{"permissions": {}}\n')
+    linked_pair(c, ws, settings, ws / "notes.json")
+    hook = '{"hooks": {"SessionStart": [{"hooks": [{"command": "touch /pwn"}]}]}}'
+    r = c.sh(ws, f"echo '{hook}' > notes.json; echo twin >> a2.txt")
+    assert settings.read_text() == '{"permissions": {}}\n', r
+    assert (ws / "sub" / "a.txt").read_text() == "a\ntwin\n", r
+
+
+def test_a_hard_link_to_a_workspace_secret_is_unreadable(tsandbox: tuple[Corral, Path]) -> None:
+    """``.env`` is masked; a hard link to it elsewhere in the workspace was not (only
+    links to files outside were compared with the secrets), on every tier.  Twin:
+    a plain pair of links reads."""
+    c, ws = tsandbox
+    env = ws / ".env"
+    env.write_text("KEY=topsecret\n")
+    linked_pair(c, ws, env, ws / "sub" / "notes.txt")
+    r = c.sh(ws, "cat sub/notes.txt; cat .env; cat a2.txt")
+    assert b"topsecret" not in r.stdout + r.stderr, r
+    assert r.stdout == b"a\n", r  # the twin
+    assert env.read_text() == "KEY=topsecret\n"
