@@ -287,6 +287,7 @@ class WorkspaceScan:
         "git_dirs",
         "git_files",
         "hardlinks",
+        "linked",
         "protected",
         "secret_files",
     )
@@ -296,6 +297,8 @@ class WorkspaceScan:
         self.git_files: list[str] = []  # ``.git`` files (``gitdir: PATH``), found as such
         self.secret_files: list[str] = []
         self.hardlinks: list[str] = []
+        # files whose links the walk all found: one may be a secret or a protected file
+        self.linked: list[str] = []
         self.farms: list[str] = []  # environments the walk skips (corral.linkfarm looks in)
         # PROTECTED_NAMES below the root: what a `corral run`, an editor or an agent
         # tool started in that directory would load
@@ -389,6 +392,7 @@ def scan_workspace(
     scan.git_dirs = list(dict.fromkeys(scan.git_dirs))  # a submodule's, found twice
     # links all found inside the workspace share nothing with the outside
     scan.hardlinks = sorted(p for n, paths in linked.values() if len(paths) < n for p in paths)
+    scan.linked = sorted(p for n, paths in linked.values() if len(paths) >= n for p in paths)
     return scan
 
 
@@ -885,9 +889,11 @@ class _Planner:
             self.add_mask(secret, False, "secret file in workspace")
             plan.read_deny.append(secret)
         plan.hardlinks = [p for p in scan.hardlinks if p not in self.masks]
-        if plan.hardlinks:
-            # a link to a secret is the secret: masked like one, not merely read-only
-            for path in links_to(plan.hardlinks, plan.read_deny):
+        # a link to a secret is the secret: masked like one, not merely read-only; its
+        # other name may be in the workspace too (a .env linked to sub/notes.txt)
+        others = [p for p in (*plan.hardlinks, *scan.linked) if p not in self.masks]
+        if others:
+            for path in links_to(others, plan.read_deny):
                 self.add_mask(path, False, "hard link to a secret")
                 plan.read_deny.append(path)
             plan.hardlinks = [p for p in plan.hardlinks if p not in self.masks]
@@ -920,11 +926,24 @@ class _Planner:
                 self.add_write_deny(path, "write-deny: a policy file")
             elif name in names:
                 self.add_write_deny(path, "write-deny: what a tool started there runs")
+        if scan.linked:
+            self._protect_links(scan.linked)
         self.plan.write_protect = sorted(self.ro_binds)
         for path in self.plan.hardlinks:
             self.ro_binds.setdefault(
                 path, Mount("ro-bind", path, path, "hard link: may be a file outside")
             )
+
+    def _protect_links(self, linked: list[str]) -> None:
+        """A hard link in the workspace to a write-protected file is that file: a write
+        through it would change what a tool loads later (a link one run made to its
+        new ``sub/.claude/settings.json``, protected in the next run)."""
+        protected = list(self.ro_binds)
+        others = [
+            p for p in linked if p not in self.masks and not any(_inside(p, d) for d in protected)
+        ]
+        for path in links_to(others, protected):
+            self.add_write_deny(path, "hard link to a write-protected file")
 
     def _protect_git_dir(self, git_dir: str) -> None:
         """Hooks and config run code outside the sandbox: read-only, and the lock files

@@ -315,8 +315,9 @@ class Aftercare:
             self.plan.strategy.cleanup(self.plan, self.clean)
         if self.cg is not None:
             self.cg.remove(wait)
-        said += quarantine(self.plan.quarantine, self.run_id)
-        said += created_repositories(self.plan, self.run_id)
+        # first what a rename carried off goes back where it was: the walk below
+        # judges policy files new by their path, and would take the user's own,
+        # carried to a new one, for the run's (and leave the run's at the old path)
         if self.snapshot:
             from corral import restore
 
@@ -329,6 +330,8 @@ class Aftercare:
                 self.plan.restore,
                 roots,
             )
+        said += quarantine(self.plan.quarantine, self.run_id)
+        said += created_repositories(self.plan, self.run_id)
         if self.plan.scratch:
             try:
                 os.rmdir(self.plan.scratch)  # usually empty: no shutil import (~5 ms)
@@ -368,7 +371,9 @@ def quarantine(paths: list[str], run_id: str) -> list[Denial]:
     moved = []
     seen = set()
     for named in paths:
-        path = _not_through_links(named)
+        from corral.quarantine import not_through_links
+
+        path = not_through_links(named)
         if path in seen or not os.path.lexists(path):
             continue
         seen.add(path)
@@ -378,19 +383,6 @@ def quarantine(paths: list[str], run_id: str) -> list[Denial]:
         dest, error = move_out(path, run_id)
         moved.append(quarantined(path, dest, error, via=named if path != named else ""))
     return moved
-
-
-def _not_through_links(path: str) -> str:
-    """``path``, or the first of its directories that is now a symlink."""
-    parent = os.path.dirname(path)
-    if os.path.realpath(parent) == parent:
-        return path
-    where = ""
-    for part in parent.strip("/").split("/"):
-        where += "/" + part
-        if os.path.islink(where):
-            return where
-    return path  # (changed back in between: as it was named)
 
 
 def created_repositories(plan: Plan, run_id: str) -> list[Denial]:

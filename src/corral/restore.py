@@ -229,21 +229,33 @@ def _carried(snap: dict[str, Tree], rules: Mapping[str, str]) -> dict[Inode, str
 
 def _put_back(carried: dict[Inode, str], roots: Sequence[str], run_id: str) -> list[Denial]:
     """Move each carried path back from where the run's rename took it."""
-    from corral.quarantine import move_out
-    from corral.report import carried_back, made_in_place
+    from corral.report import carried_back
 
     found, complete = _find_inodes({i: {p} for i, p in carried.items()}, roots)
     said: list[Denial] = []
     for now, inode in found:
         path = carried.pop(inode)
-        if os.path.lexists(path):  # what the run made at the old path
-            said.append(made_in_place(path, *move_out(path, run_id)))
+        said += _clear(path, run_id)
         error = _move_back(now, path)
         said.append(carried_back(path, now, error))
     for path in carried.values():
+        said += _clear(path, run_id)  # not what was there, even if that is lost
         why = "it is gone" if complete else f"not found in the first {MAX_SEARCH} entries"
         said.append(carried_back(path, "", why))
     return said
+
+
+def _clear(path: str, run_id: str) -> list[Denial]:
+    """Move what the run made at a carried path's old place to the quarantine.  A
+    directory on the way that the run made a symlink goes itself: the path
+    through it is some other directory's entry, outside the workspace perhaps."""
+    from corral.quarantine import move_out, not_through_links
+    from corral.report import made_in_place
+
+    where = not_through_links(path)
+    if not os.path.lexists(where):
+        return []
+    return [made_in_place(where, *move_out(where, run_id))]
 
 
 def _make_parents(path: str) -> str:

@@ -140,6 +140,7 @@ _X86_64: dict[str, int] = {
     "openat2": 437, "pidfd_getfd": 438, "faccessat2": 439, "mount_setattr": 442,
     "quotactl_fd": 443, "landlock_create_ruleset": 444, "landlock_add_rule": 445,
     "landlock_restrict_self": 446, "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466,
+    "file_setattr": 469,
 }  # fmt: skip
 
 _AARCH64: dict[str, int] = {
@@ -184,7 +185,7 @@ _AARCH64: dict[str, int] = {
     "faccessat2": 439, "mount_setattr": 442, "quotactl_fd": 443,
     "landlock_create_ruleset": 444, "landlock_add_rule": 445,
     "landlock_restrict_self": 446, "fchmodat2": 452, "setxattrat": 463,
-    "removexattrat": 466,
+    "removexattrat": 466, "file_setattr": 469,
 }  # fmt: skip
 
 _TABLES: dict[str, dict[str, int]] = {"x86_64": _X86_64, "aarch64": _AARCH64}

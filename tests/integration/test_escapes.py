@@ -859,3 +859,185 @@ def test_an_acl_cannot_open_up_a_file_outside_the_workspace(
     assert "acl=err:" in out and "xattr=err:" in out, r
     if c.has("host-root"):  # (containers: the file outside is not there at all)
         assert "read=mine" in out, r
+
+
+# --- inode flags and attributes: ioctls Landlock does not govern --------------------
+
+# Runs inside: sets inode flags (FS_IOC_SETFLAGS), the generation number
+# (FS_IOC_SETVERSION), extended flags (FS_IOC_FSSETXATTR) and, since Linux 6.17,
+# the same by path (file_setattr) on the file named, opened read-only: the kernel
+# asks only for ownership, not for a writable descriptor.
+INODE_FLAGS_PROBE = r"""
+import ctypes, errno, fcntl, os, struct, sys
+target = sys.argv[1]
+NODUMP, XFLAG_NOATIME = 0x40, 0x40
+def attempt(what, act):
+    try:
+        act()
+        print(what + "=ok")
+    except OSError as e:
+        print(f"{what}=err:{e.errno}")
+fd = os.open(target, os.O_RDONLY)
+flags = struct.unpack("<q", fcntl.ioctl(fd, 0x80086601, bytes(8)))[0]  # FS_IOC_GETFLAGS
+print(f"getflags={flags:#x}")
+attempt("setflags", lambda: fcntl.ioctl(fd, 0x40086602, struct.pack("<q", flags | NODUMP)))
+attempt("setversion", lambda: fcntl.ioctl(fd, 0x40087602, struct.pack("<q", 4242)))
+attempt("ext4-setversion", lambda: fcntl.ioctl(fd, 0x40086604, struct.pack("<q", 4343)))
+xattr = bytearray(fcntl.ioctl(fd, 0x801C581F, bytes(28)))  # FS_IOC_FSGETXATTR
+xattr[0:4] = struct.pack("<I", struct.unpack("<I", xattr[0:4])[0] | XFLAG_NOATIME)
+attempt("fssetxattr", lambda: fcntl.ioctl(fd, 0x401C5820, bytes(xattr)))
+libc = ctypes.CDLL(None, use_errno=True)
+attr = ctypes.create_string_buffer(struct.pack("<QIIII", XFLAG_NOATIME, 0, 0, 0, 0))
+def file_setattr():  # file_setattr(AT_FDCWD, path, attr, size, 0)
+    if libc.syscall(469, -100, target.encode(), attr, ctypes.c_size_t(24), 0) < 0:
+        raise OSError(ctypes.get_errno(), "file_setattr")
+attempt("file_setattr", file_setattr)
+print("read=" + open(target).read().strip())
+"""
+
+
+def inode_state(path: Path) -> tuple[int, int]:
+    """(inode flags, generation number) of ``path``, read on the host."""
+    import struct
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        flags = fcntl.ioctl(fd, 0x80086601, bytes(8))  # FS_IOC_GETFLAGS
+        version = fcntl.ioctl(fd, 0x80087601, bytes(8))  # FS_IOC_GETVERSION
+    finally:
+        os.close(fd)
+    return struct.unpack("<q", flags)[0], struct.unpack("<q", version)[0]
+
+
+def test_inode_flags_outside_the_workspace_cannot_be_set(tsandbox: tuple[Corral, Path]) -> None:
+    """Landlock governs device ioctls only, and setting a file's inode flags,
+    extended flags or generation number asks the kernel for ownership, not for a
+    writable descriptor: on the landlock tier a command once marked the user's
+    files outside the workspace nodump (skipped by backups), noatime and sync,
+    and changed their generation (NFS handles), through a read-only open.
+    Twin: the flags still read, and (namespace) they can be set in the workspace."""
+    c, ws = tsandbox
+    outside = c.base / "outside-flags"
+    outside.mkdir()
+    private = outside / "mine.txt"
+    private.write_text("mine\n")
+    c.chown(outside, ws)
+    before = inode_state(private)
+    r = c.run(["run", "-q", "--", "python3", "-c", INODE_FLAGS_PROBE, str(private)], cwd=ws)
+    out = lines(r.stdout)
+    assert inode_state(private) == before, r
+    if not c.has("host-root"):
+        return  # (containers: the file outside is not there at all)
+    assert r.returncode == 0, r
+    for what in ("setflags", "setversion", "ext4-setversion", "fssetxattr"):
+        assert out[what].startswith("err:"), (what, r)
+    assert out["file_setattr"].startswith("err:"), r
+    assert out["read"] == "mine" and "getflags" in out, r  # twin: reading is not touched
+    if c.has("mounts"):  # twin: in the workspace the owner still sets them
+        (ws / "own.txt").write_text("own\n")
+        c.chown(ws / "own.txt")
+        plain = inode_state(ws / "own.txt")
+        r = c.run(["run", "-q", "--", "python3", "-c", INODE_FLAGS_PROBE, "own.txt"], cwd=ws)
+        out = lines(r.stdout)
+        assert out["setflags"] == "ok" and out["fssetxattr"] == "ok", r
+        assert inode_state(ws / "own.txt") != plain, r
+
+
+# --- a protected file carried off by a renamed directory -------------------------
+
+
+def test_a_policy_file_carried_off_cannot_be_replaced(tsandbox: tuple[Corral, Path]) -> None:
+    """``mv sub sub2`` carries ``sub/corral.toml`` (read-only) away with its directory;
+    the run then makes ``sub/corral.toml`` with ``defaults = false`` for a later run
+    started in ``sub``.  The check for new policy files went by path: it took the
+    user's own file at ``sub2/`` for the new one and quarantined it, the search
+    for the carried file then found nothing to move back, and the planted file
+    stayed where the next run loads it (namespace and container tiers).  Twin:
+    the rest of the rename stays."""
+    c, ws = tsandbox
+    (ws / "sub").mkdir()
+    (ws / "sub" / "corral.toml").write_text("[filesystem]\n")
+    (ws / "sub" / "notes.txt").write_text("notes\n")
+    c.chown(ws)
+    script = "mv sub sub2 && mkdir sub && echo 'defaults = false' > sub/corral.toml && echo made"
+    r = c.sh(ws, script)
+    assert b"made" in r.stdout, r
+    assert (ws / "sub" / "corral.toml").read_text() == "[filesystem]\n", r
+    assert b"denied write" in r.stderr and b"sub/corral.toml" in r.stderr, r
+    assert (ws / "sub2" / "notes.txt").read_text() == "notes\n", r  # twin
+
+
+def test_moving_back_never_goes_through_a_link_the_run_left(tsandbox: tuple[Corral, Path]) -> None:
+    """``mv sub sub2 && ln -s /elsewhere sub``: after the run corral moves the
+    carried ``sub/.env`` back and first clears what the run made at its old place,
+    which it looked for through the run's symlink: a ``.env`` in the directory
+    the link named, outside the workspace, went to the quarantine (as root: any
+    directory on the host).  Twin: the carried files come back, the rest of the
+    rename stays."""
+    c, ws = tsandbox
+    victim = c.base / "outside-victim"
+    victim.mkdir()
+    (victim / ".env").write_text("PROD=1\n")
+    (victim / "corral.toml").write_text("# theirs\n")
+    (ws / "sub").mkdir()
+    (ws / "sub" / ".env").write_text("A=1\n")
+    (ws / "sub" / "corral.toml").write_text("[filesystem]\n")
+    (ws / "sub" / "notes.txt").write_text("notes\n")
+    c.chown(victim, ws)
+    r = c.sh(ws, f"mv sub sub2 && ln -s {victim} sub && echo made")
+    assert b"made" in r.stdout, r
+    assert (victim / ".env").read_text() == "PROD=1\n", r  # nothing taken from outside
+    assert (victim / "corral.toml").read_text() == "# theirs\n", r
+    assert sorted(p.name for p in victim.iterdir()) == [".env", "corral.toml"], r
+    if not c.has("mounts"):  # landlock restores from its snapshot, never through a link
+        assert b"was replaced; not restored" in r.stderr, r
+        return
+    assert not (ws / "sub").is_symlink(), r
+    assert (ws / "sub" / ".env").read_text() == "A=1\n", r  # twin: put back
+    assert (ws / "sub" / "corral.toml").read_text() == "[filesystem]\n", r
+    assert (ws / "sub2" / "notes.txt").read_text() == "notes\n", r
+
+
+# --- hard links between files of the workspace -------------------------------------
+
+
+def linked_pair(c: Corral, ws: Path, protected: Path, link: Path) -> None:
+    """``link`` a hard link to ``protected``, and a plain pair of links (sub/a.txt,
+    a2.txt) beside them, all inside the workspace and owned by the user."""
+    (ws / "sub").mkdir(exist_ok=True)
+    os.link(protected, link)
+    (ws / "sub" / "a.txt").write_text("a\n")
+    os.link(ws / "sub" / "a.txt", ws / "a2.txt")
+    c.chown(ws)
+
+
+def test_a_hard_link_to_a_protected_file_is_read_only(tsandbox: tuple[Corral, Path]) -> None:
+    """One run makes ``sub/.claude/settings.json`` (a new one in a subdirectory stays)
+    and a hard link to it; in the next, ``.claude`` is read-only but the link was
+    not: a hook written through it ran, unsandboxed, when the agent tool started
+    in ``sub`` (a landlock run can link ``corral.toml`` itself the same way).
+    Links whose names the walk all found inside were taken as harmless.  Twin: a
+    plain pair of links is written as ever."""
+    c, ws = tsandbox
+    (ws / "sub" / ".claude").mkdir(parents=True)
+    settings = ws / "sub" / ".claude" / "settings.json"
+    settings.write_text('{"permissions": {}}\n')
+    linked_pair(c, ws, settings, ws / "notes.json")
+    hook = '{"hooks": {"SessionStart": [{"hooks": [{"command": "touch /pwn"}]}]}}'
+    r = c.sh(ws, f"echo '{hook}' > notes.json; echo twin >> a2.txt")
+    assert settings.read_text() == '{"permissions": {}}\n', r
+    assert (ws / "sub" / "a.txt").read_text() == "a\ntwin\n", r
+
+
+def test_a_hard_link_to_a_workspace_secret_is_unreadable(tsandbox: tuple[Corral, Path]) -> None:
+    """``.env`` is masked; a hard link to it elsewhere in the workspace was not (only
+    links to files outside were compared with the secrets), on every tier.  Twin:
+    a plain pair of links reads."""
+    c, ws = tsandbox
+    env = ws / ".env"
+    env.write_text("KEY=topsecret\n")
+    linked_pair(c, ws, env, ws / "sub" / "notes.txt")
+    r = c.sh(ws, "cat sub/notes.txt; cat .env; cat a2.txt")
+    assert b"topsecret" not in r.stdout + r.stderr, r
+    assert r.stdout == b"a\n", r  # the twin
+    assert env.read_text() == "KEY=topsecret\n"

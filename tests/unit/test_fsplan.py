@@ -525,6 +525,28 @@ def test_hard_links_to_secrets_are_masked(lay: Layout) -> None:
             assert {m.dest for m in plan.mounts if m.kind == "mask-file"} >= masked
 
 
+def test_links_inside_to_a_secret_or_a_protected_file(lay: Layout) -> None:
+    """Both names in the workspace: a link to ``.env`` is masked like it, a link to a
+    write-protected file is write-protected like it (on both kinds of tier); a
+    plain pair of links is left alone (the twin)."""
+    (lay.ws / ".env").write_text("K=1")
+    os.link(lay.ws / ".env", lay.ws / "env-link")
+    (lay.ws / "sub" / ".vscode").mkdir(parents=True)
+    (lay.ws / "sub" / ".vscode" / "tasks.json").write_text("{}")
+    os.link(lay.ws / "sub" / ".vscode" / "tasks.json", lay.ws / "tasks-link")
+    (lay.ws / "a").write_text("a")
+    os.link(lay.ws / "a", lay.ws / "b")
+    for mounts in (True, False):  # (the built-in lists: .env and .vscode)
+        plan = plan_filesystem(policy_for(lay), mounts=mounts)
+        assert str(lay.ws / "env-link") in plan.read_deny
+        assert str(lay.ws / "tasks-link") in plan.write_protect
+        assert plan.hardlinks == []  # nothing leads outside
+        assert not {str(lay.ws / "a"), str(lay.ws / "b")} & {*plan.read_deny, *plan.write_protect}
+        if mounts:
+            link = str(lay.ws / "tasks-link")
+            assert Mount("ro-bind", link, link) in plan.mounts
+
+
 def test_hard_links_refused_or_too_many(lay: Layout, monkeypatch: pytest.MonkeyPatch) -> None:
     from corral import defaults
     from corral.errors import EXIT_REFUSED, RefusedError

@@ -201,6 +201,31 @@ def test_socketpair_stays_allowed() -> None:
     assert _run("socketpair", 1, 1) == -1
 
 
+@pytest.mark.parametrize(
+    ("request_", "denied"),
+    [
+        (0x40086602, True),  # FS_IOC_SETFLAGS
+        (0x40087602, True),  # FS_IOC_SETVERSION
+        (0x40086604, True),  # EXT4_IOC_SETVERSION
+        (0x401C5820, True),  # FS_IOC_FSSETXATTR
+        (0x40806685, True),  # FS_IOC_ENABLE_VERITY
+        (0x800C6613, True),  # FS_IOC_SET_ENCRYPTION_POLICY
+        (0x1_40086602, True),  # high bits the kernel drops (cmd is an unsigned int)
+        (0x80086601, False),  # FS_IOC_GETFLAGS: lsattr still works
+        (0x801C581F, False),  # FS_IOC_FSGETXATTR
+        (0x5401, False),  # TCGETS
+    ],
+)
+def test_inode_metadata_ioctls(request_: int, denied: bool) -> None:
+    """Landlock governs device ioctls only: these set a file's metadata for its owner
+    through a read-only descriptor, outside the workspace too."""
+    assert (_run("ioctl", 3, request_) == errno.ENOTTY) == denied
+
+
+def test_file_setattr_is_refused() -> None:
+    assert _run("file_setattr", -100, 0, 0, 24, 0) == errno.ENOSYS
+
+
 def test_plan_is_pure_and_complete(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -221,10 +221,37 @@ def test_never_moved_back_through_a_symlink_the_run_left(nested: Path, tmp_path:
         (ws / "conf").rename(ws / "settings")
         (ws / "conf").symlink_to(outside)
 
+    (outside / "keys").mkdir()  # what the path leads to through the run's link
+    (outside / "keys" / "theirs").write_text("theirs\n")
     said = _keep(ws, run)
-    assert list(outside.iterdir()) == []  # nothing went through the link
+    # nothing went through the link: the link itself went, and the path came back
+    assert [p.name for p in outside.iterdir()] == ["keys"]
+    assert (outside / "keys" / "theirs").read_text() == "theirs\n"
+    assert not (ws / "conf").is_symlink()
+    assert (ws / "conf" / "keys" / "k").read_text() == "secret\n"
+    assert len(said) == 2, said
+    assert f"{ws / 'conf'} was made where a path the run carried off was; moved to" in said[0]
+    assert said[1].endswith("by a directory the run renamed; moved back"), said
+
+
+def test_what_is_made_where_a_lost_path_was_goes(nested: Path) -> None:
+    """The carried path is nowhere to be found (the search's bound, or gone): what
+    the run made at its old place is not what was there, and goes even so."""
+    ws = nested
+
+    def run() -> None:
+        (ws / "conf").rename(ws / "settings")
+        (ws / "conf" / "keys").mkdir(parents=True)
+        (ws / "conf" / "keys" / "k").write_text("the run's own\n")
+
+    rules = {str(ws / "conf" / "keys"): "in-place"}
+    snap = restore.snapshot(rules, rules)
+    run()
+    said = [str(d) for d in restore.restore(snap, "run-k", rules, [])]  # searched nowhere
+    assert not (ws / "conf" / "keys").exists()
     assert (ws / "settings" / "keys" / "k").read_text() == "secret\n"
-    assert len(said) == 1 and f"could not move it back: {ws / 'conf'} is a symlink now" in said[0]
+    assert "was made where a path the run carried off was; moved to" in said[0], said
+    assert "could not find it: it is gone" in said[1], said
 
 
 def test_a_secret_whose_directory_was_renamed_away_goes_back(secrets: Path) -> None:

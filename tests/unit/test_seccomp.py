@@ -525,8 +525,13 @@ def test_bad_errno_rejected(bad_errno: int) -> None:
 # --- syscall tables against this machine's kernel headers ----------------------
 
 # Syscalls newer than the linux-libc-dev this machine has (same number everywhere).
-# fchmodat2: Linux 6.6; setxattrat, removexattrat: 6.13
-NEWER_THAN_DEBIAN_12 = {"fchmodat2": 452, "setxattrat": 463, "removexattrat": 466}
+# fchmodat2: Linux 6.6; setxattrat, removexattrat: 6.13; file_setattr: 6.17
+NEWER_THAN_DEBIAN_12 = {
+    "fchmodat2": 452,
+    "setxattrat": 463,
+    "removexattrat": 466,
+    "file_setattr": 469,
+}
 X86_64_HEADER = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")
 GENERIC_HEADER = Path("/usr/include/asm-generic/unistd.h")
 

@@ -55,7 +55,8 @@ DIFFERENCES = (
     "later run reads it, and reports each (up to 16 MiB of secrets there; more is refused)",
     "chmod and chown are refused everywhere, the workspace included (Landlock does not "
     "govern file modes; a read-only file the sandbox owns could otherwise be opened up), "
-    "and so are extended attributes and ACLs (ENOTSUP: an ACL sets a mode too); git "
+    "and so are extended attributes and ACLs (ENOTSUP: an ACL sets a mode too) and inode "
+    "flags (chattr: ENOTTY, as on a file system without them); git "
     "init and git clone stop there (git gives its config.lock the config's mode)",
     "$HOME is the workspace's home layer here too, but tools that set file modes in it "
     "stop at that refused chmod: pip install (--user included) and git config --global "
@@ -112,6 +113,20 @@ _XATTR_WRITES = (
     "removexattrat",
 )
 
+# ... nor ioctls on anything but devices, and these change a file's metadata for
+# its owner through any descriptor, a read-only one included: inode flags (nodump
+# hides a file from backups), extended flags, the generation number (NFS file
+# handles), fs-verity (a file no one can write again) and an empty directory's
+# encryption policy.  ENOTTY: what a file system without them answers.
+_INODE_IOCTLS = {
+    0x40086602: "FS_IOC_SETFLAGS",
+    0x40087602: "FS_IOC_SETVERSION",
+    0x40086604: "EXT4_IOC_SETVERSION",
+    0x401C5820: "FS_IOC_FSSETXATTR",
+    0x40806685: "FS_IOC_ENABLE_VERITY",
+    0x800C6613: "FS_IOC_SET_ENCRYPTION_POLICY",
+}
+
 
 def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
     """What Landlock leaves open here, closed by seccomp."""
@@ -126,9 +141,20 @@ def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
         SyscallRule(name, errno.EOPNOTSUPP, (), "extended attributes and ACLs (an ACL sets a mode)")
         for name in _XATTR_WRITES
     )
+    inode = tuple(
+        SyscallRule("ioctl", errno.ENOTTY, (ArgCond(1, "eq", request),), f"{name}: file metadata")
+        for request, name in _INODE_IOCTLS.items()
+    )
     return (
         *metadata,
         *xattrs,
+        *inode,
+        SyscallRule(
+            "file_setattr",
+            errno.ENOSYS,
+            (),
+            "extended flags by path (Linux 6.17): callers fall back to the ioctl, refused too",
+        ),
         SyscallRule(
             "socket",
             eacces,
