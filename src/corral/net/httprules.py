@@ -26,9 +26,12 @@ decoded and normalized once, as an origin would before routing:
   backslash, a ``;`` (path parameters: servers disagree on them) or an escape
   that decodes to another escape (``%252F``: double decoding) make the
   request ambiguous, and an ambiguous request to a ruled host is denied;
-* empty segments (``//``) and ``.`` are dropped and ``..`` removes the segment
-  before it (never above the root), so ``/public/..%2Fadmin`` is ``/admin``;
-  a trailing ``/`` is kept (``/a`` and ``/a/`` differ);
+* a ``.`` or ``..`` segment, however spelled (``%2e%2e``, ``..%2F``), makes the
+  request ambiguous too: the origin gets the target as sent, and some resolve
+  it while others route on it as it is (``/secret/../public`` is under
+  ``/secret`` for Node, Express, Starlette and Werkzeug, not for nginx);
+* empty segments (``//``) are dropped, so ``//a//b`` is ``/a/b``; a trailing
+  ``/`` is kept (``/a`` and ``/a/`` differ);
 * ``*`` matches any characters within one segment (not ``/``), ``**`` as a
   whole segment matches any number of segments, none included: ``/api/**``
   matches ``/api``, ``/api/`` and ``/api/v1/x``; ``/**/info/refs`` matches
@@ -142,16 +145,14 @@ def normalize_target(target: bytes) -> tuple[str, Query | None]:
         raise BadPath("a ';' in the path (path parameters are read differently by servers)")
     if "%" in text and any(_is_escape(text, i) for i, c in enumerate(text) if c == "%"):
         raise BadPath("a double-encoded path (an escape that decodes to another escape)")
-    segments: list[str] = []
     parts = text.split("/")
-    for part in parts:
-        if part == "..":
-            if segments:
-                segments.pop()
-        elif part not in ("", "."):
-            segments.append(part)
+    if "." in parts or ".." in parts:
+        # The origin gets the target as sent: Node, Express, Starlette and Werkzeug
+        # route /secret/../public under /secret, nginx under /public.  No one reading.
+        raise BadPath("a '.' or '..' segment in the path (origins resolve them differently)")
+    segments = [part for part in parts if part]
     path = "/" + "/".join(segments)
-    if segments and parts[-1] in ("", ".", ".."):
+    if segments and parts[-1] == "":
         path += "/"  # a trailing slash is part of the path
     query = _query(raw_query) if sep else None
     return path, query
