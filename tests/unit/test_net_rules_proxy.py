@@ -4,7 +4,9 @@ rule must see, and still tunnels to every other host."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -138,3 +140,87 @@ def test_a_dot_segment_to_a_ruled_host_never_reaches_the_origin(
             assert w.origin.paths == ["/public/x"]
 
     run(go)
+
+
+class _Stdlib(http.server.BaseHTTPRequestHandler):
+    """An origin as Python's http.server makes them: keep-alive, and a GET handler
+    that never reads a body (SimpleHTTPRequestHandler's do_GET does the same)."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[tuple[str, str, str | None]]
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _answer(self, body_read: bool) -> None:
+        if body_read:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.seen.append((self.command, self.path, self.headers.get("Host")))
+        body = f"{self.command} {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._answer(body_read=False)
+
+    def do_POST(self) -> None:
+        self._answer(body_read=True)
+
+
+def test_content_on_a_get_is_the_origins_last_request(tmp_path: Path) -> None:
+    """A GET's content reached an origin whose GET handler ignores it, on a kept-alive
+    connection: the origin read it as the next request, one no rule decided (here a
+    GET of /secret for another virtual host).  Twins: the GET itself, a POST with the
+    same body, and the client's next request on the same connection all pass."""
+    seen: list[tuple[str, str, str | None]] = []
+    handler = type("Handler", (_Stdlib,), {"seen": seen})
+    origin = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=origin.serve_forever, daemon=True).start()
+    port = origin.server_address[1]
+    entries: list[dict[str, object]] = [
+        {"host": f"127.0.0.1:{port}", "methods": ["GET", "POST"], "paths": ["/public/**"],
+         "action": "allow"},
+    ]  # fmt: skip
+    inner = b"GET /secret HTTP/1.1\r\nHost: other.test\r\n\r\n"
+
+    def carrying(method: bytes) -> bytes:
+        return b"%s http://127.0.0.1:%d/public/x HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (
+            method,
+            port,
+            len(inner),
+            inner,
+        )
+
+    async def go() -> None:
+        from corral.net import aio
+
+        chain = Chain(
+            [HostRulesHook(HostRules.parse(["127.0.0.1"], [])), HttpRulesHook.from_policy(entries)]
+        )
+        audit = Audit(str(tmp_path / "net.jsonl"))
+        server = await Proxy(chain, audit).serve_tcp("127.0.0.1", 0, RUN_ID)
+        try:
+            reader, writer = await aio.open_connection(
+                "127.0.0.1", server.sockets[0].getsockname()[1]
+            )
+            for raw in (carrying(b"GET"), carrying(b"POST"), carrying(b"GET")):
+                writer.write(raw)
+                assert (await read_response(reader)).status == 200
+            await aio.sleep(0.3)  # time for a smuggled request to be served
+            writer.close()
+        finally:
+            server.close()
+            audit.close()
+
+    try:
+        run(go)
+    finally:
+        origin.shutdown()
+        origin.server_close()
+    assert seen == [
+        ("GET", "/public/x", f"127.0.0.1:{port}"),
+        ("POST", "/public/x", f"127.0.0.1:{port}"),
+        ("GET", "/public/x", f"127.0.0.1:{port}"),
+    ]
