@@ -302,6 +302,17 @@ def test_an_ambiguous_path_to_a_guarded_host_is_denied() -> None:
     assert decide([guardrail("LOW", "GET")], "GET", "/api/%2e%2e%2fx%252F")[0] == "deny"  # type: ignore[index]
 
 
+def test_a_guardrail_applies_however_an_origin_reads_an_encoded_slash() -> None:
+    g = gr.parse(
+        "---\nrisk_tier: CRITICAL\nhosts: [api.test]\nmethods: [DELETE]\n"
+        "paths: [/api/projects/*]\n---\n# projects\n",
+        "/g/projects.md",
+    )
+    assert decide([g], "DELETE", "/api/projects/group%2Fproject")[0] == "deny"  # type: ignore[index]
+    assert decide([g], "DELETE", "/api/projects/7")[0] == "deny"  # type: ignore[index]
+    assert decide([g], "DELETE", "/api/projects/group/project") is None  # two segments to all
+
+
 def test_max_body_bounds_a_logged_request() -> None:
     hook = gr.GuardrailHook([guardrail("LOW", "POST", "max_body: 1K\n")], gr.DEFAULT_TIER_ACTIONS)
     request = Request("POST", "/api/x", [], 10)

@@ -13,6 +13,7 @@ from corral.net.httprules import (
     HttpRulesHook,
     PathGlob,
     normalize_target,
+    slash_kept,
 )
 from corral.net.rules import HostRules
 
@@ -74,6 +75,43 @@ def test_query_is_split_into_decoded_parameters() -> None:
     assert normalize_target(b"/x") == ("/x", None)
     assert normalize_target(b"/x?") == ("/x", [])
     assert normalize_target(b"/x?a=1&b&c=%26") == ("/x", [("a", "1"), ("b", None), ("c", "&")])
+
+
+@pytest.mark.parametrize(
+    ("target", "kept"),
+    [
+        (b"/a/b", None),
+        (b"/a%20b/c", None),
+        (b"/p/group%2Fproject", "/p/group%2Fproject"),
+        (b"/p/group%2fproject/", "/p/group%2Fproject/"),
+        (b"/p/%67roup%2F%70roject?x=%2F", "/p/group%2Fproject"),
+        (b"//p//a%2F", "/p/a%2F"),
+    ],
+)
+def test_slash_kept_reads_an_encoded_slash_as_part_of_its_segment(
+    target: bytes, kept: str | None
+) -> None:
+    assert slash_kept(target) == kept
+
+
+def test_a_deny_matches_an_encoded_slash_either_way_an_allow_only_decoded() -> None:
+    entries: list[dict[str, object]] = [
+        {"host": "api.test", "paths": ["/p/**"], "action": "allow"},
+        {"host": "api.test", "paths": ["/p/*"], "methods": ["DELETE"], "action": "deny"},
+        {"host": "api.test", "paths": ["/p/*/x"], "methods": ["PUT"], "action": "ask"},
+        {"host": "api.test", "paths": ["/q/*"], "action": "allow"},
+    ]
+    rules = HttpRules.from_entries(entries)
+
+    def verdict(method: str, target: bytes) -> tuple[bool, bool, str]:
+        found, _ = rules.decide("api.test", 443, method, target)
+        assert found is not None
+        return found.allowed, found.ask, found.rule
+
+    assert verdict("DELETE", b"/p/a%2Fb") == (False, False, "network.rules[2]")
+    assert verdict("DELETE", b"/p/a/b") == (True, False, "network.rules[1]")
+    assert verdict("PUT", b"/p/a%2Fb/x") == (False, True, "network.rules[3]")
+    assert verdict("GET", b"/q/a%2Fb") == (False, False, "network.rules")  # decoded: 2 segments
 
 
 # -- globs --------------------------------------------------------------------------------------

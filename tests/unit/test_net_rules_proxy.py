@@ -68,21 +68,15 @@ class RuledWorld:
     def url(self, target: str) -> bytes:
         return f"http://127.0.0.1:{self.origin.port}{target}".encode()
 
-    async def send(self, raw: bytes) -> bytes:
-        """``raw`` on a fresh connection; everything the proxy answered until it closed
-        or went quiet."""
+    async def send(self, method: bytes, target: str) -> bytes:
+        """One request on a fresh connection; everything the proxy answered."""
         from corral.net import aio
 
         reader, writer = await aio.open_connection("127.0.0.1", self.port)
-        writer.write(raw)
-        out = b""
-        try:
-            while data := await aio.wait_for(reader.read(65536), 0.5):
-                out += data
-        except TimeoutError:
-            pass
+        writer.write(method + b" " + self.url(target) + b" HTTP/1.1\r\nConnection: close\r\n\r\n")
+        answer = await reader.read()
         writer.close()
-        return out
+        return answer
 
     def audit(self) -> list[dict[str, Any]]:
         if not self.audit_path.exists():
@@ -132,10 +126,10 @@ def test_a_dot_segment_to_a_ruled_host_never_reaches_the_origin(
 
     async def go() -> None:
         async with ruled(tmp_path, PUBLIC_NOT_SECRET) as w:
-            answer = await w.send(b"GET " + w.url(target) + b" HTTP/1.1\r\n\r\n")
+            answer = await w.send(b"GET", target)
             assert answer.startswith(b"HTTP/1.1 403"), answer
             assert b'"rule":"bad-path"' in answer.replace(b" ", b"")
-            twin = await w.send(b"GET " + w.url("/public/x") + b" HTTP/1.1\r\n\r\n")
+            twin = await w.send(b"GET", "/public/x")
             assert twin.startswith(b"HTTP/1.1 200"), twin
             assert w.origin.paths == ["/public/x"]
 
@@ -224,3 +218,34 @@ def test_content_on_a_get_is_the_origins_last_request(tmp_path: Path) -> None:
         ("POST", "/public/x", f"127.0.0.1:{port}"),
         ("GET", "/public/x", f"127.0.0.1:{port}"),
     ]
+
+
+PROJECTS_NOT_DELETED: list[dict[str, object]] = [
+    {"host": "127.0.0.1:{port}", "paths": ["/api/**"], "action": "allow"},
+    {"host": "127.0.0.1:{port}", "methods": ["DELETE"], "paths": ["/api/projects/*"],
+     "action": "deny"},
+]  # fmt: skip
+
+
+def test_an_encoded_slash_cannot_split_a_segment_a_deny_names(tmp_path: Path) -> None:
+    """GitLab, Rails, Express and Go's ServeMux keep ``%2F`` inside its segment
+    (GitLab's project id is ``group%2Fproject``), but the rules read it as ``/``
+    only: ``DELETE /api/projects/group%2Fproject`` was two segments to them, missed
+    the deny for ``/api/projects/*`` and deleted the project.  Twins: the same
+    DELETE elsewhere, and a GET of the project, pass; so does the plain id."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, PROJECTS_NOT_DELETED) as w:
+            for target in ("/api/projects/group%2Fproject", "/api/projects/group%2fproject"):
+                answer = await w.send(b"DELETE", target)
+                assert answer.startswith(b"HTTP/1.1 403"), answer
+            assert (await w.send(b"DELETE", "/api/projects/7")).startswith(b"HTTP/1.1 403")
+            for method, target in (
+                (b"DELETE", "/api/other/group%2Fproject"),
+                (b"GET", "/api/projects/group%2Fproject"),
+            ):
+                answer = await w.send(method, target)
+                assert answer.startswith(b"HTTP/1.1 200"), answer
+            assert w.origin.paths == ["/api/other/group%2Fproject", "/api/projects/group%2Fproject"]
+
+    run(go)

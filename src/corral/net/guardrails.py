@@ -36,7 +36,14 @@ from __future__ import annotations
 import os
 
 from corral.net.hooks import Hook
-from corral.net.httprules import CACHED_TARGET, BadPath, PathGlob, covers, normalize_target
+from corral.net.httprules import (
+    CACHED_TARGET,
+    BadPath,
+    PathGlob,
+    covers,
+    normalize_target,
+    slash_kept,
+)
 from corral.net.rules import Rule, Verdict
 
 TYPE_CHECKING = False
@@ -476,11 +483,14 @@ class GuardrailHook(Hook):
         except BadPath as exc:
             return Verdict(False, "bad-path", exc.reason), None
         method = method.upper()
+        # every guardrail only restricts: it applies however an origin reads a %2F
+        kept = slash_kept(target) if b"%" in target else None
         chosen: Compiled | None = None
         for c in ruled:
-            if c.matches(method, path, query) and (
-                chosen is None or STRICTNESS[c.action] > STRICTNESS[chosen.action]
-            ):
+            hit = c.matches(method, path, query) or (
+                kept is not None and c.matches(method, kept, query)
+            )
+            if hit and (chosen is None or STRICTNESS[c.action] > STRICTNESS[chosen.action]):
                 chosen = c
         if chosen is None:
             return None

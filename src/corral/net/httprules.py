@@ -32,6 +32,11 @@ decoded and normalized once, as an origin would before routing:
   ``/secret`` for Node, Express, Starlette and Werkzeug, not for nginx);
 * empty segments (``//``) are dropped, so ``//a//b`` is ``/a/b``; a trailing
   ``/`` is kept (``/a`` and ``/a/`` differ);
+* origins disagree on ``%2F``: nginx reads a ``/``, GitLab, Rails, Express and
+  Go's ServeMux a character of its segment (``/projects/group%2Fproject`` is
+  one project).  An ``allow`` is matched against the decoded path only; a
+  ``deny`` or ``ask`` against that and the path with ``%2F`` kept in its
+  segment (where ``*`` matches it), so neither reading slips past one;
 * ``*`` matches any characters within one segment (not ``/``), ``**`` as a
   whole segment matches any number of segments, none included: ``/api/**``
   matches ``/api``, ``/api/`` and ``/api/v1/x``; ``/**/info/refs`` matches
@@ -150,12 +155,29 @@ def normalize_target(target: bytes) -> tuple[str, Query | None]:
         # The origin gets the target as sent: Node, Express, Starlette and Werkzeug
         # route /secret/../public under /secret, nginx under /public.  No one reading.
         raise BadPath("a '.' or '..' segment in the path (origins resolve them differently)")
+    query = _query(raw_query) if sep else None
+    return _merged(parts), query
+
+
+def _merged(parts: list[str]) -> str:
+    """Segments joined without the empty ones; a trailing slash kept."""
     segments = [part for part in parts if part]
     path = "/" + "/".join(segments)
     if segments and parts[-1] == "":
         path += "/"  # a trailing slash is part of the path
-    query = _query(raw_query) if sep else None
-    return path, query
+    return path
+
+
+def slash_kept(target: bytes) -> str | None:
+    """The path as origins that keep ``%2F`` inside its segment read it (GitLab,
+    Rails, Express, Go's ServeMux: ``/projects/group%2Fproject`` is one project),
+    when the target has one; the escape stays as ``%2F``, which no glob holds and
+    ``*`` matches.  Call after :func:`normalize_target` accepted ``target``."""
+    raw_path = target.partition(b"?")[0]
+    if b"%2f" not in raw_path.lower():
+        return None
+    pieces = raw_path.replace(b"%2f", b"%2F").split(b"%2F")
+    return _merged("%2F".join(_unquote(piece, "path") for piece in pieces).split("/"))
 
 
 def _plain_path(raw: bytes) -> bool:
@@ -425,17 +447,22 @@ class RuledHost:
         return found
 
     def decide(self, method: str, target: str) -> Decision:
-        """Deny wins, then ask, then allow; no entry matching denies."""
+        """Deny wins, then ask, then allow; no entry matching denies.  A deny or ask
+        also matches the path as origins that keep ``%2F`` in a segment read it."""
+        raw = target.encode("latin-1")
         try:
-            path, query = normalize_target(target.encode("latin-1"))
+            path, query = normalize_target(raw)
         except BadPath as exc:
             return Verdict(False, "bad-path", exc.reason), None
+        kept = slash_kept(raw) if "%" in target else None
         allow: HttpRule | None = None
         ask: HttpRule | None = None
         limit: HttpRule | None = None
         limit_size = 0
         for rule in self._for_method(method):
-            if not rule.matches_path(path, query):
+            if not rule.matches_path(path, query) and (
+                kept is None or rule.action == "allow" or not rule.matches_path(kept, query)
+            ):
                 continue
             if rule.action == "deny":
                 return Verdict(False, rule.name, f"{method} {path} is denied"), None
