@@ -13,6 +13,7 @@ from corral.net.httprules import (
     HttpRulesHook,
     PathGlob,
     normalize_target,
+    readings,
     slash_kept,
 )
 from corral.net.rules import HostRules
@@ -112,6 +113,20 @@ def test_a_deny_matches_an_encoded_slash_either_way_an_allow_only_decoded() -> N
     assert verdict("DELETE", b"/p/a/b") == (True, False, "network.rules[1]")
     assert verdict("PUT", b"/p/a%2Fb/x") == (False, True, "network.rules[3]")
     assert verdict("GET", b"/q/a%2Fb") == (False, False, "network.rules")  # decoded: 2 segments
+    # a deny or ask holds in any case and with or without a trailing slash ...
+    assert verdict("DELETE", b"/P/a/") == (False, False, "network.rules[2]")
+    assert verdict("PUT", b"/p/A%2fB/X/") == (False, True, "network.rules[3]")
+    # ... an allow only as written
+    assert verdict("GET", b"/Q/a") == (False, False, "network.rules")
+    assert verdict("GET", b"/q/a/") == (False, False, "network.rules")
+    assert verdict("GET", b"/q/a") == (True, False, "network.rules[4]")
+
+
+def test_readings_are_the_paths_a_lenient_router_may_route() -> None:
+    assert readings(b"/", "/") == ("/",)
+    assert readings(b"/a/b", "/a/b") == ("/a/b", "/a/b/")
+    assert readings(b"/a/b/", "/a/b/") == ("/a/b/", "/a/b")
+    assert readings(b"/p/g%2Fx/", "/p/g/x/") == ("/p/g/x/", "/p/g/x", "/p/g%2Fx", "/p/g%2Fx/")
 
 
 # -- globs --------------------------------------------------------------------------------------

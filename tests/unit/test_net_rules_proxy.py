@@ -221,7 +221,7 @@ def test_content_on_a_get_is_the_origins_last_request(tmp_path: Path) -> None:
 
 
 PROJECTS_NOT_DELETED: list[dict[str, object]] = [
-    {"host": "127.0.0.1:{port}", "paths": ["/api/**"], "action": "allow"},
+    {"host": "127.0.0.1:{port}", "action": "allow"},
     {"host": "127.0.0.1:{port}", "methods": ["DELETE"], "paths": ["/api/projects/*"],
      "action": "deny"},
 ]  # fmt: skip
@@ -247,5 +247,30 @@ def test_an_encoded_slash_cannot_split_a_segment_a_deny_names(tmp_path: Path) ->
                 answer = await w.send(method, target)
                 assert answer.startswith(b"HTTP/1.1 200"), answer
             assert w.origin.paths == ["/api/other/group%2Fproject", "/api/projects/group%2Fproject"]
+
+    run(go)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/api/projects/7/",  # Express, Rails, Spring 5: the route of /api/projects/7
+        "/API/Projects/7",  # Express, ASP.NET: case-insensitive routes
+        "/api/projects/group%2FPROJECT/",
+    ],
+)
+def test_a_deny_holds_for_the_spellings_lenient_routers_accept(tmp_path: Path, target: str) -> None:
+    """A deny of ``/api/projects/*`` missed ``/api/projects/7/`` (a trailing slash
+    counted) and ``/API/Projects/7`` (globs are case-sensitive), which Express routes
+    (case-insensitive, slash optional by default) to the very handler denied.
+    Twins: the same target with GET, and DELETE elsewhere, pass."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, PROJECTS_NOT_DELETED) as w:
+            answer = await w.send(b"DELETE", target)
+            assert answer.startswith(b"HTTP/1.1 403"), answer
+            assert (await w.send(b"GET", target)).startswith(b"HTTP/1.1 200")
+            assert (await w.send(b"DELETE", "/api/other/7/")).startswith(b"HTTP/1.1 200")
+            assert w.origin.paths == [target, "/api/other/7/"]
 
     run(go)

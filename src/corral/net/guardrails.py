@@ -42,7 +42,7 @@ from corral.net.httprules import (
     PathGlob,
     covers,
     normalize_target,
-    slash_kept,
+    readings,
 )
 from corral.net.rules import Rule, Verdict
 
@@ -412,7 +412,7 @@ class Compiled:
         self.guardrail = g
         self.hosts = [Rule(h) for h in g.hosts]
         self.methods = frozenset(g.methods) if g.methods is not None else None
-        self.paths = [PathGlob(p) for p in g.paths]
+        self.paths = [PathGlob(p, fold=True) for p in g.paths]  # restricts: any case
         self.action = g.effective_action(table)
         self.rule = f"guardrail {g.name}"
 
@@ -483,13 +483,11 @@ class GuardrailHook(Hook):
         except BadPath as exc:
             return Verdict(False, "bad-path", exc.reason), None
         method = method.upper()
-        # every guardrail only restricts: it applies however an origin reads a %2F
-        kept = slash_kept(target) if b"%" in target else None
+        # every guardrail restricts: it holds for every path an origin may read
+        lenient = readings(target, path)
         chosen: Compiled | None = None
         for c in ruled:
-            hit = c.matches(method, path, query) or (
-                kept is not None and c.matches(method, kept, query)
-            )
+            hit = any(c.matches(method, reading, query) for reading in lenient)
             if hit and (chosen is None or STRICTNESS[c.action] > STRICTNESS[chosen.action]):
                 chosen = c
         if chosen is None:

@@ -32,11 +32,13 @@ decoded and normalized once, as an origin would before routing:
   ``/secret`` for Node, Express, Starlette and Werkzeug, not for nginx);
 * empty segments (``//``) are dropped, so ``//a//b`` is ``/a/b``; a trailing
   ``/`` is kept (``/a`` and ``/a/`` differ);
-* origins disagree on ``%2F``: nginx reads a ``/``, GitLab, Rails, Express and
-  Go's ServeMux a character of its segment (``/projects/group%2Fproject`` is
-  one project).  An ``allow`` is matched against the decoded path only; a
-  ``deny`` or ``ask`` against that and the path with ``%2F`` kept in its
-  segment (where ``*`` matches it), so neither reading slips past one;
+* origins route one path in several ways: ``%2F`` is a ``/`` to nginx but a
+  character of its segment to GitLab, Rails, Express and Go's ServeMux
+  (``/projects/group%2Fproject`` is one project); Express, Rails and Spring 5
+  route ``/a/`` as ``/a``; Express and ASP.NET ``/A`` as ``/a``.  An ``allow``
+  is matched against the decoded path as it is; a ``deny`` or ``ask`` against
+  every such reading, in any case (``*`` matches a kept ``%2F``), so that no
+  spelling an origin routes to a denied handler slips past it;
 * ``*`` matches any characters within one segment (not ``/``), ``**`` as a
   whole segment matches any number of segments, none included: ``/api/**``
   matches ``/api``, ``/api/`` and ``/api/v1/x``; ``/**/info/refs`` matches
@@ -168,6 +170,21 @@ def _merged(parts: list[str]) -> str:
     return path
 
 
+def readings(target: bytes, path: str) -> tuple[str, ...]:
+    """Every path a lenient router may take ``target`` for, ``path`` (its
+    normalized path) first: with ``%2F`` kept in its segment (:func:`slash_kept`),
+    and each without and with a trailing slash (Express, Rails and Spring 5 route
+    ``/a/`` as ``/a``).  A deny or ask matches any of them, in any case (Express
+    and ASP.NET route ``/A`` as ``/a``); an allow only ``path``, as it is."""
+    kept = slash_kept(target) if b"%" in target else None
+    found = [path]
+    for reading in (path, kept):
+        if reading is not None and reading != "/":
+            bare = reading.rstrip("/")
+            found += [bare, bare + "/"]
+    return tuple(dict.fromkeys(found))
+
+
 def slash_kept(target: bytes) -> str | None:
     """The path as origins that keep ``%2F`` inside its segment read it (GitLab,
     Rails, Express, Go's ServeMux: ``/projects/group%2Fproject`` is one project),
@@ -206,10 +223,11 @@ class PathGlob:
 
     __slots__ = ("path", "query", "text")
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, fold: bool = False) -> None:
+        """``fold``: match the path in any case (a deny's glob: see :func:`readings`)."""
         self.text = text
         path_text, sep, query_text = text.partition("?")
-        self.path = re.compile(_path_regex(path_text, text))
+        self.path = re.compile(_path_regex(path_text, text), re.IGNORECASE if fold else 0)
         self.query: list[tuple[re.Pattern[str], re.Pattern[str] | None]] | None = None
         if sep:
             if not query_text:
@@ -310,13 +328,14 @@ class HttpRule:
         self.host = host
         self.action = action
         self.methods = methods  # None: any method
-        self.paths = paths  # empty: any path
+        fold = action != "allow"  # a deny or ask holds in any case (see readings)
+        self.paths = [PathGlob(g.text, fold) for g in paths] if fold else paths  # empty: any
         self.max_body = max_body
         # globs without a query, all in one pattern: one match per request, not one each
         self.path_match = None
         if paths and all(glob.query is None for glob in paths):
             joined = "|".join(f"(?:{glob.path.pattern})" for glob in paths)
-            self.path_match = re.compile(joined).fullmatch
+            self.path_match = re.compile(joined, re.IGNORECASE if fold else 0).fullmatch
 
     def matches(self, method: str, path: str, query: Query | None) -> bool:
         if self.methods is not None and method not in self.methods:
@@ -448,21 +467,22 @@ class RuledHost:
 
     def decide(self, method: str, target: str) -> Decision:
         """Deny wins, then ask, then allow; no entry matching denies.  A deny or ask
-        also matches the path as origins that keep ``%2F`` in a segment read it."""
+        matches the path as any lenient router reads it (:func:`readings`)."""
         raw = target.encode("latin-1")
         try:
             path, query = normalize_target(raw)
         except BadPath as exc:
             return Verdict(False, "bad-path", exc.reason), None
-        kept = slash_kept(raw) if "%" in target else None
+        lenient = readings(raw, path)
         allow: HttpRule | None = None
         ask: HttpRule | None = None
         limit: HttpRule | None = None
         limit_size = 0
         for rule in self._for_method(method):
-            if not rule.matches_path(path, query) and (
-                kept is None or rule.action == "allow" or not rule.matches_path(kept, query)
-            ):
+            if rule.action == "allow":
+                if not rule.matches_path(path, query):
+                    continue
+            elif not any(rule.matches_path(reading, query) for reading in lenient):
                 continue
             if rule.action == "deny":
                 return Verdict(False, rule.name, f"{method} {path} is denied"), None
