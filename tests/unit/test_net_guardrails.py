@@ -313,6 +313,15 @@ def test_a_guardrail_applies_however_an_origin_reads_an_encoded_slash() -> None:
     assert decide([g], "DELETE", "/api/projects/group/project") is None  # two segments to all
 
 
+def test_a_method_override_header_is_guarded_as_that_method() -> None:
+    hook = gr.GuardrailHook([guardrail("CRITICAL", "DELETE")], gr.DEFAULT_TIER_ACTIONS)
+    dest = Destination("r", "https", "api.test", 443)
+    headers = [(b"x-http-method-override", b"delete")]
+    verdict = hook.on_request(dest, Request("POST", "/api/x", headers, 0))
+    assert verdict is not None and verdict.decision == "deny"
+    assert hook.on_request(dest, Request("POST", "/api/x", [], 0)) is None  # twin
+
+
 def test_max_body_bounds_a_logged_request() -> None:
     hook = gr.GuardrailHook([guardrail("LOW", "POST", "max_body: 1K\n")], gr.DEFAULT_TIER_ACTIONS)
     request = Request("POST", "/api/x", [], 10)

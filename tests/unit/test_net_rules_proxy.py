@@ -274,3 +274,41 @@ def test_a_deny_holds_for_the_spellings_lenient_routers_accept(tmp_path: Path, t
             assert w.origin.paths == [target, "/api/other/7/"]
 
     run(go)
+
+
+NO_DELETE: list[dict[str, object]] = [
+    {"host": "127.0.0.1:{port}", "action": "allow"},
+    {"host": "127.0.0.1:{port}", "methods": ["DELETE"], "action": "deny"},
+]
+
+
+@pytest.mark.parametrize(
+    "header", [b"X-HTTP-Method-Override", b"X-HTTP-Method", b"X-Method-Override"]
+)
+def test_a_method_override_header_is_decided_as_that_method(tmp_path: Path, header: bytes) -> None:
+    """Google's APIs, Express's method-override, Rack and Symfony serve a POST with
+    ``X-HTTP-Method-Override: DELETE`` as a DELETE, which a deny of DELETE never
+    saw.  Twins: the plain POST, and an override to an allowed method, pass."""
+
+    async def go() -> None:
+        from corral.net import aio
+
+        async with ruled(tmp_path, NO_DELETE) as w:
+
+            async def post(extra: bytes) -> bytes:
+                reader, writer = await aio.open_connection("127.0.0.1", w.port)
+                writer.write(
+                    b"POST " + w.url("/items/7") + b" HTTP/1.1\r\nConnection: close\r\n"
+                    b"Content-Length: 0\r\n" + extra + b"\r\n"
+                )
+                answer = await reader.read()
+                writer.close()
+                return answer
+
+            denied = await post(header + b": delete\r\n")
+            assert denied.startswith(b"HTTP/1.1 403"), denied
+            assert (await post(b"")).startswith(b"HTTP/1.1 200")
+            assert (await post(header + b": PATCH\r\n")).startswith(b"HTTP/1.1 200")
+            assert [r.method for r in w.origin.requests] == [b"POST", b"POST"]
+
+    run(go)

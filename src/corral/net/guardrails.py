@@ -42,6 +42,7 @@ from corral.net.httprules import (
     PathGlob,
     covers,
     normalize_target,
+    overrides,
     readings,
 )
 from corral.net.rules import Rule, Verdict
@@ -495,15 +496,11 @@ class GuardrailHook(Hook):
         return chosen.verdict(method, path), chosen
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
-        key = (dest.host, dest.port, request.method, request.target)
-        if key in self._decided:
-            found = self._decided[key]
-        else:
-            found = self._decided_now(*key)
-            if len(request.target) <= CACHED_TARGET:  # (what a client makes us keep: bounded)
-                if len(self._decided) >= self.CACHE_SIZE:
-                    self._decided.clear()
-                self._decided[key] = found
+        found = self._cached(dest, request.method, request.target)
+        for method in overrides(request.headers):  # a POST served as the method it names
+            other = self._cached(dest, method, request.target)
+            if _strictness(other) > _strictness(found):
+                found = other
         if found is None:
             return None
         verdict, chosen, fields = found
@@ -516,6 +513,17 @@ class GuardrailHook(Hook):
                 request.limit_body(limit, chosen.rule)
         return verdict
 
+    def _cached(self, dest: Destination, method: str, target: str) -> Decided | None:
+        key = (dest.host, dest.port, method, target)
+        if key in self._decided:
+            return self._decided[key]
+        found = self._decided_now(*key)
+        if len(target) <= CACHED_TARGET:  # (what a client makes us keep: bounded)
+            if len(self._decided) >= self.CACHE_SIZE:
+                self._decided.clear()
+            self._decided[key] = found
+        return found
+
     def _decided_now(self, host: str, port: int, method: str, target: str) -> Decided | None:
         found = self.decide(host, port, method, target.encode("latin-1"))
         if found is None:
@@ -523,6 +531,14 @@ class GuardrailHook(Hook):
         verdict, chosen = found
         fields = chosen.guardrail.audit_fields(chosen.action) if chosen is not None else {}
         return verdict, chosen, fields
+
+
+def _strictness(found: Decided | None) -> int:
+    """No opinion, allow (log), ask, deny: 0 to 3."""
+    if found is None:
+        return 0
+    verdict = found[0]
+    return 2 if verdict.ask else 1 if verdict.allowed else 3
 
 
 # what GuardrailHook.on_request needs of a decision: the verdict, the deciding

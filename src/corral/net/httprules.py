@@ -536,4 +536,24 @@ class HttpRulesHook(Hook):
         verdict, limit = found
         if limit is not None and limit.max_body is not None:
             request.limit_body(limit.max_body, limit.name)
+        for method in overrides(request.headers) if verdict.allowed else ():
+            other, _ = rules.decision(
+                rules.host(dest.host, dest.port), dest.port, method, request.target
+            )
+            if not other.allowed:
+                return other
         return verdict
+
+
+# Headers with which Google's APIs, Express's method-override, Rack and Symfony take
+# a POST for another method: a request carrying one is decided as that method too.
+METHOD_OVERRIDES = frozenset({b"x-http-method-override", b"x-http-method", b"x-method-override"})
+
+
+def overrides(headers: list[tuple[bytes, bytes]]) -> list[str]:
+    """The methods a request's override headers name, upper-cased."""
+    return [
+        value.decode("latin-1").strip().upper()
+        for name, value in headers
+        if name in METHOD_OVERRIDES
+    ]
