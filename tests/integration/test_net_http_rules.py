@@ -167,7 +167,8 @@ action = "deny"
         {CURL} -o /dev/null -w 'get=%{{http_code}}\\n' {url}/api/items
         {CURL} -X DELETE -w '\\ndelete=%{{http_code}}\\n' {url}/api/items
         {CURL} -o /dev/null -w 'other=%{{http_code}}\\n' {url}/other
-        {CURL} -o /dev/null -w 'admin=%{{http_code}}\\n' {url}/api/x/..%2Fadmin/keys
+        {CURL} -o /dev/null -w 'admin=%{{http_code}}\\n' {url}/api//admin/keys
+        {CURL} -o /dev/null -w 'dots=%{{http_code}}\\n' {url}/api/x/..%2Fadmin/keys
         {CURL} -o /dev/null -w 'semicolon=%{{http_code}}\\n' '{url}/api/admin;x/keys'
         python3 clients.py {url}
         """,
@@ -175,6 +176,7 @@ action = "deny"
     out = r.stdout.decode()
     assert "get=200" in out and "delete=403" in out, (out, r.stderr)
     assert "other=403" in out and "admin=403" in out and "semicolon=403" in out
+    assert "dots=403" in out
     assert "requests 200 403" in out and "httpx 200 403" in out
     body = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
     assert body["rule"] == "network.rules" and "DELETE /api/items" in body["reason"]
@@ -182,8 +184,8 @@ action = "deny"
     assert api.methods() == [("GET", "/api/items")] * 3
     decided = {(e["method"], e["rule"]) for e in net_log(c) if e["decision"] == "deny"}
     assert ("DELETE", "network.rules") in decided and ("GET", "network.rules") in decided
-    assert ("GET", "network.rules[2]") in decided  # the ..%2F walk to /api/admin/keys
-    assert ("GET", "bad-path") in decided
+    assert ("GET", "network.rules[2]") in decided  # //admin is /api/admin/keys
+    assert ("GET", "bad-path") in decided  # ; and the ..%2F walk
 
 
 def test_body_limit_and_ask(tsandbox: tuple[Corral, Path], echoes: tuple[Echo, Echo]) -> None:

@@ -283,7 +283,7 @@ def test_the_file_action_only_tightens_and_the_table_overrides() -> None:
 
 def test_the_strictest_guardrail_decides_and_is_audited() -> None:
     low, high = guardrail("LOW", "GET", name="low.md"), guardrail("HIGH", "GET", name="high.md")
-    found = decide([low, high], "get", "/api/../api/x")
+    found = decide([low, high], "get", "//api//x")
     assert found is not None
     decision, reason, audit = found
     assert decision == "ask" and reason.startswith("ask: GET /api/x needs approval: HIGH rule")
@@ -300,6 +300,26 @@ def test_the_strictest_guardrail_decides_and_is_audited() -> None:
 
 def test_an_ambiguous_path_to_a_guarded_host_is_denied() -> None:
     assert decide([guardrail("LOW", "GET")], "GET", "/api/%2e%2e%2fx%252F")[0] == "deny"  # type: ignore[index]
+
+
+def test_a_guardrail_applies_however_an_origin_reads_an_encoded_slash() -> None:
+    g = gr.parse(
+        "---\nrisk_tier: CRITICAL\nhosts: [api.test]\nmethods: [DELETE]\n"
+        "paths: [/api/projects/*]\n---\n# projects\n",
+        "/g/projects.md",
+    )
+    assert decide([g], "DELETE", "/api/projects/group%2Fproject")[0] == "deny"  # type: ignore[index]
+    assert decide([g], "DELETE", "/api/projects/7")[0] == "deny"  # type: ignore[index]
+    assert decide([g], "DELETE", "/api/projects/group/project") is None  # two segments to all
+
+
+def test_a_method_override_header_is_guarded_as_that_method() -> None:
+    hook = gr.GuardrailHook([guardrail("CRITICAL", "DELETE")], gr.DEFAULT_TIER_ACTIONS)
+    dest = Destination("r", "https", "api.test", 443)
+    headers = [(b"x-http-method-override", b"delete")]
+    verdict = hook.on_request(dest, Request("POST", "/api/x", headers, 0))
+    assert verdict is not None and verdict.decision == "deny"
+    assert hook.on_request(dest, Request("POST", "/api/x", [], 0)) is None  # twin
 
 
 def test_max_body_bounds_a_logged_request() -> None:

@@ -4,8 +4,15 @@ rule must see, and still tunnels to every other host."""
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import pytest
 from test_net_proxy_unit import RUN_ID, Origin, read_response, run
 
 from corral.net.audit import Audit
@@ -46,5 +53,262 @@ def test_opaque_tunnel_to_a_ruled_host_is_refused_and_others_pass(tmp_path: Path
             ruled.close()
             free.close()
             audit.close()
+
+    run(go)
+
+
+class RuledWorld:
+    """An origin, and a plain proxy whose ``[[network.rules]]`` name it (``{port}``)."""
+
+    def __init__(self, origin: Origin, port: int, audit_path: Path) -> None:
+        self.origin = origin
+        self.port = port
+        self.audit_path = audit_path
+
+    def url(self, target: str) -> bytes:
+        return f"http://127.0.0.1:{self.origin.port}{target}".encode()
+
+    async def send(self, method: bytes, target: str) -> bytes:
+        """One request on a fresh connection; everything the proxy answered."""
+        from corral.net import aio
+
+        reader, writer = await aio.open_connection("127.0.0.1", self.port)
+        writer.write(method + b" " + self.url(target) + b" HTTP/1.1\r\nConnection: close\r\n\r\n")
+        answer = await reader.read()
+        writer.close()
+        return answer
+
+    def audit(self) -> list[dict[str, Any]]:
+        if not self.audit_path.exists():
+            return []
+        return [json.loads(x) for x in self.audit_path.read_text().splitlines()]
+
+
+@asynccontextmanager
+async def ruled(tmp_path: Path, entries: list[dict[str, object]]) -> AsyncIterator[RuledWorld]:
+    origin = await Origin().start()
+    entries = [{**e, "host": str(e["host"]).format(port=origin.port)} for e in entries]
+    chain = Chain(
+        [HostRulesHook(HostRules.parse(["127.0.0.1"], [])), HttpRulesHook.from_policy(entries)]
+    )
+    audit = Audit(str(tmp_path / "net.jsonl"))
+    server = await Proxy(chain, audit).serve_tcp("127.0.0.1", 0, RUN_ID)
+    try:
+        yield RuledWorld(origin, server.sockets[0].getsockname()[1], tmp_path / "net.jsonl")
+    finally:
+        server.close()
+        origin.close()
+        audit.close()
+
+
+PUBLIC_NOT_SECRET: list[dict[str, object]] = [
+    {"host": "127.0.0.1:{port}", "paths": ["/public/**"], "action": "allow"},
+    {"host": "127.0.0.1:{port}", "paths": ["/public/secret/**"], "action": "deny"},
+]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/secret/../public/x",  # a router matching /secret/ on the path as sent serves it
+        "/public/secret/%2e%2e/x",
+        "/secret%2F..%2Fpublic/x",
+        "/public/secret/x/../../y",
+        "/public/./secret/x",
+    ],
+)
+def test_a_dot_segment_to_a_ruled_host_never_reaches_the_origin(
+    tmp_path: Path, target: str
+) -> None:
+    """The rules used to decide on the path with dot segments resolved, but the
+    origin got the target as sent: Node, Express, uvicorn/Starlette and Werkzeug
+    route ``/secret/../public/x`` under ``/secret``.  Twin: the plain path passes."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, PUBLIC_NOT_SECRET) as w:
+            answer = await w.send(b"GET", target)
+            assert answer.startswith(b"HTTP/1.1 403"), answer
+            assert b'"rule":"bad-path"' in answer.replace(b" ", b"")
+            twin = await w.send(b"GET", "/public/x")
+            assert twin.startswith(b"HTTP/1.1 200"), twin
+            assert w.origin.paths == ["/public/x"]
+
+    run(go)
+
+
+class _Stdlib(http.server.BaseHTTPRequestHandler):
+    """An origin as Python's http.server makes them: keep-alive, and a GET handler
+    that never reads a body (SimpleHTTPRequestHandler's do_GET does the same)."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[tuple[str, str, str | None]]
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _answer(self, body_read: bool) -> None:
+        if body_read:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.seen.append((self.command, self.path, self.headers.get("Host")))
+        body = f"{self.command} {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._answer(body_read=False)
+
+    def do_POST(self) -> None:
+        self._answer(body_read=True)
+
+
+def test_content_on_a_get_is_the_origins_last_request(tmp_path: Path) -> None:
+    """A GET's content reached an origin whose GET handler ignores it, on a kept-alive
+    connection: the origin read it as the next request, one no rule decided (here a
+    GET of /secret for another virtual host).  Twins: the GET itself, a POST with the
+    same body, and the client's next request on the same connection all pass."""
+    seen: list[tuple[str, str, str | None]] = []
+    handler = type("Handler", (_Stdlib,), {"seen": seen})
+    origin = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=origin.serve_forever, daemon=True).start()
+    port = origin.server_address[1]
+    entries: list[dict[str, object]] = [
+        {"host": f"127.0.0.1:{port}", "methods": ["GET", "POST"], "paths": ["/public/**"],
+         "action": "allow"},
+    ]  # fmt: skip
+    inner = b"GET /secret HTTP/1.1\r\nHost: other.test\r\n\r\n"
+
+    def carrying(method: bytes) -> bytes:
+        return b"%s http://127.0.0.1:%d/public/x HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (
+            method,
+            port,
+            len(inner),
+            inner,
+        )
+
+    async def go() -> None:
+        from corral.net import aio
+
+        chain = Chain(
+            [HostRulesHook(HostRules.parse(["127.0.0.1"], [])), HttpRulesHook.from_policy(entries)]
+        )
+        audit = Audit(str(tmp_path / "net.jsonl"))
+        server = await Proxy(chain, audit).serve_tcp("127.0.0.1", 0, RUN_ID)
+        try:
+            reader, writer = await aio.open_connection(
+                "127.0.0.1", server.sockets[0].getsockname()[1]
+            )
+            for raw in (carrying(b"GET"), carrying(b"POST"), carrying(b"GET")):
+                writer.write(raw)
+                assert (await read_response(reader)).status == 200
+            await aio.sleep(0.3)  # time for a smuggled request to be served
+            writer.close()
+        finally:
+            server.close()
+            audit.close()
+
+    try:
+        run(go)
+    finally:
+        origin.shutdown()
+        origin.server_close()
+    assert seen == [
+        ("GET", "/public/x", f"127.0.0.1:{port}"),
+        ("POST", "/public/x", f"127.0.0.1:{port}"),
+        ("GET", "/public/x", f"127.0.0.1:{port}"),
+    ]
+
+
+PROJECTS_NOT_DELETED: list[dict[str, object]] = [
+    {"host": "127.0.0.1:{port}", "action": "allow"},
+    {"host": "127.0.0.1:{port}", "methods": ["DELETE"], "paths": ["/api/projects/*"],
+     "action": "deny"},
+]  # fmt: skip
+
+
+def test_an_encoded_slash_cannot_split_a_segment_a_deny_names(tmp_path: Path) -> None:
+    """GitLab, Rails, Express and Go's ServeMux keep ``%2F`` inside its segment
+    (GitLab's project id is ``group%2Fproject``), but the rules read it as ``/``
+    only: ``DELETE /api/projects/group%2Fproject`` was two segments to them, missed
+    the deny for ``/api/projects/*`` and deleted the project.  Twins: the same
+    DELETE elsewhere, and a GET of the project, pass; so does the plain id."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, PROJECTS_NOT_DELETED) as w:
+            for target in ("/api/projects/group%2Fproject", "/api/projects/group%2fproject"):
+                answer = await w.send(b"DELETE", target)
+                assert answer.startswith(b"HTTP/1.1 403"), answer
+            assert (await w.send(b"DELETE", "/api/projects/7")).startswith(b"HTTP/1.1 403")
+            for method, target in (
+                (b"DELETE", "/api/other/group%2Fproject"),
+                (b"GET", "/api/projects/group%2Fproject"),
+            ):
+                answer = await w.send(method, target)
+                assert answer.startswith(b"HTTP/1.1 200"), answer
+            assert w.origin.paths == ["/api/other/group%2Fproject", "/api/projects/group%2Fproject"]
+
+    run(go)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/api/projects/7/",  # Express, Rails, Spring 5: the route of /api/projects/7
+        "/API/Projects/7",  # Express, ASP.NET: case-insensitive routes
+        "/api/projects/group%2FPROJECT/",
+    ],
+)
+def test_a_deny_holds_for_the_spellings_lenient_routers_accept(tmp_path: Path, target: str) -> None:
+    """A deny of ``/api/projects/*`` missed ``/api/projects/7/`` (a trailing slash
+    counted) and ``/API/Projects/7`` (globs are case-sensitive), which Express routes
+    (case-insensitive, slash optional by default) to the very handler denied.
+    Twins: the same target with GET, and DELETE elsewhere, pass."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, PROJECTS_NOT_DELETED) as w:
+            answer = await w.send(b"DELETE", target)
+            assert answer.startswith(b"HTTP/1.1 403"), answer
+            assert (await w.send(b"GET", target)).startswith(b"HTTP/1.1 200")
+            assert (await w.send(b"DELETE", "/api/other/7/")).startswith(b"HTTP/1.1 200")
+            assert w.origin.paths == [target, "/api/other/7/"]
+
+    run(go)
+
+
+NO_DELETE: list[dict[str, object]] = [
+    {"host": "127.0.0.1:{port}", "action": "allow"},
+    {"host": "127.0.0.1:{port}", "methods": ["DELETE"], "action": "deny"},
+]
+
+
+@pytest.mark.parametrize(
+    "header", [b"X-HTTP-Method-Override", b"X-HTTP-Method", b"X-Method-Override"]
+)
+def test_a_method_override_header_is_decided_as_that_method(tmp_path: Path, header: bytes) -> None:
+    """Google's APIs, Express's method-override, Rack and Symfony serve a POST with
+    ``X-HTTP-Method-Override: DELETE`` as a DELETE, which a deny of DELETE never
+    saw.  Twins: the plain POST, and an override to an allowed method, pass."""
+
+    async def go() -> None:
+        from corral.net import aio
+
+        async with ruled(tmp_path, NO_DELETE) as w:
+
+            async def post(extra: bytes) -> bytes:
+                reader, writer = await aio.open_connection("127.0.0.1", w.port)
+                writer.write(
+                    b"POST " + w.url("/items/7") + b" HTTP/1.1\r\nConnection: close\r\n"
+                    b"Content-Length: 0\r\n" + extra + b"\r\n"
+                )
+                answer = await reader.read()
+                writer.close()
+                return answer
+
+            denied = await post(header + b": delete\r\n")
+            assert denied.startswith(b"HTTP/1.1 403"), denied
+            assert (await post(b"")).startswith(b"HTTP/1.1 200")
+            assert (await post(header + b": PATCH\r\n")).startswith(b"HTTP/1.1 200")
+            assert [r.method for r in w.origin.requests] == [b"POST", b"POST"]
 
     run(go)

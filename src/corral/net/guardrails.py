@@ -36,7 +36,15 @@ from __future__ import annotations
 import os
 
 from corral.net.hooks import Hook
-from corral.net.httprules import CACHED_TARGET, BadPath, PathGlob, covers, normalize_target
+from corral.net.httprules import (
+    CACHED_TARGET,
+    BadPath,
+    PathGlob,
+    covers,
+    normalize_target,
+    overrides,
+    readings,
+)
 from corral.net.rules import Rule, Verdict
 
 TYPE_CHECKING = False
@@ -405,7 +413,7 @@ class Compiled:
         self.guardrail = g
         self.hosts = [Rule(h) for h in g.hosts]
         self.methods = frozenset(g.methods) if g.methods is not None else None
-        self.paths = [PathGlob(p) for p in g.paths]
+        self.paths = [PathGlob(p, fold=True) for p in g.paths]  # restricts: any case
         self.action = g.effective_action(table)
         self.rule = f"guardrail {g.name}"
 
@@ -476,26 +484,23 @@ class GuardrailHook(Hook):
         except BadPath as exc:
             return Verdict(False, "bad-path", exc.reason), None
         method = method.upper()
+        # every guardrail restricts: it holds for every path an origin may read
+        lenient = readings(target, path)
         chosen: Compiled | None = None
         for c in ruled:
-            if c.matches(method, path, query) and (
-                chosen is None or STRICTNESS[c.action] > STRICTNESS[chosen.action]
-            ):
+            hit = any(c.matches(method, reading, query) for reading in lenient)
+            if hit and (chosen is None or STRICTNESS[c.action] > STRICTNESS[chosen.action]):
                 chosen = c
         if chosen is None:
             return None
         return chosen.verdict(method, path), chosen
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
-        key = (dest.host, dest.port, request.method, request.target)
-        if key in self._decided:
-            found = self._decided[key]
-        else:
-            found = self._decided_now(*key)
-            if len(request.target) <= CACHED_TARGET:  # (what a client makes us keep: bounded)
-                if len(self._decided) >= self.CACHE_SIZE:
-                    self._decided.clear()
-                self._decided[key] = found
+        found = self._cached(dest, request.method, request.target)
+        for method in overrides(request.headers):  # a POST served as the method it names
+            other = self._cached(dest, method, request.target)
+            if _strictness(other) > _strictness(found):
+                found = other
         if found is None:
             return None
         verdict, chosen, fields = found
@@ -508,6 +513,17 @@ class GuardrailHook(Hook):
                 request.limit_body(limit, chosen.rule)
         return verdict
 
+    def _cached(self, dest: Destination, method: str, target: str) -> Decided | None:
+        key = (dest.host, dest.port, method, target)
+        if key in self._decided:
+            return self._decided[key]
+        found = self._decided_now(*key)
+        if len(target) <= CACHED_TARGET:  # (what a client makes us keep: bounded)
+            if len(self._decided) >= self.CACHE_SIZE:
+                self._decided.clear()
+            self._decided[key] = found
+        return found
+
     def _decided_now(self, host: str, port: int, method: str, target: str) -> Decided | None:
         found = self.decide(host, port, method, target.encode("latin-1"))
         if found is None:
@@ -515,6 +531,14 @@ class GuardrailHook(Hook):
         verdict, chosen = found
         fields = chosen.guardrail.audit_fields(chosen.action) if chosen is not None else {}
         return verdict, chosen, fields
+
+
+def _strictness(found: Decided | None) -> int:
+    """No opinion, allow (log), ask, deny: 0 to 3."""
+    if found is None:
+        return 0
+    verdict = found[0]
+    return 2 if verdict.ask else 1 if verdict.allowed else 3
 
 
 # what GuardrailHook.on_request needs of a decision: the verdict, the deciding

@@ -26,9 +26,19 @@ decoded and normalized once, as an origin would before routing:
   backslash, a ``;`` (path parameters: servers disagree on them) or an escape
   that decodes to another escape (``%252F``: double decoding) make the
   request ambiguous, and an ambiguous request to a ruled host is denied;
-* empty segments (``//``) and ``.`` are dropped and ``..`` removes the segment
-  before it (never above the root), so ``/public/..%2Fadmin`` is ``/admin``;
-  a trailing ``/`` is kept (``/a`` and ``/a/`` differ);
+* a ``.`` or ``..`` segment, however spelled (``%2e%2e``, ``..%2F``), makes the
+  request ambiguous too: the origin gets the target as sent, and some resolve
+  it while others route on it as it is (``/secret/../public`` is under
+  ``/secret`` for Node, Express, Starlette and Werkzeug, not for nginx);
+* empty segments (``//``) are dropped, so ``//a//b`` is ``/a/b``; a trailing
+  ``/`` is kept (``/a`` and ``/a/`` differ);
+* origins route one path in several ways: ``%2F`` is a ``/`` to nginx but a
+  character of its segment to GitLab, Rails, Express and Go's ServeMux
+  (``/projects/group%2Fproject`` is one project); Express, Rails and Spring 5
+  route ``/a/`` as ``/a``; Express and ASP.NET ``/A`` as ``/a``.  An ``allow``
+  is matched against the decoded path as it is; a ``deny`` or ``ask`` against
+  every such reading, in any case (``*`` matches a kept ``%2F``), so that no
+  spelling an origin routes to a denied handler slips past it;
 * ``*`` matches any characters within one segment (not ``/``), ``**`` as a
   whole segment matches any number of segments, none included: ``/api/**``
   matches ``/api``, ``/api/`` and ``/api/v1/x``; ``/**/info/refs`` matches
@@ -142,19 +152,49 @@ def normalize_target(target: bytes) -> tuple[str, Query | None]:
         raise BadPath("a ';' in the path (path parameters are read differently by servers)")
     if "%" in text and any(_is_escape(text, i) for i, c in enumerate(text) if c == "%"):
         raise BadPath("a double-encoded path (an escape that decodes to another escape)")
-    segments: list[str] = []
     parts = text.split("/")
-    for part in parts:
-        if part == "..":
-            if segments:
-                segments.pop()
-        elif part not in ("", "."):
-            segments.append(part)
-    path = "/" + "/".join(segments)
-    if segments and parts[-1] in ("", ".", ".."):
-        path += "/"  # a trailing slash is part of the path
+    if "." in parts or ".." in parts:
+        # The origin gets the target as sent: Node, Express, Starlette and Werkzeug
+        # route /secret/../public under /secret, nginx under /public.  No one reading.
+        raise BadPath("a '.' or '..' segment in the path (origins resolve them differently)")
     query = _query(raw_query) if sep else None
-    return path, query
+    return _merged(parts), query
+
+
+def _merged(parts: list[str]) -> str:
+    """Segments joined without the empty ones; a trailing slash kept."""
+    segments = [part for part in parts if part]
+    path = "/" + "/".join(segments)
+    if segments and parts[-1] == "":
+        path += "/"  # a trailing slash is part of the path
+    return path
+
+
+def readings(target: bytes, path: str) -> tuple[str, ...]:
+    """Every path a lenient router may take ``target`` for, ``path`` (its
+    normalized path) first: with ``%2F`` kept in its segment (:func:`slash_kept`),
+    and each without and with a trailing slash (Express, Rails and Spring 5 route
+    ``/a/`` as ``/a``).  A deny or ask matches any of them, in any case (Express
+    and ASP.NET route ``/A`` as ``/a``); an allow only ``path``, as it is."""
+    kept = slash_kept(target) if b"%" in target else None
+    found = [path]
+    for reading in (path, kept):
+        if reading is not None and reading != "/":
+            bare = reading.rstrip("/")
+            found += [bare, bare + "/"]
+    return tuple(dict.fromkeys(found))
+
+
+def slash_kept(target: bytes) -> str | None:
+    """The path as origins that keep ``%2F`` inside its segment read it (GitLab,
+    Rails, Express, Go's ServeMux: ``/projects/group%2Fproject`` is one project),
+    when the target has one; the escape stays as ``%2F``, which no glob holds and
+    ``*`` matches.  Call after :func:`normalize_target` accepted ``target``."""
+    raw_path = target.partition(b"?")[0]
+    if b"%2f" not in raw_path.lower():
+        return None
+    pieces = raw_path.replace(b"%2f", b"%2F").split(b"%2F")
+    return _merged("%2F".join(_unquote(piece, "path") for piece in pieces).split("/"))
 
 
 def _plain_path(raw: bytes) -> bool:
@@ -183,10 +223,11 @@ class PathGlob:
 
     __slots__ = ("path", "query", "text")
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, fold: bool = False) -> None:
+        """``fold``: match the path in any case (a deny's glob: see :func:`readings`)."""
         self.text = text
         path_text, sep, query_text = text.partition("?")
-        self.path = re.compile(_path_regex(path_text, text))
+        self.path = re.compile(_path_regex(path_text, text), re.IGNORECASE if fold else 0)
         self.query: list[tuple[re.Pattern[str], re.Pattern[str] | None]] | None = None
         if sep:
             if not query_text:
@@ -287,13 +328,14 @@ class HttpRule:
         self.host = host
         self.action = action
         self.methods = methods  # None: any method
-        self.paths = paths  # empty: any path
+        fold = action != "allow"  # a deny or ask holds in any case (see readings)
+        self.paths = [PathGlob(g.text, fold) for g in paths] if fold else paths  # empty: any
         self.max_body = max_body
         # globs without a query, all in one pattern: one match per request, not one each
         self.path_match = None
         if paths and all(glob.query is None for glob in paths):
             joined = "|".join(f"(?:{glob.path.pattern})" for glob in paths)
-            self.path_match = re.compile(joined).fullmatch
+            self.path_match = re.compile(joined, re.IGNORECASE if fold else 0).fullmatch
 
     def matches(self, method: str, path: str, query: Query | None) -> bool:
         if self.methods is not None and method not in self.methods:
@@ -424,17 +466,23 @@ class RuledHost:
         return found
 
     def decide(self, method: str, target: str) -> Decision:
-        """Deny wins, then ask, then allow; no entry matching denies."""
+        """Deny wins, then ask, then allow; no entry matching denies.  A deny or ask
+        matches the path as any lenient router reads it (:func:`readings`)."""
+        raw = target.encode("latin-1")
         try:
-            path, query = normalize_target(target.encode("latin-1"))
+            path, query = normalize_target(raw)
         except BadPath as exc:
             return Verdict(False, "bad-path", exc.reason), None
+        lenient = readings(raw, path)
         allow: HttpRule | None = None
         ask: HttpRule | None = None
         limit: HttpRule | None = None
         limit_size = 0
         for rule in self._for_method(method):
-            if not rule.matches_path(path, query):
+            if rule.action == "allow":
+                if not rule.matches_path(path, query):
+                    continue
+            elif not any(rule.matches_path(reading, query) for reading in lenient):
                 continue
             if rule.action == "deny":
                 return Verdict(False, rule.name, f"{method} {path} is denied"), None
@@ -488,4 +536,24 @@ class HttpRulesHook(Hook):
         verdict, limit = found
         if limit is not None and limit.max_body is not None:
             request.limit_body(limit.max_body, limit.name)
+        for method in overrides(request.headers) if verdict.allowed else ():
+            other, _ = rules.decision(
+                rules.host(dest.host, dest.port), dest.port, method, request.target
+            )
+            if not other.allowed:
+                return other
         return verdict
+
+
+# Headers with which Google's APIs, Express's method-override, Rack and Symfony take
+# a POST for another method: a request carrying one is decided as that method too.
+METHOD_OVERRIDES = frozenset({b"x-http-method-override", b"x-http-method", b"x-method-override"})
+
+
+def overrides(headers: list[tuple[bytes, bytes]]) -> list[str]:
+    """The methods a request's override headers name, upper-cased."""
+    return [
+        value.decode("latin-1").strip().upper()
+        for name, value in headers
+        if name in METHOD_OVERRIDES
+    ]

@@ -196,6 +196,9 @@ class _Clock:
         self.begun = 0.0
 
 
+# Methods whose content has no defined meaning (RFC 9110 9.3): origins often leave it
+# unread.  A request carrying some is the last on its upstream connection.
+CONTENT_IGNORED = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS", b"TRACE"})
 PEEK_LIMIT = 16 * 1024
 PEEK_TIMEOUT = 3.0  # a client that sends nothing first is decided by name/address alone
 
@@ -802,6 +805,12 @@ class Proxy:
         upgrade = _websocket_upgrade(request)
         if upgrade:  # hop-by-hop, so dropped above: the upgrade is asked for again
             headers = [*headers, (b"connection", b"upgrade"), (b"upgrade", upgrade)]
+        # Content where it means nothing (a GET's): an origin that ignores it, as most
+        # GET handlers do, would read it as the next request, one no rule decided.
+        # Closing after it leaves the origin no next request to read.
+        last = body_kind != "none" and request.method.upper() in CONTENT_IGNORED
+        if last:
+            headers = [*headers, (b"connection", b"close")]
         if upstream is not None and (upstream.host, upstream.port) != (dest.host, dest.port):
             upstream.close()
             upstream = None
@@ -900,7 +909,7 @@ class Proxy:
             upstream.close()
             return False, None
         self.log(dest, verdict, status, up, down, started, upstream.address, extra)
-        reusable = kind != "close" and response.keep_alive()
+        reusable = kind != "close" and response.keep_alive() and not last
         if not reusable:
             upstream.close()
             upstream = None
