@@ -55,6 +55,7 @@ Methods are compared case-insensitively (an origin that reads ``delete`` as
 
 from __future__ import annotations
 
+import operator
 import re
 
 from corral.net.hooks import Hook
@@ -536,7 +537,9 @@ class HttpRulesHook(Hook):
         verdict, limit = found
         if limit is not None and limit.max_body is not None:
             request.limit_body(limit.max_body, limit.name)
-        for method in overrides(request.headers) if verdict.allowed else ():
+        if not verdict.allowed or METHOD_OVERRIDES.isdisjoint(map(_name, request.headers)):
+            return verdict  # (no override header: the usual case, looked at in C)
+        for method in overrides(request.headers):
             other, _ = rules.decision(
                 rules.host(dest.host, dest.port), dest.port, method, request.target
             )
@@ -548,10 +551,13 @@ class HttpRulesHook(Hook):
 # Headers with which Google's APIs, Express's method-override, Rack and Symfony take
 # a POST for another method: a request carrying one is decided as that method too.
 METHOD_OVERRIDES = frozenset({b"x-http-method-override", b"x-http-method", b"x-method-override"})
+_name = operator.itemgetter(0)
 
 
 def overrides(headers: list[tuple[bytes, bytes]]) -> list[str]:
     """The methods a request's override headers name, upper-cased."""
+    if METHOD_OVERRIDES.isdisjoint(map(_name, headers)):
+        return []  # (the usual case, looked at in C: this runs for every request)
     return [
         value.decode("latin-1").strip().upper()
         for name, value in headers

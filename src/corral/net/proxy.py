@@ -1377,7 +1377,8 @@ def _websocket_upgrade(request: http1.Message) -> bytes:
     """b"websocket" for a WebSocket handshake, b"" for anything else.  Only that
     token is passed on: h2c (offered alone or beside websocket) would turn the
     connection into HTTP/2 whose requests no hook sees."""
-    if b"websocket" not in _tokens(request.get_all(b"upgrade")):
+    offered = request.get_all(b"upgrade")
+    if not offered or b"websocket" not in _tokens(offered):  # (no Upgrade: the usual case)
         return b""
     return b"websocket" if b"upgrade" in _tokens(request.get_all(b"connection")) else b""
 
