@@ -361,6 +361,21 @@ class Aftercare:
         return said
 
 
+def not_through_links(path: str) -> str:
+    """``path``, or the first of its directories that is now a symlink: what to move
+    when the run may have replaced a directory on the way (the link, never what it
+    leads to)."""
+    parent = os.path.dirname(path)
+    if os.path.realpath(parent) == parent:
+        return path
+    where = ""
+    for part in parent.strip("/").split("/"):
+        where += "/" + part
+        if os.path.islink(where):
+            return where
+    return path  # (changed back in between: as it was named)
+
+
 def quarantine(paths: list[str], run_id: str) -> list[Denial]:
     """Move anything created at a write-deny path out of the workspace; say what moved.
 
@@ -371,8 +386,6 @@ def quarantine(paths: list[str], run_id: str) -> list[Denial]:
     moved = []
     seen = set()
     for named in paths:
-        from corral.quarantine import not_through_links
-
         path = not_through_links(named)
         if path in seen or not os.path.lexists(path):
             continue

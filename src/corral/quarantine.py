@@ -28,21 +28,6 @@ def destination(path: str, run_id: str) -> str:
     return os.path.join(runlog.state_dir(), "quarantine", run_id, path.lstrip("/"))
 
 
-def not_through_links(path: str) -> str:
-    """``path``, or the first of its directories that is now a symlink: what to move
-    when the run may have replaced a directory on the way (the link, never what it
-    leads to)."""
-    parent = os.path.dirname(path)
-    if os.path.realpath(parent) == parent:
-        return path
-    where = ""
-    for part in parent.strip("/").split("/"):
-        where += "/" + part
-        if os.path.islink(where):
-            return where
-    return path  # (changed back in between: as it was named)
-
-
 def move_out(path: str, run_id: str) -> tuple[str, str]:
     """(where ``path`` went, "") or ("", why it is not in the quarantine); in both
     cases it is gone from where it was unless the why says it stayed."""

@@ -249,7 +249,8 @@ def _clear(path: str, run_id: str) -> list[Denial]:
     """Move what the run made at a carried path's old place to the quarantine.  A
     directory on the way that the run made a symlink goes itself: the path
     through it is some other directory's entry, outside the workspace perhaps."""
-    from corral.quarantine import move_out, not_through_links
+    from corral.launch import not_through_links
+    from corral.quarantine import move_out
     from corral.report import made_in_place
 
     where = not_through_links(path)
