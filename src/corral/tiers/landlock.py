@@ -19,9 +19,10 @@ from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
+    from corral.chmodsup import Places
     from corral.fsplan import FsPlan, Mount
     from corral.landlock import Ruleset, Tree
     from corral.net.trust import NetExtras
@@ -87,17 +88,11 @@ _SOCK_NOT_STREAM = 0xE  # any of these type bits: not SOCK_STREAM (1); flags sit
 
 
 # Landlock does not govern file metadata: without these, a file the sandbox may
-# only read (but owns, as root owns /etc) could be made world-writable.
-_METADATA_CALLS = (
-    "chmod",
-    "fchmod",
-    "fchmodat",
-    "fchmodat2",
-    "chown",
-    "fchown",
-    "lchown",
-    "fchownat",
-)
+# only read (but owns, as root owns /etc) could be made world-writable.  A mode
+# change goes to corral's supervisor (corral.chmodsup), which allows it inside
+# the writable places only; owners are refused everywhere.
+MODE_CALLS = ("chmod", "fchmod", "fchmodat", "fchmodat2")
+_OWNER_CALLS = ("chown", "fchown", "lchown", "fchownat")
 # ... nor extended attributes: an ACL (system.posix_acl_access) is one, and setting
 # it changes the file's mode, so a private file outside the workspace could be
 # opened up to other users.  ENOTSUP: tools take it as a file system without them.
@@ -118,16 +113,27 @@ def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
     from corral.seccomp import ArgCond, SyscallRule
 
     eacces = errno.EACCES
-    metadata = tuple(
-        SyscallRule(name, errno.EPERM, (), "file modes and owners: Landlock does not govern them")
-        for name in _METADATA_CALLS
+    modes = tuple(
+        SyscallRule(
+            name,
+            errno.EPERM,
+            (),
+            "file modes: corral allows them in writable places only (Landlock does not)",
+            notify=True,
+        )
+        for name in MODE_CALLS
+    )
+    owners = tuple(
+        SyscallRule(name, errno.EPERM, (), "file owners: Landlock does not govern them")
+        for name in _OWNER_CALLS
     )
     xattrs = tuple(
         SyscallRule(name, errno.EOPNOTSUPP, (), "extended attributes and ACLs (an ACL sets a mode)")
         for name in _XATTR_WRITES
     )
     return (
-        *metadata,
+        *modes,
+        *owners,
         *xattrs,
         SyscallRule(
             "socket",
@@ -240,25 +246,33 @@ class Confined(LaunchStrategy):
     child confines itself with ``ruleset`` and the plan's seccomp filter, then
     execs the command.  No namespace holds the tree together: the reaper
     sweeps the command's descendants on SIGTERM (a SIGKILL would leave them to
-    init), so :meth:`stop` sends that."""
+    init), so :meth:`stop` sends that.  The reaper also serves the filter's mode
+    calls (:mod:`corral.chmodsup`): allowed in ``places`` only."""
 
-    def __init__(self, ruleset: Ruleset) -> None:
+    def __init__(self, ruleset: Ruleset, places: Places | None = None) -> None:
         self.ruleset = ruleset
+        self.places = places
 
     def spawn(
         self, plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool
     ) -> int:
         from corral import confine, launch, seccomp
 
-        program = seccomp.compile_filter(plan.seccomp, seccomp.native_arch())
+        arch = seccomp.native_arch()
+        program = seccomp.compile_filter(plan.seccomp, arch)
         parent = os.getpid()
         pid = os.fork()
         if pid:
             return pid
 
-        def exec_command() -> None:
+        def exec_command(channel: int) -> None:
+            wanted = dict(child_fds)
+            if channel >= 0:  # kept through the move (at a number no target uses)
+                spare = max([2, channel, *child_fds, *child_fds.values()]) + 1
+                wanted[spare] = channel
+                channel = spare
             try:
-                launch.move_fds_into_place(child_fds)
+                launch.move_fds_into_place(wanted)
                 os.chdir(plan.cwd)
             except OSError as exc:
                 os.write(2, f"corral: cannot enter {plan.cwd}: {exc.strerror}\n".encode())
@@ -268,7 +282,12 @@ class Confined(LaunchStrategy):
             import corral.failures  # noqa: F401
 
             try:
-                confine.apply(self.ruleset, program)
+                try:
+                    confine.apply(self.ruleset, program, channel)
+                except confine.ListenerBusy:  # corral in corral: modes refused, as before
+                    os.close(channel)
+                    unsupervised = seccomp.compile_filter(plan.seccomp, arch, notify=False)
+                    confine.install_seccomp(unsupervised)
             except (OSError, confine.ConfineError) as exc:
                 os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())
                 os._exit(125)
@@ -279,11 +298,23 @@ class Confined(LaunchStrategy):
 
         try:
             launch.child_session(procs_files)
-            confine.reaper(exec_command, parent)
+            confine.reaper(exec_command, parent, self._supervisor())
         except BaseException as exc:
             os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())
         finally:
             os._exit(125)
+
+    def _supervisor(self) -> Callable[[int, int], int] | None:
+        places = self.places
+        if places is None:
+            return None
+
+        def supervise(listener: int, pid: int) -> int:
+            from corral import chmodsup
+
+            return chmodsup.serve(listener, pid, places)
+
+        return supervise
 
     def stop(self, plan: Plan, pid: int) -> None:
         try:
@@ -424,7 +455,7 @@ class LandlockTier(Tier):
             grants.append((layer.path, (landlock.READ | landlock.WRITE) & rules.handled_fs))
         if grants:
             rules.paths = sorted({*rules.paths, *grants})
-        plan.strategy = Confined(rules)
+        plan.strategy = Confined(rules, _mode_places(fs, layer.path if layer else None, plan))
         return plan
 
     def _network(
@@ -452,6 +483,16 @@ class LandlockTier(Tier):
         # no mounts: the variables name the host's file, granted by the ruleset
         plan.env = sandbox_env(net, plan.env, net.ca_bundle or "")
         return port, net.ca_bundle
+
+
+def _mode_places(fs: FsPlan, home: str | None, plan: Plan) -> Places:
+    """Where the sandbox may change modes: where it may write (the writable paths,
+    the home layer, its scratch directory), less its secrets and hard-linked files
+    there."""
+    from corral.chmodsup import Places
+
+    roots = [*fs.writable, *(p for p in (home, plan.scratch) if p)]
+    return Places(roots, [*fs.read_deny, *fs.hardlinks])
 
 
 def _split_notes(fs: FsPlan) -> list[str]:
