@@ -54,13 +54,13 @@ DIFFERENCES = (
     "renamed, hard-linked or rewritten during the run; after it corral puts it back from "
     "a snapshot taken at launch and takes its other names out (found by inode), so no "
     "later run reads it, and reports each (up to 16 MiB of secrets there; more is refused)",
-    "chmod and chown are refused everywhere, the workspace included (Landlock does not "
-    "govern file modes; a read-only file the sandbox owns could otherwise be opened up), "
-    "and so are extended attributes and ACLs (ENOTSUP: an ACL sets a mode too); git "
-    "init and git clone stop there (git gives its config.lock the config's mode)",
-    "$HOME is the workspace's home layer here too, but tools that set file modes in it "
-    "stop at that refused chmod: pip install (--user included) and git config --global "
-    "on an existing ~/.gitconfig fail (npm install, caches and new files work)",
+    "chmod works only in the writable places (the workspace, writable paths, the home "
+    "layer, the scratch directory): Landlock does not govern file modes, so corral's "
+    "supervisor in the reaper decides each call on the file it names; chmod is refused "
+    "(EPERM) outside them, on a secret or a file with more than one hard link there, "
+    "with set-ID bits, through /proc/PID/ magic links (ELOOP), and if the supervisor is "
+    "gone (ENOSYS); chown is refused everywhere, and so are extended attributes and "
+    "ACLs (ENOTSUP: an ACL sets a mode too)",
     "timestamps (touch, utimensat) of any file the sandbox can see can be changed, outside "
     "the workspace too: Landlock does not govern file times and seccomp cannot tell the "
     "paths apart (content, modes and owners stay protected; restored write-deny paths "
@@ -179,8 +179,9 @@ def _ask_abi() -> int:
 def dac_hidden(path: str, groups: Sequence[int] | None = None) -> bool:
     """Whether file permissions already keep this process from reading ``path``.
 
-    Inside the sandbox that stays so: capabilities are gone and chmod/chown are
-    refused, so such a path needs no Landlock split (for an ordinary user,
+    Inside the sandbox that stays so: capabilities are gone, chown is refused and
+    chmod is refused outside the writable places and on secrets inside them
+    (corral.chmodsup), so such a path needs no Landlock split (for an ordinary user,
     /etc/shadow alone would otherwise cost a rule per entry of /etc).
     ``groups``: this process's supplementary groups (asked when None)."""
     import stat
