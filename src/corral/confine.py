@@ -299,7 +299,7 @@ def reaper(exec_command: object, parent: int, supervise: object = None) -> None:
     _prctl(_PR_SET_CHILD_SUBREAPER, 1, "subreaper")
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, "parent-death signal")
 
-    class Stop(Exception):
+    class Stop(BaseException):  # not Exception: the supervisor refuses calls on those
         pass
 
     def on_term(_signum: int, _frame: object) -> None:
