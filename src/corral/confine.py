@@ -14,6 +14,7 @@ The syscalls go through ctypes: the standard library has no wrapper for them.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import struct
 
@@ -40,6 +41,9 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _SECCOMP_MODE_FILTER = 2
+_SECCOMP_SET_MODE_FILTER = 1  # seccomp(2)'s operation
+_SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
+_SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
 # SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP, SECBIT_KEEP_CAPS_LOCKED and their locks:
 # uid 0 gains nothing from exec, and the bits cannot be undone.
 _SECUREBITS = 0x01 | 0x02 | 0x04 | 0x08 | 0x20
@@ -52,6 +56,11 @@ _libc.prctl.restype = ctypes.c_int
 
 class ConfineError(Exception):
     pass
+
+
+class ListenerBusy(ConfineError):
+    """A filter above this process has a listener already (corral inside corral's
+    landlock tier): the kernel allows one per chain."""
 
 
 def _check(result: int, what: str) -> int:
@@ -135,22 +144,73 @@ def restrict(rules: Ruleset) -> None:
         os.close(fd)
 
 
-def install_seccomp(program: bytes) -> None:
-    """Load a compiled classic-BPF filter (see :mod:`corral.seccomp`)."""
+def install_seccomp(program: bytes, listen: bool = False) -> int:
+    """Load a compiled classic-BPF filter (see :mod:`corral.seccomp`); with
+    ``listen``, through seccomp(2) with a new listener, whose descriptor is
+    returned (-1 otherwise)."""
     _prctl(_PR_SET_NO_NEW_PRIVS, 1, "no_new_privs")
     filt = ctypes.create_string_buffer(program)
     prog = ctypes.create_string_buffer(
         struct.pack("=HxxxxxxQ", len(program) // 8, ctypes.addressof(filt))
     )
-    _check(
-        _libc.prctl(_PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER), prog, 0, 0), "seccomp"
-    )
+    if not listen:
+        _check(
+            _libc.prctl(_PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER), prog, 0, 0),
+            "seccomp",
+        )
+        return -1
+    nr = _SYS_SECCOMP[os.uname().machine]
+    flags = ctypes.c_uint(_SECCOMP_FILTER_FLAG_NEW_LISTENER)
+    fd = _libc.syscall(nr, ctypes.c_uint(_SECCOMP_SET_MODE_FILTER), flags, prog)
+    if fd < 0 and ctypes.get_errno() == errno.EBUSY:
+        raise ListenerBusy("seccomp: a listener exists already")
+    return _check(fd, "seccomp")
 
 
-def apply(rules: Ruleset, seccomp_program: bytes) -> None:
+def send_fd(channel: int, fd: int) -> None:
+    """Pass ``fd`` over the unix socket ``channel`` (SCM_RIGHTS)."""
+    import _socket
+
+    sock = _socket.socket(fileno=channel)
+    try:
+        rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("=i", fd))]
+        sock.sendmsg([b"L"], rights)
+    finally:
+        sock.detach()
+
+
+def receive_fd(channel: int) -> int | None:
+    """The descriptor sent by :func:`send_fd`, or None when the other end closed
+    without sending one."""
+    import _socket
+
+    sock = _socket.socket(fileno=channel)
+    try:
+        _, ancillary, _, _ = sock.recvmsg(1, _socket.CMSG_SPACE(4))
+    finally:
+        sock.detach()
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS and len(data) >= 4:
+            return int(struct.unpack_from("=i", data)[0])
+    return None
+
+
+def apply(rules: Ruleset, seccomp_program: bytes, channel: int = -1) -> None:
+    """Confine this process.  ``channel``: a unix socket to pass the seccomp
+    filter's listener to the supervisor over (then closed here, before the
+    command runs: the sandbox must never answer its own calls)."""
     drop_capabilities()
     restrict(rules)
-    install_seccomp(program=seccomp_program)  # last: it may deny what the steps above use
+    # last: it may deny what the steps above use
+    if channel < 0:
+        install_seccomp(seccomp_program)
+        return
+    listener = install_seccomp(seccomp_program, listen=True)
+    try:
+        send_fd(channel, listener)
+    finally:
+        os.close(listener)
+        os.close(channel)
 
 
 # --- the reaper ----------------------------------------------------------------
@@ -208,16 +268,38 @@ def kill_descendants() -> None:
                 return
 
 
-def reaper(exec_command: object, parent: int) -> None:
+def _channel() -> tuple[int, int]:
+    """A unix socket pair for the listener, the reaper's end and the command's."""
+    import _socket
+
+    ours, theirs = _socket.socketpair(
+        _socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC
+    )
+    return ours.detach(), theirs.detach()
+
+
+def _close_all_but(keep: int) -> None:
+    if keep < 0:
+        os.closerange(3, 65536)
+        return
+    os.closerange(3, keep)
+    os.closerange(keep + 1, 65536)
+
+
+def reaper(exec_command: object, parent: int, supervise: object = None) -> None:
     """Run in the launcher's forked child; never returns.
 
     ``exec_command`` is called in a further child, after confinement is applied
     by the caller's closure; it execs or exits.  Exit status mirrors the command's.
+    ``supervise``: called as ``supervise(listener, pid)`` to serve the listener of
+    the command's seccomp filter until the command ends, returning its wait
+    status; ``exec_command`` is then given a unix socket to send the listener
+    over (-1 without ``supervise``).
     """
     _prctl(_PR_SET_CHILD_SUBREAPER, 1, "subreaper")
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, "parent-death signal")
 
-    class Stop(Exception):
+    class Stop(BaseException):  # not Exception: the supervisor refuses calls on those
         pass
 
     def on_term(_signum: int, _frame: object) -> None:
@@ -228,19 +310,33 @@ def reaper(exec_command: object, parent: int) -> None:
     try:
         if os.getppid() != parent:  # corral died before the signal was armed
             raise Stop
+        ours, theirs = -1, -1
+        if supervise is not None:
+            # The supervisor acts as the command's uid with no more power than it:
+            # no capabilities (root's would let it chmod any file).  The command
+            # drops them too; doing it before the fork leaves none to either.
+            drop_capabilities()
+            ours, theirs = _channel()
         pid = os.fork()
         if pid == 0:
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 assert callable(exec_command)
-                exec_command()
+                exec_command(theirs)
             finally:
                 os._exit(125)
         # The reaper keeps no file open that the pump waits on.
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        os.closerange(3, 65536)
+        _close_all_but(ours)
+        listener = None
+        if ours >= 0:
+            listener = receive_fd(ours)  # None: the command was never confined with one
+            os.close(ours)
+        if listener is not None:
+            assert callable(supervise)
+            status = supervise(listener, pid)
         while status is None:
             try:
                 done, st = os.waitpid(-1, 0)

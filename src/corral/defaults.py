@@ -201,7 +201,8 @@ LINK_FARMS = frozenset({".venv", "venv", ".tox", "node_modules"})
 # read-only to the next run (corral.linkfarm).  Not pnpm's
 # npm_config_package_import_method: npm warns of it on every command, and pnpm
 # needs no help (across the mounts of the namespace, container and microvm
-# tiers its links fail and it copies; on landlock its copy fails at a chmod).
+# tiers its links fail and it copies; on landlock its copy's chmod is allowed in the
+# writable places).
 INSTALLER_ENV = {"UV_LINK_MODE": "copy"}
 SCAN_MAX_DEPTH = 6
 SCAN_MAX_ENTRIES = 20000

@@ -57,6 +57,7 @@ _BPF_RET_K = 0x06 | 0x00  # BPF_RET | BPF_K
 
 _RET_KILL_PROCESS = 0x80000000
 _RET_ERRNO = 0x00050000
+_RET_USER_NOTIF = 0x7FC00000  # ask the filter's listener (a supervisor) to decide
 _RET_ALLOW = 0x7FFF0000
 
 # The kernel refuses longer programs (BPF_MAXINSNS).
@@ -268,21 +269,31 @@ class ArgCond:
 
 
 class SyscallRule:
-    """Return ``-errno`` from syscall ``name`` when every condition holds."""
+    """Return ``-errno`` from syscall ``name`` when every condition holds.
 
-    __slots__ = ("errno", "name", "when", "why")
+    ``notify``: hand the call to the filter's listener instead (a supervisor that
+    decides and answers); ``errno`` is then the answer of a program compiled
+    without a listener (``compile_filter(..., notify=False)``)."""
+
+    __slots__ = ("errno", "name", "notify", "when", "why")
 
     def __init__(
-        self, name: str, errno: int, when: tuple[ArgCond, ...] = (), why: str = ""
+        self,
+        name: str,
+        errno: int,
+        when: tuple[ArgCond, ...] = (),
+        why: str = "",
+        notify: bool = False,
     ) -> None:
         self.name = name
         self.errno = errno
         self.when = tuple(when)
         self.why = why
+        self.notify = notify
         self._validate()
 
-    def _key(self) -> tuple[str, int, tuple[ArgCond, ...], str]:
-        return (self.name, self.errno, self.when, self.why)
+    def _key(self) -> tuple[str, int, tuple[ArgCond, ...], str, bool]:
+        return (self.name, self.errno, self.when, self.why, self.notify)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SyscallRule) and self._key() == other._key()
@@ -291,7 +302,8 @@ class SyscallRule:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        return f"SyscallRule({self.name!r}, errno={self.errno}, when={self.when!r})"
+        notify = ", notify=True" if self.notify else ""
+        return f"SyscallRule({self.name!r}, errno={self.errno}, when={self.when!r}{notify})"
 
     def describe(self) -> str:
         """``socket(domain not in AF_UNIX, AF_INET, AF_INET6) -> EAFNOSUPPORT``: the
@@ -299,7 +311,8 @@ class SyscallRule:
         call = self.name
         if self.when:
             call += "(" + " and ".join(_describe_cond(self.name, c) for c in self.when) + ")"
-        return f"{call} -> {_errno.errorcode.get(self.errno, str(self.errno))}"
+        err = _errno.errorcode.get(self.errno, str(self.errno))
+        return f"{call} -> supervisor (else {err})" if self.notify else f"{call} -> {err}"
 
     def _validate(self) -> None:
         if not 0 <= self.errno <= _MAX_ERRNO:
@@ -357,7 +370,7 @@ def _u32(value: int) -> int:
     return value & 0xFFFFFFFF
 
 
-def _rule_code(rule: SyscallRule) -> list[_Insn]:
+def _rule_code(rule: SyscallRule, notify: bool) -> list[_Insn]:
     code: list[_Insn] = []
     loaded: int | None = None  # which arg is in A; unknown at rule entry
     for cond in rule.when:
@@ -373,7 +386,8 @@ def _rule_code(rule: SyscallRule) -> list[_Insn]:
         else:  # not_in: any hit means the condition fails
             for v in cond.values:
                 code.append(_jump(_BPF_JMP_JEQ_K, _u32(v), _FAIL, 0))
-    code.append(_stmt(_BPF_RET_K, _RET_ERRNO | rule.errno))
+    ret = _RET_USER_NOTIF if notify and rule.notify else _RET_ERRNO | rule.errno
+    code.append(_stmt(_BPF_RET_K, ret))
 
     # Every _FAIL lands just past this rule's RET, i.e. at index len(code).
     end = len(code)
@@ -386,10 +400,10 @@ def _rule_code(rule: SyscallRule) -> list[_Insn]:
     return resolved
 
 
-def _syscall_block(nr: int, rules: Sequence[SyscallRule]) -> list[_Insn]:
+def _syscall_block(nr: int, rules: Sequence[SyscallRule], notify: bool) -> list[_Insn]:
     body: list[_Insn] = []
     for rule in rules:
-        body.extend(_rule_code(rule))
+        body.extend(_rule_code(rule, notify))
         if not rule.when:
             break  # unconditional: later rules for this syscall are unreachable
     else:
@@ -403,12 +417,16 @@ def _syscall_block(nr: int, rules: Sequence[SyscallRule]) -> list[_Insn]:
     return [_jump(_BPF_JMP_JEQ_K, nr, 1, 0), _stmt(_BPF_JMP_JA, len(body)), *body]
 
 
-def compile_filter(rules: Sequence[SyscallRule], arch: str) -> bytes:
+def compile_filter(rules: Sequence[SyscallRule], arch: str, notify: bool = True) -> bytes:
     """Compile ``rules`` into a seccomp BPF program for ``arch``.
 
     Rules are grouped per syscall and tried in their given order; the first
-    match wins.  Rules naming a syscall the arch lacks are skipped, but a
+    match wins, so a conditional errno rule listed before a ``notify`` rule for
+    the same call (the set-ID refusals before chmod's supervisor) still answers
+    by itself.  Rules naming a syscall the arch lacks are skipped, but a
     name in no table raises ValueError so a typo cannot drop a rule.
+    ``notify=False``: ``notify`` rules answer their errno (for a process that
+    cannot have a listener, whose calls would otherwise fail with ENOSYS).
     """
     table = _table(arch)
     grouped: dict[int, list[SyscallRule]] = {}
@@ -437,7 +455,7 @@ def compile_filter(rules: Sequence[SyscallRule], arch: str) -> bytes:
     # test the argument-checked ones first.  sorted() is stable: deterministic.
     ordered = sorted(grouped.items(), key=lambda item: all(not r.when for r in item[1]))
     for nr, group in ordered:
-        prog += _syscall_block(nr, group)
+        prog += _syscall_block(nr, group, notify)
     prog.append(_stmt(_BPF_RET_K, _RET_ALLOW))
 
     if len(prog) > _MAX_INSNS:

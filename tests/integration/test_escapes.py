@@ -740,7 +740,7 @@ def test_no_set_id_program_outlives_the_run(tsandbox: tuple[Corral, Path]) -> No
     sandbox, as its owner: a root shell for whoever reaches it when corral ran as
     root.  Every tier but gVisor once let one through (chmod, or a file created
     with that mode; landlock by creation only).  Twin: plain modes still apply
-    (landlock refuses every chmod, by design)."""
+    (on landlock through corral's supervisor, which allows them in the workspace)."""
     c, ws = tsandbox
     r = c.run(["run", "-q", "--", "python3", "-c", SET_ID_PROBE], cwd=ws)
     out = r.stdout.decode()
@@ -750,11 +750,7 @@ def test_no_set_id_program_outlives_the_run(tsandbox: tuple[Corral, Path]) -> No
     assert set_id_files(ws) == {}
     assert not (ws / "made").exists() and not (ws / "node").exists()
     assert "create-plain=ok" in out and (ws / "plain").stat().st_mode & 0o777 == 0o755, out
-    assert c.tier is not None
-    if c.tier.tier == "landlock":
-        assert f"chmod-plain=err:{errno.EPERM}" in out, out
-    else:
-        assert "chmod-plain=ok" in out and (ws / "prog").stat().st_mode & 0o7777 == 0o755, out
+    assert "chmod-plain=ok" in out and (ws / "prog").stat().st_mode & 0o7777 == 0o755, out
 
 
 # --- corral's own lines: no terminal control from the sandbox -----------------------
@@ -768,7 +764,7 @@ def test_names_the_run_chose_cannot_drive_the_terminal(tsandbox: tuple[Corral, P
     c, ws = tsandbox
     evil = "pre-commit\x1b[2K\x1b[1A\nforged: all good\u202e"
     name = evil.encode("unicode_escape").decode()  # printf's escapes make it inside
-    script = (  # a repository made by hand: git init cannot chmod on landlock
+    script = (  # a repository made by hand: its hook names are the attack
         "mkdir -p made/.git/hooks made/.git/objects made/.git/refs && "
         "echo 'ref: refs/heads/main' > made/.git/HEAD && "
         f"printf '#!/bin/sh\\n' > \"made/.git/hooks/$(printf '{name}')\" && "

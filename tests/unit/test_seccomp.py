@@ -413,6 +413,51 @@ def test_negative_values_compare_as_low_word() -> None:
     assert call("x86_64", "kill", 1, rules=rules) == RET_ALLOW
 
 
+RET_USER_NOTIF = 0x7FC00000
+
+
+@arches
+def test_notify_rule_asks_the_listener_after_earlier_refusals(arch: str) -> None:
+    """chmod's supervisor is asked only once the set-ID refusal before it has not
+    answered: the default rules' order decides, as for any rule."""
+    from corral.tiers.landlock import extra_seccomp_rules
+
+    rules = (*default_deny_rules(), *extra_seccomp_rules())
+    for name, mode_at in (("chmod", 1), ("fchmod", 1), ("fchmodat", 2), ("fchmodat2", 2)):
+        if syscall_number(name, arch) is None:
+            continue  # chmod: x86_64 only
+        plain = [0] * 4
+        plain[mode_at] = 0o644
+        setid = list(plain)
+        setid[mode_at] = 0o4755
+        assert call(arch, name, *plain, rules=rules) == RET_USER_NOTIF, name
+        assert call(arch, name, *setid, rules=rules) == err(errno.EPERM), name
+    for name in ("fchown", "fchownat"):  # owners stay refused outright
+        assert call(arch, name, 0, 0, 0, rules=rules) == err(errno.EPERM), name
+
+
+@arches
+def test_notify_rule_without_a_listener_answers_its_errno(arch: str) -> None:
+    rules = [
+        SyscallRule("fchmod", errno.EPERM, (ArgCond(1, "bits_set", 0o6000),)),
+        SyscallRule("fchmod", errno.EACCES, (), "supervised", notify=True),
+    ]
+    prog = compile_filter(rules, arch, notify=False)
+    check_program(prog)
+    nr = syscall_number("fchmod", arch)
+    assert nr is not None
+    assert run(prog, nr, AUDIT_ARCH[arch], [3, 0o644]) == err(errno.EACCES)
+    assert run(prog, nr, AUDIT_ARCH[arch], [3, 0o4644]) == err(errno.EPERM)
+    assert call(arch, "fchmod", 3, 0o644, rules=rules) == RET_USER_NOTIF
+
+
+def test_notify_rule_says_so() -> None:
+    rule = SyscallRule("fchmod", errno.EPERM, (), "why", notify=True)
+    assert rule.describe() == "fchmod -> supervisor (else EPERM)"
+    assert rule != SyscallRule("fchmod", errno.EPERM, (), "why")
+    assert "notify=True" in repr(rule)
+
+
 def test_zero_errno_fakes_success() -> None:
     rules = [SyscallRule("sched_yield", 0)]
     assert call("aarch64", "sched_yield", rules=rules) == RET_ERRNO

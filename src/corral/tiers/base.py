@@ -339,7 +339,11 @@ class Plan:
         lines.extend(self.strategy.describe())
         lines.extend(network_lines(self.policy))
         if self.seccomp:
-            lines.append("seccomp (each call below fails with that errno; all others allowed):")
+            asks = any(r.notify for r in self.seccomp)
+            supervised = ", or goes to corral's supervisor, which answers" if asks else ""
+            lines.append(
+                f"seccomp (each call below fails with that errno{supervised}; all others allowed):"
+            )
             shown = [(r.describe(), r.why) for r in self.seccomp]
             width = min(44, max(len(call) for call, _ in shown))
             lines.extend(f"  {call:<{width}}  {why}" for call, why in shown)

@@ -19,9 +19,10 @@ from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
+    from corral.chmodsup import Places
     from corral.fsplan import FsPlan, Mount
     from corral.landlock import Ruleset, Tree
     from corral.net.trust import NetExtras
@@ -53,14 +54,14 @@ DIFFERENCES = (
     "renamed, hard-linked or rewritten during the run; after it corral puts it back from "
     "a snapshot taken at launch and takes its other names out (found by inode), so no "
     "later run reads it, and reports each (up to 16 MiB of secrets there; more is refused)",
-    "chmod and chown are refused everywhere, the workspace included (Landlock does not "
-    "govern file modes; a read-only file the sandbox owns could otherwise be opened up), "
-    "and so are extended attributes and ACLs (ENOTSUP: an ACL sets a mode too) and inode "
-    "flags (chattr: ENOTTY, as on a file system without them); git "
-    "init and git clone stop there (git gives its config.lock the config's mode)",
-    "$HOME is the workspace's home layer here too, but tools that set file modes in it "
-    "stop at that refused chmod: pip install (--user included) and git config --global "
-    "on an existing ~/.gitconfig fail (npm install, caches and new files work)",
+    "chmod works only in the writable places (the workspace, writable paths, the home "
+    "layer, the scratch directory): Landlock does not govern file modes, so corral's "
+    "supervisor in the reaper decides each call on the file it names; chmod is refused "
+    "(EPERM) outside them, on a secret or a file with more than one hard link there, "
+    "with set-ID bits, through /proc/PID/ magic links (ELOOP), and if the supervisor is "
+    "gone (ENOSYS); chown is refused everywhere, and so are extended attributes and "
+    "ACLs (ENOTSUP: an ACL sets a mode too) and inode flags (chattr: ENOTTY, as on a file "
+    "system without them)",
     "timestamps (touch, utimensat) of any file the sandbox can see can be changed, outside "
     "the workspace too: Landlock does not govern file times and seccomp cannot tell the "
     "paths apart (content, modes and owners stay protected; restored write-deny paths "
@@ -88,17 +89,11 @@ _SOCK_NOT_STREAM = 0xE  # any of these type bits: not SOCK_STREAM (1); flags sit
 
 
 # Landlock does not govern file metadata: without these, a file the sandbox may
-# only read (but owns, as root owns /etc) could be made world-writable.
-_METADATA_CALLS = (
-    "chmod",
-    "fchmod",
-    "fchmodat",
-    "fchmodat2",
-    "chown",
-    "fchown",
-    "lchown",
-    "fchownat",
-)
+# only read (but owns, as root owns /etc) could be made world-writable.  A mode
+# change goes to corral's supervisor (corral.chmodsup), which allows it inside
+# the writable places only; owners are refused everywhere.
+MODE_CALLS = ("chmod", "fchmod", "fchmodat", "fchmodat2")
+_OWNER_CALLS = ("chown", "fchown", "lchown", "fchownat")
 # ... nor extended attributes: an ACL (system.posix_acl_access) is one, and setting
 # it changes the file's mode, so a private file outside the workspace could be
 # opened up to other users.  ENOTSUP: tools take it as a file system without them.
@@ -133,9 +128,19 @@ def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
     from corral.seccomp import ArgCond, SyscallRule
 
     eacces = errno.EACCES
-    metadata = tuple(
-        SyscallRule(name, errno.EPERM, (), "file modes and owners: Landlock does not govern them")
-        for name in _METADATA_CALLS
+    modes = tuple(
+        SyscallRule(
+            name,
+            errno.EPERM,
+            (),
+            "file modes: corral allows them in writable places only (Landlock does not)",
+            notify=True,
+        )
+        for name in MODE_CALLS
+    )
+    owners = tuple(
+        SyscallRule(name, errno.EPERM, (), "file owners: Landlock does not govern them")
+        for name in _OWNER_CALLS
     )
     xattrs = tuple(
         SyscallRule(name, errno.EOPNOTSUPP, (), "extended attributes and ACLs (an ACL sets a mode)")
@@ -146,7 +151,8 @@ def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
         for request, name in _INODE_IOCTLS.items()
     )
     return (
-        *metadata,
+        *modes,
+        *owners,
         *xattrs,
         *inode,
         SyscallRule(
@@ -199,8 +205,9 @@ def _ask_abi() -> int:
 def dac_hidden(path: str, groups: Sequence[int] | None = None) -> bool:
     """Whether file permissions already keep this process from reading ``path``.
 
-    Inside the sandbox that stays so: capabilities are gone and chmod/chown are
-    refused, so such a path needs no Landlock split (for an ordinary user,
+    Inside the sandbox that stays so: capabilities are gone, chown is refused and
+    chmod is refused outside the writable places and on secrets inside them
+    (corral.chmodsup), so such a path needs no Landlock split (for an ordinary user,
     /etc/shadow alone would otherwise cost a rule per entry of /etc).
     ``groups``: this process's supplementary groups (asked when None)."""
     import stat
@@ -266,25 +273,33 @@ class Confined(LaunchStrategy):
     child confines itself with ``ruleset`` and the plan's seccomp filter, then
     execs the command.  No namespace holds the tree together: the reaper
     sweeps the command's descendants on SIGTERM (a SIGKILL would leave them to
-    init), so :meth:`stop` sends that."""
+    init), so :meth:`stop` sends that.  The reaper also serves the filter's mode
+    calls (:mod:`corral.chmodsup`): allowed in ``places`` only."""
 
-    def __init__(self, ruleset: Ruleset) -> None:
+    def __init__(self, ruleset: Ruleset, places: Places | None = None) -> None:
         self.ruleset = ruleset
+        self.places = places
 
     def spawn(
         self, plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool
     ) -> int:
         from corral import confine, launch, seccomp
 
-        program = seccomp.compile_filter(plan.seccomp, seccomp.native_arch())
+        arch = seccomp.native_arch()
+        program = seccomp.compile_filter(plan.seccomp, arch)
         parent = os.getpid()
         pid = os.fork()
         if pid:
             return pid
 
-        def exec_command() -> None:
+        def exec_command(channel: int) -> None:
+            wanted = dict(child_fds)
+            if channel >= 0:  # kept through the move (at a number no target uses)
+                spare = max([2, channel, *child_fds, *child_fds.values()]) + 1
+                wanted[spare] = channel
+                channel = spare
             try:
-                launch.move_fds_into_place(child_fds)
+                launch.move_fds_into_place(wanted)
                 os.chdir(plan.cwd)
             except OSError as exc:
                 os.write(2, f"corral: cannot enter {plan.cwd}: {exc.strerror}\n".encode())
@@ -294,7 +309,12 @@ class Confined(LaunchStrategy):
             import corral.failures  # noqa: F401
 
             try:
-                confine.apply(self.ruleset, program)
+                try:
+                    confine.apply(self.ruleset, program, channel)
+                except confine.ListenerBusy:  # corral in corral: modes refused, as before
+                    os.close(channel)
+                    unsupervised = seccomp.compile_filter(plan.seccomp, arch, notify=False)
+                    confine.install_seccomp(unsupervised)
             except (OSError, confine.ConfineError) as exc:
                 os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())
                 os._exit(125)
@@ -305,11 +325,23 @@ class Confined(LaunchStrategy):
 
         try:
             launch.child_session(procs_files)
-            confine.reaper(exec_command, parent)
+            confine.reaper(exec_command, parent, self._supervisor())
         except BaseException as exc:
             os.write(2, f"corral: the landlock sandbox could not be set up: {exc}\n".encode())
         finally:
             os._exit(125)
+
+    def _supervisor(self) -> Callable[[int, int], int] | None:
+        places = self.places
+        if places is None:
+            return None
+
+        def supervise(listener: int, pid: int) -> int:
+            from corral import chmodsup
+
+            return chmodsup.serve(listener, pid, places)
+
+        return supervise
 
     def stop(self, plan: Plan, pid: int) -> None:
         try:
@@ -450,7 +482,7 @@ class LandlockTier(Tier):
             grants.append((layer.path, (landlock.READ | landlock.WRITE) & rules.handled_fs))
         if grants:
             rules.paths = sorted({*rules.paths, *grants})
-        plan.strategy = Confined(rules)
+        plan.strategy = Confined(rules, _mode_places(fs, layer.path if layer else None, plan))
         return plan
 
     def _network(
@@ -478,6 +510,16 @@ class LandlockTier(Tier):
         # no mounts: the variables name the host's file, granted by the ruleset
         plan.env = sandbox_env(net, plan.env, net.ca_bundle or "")
         return port, net.ca_bundle
+
+
+def _mode_places(fs: FsPlan, home: str | None, plan: Plan) -> Places:
+    """Where the sandbox may change modes: where it may write (the writable paths,
+    the home layer, its scratch directory), less its secrets and hard-linked files
+    there."""
+    from corral.chmodsup import Places
+
+    roots = [*fs.writable, *(p for p in (home, plan.scratch) if p)]
+    return Places(roots, [*fs.read_deny, *fs.hardlinks])
 
 
 def _split_notes(fs: FsPlan) -> list[str]:
