@@ -243,6 +243,43 @@ def test_no_route_around_the_proxy(
         assert "own=failed" in out and ok.hits == [("GET", "/via-proxy")] and services == []
 
 
+# A stream socket of another IP protocol: MPTCP (262) falls back to plain TCP with
+# a server that does not speak it, and Landlock's TCP rules govern TCP only.
+OTHER_STREAM = r"""
+import os, socket, sys
+bad, ok = int(sys.argv[1]), int(sys.argv[2])
+proxy = int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1])
+def get(port, proto, target):
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, proto)
+        s.settimeout(5)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET %s HTTP/1.0\r\n\r\n" % target.encode())
+        print(port, proto, "reached", s.recv(12))
+    except OSError as exc:
+        print(port, proto, "refused", exc.errno)
+get(bad, 262, "/mptcp")
+get(bad, socket.IPPROTO_TCP, "/tcp")
+get(proxy, socket.IPPROTO_TCP, "http://127.0.0.1:%d/via-proxy" % ok)
+"""
+
+
+def test_no_stream_protocol_but_tcp_around_the_proxy(
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    """A socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP) reaches no host port the
+    policy does not allow; plain TCP still reaches the proxy (the allow twin)."""
+    c, ws = tsandbox
+    ok, bad = origins
+    (ws / "stream.py").write_text(OTHER_STREAM)
+    c.chown(ws / "stream.py")
+    r = c.sh(ws, f"python3 stream.py {bad.port} {ok.port}", "--allow", f"127.0.0.1:{ok.port}")
+    out = r.stdout.decode()
+    assert bad.hits == [], out  # evidence from outside: nothing reached the origin
+    assert f"{bad.port} 262 refused" in out and f"{bad.port} 6 refused" in out, out
+    assert ok.hits == [("GET", "/via-proxy")], (out, r.stderr)
+
+
 def test_mode_none_has_no_network_at_all(
     tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
