@@ -243,6 +243,43 @@ def test_no_route_around_the_proxy(
         assert "own=failed" in out and ok.hits == [("GET", "/via-proxy")] and services == []
 
 
+# A stream socket of another IP protocol: MPTCP (262) falls back to plain TCP with
+# a server that does not speak it, and Landlock's TCP rules govern TCP only.
+OTHER_STREAM = r"""
+import os, socket, sys
+bad, ok = int(sys.argv[1]), int(sys.argv[2])
+proxy = int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1])
+def get(port, proto, target):
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, proto)
+        s.settimeout(5)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET %s HTTP/1.0\r\n\r\n" % target.encode())
+        print(port, proto, "reached", s.recv(12))
+    except OSError as exc:
+        print(port, proto, "refused", exc.errno)
+get(bad, 262, "/mptcp")
+get(bad, socket.IPPROTO_TCP, "/tcp")
+get(proxy, socket.IPPROTO_TCP, "http://127.0.0.1:%d/via-proxy" % ok)
+"""
+
+
+def test_no_stream_protocol_but_tcp_around_the_proxy(
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    """A socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP) reaches no host port the
+    policy does not allow; plain TCP still reaches the proxy (the allow twin)."""
+    c, ws = tsandbox
+    ok, bad = origins
+    (ws / "stream.py").write_text(OTHER_STREAM)
+    c.chown(ws / "stream.py")
+    r = c.sh(ws, f"python3 stream.py {bad.port} {ok.port}", "--allow", f"127.0.0.1:{ok.port}")
+    out = r.stdout.decode()
+    assert bad.hits == [], out  # evidence from outside: nothing reached the origin
+    assert f"{bad.port} 262 refused" in out and f"{bad.port} 6 refused" in out, out
+    assert ok.hits == [("GET", "/via-proxy")], (out, r.stderr)
+
+
 def test_mode_none_has_no_network_at_all(
     tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:
@@ -295,6 +332,90 @@ def test_proxy_killed_mid_run_fails_closed(
     assert not any(os.path.exists(d) for d in doors)  # no socket file left behind
     # nothing of this run's is left: its processes all carry the allowed port
     assert wait_for(lambda: not pids_matching(f"127.0.0.1:{ok.port}"), 5)
+
+
+# Holds as many connections to the sandbox's proxy as its descriptors allow, then
+# says so (argv[1]: the file to create) and waits to be killed.
+FLOOD = r"""
+import os, socket, sys, time
+port = int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1])
+held = []
+while len(held) < 600:  # gVisor's limit is its own: 4 x 600 is more than the proxy's
+    try:
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        held.append(s)
+    except OSError:
+        break
+held.pop().close()  # a descriptor for the file that says so
+open(sys.argv[1], "w").close()
+time.sleep(60)
+"""
+FLOOD_FDS = 512  # the run's descriptor limit, the proxy's included (it inherits it)
+
+
+def _cpu_ticks(pids: list[int]) -> int:
+    """User and system clock ticks the processes have used so far."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def _low_fds() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FLOOD_FDS, FLOOD_FDS))
+
+
+def test_a_flood_of_connections_leaves_the_proxy_idle_and_serving(
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    """More connections than the proxy has descriptors: it must not spin on its
+    listeners (a core of the host's, outside the sandbox's limits, for as long as the
+    sandbox keeps them), and serves again once they close (the allow twin)."""
+    c, ws = tsandbox
+    ok, bad = origins
+    (ws / "flood.py").write_text(FLOOD)
+    c.chown(ws / "flood.py")
+    script = f"""
+        pids=
+        for i in 1 2 3 4; do python3 flood.py held$i & pids="$pids $!"; done
+        while [ ! -e stop ]; do sleep 0.05; done
+        kill $pids; wait
+        {CURL} {HTTP_PROXY} --retry 5 --retry-all-errors http://127.0.0.1:{ok.port}/after
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{bad.port}/denied; echo
+    """
+    tmp = ws.parent / "tmp"  # this run's own TMPDIR: its door (and proxy.pid) is there
+    tmp.mkdir()
+    c.chown(tmp)
+    proc = c.popen(
+        ["run", "-q", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script],
+        cwd=ws,
+        env={"TMPDIR": str(tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_low_fds,
+    )
+    try:
+        assert wait_for(lambda: all((ws / f"held{i}").exists() for i in range(1, 5)), 30)
+        files = tmp.glob("corral-door-*/proxy.pid")
+        pids = [int(pid) for f in files for pid in f.read_text().split()]
+        assert pids
+        time.sleep(0.5)  # the last connections reach the proxy
+        before = _cpu_ticks(pids)
+        time.sleep(2)
+        spent = (_cpu_ticks(pids) - before) / os.sysconf("SC_CLK_TCK")
+        (ws / "stop").write_text("")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert spent < 0.5, f"the proxy spent {spent:.2f} s of CPU in 2 s holding the flood"
+    assert b"hello from origin" in out, (out, err)  # allow twin: it serves again
+    assert b'"decision":"deny"' in out and bad.hits == []
+    assert ok.hits == [("GET", "/after")]
 
 
 def _sockets(pid: int) -> set[str]:

@@ -25,6 +25,7 @@ Python API keeps using asyncio.
 from __future__ import annotations
 
 import _socket
+import errno as _errno
 import os
 import select
 import time
@@ -43,6 +44,13 @@ LOW_WATER = 16 * 1024  # ... and below this resumes it
 DEFAULT_LIMIT = 64 * 1024  # a StreamReader's line/frame limit
 EXECUTOR_THREADS = 4
 ACCEPT_BATCH = 16  # connections accepted per readiness event of a listener
+# Clients held at once by one loop (one proxy worker): each may cost a message head
+# (64 KiB) and buffers, in a process outside the sandbox's memory limit.  Fewer
+# where the descriptor limit is lower: a client may hold an upstream too, and the
+# worker keeps FD_RESERVE for everything else (files, lookups, imports).
+MAX_CLIENTS = 1024
+FD_RESERVE = 64
+ACCEPT_PAUSE = 0.5  # seconds a listener rests after the process ran out of descriptors
 FIRST_COMPLETED = "FIRST_COMPLETED"
 ALL_COMPLETED = "ALL_COMPLETED"
 
@@ -50,6 +58,7 @@ _PENDING, _DONE, _CANCELLED = 0, 1, 2
 _IN = select.EPOLLIN
 _OUT = select.EPOLLOUT
 _TRY_AGAIN = (BlockingIOError, InterruptedError)
+_OUT_OF_ROOM = (_errno.EMFILE, _errno.ENFILE, _errno.ENOBUFS, _errno.ENOMEM)
 
 
 class CancelledError(BaseException):
@@ -349,6 +358,8 @@ class Loop:
         self._executor: _Executor | None = None
         self._signals: dict[int, Handle] = {}
         self.add_reader(self._wake_r, self._drain_wakeups)
+        self.clients = 0  # accepted connections still open, over all servers
+        self.max_clients = client_limit()
 
     # scheduling
     def time(self) -> float:
@@ -1306,9 +1317,16 @@ class Server:
                 fd, _addr = listener._accept()  # type: ignore[attr-defined]
             except _TRY_AGAIN:
                 return
-            except OSError:
-                return  # ECONNABORTED, EMFILE...: the next readiness tries again
+            except OSError as exc:
+                if exc.errno in _OUT_OF_ROOM:
+                    self._rest(listener)
+                return  # ECONNABORTED: the next readiness tries again
             sock = _socket.socket(listener.family, listener.type, 0, fd)
+            if self._loop.clients >= self._loop.max_clients:
+                # Taken off the backlog and closed at once: left there, it would
+                # keep the listener ready and this loop spinning on it.
+                sock.close()
+                continue
             sock.setblocking(False)
             if listener.family != _socket.AF_UNIX:
                 sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
@@ -1322,11 +1340,25 @@ class Server:
             transport.start()
             transport._read_ready()  # a client's first bytes are often here already
 
+    def _rest(self, listener: _socket.socket) -> None:
+        """Out of descriptors: the connection stays in the backlog, so its listener
+        stays ready, and trying again at once would spin.  Rest a while."""
+        fd = listener.fileno()
+        self._loop.remove_reader(fd)
+
+        def wake() -> None:
+            if self._serving and listener.fileno() == fd:
+                self._loop.add_reader(fd, self._accept, listener)
+
+        self._loop.call_later(ACCEPT_PAUSE, wake)
+
     def _attach(self) -> None:
         self._active += 1
+        self._loop.clients += 1
 
     def _detach(self) -> None:
         self._active -= 1
+        self._loop.clients -= 1
         if self._active == 0 and not self._serving:
             self._wake()
 
@@ -1357,6 +1389,16 @@ class Server:
 
     async def serve_forever(self) -> None:
         await self._loop.create_future()  # until cancelled
+
+
+def client_limit() -> int:
+    """How many clients one loop holds at once (see MAX_CLIENTS)."""
+    import resource  # a C module
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CLIENTS
+    return max(1, min(MAX_CLIENTS, (soft - FD_RESERVE) // 2))
 
 
 AbstractServer = Server

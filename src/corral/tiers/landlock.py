@@ -37,7 +37,8 @@ DIFFERENCES = (
     "signals to them are refused (signal scoping)",
     "the hostname and the network stack are shared; TCP may connect only to the "
     "proxy's port (Landlock rules name ports, not addresses: a server elsewhere on "
-    "that same port would be reachable), no TCP bind, no UDP or raw sockets (seccomp)",
+    "that same port would be reachable), no TCP bind, no UDP or raw sockets and no "
+    "stream protocol but TCP, such as MPTCP, which Landlock does not govern (seccomp)",
     "an allowed host service on loopback (--allow 127.0.0.1:8080) is reached only "
     "through the proxy (NO_PROXY leaves it out), not at its own address: a client "
     "that ignores proxy variables cannot reach it; name lookups are not answered "
@@ -86,6 +87,7 @@ _AF_UNIX = 1
 _AF_INET = 2
 _AF_INET6 = 10
 _SOCK_NOT_STREAM = 0xE  # any of these type bits: not SOCK_STREAM (1); flags sit higher
+_IPPROTO_TCP = 6
 
 
 # Landlock does not govern file metadata: without these, a file the sandbox may
@@ -178,6 +180,19 @@ def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
             eacces,
             (ArgCond(0, "eq", _AF_INET6), ArgCond(1, "bits_set", _SOCK_NOT_STREAM)),
             "UDP and raw IPv6: Landlock governs TCP only",
+        ),
+        *(
+            # A stream socket of another protocol (MPTCP, SCTP, SMC) is not TCP to
+            # Landlock, so it could connect and bind anywhere; MPTCP falls back to
+            # plain TCP with any server.  EPROTONOSUPPORT, as where MPTCP is off:
+            # programs that try it first (Go) fall back to TCP.
+            SyscallRule(
+                "socket",
+                errno.EPROTONOSUPPORT,
+                (ArgCond(0, "eq", family), ArgCond(2, "not_in", values=(0, _IPPROTO_TCP))),
+                "stream protocols but TCP (MPTCP, SCTP): Landlock governs TCP only",
+            )
+            for family in (_AF_INET, _AF_INET6)
         ),
     )
 
