@@ -136,10 +136,26 @@ def test_membership_and_overlap_as_ipaddress() -> None:
             assert my_net.overlaps(ip.network(other)) == (same and std_net.overlaps(std_other))
 
 
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def test_6to4_and_nat64_forms_of_internal_addresses_are_internal() -> None:
+    for text in ("2002:7f00:1::", "2002:a00:1::5", "2002:a9fe:a9fe::", "64:ff9b::7f00:1"):
+        assert ip.is_internal(ip.address(text), METADATA, CGNAT), text
+    # the twin: 6to4 of a public address (NAT64's prefix lies in ::/8, reserved: all internal)
+    assert not ip.is_internal(ip.address("2002:808:808::"), METADATA, CGNAT)
+
+
 def test_internal_as_the_rebinding_guard_always_said() -> None:
     def old(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
         if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
             return old(addr.ipv4_mapped)
+        if isinstance(addr, ipaddress.IPv6Address):  # 6to4 and NAT64: the IPv4 inside
+            inner = addr.sixtofour
+            if inner is None and addr in NAT64:
+                inner = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+            if inner is not None and old(inner):
+                return True
         metadata = {ipaddress.ip_address(str(a)) for a in METADATA}
         cgnat = ipaddress.ip_network(str(CGNAT))
         return (
@@ -154,6 +170,7 @@ def test_internal_as_the_rebinding_guard_always_said() -> None:
         )
 
     extra = ["169.254.169.254", "100.64.1.1", "::ffff:10.0.0.1", "8.8.8.8", "2606:4700::1111"]
+    extra += ["2002:7f00:1::", "2002:808:808::", "64:ff9b::a00:1", "64:ff9b::808:808"]
     texts = [*_random_texts(2000, 5), *extra, "fd00:ec2::254"]
     for text in texts:
         std, mine = _std(text), _mine(text)

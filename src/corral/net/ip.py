@@ -186,6 +186,21 @@ def _masked(text: str, strict: bool) -> Net:
     return Net(net.version, int(net.network_address), net.prefixlen)
 
 
+_NAT64 = Net(6, 0x64FF9B << 96, 96)  # 64:ff9b::/96, the well-known NAT64 prefix
+
+
+def embedded_v4(addr: IP) -> IP | None:
+    """The IPv4 address a 6to4 (2002:AABB:CCDD::/48) or NAT64 (64:ff9b::a.b.c.d)
+    address stands for, else None."""
+    if addr.version != 6:
+        return None
+    if addr.value >> 112 == 0x2002:
+        return IP(4, (addr.value >> 80) & 0xFFFFFFFF)
+    if addr in _NAT64:
+        return IP(4, addr.value & 0xFFFFFFFF)
+    return None
+
+
 def is_internal(addr: IP, metadata: frozenset[IP], cgnat: Net) -> bool:
     """Loopback, private, link-local, unspecified, multicast, reserved, CGNAT or a
     cloud metadata endpoint: ``ipaddress``'s registry tables decide."""
@@ -196,6 +211,9 @@ def is_internal(addr: IP, metadata: frozenset[IP], cgnat: Net) -> bool:
         addr = mapped
     if addr in metadata or addr in cgnat:
         return True
+    inner = embedded_v4(addr)
+    if inner is not None and is_internal(inner, metadata, cgnat):
+        return True  # a 6to4 relay or a NAT64 translator would take it to that address
     std = ipaddress.ip_address(addr.packed)
     return bool(
         std.is_loopback
