@@ -280,6 +280,54 @@ def test_no_stream_protocol_but_tcp_around_the_proxy(
     assert ok.hits == [("GET", "/via-proxy")], (out, r.stderr)
 
 
+def _as(uid: int, gid: int | None = None) -> list[str]:
+    gid = uid if gid is None else gid
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+
+
+@pytest.mark.tiers("landlock", why="the only tier whose door is a port on the host's loopback")
+def test_another_user_cannot_use_the_runs_door(
+    tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
+) -> None:
+    """Any local user can connect to the landlock door's port: the proxy serves only
+    its own uid, so nobody else sends requests through this run's policy (and its
+    secrets).  Twins: the sandbox itself, and a client of the run's own uid."""
+    c, ws = tsandbox
+    ok, _ = origins
+    script = f"""
+        echo "$HTTP_PROXY" > proxy.txt
+        {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/inside && echo inside-ok
+        while [ ! -e done ]; do sleep 0.05; done
+    """
+    proc = c.popen(
+        ["run", "-q", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script],
+        cwd=ws,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert wait_for(lambda: (ws / "proxy.txt").exists() and ok.hits, 20)
+        door = (ws / "proxy.txt").read_text().strip()
+        curl = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10"]
+        curl += ["-x", door]
+        stranger_uid = 0 if c.uid != 0 else 65534  # root's run: nobody; the user's: root
+        stranger = subprocess.run(
+            [*_as(stranger_uid), *curl, f"http://127.0.0.1:{ok.port}/x"], capture_output=True
+        )
+        same = subprocess.run(
+            [*_as(c.uid, c.gid), *curl, f"http://127.0.0.1:{ok.port}/same"], capture_output=True
+        )
+        (ws / "done").write_text("")
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert stranger.stdout == b"000", stranger  # the connection was closed, unserved
+    assert same.stdout == b"200", same
+    assert b"inside-ok" in out, (out, err)
+    assert [path for _, path in ok.hits] == ["/inside", "/same"]
+    assert b"door-peer" in err and b"not the run's" in err
+
+
 def test_mode_none_has_no_network_at_all(
     tsandbox: tuple[Corral, Path], origins: tuple[Origin, Origin]
 ) -> None:

@@ -853,7 +853,7 @@ async def _serve_one(
     if kind == "door":  # the relay's unix door (its frames too), or landlock's TCP port
         if listener.host == "unix":
             return await proxy.serve_unix(sock, run_id)
-        return await proxy.serve_sock(sock, run_id)
+        return await proxy.serve_tcp_door(sock, run_id)
     if kind == "proxy":
         return await proxy.serve_sock(sock, run_id)
     if kind == "service":

@@ -28,6 +28,7 @@ begin, ``HEAD_TIMEOUT`` for it to be complete once begun.
 from __future__ import annotations
 
 import _socket as socket
+import os
 import struct
 import sys
 import time
@@ -264,6 +265,30 @@ class Proxy:
         return await aio.start_server(
             lambda r, w: self.handle(r, w, run_id), sock=sock, limit=http1.MAX_HEAD
         )
+
+    async def serve_tcp_door(self, sock: socket.socket, run_id: str) -> aio.Server:
+        """Serve the landlock tier's door, a TCP port on the host's loopback, to
+        clients of this process's uid only (:mod:`corral.net.peer`): another
+        local user must not send requests through this run's policy and secrets."""
+        uid = os.getuid()
+
+        async def on_client(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
+            conn = writer.get_extra_info("socket")
+            from corral.net import peer
+
+            try:
+                theirs = peer.client_uid(conn)
+            except OSError:
+                theirs = None
+            if theirs != uid:
+                who = "an unknown user" if theirs is None else f"uid {theirs}"
+                verdict = Verdict(False, "door-peer", f"a connection from {who}, not the run's")
+                self._record(run_id, "tcp", "", "", "the door", 0, verdict, 403, 0, 0, 0.0)
+                writer.transport.abort()
+                return
+            await self.handle(reader, writer, run_id)
+
+        return await aio.start_server(on_client, sock=sock, limit=http1.MAX_HEAD)
 
     async def serve_tcp(self, host: str, port: int, run_id: str) -> aio.Server:
         return await aio.start_server(
