@@ -13,6 +13,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Corral, pids_matching, wait_for
@@ -232,3 +233,58 @@ def test_a_runtime_hung_before_the_start_leaves_nothing(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     _left_then_cleaned(fifo, stuck=True)
     _left_then_cleaned(fifo, stuck=False)
+
+
+def _swap_for_link(path: Path, target: Path) -> None:
+    """What another run in the same workspace can do at any moment: put a symlink
+    where a protected directory was (renameat2 RENAME_EXCHANGE does it atomically)."""
+    path.rename(path.with_name(path.name + "-real"))
+    path.symlink_to(target)
+
+
+def test_a_bind_source_swapped_for_a_link_binds_nothing_of_the_host(
+    root_sandbox: tuple[Corral, Path], policy: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine binds a protected directory (here .vscode below the workspace's
+    root) some time after corral planned it, resolving the source on the host and
+    the target inside, through symlinks.  Swapped for a link to a host directory
+    in between (by a concurrent run), that directory was bound in, readable by the
+    container's root: /etc or ~/.ssh, which the container never shows otherwise.
+    Twin: unswapped, the directory is there, read-only, and the host's is not."""
+    from corral import Sandbox, launch
+    from corral.sandbox import SandboxError
+
+    c, ws = root_sandbox
+    outside = c.base / f"outside-{uuid.uuid4().hex[:6]}"
+    outside.mkdir()
+    canary = "CANARY-" + uuid.uuid4().hex
+    (outside / "key").write_text(canary + "\n")
+    protected = ws / "sub" / ".vscode"
+    protected.mkdir(parents=True)
+    (protected / "settings.json").write_text("{}\n")
+    read = f"cat sub/.vscode/settings.json sub/.vscode/key {outside}/key; echo x > sub/.vscode/new"
+
+    sb = Sandbox(policy, tier="container")  # twin first: nothing swapped
+    try:
+        r = sb.exec(read)
+    finally:
+        sb.close()
+    assert r.stdout.startswith(b"{}\n") and canary.encode() not in r.stdout, r
+    assert b"Read-only file system" in r.stderr and not (protected / "new").exists(), r
+
+    start = launch.start
+
+    def swapped_first(*args: Any, **kw: Any) -> Any:
+        _swap_for_link(protected, outside)  # after the plan, before the engine binds
+        return start(*args, **kw)
+
+    monkeypatch.setattr(launch, "start", swapped_first)
+    sb = Sandbox(policy, tier="container")
+    try:
+        with pytest.raises(SandboxError) as raised:
+            r = sb.exec(read)
+            assert canary.encode() not in r.stdout + r.stderr, r  # (the old behaviour)
+    finally:
+        sb.close()
+    assert "changed while the container was set up" in str(raised.value)
+    assert canary not in str(raised.value)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -186,3 +189,36 @@ def test_preserve_fds_only_when_asked() -> None:
     assert "--preserve-fds=39" in argv
     assert argv.index("--preserve-fds=39") < argv.index("--")
     assert not any(a.startswith("--preserve-fds") for a in envelope.run_argv(spec()))
+
+
+def _check_line(path: Path, dev_ino: bool = True) -> str:
+    st = os.lstat(path)
+    ids = (
+        (st.st_dev, st.st_ino, "-", "-") if dev_ino else ("-", "-", st.st_mtime_ns, st.st_ctime_ns)
+    )
+    return " ".join(str(v) for v in (stat.S_IFMT(st.st_mode), *ids, path)) + "\n"
+
+
+def test_boot_runs_nothing_over_a_bind_that_is_not_what_corral_found(tmp_path: Path) -> None:
+    """boot's check inside: each listed target must be a mount point holding the
+    file corral found (by device and inode, or by its times), else nothing runs."""
+    from corral.container import boot
+
+    found, other = tmp_path / "found", tmp_path / "other"
+    found.mkdir()
+    other.mkdir()
+    os.utime(other, ns=(1, 1))  # (made in the same clock tick: its times would match)
+    checks = tmp_path / "checks"
+    for dev_ino in (True, False):
+        checks.write_text(_check_line(found, dev_ino))
+        assert boot.changed_mounts(str(checks), {str(found)}) == []  # twin: as found
+        assert boot.changed_mounts(str(checks), set()) == [str(found)]  # mounted elsewhere
+        checks.write_text(_check_line(other, dev_ino).replace(str(other), str(found)))
+        assert boot.changed_mounts(str(checks), {str(found)}) == [str(found)]  # another file
+    link = tmp_path / "link"
+    link.symlink_to(found)
+    checks.write_text(_check_line(found).replace(str(found), str(link)))
+    assert boot.changed_mounts(str(checks), {str(link)}) == [str(link)]  # a link now
+    checks.write_text("")
+    assert boot.changed_mounts(str(checks), set()) == [str(checks)]  # unreadable: refused
+    assert boot._unescape("/a\\040b\\134c") == "/a b\\c"

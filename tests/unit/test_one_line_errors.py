@@ -39,7 +39,7 @@ def test_relay_thread_and_main_errors_are_one_line() -> None:
 def test_boot_error_is_one_line() -> None:
     code = (
         f"import sys; sys.path.insert(0, {str(SRC / 'container')!r})\n"
-        "import boot; boot.main(['/nonexistent-env-file', '-', '-', '--', 'true'])\n"
+        "import boot; boot.main(['/nonexistent-env-file', '-', '-', '-', '--', 'true'])\n"
     )
     r = _run(code)
     assert r.returncode == 1 and "Traceback" not in r.stderr

@@ -267,10 +267,35 @@ def test_gvisor_refuses_to_mount_over_a_fifo_the_facts_name() -> None:
         GVisorTier().plan(
             policy(), ["true"], host=container_facts(engine=fake_engine("runsc"), fs=fs, fifos=fifo)
         )
-    plan = ContainerTier().plan(
-        policy(), ["true"], host=container_facts(engine=fake_engine("runc"), fs=fs, fifos=fifo)
-    )
+    ids = {f"{WS}/.envrc": (0o100000, 1, 2, 3, 4)}
+    facts = container_facts(engine=fake_engine("runc"), fs=fs, fifos=fifo, binds=ids)
+    plan = ContainerTier().plan(policy(), ["true"], host=facts)
     assert Mount("ro-bind", f"{WS}/.envrc", f"{WS}/.envrc") in plan.mounts
+
+
+def test_container_checks_the_bind_sources_in_the_workspace_inside() -> None:
+    """boot is handed each bind source below the workspace as corral found it:
+    device and inode on runc, the times on gVisor (which numbers its own inodes).
+    A source corral found no longer there, or found a symlink, is refused."""
+    fs = fs_plan()
+    fs.mounts.append(Mount("ro-bind", f"{WS}/.envrc", f"{WS}/.envrc", why="write-deny"))
+    ids = {f"{WS}/.envrc": (0o100000, 1, 2, 3, 4)}
+    for tier, engine, line in (
+        (ContainerTier(), "runc", f"32768 1 2 - - {WS}/.envrc\n"),
+        (GVisorTier(), "runsc", f"32768 - - 3 4 {WS}/.envrc\n"),
+    ):
+        facts = container_facts(engine=fake_engine(engine), fs=fs, binds=ids)
+        plan = tier.plan(policy(), ["true"], host=facts)
+        assert ("checks", line.encode(), 0o644) in plan.prepare
+        (bound,) = [m for m in plan.mounts if m.dest == "/run/corral/checks"]
+        assert bound.kind == "ro-bind" and bound.src == f"{plan.scratch}/checks"
+        assert "/run/corral/checks" in plan.argv[plan.argv.index("/run/corral/boot.py") :]
+        with pytest.raises(RefusedError, match=r"\.envrc changed while the run was set up"):
+            tier.plan(policy(), ["true"], host=container_facts(engine=fake_engine(engine), fs=fs))
+    plan = ContainerTier().plan(policy(), ["true"], host=container_facts())  # twin: none
+    assert not any(name == "checks" for name, _, _ in plan.prepare)
+    boot = plan.argv.index("/run/corral/boot.py")
+    assert plan.argv[boot + 4 : boot + 6] == ["-", "--"]
 
 
 def test_gvisor_refuses_a_socket_in_the_workspace_with_a_network() -> None:

@@ -1,6 +1,6 @@
 """The first corral process inside a container (after the engine's init).
 
-Runs inside (``python -I -S boot.py ENV_FILE REPORT_FILE KEEP -- COMMAND...``),
+Runs inside (``python -I -S boot.py ENV_FILE REPORT_FILE KEEP CHECKS -- COMMAND...``),
 standard library only.  It gives the command its environment from ENV_FILE
 (``NAME=VALUE`` entries each ended by a NUL, bound in read-only), so no value
 ever appears in an argv or in the engine's record of the container
@@ -11,6 +11,13 @@ as the command did.  The report is advisory: the command could write it too.
 REPORT_FILE ``-`` means no report (gVisor shows no cgroup files inside).
 KEEP names the descriptors above 2 the user asked to pass (``40,41``), or ``-``:
 every other descriptor is closed before the command starts.
+CHECKS (or ``-``) names the mounts whose source lies in a writable path, one a line
+(``TYPE DEV INO MTIME CTIME DEST``, ``-`` for a field not compared): each must be
+a mount point at DEST holding the file corral found there, or nothing runs.  The
+engine resolves a bind's source on the host and its target inside, following
+symlinks on both sides, some time after corral looked: another run in the same
+workspace could swap a protected directory for a symlink in between and have a
+host path (say /etc/shadow's directory) bound in.
 """
 
 import os
@@ -86,13 +93,62 @@ def close_others(keep: set[int]) -> None:
                 pass
 
 
+def _unescape(field: str) -> str:
+    """A mountinfo path: space, tab, newline and backslash are octal escapes."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def mount_points(mountinfo: str = "/proc/self/mountinfo") -> set[str]:
+    return {
+        _unescape(line.split()[4]) for line in _read(mountinfo).splitlines() if line.count(" ") >= 4
+    }
+
+
+def _identity(st: os.stat_result) -> list[str]:
+    fmt = st.st_mode & 0o170000
+    return [str(v) for v in (fmt, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)]
+
+
+def changed_mounts(checks: str, points: set[str]) -> list[str]:
+    """The CHECKS entries that are not mounted at their target, or not the file
+    corral found there (an unreadable CHECKS file counts as all of them changed)."""
+    changed = []
+    text = _read(checks)
+    if not text:
+        return [checks]
+    for line in text.splitlines():
+        fields = line.split(" ", 5)
+        if len(fields) != 6:
+            return [checks]
+        dest = fields[5]
+        try:
+            found = _identity(os.lstat(dest))
+        except OSError:
+            changed.append(dest)
+            continue
+        same = all(want in ("-", got) for want, got in zip(fields[:5], found, strict=True))
+        if dest not in points or not same:
+            changed.append(dest)
+    return changed
+
+
 def main(argv: list[str]) -> None:
     sys.excepthook = _one_line
-    env_file, report, keep, sep, command = argv[0], argv[1], argv[2], argv[3], argv[4:]
+    env_file, report, keep, checks = argv[0], argv[1], argv[2], argv[3]
+    sep, command = argv[4], argv[5:]
     if sep != "--" or not command:
-        sys.stderr.write("corral boot: usage: boot.py ENV REPORT KEEP -- COMMAND...\n")
+        sys.stderr.write("corral boot: usage: boot.py ENV REPORT KEEP CHECKS -- COMMAND...\n")
         os._exit(125)
     close_others({int(n) for n in keep.split(",") if n.isdigit()})
+    changed = [] if checks == "-" else changed_mounts(checks, mount_points())
+    if changed:
+        sys.stderr.write(
+            f"corral: {changed[0]} changed while the container was set up (another run "
+            "in this workspace may be swapping it for a link); nothing was run\n"
+        )
+        os._exit(125)
     with open(env_file, "rb") as raw:
         entries = [e.decode("utf-8", "surrogateescape") for e in raw.read().split(b"\0") if e]
     env = dict(e.split("=", 1) for e in entries if "=" in e)

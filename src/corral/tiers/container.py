@@ -33,10 +33,14 @@ if TYPE_CHECKING:
     from corral.policy import Policy
     from corral.seccomp import SyscallRule
 
+    # a file's type, device, inode, mtime and ctime (ns)
+    Identity = tuple[int, int, int, int, int]
+
 INSIDE = "/run/corral"
 BOOT = f"{INSIDE}/boot.py"
 ENV_FILE = f"{INSIDE}/env"
 REPORT = f"{INSIDE}/report"
+CHECKS = f"{INSIDE}/checks"
 # what the engine itself needs from our environment (never the sandbox's values)
 ENGINE_ENV = (
     "PATH",
@@ -172,9 +176,11 @@ class ContainerFacts(HostFacts):
     be), whether it can enforce limits for this user, the host Python it binds
     in, where the per-run files go, which masked paths are unix sockets, and which
     mount targets are FIFOs or device nodes (gVisor only: its gofer opens every
-    target, and an open of a FIFO waits for a writer that never comes)."""
+    target, and an open of a FIFO waits for a writer that never comes), and what
+    the bind sources below writable paths are (boot checks them inside)."""
 
     __slots__ = (
+        "binds",
         "bundle",
         "engine",
         "engine_why",
@@ -194,9 +200,11 @@ class ContainerFacts(HostFacts):
         tmpdir: str = "/tmp",
         sockets: frozenset[str] = frozenset(),
         fifos: frozenset[str] = frozenset(),
+        binds: dict[str, Identity] | None = None,
         **common: Any,
     ) -> None:
         super().__init__(**common)
+        self.binds = binds or {}  # bind sources below writable paths: bind_identities
         self.engine = engine
         self.engine_why = engine_why
         self.limits_problem = limits_problem
@@ -334,6 +342,7 @@ class ContainerTier(Tier):
             return facts
         facts.home = home.plan_home(policy, kind="container")
         facts.fs = fsplan.plan_filesystem(policy)
+        facts.binds = bind_identities(facts.fs.mounts, facts.fs.writable)
         need = [c for n, c in cgroups.CONTROLLERS.items() if policy.limits.get(n) is not None]
         facts.limits_problem = limits_problem(facts.engine, need)
         facts.bundle = host_bundle()
@@ -401,8 +410,12 @@ class ContainerTier(Tier):
         report = "-" if eng.runtime == "runsc" else REPORT
         plan.argv = []
         keep = ",".join(str(n) for n in sorted(pass_fds)) or "-"
-        full = [*bundle.argv, "-I", "-S", BOOT, ENV_FILE, report, keep, "--", *inner]
         roots = self._lay_out(plan, policy, facts, [*own, *extra])
+        checks = mount_checks(plan.mounts, fs.writable, eng.runtime, facts.binds)
+        if checks:
+            plan.mounts.append(Mount("ro-bind", CHECKS, f"{scratch}/checks", "bind sources"))
+        check_arg = CHECKS if checks else "-"
+        full = [*bundle.argv, "-I", "-S", BOOT, ENV_FILE, report, keep, check_arg, "--", *inner]
         spec = _engine_spec(eng, image, full, f"corral-{suffix}")
         self._limits(plan, policy, facts, spec)
         # the workspace label lets `podman ps --filter label=corral.workspace=DIR`
@@ -429,6 +442,8 @@ class ContainerTier(Tier):
         # ours: TIOCSTI there cannot reach the caller's); the agent speaks frames
         spec.tty = not extra and facts.stdin_tty
         self._envelope(plan, spec, facts, scratch, image)
+        if checks:
+            plan.prepare.append(("checks", checks.encode(), 0o644))
         return plan
 
     def _envelope(
@@ -642,6 +657,59 @@ def gvisor_namespace_rules() -> tuple[SyscallRule, ...]:
         )
         for name in ("unshare", "clone")
     )
+
+
+def _in_writable(m: Mount, writable: Sequence[str]) -> bool:
+    """A bind whose source lies below a writable path (not the path itself)."""
+    src = m.src or m.dest
+    return m.kind in ("bind", "ro-bind") and any(src != r and _inside(src, r) for r in writable)
+
+
+def bind_identities(mounts: Sequence[Mount], writable: Sequence[str]) -> dict[str, Identity]:
+    """(file type, device, inode, mtime, ctime) of each bind source below a writable
+    path, as it is now; a symlink or a missing source is left out (refused)."""
+    import stat
+
+    found = {}
+    for m in mounts:
+        if not _in_writable(m, writable):
+            continue
+        src = m.src or m.dest
+        try:
+            st = os.lstat(src)
+        except OSError:
+            continue
+        if not stat.S_ISLNK(st.st_mode):
+            kind = stat.S_IFMT(st.st_mode)
+            found[src] = (kind, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+    return found
+
+
+def mount_checks(
+    mounts: Sequence[Mount], writable: Sequence[str], runtime: str, ids: dict[str, Identity]
+) -> str:
+    """What boot checks inside (see corral.container.boot): each bind whose source
+    lies below a writable path, where the sandbox, or another run in the same
+    workspace, can swap it for a symlink before the engine binds it, as the file
+    corral found (``ids``).  runc shows the host's device and inode numbers; gVisor
+    numbers its own, so there the times stand in (to the nanosecond, and the
+    change time is set by no one).  A source that was a symlink already: refused."""
+    lines = []
+    for m in mounts:
+        if not _in_writable(m, writable):
+            continue
+        src = m.src or m.dest
+        if src not in ids:
+            raise RefusedError(
+                f"{src} changed while the run was set up (another run in this workspace "
+                "may be swapping it for a link); nothing was run"
+            )
+        kind, dev, ino, mtime, ctime = ids[src]
+        fields = (
+            (kind, "-", "-", mtime, ctime) if runtime == "runsc" else (kind, dev, ino, "-", "-")
+        )
+        lines.append(" ".join(str(v) for v in (*fields, m.dest)) + "\n")
+    return "".join(lines)
 
 
 def _inside(path: str, root: str) -> bool:
