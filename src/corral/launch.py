@@ -534,6 +534,11 @@ def _plan_fds(
             null = os.open(os.devnull, os.O_RDONLY)
             child_fds[number] = null
             to_close.append(null)
+        elif what.startswith("source\0"):  # a bind source, opened with no symlink followed
+            from corral.tiers.namespace import open_source
+
+            child_fds[number] = source = open_source(what)
+            to_close.append(source)
         elif what == "pass":  # the caller's own descriptor of that number, asked for
             try:
                 os.fstat(number)

@@ -471,12 +471,16 @@ class Sandbox:
         """Start the agent; plan again if a host path changed under the setup
         (a unix socket removed: see cli.SETUP_ATTEMPTS).  A door's listeners are
         handed over once, so a sandbox with a network does not retry."""
+        from corral.errors import SetupRaced
         from corral.failures import raced
 
         attempts = 3 if self._door is None else 1
         for attempt in range(1, attempts + 1):
             try:
                 return self._start_once()
+            except SetupRaced:  # the launcher saw a bind source change before bwrap ran
+                if attempt == attempts:
+                    raise
             except SandboxError as exc:
                 if attempt == attempts or not raced(str(exc).split(": ", 1)[-1].splitlines()):
                     raise
@@ -506,6 +510,10 @@ class Sandbox:
             self._started = launch.start(
                 plan, self.run_id, {0: theirs.fileno(), 1: theirs.fileno(), 2: err_w}
             )
+        except BaseException:
+            ours.close()
+            os.close(err_r)
+            raise
         finally:
             theirs.close()
             os.close(err_w)

@@ -1037,3 +1037,49 @@ def test_a_hard_link_to_a_workspace_secret_is_unreadable(tsandbox: tuple[Corral,
     assert b"topsecret" not in r.stdout + r.stderr, r
     assert r.stdout == b"a\n", r  # the twin
     assert env.read_text() == "KEY=topsecret\n"
+
+
+def test_a_bind_source_swapped_for_a_link_brings_nothing_of_the_host_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bwrap binds a protected directory (sub/.vscode) by name when it mounts, some
+    time after corral planned it; another run in the same workspace can rename
+    sub's contents about in between (a sandbox may rename the parent of its own
+    mounts).  Swapped for a relative link to a masked directory outside, bwrap
+    bound the real directory over its mask: the secret read inside (/etc over
+    the masked /etc/shadow, as root, the same way).  Now the
+    source is a descriptor opened with no link followed, and the plan is made
+    again.  Twin: unswapped, the directory is there, read-only."""
+    from corral import Sandbox, launch
+    from corral import policy as pol
+
+    ws = tmp_path / "ws"
+    vault = ws / "vault"  # in the workspace, where the sandbox's view has it (masked)
+    protected = ws / "sub" / ".vscode"
+    protected.mkdir(parents=True)
+    (protected / "settings.json").write_text("{}\n")
+    vault.mkdir()
+    canary = "CANARY-" + uuid.uuid4().hex
+    (vault / "key").write_text(canary + "\n")
+    policy = pol.load(str(ws))
+    policy.filesystem.read_deny.append(str(vault))
+    read = f"cat sub/.vscode/settings.json sub/.vscode/key {vault}/key; echo x > sub/.vscode/new"
+
+    with Sandbox(policy, tier="namespace", log=False) as sb:  # the twin: nothing swapped
+        r = sb.exec(read)
+    assert r.stdout.startswith(b"{}\n") and canary.encode() not in r.stdout, r
+    assert b"Read-only file system" in r.stderr and not (protected / "new").exists(), r
+
+    start = launch.start
+
+    def swapped_first(*args: Any, **kw: Any) -> Any:
+        if not protected.is_symlink():  # after the plan, before bwrap mounts
+            protected.rename(protected.with_name("real"))
+            protected.symlink_to("../vault")
+        return start(*args, **kw)
+
+    monkeypatch.setattr(launch, "start", swapped_first)
+    with Sandbox(policy, tier="namespace", log=False) as sb:
+        r = sb.exec(read)
+    assert canary.encode() not in r.stdout + r.stderr, r
+    assert (vault / "key").read_text() == canary + "\n"

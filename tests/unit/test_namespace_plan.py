@@ -20,6 +20,7 @@ from corral.tiers.namespace import (
     Bwrap,
     NamespaceTier,
     mount_args,
+    source_spec,
 )
 
 SET_VALUE = "set-value-7d1c0e9b"
@@ -107,18 +108,50 @@ def test_mount_args_for_every_kind() -> None:
         Mount("mqueue", "/dev/mqueue"),
     ]
     args, fds = mount_args(mounts)
-    assert fds == [FD_EMPTY, FD_EMPTY + 1]
+    # a bind source below a writable bind is bound from a descriptor, not by name
+    assert fds == {
+        FD_EMPTY: source_spec("/ws", "/ws/.git/hooks"),
+        FD_EMPTY + 1: "empty",
+        FD_EMPTY + 2: "empty",
+    }
     text = " ".join(args)
     assert text.startswith(
         "--ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --bind /ws /ws "
-        "--ro-bind /ws/.git/hooks /ws/.git/hooks --symlink target /home/u/link "
+        f"--ro-bind-fd {FD_EMPTY} /ws/.git/hooks --symlink target /home/u/link "
         "--perms 0000 --size 4096 --tmpfs /home/u/.ssh --remount-ro /home/u/.ssh "
     )
-    assert f"--perms 0000 --ro-bind-data {FD_EMPTY} /home/u/.netrc" in text
-    assert f"--perms 0000 --ro-bind-data {FD_EMPTY + 1} /ws/.env" in text
+    assert f"--perms 0000 --ro-bind-data {FD_EMPTY + 1} /home/u/.netrc" in text
+    assert f"--perms 0000 --ro-bind-data {FD_EMPTY + 2} /ws/.env" in text
     assert text.endswith("--remount-ro /home/u --mqueue /dev/mqueue")
     last = text.index("--remount-ro /home/u ")
     assert text.index("/home/u/.netrc") < text.index("/ws/.env") < last
+
+
+def test_a_bind_source_swapped_for_a_link_is_not_opened(tmp_path: Path) -> None:
+    """What the launcher binds below a writable path is the directory the plan named,
+    reached with no symlink followed: another run swapping it (or a directory on
+    the way) for a link to ../../../etc gets the plan made again, not /etc bound
+    in.  Twin: unswapped, the very directory is opened."""
+    from corral.errors import SetupRaced
+    from corral.tiers.namespace import open_source
+
+    ws = tmp_path / "ws"
+    (ws / "sub" / ".vscode").mkdir(parents=True)
+    spec = source_spec(str(ws), str(ws / "sub" / ".vscode"))
+    fd = open_source(spec)
+    try:
+        assert os.path.samestat(os.fstat(fd), os.stat(ws / "sub" / ".vscode"))
+    finally:
+        os.close(fd)
+    (ws / "sub" / ".vscode").rename(ws / "sub" / "real")
+    (ws / "sub" / ".vscode").symlink_to("../../../etc")
+    with pytest.raises(SetupRaced, match="changed during setup"):
+        open_source(spec)
+    (ws / "sub" / ".vscode").unlink()
+    (ws / "sub").rename(ws / "sub2")
+    (ws / "sub").symlink_to("sub2")  # a directory on the way
+    with pytest.raises(SetupRaced):
+        open_source(spec)
 
 
 def test_masks_standing_in_a_snapshot_are_made_not_mounted() -> None:
@@ -145,7 +178,7 @@ def test_masks_standing_in_a_snapshot_are_made_not_mounted() -> None:
     gh = "/home/u/.config/gh"
     assert f"--perms 0000 --size 4096 --tmpfs {gh} --remount-ro {gh}" in text
     assert f"--perms 0000 --ro-bind-data {FD_EMPTY + 2} /etc/shadow " in text
-    assert fds == [FD_EMPTY, FD_EMPTY + 1, FD_EMPTY + 2]
+    assert fds == dict.fromkeys([FD_EMPTY, FD_EMPTY + 1, FD_EMPTY + 2], "empty")
     assert text.endswith("--remount-ro /home/u")
     # a tmpfs that is not remounted read-only is no snapshot: its masks are mounted
     args, _ = mount_args([Mount("tmpfs", "/home/u"), Mount("mask-dir", "/home/u/.ssh")])

@@ -79,16 +79,19 @@ def mount_args(
     mounts: list[Mount],
     numbers: Iterator[int] | None = None,
     sizes: dict[str, int] | None = None,
-) -> tuple[list[str], list[int]]:
-    """bwrap arguments for each mount operation, in order, and the empty-data fds they
-    use (taken from ``numbers``; from FD_EMPTY up by default).  ``sizes`` bounds the
-    tmpfs mounted at those paths (bytes)."""
+) -> tuple[list[str], dict[int, str]]:
+    """bwrap arguments for each mount operation, in order, and the descriptors they
+    use (taken from ``numbers``; from FD_EMPTY up by default), each with what the
+    launcher puts there: ``"empty"`` (a mask's content) or a bind source below a
+    writable path (:func:`source_spec`).  ``sizes`` bounds the tmpfs mounted at
+    those paths (bytes)."""
     if numbers is None:
         numbers = own_fd_numbers(range(FD_STATUS, FD_EMPTY))
     args: list[str] = []
-    empty_fds: list[int] = []
+    fds: dict[int, str] = {}
     sizes = sizes or {}
     in_snapshot = snapshot_masks(mounts)
+    roots = writable_roots(mounts)
     for m in mounts:
         if m in in_snapshot:
             # an empty mode-000 entry made in the snapshot's tmpfs: no mount of its
@@ -98,13 +101,11 @@ def mount_args(
                 args += ["--dir", m.dest]
             else:
                 fd = next(numbers)
-                empty_fds.append(fd)
+                fds[fd] = "empty"
                 args += ["--file", str(fd), m.dest]
             continue
-        if m.kind == "ro-bind":
-            args += ["--ro-bind", m.src or m.dest, m.dest]
-        elif m.kind == "bind":
-            args += ["--bind", m.src or m.dest, m.dest]
+        if m.kind in ("ro-bind", "bind"):
+            args += _bind_args(m, roots, numbers, fds)
         elif m.kind == "tmpfs":
             if m.dest in sizes:
                 args += ["--size", str(sizes[m.dest])]
@@ -123,7 +124,7 @@ def mount_args(
             args += ["--remount-ro", m.dest]
         elif m.kind == "mask-file":
             fd = next(numbers)
-            empty_fds.append(fd)
+            fds[fd] = "empty"
             args += ["--perms", "0000", "--ro-bind-data", str(fd), m.dest]
         elif m.kind == "remount-ro":
             args += ["--remount-ro", m.dest]
@@ -131,7 +132,69 @@ def mount_args(
             args += ["--mqueue", m.dest]
         else:  # a new kind must be taught here before it can be used
             raise ValueError(f"unknown mount kind {m.kind!r}")
-    return args, empty_fds
+    return args, fds
+
+
+# A bind's source below a writable path is bound from a descriptor the launcher
+# opens (:func:`open_source`), not by name: bwrap resolves a name when it mounts,
+# through symlinks, some time after corral looked, and another run in the same
+# workspace can swap a protected directory (sub/.vscode) for a link to
+# ../../../etc in between: the host's /etc, bound over the sandbox's, put its
+# /etc/shadow back over corral's mask.
+SOURCE = "source"
+
+
+def writable_roots(mounts: list[Mount]) -> list[str]:
+    """The sources of writable binds, outermost first."""
+    return sorted({m.src or m.dest for m in mounts if m.kind == "bind"}, key=len)
+
+
+def _bind_args(
+    m: Mount, roots: list[str], numbers: Iterator[int], fds: dict[int, str]
+) -> list[str]:
+    src = m.src or m.dest
+    root = next((r for r in roots if src.startswith(r.rstrip("/") + "/")), None)
+    if root is None:
+        return ["--ro-bind" if m.kind == "ro-bind" else "--bind", src, m.dest]
+    fd = next(numbers)
+    fds[fd] = source_spec(root, src)
+    return ["--ro-bind-fd" if m.kind == "ro-bind" else "--bind-fd", str(fd), m.dest]
+
+
+def source_spec(root: str, src: str) -> str:
+    """What ``plan.fds`` says for a bind source: ``source``, the writable root it
+    lies below and its path, NUL-separated (no path holds a NUL)."""
+    return f"{SOURCE}\0{root}\0{src}"
+
+
+def open_source(spec: str) -> int:
+    """The source a :func:`source_spec` names, opened O_PATH one component at a time
+    from its root, no symlink followed: SetupRaced (plan again) if the path no
+    longer leads there without one."""
+    from corral.errors import SetupRaced
+
+    _, root, src = spec.split("\0")
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in os.path.relpath(src, root).split("/"):
+            try:
+                step = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                raise SetupRaced(f"{src}: {exc.strerror} (changed during setup)") from None
+            os.close(fd)
+            fd = step
+            if _is_link(fd):
+                raise SetupRaced(f"{src}: a symlink now (changed during setup)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _is_link(fd: int) -> bool:
+    import stat
+
+    return stat.S_ISLNK(os.fstat(fd).st_mode)
 
 
 def snapshot_masks(mounts: list[Mount]) -> list[Mount]:
@@ -437,8 +500,8 @@ class NamespaceTier(Tier):
         plan.fds = {status_fd: "status", seccomp_fd: "seccomp", **dict.fromkeys(pass_fds, "pass")}
         plan.strategy = Bwrap(self._network(plan, policy, door, facts, net))
         plan.mounts = own_mounts([*plan.mounts, *extra])
-        mounts, empty_fds = mount_args(plan.mounts, numbers, scratch_sizes(policy.limits))
-        plan.fds.update(dict.fromkeys(empty_fds, "empty"))
+        mounts, mount_fds = mount_args(plan.mounts, numbers, scratch_sizes(policy.limits))
+        plan.fds.update(mount_fds)
         bwrap = facts.bwrap or "bwrap"
         hardening = list(HARDENING)
         hardening.remove("--unshare-net")  # the launcher provides the network namespace

@@ -417,8 +417,8 @@ def _sandbox(plan: VmPlan, host: VmHost, machine: qemu.Machine, ready: AgentMach
     plan.fds[monitor] = MONITOR
     plan.fds[state] = "state"  # passed only when a saved state is restored
     machine.monitor = monitor
-    view_args, empty = namespace.mount_args(plan.view, numbers)
-    plan.fds.update(dict.fromkeys(empty, "empty"))
+    view_args, view_fds = namespace.mount_args(plan.view, numbers)
+    plan.fds.update(view_fds)
     plan.machine = machine
     initrd, inputs = (ready.initrd, ready.state_inputs) if ready else (host.initrd, None)
     own = qemu.own_root(host.facts, host.assets.vmlinux, initrd, host.decision.accel == "kvm")
@@ -493,6 +493,7 @@ class _Vm:
         ``state``: a saved state QEMU restores instead of booting."""
         from corral import seccomp
         from corral.launch import move_fds_into_place
+        from corral.tiers import namespace
 
         self.state = state
         self.socks: dict[str, socket.socket] = {}
@@ -519,6 +520,9 @@ class _Vm:
                 theirs.append(sec_r)
             elif what == "empty":
                 wanted[number] = null
+            elif what.startswith(namespace.SOURCE + "\0"):  # namespace.mount_args: a bind source
+                wanted[number] = source = namespace.open_source(what)
+                theirs.append(source)
             elif what == "state":
                 if state is not None:
                     wanted[number] = state
