@@ -58,6 +58,7 @@ CHUNK = 65536
 # The control port is the init's, but the guest's root can reach it: its lines are
 # bounded, and what the host prints of one is plain text (no terminal controls).
 MAX_CONTROL_LINE = 4096
+MAX_STATUS = 255  # the init reports its shell's $? (128+N for a signal)
 
 
 def find_program(name: str) -> str | None:
@@ -866,14 +867,23 @@ def _report(line: str, result: Result, out: int, err: int) -> dict[int, int]:
     fields = rest.split()
     if kind == "error":
         raise SetupError(f"microvm: {_plain(rest)}")
-    if kind != "exit" or len(fields) != 4 or not all(f.isdigit() for f in fields):
-        raise SetupError(f"microvm: the guest answered {line[:200]!r}")
+    # the guest's root can write this line: only what the init can say is taken (a
+    # status past 255 made the runner's os._exit raise, and its fork ran on as corral)
+    if kind != "exit" or len(fields) != 4 or not all(_decimal(f) for f in fields):
+        raise SetupError(f"microvm: the guest answered {_plain(line, 200)}")
     code, out_n, err_n, oom = (int(f) for f in fields)
+    if code > MAX_STATUS:
+        raise SetupError(f"microvm: the guest answered {_plain(line, 200)}")
     result.reported = True
     result.exit_code = code
     result.stdout_bytes, result.stderr_bytes = out_n, err_n
     result.oom_kills = oom
     return {out: out_n, err: err_n}
+
+
+def _decimal(field: str) -> bool:
+    """ASCII digits, no more than a 64-bit count has (str.isdigit takes "²" too)."""
+    return 0 < len(field) <= 20 and field.isascii() and field.isdigit()
 
 
 def _why_ended(qemu_err: bytes, how: str) -> str:
