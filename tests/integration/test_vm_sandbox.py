@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,4 +162,69 @@ def test_the_agent_started_before_the_state_runs_as_any_command_would(
     assert lines[5:9] == ["x", "y", "0::/corral", "77"], r.stdout
     assert SECRET.encode() not in r.stdout and lines[-1] == "refused"
     assert (ws / "landed.txt").read_text() == "landed\n"  # the twin: writes land
+    assert wait_for(lambda: not our_qemus(), 10)
+
+
+# The guest's root takes the agent's end of its channel (fd 1 of the agent, which
+# spawned this command, taken with pidfd_getfd) and writes its own frames there
+# while the agent is quiet; the agent's own frames follow once this command ends.
+INJECT = """
+import ctypes, json, os, struct, sys, time
+def frame(header, payload=b""):
+    data = json.dumps(header).encode()
+    return struct.pack("!II", len(data), len(payload)) + data + payload
+if sys.argv[1] == "out":  # frames of output for a command of the host's, past its limit
+    data = frame({"ev": "out", "id": int(sys.argv[2]), "fd": 1}, b"x" * 60000) * int(sys.argv[3])
+elif sys.argv[1] == "deep":  # nested deeper than Python's JSON parser goes
+    data = struct.pack("!II", 100000, 0) + b"[" * 100000
+else:
+    data = bytes.fromhex(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+channel = libc.syscall(438, os.pidfd_open(os.getppid()), 1, 0)  # pidfd_getfd(2)
+if channel < 0:
+    sys.exit(f"pidfd_getfd: {os.strerror(ctypes.get_errno())}")
+view = memoryview(data)
+while view:
+    view = view[os.write(channel, view):]
+"""
+
+
+def raw_frame(header: bytes, payload: bytes = b"", size: int | None = None) -> str:
+    length = len(header) if size is None else size
+    return (struct.pack("!II", length, len(payload)) + header + payload).hex()
+
+
+def test_frames_the_guests_root_forges_cannot_hang_crash_or_flood_the_host(
+    home_ws: tuple[Path, Path],
+) -> None:
+    """Whatever bytes reach the agent's channel, the host's reader neither dies (every
+    later call hung) nor waits for a frame it will not hold, and keeps no more of a
+    command's output than the policy's limit: a malformed frame ends that VM, one
+    line in ``errors``, and the next call starts a fresh one.  Twins: the command's
+    own output arrives, and the sandbox goes on."""
+    if os.geteuid() != 0:
+        pytest.skip("taking the agent's channel needs the guest's root (corral run as root)")
+    _, ws = home_ws
+    (ws / "inject.py").write_text(INJECT)
+    policy = pol.load(str(ws))
+    policy.limits.output = 1 << 20
+    with Sandbox(policy, tier="microvm", log=False) as sb:
+        proc = sb.spawn("echo mine; sleep 100")
+        assert wait_for(lambda: proc.read_output()[0] == b"mine\n", 30)
+        flood = sb.exec(["python3", "inject.py", "out", str(proc.id), "40"])
+        assert flood.exit_code == 0, flood
+        proc.kill()
+        r = proc.wait(timeout=30)
+        assert r.stdout.startswith(b"mine\n") and len(r.stdout) <= 1 << 20 and r.truncated
+        for bad in (
+            ["raw", raw_frame(b"[]")],  # not an object
+            ["raw", raw_frame(b'{"ev":"done","id":"x"}')],  # no number
+            ["deep"],
+            ["raw", raw_frame(b"{", size=1 << 31)],  # 2 GiB of header announced
+        ):
+            errors = len(sb.errors)
+            inject = sb.spawn(["python3", "inject.py", *bad])
+            assert inject.wait(timeout=60).exit_code == 128 + signal.SIGKILL  # its VM ended
+            assert len(sb.errors) == errors + 1 and "malformed" in sb.errors[-1], sb.errors
+            assert sb.exec("echo after").stdout == b"after\n"  # a fresh VM
     assert wait_for(lambda: not our_qemus(), 10)
