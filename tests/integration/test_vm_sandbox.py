@@ -228,3 +228,40 @@ def test_frames_the_guests_root_forges_cannot_hang_crash_or_flood_the_host(
             assert len(sb.errors) == errors + 1 and "malformed" in sb.errors[-1], sb.errors
             assert sb.exec("echo after").stdout == b"after\n"  # a fresh VM
     assert wait_for(lambda: not our_qemus(), 10)
+
+
+# The guest's root writes a frame onto the stdout port (a node it makes in /dev):
+# on a Sandbox's machine that port is nobody's (the agent's stdout is its channel).
+ON_STDOUT_PORT = """
+import glob, json, os, struct, sys, time
+header = json.dumps({"ev": "out", "id": int(sys.argv[1]), "fd": 1}).encode()
+frame = struct.pack("!II", len(header), 6) + header + b"FORGED"
+for d in glob.glob("/sys/class/virtio-ports/*"):
+    if open(d + "/name").read().strip() == "corral.stdout":
+        major, minor = map(int, open(d + "/dev").read().split(":"))
+        os.mknod("/dev/corral-stdout", 0o20600, os.makedev(major, minor))
+        os.write(os.open("/dev/corral-stdout", os.O_WRONLY), frame)
+        time.sleep(2)  # long enough for the host to relay it, were it relayed
+        sys.exit(0)
+sys.exit("no stdout port")
+"""
+
+
+def test_the_unused_stdout_port_does_not_reach_the_agents_channel(
+    home_ws: tuple[Path, Path],
+) -> None:
+    """The runner read the stdout port into the Sandbox's socket, the agent's
+    channel, beside QEMU's own writes of the agent's frames: what the guest's
+    root wrote there was taken as the agent's words (or split one of its
+    frames).  Twin: the command's own output arrives."""
+    if os.geteuid() != 0:
+        pytest.skip("writing on a port needs the guest's root (corral run as root)")
+    _, ws = home_ws
+    (ws / "port.py").write_text(ON_STDOUT_PORT)
+    with Sandbox(pol.load(str(ws)), tier="microvm", log=False) as sb:
+        proc = sb.spawn("echo mine; sleep 100")
+        assert wait_for(lambda: proc.read_output()[0] == b"mine\n", 30)
+        r = sb.exec(["python3", "port.py", str(proc.id)])
+        assert r.exit_code == 0, r
+        proc.kill()
+        assert proc.wait(timeout=30).stdout == b"mine\n" and not sb.errors

@@ -628,7 +628,9 @@ def execute(
     if duplex and plan.launch is not None:
         plan.launch.duplex = True
     given = {"corral.stdin": stdin} if duplex else None
-    vm, follower = _start(plan, given, result, (stdout, stderr), started)
+    # duplex: the agent's stdout is its channel, and the stdout port nobody's; what
+    # the guest's root writes there is counted, never mixed into the channel
+    vm, follower = _start(plan, given, result, (-1 if duplex else stdout, stderr), started)
     try:
         if not duplex:
             threading.Thread(
@@ -763,7 +765,7 @@ class _Follower:
         self.ctl = vm.socks["corral.ctl"].fileno()
         self.sinks = {out: stdout, err: stderr}
         self.got = {out: 0, err: 0}
-        self.alive = {out: True, err: True}
+        self.alive = {out: stdout >= 0, err: True}  # False: what arrives is dropped
         self.control = b""
         self.qemu_err = b""
         self.booted = False  # the init said "up": it has the request
