@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from corral.errors import CorralError
+from corral.errors import EXIT_TIMEOUT, CorralError
 
 HEADER = struct.Struct("!II")
 SPAWN_WAIT = 30.0  # seconds for the agent to report a started command's pid
@@ -46,6 +46,9 @@ HISTORY = 100  # commands the activity log's record of a sandbox keeps (the last
 MAX_HEADER = 64 << 20
 MAX_OUT_FRAME = 1 << 16
 MAX_ERRORS = 100
+# seconds past a command's timeout before exec gives up on the agent (one a command
+# stopped: in a microVM's guest a command of its uid can signal it)
+AGENT_GRACE = 30.0
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -959,7 +962,26 @@ class Sandbox:
         A timeout kills the command's whole process group and keeps the output
         so far; the sandbox itself lives on.  ``pass_fds``: as for :meth:`spawn`.
         """
-        return self.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds).wait()
+        proc = self.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
+        limit = self.policy.limits.timeout if timeout is None else timeout
+        if not limit:
+            return proc.wait()
+        try:
+            return proc.wait(limit + AGENT_GRACE)
+        except TimeoutError:
+            self._unresponsive(f"the agent did not end a command {AGENT_GRACE:g}s past its timeout")
+        proc._done.wait()  # the reader ends every command once the channel is shut
+        proc.result.exit_code, proc.result.timed_out = EXIT_TIMEOUT, True
+        return proc.outcome()
+
+    def _unresponsive(self, why: str) -> None:
+        """Give up on this instance: its channel is shut (every caller waiting is
+        answered, the reader ends) and the next call starts a fresh one."""
+        self._error(f"{why}; stopped")
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def begin(
         self,

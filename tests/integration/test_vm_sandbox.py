@@ -265,3 +265,24 @@ def test_the_unused_stdout_port_does_not_reach_the_agents_channel(
         assert r.exit_code == 0, r
         proc.kill()
         assert proc.wait(timeout=30).stdout == b"mine\n" and not sb.errors
+
+
+def test_a_stopped_agent_does_not_hold_exec_past_its_timeout(
+    home_ws: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a guest the agent is not its pid namespace's init: a command of its uid
+    can stop it (SIGSTOP), and the agent's own watchdog stops with it.  exec()
+    then waited for ever; past its timeout and a grace it gives up on that VM
+    (timed out, one line in ``errors``), and the next call starts a fresh one.
+    Twin: a command within its timeout ends as it should."""
+    import corral.sandbox
+
+    monkeypatch.setattr(corral.sandbox, "AGENT_GRACE", 3.0)
+    _, ws = home_ws
+    with Sandbox(pol.load(str(ws)), tier="microvm", log=False) as sb:
+        assert sb.exec("echo within", timeout=30).stdout == b"within\n"
+        r = sb.exec("kill -STOP $PPID; sleep 1", timeout=2)
+        assert (r.exit_code, r.timed_out) == (124, True)
+        assert len(sb.errors) == 1 and "did not end" in sb.errors[0], sb.errors
+        assert sb.exec("echo after", timeout=30).stdout == b"after\n" and sb.starts == 2
+    assert wait_for(lambda: not our_qemus(), 10)
