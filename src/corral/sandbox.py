@@ -1386,7 +1386,17 @@ class AsyncSandbox:
     ) -> ExecResult:
         """As :meth:`Sandbox.exec`, awaited."""
         proc = await self._begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
-        return await self.wait(proc)
+        sb = self.sync
+        limit = sb.policy.limits.timeout if timeout is None else timeout
+        if not limit:
+            return await self.wait(proc)
+        try:
+            return await self.wait(proc, limit + AGENT_GRACE)
+        except TimeoutError:
+            sb._unresponsive(f"the agent did not end a command {AGENT_GRACE:g}s past its timeout")
+        await self.wait(proc)  # the reader ends every command once the channel is shut
+        proc.result.exit_code, proc.result.timed_out = EXIT_TIMEOUT, True
+        return proc.outcome()
 
     async def exec_alone(
         self,

@@ -7,6 +7,7 @@ guest and starts the agent's Python (5 to 10 s under TCG).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import struct
@@ -19,7 +20,7 @@ from conftest import ROOT_BASE, pids_matching, wait_for
 from test_vm import WHY_NOT
 
 from corral import policy as pol
-from corral.sandbox import PathDenied, Sandbox
+from corral.sandbox import AsyncSandbox, PathDenied, Sandbox
 
 if WHY_NOT:
     pytest.skip(f"microvm cannot run here: {WHY_NOT}", allow_module_level=True)
@@ -285,4 +286,13 @@ def test_a_stopped_agent_does_not_hold_exec_past_its_timeout(
         assert (r.exit_code, r.timed_out) == (124, True)
         assert len(sb.errors) == 1 and "did not end" in sb.errors[0], sb.errors
         assert sb.exec("echo after", timeout=30).stdout == b"after\n" and sb.starts == 2
+    assert wait_for(lambda: not our_qemus(), 10)
+
+    async def stopped_from_a_loop() -> None:  # AsyncSandbox.exec gives up the same way
+        async with AsyncSandbox(pol.load(str(ws)), tier="microvm", log=False) as sb:
+            r = await sb.exec("kill -STOP $PPID; sleep 1", timeout=2)
+            assert (r.exit_code, r.timed_out) == (124, True) and len(sb.errors) == 1
+            assert (await sb.exec("echo after", timeout=30)).stdout == b"after\n"
+
+    asyncio.run(asyncio.wait_for(stopped_from_a_loop(), 120))
     assert wait_for(lambda: not our_qemus(), 10)
