@@ -835,6 +835,12 @@ class _Planner:
         from corral import runlog
 
         self.add_read_deny(runlog.state_dir() + "/", "corral's own state")
+        # the VM cache: an initramfs or saved state a run rewrote there would be what
+        # every later microvm run boots or restores (a missing one shadows nothing:
+        # most hosts never make it)
+        from corral import vm
+
+        self.add_read_deny(vm.cache_dir() + "/", "corral's own VM cache", if_present=True)
 
     def add_read_deny(self, entry: str, why: str, if_present: bool = False) -> None:
         path = entry.rstrip("/") or "/"

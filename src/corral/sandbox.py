@@ -34,11 +34,21 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from corral.errors import CorralError
+from corral.errors import EXIT_TIMEOUT, CorralError
 
 HEADER = struct.Struct("!II")
 SPAWN_WAIT = 30.0  # seconds for the agent to report a started command's pid
 HISTORY = 100  # commands the activity log's record of a sandbox keeps (the last ones)
+# What the host takes from the agent's channel, which a command may write on (a
+# microVM guest's root takes it): a frame's JSON header (a listing of a million
+# entries fits), an output frame (the agent sends at most 64 KiB of output in
+# one), and the error lines kept
+MAX_HEADER = 64 << 20
+MAX_OUT_FRAME = 1 << 16
+MAX_ERRORS = 100
+# seconds past a command's timeout before exec gives up on the agent (one a command
+# stopped: in a microVM's guest a command of its uid can signal it)
+AGENT_GRACE = 30.0
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -68,6 +78,10 @@ class CwdOutsideSandbox(SandboxError):
 
 class PathDenied(SandboxError, PermissionError):
     """The policy forbids this file operation (read-deny, write-deny, read-only)."""
+
+
+class _Malformed(ValueError):
+    """A frame the agent cannot have sent: the channel is not the agent's alone."""
 
 
 class CallbackError(SandboxError):
@@ -125,10 +139,16 @@ class Process:
         argv: list[str],
         on_stdout: Callable[[bytes], None] | None,
         on_stderr: Callable[[bytes], None] | None,
+        limit: int | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.id = ident
         self.argv = argv
+        # bytes of output kept (the agent's limit, kept here too: a command that took
+        # the agent's channel would send past it)
+        self._limit = limit
+        self._kept = 0
+        self._truncated = False
         self.pid = 0  # inside the sandbox's pid namespace
         self.result = ExecResult()
         self._started = threading.Event()
@@ -169,6 +189,9 @@ class Process:
             self._notify_started()
         elif ev == "out":
             which = int(str(header["fd"]))
+            payload = self._within_limit(payload)
+            if not payload:
+                return
             with self._lock:
                 (self._out if which == 1 else self._err).extend(payload)
             callback = self._on.get(which)
@@ -178,7 +201,7 @@ class Process:
             r = self.result
             r.exit_code = int(str(header["code"]))
             r.timed_out = bool(header.get("timed_out"))
-            r.truncated = bool(header.get("truncated"))
+            r.truncated = bool(header.get("truncated")) or self._truncated
             r.duration = time.monotonic() - self._began
             with self._lock:
                 r.stdout, r.stderr = bytes(self._out), bytes(self._err)
@@ -189,6 +212,17 @@ class Process:
             self._notify_started()
             for notify in callbacks:
                 self._call(notify, r)
+
+    def _within_limit(self, payload: bytes) -> bytes:
+        """What of ``payload`` the output limit leaves room for."""
+        if not self._limit:
+            return payload
+        room = max(0, self._limit - self._kept)
+        if len(payload) > room:
+            payload = payload[:room]
+            self._truncated = True
+        self._kept += len(payload)
+        return payload
 
     def _notify_started(self) -> None:
         with self._lock:
@@ -522,10 +556,10 @@ class Sandbox:
             self._started.wait_started()
             header, _ = self._recv()
             if header.get("ev") != "ready":
-                raise SandboxError(f"unexpected first message from the agent: {header}")
+                raise SandboxError(f"unexpected first message from the agent: {header}"[:500])
             # no command can write into the agent (reset relies on it)
             self._guarded = bool(header.get("guarded"))
-        except (SandboxError, OSError, EOFError) as exc:
+        except (SandboxError, OSError, EOFError, ValueError) as exc:
             detail = self._drain_stderr()
             self._started.stop()  # kills, removes the container and the scratch files
             ours.close()
@@ -722,10 +756,21 @@ class Sandbox:
             self._raw_send(header, payload, fds)
 
     def _recv(self, sock: socket.socket | None = None) -> tuple[dict[str, object], bytes]:
+        """One frame; _Malformed for one the agent cannot have sent, before more of it
+        than the bounds is read."""
         sock = sock or self._sock
         head = self._recv_exact(HEADER.size, sock)
         size, payload_size = HEADER.unpack(head)
-        header = json.loads(self._recv_exact(size, sock))
+        if size > MAX_HEADER:
+            raise _Malformed(f"a header of {size} bytes")
+        try:
+            header = json.loads(self._recv_exact(size, sock))
+        except (ValueError, RecursionError) as exc:
+            raise _Malformed(f"a header that is not JSON ({type(exc).__name__})") from None
+        if not isinstance(header, dict):
+            raise _Malformed(f"a header that is a JSON {type(header).__name__}")
+        if header.get("ev") == "out" and payload_size > MAX_OUT_FRAME:
+            raise _Malformed(f"{payload_size} bytes of output in one frame")
         payload = self._recv_exact(payload_size, sock) if payload_size else b""
         return header, payload
 
@@ -742,18 +787,23 @@ class Sandbox:
         while True:
             try:
                 header, payload = self._recv(sock)
-            except (EOFError, OSError, ValueError):
+                ident = _ident(header)
+            except _Malformed as exc:
+                # not the agent's words: nothing more on this channel is believed, and
+                # the next call starts a fresh sandbox (this one is stopped then)
+                self._error(f"the agent's channel carried a malformed frame ({exc}); stopped")
+                break
+            except (EOFError, OSError):
                 break
             if header.get("ev") == "error":  # the agent caught something unexpected
-                self.errors.append(str(header.get("message", "")))
+                self._error(str(header.get("message", "")))
                 continue
-            ident = int(str(header.get("id", 0)))
             proc = self._procs.get(ident)
             if proc is not None:
                 try:
                     proc._event(header, payload)
                 except Exception as exc:  # a malformed frame: this thread must live on
-                    self.errors.append(f"reader: {type(exc).__name__}: {exc}")
+                    self._error(f"reader: {type(exc).__name__}: {exc}")
                 if header.get("ev") == "exit":
                     self._procs.pop(ident, None)
                 continue
@@ -768,6 +818,13 @@ class Sandbox:
             waiter.put(({"ev": "done", "error": "the sandbox is gone", "errno": 0}, b""))
         for proc in list(self._procs.values()):
             proc._event({"ev": "exit", "code": 128 + signal.SIGKILL}, b"")
+
+    def _error(self, line: str) -> None:
+        """One line in ``errors``; past MAX_ERRORS only the last says how many more."""
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(line[:1000])
+        elif len(self.errors) == MAX_ERRORS:
+            self.errors.append("more errors (not kept)")
 
     def _new_id(self) -> int:
         with self._lock:
@@ -872,7 +929,7 @@ class Sandbox:
             "fds": list(fds),
         }
         ident = header["id"] = self._new_id()
-        proc = Process(self, ident, argv, on_stdout, on_stderr)
+        proc = Process(self, ident, argv, on_stdout, on_stderr, self.policy.limits.output)
         self._procs[ident] = proc
         return proc, header, fds
 
@@ -913,7 +970,26 @@ class Sandbox:
         A timeout kills the command's whole process group and keeps the output
         so far; the sandbox itself lives on.  ``pass_fds``: as for :meth:`spawn`.
         """
-        return self.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds).wait()
+        proc = self.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
+        limit = self.policy.limits.timeout if timeout is None else timeout
+        if not limit:
+            return proc.wait()
+        try:
+            return proc.wait(limit + AGENT_GRACE)
+        except TimeoutError:
+            self._unresponsive(f"the agent did not end a command {AGENT_GRACE:g}s past its timeout")
+        proc._done.wait()  # the reader ends every command once the channel is shut
+        proc.result.exit_code, proc.result.timed_out = EXIT_TIMEOUT, True
+        return proc.outcome()
+
+    def _unresponsive(self, why: str) -> None:
+        """Give up on this instance: its channel is shut (every caller waiting is
+        answered, the reader ends) and the next call starts a fresh one."""
+        self._error(f"{why}; stopped")
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def begin(
         self,
@@ -1104,6 +1180,14 @@ class Sandbox:
         if lim.timeout:
             lines.append(f"Each command is stopped after {lim.timeout:g}s.")
         return "\n".join(lines)
+
+
+def _ident(header: dict[str, object]) -> int:
+    """The request a frame answers (0: none)."""
+    try:
+        return int(str(header.get("id", 0)))
+    except ValueError:
+        raise _Malformed(f"an id that is not a number: {str(header.get('id'))[:50]!r}") from None
 
 
 class _FutureWaiter(_Waiter):
@@ -1310,7 +1394,17 @@ class AsyncSandbox:
     ) -> ExecResult:
         """As :meth:`Sandbox.exec`, awaited."""
         proc = await self._begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
-        return await self.wait(proc)
+        sb = self.sync
+        limit = sb.policy.limits.timeout if timeout is None else timeout
+        if not limit:
+            return await self.wait(proc)
+        try:
+            return await self.wait(proc, limit + AGENT_GRACE)
+        except TimeoutError:
+            sb._unresponsive(f"the agent did not end a command {AGENT_GRACE:g}s past its timeout")
+        await self.wait(proc)  # the reader ends every command once the channel is shut
+        proc.result.exit_code, proc.result.timed_out = EXIT_TIMEOUT, True
+        return proc.outcome()
 
     async def exec_alone(
         self,

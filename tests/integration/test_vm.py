@@ -183,6 +183,68 @@ def test_the_guests_root_loads_no_unsigned_module(sandbox: tuple[Corral, Path]) 
     ]
 
 
+# The guest's root writes its own line on the init's control port (fd 3 of pid 1,
+# taken with pidfd_getfd), then waits to be stopped.
+FORGE_REPORT = """
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+port = libc.syscall(438, os.pidfd_open(1), 3, 0)  # pidfd_getfd(2)
+if port < 0:
+    sys.exit(f"pidfd_getfd: {os.strerror(ctypes.get_errno())}")
+os.write(port, sys.argv[1].encode() + b"\\n")
+time.sleep(60)
+"""
+
+
+def test_a_forged_report_is_refused_not_obeyed(sandbox: tuple[Corral, Path]) -> None:
+    """The guest's root can write any line on the control port: an exit status no
+    process can have (past 255, or digits Python reads but no shell writes) is
+    refused in one line, never carried into corral's own exit, where it made the
+    runner's os._exit raise and its fork run on as a second corral.  Twin: a
+    command's own status passes."""
+    c, ws = sandbox
+    if c.who != "root":
+        pytest.skip("writing on the control port needs the guest's root (corral run as root)")
+    for line in ("exit 4294967296 0 0 0", "exit \u00b2 0 0 0"):
+        r = vm(c, ws, "--", "python3", "-c", FORGE_REPORT, line)
+        err = r.stderr.decode()
+        assert r.returncode == 125, (line, r)
+        assert err.startswith("corral: microvm: the guest answered") and err.count("\n") == 1, err
+    assert vm(c, ws, "--", "sh", "-c", "exit 200").returncode == 200
+
+
+def test_corrals_vm_cache_is_out_of_reach_under_a_writable_path(
+    sandbox: tuple[Corral, Path],
+) -> None:
+    """A run granted a directory that holds corral's VM cache (``--writable
+    ~/.cache``, for a tool's cache) must not rewrite the initramfs or the saved
+    states there: every later microvm run would boot or restore what it left.
+    Twin: the rest of that directory is writable.  (A cache of this test's own,
+    filled from the session's: a failure must not leave the session's tampered.)"""
+    c, ws = sandbox
+    own = ws.parent / "own-cache"
+    vm_dir = own / "corral" / "vm"
+    vm_dir.mkdir(parents=True)
+    for entry in Path(cache_for(c), "corral", "vm").glob("*"):
+        if entry.name.startswith(("initramfs-", "accel-")) and ".tmp" not in entry.name:
+            (vm_dir / entry.name).write_bytes(entry.read_bytes())
+    c.chown(own, own / "corral", vm_dir, *vm_dir.iterdir())
+    env = {**vm_env(c, ws), "XDG_CACHE_HOME": str(own)}
+    image = next(vm_dir.glob("initramfs-*.cpio"))
+    before = image.read_bytes()
+    script = f"""
+        echo tampered > {shlex.quote(str(image))} || echo image-refused
+        echo x > {vm_dir}/state-planted || echo state-refused
+        echo tool > {own}/tool-cache.txt && echo tool-ok
+    """
+    argv = vm_argv(c, ["--writable", str(own), "--", "sh", "-c", script])
+    r = subprocess.run(argv, cwd=ws, env=env, capture_output=True, timeout=180, input=b"")
+    out = r.stdout.decode()
+    assert "image-refused" in out and "state-refused" in out, (out, r.stderr)
+    assert image.read_bytes() == before and not (vm_dir / "state-planted").exists()
+    assert "tool-ok" in out and (own / "tool-cache.txt").read_text() == "tool\n"
+
+
 @pytest.mark.slow
 def test_secrets_stay_absent_even_for_the_guests_root(sandbox: tuple[Corral, Path]) -> None:
     """The masks are on the host side of 9p, not mounts in the guest: there is

@@ -7,8 +7,10 @@ guest and starts the agent's Python (5 to 10 s under TCG).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import struct
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ from conftest import ROOT_BASE, pids_matching, wait_for
 from test_vm import WHY_NOT
 
 from corral import policy as pol
-from corral.sandbox import PathDenied, Sandbox
+from corral.sandbox import AsyncSandbox, PathDenied, Sandbox
 
 if WHY_NOT:
     pytest.skip(f"microvm cannot run here: {WHY_NOT}", allow_module_level=True)
@@ -161,4 +163,136 @@ def test_the_agent_started_before_the_state_runs_as_any_command_would(
     assert lines[5:9] == ["x", "y", "0::/corral", "77"], r.stdout
     assert SECRET.encode() not in r.stdout and lines[-1] == "refused"
     assert (ws / "landed.txt").read_text() == "landed\n"  # the twin: writes land
+    assert wait_for(lambda: not our_qemus(), 10)
+
+
+# The guest's root takes the agent's end of its channel (fd 1 of the agent, which
+# spawned this command, taken with pidfd_getfd) and writes its own frames there
+# while the agent is quiet; the agent's own frames follow once this command ends.
+INJECT = """
+import ctypes, json, os, struct, sys, time
+def frame(header, payload=b""):
+    data = json.dumps(header).encode()
+    return struct.pack("!II", len(data), len(payload)) + data + payload
+if sys.argv[1] == "out":  # frames of output for a command of the host's, past its limit
+    data = frame({"ev": "out", "id": int(sys.argv[2]), "fd": 1}, b"x" * 60000) * int(sys.argv[3])
+elif sys.argv[1] == "deep":  # nested deeper than Python's JSON parser goes
+    data = struct.pack("!II", 100000, 0) + b"[" * 100000
+else:
+    data = bytes.fromhex(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+channel = libc.syscall(438, os.pidfd_open(os.getppid()), 1, 0)  # pidfd_getfd(2)
+if channel < 0:
+    sys.exit(f"pidfd_getfd: {os.strerror(ctypes.get_errno())}")
+view = memoryview(data)
+while view:
+    view = view[os.write(channel, view):]
+"""
+
+
+def raw_frame(header: bytes, payload: bytes = b"", size: int | None = None) -> str:
+    length = len(header) if size is None else size
+    return (struct.pack("!II", length, len(payload)) + header + payload).hex()
+
+
+def test_frames_the_guests_root_forges_cannot_hang_crash_or_flood_the_host(
+    home_ws: tuple[Path, Path],
+) -> None:
+    """Whatever bytes reach the agent's channel, the host's reader neither dies (every
+    later call hung) nor waits for a frame it will not hold, and keeps no more of a
+    command's output than the policy's limit: a malformed frame ends that VM, one
+    line in ``errors``, and the next call starts a fresh one.  Twins: the command's
+    own output arrives, and the sandbox goes on."""
+    if os.geteuid() != 0:
+        pytest.skip("taking the agent's channel needs the guest's root (corral run as root)")
+    _, ws = home_ws
+    (ws / "inject.py").write_text(INJECT)
+    policy = pol.load(str(ws))
+    policy.limits.output = 1 << 20
+    with Sandbox(policy, tier="microvm", log=False) as sb:
+        proc = sb.spawn("echo mine; sleep 100")
+        assert wait_for(lambda: proc.read_output()[0] == b"mine\n", 30)
+        flood = sb.exec(["python3", "inject.py", "out", str(proc.id), "40"])
+        assert flood.exit_code == 0, flood
+        proc.kill()
+        r = proc.wait(timeout=30)
+        assert r.stdout.startswith(b"mine\n") and len(r.stdout) <= 1 << 20 and r.truncated
+        for bad in (
+            ["raw", raw_frame(b"[]")],  # not an object
+            ["raw", raw_frame(b'{"ev":"done","id":"x"}')],  # no number
+            ["deep"],
+            ["raw", raw_frame(b"{", size=1 << 31)],  # 2 GiB of header announced
+        ):
+            errors = len(sb.errors)
+            inject = sb.spawn(["python3", "inject.py", *bad])
+            assert inject.wait(timeout=60).exit_code == 128 + signal.SIGKILL  # its VM ended
+            assert len(sb.errors) == errors + 1 and "malformed" in sb.errors[-1], sb.errors
+            assert sb.exec("echo after").stdout == b"after\n"  # a fresh VM
+    assert wait_for(lambda: not our_qemus(), 10)
+
+
+# The guest's root writes a frame onto the stdout port (a node it makes in /dev):
+# on a Sandbox's machine that port is nobody's (the agent's stdout is its channel).
+ON_STDOUT_PORT = """
+import glob, json, os, struct, sys, time
+header = json.dumps({"ev": "out", "id": int(sys.argv[1]), "fd": 1}).encode()
+frame = struct.pack("!II", len(header), 6) + header + b"FORGED"
+for d in glob.glob("/sys/class/virtio-ports/*"):
+    if open(d + "/name").read().strip() == "corral.stdout":
+        major, minor = map(int, open(d + "/dev").read().split(":"))
+        os.mknod("/dev/corral-stdout", 0o20600, os.makedev(major, minor))
+        os.write(os.open("/dev/corral-stdout", os.O_WRONLY), frame)
+        time.sleep(2)  # long enough for the host to relay it, were it relayed
+        sys.exit(0)
+sys.exit("no stdout port")
+"""
+
+
+def test_the_unused_stdout_port_does_not_reach_the_agents_channel(
+    home_ws: tuple[Path, Path],
+) -> None:
+    """The runner read the stdout port into the Sandbox's socket, the agent's
+    channel, beside QEMU's own writes of the agent's frames: what the guest's
+    root wrote there was taken as the agent's words (or split one of its
+    frames).  Twin: the command's own output arrives."""
+    if os.geteuid() != 0:
+        pytest.skip("writing on a port needs the guest's root (corral run as root)")
+    _, ws = home_ws
+    (ws / "port.py").write_text(ON_STDOUT_PORT)
+    with Sandbox(pol.load(str(ws)), tier="microvm", log=False) as sb:
+        proc = sb.spawn("echo mine; sleep 100")
+        assert wait_for(lambda: proc.read_output()[0] == b"mine\n", 30)
+        r = sb.exec(["python3", "port.py", str(proc.id)])
+        assert r.exit_code == 0, r
+        proc.kill()
+        assert proc.wait(timeout=30).stdout == b"mine\n" and not sb.errors
+
+
+def test_a_stopped_agent_does_not_hold_exec_past_its_timeout(
+    home_ws: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a guest the agent is not its pid namespace's init: a command of its uid
+    can stop it (SIGSTOP), and the agent's own watchdog stops with it.  exec()
+    then waited for ever; past its timeout and a grace it gives up on that VM
+    (timed out, one line in ``errors``), and the next call starts a fresh one.
+    Twin: a command within its timeout ends as it should."""
+    import corral.sandbox
+
+    monkeypatch.setattr(corral.sandbox, "AGENT_GRACE", 3.0)
+    _, ws = home_ws
+    with Sandbox(pol.load(str(ws)), tier="microvm", log=False) as sb:
+        assert sb.exec("echo within", timeout=30).stdout == b"within\n"
+        r = sb.exec("kill -STOP $PPID; sleep 1", timeout=2)
+        assert (r.exit_code, r.timed_out) == (124, True)
+        assert len(sb.errors) == 1 and "did not end" in sb.errors[0], sb.errors
+        assert sb.exec("echo after", timeout=30).stdout == b"after\n" and sb.starts == 2
+    assert wait_for(lambda: not our_qemus(), 10)
+
+    async def stopped_from_a_loop() -> None:  # AsyncSandbox.exec gives up the same way
+        async with AsyncSandbox(pol.load(str(ws)), tier="microvm", log=False) as sb:
+            r = await sb.exec("kill -STOP $PPID; sleep 1", timeout=2)
+            assert (r.exit_code, r.timed_out) == (124, True) and len(sb.errors) == 1
+            assert (await sb.exec("echo after", timeout=30)).stdout == b"after\n"
+
+    asyncio.run(asyncio.wait_for(stopped_from_a_loop(), 120))
     assert wait_for(lambda: not our_qemus(), 10)

@@ -8,7 +8,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -263,3 +263,35 @@ def test_data_past_the_window_ends_the_stream(tmp_path: Path) -> None:
     assert list(host.streams) == [2]
     guest.close()
     assert done.wait(10)
+
+
+def test_frames_without_bytes_hold_nothing_on_the_host(tmp_path: Path) -> None:
+    """The window counts bytes, so frames that carry none (empty DATA, DATA after the
+    peer's own EOF, which nothing writes out) must not pile up on the host: they
+    are taken as nothing, or end the stream.  Twin: a stream that half-closes
+    as a peer should stays open, and its bytes reach the door."""
+    door = Door(str(tmp_path / "door.sock"))
+    guest, host, done = hostile_link(tmp_path)
+    guest.sendall(mux.HEADER.pack(mux.OPEN, 1, 0) + mux.HEADER.pack(mux.OPEN, 2, 0))
+    guest.sendall(mux.HEADER.pack(mux.DATA, 2, 5) + b"hello" + mux.HEADER.pack(mux.EOF, 2, 0))
+    empty = mux.HEADER.pack(mux.DATA, 1, 0)
+    for _ in range(50):
+        guest.sendall(empty * 2000)  # 100,000 frames of nothing: all taken as nothing
+    guest.sendall(mux.HEADER.pack(mux.EOF, 1, 0) + (mux.HEADER.pack(mux.DATA, 1, 1) + b"z") * 1000)
+    got = frames(guest, 2.0)
+    assert (mux.CLOSE, 1) in got and 1 not in host.streams  # data after its EOF ended it
+    assert (mux.CLOSE, 2) not in got and list(host.streams) == [2]
+    assert wait_until(lambda: len(door.held) == 2)
+    door.held[1].settimeout(5)
+    assert door.held[1].recv(100) == b"hello" and door.held[1].recv(100) == b""  # and EOF
+    guest.close()
+    assert done.wait(10)
+
+
+def wait_until(check: Callable[[], bool], seconds: float = 5.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()

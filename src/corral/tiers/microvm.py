@@ -85,7 +85,9 @@ class VmStrategy(LaunchStrategy):
             move_fds_into_place({0: child_fds[0], 1: child_fds[1], 2: child_fds[2], 3: limits_w})
             code = _serve(self.vm, self.door, duplex)
         finally:
-            os._exit(code)
+            # a status os._exit cannot take would raise here, and this fork would
+            # run on as corral (or as the Sandbox's caller)
+            os._exit(code if 0 <= code <= 255 else 125)
 
     def limits_hit(self, plan: Plan) -> list[str]:
         if self.limits_r < 0:

@@ -65,3 +65,13 @@ Design, one module each:
   the jailer's argv and the tap + nftables egress; a ``health()`` that names
   every missing piece.
 """
+
+
+def cache_dir() -> str:
+    """This user's VM cache (kernels set up by them, the initramfs images, probe
+    answers, saved states); here, where a plan's masks find it without importing
+    the tier."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "corral", "vm")

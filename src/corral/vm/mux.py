@@ -23,8 +23,10 @@ writes received frames into its socket.
 The host end trusts nothing the guest sends (the guest's root can write any
 frame on the port): it keeps at most :data:`MAX_STREAMS` streams open (an OPEN
 past that, or for a stream already open, is answered CLOSE), and a stream
-whose peer sends more than :data:`WINDOW` bytes it has not had acknowledged is
-ended, so what the host holds for a guest stays bounded.
+whose peer sends more than :data:`WINDOW` bytes it has not had acknowledged,
+or data after its own EOF, is ended; received bytes wait in one buffer per
+stream, so a frame costs the host its bytes alone and what it holds for a
+guest stays bounded.
 """
 
 from __future__ import annotations
@@ -52,10 +54,12 @@ class _Stream:
         self.sock = sock
         self.lock = threading.Condition()
         self.credit = WINDOW  # bytes we may still send before an ACK
-        self.inbox: list[bytes | None] = []  # to write to the socket; None: the peer's EOF
+        # received bytes to write to the socket, one buffer: frames (even empty ones)
+        # cost nothing beyond their bytes, which the window bounds
+        self.inbox = bytearray()
+        self.eof = False  # the peer's EOF: written out once the inbox is
         self.done = False  # CLOSE sent or received: everything stops
         self.halves = 0  # directions finished (2: the stream is over)
-        self.held = 0  # bytes received, not yet written out (so not yet acknowledged)
 
     def start(self) -> None:
         for target in (self._read_socket, self._write_socket):
@@ -87,13 +91,13 @@ class _Stream:
         """Received DATA -> the socket, acknowledged once written."""
         while True:
             with self.lock:
-                while not self.inbox and not self.done:
+                while not self.inbox and not self.eof and not self.done:
                     self.lock.wait()
                 if self.done:
                     return
-                data = self.inbox.pop(0)
+                data = bytes(self.inbox)
             try:
-                if data is None:
+                if not data:  # the peer's EOF, after all it sent
                     self.sock.shutdown(socket.SHUT_WR)
                     self._half_done()
                     return
@@ -101,8 +105,8 @@ class _Stream:
             except OSError:
                 self.abort(tell=True)
                 return
-            with self.lock:  # before the ACK: the peer may send again once it has it
-                self.held -= len(data)
+            with self.lock:  # taken out once written: until then the window counts it
+                del self.inbox[: len(data)]
             self.mux.send(ACK, self.sid, struct.pack("!I", len(data)))
 
     def _half_done(self) -> None:
@@ -115,14 +119,15 @@ class _Stream:
 
     def received(self, kind: int, payload: bytes) -> None:
         with self.lock:
-            overrun = kind == DATA and self.held + len(payload) > WINDOW
+            # a peer that ignores the window, or sends after its own EOF: ended below,
+            # nothing kept
+            overrun = kind == DATA and (self.eof or len(self.inbox) + len(payload) > WINDOW)
             if overrun:
-                pass  # a peer that ignores the window: ended below, nothing kept
+                pass
             elif kind == DATA:
-                self.held += len(payload)
-                self.inbox.append(payload)
+                self.inbox += payload
             elif kind == EOF:
-                self.inbox.append(None)
+                self.eof = True
             elif kind == ACK and len(payload) == 4:
                 self.credit += struct.unpack("!I", payload)[0]
             self.lock.notify_all()

@@ -58,6 +58,7 @@ CHUNK = 65536
 # The control port is the init's, but the guest's root can reach it: its lines are
 # bounded, and what the host prints of one is plain text (no terminal controls).
 MAX_CONTROL_LINE = 4096
+MAX_STATUS = 255  # the init reports its shell's $? (128+N for a signal)
 
 
 def find_program(name: str) -> str | None:
@@ -631,7 +632,9 @@ def execute(
     if duplex and plan.launch is not None:
         plan.launch.duplex = True
     given = {"corral.stdin": stdin} if duplex else None
-    vm, follower = _start(plan, given, result, (stdout, stderr), started)
+    # duplex: the agent's stdout is its channel, and the stdout port nobody's; what
+    # the guest's root writes there is counted, never mixed into the channel
+    vm, follower = _start(plan, given, result, (-1 if duplex else stdout, stderr), started)
     try:
         if not duplex:
             threading.Thread(
@@ -766,7 +769,7 @@ class _Follower:
         self.ctl = vm.socks["corral.ctl"].fileno()
         self.sinks = {out: stdout, err: stderr}
         self.got = {out: 0, err: 0}
-        self.alive = {out: True, err: True}
+        self.alive = {out: stdout >= 0, err: True}  # False: what arrives is dropped
         self.control = b""
         self.qemu_err = b""
         self.booted = False  # the init said "up": it has the request
@@ -870,14 +873,23 @@ def _report(line: str, result: Result, out: int, err: int) -> dict[int, int]:
     fields = rest.split()
     if kind == "error":
         raise SetupError(f"microvm: {_plain(rest)}")
-    if kind != "exit" or len(fields) != 4 or not all(f.isdigit() for f in fields):
-        raise SetupError(f"microvm: the guest answered {line[:200]!r}")
+    # the guest's root can write this line: only what the init can say is taken (a
+    # status past 255 made the runner's os._exit raise, and its fork ran on as corral)
+    if kind != "exit" or len(fields) != 4 or not all(_decimal(f) for f in fields):
+        raise SetupError(f"microvm: the guest answered {_plain(line, 200)}")
     code, out_n, err_n, oom = (int(f) for f in fields)
+    if code > MAX_STATUS:
+        raise SetupError(f"microvm: the guest answered {_plain(line, 200)}")
     result.reported = True
     result.exit_code = code
     result.stdout_bytes, result.stderr_bytes = out_n, err_n
     result.oom_kills = oom
     return {out: out_n, err: err_n}
+
+
+def _decimal(field: str) -> bool:
+    """ASCII digits, no more than a 64-bit count has (str.isdigit takes "²" too)."""
+    return 0 < len(field) <= 20 and field.isascii() and field.isdigit()
 
 
 def _why_ended(qemu_err: bytes, how: str) -> str:

@@ -54,8 +54,9 @@ SYSTEM_DIR = "/var/cache/corral/vm"  # kernels root set up for every user (--sys
 
 def cache_dir() -> str:
     """This user's cache: kernels set up by them, the initramfs, probe answers."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "corral", "vm")
+    from corral import vm
+
+    return vm.cache_dir()
 
 
 class Assets:
