@@ -837,10 +837,13 @@ class _Planner:
         self.add_read_deny(runlog.state_dir() + "/", "corral's own state")
         # the VM cache: an initramfs or saved state a run rewrote there would be what
         # every later microvm run boots or restores (a missing one shadows nothing:
-        # most hosts never make it)
+        # most hosts never make it).  Its parent, corral's cache, is what is masked:
+        # a mask is a mount, so nothing can rename it away and put a planted one
+        # in its place.
         from corral import vm
 
-        self.add_read_deny(vm.cache_dir() + "/", "corral's own VM cache", if_present=True)
+        ours = os.path.dirname(vm.cache_dir())
+        self.add_read_deny(ours + "/", "corral's own cache (the VM's)", if_present=True)
 
     def add_read_deny(self, entry: str, why: str, if_present: bool = False) -> None:
         path = entry.rstrip("/") or "/"

@@ -235,12 +235,14 @@ def test_corrals_vm_cache_is_out_of_reach_under_a_writable_path(
     script = f"""
         echo tampered > {shlex.quote(str(image))} || echo image-refused
         echo x > {vm_dir}/state-planted || echo state-refused
+        mv {own}/corral {own}/moved 2>/dev/null || echo rename-refused
         echo tool > {own}/tool-cache.txt && echo tool-ok
     """
     argv = vm_argv(c, ["--writable", str(own), "--", "sh", "-c", script])
     r = subprocess.run(argv, cwd=ws, env=env, capture_output=True, timeout=180, input=b"")
     out = r.stdout.decode()
     assert "image-refused" in out and "state-refused" in out, (out, r.stderr)
+    assert "rename-refused" in out and vm_dir.is_dir(), out  # no planted one in its place
     assert image.read_bytes() == before and not (vm_dir / "state-planted").exists()
     assert "tool-ok" in out and (own / "tool-cache.txt").read_text() == "tool\n"
 
