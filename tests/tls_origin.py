@@ -30,6 +30,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from corral.net import aio
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.net.proxy import Proxy
+
 ORIGIN_NAMES = ("origin.test", "other.test", "127.0.0.1", "::1")
 
 
@@ -311,3 +317,33 @@ req.on('connect', (res, socket) => {
 });
 req.end();
 """
+
+
+class ProxyThread:
+    """A real proxy serving a loopback port on its own event loop, in a thread: what
+    the harnesses of the proxy's unit tests drive with real clients."""
+
+    def __init__(self, proxy: Proxy, run_id: str) -> None:
+        from corral.net.proxy import run_loop
+
+        self.port = 0
+        self._loop: aio.AbstractEventLoop | None = None
+        ready = threading.Event()
+
+        async def main() -> None:
+            self._loop = aio.get_running_loop()
+            self._stop = aio.Event()
+            server = await proxy.serve_tcp("127.0.0.1", 0, run_id)
+            self.port = server.sockets[0].getsockname()[1]
+            ready.set()
+            await self._stop.wait()
+            server.close()
+
+        self._thread = threading.Thread(target=run_loop, args=(main(),), daemon=True)
+        self._thread.start()
+        assert ready.wait(10)
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(5)

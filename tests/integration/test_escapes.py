@@ -707,14 +707,19 @@ def test_untouched_write_protected_files_are_left_alone(tsandbox: tuple[Corral, 
 # --- set-ID programs left behind ---------------------------------------------------
 
 # Runs inside: every way a file gets a mode, with and without set-ID bits.
-SET_ID_PROBE = r"""
-import os
+# what the probes below print of each attempt: WHAT=ok, or WHAT=err:ERRNO
+ATTEMPT = r"""
 def attempt(what, act):
     try:
         act()
         print(what + "=ok")
     except OSError as e:
         print(f"{what}=err:{e.errno}")
+"""
+SET_ID_PROBE = (
+    ATTEMPT
+    + r"""
+import os
 open("prog", "w").close()
 attempt("chmod-suid", lambda: os.chmod("prog", 0o4755))
 attempt("chmod-sgid", lambda: os.chmod("prog", 0o2755))
@@ -725,6 +730,7 @@ attempt("mknod-suid", lambda: os.mknod("node", 0o104755))
 attempt("create-plain", lambda: os.close(os.open("plain", os.O_WRONLY | os.O_CREAT, 0o755)))
 attempt("chmod-plain", lambda: os.chmod("prog", 0o755))
 """
+)
 
 
 def set_id_files(ws: Path) -> dict[str, str]:
@@ -863,16 +869,12 @@ def test_an_acl_cannot_open_up_a_file_outside_the_workspace(
 # (FS_IOC_SETVERSION), extended flags (FS_IOC_FSSETXATTR) and, since Linux 6.17,
 # the same by path (file_setattr) on the file named, opened read-only: the kernel
 # asks only for ownership, not for a writable descriptor.
-INODE_FLAGS_PROBE = r"""
+INODE_FLAGS_PROBE = (
+    ATTEMPT
+    + r"""
 import ctypes, errno, fcntl, os, struct, sys
 target = sys.argv[1]
 NODUMP, XFLAG_NOATIME = 0x40, 0x40
-def attempt(what, act):
-    try:
-        act()
-        print(what + "=ok")
-    except OSError as e:
-        print(f"{what}=err:{e.errno}")
 fd = os.open(target, os.O_RDONLY)
 flags = struct.unpack("<q", fcntl.ioctl(fd, 0x80086601, bytes(8)))[0]  # FS_IOC_GETFLAGS
 print(f"getflags={flags:#x}")
@@ -890,6 +892,7 @@ def file_setattr():  # file_setattr(AT_FDCWD, path, attr, size, 0)
 attempt("file_setattr", file_setattr)
 print("read=" + open(target).read().strip())
 """
+)
 
 
 def inode_state(path: Path) -> tuple[int, int]:

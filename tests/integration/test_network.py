@@ -280,6 +280,26 @@ def test_no_stream_protocol_but_tcp_around_the_proxy(
     assert ok.hits == [("GET", "/via-proxy")], (out, r.stderr)
 
 
+def _run_allowing(
+    c: Corral, ws: Path, port: int, script: str, **kw: Any
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """``corral run --allow 127.0.0.1:PORT -- sh -c SCRIPT`` in the background, with a
+    TMPDIR of its own (other runs on the machine have doors too; this one's door,
+    and its proxy.pid, are in there): the process and that directory."""
+    tmp = ws.parent / "tmp"
+    tmp.mkdir()
+    c.chown(tmp)
+    proc = c.popen(
+        ["run", "-q", "--allow", f"127.0.0.1:{port}", "--", "sh", "-c", script],
+        cwd=ws,
+        env={"TMPDIR": str(tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
+    return proc, tmp
+
+
 def _as(uid: int, gid: int | None = None) -> list[str]:
     gid = uid if gid is None else gid
     return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
@@ -299,12 +319,7 @@ def test_another_user_cannot_use_the_runs_door(
         {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/inside && echo inside-ok
         while [ ! -e done ]; do sleep 0.05; done
     """
-    proc = c.popen(
-        ["run", "-q", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script],
-        cwd=ws,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc, _ = _run_allowing(c, ws, ok.port, script)
     try:
         assert wait_for(lambda: (ws / "proxy.txt").exists() and ok.hits, 20)
         door = (ws / "proxy.txt").read_text().strip()
@@ -352,16 +367,7 @@ def test_proxy_killed_mid_run_fails_closed(
         {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/after || echo after=failed
         echo x > still-writable && echo finished
     """
-    tmp = ws.parent / "tmp"  # this run's own TMPDIR: other runs on the machine have doors too
-    tmp.mkdir()
-    c.chown(tmp)
-    proc = c.popen(
-        ["run", "-q", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script],
-        cwd=ws,
-        env={"TMPDIR": str(tmp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc, tmp = _run_allowing(c, ws, ok.port, script)
     try:
         assert wait_for(lambda: (ws / "first-ok").exists(), 20)
         doors = [str(d) for d in tmp.glob("corral-door-*") if (d / "proxy.pid").exists()]
@@ -436,17 +442,7 @@ def test_a_flood_of_connections_leaves_the_proxy_idle_and_serving(
         {CURL} {HTTP_PROXY} --retry 5 --retry-all-errors http://127.0.0.1:{ok.port}/after
         {CURL} {HTTP_PROXY} http://127.0.0.1:{bad.port}/denied; echo
     """
-    tmp = ws.parent / "tmp"  # this run's own TMPDIR: its door (and proxy.pid) is there
-    tmp.mkdir()
-    c.chown(tmp)
-    proc = c.popen(
-        ["run", "-q", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script],
-        cwd=ws,
-        env={"TMPDIR": str(tmp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=_low_fds,
-    )
+    proc, tmp = _run_allowing(c, ws, ok.port, script, preexec_fn=_low_fds)
     try:
         assert wait_for(lambda: all((ws / f"held{i}").exists() for i in range(1, 5)), 30)
         files = tmp.glob("corral-door-*/proxy.pid")
@@ -490,16 +486,7 @@ def test_the_second_worker_waits_idle_until_the_network_is_used(
         while [ ! -e done ]; do sleep 0.05; done
         {CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/two
     """
-    tmp = ws.parent / "tmp"  # this run's own TMPDIR: other runs on the machine have doors too
-    tmp.mkdir()
-    c.chown(tmp)
-    proc = c.popen(
-        ["run", "-q", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script],
-        cwd=ws,
-        env={"TMPDIR": str(tmp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc, tmp = _run_allowing(c, ws, ok.port, script)
     try:
 
         def workers() -> list[int]:

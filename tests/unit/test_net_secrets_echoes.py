@@ -18,13 +18,13 @@ from urllib.parse import quote, unquote
 
 import pytest
 
-from corral.net import aio
 from corral.net.audit import Audit
 from corral.net.hooks import Chain, HostRulesHook
-from corral.net.proxy import Proxy, run_loop
+from corral.net.proxy import Proxy
 from corral.net.rules import HostRules
 from corral.net.secrets import SecretsHook
 from corral.policy import Policy, Secret
+from tests.tls_origin import ProxyThread
 
 # '/', '+', '=' and '~' are written differently by each URL encoder
 REAL = "sk/real+key=9f8e~7d6c5b4a"
@@ -95,21 +95,8 @@ class Harness:
         chain = Chain([HostRulesHook(HostRules.parse(["127.0.0.1"], [])), hook])
         self.audit = Audit(str(tmp / "net.jsonl"))
         self.proxy = Proxy(chain, self.audit)
-        ready = threading.Event()
-        self.port = 0
-
-        async def main() -> None:
-            self._loop = aio.get_running_loop()
-            self._stop = aio.Event()
-            server = await self.proxy.serve_tcp("127.0.0.1", 0, "run-echo")
-            self.port = server.sockets[0].getsockname()[1]
-            ready.set()
-            await self._stop.wait()
-            server.close()
-
-        self._thread = threading.Thread(target=run_loop, args=(main(),), daemon=True)
-        self._thread.start()
-        assert ready.wait(10)
+        self.served = ProxyThread(self.proxy, "run-echo")
+        self.port = self.served.port
 
     def curl(self, path: str, *args: str, origin: Origin | None = None) -> str:
         """Every response head curl saw for ``path`` (interim ones too)."""
@@ -124,8 +111,7 @@ class Harness:
         return out.stdout
 
     def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(5)
+        self.served.stop()
         self.origin.close()
         self.other.close()
         self.audit.close()

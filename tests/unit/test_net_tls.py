@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from corral.errors import PolicyError
-from corral.net import aio, trust
 from corral.net import ca as calib
+from corral.net import trust
 from corral.net.audit import Audit
 from corral.net.hooks import (
     Asker,
@@ -36,10 +36,10 @@ from corral.net.hooks import (
     Request,
     Response,
 )
-from corral.net.proxy import Proxy, run_loop
+from corral.net.proxy import Proxy
 from corral.net.rules import HostRules, Verdict
 from corral.net.tls import Interceptor
-from tests.tls_origin import NODE_CONNECT_CLIENT, Origin, OriginCA
+from tests.tls_origin import NODE_CONNECT_CLIENT, Origin, OriginCA, ProxyThread
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 CURL = ["curl", "-sS", "--max-time", "10"]
@@ -112,22 +112,8 @@ class Harness:
         self.interceptor = Interceptor(self.ca, [str(self.test_ca.cert_path)])
         pinned = {"origin.test": "127.0.0.1", "other.test": "127.0.0.1"}
         self.proxy = Proxy(chain, self.audit, pinned, tls=self.interceptor, asker=asker)
-        self.port = 0
-        self._loop: aio.AbstractEventLoop | None = None
-        ready = threading.Event()
-
-        async def main() -> None:
-            self._loop = aio.get_running_loop()
-            self._stop = aio.Event()
-            server = await self.proxy.serve_tcp("127.0.0.1", 0, "run-tls")
-            self.port = server.sockets[0].getsockname()[1]
-            ready.set()
-            await self._stop.wait()
-            server.close()
-
-        self._thread = threading.Thread(target=run_loop, args=(main(),), daemon=True)
-        self._thread.start()
-        assert ready.wait(10)
+        self.served = ProxyThread(self.proxy, "run-tls")
+        self.port = self.served.port
         self.proxy_url = f"http://127.0.0.1:{self.port}"
 
     def url(self, path: str, host: str = "origin.test", origin: Origin | None = None) -> str:
@@ -140,9 +126,7 @@ class Harness:
         return [json.loads(x) for x in self.audit_path.read_text().splitlines()]
 
     def close(self) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(5)
+        self.served.stop()
         for origin in (self.origin, self.origin6, self.untrusted):
             origin.close()
 
