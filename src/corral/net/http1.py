@@ -77,7 +77,7 @@ class Message:
         return [value for key, value in self.headers if key == name]
 
     def keep_alive(self) -> bool:
-        tokens = {t.strip().lower() for v in self.get_all(b"connection") for t in v.split(b",")}
+        tokens = header_tokens(self.get_all(b"connection"))
         if self.version == b"HTTP/1.0":
             return b"keep-alive" in tokens
         return b"close" not in tokens
@@ -190,13 +190,18 @@ def serialize_head(first_line: bytes, headers: list[tuple[bytes, bytes]]) -> byt
     return b"\r\n".join(out)
 
 
+def header_tokens(values: list[bytes]) -> set[bytes]:
+    """The comma-separated tokens of a header's values (Connection, Upgrade), lower-case."""
+    return {t.strip().lower() for v in values for t in v.split(b",")}
+
+
 def forwardable(msg: Message, kind: str) -> list[tuple[bytes, bytes]]:
     """Headers minus hop-by-hop ones (and any the Connection header names).
 
     Transfer-Encoding is hop-by-hop, but the proxy forwards chunked bodies as
     they are, so a chunked message keeps ``Transfer-Encoding: chunked``.
     """
-    named = {t.strip().lower() for v in msg.get_all(b"connection") for t in v.split(b",")}
+    named = header_tokens(msg.get_all(b"connection"))
     # Connection may not remove what frames the message or names its target:
     # "Connection: content-length" would otherwise smuggle the body as a request.
     drop = HOP_BY_HOP | (named - FRAMING)
