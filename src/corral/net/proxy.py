@@ -827,15 +827,7 @@ class Proxy:
                 self.log(dest, refused, 413, 0, 0, started, extra=extra)
                 await _send_denial(writer, 413, refused, dest.host, dest.port, _plain(request))
                 return False, upstream
-        upgrade = _websocket_upgrade(request)
-        if upgrade:  # hop-by-hop, so dropped above: the upgrade is asked for again
-            headers = [*headers, (b"connection", b"upgrade"), (b"upgrade", upgrade)]
-        # Content where it means nothing (a GET's): an origin that ignores it, as most
-        # GET handlers do, would read it as the next request, one no rule decided.
-        # Closing after it leaves the origin no next request to read.
-        last = body_kind != "none" and request.method.upper() in CONTENT_IGNORED
-        if last:
-            headers = [*headers, (b"connection", b"close")]
+        headers, upgrade, last = _upstream_head(request, headers, body_kind, dest, tls)
         if upstream is not None and (upstream.host, upstream.port) != (dest.host, dest.port):
             upstream.close()
             upstream = None
@@ -847,11 +839,6 @@ class Proxy:
             except Refused as exc:
                 await self.refuse_http(writer, dest, exc, started)
                 return False, None
-        # RFC 9112 3.2.2: the target's authority replaces any Host the client sent,
-        # so the origin cannot be steered to a virtual host the policy never saw; it
-        # is written from the normalized host, the name that was decided.
-        headers = [(k, v) for k, v in headers if k != b"host"]
-        headers.insert(0, (b"host", authority(dest.host, dest.port, 443 if tls else 80).encode()))
         up = down = 0
         status = 0
         try:
@@ -859,31 +846,12 @@ class Proxy:
             up += len(head) + await http1.copy_body(
                 reader, upstream.streams()[1], body_kind, body_len, head, limit
             )
-            response_head = await http1.read_head(upstream.streams()[0])
-            if response_head is None:
-                raise HttpError(502, "upstream closed the connection without a response")
-            while True:
-                response = http1.parse_response(response_head)
-                status = response.status
-                kind, length = http1.framing(response, request.method)
-                if 100 <= status < 200 and status != 101:
-                    # an interim head (103 Early Hints, 100) may echo what the request
-                    # carried as much as the final one: the hooks see it too
-                    reason, out_headers = response.reason, http1.forwardable(response, kind)
-                    if hooked is not None:
-                        reason, out_headers = self._response_head(dest, hooked, response, kind)
-                    first = response.version + b" " + str(status).encode() + b" " + reason
-                    out = http1.serialize_head(first, out_headers)
-                    down += len(out)
-                    writer.write(out)
-                    response_head = await http1.read_head(upstream.streams()[0])
-                    if response_head is None:
-                        raise HttpError(502, "upstream closed after an interim response")
-                    continue
-                break
+            response, down = await self._final_response(upstream, writer, dest, request, hooked)
+            status = response.status
+            kind, length = http1.framing(response, request.method)
             if status == 101 and not upgrade:
                 raise HttpError(502, "upstream switched protocols without being asked")
-            if status == 101 and _tokens(response.get_all(b"upgrade")) != {upgrade}:
+            if status == 101 and http1.header_tokens(response.get_all(b"upgrade")) != {upgrade}:
                 raise HttpError(502, "upstream switched to a protocol other than websocket")
             reason, out_headers = response.reason, http1.forwardable(response, kind)
             if hooked is not None:
@@ -939,6 +907,35 @@ class Proxy:
             upstream.close()
             upstream = None
         return keep, upstream
+
+    async def _final_response(
+        self,
+        upstream: Upstream,
+        writer: aio.StreamWriter,
+        dest: Destination,
+        request: http1.Message,
+        hooked: Request | None,
+    ) -> tuple[http1.Message, int]:
+        """The origin's final response head, and the bytes of the interim ones (100,
+        103 Early Hints) sent on to the client before it.  An interim head may echo
+        what the request carried as much as the final one: the hooks see it too."""
+        down = 0
+        while True:
+            response_head = await http1.read_head(upstream.streams()[0])
+            if response_head is None:
+                what = "after an interim response" if down else "the connection without a response"
+                raise HttpError(502, f"upstream closed {what}")
+            response = http1.parse_response(response_head)
+            if not 100 <= response.status < 200 or response.status == 101:
+                return response, down
+            kind, _ = http1.framing(response, request.method)
+            reason, out_headers = response.reason, http1.forwardable(response, kind)
+            if hooked is not None:
+                reason, out_headers = self._response_head(dest, hooked, response, kind)
+            first = response.version + b" " + str(response.status).encode() + b" " + reason
+            out = http1.serialize_head(first, out_headers)
+            down += len(out)
+            writer.write(out)
 
     def _response_head(
         self, dest: Destination, hooked: Request, response: http1.Message, kind: str
@@ -1398,18 +1395,41 @@ def _announced(kind: str, length: int) -> int | None:
     return length if kind == "length" else None if kind == "chunked" else 0
 
 
+def _upstream_head(
+    request: http1.Message,
+    headers: list[tuple[bytes, bytes]],
+    body_kind: str,
+    dest: Destination,
+    tls: ssl.SSLContext | None,
+) -> tuple[list[tuple[bytes, bytes]], bytes, bool]:
+    """The headers that go upstream, the upgrade asked for (b"websocket" or b""),
+    and whether this is the last request on the upstream connection."""
+    upgrade = _websocket_upgrade(request)
+    if upgrade:  # hop-by-hop, so dropped already: the upgrade is asked for again
+        headers = [*headers, (b"connection", b"upgrade"), (b"upgrade", upgrade)]
+    # Content where it means nothing (a GET's): an origin that ignores it, as most
+    # GET handlers do, would read it as the next request, one no rule decided.
+    # Closing after it leaves the origin no next request to read.
+    last = body_kind != "none" and request.method.upper() in CONTENT_IGNORED
+    if last:
+        headers = [*headers, (b"connection", b"close")]
+    # RFC 9112 3.2.2: the target's authority replaces any Host the client sent,
+    # so the origin cannot be steered to a virtual host the policy never saw; it
+    # is written from the normalized host, the name that was decided.
+    headers = [(k, v) for k, v in headers if k != b"host"]
+    headers.insert(0, (b"host", authority(dest.host, dest.port, 443 if tls else 80).encode()))
+    return headers, upgrade, last
+
+
 def _websocket_upgrade(request: http1.Message) -> bytes:
     """b"websocket" for a WebSocket handshake, b"" for anything else.  Only that
     token is passed on: h2c (offered alone or beside websocket) would turn the
     connection into HTTP/2 whose requests no hook sees."""
     offered = request.get_all(b"upgrade")
-    if not offered or b"websocket" not in _tokens(offered):  # (no Upgrade: the usual case)
+    if not offered:  # (the usual case)
         return b""
-    return b"websocket" if b"upgrade" in _tokens(request.get_all(b"connection")) else b""
-
-
-def _tokens(values: list[bytes]) -> set[bytes]:
-    return {t.strip().lower() for v in values for t in v.split(b",")}
+    asked = b"upgrade" in http1.header_tokens(request.get_all(b"connection"))
+    return b"websocket" if asked and b"websocket" in http1.header_tokens(offered) else b""
 
 
 async def _splice(
