@@ -1070,8 +1070,8 @@ def test_a_bind_source_swapped_for_a_link_brings_nothing_of_the_host_in(
 
     with Sandbox(policy, tier="namespace", log=False) as sb:  # the twin: nothing swapped
         r = sb.exec(read)
-    assert r.stdout.startswith(b"{}\n") and canary.encode() not in r.stdout, r
-    assert b"Read-only file system" in r.stderr and not (protected / "new").exists(), r
+    assert r.stdout.startswith(b"{}\n") and canary.encode() not in r.stdout, (r, r.stdout, r.stderr)
+    assert b"Read-only file system" in r.stderr and not (protected / "new").exists(), (r, r.stderr)
 
     start = launch.start
 
@@ -1084,5 +1084,5 @@ def test_a_bind_source_swapped_for_a_link_brings_nothing_of_the_host_in(
     monkeypatch.setattr(launch, "start", swapped_first)
     with Sandbox(policy, tier="namespace", log=False) as sb:
         r = sb.exec(read)
-    assert canary.encode() not in r.stdout + r.stderr, r
+    assert canary.encode() not in r.stdout + r.stderr, (r, r.stdout, r.stderr)
     assert (vault / "key").read_text() == canary + "\n"
