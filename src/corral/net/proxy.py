@@ -846,7 +846,14 @@ class Proxy:
             up += len(head) + await http1.copy_body(
                 reader, upstream.streams()[1], body_kind, body_len, head, limit
             )
-            response, down = await self._final_response(upstream, writer, dest, request, hooked)
+            response_head = await http1.read_head(upstream.streams()[0])
+            if response_head is None:
+                raise HttpError(502, "upstream closed the connection without a response")
+            response = http1.parse_response(response_head)
+            if 100 <= response.status < 200 and response.status != 101:  # (rare: no await)
+                response, down = await self._past_interim(
+                    response, upstream, writer, dest, request, hooked
+                )
             status = response.status
             kind, length = http1.framing(response, request.method)
             if status == 101 and not upgrade:
@@ -908,26 +915,20 @@ class Proxy:
             upstream = None
         return keep, upstream
 
-    async def _final_response(
+    async def _past_interim(
         self,
+        response: http1.Message,
         upstream: Upstream,
         writer: aio.StreamWriter,
         dest: Destination,
         request: http1.Message,
         hooked: Request | None,
     ) -> tuple[http1.Message, int]:
-        """The origin's final response head, and the bytes of the interim ones (100,
-        103 Early Hints) sent on to the client before it.  An interim head may echo
+        """From an interim head (100, 103 Early Hints) on: each sent on to the client,
+        until the final one; that one, and the bytes sent.  An interim head may echo
         what the request carried as much as the final one: the hooks see it too."""
         down = 0
-        while True:
-            response_head = await http1.read_head(upstream.streams()[0])
-            if response_head is None:
-                what = "after an interim response" if down else "the connection without a response"
-                raise HttpError(502, f"upstream closed {what}")
-            response = http1.parse_response(response_head)
-            if not 100 <= response.status < 200 or response.status == 101:
-                return response, down
+        while 100 <= response.status < 200 and response.status != 101:
             kind, _ = http1.framing(response, request.method)
             reason, out_headers = response.reason, http1.forwardable(response, kind)
             if hooked is not None:
@@ -936,6 +937,11 @@ class Proxy:
             out = http1.serialize_head(first, out_headers)
             down += len(out)
             writer.write(out)
+            response_head = await http1.read_head(upstream.streams()[0])
+            if response_head is None:
+                raise HttpError(502, "upstream closed after an interim response")
+            response = http1.parse_response(response_head)
+        return response, down
 
     def _response_head(
         self, dest: Destination, hooked: Request, response: http1.Message, kind: str
