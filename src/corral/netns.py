@@ -36,7 +36,7 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import _socket
-    from collections.abc import Collection
+    from collections.abc import Callable, Collection
 
     from corral.policy import Policy
 
@@ -283,11 +283,13 @@ def _new_namespace() -> None:
 
 
 def _unshare(flags: int) -> int:
-    """unshare(2): os.unshare from Python 3.12, else libc's through ctypes' C module
-    (ctypes itself costs about a millisecond to import on every run).  0 or -1."""
-    if hasattr(os, "unshare"):
+    """unshare(2): os.unshare from Python 3.12, else corral's C module, else
+    libc's through ctypes' C module (its import costs about a millisecond on
+    every run).  0 or -1."""
+    call = _os_unshare()
+    if call is not None:
         try:
-            os.unshare(flags)
+            call(flags)
         except OSError:
             return -1
         return 0
@@ -297,12 +299,25 @@ def _unshare(flags: int) -> int:
     return 0 if _ctypes.call_function(unshare, (flags,)) == 0 else -1
 
 
+def _os_unshare() -> Callable[[int], None] | None:
+    """An unshare that raises OSError with errno: os's or corral._sys's, if any."""
+    call: Callable[[int], None] | None = getattr(os, "unshare", None)
+    if call is None:
+        try:
+            from corral import _sys
+        except ImportError:  # built without a C compiler
+            return None
+        call = _sys.unshare
+    return call
+
+
 def _unshare_errno(flags: int) -> int:
     """Why unshare(flags) fails: it is tried again through a function that keeps errno
     (0 if it succeeds this time, which leaves the process where it wanted to be)."""
-    if hasattr(os, "unshare"):
+    call = _os_unshare()
+    if call is not None:
         try:
-            os.unshare(flags)
+            call(flags)
         except OSError as exc:
             return exc.errno or 0
         return 0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 # Each of these costs 1-15 ms to import here; none is needed to run a command
 # with the default policy and no network.
-HEAVY = (
+HEAVY: tuple[str, ...] = (
     "re",
     "typing",
     "dataclasses",
@@ -26,6 +26,12 @@ HEAVY = (
     "contextlib",
     "corral.net",
 )
+try:  # built with a C compiler: ctypes' C module (about 1 ms) stays off the path too
+    import corral._sys  # noqa: F401
+
+    HEAVY += ("_ctypes",)
+except ImportError:
+    pass
 
 PROBE = """
 import sys

@@ -7,12 +7,25 @@ the relay's argv, and where the resolver's file is bound.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from corral import netns
 from corral.net.door import proxy_env, relay_argv
 from corral.netns import Listener, loopback_services, offline_plan, plan_for, resolv_target
 from corral.policy import Policy
+
+
+@pytest.fixture(params=["corral._sys", "ctypes"])
+def syscalls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways corral makes the system calls Python 3.11 lacks: its own C module
+    and, as on an install built without a C compiler, ctypes' C module."""
+    if request.param == "ctypes":
+        monkeypatch.setitem(sys.modules, "corral._sys", None)  # import raises ImportError
+    else:
+        pytest.importorskip("corral._sys", reason="corral._sys was not built (no C compiler)")
+    return str(request.param)
 
 
 def policy(allow: list[str], transparent: bool = False) -> Policy:
@@ -139,7 +152,6 @@ def test_entering_again_stays_in_the_namespace_this_process_made(tmp_path: objec
     import os
 
     def child() -> int:
-
         handoff = str(tmp_path) + "/nobody.sock"  # nobody listens: the handoff is skipped
         networked = netns.NetPlan(handoff, [Listener("proxy", "127.0.0.1", 3128)])
         host = os.stat("/proc/self/ns/net").st_ino
@@ -178,11 +190,12 @@ def test_entering_again_stays_in_the_namespace_this_process_made(tmp_path: objec
         assert os.waitstatus_to_exitcode(status) == 0, fn.__name__
 
 
-def test_unshare_reports_failure_and_its_errno_without_side_effects() -> None:
+def test_unshare_reports_failure_and_its_errno_without_side_effects(syscalls: str) -> None:
     """The fast call (no ctypes classes on the path of every run) says only that
     it failed; the reason comes from a second call that keeps errno.  Flag 0x1 is
     no namespace: the kernel refuses it (EINVAL) and nothing changes; flag 0, the
-    twin, is a valid unshare of nothing."""
+    twin, is a valid unshare of nothing.  Through corral's C module and through
+    ctypes' (an install without a C compiler)."""
     import errno
 
     from corral import netns
