@@ -840,10 +840,8 @@ class _Planner:
         # most hosts never make it).  Its parent, corral's cache, is what is masked:
         # a mask is a mount, so nothing can rename it away and put a planted one
         # in its place.
-        from corral import vm
-
-        ours = os.path.dirname(vm.cache_dir())
-        self.add_read_deny(ours + "/", "corral's own cache (the VM's)", if_present=True)
+        cache = runlog.cache_dir() + "/"
+        self.add_read_deny(cache, "corral's own cache (the VM's)", if_present=True)
 
     def add_read_deny(self, entry: str, why: str, if_present: bool = False) -> None:
         path = entry.rstrip("/") or "/"

@@ -21,6 +21,14 @@ def state_dir() -> str:
     return os.path.join(base, "corral")
 
 
+def cache_dir() -> str:
+    """corral's cache (the microVM's kernels, images and saved states live in its
+    ``vm``): here, beside the state directory, so a plan's masks find it without
+    importing the microVM package."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "corral")
+
+
 def default_path() -> str:
     return os.path.join(state_dir(), "runs.jsonl")
 

@@ -69,9 +69,9 @@ Design, one module each:
 
 def cache_dir() -> str:
     """This user's VM cache (kernels set up by them, the initramfs images, probe
-    answers, saved states); here, where a plan's masks find it without importing
-    the tier."""
+    answers, saved states), in corral's cache (:func:`corral.runlog.cache_dir`)."""
     import os
 
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "corral", "vm")
+    from corral import runlog
+
+    return os.path.join(runlog.cache_dir(), "vm")
