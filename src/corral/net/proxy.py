@@ -799,7 +799,9 @@ class Proxy:
             hooked = Request(  # its own list: ``headers`` keeps the client's framing
                 dest.method, path.decode("latin-1"), list(headers), _announced(body_kind, body_len)
             )
-            verdict = await self._decide_request(dest, hooked, verdict)
+            decided = self.chain.request(dest, hooked)  # None: no hook had a say
+            if decided is not None:  # (no coroutine of its own: this runs for every request)
+                verdict = await self.asker.ask(dest, hooked, decided) if decided.ask else decided
         extra = hooked.audit if hooked is not None else None
         if not verdict.allowed:
             self.log(dest, verdict, 403, 0, 0, started, extra=extra)
@@ -860,9 +862,10 @@ class Proxy:
                 raise HttpError(502, "upstream switched protocols without being asked")
             if status == 101 and http1.header_tokens(response.get_all(b"upgrade")) != {upgrade}:
                 raise HttpError(502, "upstream switched to a protocol other than websocket")
-            reason, out_headers = response.reason, http1.forwardable(response, kind)
-            if hooked is not None:
+            if hooked is not None:  # (the hooks' copy: forwardable() once per head)
                 reason, out_headers = self._response_head(dest, hooked, response, kind)
+            else:
+                reason, out_headers = response.reason, http1.forwardable(response, kind)
             if status == 101:
                 out_headers += [(b"connection", b"upgrade"), (b"upgrade", upgrade)]
             keep = kind != "close" and request.keep_alive()
@@ -930,9 +933,10 @@ class Proxy:
         down = 0
         while 100 <= response.status < 200 and response.status != 101:
             kind, _ = http1.framing(response, request.method)
-            reason, out_headers = response.reason, http1.forwardable(response, kind)
             if hooked is not None:
                 reason, out_headers = self._response_head(dest, hooked, response, kind)
+            else:
+                reason, out_headers = response.reason, http1.forwardable(response, kind)
             first = response.version + b" " + str(response.status).encode() + b" " + reason
             out = http1.serialize_head(first, out_headers)
             down += len(out)
@@ -959,18 +963,6 @@ class Proxy:
         if not http1.CONTROL.isdisjoint(seen.reason):
             raise HttpError(502, "a rule produced a control character in a reason phrase")
         return seen.reason, http1.refit(seen.headers, headers, 502)
-
-    async def _decide_request(
-        self, dest: Destination, request: Request, verdict: Verdict
-    ) -> Verdict:
-        """The request hooks' verdict (an ask answered) where they have one, else the
-        destination's."""
-        decided = self.chain.request(dest, request)
-        if decided is None:
-            return verdict
-        if decided.ask:
-            decided = await self.asker.ask(dest, request, decided)
-        return decided
 
     async def connect(
         self,
