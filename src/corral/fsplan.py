@@ -1008,10 +1008,30 @@ class _Planner:
             for m in [*self.ro_binds.values(), *masks.values()]
             if not any(m.dest != d and _inside(m.dest, d) for d in masked_dirs)
         ]
+        mounts.extend(self._pins(protect))
         mounts.extend(sorted(protect, key=lambda m: (_depth(m.dest), m.dest)))
         mounts.extend(home_binds)
         for root in sorted(shadows, key=lambda p: (-_depth(p), p)):
             mounts.append(Mount("remount-ro", root, why="snapshot stays read-only"))
+
+    def _pins(self, protect: list[Mount]) -> list[Mount]:
+        """Each directory between a writable root and a protected path inside it
+        (``apps`` and ``apps/web`` for ``apps/web/.env``; ``.git`` for its config),
+        bound onto itself.  A mask or read-only bind is placed by name, and another
+        run in the same workspace could rename its directory away in the moments
+        between this run's plan and its mounts: the secret would then be readable
+        here under the new name.  A directory that is a mount cannot be renamed
+        (EBUSY) in any sandbox that has it, so no such run can move those paths;
+        a file moved across one fails with EXDEV (``mv`` copies instead)."""
+        pins: set[str] = set()
+        for m in protect:
+            root = next((r for r in self.plan.writable if m.dest.startswith(r + "/")), None)
+            parent = os.path.dirname(m.dest)
+            while root is not None and parent.startswith(root + "/"):
+                pins.add(parent)
+                parent = os.path.dirname(parent)
+        why = "pinned: holds a protected path (no run can rename it)"
+        return [Mount("bind", p, p, why) for p in sorted(pins, key=lambda p: (_depth(p), p))]
 
     def _base(self) -> list[Mount]:
         base = [

@@ -951,8 +951,9 @@ def test_a_policy_file_carried_off_cannot_be_replaced(tsandbox: tuple[Corral, Pa
     started in ``sub``.  The check for new policy files went by path: it took the
     user's own file at ``sub2/`` for the new one and quarantined it, the search
     for the carried file then found nothing to move back, and the planted file
-    stayed where the next run loads it (namespace and container tiers).  Twin:
-    the rest of the rename stays."""
+    stayed where the next run loads it (namespace and container tiers).  Those
+    tiers now refuse the rename itself (``sub`` holds a protected path: it is a
+    mount); landlock moves the file back.  Twin: the rest of the rename stays."""
     c, ws = tsandbox
     (ws / "sub").mkdir()
     (ws / "sub" / "corral.toml").write_text("[filesystem]\n")
@@ -960,6 +961,12 @@ def test_a_policy_file_carried_off_cannot_be_replaced(tsandbox: tuple[Corral, Pa
     c.chown(ws)
     script = "mv sub sub2 && mkdir sub && echo 'defaults = false' > sub/corral.toml && echo made"
     r = c.sh(ws, script)
+    if c.has("mounts"):
+        assert b"Device or resource busy" in r.stderr and b"made" not in r.stdout, r
+        assert (ws / "sub" / "corral.toml").read_text() == "[filesystem]\n", r
+        r = c.sh(ws, "mv sub/notes.txt notes.txt && cat notes.txt")  # the twin: files move
+        assert r.stdout == b"notes\n", r
+        return
     assert b"made" in r.stdout, r
     assert (ws / "sub" / "corral.toml").read_text() == "[filesystem]\n", r
     assert b"denied write" in r.stderr and b"sub/corral.toml" in r.stderr, r
@@ -972,7 +979,8 @@ def test_moving_back_never_goes_through_a_link_the_run_left(tsandbox: tuple[Corr
     which it looked for through the run's symlink: a ``.env`` in the directory
     the link named, outside the workspace, went to the quarantine (as root: any
     directory on the host).  Twin: the carried files come back, the rest of the
-    rename stays."""
+    rename stays.  The tiers with mounts now refuse the rename (``sub`` holds
+    protected paths), so there the run cannot leave a link in its place."""
     c, ws = tsandbox
     victim = c.base / "outside-victim"
     victim.mkdir()
@@ -984,17 +992,19 @@ def test_moving_back_never_goes_through_a_link_the_run_left(tsandbox: tuple[Corr
     (ws / "sub" / "notes.txt").write_text("notes\n")
     c.chown(victim, ws)
     r = c.sh(ws, f"mv sub sub2 && ln -s {victim} sub && echo made")
+    if c.has("mounts"):
+        assert b"Device or resource busy" in r.stderr and b"made" not in r.stdout, r
+        assert not (ws / "sub").is_symlink() and (ws / "sub" / ".env").read_text() == "A=1\n"
+        assert sorted(p.name for p in victim.iterdir()) == [".env", "corral.toml"], r
+        r = c.sh(ws, "mv sub/notes.txt notes.txt && cat notes.txt")  # the twin: files move
+        assert r.stdout == b"notes\n", r
+        return
     assert b"made" in r.stdout, r
     assert (victim / ".env").read_text() == "PROD=1\n", r  # nothing taken from outside
     assert (victim / "corral.toml").read_text() == "# theirs\n", r
     assert sorted(p.name for p in victim.iterdir()) == [".env", "corral.toml"], r
-    if not c.has("mounts"):  # landlock restores from its snapshot, never through a link
-        assert b"was replaced; not restored" in r.stderr, r
-        return
-    assert not (ws / "sub").is_symlink(), r
-    assert (ws / "sub" / ".env").read_text() == "A=1\n", r  # twin: put back
-    assert (ws / "sub" / "corral.toml").read_text() == "[filesystem]\n", r
-    assert (ws / "sub2" / "notes.txt").read_text() == "notes\n", r
+    # landlock restores from its snapshot, never through a link
+    assert b"was replaced; not restored" in r.stderr, r
 
 
 # --- hard links between files of the workspace -------------------------------------
@@ -1086,3 +1096,70 @@ def test_a_bind_source_swapped_for_a_link_brings_nothing_of_the_host_in(
         r = sb.exec(read)
     assert canary.encode() not in r.stdout + r.stderr, (r, r.stdout, r.stderr)
     assert (vault / "key").read_text() == canary + "\n"
+
+
+# --- two runs at once: a secret's directory renamed while another run is set up ----
+
+# Sandbox A's side of the race: rename the secret's directory away and back for a
+# while (each line: what a rename said).
+RENAMER = """
+import os, sys, time
+end = time.monotonic() + float(sys.argv[1])
+said = set()
+while time.monotonic() < end:
+    for a, b in (("apps/web", "apps/x"), ("apps/x", "apps/web")):
+        try:
+            os.rename(a, b)
+            said.add("renamed")
+        except OSError as e:
+            said.add(os.strerror(e.errno))
+print(sorted(said))
+"""
+
+
+@pytest.mark.tiers(
+    "namespace",
+    "container",
+    "gvisor",
+    why="Landlock cannot make a directory a mount: a landlock sandbox can still rename "
+    "a secret's directory (README, What it does not do)",
+)
+def test_a_secrets_directory_cannot_be_renamed_while_another_run_starts(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """A mask is placed by name.  Sandbox A renamed apps/web (holding the masked
+    apps/web/.env) away and back in a loop; a run B set up meanwhile masked .env
+    where its plan saw it, and found the secret under the other name, unmasked.
+    Now every directory between the workspace and a protected path is a mount in
+    every sandbox, so A's renames fail (EBUSY) and B's mask always lands.  Twins:
+    a directory holding no protected path still renames, and a file moved out of a
+    pinned directory arrives (``mv`` copies across the mount)."""
+    c, ws = tsandbox
+    web = ws / "apps" / "web"
+    web.mkdir(parents=True)
+    (ws / "apps" / "plain").mkdir()
+    canary = "CANARY-" + uuid.uuid4().hex
+    (web / ".env").write_text(f"KEY={canary}\n")
+    (web / "page.txt").write_text("page\n")
+    (ws / "renamer.py").write_text(RENAMER)
+    c.chown(ws / "apps", ws / "renamer.py")
+    a = subprocess.Popen(
+        c.argv(["run", "-q", "--", "python3", "renamer.py", "6"]),
+        cwd=ws,
+        env=c.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        seen = b""
+        for _ in range(4):  # run B, set up while A renames
+            r = c.sh(ws, "cat apps/web/.env apps/x/.env 2>&1; true")
+            seen += r.stdout + r.stderr
+    finally:
+        out, err = a.communicate(timeout=60)
+    assert canary.encode() not in seen, seen
+    assert b"Device or resource busy" in out and b"renamed" not in out, (out, err)
+    assert (web / ".env").read_text() == f"KEY={canary}\n"
+    r = c.sh(ws, "mv apps/plain apps/plain2 && mv apps/web/page.txt . && cat page.txt")
+    assert r.returncode == 0 and r.stdout == b"page\n", r  # the twins
+    assert (ws / "apps" / "plain2").is_dir() and not (web / "page.txt").exists()

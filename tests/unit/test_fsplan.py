@@ -322,6 +322,28 @@ def test_env_files_in_workspace_are_masked(lay: Layout) -> None:
     assert str(ws / "node_modules" / ".env") not in masks  # skipped directory
 
 
+def test_directories_holding_protected_paths_are_pinned_before_them(lay: Layout) -> None:
+    """Each directory between the workspace and a mask or read-only bind in it is
+    bound onto itself (renaming a mount fails in every sandbox), after the
+    workspace's bind and before what it holds; the workspace's own entries, and
+    directories holding nothing protected, are not."""
+    ws = lay.ws
+    (ws / "apps" / "web").mkdir(parents=True)
+    (ws / "apps" / "web" / ".env").write_text("A=1")
+    (ws / "apps" / "plain").mkdir()
+    (ws / ".env").write_text("A=1")
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / ".git" / "config").write_text("")
+    plan = plan_filesystem(policy_for(lay, []))
+    pins = [m for m in plan.mounts if m.why.startswith("pinned")]
+    assert [m.dest for m in pins] == [str(ws / ".git"), str(ws / "apps"), str(ws / "apps" / "web")]
+    assert all(m.kind == "bind" and m.src == m.dest for m in pins)
+    workspace = index(plan, Mount("bind", str(ws), str(ws)))
+    env = index(plan, Mount("mask-file", str(ws / "apps" / "web" / ".env")))
+    config = next(i for i, m in enumerate(plan.mounts) if m.dest == str(ws / ".git" / "config"))
+    assert workspace < index(plan, pins[0]) and index(plan, pins[-1]) < min(env, config)
+
+
 def test_writable_path_must_exist(lay: Layout) -> None:
     pol = policy_for(lay, [])
     pol.filesystem.writable = ["does-not-exist"]
