@@ -322,6 +322,17 @@ def test_a_method_override_header_is_guarded_as_that_method() -> None:
     assert hook.on_request(dest, Request("POST", "/api/x", [], 0)) is None  # twin
 
 
+def test_a_routing_header_is_guarded_as_the_path_it_names() -> None:
+    """X-Original-URL names the path an origin serves: a guardrail on that path
+    holds.  Twin: the same request without it is not the guardrail's."""
+    hook = gr.GuardrailHook([guardrail("CRITICAL", "GET")], gr.DEFAULT_TIER_ACTIONS)
+    dest = Destination("r", "https", "api.test", 443)
+    headers = [(b"x-original-url", b"/api/users")]
+    verdict = hook.on_request(dest, Request("GET", "/public/x", headers, 0))
+    assert verdict is not None and verdict.decision == "deny"
+    assert hook.on_request(dest, Request("GET", "/public/x", [], 0)) is None  # twin
+
+
 def test_max_body_bounds_a_logged_request() -> None:
     hook = gr.GuardrailHook([guardrail("LOW", "POST", "max_body: 1K\n")], gr.DEFAULT_TIER_ACTIONS)
     request = Request("POST", "/api/x", [], 10)

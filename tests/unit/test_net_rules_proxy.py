@@ -276,6 +276,41 @@ def test_a_deny_holds_for_the_spellings_lenient_routers_accept(tmp_path: Path, t
     run(go)
 
 
+@pytest.mark.parametrize("header", [b"X-Original-URL", b"X-Rewrite-URL"])
+def test_a_routing_header_is_decided_as_the_path_it_names(tmp_path: Path, header: bytes) -> None:
+    """IIS's URL Rewrite, Symfony and Zend serve ``GET /public/x`` carrying
+    ``X-Original-URL: /public/secret/k`` as that path, which a deny of
+    /public/secret/** never saw; a value that is no path matches no allow rule.
+    Twins: the plain GET, and a routing header naming an allowed path, pass."""
+
+    async def go() -> None:
+        from corral.net import aio
+
+        async with ruled(tmp_path, PUBLIC_NOT_SECRET) as w:
+
+            async def get(extra: bytes) -> bytes:
+                reader, writer = await aio.open_connection("127.0.0.1", w.port)
+                writer.write(
+                    b"GET "
+                    + w.url("/public/x")
+                    + b" HTTP/1.1\r\nConnection: close\r\n"
+                    + extra
+                    + b"\r\n"
+                )
+                answer = await reader.read()
+                writer.close()
+                return answer
+
+            for value in (b"/public/secret/k", b"/public/x/../secret/k", b"http://a/b"):
+                denied = await get(header + b": " + value + b"\r\n")
+                assert denied.startswith(b"HTTP/1.1 403"), (value, denied)
+            assert (await get(b"")).startswith(b"HTTP/1.1 200")
+            assert (await get(header + b": /public/y\r\n")).startswith(b"HTTP/1.1 200")
+            assert w.origin.paths == ["/public/x", "/public/x"]
+
+    run(go)
+
+
 NO_DELETE: list[dict[str, object]] = [
     {"host": "127.0.0.1:{port}", "action": "allow"},
     {"host": "127.0.0.1:{port}", "methods": ["DELETE"], "action": "deny"},

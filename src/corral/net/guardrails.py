@@ -40,9 +40,9 @@ from corral.net.httprules import (
     CACHED_TARGET,
     BadPath,
     PathGlob,
+    alternates,
     covers,
     normalize_target,
-    overrides,
     readings,
 )
 from corral.net.rules import Rule, Verdict
@@ -497,8 +497,10 @@ class GuardrailHook(Hook):
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
         found = self._cached(dest, request.method, request.target)
-        for method in overrides(request.headers):  # a POST served as the method it names
-            other = self._cached(dest, method, request.target)
+        # a POST served as the method it names, a path served as the one a routing
+        # header names
+        for method, target in alternates(request.method, request.target, request.headers):
+            other = self._cached(dest, method, target)
             if _strictness(other) > _strictness(found):
                 found = other
         if found is None:

@@ -195,20 +195,30 @@ def header_tokens(values: list[bytes]) -> set[bytes]:
     return {t.strip().lower() for v in values for t in v.split(b",")}
 
 
-def forwardable(msg: Message, kind: str) -> list[tuple[bytes, bytes]]:
+def forwardable(msg: Message, kind: str, length: int) -> list[tuple[bytes, bytes]]:
     """Headers minus hop-by-hop ones (and any the Connection header names).
 
     Transfer-Encoding is hop-by-hop, but the proxy forwards chunked bodies as
-    they are, so a chunked message keeps ``Transfer-Encoding: chunked``.
+    they are, so a chunked message keeps ``Transfer-Encoding: chunked``.  A body
+    of ``length`` bytes goes on with one Content-Length, written as the proxy
+    read it: ``5, 5``, ``005`` or two fields are read alike here, and a receiver
+    that read them otherwise would take part of the body for the next message.
     """
     named = header_tokens(msg.get_all(b"connection"))
     # Connection may not remove what frames the message or names its target:
     # "Connection: content-length" would otherwise smuggle the body as a request.
-    drop = HOP_BY_HOP | (named - FRAMING)
+    drop = _HOP_BY_HOP_AND_LENGTH if kind == "length" else HOP_BY_HOP
+    if named:
+        drop = drop | (named - FRAMING)
     kept = [(k, v) for k, v in msg.headers if k not in drop]
     if kind == "chunked":
         kept.append((b"transfer-encoding", b"chunked"))
+    elif kind == "length":
+        kept.append((b"content-length", b"%d" % length))
     return kept
+
+
+_HOP_BY_HOP_AND_LENGTH = HOP_BY_HOP | {b"content-length"}
 
 
 async def read_head(reader: aio.StreamReader, prefix: bytes = b"") -> bytes | None:

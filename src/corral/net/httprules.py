@@ -537,12 +537,10 @@ class HttpRulesHook(Hook):
         verdict, limit = found
         if limit is not None and limit.max_body is not None:
             request.limit_body(limit.max_body, limit.name)
-        if not verdict.allowed or METHOD_OVERRIDES.isdisjoint(map(_name, request.headers)):
+        if not verdict.allowed or ALTERNATE_HEADERS.isdisjoint(map(_name, request.headers)):
             return verdict  # (no override header: the usual case, looked at in C)
-        for method in overrides(request.headers):
-            other, _ = rules.decision(
-                rules.host(dest.host, dest.port), dest.port, method, request.target
-            )
+        for method, target in alternates(request.method, request.target, request.headers):
+            other, _ = rules.decision(rules.host(dest.host, dest.port), dest.port, method, target)
             if not other.allowed:
                 return other
         return verdict
@@ -551,7 +549,27 @@ class HttpRulesHook(Hook):
 # Headers with which Google's APIs, Express's method-override, Rack and Symfony take
 # a POST for another method: a request carrying one is decided as that method too.
 METHOD_OVERRIDES = frozenset({b"x-http-method-override", b"x-http-method", b"x-method-override"})
+# Headers with which IIS's URL Rewrite, Symfony and Zend route a request to another
+# path than its request line names (a GET /public/x served as /admin/delete).
+PATH_OVERRIDES = frozenset({b"x-original-url", b"x-rewrite-url"})
+ALTERNATE_HEADERS = METHOD_OVERRIDES | PATH_OVERRIDES
 _name = operator.itemgetter(0)
+
+
+def alternates(
+    method: str, target: str, headers: list[tuple[bytes, bytes]]
+) -> list[tuple[str, str]]:
+    """Each (method, target) an origin may serve this request as, besides its own:
+    the methods its override headers name, the paths its routing headers name, and
+    each such method on each such path.  A rule that denies any of them denies the
+    request; a path that is not origin-form matches no allow rule."""
+    if ALTERNATE_HEADERS.isdisjoint(map(_name, headers)):
+        return []  # (the usual case, looked at in C: this runs for every request)
+    methods = [method, *overrides(headers)]
+    targets = [target] + [
+        value.decode("latin-1").strip() for name, value in headers if name in PATH_OVERRIDES
+    ]
+    return [(m, t) for m in methods for t in targets if (m, t) != (method, target)]
 
 
 def overrides(headers: list[tuple[bytes, bytes]]) -> list[str]:

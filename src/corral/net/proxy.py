@@ -793,7 +793,7 @@ class Proxy:
         verdict = self.chain.connect(dest)
         if verdict.ask:  # (decide(), inlined: this runs for every request)
             verdict = await self.asker.ask(dest, None, verdict)
-        headers = http1.forwardable(request, body_kind)
+        headers = http1.forwardable(request, body_kind, body_len)
         hooked: Request | None = None
         if verdict.allowed and self.chain.sees_requests:
             hooked = Request(  # its own list: ``headers`` keeps the client's framing
@@ -863,9 +863,9 @@ class Proxy:
             if status == 101 and http1.header_tokens(response.get_all(b"upgrade")) != {upgrade}:
                 raise HttpError(502, "upstream switched to a protocol other than websocket")
             if hooked is not None:  # (the hooks' copy: forwardable() once per head)
-                reason, out_headers = self._response_head(dest, hooked, response, kind)
+                reason, out_headers = self._response_head(dest, hooked, response, kind, length)
             else:
-                reason, out_headers = response.reason, http1.forwardable(response, kind)
+                reason, out_headers = response.reason, http1.forwardable(response, kind, length)
             if status == 101:
                 out_headers += [(b"connection", b"upgrade"), (b"upgrade", upgrade)]
             keep = kind != "close" and request.keep_alive()
@@ -934,9 +934,9 @@ class Proxy:
         while 100 <= response.status < 200 and response.status != 101:
             kind, _ = http1.framing(response, request.method)
             if hooked is not None:
-                reason, out_headers = self._response_head(dest, hooked, response, kind)
-            else:
-                reason, out_headers = response.reason, http1.forwardable(response, kind)
+                reason, out_headers = self._response_head(dest, hooked, response, kind, 0)
+            else:  # (an interim head has no body: framing says "none")
+                reason, out_headers = response.reason, http1.forwardable(response, kind, 0)
             first = response.version + b" " + str(response.status).encode() + b" " + reason
             out = http1.serialize_head(first, out_headers)
             down += len(out)
@@ -948,12 +948,17 @@ class Proxy:
         return response, down
 
     def _response_head(
-        self, dest: Destination, hooked: Request, response: http1.Message, kind: str
+        self,
+        dest: Destination,
+        hooked: Request,
+        response: http1.Message,
+        kind: str,
+        length: int,
     ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         """A response head (interim or final) after the request hooks' on_response:
         its reason phrase and headers, checked unless every hook vouches for what it
         writes; _ResponseRefused when a hook denies it."""
-        headers = http1.forwardable(response, kind)
+        headers = http1.forwardable(response, kind, length)
         seen = Response(response.status, list(headers), response.reason)
         refused = self.chain.response(dest, hooked, seen)
         if refused is not None and not refused.allowed:
