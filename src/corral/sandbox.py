@@ -336,6 +336,52 @@ def _load_named(path: str, workspace: str | None) -> Policy:
     raise PolicyError(f"Sandbox: {path}: no such workspace directory or policy file")
 
 
+def _policy_for(
+    policy: object,
+    workspace: str | None,
+    tier: str,
+    image: str | None,
+    oci_runtime: str | None,
+    engine: str | None,
+) -> Policy:
+    """The policy a Sandbox runs: ``policy`` as given (a Policy, a workspace
+    directory, a policy file, or None: the workspace's), checked as a file would
+    be, bounded, with the tier and [container] keys given in code."""
+    from corral import policy as pol
+    from corral.policy import Policy
+
+    if policy is None:
+        policy = pol.load(workspace)
+    elif isinstance(policy, str | os.PathLike):
+        policy = _load_named(os.fspath(policy), workspace)
+    if not isinstance(policy, Policy):
+        raise TypeError(
+            "policy must be a corral.policy.Policy (Policy.load(...)), "
+            "a workspace directory or a policy file"
+        )
+    # built or changed in code: the checks a policy file gets (allow without a
+    # network mode is an error, not a sandbox quietly without network)
+    pol.check_network(policy, python=True)
+    if not policy.limits.defaults:  # built by hand, not by Policy.load: bound it too
+        from corral import bounds
+
+        policy.limits.defaults = bounds.defaults_for(bounds.host_facts())
+    if tier != "auto":
+        policy.tier = tier
+    from corral.policy import _expect_engine, _expect_image, _expect_runtime
+
+    try:
+        if image is not None:
+            policy.container.image = _expect_image(image)
+        if oci_runtime is not None:
+            policy.container.runtime = _expect_runtime(oci_runtime)
+        if engine is not None:
+            policy.container.engine = _expect_engine(engine)
+    except ValueError as exc:
+        raise SandboxError(str(exc)) from None
+    return policy
+
+
 class Sandbox:
     def __init__(
         self,
@@ -370,39 +416,8 @@ class Sandbox:
         duration).  Without it, held requests wait for ``corral approve`` until
         ``[network] ask_timeout``."""
         from corral import launch, tiers
-        from corral import policy as pol
-        from corral.policy import Policy
 
-        if policy is None:
-            policy = pol.load(workspace)
-        elif isinstance(policy, str | os.PathLike):
-            policy = _load_named(os.fspath(policy), workspace)
-        if not isinstance(policy, Policy):
-            raise TypeError(
-                "policy must be a corral.policy.Policy (Policy.load(...)), "
-                "a workspace directory or a policy file"
-            )
-        # built or changed in code: the checks a policy file gets (allow without a
-        # network mode is an error, not a sandbox quietly without network)
-        pol.check_network(policy, python=True)
-        self.policy = policy
-        if not policy.limits.defaults:  # built by hand, not by Policy.load: bound it too
-            from corral import bounds
-
-            policy.limits.defaults = bounds.defaults_for(bounds.host_facts())
-        if tier != "auto":
-            policy.tier = tier
-        from corral.policy import _expect_engine, _expect_image, _expect_runtime
-
-        try:
-            if image is not None:
-                policy.container.image = _expect_image(image)
-            if oci_runtime is not None:
-                policy.container.runtime = _expect_runtime(oci_runtime)
-            if engine is not None:
-                policy.container.engine = _expect_engine(engine)
-        except ValueError as exc:
-            raise SandboxError(str(exc)) from None
+        self.policy = policy = _policy_for(policy, workspace, tier, image, oci_runtime, engine)
         if placement is None:
             from corral.placement import Local
 
@@ -421,23 +436,35 @@ class Sandbox:
             transport=self.tier.door_transport,
             answerer=on_ask is not None,
         )
+        self._log = log
+        self._kind = kind
+        self._init_state()
+        if on_ask is not None and self._door is not None and self._door.ask_sock is not None:
+            from corral.net.approvals import CallbackAnswerer
+
+            CallbackAnswerer(self._door.ask_sock, on_ask, _ask_loop, self.errors.append)
+        if self._lazy:
+            return
+        try:
+            self._start()
+        except BaseException:
+            if self._door is not None:
+                self._door.close()
+            raise
+
+    def _init_state(self) -> None:
+        """What a sandbox keeps from its start to its close (no process started)."""
         self._closed = False
         # what closing found: quarantined and restored paths, refused writes, hosts
         # the proxy refused (corral.report.Denial: str() is the line corral prints)
         self.denials: list[Denial] = []
-        self._log = log
-        self._kind = kind
         # writable places as the sandbox sees them (files.write makes parents there)
-        self._roots = [os.path.realpath(p) for p in policy.writable_paths()]
+        self._roots = [os.path.realpath(p) for p in self.policy.writable_paths()]
         self._began = time.time()
         self._execs = 0  # commands run, for the activity log; the last few kept
         self._history: collections.deque[dict[str, object]] = collections.deque(maxlen=HISTORY)
         # unexpected errors inside corral's own parts (the agent), one line each
         self.errors: list[str] = []
-        if on_ask is not None and self._door is not None and self._door.ask_sock is not None:
-            from corral.net.approvals import CallbackAnswerer
-
-            CallbackAnswerer(self._door.ask_sock, on_ask, _ask_loop, self.errors.append)
         self._lock = threading.Lock()
         self._next_id = 0
         self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]] | _Waiter] = {}
@@ -451,14 +478,6 @@ class Sandbox:
         self._alive = False
         self._instance = 0  # starts so far
         self._guarded = False  # the agent made itself undumpable (its ready frame)
-        if self._lazy:
-            return
-        try:
-            self._start()
-        except BaseException:
-            if self._door is not None:
-                self._door.close()
-            raise
 
     def _ensure(self) -> None:
         """Start the sandbox if it is not running (first use, or it died)."""
