@@ -331,6 +331,27 @@ def test_write_protected_paths_are_read_only(sandbox: tuple[Corral, Path]) -> No
     assert "src-ok" in out and (ws / "src.txt").read_text() == "fine\n"  # allow twin
 
 
+@pytest.mark.slow
+def test_a_secrets_directory_cannot_be_renamed_from_the_guest(
+    sandbox: tuple[Corral, Path],
+) -> None:
+    """The directories between the workspace and a masked secret are mounts in
+    QEMU's view (fsplan's pins), so the guest's rename of one fails on the host
+    side of 9p: no run can move apps/web/.env away from where another run's
+    plan masks it.  Twin: a directory holding nothing protected renames."""
+    c, ws = sandbox
+    (ws / "apps" / "web").mkdir(parents=True)
+    (ws / "apps" / "web" / ".env").write_text(f"KEY={SECRET}\n")
+    (ws / "apps" / "plain").mkdir()
+    c.chown(ws / "apps")
+    script = "mv apps/web apps/x || echo pinned; mv apps/plain apps/plain2 && echo twin-ok"
+    r = vm(c, ws, "--", "sh", "-c", script)
+    out = r.stdout.decode()
+    assert "pinned" in out and b"Device or resource busy" in r.stderr, (out, r.stderr)
+    assert (ws / "apps" / "web" / ".env").read_text() == f"KEY={SECRET}\n"
+    assert "twin-ok" in out and (ws / "apps" / "plain2").is_dir()
+
+
 def _leftovers(c: Corral, ws: Path) -> list[str]:
     """What a run could leave: half-written cache files, door sockets."""
     found = glob.glob(os.path.join(cache_for(c), "corral", "vm", "*.tmp*"))
