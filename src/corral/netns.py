@@ -209,12 +209,12 @@ def resolv_target(host: tuple[str, bool] | None, private: Collection[str]) -> st
 _entered: tuple[int, str | None] | None = None
 
 
-def enter(plan: NetPlan) -> list[tuple[Listener, _socket.socket]]:
+def enter(plan: NetPlan) -> list[tuple[Listener, int]]:
     """Before bubblewrap starts, in the process that will start it: a new network
     namespace with loopback up and the plan's listeners, handed to the proxy
-    (or, without a handoff, returned: the caller serves them).  A second call
-    in the same process stays in the namespace it made (see ``_entered``).
-    Raises OSError."""
+    (or, without a handoff, returned as descriptors the caller serves and
+    closes).  A second call in the same process stays in the namespace it made
+    (see ``_entered``).  Raises OSError."""
     global _entered
     if _entered is not None and _entered[0] == os.getpid():
         return _enter_again(plan, _entered[1])
@@ -225,9 +225,9 @@ def enter(plan: NetPlan) -> list[tuple[Listener, _socket.socket]]:
         from corral.net import transparent
 
         transparent.capture(plan.rules)
-    made = _listen_all(plan)
     if plan.handoff is None:
-        return made
+        return _listen_fds(plan)
+    made = _listen_all(plan)
     try:
         _hand_over(plan.handoff, made)
     finally:
@@ -236,13 +236,38 @@ def enter(plan: NetPlan) -> list[tuple[Listener, _socket.socket]]:
     return []
 
 
-def _enter_again(plan: NetPlan, handoff: str | None) -> list[tuple[Listener, _socket.socket]]:
+def _enter_again(plan: NetPlan, handoff: str | None) -> list[tuple[Listener, int]]:
     """enter() in a process already inside: with the same handoff the proxy has
     the listeners already; without a network the resolver's sockets (closed with
     the last attempt) are made again here."""
     if plan.handoff != handoff:
         raise OSError("this process is already in another sandbox's network namespace")
-    return [] if handoff is not None else _listen_all(plan)
+    return [] if handoff is not None else _listen_fds(plan)
+
+
+def _listen_fds(plan: NetPlan) -> list[tuple[Listener, int]]:
+    """A run without a network's listeners (its resolver's, datagram sockets) as
+    descriptors: made by corral's C module when it was built, so that a run
+    loads the socket module only once a command looks a name up."""
+    try:
+        from corral import _sys
+    except ImportError:
+        return [(listener, sock.detach()) for listener, sock in _listen_all(plan)]
+    made: list[tuple[Listener, int]] = []
+    try:
+        for listener in plan.listeners[:MAX_LISTENERS]:
+            assert listener.datagram, listener  # (offline_plan's: the resolver's only)
+            try:
+                made.append((listener, _sys.udp_bind(listener.host, listener.port)))
+            except OSError as exc:
+                if ":" in listener.host and exc.errno in (97, 99):  # no IPv6 here
+                    continue
+                raise OSError(exc.errno, f"cannot listen on {listener}: {exc.strerror}") from None
+    except BaseException:
+        for _, fd in made:
+            os.close(fd)
+        raise
+    return made
 
 
 def _listen_all(plan: NetPlan) -> list[tuple[Listener, _socket.socket]]:
@@ -354,6 +379,13 @@ _LO_UP = (
 
 
 def _loopback_up() -> None:
+    try:
+        from corral import _sys
+    except ImportError:  # built without a C compiler: netlink, through _socket
+        pass
+    else:
+        _sys.loopback_up()
+        return
     import _socket  # not `socket`: its enum classes cost milliseconds per run
 
     sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, 0)
@@ -426,8 +458,9 @@ class Resolver:
 
     LIMIT = 1000  # lookups remembered per run; beyond, only counted
 
-    def __init__(self, held: list[tuple[Listener, _socket.socket]]) -> None:
-        self.sockets = {sock.fileno(): sock for _, sock in held}
+    def __init__(self, held: list[tuple[Listener, int]]) -> None:
+        # each descriptor's socket object, made when a lookup first comes to it
+        self.sockets: dict[int, _socket.socket | None] = {fd: None for _, fd in held}
         self.refused: list[tuple[str, str]] = []  # (name as asked, record type)
         self.dropped = 0
 
@@ -436,6 +469,10 @@ class Resolver:
 
     def answer(self, fd: int) -> None:
         sock = self.sockets[fd]
+        if sock is None:
+            import _socket
+
+            sock = self.sockets[fd] = _socket.socket(fileno=fd)
         try:
             packet, peer = sock.recvfrom(4096)
         except OSError:
@@ -457,8 +494,11 @@ class Resolver:
             pass
 
     def close(self) -> None:
-        for sock in self.sockets.values():
-            sock.close()
+        for fd, sock in self.sockets.items():
+            if sock is not None:
+                sock.close()
+            else:
+                os.close(fd)
         self.sockets = {}
 
 

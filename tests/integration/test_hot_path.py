@@ -26,10 +26,10 @@ HEAVY: tuple[str, ...] = (
     "contextlib",
     "corral.net",
 )
-try:  # built with a C compiler: ctypes' C module (about 1 ms) stays off the path too
-    import corral._sys  # noqa: F401
+try:  # built with a C compiler: ctypes' C module (about 1 ms) and the socket module
+    import corral._sys  # noqa: F401  # (a quarter of one) stay off the path too
 
-    HEAVY += ("_ctypes",)
+    HEAVY += ("_ctypes", "_socket")
 except ImportError:
     pass
 

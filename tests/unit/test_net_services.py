@@ -245,15 +245,16 @@ def test_the_resolver_socket_answers_over_udp(tmp_path: Path) -> None:
 def test_without_a_network_every_lookup_is_refused_and_remembered() -> None:
     server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     server.bind(("127.0.0.1", 0))
-    resolver = netns.Resolver([(Listener("dns", "127.0.0.1", 0), server)])
+    address = server.getsockname()
+    resolver = netns.Resolver([(Listener("dns", "127.0.0.1", 0), server.detach())])
     client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     client.settimeout(2)
     try:
-        client.sendto(query(b"example.org"), server.getsockname())
+        client.sendto(query(b"example.org"), address)
         (fd,) = resolver.fds()
         resolver.answer(fd)
         assert answers(client.recv(512)) == (dns.RCODE_NXDOMAIN, [])
-        client.sendto(b"\x00\x01", server.getsockname())  # not a query: FORMERR, not kept
+        client.sendto(b"\x00\x01", address)  # not a query: FORMERR, not kept
         resolver.answer(fd)
         assert client.recv(512)[3] & 0x0F == dns.RCODE_FORMERR
         assert resolver.refused == [("example.org", "A")]

@@ -144,7 +144,9 @@ def test_the_resolver_file_names_the_sandbox_loopback() -> None:
     assert lines == ["nameserver 127.0.0.1"]
 
 
-def test_entering_again_stays_in_the_namespace_this_process_made(tmp_path: object) -> None:
+def test_entering_again_stays_in_the_namespace_this_process_made(
+    tmp_path: object, syscalls: str
+) -> None:
     """A run planned again after a setup race: its process is already inside, and
     the proxy forked before holds the listeners; a second enter() makes no new
     namespace, hands nothing over again, and refuses another run's handoff.
@@ -172,8 +174,8 @@ def test_entering_again_stays_in_the_namespace_this_process_made(tmp_path: objec
     def offline_child() -> int:
         held = netns.enter(offline_plan())
         inside = os.stat("/proc/self/ns/net").st_ino
-        for _, sock in held:
-            sock.close()
+        for _, fd in held:
+            os.close(fd)
         again = netns.enter(offline_plan())  # the last attempt closed its sockets
         ok = [lis.kind for lis, _ in again] == [lis.kind for lis, _ in held] != []
         return 0 if ok and os.stat("/proc/self/ns/net").st_ino == inside else 20
