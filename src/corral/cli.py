@@ -515,6 +515,8 @@ def parse(
 
 
 def build_policy(opts: dict[str, object]) -> Policy:
+    """The policy a command runs under: the file's (or the workspace's, or srt's
+    settings), then each flag given on the command line over it."""
     from corral import policy as pol
 
     workspace = opts.get("workspace")
@@ -525,6 +527,18 @@ def build_policy(opts: dict[str, object]) -> Policy:
         policy = pol.load(
             str(workspace) if workspace else None, str(policy_path) if policy_path else None
         )
+    _limit_flags(policy, opts)
+    _filesystem_flags(policy, opts)
+    _env_flags(policy, opts)
+    _container_flags(policy, opts)
+    _network_flags(policy, opts)
+    pol.check_network(policy)
+    return policy
+
+
+def _limit_flags(policy: Policy, opts: dict[str, object]) -> None:
+    from corral import policy as pol
+
     flag_parsers = {
         "timeout": pol.parse_duration,
         "memory": pol.parse_memory,
@@ -544,6 +558,11 @@ def build_policy(opts: dict[str, object]) -> Policy:
             policy.limits.output = pol.parse_size(opts["output"])
         except ValueError as exc:
             raise CorralError(f"--output-limit: {exc}") from None
+
+
+def _filesystem_flags(policy: Policy, opts: dict[str, object]) -> None:
+    from corral import policy as pol
+
     if "home" in opts:
         try:
             policy.filesystem.home = pol._expect_home(opts["home"])
@@ -553,18 +572,29 @@ def build_policy(opts: dict[str, object]) -> Policy:
         extra = opts.get(attr)
         if isinstance(extra, list):
             getattr(policy.filesystem, attr).extend(extra)
+
+
+def _env_flags(policy: Policy, opts: dict[str, object]) -> None:
+    from corral import policy as pol
+
     envs = opts.get("env")
-    if isinstance(envs, list):
-        for item in envs:
-            name, eq, value = item.partition("=")  # NAME passes it, NAME=VALUE sets it
-            try:
-                pol.check_env_name(name)
-            except ValueError as exc:
-                raise CorralError(f"--env: {exc}") from None
-            if eq:
-                policy.env.set_values[name] = value
-            else:
-                policy.env.pass_names.append(name)
+    if not isinstance(envs, list):
+        return
+    for item in envs:
+        name, eq, value = item.partition("=")  # NAME passes it, NAME=VALUE sets it
+        try:
+            pol.check_env_name(name)
+        except ValueError as exc:
+            raise CorralError(f"--env: {exc}") from None
+        if eq:
+            policy.env.set_values[name] = value
+        else:
+            policy.env.pass_names.append(name)
+
+
+def _container_flags(policy: Policy, opts: dict[str, object]) -> None:
+    from corral import policy as pol
+
     if "tier" in opts:
         policy.tier = str(opts["tier"])
     for attr, flag, parse_value in (
@@ -578,6 +608,11 @@ def build_policy(opts: dict[str, object]) -> Policy:
             except ValueError as exc:
                 raise CorralError(f"{flag}: {exc}") from None
             setattr(policy.container, "runtime" if attr == "oci_runtime" else attr, value)
+
+
+def _network_flags(policy: Policy, opts: dict[str, object]) -> None:
+    from corral import policy as pol
+
     for attr in ("allow", "deny"):
         extra = opts.get(attr)
         if isinstance(extra, list):
@@ -590,8 +625,6 @@ def build_policy(opts: dict[str, object]) -> Policy:
         if opts["network"] not in pol.NETWORK_MODES:
             raise CorralError(f"--network: expected one of {', '.join(pol.NETWORK_MODES)}")
         policy.network.mode = str(opts["network"])
-    pol.check_network(policy)
-    return policy
 
 
 def pass_fds(opts: dict[str, object]) -> tuple[int, ...]:
