@@ -418,26 +418,10 @@ class ContainerTier(Tier):
         full = [*bundle.argv, "-I", "-S", BOOT, ENV_FILE, report, keep, check_arg, "--", *inner]
         spec = _engine_spec(eng, image, full, f"corral-{suffix}")
         self._limits(plan, policy, facts, spec)
-        # the workspace label lets `podman ps --filter label=corral.workspace=DIR`
-        # find one project's sandboxes (and tests find their own, not a neighbour's)
-        spec.labels = {"corral": "1", "corral.workspace": policy.workspace}
-        spec.uid, spec.gid = facts.uid, facts.gid
-        spec.seccomp = f"{scratch}/seccomp.json"
-        spec.mounts = plan.mounts
-        spec.roots = roots
-        if policy.network.mode == "proxy":
-            spec.roots.append("/etc/resolv.conf")  # ours, bound over the image's
-        if net is not None and net.ca_bundle is not None:  # the image's bundle paths too
-            spec.roots += list(net.system_bundles)
-        spec.workdir = plan.cwd
-        spec.host_uds = policy.network.mode == "proxy"
-        # the relay binds the resolver (53) and host services at their own port,
-        # which may be below 1024, in the container's own network namespace
-        spec.low_ports = policy.network.mode == "proxy"
+        self._describe(spec, plan, facts, scratch, roots, net)
         if pass_fds:
             plan.fds = self._pass_fds(eng, pass_fds)
             spec.preserve_fds = max(pass_fds) - 2
-        spec.interactive = True
         # a terminal on stdin gets a terminal inside (the engine's own pty, not
         # ours: TIOCSTI there cannot reach the caller's); the agent speaks frames
         spec.tty = not extra and facts.stdin_tty
@@ -445,6 +429,37 @@ class ContainerTier(Tier):
         if checks:
             plan.prepare.append(("checks", checks.encode(), 0o644))
         return plan
+
+    @staticmethod
+    def _describe(
+        spec: Spec,
+        plan: Plan,
+        facts: ContainerFacts,
+        scratch: str,
+        roots: list[str],
+        net: NetExtras | None,
+    ) -> None:
+        """What the engine is told besides the image and argv: labels, ids, the
+        seccomp profile's path, mounts and the paths bound over the image's."""
+        policy = plan.policy
+        proxied = policy.network.mode == "proxy"
+        # the workspace label lets `podman ps --filter label=corral.workspace=DIR`
+        # find one project's sandboxes (and tests find their own, not a neighbour's)
+        spec.labels = {"corral": "1", "corral.workspace": policy.workspace}
+        spec.uid, spec.gid = facts.uid, facts.gid
+        spec.seccomp = f"{scratch}/seccomp.json"
+        spec.mounts = plan.mounts
+        spec.roots = roots
+        if proxied:
+            spec.roots.append("/etc/resolv.conf")  # ours, bound over the image's
+        if net is not None and net.ca_bundle is not None:  # the image's bundle paths too
+            spec.roots += list(net.system_bundles)
+        spec.workdir = plan.cwd
+        spec.host_uds = proxied
+        # the relay binds the resolver (53) and host services at their own port,
+        # which may be below 1024, in the container's own network namespace
+        spec.low_ports = proxied
+        spec.interactive = True
 
     def _envelope(
         self, plan: Plan, spec: Spec, facts: ContainerFacts, scratch: str, image: str
