@@ -105,6 +105,15 @@ class _ResponseRefused(Exception):
         self.verdict = verdict
 
 
+class _RequestRefused(Exception):
+    """What the hooks made of a request cannot go out (``status``: 502 or 413)."""
+
+    def __init__(self, status: int, verdict: Verdict) -> None:
+        super().__init__(verdict.reason)
+        self.status = status
+        self.verdict = verdict
+
+
 class NoDestination(Exception):
     """A request whose host can be no destination (audited already)."""
 
@@ -809,25 +818,12 @@ class Proxy:
             return body_kind == "none" and request.keep_alive(), upstream
         limit = None
         if hooked is not None:
-            self.chain.rewrite(dest, hooked)
-            try:  # what a rule wrote is checked like what a client sends
-                if hooked.unchecked:  # (False: only hooks that check what they write ran)
-                    headers = http1.refit(hooked.headers, headers, 502)
-                    path = http1.check_target(hooked.target.encode("latin-1", "replace"), 502)
-                else:
-                    headers, path = hooked.headers, hooked.target.encode("latin-1", "replace")
-            except HttpError as exc:
-                refused = Verdict(False, "rewrite", exc.message)
-                self.log(dest, refused, 502, 0, 0, started, extra=extra)
-                await _send_denial(writer, 502, refused, dest.host, dest.port)
-                return False, upstream
-            limit = hooked.body_limit
-            if limit is not None and body_kind == "length" and body_len > limit:
-                refused = Verdict(
-                    False, hooked.body_rule, f"request body larger than {limit} bytes"
-                )
-                self.log(dest, refused, 413, 0, 0, started, extra=extra)
-                await _send_denial(writer, 413, refused, dest.host, dest.port, _plain(request))
+            try:
+                headers, path, limit = self._rewritten(dest, hooked, headers, body_kind, body_len)
+            except _RequestRefused as exc:
+                self.log(dest, exc.verdict, exc.status, 0, 0, started, extra=extra)
+                plain = exc.status == 413 and _plain(request)
+                await _send_denial(writer, exc.status, exc.verdict, dest.host, dest.port, plain)
                 return False, upstream
         headers, upgrade, last = _upstream_head(request, headers, body_kind, dest, tls)
         if upstream is not None and (upstream.host, upstream.port) != (dest.host, dest.port):
@@ -858,35 +854,13 @@ class Proxy:
                 )
             status = response.status
             kind, length = http1.framing(response, request.method)
-            if status == 101 and not upgrade:
-                raise HttpError(502, "upstream switched protocols without being asked")
-            if status == 101 and http1.header_tokens(response.get_all(b"upgrade")) != {upgrade}:
-                raise HttpError(502, "upstream switched to a protocol other than websocket")
-            if hooked is not None:  # (the hooks' copy: forwardable() once per head)
-                reason, out_headers = self._response_head(dest, hooked, response, kind, length)
-            else:
-                reason, out_headers = response.reason, http1.forwardable(response, kind, length)
-            if status == 101:
-                out_headers += [(b"connection", b"upgrade"), (b"upgrade", upgrade)]
-            keep = kind != "close" and request.keep_alive()
-            if not keep and status != 101:  # say so: a client must not reuse it
-                out_headers.append((b"connection", b"close"))
-            first = response.version + b" " + str(status).encode() + b" " + reason
-            out = http1.serialize_head(first, out_headers)
+            out, keep = self._client_head(dest, hooked, request, response, kind, length, upgrade)
             down += len(out)
             if status == 101:  # decided: from here on, bytes both ways, unhooked
                 writer.write(out)
                 more_up, more_down = await _splice(reader, writer, *upstream.streams())
-                self.log(
-                    dest,
-                    verdict,
-                    101,
-                    up + more_up,
-                    down + more_down,
-                    started,
-                    upstream.address,
-                    extra,
-                )
+                up, down = up + more_up, down + more_down
+                self.log(dest, verdict, 101, up, down, started, upstream.address, extra)
                 upstream.close()
                 return False, None
             down += await http1.copy_body(upstream.streams()[0], writer, kind, length, out)
@@ -917,6 +891,62 @@ class Proxy:
             upstream.close()
             upstream = None
         return keep, upstream
+
+    def _rewritten(
+        self,
+        dest: Destination,
+        hooked: Request,
+        headers: list[tuple[bytes, bytes]],
+        body_kind: str,
+        body_len: int,
+    ) -> tuple[list[tuple[bytes, bytes]], bytes, int | None]:
+        """The request's headers, target and body limit after the hooks' rewrite;
+        what a rule wrote is checked like what a client sends.  _RequestRefused:
+        502 for a rewrite that would not parse, 413 for a body over a rule's limit."""
+        self.chain.rewrite(dest, hooked)
+        try:
+            if hooked.unchecked:  # (False: only hooks that check what they write ran)
+                headers = http1.refit(hooked.headers, headers, 502)
+                path = http1.check_target(hooked.target.encode("latin-1", "replace"), 502)
+            else:
+                headers, path = hooked.headers, hooked.target.encode("latin-1", "replace")
+        except HttpError as exc:
+            raise _RequestRefused(502, Verdict(False, "rewrite", exc.message)) from None
+        limit = hooked.body_limit
+        if limit is not None and body_kind == "length" and body_len > limit:
+            why = f"request body larger than {limit} bytes"
+            raise _RequestRefused(413, Verdict(False, hooked.body_rule, why))
+        return headers, path, limit
+
+    def _client_head(
+        self,
+        dest: Destination,
+        hooked: Request | None,
+        request: http1.Message,
+        response: http1.Message,
+        kind: str,
+        length: int,
+        upgrade: bytes,
+    ) -> tuple[bytes, bool]:
+        """The final response head the client gets, and whether its connection
+        stays open.  HttpError for a switch of protocols nobody asked for;
+        _ResponseRefused when a response hook denies the head."""
+        status = response.status
+        if status == 101 and not upgrade:
+            raise HttpError(502, "upstream switched protocols without being asked")
+        if status == 101 and http1.header_tokens(response.get_all(b"upgrade")) != {upgrade}:
+            raise HttpError(502, "upstream switched to a protocol other than websocket")
+        if hooked is not None:  # (the hooks' copy: forwardable() once per head)
+            reason, out_headers = self._response_head(dest, hooked, response, kind, length)
+        else:
+            reason, out_headers = response.reason, http1.forwardable(response, kind, length)
+        if status == 101:
+            out_headers += [(b"connection", b"upgrade"), (b"upgrade", upgrade)]
+        keep = kind != "close" and request.keep_alive()
+        if not keep and status != 101:  # say so: a client must not reuse it
+            out_headers.append((b"connection", b"close"))
+        first = response.version + b" " + str(status).encode() + b" " + reason
+        return http1.serialize_head(first, out_headers), keep
 
     async def _past_interim(
         self,
