@@ -219,3 +219,19 @@ def test_the_module_loader_names_the_first_file_it_could_not_load(tmp_path: Path
     assert subprocess.run([str(program)]).returncode == 0  # nothing asked, nothing failed
     assert subprocess.run([str(program), str(tmp_path / "none.ko")]).returncode == 1
     assert subprocess.run([str(program), "/dev/null", "/dev/zero"]).returncode == 1
+
+
+def test_qemus_parent_turns_huge_pages_off_for_what_it_executes() -> None:
+    """The runner's fork calls it before exec: QEMU (and bwrap) inherit it, so a
+    guest's RAM is resident only where the guest has touched it, page by page."""
+    prctl = vmrun._prctl()
+    assert prctl is not None
+    pid = os.fork()
+    if pid == 0:
+        try:
+            vmrun._no_huge_pages(prctl)
+            os.execv("/bin/grep", ["grep", "-qx", r"THP_enabled:\s*0", "/proc/self/status"])
+        finally:
+            os._exit(127)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert prctl(42, 0, 0, 0, 0) == 0  # PR_GET_THP_DISABLE: this process is untouched

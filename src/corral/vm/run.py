@@ -32,7 +32,7 @@ from corral.vm import guest, initramfs, probe, qemu, setup, snapshot
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from corral.fsplan import FsPlan, Mount
     from corral.policy import Policy
@@ -483,6 +483,33 @@ def _pump_stdin(src: int, sock: socket.socket) -> None:
         pass
 
 
+PR_SET_THP_DISABLE = 41
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up before a fork (ctypes loads nothing in the child)."""
+    import ctypes
+
+    try:
+        found: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return found
+
+
+def _no_huge_pages(prctl: Callable[..., int] | None) -> None:
+    """No transparent huge pages for this process and what it executes (bwrap, then
+    QEMU: the setting survives fork and exec).  QEMU marks the guest's RAM and its
+    code cache for huge pages, so the host backs any 2 MiB the guest has touched a
+    byte of with 2 MiB (khugepaged collapses the rest): a restored guest whose
+    state holds 90 MiB kept 100 MiB resident, its RAM all huge pages.  Measured:
+    an idle restored Sandbox of 256 MiB, 176 MiB of RSS with them, 163 without;
+    its warm exec and start no slower.  Nothing else depends on it: a failure is
+    ignored."""
+    if prctl is not None:
+        prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)
+
+
 class _Vm:
     """A started VM: bwrap's pid, its child's (the sandbox's pid 1), our socket ends."""
 
@@ -535,10 +562,12 @@ class _Vm:
                 wanted[number] = other.detach()
                 theirs.append(wanted[number])
         argv = plan.argv + (plan.restore_args if state is not None else [])
+        prctl = _prctl()
         pid = os.fork()
         if pid == 0:
             try:
                 os.setpgid(0, 0)
+                _no_huge_pages(prctl)
                 move_fds_into_place(wanted)
                 os.execve(argv[0], argv, {})
             finally:
