@@ -319,7 +319,8 @@ def build(
     agent: bool = False,
 ) -> VmPlan:
     """The plan for ``command`` under ``policy`` on the host ``host`` describes, with
-    the filesystem decision ``fs``; reads nothing.  ``view_extra``: more read-only
+    the filesystem decision ``fs``; reads nothing but ``CORRAL_VM_WARM`` (whether
+    the machine is one whose state is saved).  ``view_extra``: more read-only
     binds in QEMU's view (the guest's root); ``env_extra``: variables that win
     over the policy's (hooks' placeholders).  ``agent``: ``command`` is a
     Sandbox's agent; without a network it runs as the agent a Sandbox machine's
@@ -368,7 +369,11 @@ def build(
         accel=host.decision.accel,
         cpus=vcpus,
         memory_mib=memory_mib,
-        cmdline=qemu.kernel_cmdline(host.facts.tsc_khz, console=console),
+        # a machine that may be saved boots as its restores will resume (the
+        # kernel's command line is part of the state's key)
+        cmdline=qemu.kernel_cmdline(
+            host.facts.tsc_khz, console=console, saved=snapshot.enabled(console)
+        ),
         exports=plan.shares,
         name=name,
         qemu=host.qemu,

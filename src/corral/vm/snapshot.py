@@ -45,7 +45,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
 FORMAT = "1"  # bumped when what a state holds or how it is used changes
 KEEP = 4  # states kept in a cache (each is the guest's touched RAM, ~100 MB)
@@ -116,6 +116,13 @@ class Warm:
         if self.restore:
             return f"warm start: restore {self.path}"
         return f"cold boot: {self.why}" + (f" (saved to {self.path})" if self.save else "")
+
+
+def enabled(console: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a machine's starts restore and save states at all (not turned off,
+    no console): how it boots depends on it (corral.vm.qemu.kernel_cmdline)."""
+    env = os.environ if environ is None else environ
+    return env.get(OFF) != "0" and not console
 
 
 def decide(cache: str, key: str, console: bool, environ: dict[str, str] | None = None) -> Warm:
