@@ -166,7 +166,7 @@ def measure_raw_restore(argv: list[str], fd: int, plan_fds: dict[int, str], time
         if number > 2 and number != fd:
             os.close(mine)
     os.close(null)
-    ours["corral.ctl"].sendall(b"12\npoweroff -f\n")  # the request: power off
+    ours["corral.ctl"].sendall(b"1\npoweroff -f\n")  # the request (one line): power off
     _, status = os.waitpid(pid, 0)
     if status == 0:
         times.add(time.perf_counter() - t)

@@ -752,7 +752,8 @@ def _launch(
         fresh = (os.urandom(32), time.time()) if state is not None else None
         request = guest.request(plan.shares, plan.guest_mounts, plan.launch, fresh)
         try:
-            vm.socks["corral.ctl"].sendall(b"%d\n" % len(request) + request)
+            # its number of lines first (the init reads it line by line)
+            vm.socks["corral.ctl"].sendall(b"%d\n" % request.count(b"\n") + request)
         except OSError:
             pass  # QEMU is gone already: the follower says why
         follower.run(until="up")
