@@ -87,7 +87,19 @@ def _runner(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "corral", "run", "--tier", "microvm", "-q", *args]
 
 
-COLD_ENV = {**os.environ, "CORRAL_VM_WARM": "0"}  # corral boots, as before the warm start
+def _run_env(**extra: str) -> dict[str, str]:
+    """The environment of a timed ``corral run``: the corral this benchmark imported
+    first on its path.  Each run starts in its workspace, where a relative
+    PYTHONPATH (``PYTHONPATH=src`` in a worktree) names nothing, and the run would
+    time whichever corral the venv has installed instead."""
+    import corral
+
+    src = os.path.dirname(os.path.dirname(os.path.abspath(corral.__file__)))
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, **extra, "PYTHONPATH": src + (os.pathsep + path if path else "")}
+
+
+COLD_ENV = _run_env(CORRAL_VM_WARM="0")  # corral boots, as before the warm start
 
 
 class Times:
@@ -105,7 +117,7 @@ class Times:
             subprocess.run(
                 argv,
                 cwd=cwd,
-                env=env,
+                env=env if env is not None else _run_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 check=True,
@@ -166,7 +178,7 @@ def measure_raw_restore(argv: list[str], fd: int, plan_fds: dict[int, str], time
         if number > 2 and number != fd:
             os.close(mine)
     os.close(null)
-    ours["corral.ctl"].sendall(b"12\npoweroff -f\n")  # the request: power off
+    ours["corral.ctl"].sendall(b"1\npoweroff -f\n")  # the request (one line): power off
     _, status = os.waitpid(pid, 0)
     if status == 0:
         times.add(time.perf_counter() - t)

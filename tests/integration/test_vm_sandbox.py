@@ -38,6 +38,12 @@ def our_qemus() -> list[int]:
     return pids_matching(f"qemu-system-x86_64 -name corral-vm-{os.getpid()}-")
 
 
+def huge_pages_off(pid: int) -> bool:
+    """Whether the process has transparent huge pages turned off (PR_SET_THP_DISABLE)."""
+    with open(f"/proc/{pid}/status", encoding="utf-8") as fh:
+        return any(line.split() == ["THP_enabled:", "0"] for line in fh)
+
+
 @pytest.fixture
 def home_ws(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
     base = ROOT_BASE / ("vmapi-" + uuid.uuid4().hex[:10])
@@ -66,6 +72,7 @@ def test_exec_spawn_files_and_close(home_ws: tuple[Path, Path]) -> None:
         r = sb.exec("cat; echo out; echo err >&2; exit 3", stdin="in\n")
         assert (r.exit_code, r.stdout, r.stderr) == (3, b"in\nout\n", b"err\n")
         assert sb.starts == 1 and our_qemus()
+        assert all(huge_pages_off(pid) for pid in our_qemus())  # RSS: touched pages only
         assert sb.exec(["no-such-command"]).exit_code == 127
         assert sb.exec("uname -r").stdout.decode().strip() != os.uname().release  # own kernel
         proc = sb.spawn("echo started; sleep 100")

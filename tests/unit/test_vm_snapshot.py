@@ -164,6 +164,35 @@ def test_the_plan_can_restore_and_save_with_its_own_descriptors(tmp_path: Path) 
     assert smaller.warm_key != plan.warm_key
 
 
+def test_a_machine_that_is_saved_boots_zeroing_what_its_kernel_allocates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its state then holds no page the guest only allocated (virtio-serial's receive
+    buffers: ~20 MiB); a boot that is never saved does not pay for the zeroing."""
+    assert "init_on_alloc=1" in qemu.kernel_cmdline(0, saved=True).split()
+    assert "init_on_alloc=0" in qemu.kernel_cmdline(0).split()
+    policy = Policy(str(tmp_path))
+    host = vmrun.VmHost(
+        setup.Assets("/fake/kernel-6.1", "6.1.0-test", ["virtio_mmio"]),
+        "/usr/bin/qemu-system-x86_64",
+        "/usr/bin/bwrap",
+        "/fake/initramfs.cpio",
+        probe.Decision("tcg", "TCG: as the test says"),
+        qemu.HostFacts(0, {}),
+        cache=str(tmp_path / "cache"),
+        state_inputs=INPUTS,
+    )
+    monkeypatch.delenv(snapshot.OFF, raising=False)
+    for console, zeroed in ((False, True), (True, False)):
+        plan = vmrun.build(policy, ["true"], host, fsplan.plan_filesystem(policy), console=console)
+        assert plan.machine is not None
+        assert f"init_on_alloc={int(zeroed)}" in plan.machine.cmdline.split()
+    monkeypatch.setenv(snapshot.OFF, "0")
+    plan = vmrun.build(policy, ["true"], host, fsplan.plan_filesystem(policy))
+    assert plan.machine is not None and "init_on_alloc=0" in plan.machine.cmdline.split()
+    assert not snapshot.enabled(False, {snapshot.OFF: "0"}) and snapshot.enabled(False, {})
+
+
 def test_a_restored_guest_is_told_fresh_randomness_and_the_time_first() -> None:
     launch = guest.Launch(["true"], {}, "/ws", 0, 0, None, False)
     shares = guest.exports(["/ws"])
@@ -219,3 +248,134 @@ def test_the_module_loader_names_the_first_file_it_could_not_load(tmp_path: Path
     assert subprocess.run([str(program)]).returncode == 0  # nothing asked, nothing failed
     assert subprocess.run([str(program), str(tmp_path / "none.ko")]).returncode == 1
     assert subprocess.run([str(program), "/dev/null", "/dev/zero"]).returncode == 1
+
+
+def test_qemus_parent_turns_huge_pages_off_for_what_it_executes() -> None:
+    """The runner's fork calls it before exec: QEMU (and bwrap) inherit it, so a
+    guest's RAM is resident only where the guest has touched it, page by page."""
+    prctl = vmrun._prctl()
+    assert prctl is not None
+    pid = os.fork()
+    if pid == 0:
+        try:
+            vmrun._no_huge_pages(prctl)
+            os.execv("/bin/grep", ["grep", "-qx", r"THP_enabled:\s*0", "/proc/self/status"])
+        finally:
+            os._exit(127)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert prctl(42, 0, 0, 0, 0) == 0  # PR_GET_THP_DISABLE: this process is untouched
+
+
+def _record(flags: int, address: int, block: bytes | None, payload: bytes) -> bytes:
+    """One RAM record as QEMU writes it: naming its block, or continuing (None)."""
+    if block is None:
+        return (address | flags | snapshot.RAM_CONTINUE).to_bytes(8, "big") + payload
+    return (address | flags).to_bytes(8, "big") + bytes([len(block)]) + block + payload
+
+
+def _stream(devices: bytes) -> bytes:
+    """A state as QEMU 7.2 saves a microvm: configuration, the RAM's start (its
+    blocks), a part and an end of page records, then the devices."""
+    page, zero = snapshot.RAM_PAGE, snapshot.RAM_ZERO
+    eos = snapshot.RAM_EOS.to_bytes(8, "big")
+    ram, bios = snapshot.GUEST_RAM, b"pc.bios"
+    sizes = (5 * 4096 | snapshot.RAM_MEM_SIZE).to_bytes(8, "big")
+    sizes += bytes([len(ram)]) + ram + (4 * 4096).to_bytes(8, "big")
+    sizes += bytes([len(bios)]) + bios + (4096).to_bytes(8, "big")
+    part = b"".join(
+        [
+            _record(page, 0, ram, b"\x11" * 4096),
+            _record(zero, 4096, None, b"\0"),  # left out
+            _record(page, 8192, None, b"\x22" * 4096),  # now names its block
+            _record(zero, 0, bios, b"\0"),  # another block's zero page stays
+        ]
+    )
+    end = _record(zero, 12288, ram, b"\x05") + _record(zero, 4096, None, b"\0")
+    return b"".join(
+        [
+            snapshot.STREAM_HEADER + b"\x07" + (7).to_bytes(4, "big") + b"microvm",
+            b"\x01" + (2).to_bytes(4, "big") + b"\x03ram" + (0).to_bytes(4, "big"),
+            (4).to_bytes(4, "big") + sizes + eos + b"\x7e" + (2).to_bytes(4, "big"),
+            b"\x02" + (2).to_bytes(4, "big") + part + eos + b"\x7e" + (2).to_bytes(4, "big"),
+            b"\x03" + (2).to_bytes(4, "big") + end + eos + b"\x7e" + (2).to_bytes(4, "big"),
+            devices,
+        ]
+    )
+
+
+def _load(stream: bytes) -> tuple[dict[tuple[bytes, int], bytes], bytes]:
+    """What a restore makes of ``stream`` on zeroed RAM: each page that is not
+    zero, and the bytes after the RAM's end section (a reader written apart from
+    the one under test, for the test's own streams)."""
+    at = len(snapshot.STREAM_HEADER) + 1 + 4 + 7
+    memory: dict[tuple[bytes, int], bytes] = {}
+    block = b""
+    while True:
+        kind = stream[at]
+        at += 5
+        if kind == 1:
+            at += 1 + stream[at] + 8
+        while True:
+            word = int.from_bytes(stream[at : at + 8], "big")
+            at += 8
+            flags, address = word & 4095, word & ~4095
+            if flags == snapshot.RAM_EOS:
+                break
+            if flags & snapshot.RAM_MEM_SIZE:
+                left = address
+                while left:
+                    at += 1 + stream[at]
+                    left -= int.from_bytes(stream[at : at + 8], "big")
+                    at += 8
+                continue
+            if not flags & snapshot.RAM_CONTINUE:
+                block = stream[at + 1 : at + 1 + stream[at]]
+                at += 1 + stream[at]
+            size = 4096 if flags & snapshot.RAM_PAGE else 1
+            page = stream[at : at + size] * (4096 if size == 1 else 1)
+            at += size
+            memory[(block, address)] = page
+        at += 5  # the footer
+        if kind == 3:
+            break
+    return {k: v for k, v in memory.items() if v.strip(b"\0")}, stream[at:]
+
+
+def test_a_state_is_kept_without_the_guest_rams_zero_pages() -> None:
+    """A restore reads each zero page QEMU recorded, and without huge pages every
+    read of untouched RAM is a fault: left out, the guest's RAM comes out the same."""
+    import io
+
+    devices = b"\x04devices as they are\x00\x1f{json}"
+    saved = _stream(devices)
+    out = io.BytesIO()
+    assert snapshot.strip_zero_pages(io.BytesIO(saved), out) == 2
+    stripped = out.getvalue()
+    assert len(stripped) < len(saved) and stripped.endswith(devices)
+    assert _load(stripped) == _load(saved)
+    assert (snapshot.GUEST_RAM, 8192) in _load(stripped)[0]
+    again = io.BytesIO()
+    assert snapshot.strip_zero_pages(io.BytesIO(stripped), again) == 0
+    assert again.getvalue() == stripped
+
+
+def test_a_stream_it_does_not_know_is_kept_as_it_is(tmp_path: Path) -> None:
+    import io
+
+    saved = _stream(b"\x04")
+    for bad in (
+        b"QEVM\x00\x00\x00\x04" + saved[8:],  # another stream version
+        saved.replace(b"\x03ram", b"\x03rom"),  # another section first
+        saved[:200],  # cut short
+    ):
+        with pytest.raises(snapshot.StreamError):
+            snapshot.strip_zero_pages(io.BytesIO(bad), io.BytesIO())
+    fd = snapshot.new_file(str(tmp_path))
+    os.write(fd, saved[:200])
+    assert snapshot.without_zero_pages(fd, str(tmp_path)) == fd
+    os.close(fd)
+    fd = snapshot.new_file(str(tmp_path))
+    os.write(fd, saved)
+    out = snapshot.without_zero_pages(fd, str(tmp_path))
+    assert out != fd and os.pread(out, len(saved), 0) != saved
+    os.close(out)

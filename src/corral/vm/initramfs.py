@@ -310,8 +310,17 @@ fi
 
 # the host may save the VM's state here (the same for every run: no request yet)
 echo waiting >&3
-read -r size <&3 || fail "no request"
-head -c "$size" <&3 >/request || fail "short request"
+# the request: its number of lines, then the lines, read by the shell itself (a
+# process, head's, cost a restored guest ~20 ms); a value's newline is a line's end
+read -r lines <&3 || fail "no request"
+REQUEST=
+while [ "$lines" -gt 0 ]; do
+	IFS= read -r line <&3 || fail "short request"
+	REQUEST="$REQUEST$line
+"
+	lines=$((lines - 1))
+done
+printf '%s' "$REQUEST" >/request
 echo up >&3
 . /request
 fail "the request did not run a command"
@@ -489,12 +498,36 @@ def python_entries(
     return out
 
 
-def helper_files() -> list[tuple[str, bytes]]:
+def helper_paths() -> list[tuple[str, str]]:
+    """(name in /corral, path) of corral's own files the guest carries."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # corral/
+    return [(name, os.path.join(here, package, name)) for package, name in HELPERS]
+
+
+def helper_files() -> list[tuple[str, bytes]]:
     found = []
-    for package, name in HELPERS:
-        with open(os.path.join(here, package, name), "rb") as fh:
+    for name, path in helper_paths():
+        with open(path, "rb") as fh:
             found.append((name, fh.read()))
+    return found
+
+
+# The digests of the files an image is built from (busybox, the modules, corral's
+# helpers), kept per process by the files' identities: hashing their 3 MB again
+# cost each Sandbox start ~11 ms (three images looked up: the tier's health, a
+# run's and a Sandbox's machine).
+_CONTENT_DIGESTS: dict[tuple[str, ...], bytes] = {}
+
+
+def _content_digest(paths: list[str]) -> bytes:
+    key = tuple(snapshot.identity(p) for p in paths)
+    found = _CONTENT_DIGESTS.get(key)
+    if found is None:
+        parts = []
+        for path in paths:
+            with open(path, "rb") as fh:
+                parts.append(hashlib.sha256(fh.read()).digest())
+        found = _CONTENT_DIGESTS[key] = b"".join(parts)
     return found
 
 
@@ -523,18 +556,12 @@ def read_python(closure: Closure) -> tuple[str, list[str], list[PythonFile]]:
 def cached(assets: Assets, busybox: str, cache: str, python: Closure | None = None) -> str:
     """The initramfs for ``assets`` in ``cache`` (with the agent's ``python``: a
     Sandbox's machine), built if no file of that digest is there."""
-    with open(busybox, "rb") as fh:
-        box = fh.read()
-    modules = []
-    for name in assets.modules:
-        with open(assets.module_path(name), "rb") as fh:
-            modules.append((name, fh.read()))
-    helpers = helper_files()
+    inputs = [busybox, *(assets.module_path(n) for n in assets.modules)]
+    inputs += [path for _, path in helper_paths()]
     digest = hashlib.sha256(BUILD_VERSION.encode())
     digest.update(init_script(assets.modules).encode())
     digest.update(reseed_program() + loadmods_program())
-    for part in (box, *(d for _, d in modules), *(d for _, d in helpers)):
-        digest.update(hashlib.sha256(part).digest())
+    digest.update(_content_digest(inputs))  # each file's sha256, in that order
     if python is not None:  # its files by identity: a plan does not read 12 MB
         digest.update(python.python.encode() + b"\0" + ":".join(python.libdirs).encode())
         for line in guestpython.identities(python):
@@ -543,6 +570,13 @@ def cached(assets: Assets, busybox: str, cache: str, python: Closure | None = No
     if os.path.exists(path):
         snapshot.mark_used(path)  # the images an upgrade left behind go first
         return path
+    with open(busybox, "rb") as fh:
+        box = fh.read()
+    modules = []
+    for name in assets.modules:
+        with open(assets.module_path(name), "rb") as fh:
+            modules.append((name, fh.read()))
+    helpers = helper_files()
     data = archive(modules, box, helpers, read_python(python) if python is not None else None)
     os.makedirs(cache, mode=0o700, exist_ok=True)
     work = f"{path}.tmp{os.getpid()}"
