@@ -3,30 +3,20 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
+from syscall_paths import syscalls  # noqa: F401  (the fixture)
 
 from corral.lockwatch import LockWatch, parse_events
-
-
-@pytest.fixture(params=["corral._sys", "ctypes"])
-def syscalls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both ways corral makes the system calls Python 3.11 lacks: its own C module
-    and, as on an install built without a C compiler, ctypes' C module."""
-    if request.param == "ctypes":
-        monkeypatch.setitem(sys.modules, "corral._sys", None)  # import raises ImportError
-    else:
-        pytest.importorskip("corral._sys", reason="corral._sys was not built (no C compiler)")
-    return str(request.param)
 
 
 def watch(git: Path) -> LockWatch:
     return LockWatch({str(git): {"config.lock": str(git / "config")}})
 
 
-def test_a_lock_created_and_removed_is_a_refused_write(tmp_path: Path, syscalls: str) -> None:
+@pytest.mark.usefixtures("syscalls")
+def test_a_lock_created_and_removed_is_a_refused_write(tmp_path: Path) -> None:
     (tmp_path / "config").write_text("[core]\n")
     w = watch(tmp_path)
     for _ in range(2):  # git tries, the rename fails (EBUSY in the sandbox), the lock goes
@@ -57,7 +47,8 @@ def test_a_lock_left_behind_counts_and_a_stale_one_does_not(tmp_path: Path) -> N
     assert len(w.finish()) == 1
 
 
-def test_a_missing_directory_is_no_error(tmp_path: Path, syscalls: str) -> None:
+@pytest.mark.usefixtures("syscalls")
+def test_a_missing_directory_is_no_error(tmp_path: Path) -> None:
     w = LockWatch({str(tmp_path / "gone"): {"config.lock": str(tmp_path / "gone" / "config")}})
     assert w.finish() == []
 

@@ -313,24 +313,26 @@ def test_a_guardrail_applies_however_an_origin_reads_an_encoded_slash() -> None:
     assert decide([g], "DELETE", "/api/projects/group/project") is None  # two segments to all
 
 
-def test_a_method_override_header_is_guarded_as_that_method() -> None:
-    hook = gr.GuardrailHook([guardrail("CRITICAL", "DELETE")], gr.DEFAULT_TIER_ACTIONS)
+@pytest.mark.parametrize(
+    ("methods", "method", "target", "header"),
+    [
+        ("DELETE", "POST", "/api/x", (b"x-http-method-override", b"delete")),
+        ("GET", "GET", "/public/x", (b"x-original-url", b"/api/users")),
+    ],
+    ids=["method-override", "routing-header"],
+)
+def test_a_request_is_guarded_as_what_its_override_header_names(
+    methods: str, method: str, target: str, header: tuple[bytes, bytes]
+) -> None:
+    """A POST with X-HTTP-Method-Override: DELETE is served as a DELETE, and
+    X-Original-URL names the path an origin serves: a guardrail on that method
+    or path holds.  Twin: the same request without the header is not the
+    guardrail's."""
+    hook = gr.GuardrailHook([guardrail("CRITICAL", methods)], gr.DEFAULT_TIER_ACTIONS)
     dest = Destination("r", "https", "api.test", 443)
-    headers = [(b"x-http-method-override", b"delete")]
-    verdict = hook.on_request(dest, Request("POST", "/api/x", headers, 0))
+    verdict = hook.on_request(dest, Request(method, target, [header], 0))
     assert verdict is not None and verdict.decision == "deny"
-    assert hook.on_request(dest, Request("POST", "/api/x", [], 0)) is None  # twin
-
-
-def test_a_routing_header_is_guarded_as_the_path_it_names() -> None:
-    """X-Original-URL names the path an origin serves: a guardrail on that path
-    holds.  Twin: the same request without it is not the guardrail's."""
-    hook = gr.GuardrailHook([guardrail("CRITICAL", "GET")], gr.DEFAULT_TIER_ACTIONS)
-    dest = Destination("r", "https", "api.test", 443)
-    headers = [(b"x-original-url", b"/api/users")]
-    verdict = hook.on_request(dest, Request("GET", "/public/x", headers, 0))
-    assert verdict is not None and verdict.decision == "deny"
-    assert hook.on_request(dest, Request("GET", "/public/x", [], 0)) is None  # twin
+    assert hook.on_request(dest, Request(method, target, [], 0)) is None  # twin
 
 
 def test_max_body_bounds_a_logged_request() -> None:

@@ -7,25 +7,13 @@ the relay's argv, and where the resolver's file is bound.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
+from syscall_paths import syscalls  # noqa: F401  (the fixture)
 
 from corral import netns
 from corral.net.door import proxy_env, relay_argv
 from corral.netns import Listener, loopback_services, offline_plan, plan_for, resolv_target
 from corral.policy import Policy
-
-
-@pytest.fixture(params=["corral._sys", "ctypes"])
-def syscalls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both ways corral makes the system calls Python 3.11 lacks: its own C module
-    and, as on an install built without a C compiler, ctypes' C module."""
-    if request.param == "ctypes":
-        monkeypatch.setitem(sys.modules, "corral._sys", None)  # import raises ImportError
-    else:
-        pytest.importorskip("corral._sys", reason="corral._sys was not built (no C compiler)")
-    return str(request.param)
 
 
 def policy(allow: list[str], transparent: bool = False) -> Policy:
@@ -144,9 +132,8 @@ def test_the_resolver_file_names_the_sandbox_loopback() -> None:
     assert lines == ["nameserver 127.0.0.1"]
 
 
-def test_entering_again_stays_in_the_namespace_this_process_made(
-    tmp_path: object, syscalls: str
-) -> None:
+@pytest.mark.usefixtures("syscalls")
+def test_entering_again_stays_in_the_namespace_this_process_made(tmp_path: object) -> None:
     """A run planned again after a setup race: its process is already inside, and
     the proxy forked before holds the listeners; a second enter() makes no new
     namespace, hands nothing over again, and refuses another run's handoff.
@@ -192,7 +179,8 @@ def test_entering_again_stays_in_the_namespace_this_process_made(
         assert os.waitstatus_to_exitcode(status) == 0, fn.__name__
 
 
-def test_unshare_reports_failure_and_its_errno_without_side_effects(syscalls: str) -> None:
+@pytest.mark.usefixtures("syscalls")
+def test_unshare_reports_failure_and_its_errno_without_side_effects() -> None:
     """The fast call (no ctypes classes on the path of every run) says only that
     it failed; the reason comes from a second call that keeps errno.  Flag 0x1 is
     no namespace: the kernel refuses it (EINVAL) and nothing changes; flag 0, the

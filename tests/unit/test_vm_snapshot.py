@@ -136,19 +136,24 @@ def test_a_state_that_did_not_restore_is_removed_but_not_a_newer_one(tmp_path: P
     os.close(fd2)
 
 
-def test_the_plan_can_restore_and_save_with_its_own_descriptors(tmp_path: Path) -> None:
-    policy = Policy(str(tmp_path))
-    policy.limits.defaults = {"memory": 8 << 30, "pids": 4096}
-    host = vmrun.VmHost(
+def fake_host(tmp_path: Path, facts: qemu.HostFacts) -> vmrun.VmHost:
+    """A host with QEMU and a kernel set up, as the plans below are built for."""
+    return vmrun.VmHost(
         setup.Assets("/fake/kernel-6.1", "6.1.0-test", ["virtio_mmio"]),
         "/usr/bin/qemu-system-x86_64",
         "/usr/bin/bwrap",
         "/fake/initramfs.cpio",
         probe.Decision("tcg", "TCG: as the test says"),
-        qemu.HostFacts(2_000_000, {"/bin": "usr/bin"}),
+        facts,
         cache=str(tmp_path / "cache"),
         state_inputs=INPUTS,
     )
+
+
+def test_the_plan_can_restore_and_save_with_its_own_descriptors(tmp_path: Path) -> None:
+    policy = Policy(str(tmp_path))
+    policy.limits.defaults = {"memory": 8 << 30, "pids": 4096}
+    host = fake_host(tmp_path, qemu.HostFacts(2_000_000, {"/bin": "usr/bin"}))
     fs = fsplan.plan_filesystem(policy)
     plan = vmrun.build(policy, ["true"], host, fs)
     monitor = next(n for n, what in plan.fds.items() if what == vmrun.MONITOR)
@@ -172,16 +177,7 @@ def test_a_machine_that_is_saved_boots_zeroing_what_its_kernel_allocates(
     assert "init_on_alloc=1" in qemu.kernel_cmdline(0, saved=True).split()
     assert "init_on_alloc=0" in qemu.kernel_cmdline(0).split()
     policy = Policy(str(tmp_path))
-    host = vmrun.VmHost(
-        setup.Assets("/fake/kernel-6.1", "6.1.0-test", ["virtio_mmio"]),
-        "/usr/bin/qemu-system-x86_64",
-        "/usr/bin/bwrap",
-        "/fake/initramfs.cpio",
-        probe.Decision("tcg", "TCG: as the test says"),
-        qemu.HostFacts(0, {}),
-        cache=str(tmp_path / "cache"),
-        state_inputs=INPUTS,
-    )
+    host = fake_host(tmp_path, qemu.HostFacts(0, {}))
     monkeypatch.delenv(snapshot.OFF, raising=False)
     for console, zeroed in ((False, True), (True, False)):
         plan = vmrun.build(policy, ["true"], host, fsplan.plan_filesystem(policy), console=console)
