@@ -1025,9 +1025,9 @@ class _Planner:
         a file moved across one fails with EXDEV (``mv`` copies instead)."""
         pins: set[str] = set()
         for m in protect:
-            root = next((r for r in self.plan.writable if m.dest.startswith(r + "/")), None)
+            root = next((r for r in self.plan.writable if _inside(m.dest, r)), m.dest)
             parent = os.path.dirname(m.dest)
-            while root is not None and parent.startswith(root + "/"):
+            while parent != root and _inside(parent, root):
                 pins.add(parent)
                 parent = os.path.dirname(parent)
         why = "pinned: holds a protected path (no run can rename it)"

@@ -36,6 +36,7 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import _socket
+    import types
     from collections.abc import Callable, Collection
 
     from corral.policy import Policy
@@ -249,16 +250,15 @@ def _listen_fds(plan: NetPlan) -> list[tuple[Listener, int]]:
     """A run without a network's listeners (its resolver's, datagram sockets) as
     descriptors: made by corral's C module when it was built, so that a run
     loads the socket module only once a command looks a name up."""
-    try:
-        from corral import _sys
-    except ImportError:
+    c = _c_module()
+    if c is None:
         return [(listener, sock.detach()) for listener, sock in _listen_all(plan)]
     made: list[tuple[Listener, int]] = []
     try:
         for listener in plan.listeners[:MAX_LISTENERS]:
             assert listener.datagram, listener  # (offline_plan's: the resolver's only)
             try:
-                made.append((listener, _sys.udp_bind(listener.host, listener.port)))
+                made.append((listener, c.udp_bind(listener.host, listener.port)))
             except OSError as exc:
                 if ":" in listener.host and exc.errno in (97, 99):  # no IPv6 here
                     continue
@@ -328,12 +328,19 @@ def _os_unshare() -> Callable[[int], None] | None:
     """An unshare that raises OSError with errno: os's or corral._sys's, if any."""
     call: Callable[[int], None] | None = getattr(os, "unshare", None)
     if call is None:
-        try:
-            from corral import _sys
-        except ImportError:  # built without a C compiler
-            return None
-        call = _sys.unshare
+        c = _c_module()
+        return None if c is None else c.unshare
     return call
+
+
+def _c_module() -> types.ModuleType | None:
+    """corral's C module (corral._sys), or None where it was built without a C
+    compiler: then these calls go through ctypes' C module and the socket module."""
+    try:
+        from corral import _sys
+    except ImportError:
+        return None
+    return _sys
 
 
 def _unshare_errno(flags: int) -> int:
@@ -379,12 +386,9 @@ _LO_UP = (
 
 
 def _loopback_up() -> None:
-    try:
-        from corral import _sys
-    except ImportError:  # built without a C compiler: netlink, through _socket
-        pass
-    else:
-        _sys.loopback_up()
+    c = _c_module()
+    if c is not None:
+        c.loopback_up()
         return
     import _socket  # not `socket`: its enum classes cost milliseconds per run
 

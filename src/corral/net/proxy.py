@@ -826,12 +826,8 @@ class Proxy:
                 await _send_denial(writer, exc.status, exc.verdict, dest.host, dest.port, plain)
                 return False, upstream
         headers, upgrade, last = _upstream_head(request, headers, body_kind, dest, tls)
-        if upstream is not None and (upstream.host, upstream.port) != (dest.host, dest.port):
-            upstream.close()
-            upstream = None
-        if upstream is None and tls is not None:
-            upstream = self.unpark(dest)
-        if upstream is None or upstream.streams()[0].at_eof():
+        upstream = self._reusable(dest, upstream, tls)
+        if upstream is None:
             try:
                 upstream = await self.open_upstream(dest, tls=tls, verdict=verdict)
             except Refused as exc:
@@ -891,6 +887,21 @@ class Proxy:
             upstream.close()
             upstream = None
         return keep, upstream
+
+    def _reusable(
+        self, dest: Destination, upstream: Upstream | None, tls: ssl.SSLContext | None
+    ) -> Upstream | None:
+        """An open upstream connection to ``dest`` this exchange may use: the client
+        connection's own, else (intercepted TLS) one parked by an earlier client."""
+        if upstream is not None and (upstream.host, upstream.port) != (dest.host, dest.port):
+            upstream.close()
+            upstream = None
+        if upstream is None and tls is not None:
+            upstream = self.unpark(dest)
+        if upstream is not None and upstream.streams()[0].at_eof():  # the origin closed it
+            upstream.close()
+            return None
+        return upstream
 
     def _rewritten(
         self,
