@@ -4,4 +4,13 @@ back to ctypes' C module, about a millisecond slower per run)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("corral._sys", ["src/corral/_sys.c"], optional=True)])
+# -pthread: the module starts one thread (see netns_ahead in _sys.c)
+_SYS = Extension(
+    "corral._sys",
+    ["src/corral/_sys.c"],
+    extra_compile_args=["-pthread"],
+    extra_link_args=["-pthread"],
+    optional=True,
+)
+
+setup(ext_modules=[_SYS])

@@ -11,13 +11,17 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static PyObject *sys_unshare(PyObject *self, PyObject *args) {
@@ -59,21 +63,120 @@ static PyObject *errno_error(int fd) {
     return PyErr_SetFromErrno(PyExc_OSError);
 }
 
-/* A new network namespace's loopback, brought up (SIOCSIFFLAGS, IFF_UP). */
-static PyObject *sys_loopback_up(PyObject *self, PyObject *noargs) {
+/* Bring the calling thread's loopback up (SIOCSIFFLAGS, IFF_UP): 0, or -1 and errno. */
+static int lo_up(void) {
     int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return errno_error(-1);
+        return -1;
     struct ifreq ifr;
     memset(&ifr, 0, sizeof ifr);
     strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
-    if (ioctl(fd, SIOCGIFFLAGS, &ifr) != 0)
+    int ok = ioctl(fd, SIOCGIFFLAGS, &ifr) == 0;
+    if (ok) {
+        ifr.ifr_flags |= IFF_UP;
+        ok = ioctl(fd, SIOCSIFFLAGS, &ifr) == 0;
+    }
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return ok ? 0 : -1;
+}
+
+/* A new network namespace's loopback, brought up. */
+static PyObject *sys_loopback_up(PyObject *self, PyObject *noargs) {
+    if (lo_up() != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+/*
+ * A network namespace made ahead, on a thread, while corral plans the run.
+ * Making one costs the kernel about half a millisecond (more with many network
+ * modules); on a thread that work overlaps corral's planning instead of
+ * following it.  unshare(CLONE_NEWNET) moves only the calling thread, so the
+ * thread makes the namespace, brings its loopback up and opens it; the main
+ * thread joins it later with setns().  One at a time, per process.
+ */
+static struct {
+    int state; /* 0: none, 1: thread running, 2: joined */
+    pthread_t thread;
+    pid_t tid;
+    int flags;
+    int nsfd;
+    int err; /* errno of the step that failed, 0 if none did */
+} ahead = {0, 0, 0, 0, -1, 0};
+
+static void *ahead_main(void *unused) {
+    ahead.tid = (pid_t)syscall(SYS_gettid);
+    if (unshare(ahead.flags) != 0 || lo_up() != 0) {
+        ahead.err = errno;
+        return NULL;
+    }
+    ahead.nsfd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (ahead.nsfd < 0)
+        ahead.err = errno;
+    return NULL;
+}
+
+static PyObject *sys_netns_ahead(PyObject *self, PyObject *args) {
+    int flags;
+    if (!PyArg_ParseTuple(args, "i:netns_ahead", &flags))
+        return NULL;
+    if (ahead.state != 0) {
+        errno = EBUSY;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    ahead.flags = flags;
+    ahead.nsfd = -1;
+    ahead.err = 0;
+    ahead.tid = 0;
+    int rc = pthread_create(&ahead.thread, NULL, ahead_main, NULL);
+    if (rc != 0) {
+        errno = rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    ahead.state = 1;
+    Py_RETURN_NONE;
+}
+
+/* Wait for the thread to be gone, kernel side too: pthread_join returns once it
+   cleared its tid, a moment before the kernel stops counting it, and a process
+   counted as threaded must not fork (Python 3.12 warns of exactly that). */
+static PyObject *sys_netns_join(PyObject *self, PyObject *noargs) {
+    if (ahead.state == 1) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(ahead.thread, NULL);
+        pid_t pid = getpid();
+        for (int i = 0; i < 100000 && ahead.tid > 0; i++) {
+            if (syscall(SYS_tgkill, pid, ahead.tid, 0) != 0)
+                break;
+            sched_yield();
+        }
+        Py_END_ALLOW_THREADS
+        ahead.state = 2;
+    }
+    Py_RETURN_NONE;
+}
+
+/* Move the calling thread into the namespace made ahead: True; False when none
+   was started; OSError when making or entering it failed (the caller then makes
+   one itself, and says why if that fails too). */
+static PyObject *sys_netns_enter(PyObject *self, PyObject *noargs) {
+    if (ahead.state == 0)
+        Py_RETURN_FALSE;
+    PyObject *joined = sys_netns_join(self, NULL);
+    Py_DECREF(joined);
+    ahead.state = 0;
+    int fd = ahead.nsfd;
+    ahead.nsfd = -1;
+    if (ahead.err != 0) {
+        errno = ahead.err;
         return errno_error(fd);
-    ifr.ifr_flags |= IFF_UP;
-    if (ioctl(fd, SIOCSIFFLAGS, &ifr) != 0)
+    }
+    if (setns(fd, CLONE_NEWNET) != 0)
         return errno_error(fd);
     close(fd);
-    Py_RETURN_NONE;
+    Py_RETURN_TRUE;
 }
 
 /* A UDP socket bound to (host, port), IPv6 only for an IPv6 host: its fd. */
@@ -116,6 +219,11 @@ static PyMethodDef methods[] = {
      "inotify_add_watch(fd, path: bytes, mask) -> watch descriptor."},
     {"loopback_up", sys_loopback_up, METH_NOARGS, "loopback_up(): bring lo up."},
     {"udp_bind", sys_udp_bind, METH_VARARGS, "udp_bind(host, port) -> fd."},
+    {"netns_ahead", sys_netns_ahead, METH_VARARGS,
+     "netns_ahead(flags): start making a namespace (unshare(flags), lo up) on a thread."},
+    {"netns_join", sys_netns_join, METH_NOARGS, "netns_join(): wait for that thread to end."},
+    {"netns_enter", sys_netns_enter, METH_NOARGS,
+     "netns_enter() -> bool: move this thread into it (False: none was started)."},
     {NULL, NULL, 0, NULL},
 };
 

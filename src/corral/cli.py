@@ -680,6 +680,7 @@ def cmd_run(args: list[str]) -> int:
     run_id = launch.new_run_id()
     if opts.get("explain"):
         return _explain(tier, policy, command, passed)
+    tier.strategy.ahead(policy)
     # One door for every attempt: its proxy, forked on the host side by the
     # first, holds the listeners of the namespace this process entered.
     door = (

@@ -219,9 +219,10 @@ def enter(plan: NetPlan) -> list[tuple[Listener, int]]:
     global _entered
     if _entered is not None and _entered[0] == os.getpid():
         return _enter_again(plan, _entered[1])
-    _new_namespace()
+    if not _enter_ahead():
+        _new_namespace()
+        _loopback_up()
     _entered = (os.getpid(), plan.handoff)
-    _loopback_up()
     if plan.rules is not None:
         from corral.net import transparent
 
@@ -235,6 +236,55 @@ def enter(plan: NetPlan) -> list[tuple[Listener, int]]:
         for _, sock in made:  # the proxy has its copies; ours must not reach bwrap
             sock.close()
     return []
+
+
+# Whether make_ahead() started a namespace for this process; whether this process
+# has its own user namespace already (made by make_ahead, as a user other than
+# root); whether a fork waits for make_ahead's thread (registered once).
+_ahead = False
+_own_user = False
+_fork_waits = False
+
+
+def make_ahead() -> None:
+    """For ``corral run``, once it knows the sandbox gets a namespace of corral's:
+    start making it now, on a thread of corral's C module, beside the planning
+    that follows (the kernel's half millisecond or more then costs the run
+    nothing).  Only the user namespace a user other than root needs is made
+    here, first, in this thread: a process with a second thread cannot make one.
+    Whatever fails is left for :func:`enter`, which does it the usual way and
+    says why if that fails too."""
+    global _ahead, _fork_waits
+    c = _c_module()
+    if c is None or _ahead or _entered is not None:
+        return
+    try:
+        if os.geteuid() != 0:
+            _user_namespace()
+        c.netns_ahead(CLONE_NEWNET)
+    except OSError:
+        return
+    if not _fork_waits:
+        # no fork while the thread runs (its child would inherit a lock the thread
+        # might hold): the guardian and the proxy fork once it is done
+        os.register_at_fork(before=c.netns_join)
+        _fork_waits = True
+    _ahead = True
+
+
+def _enter_ahead() -> bool:
+    """Move into the namespace make_ahead() started, loopback up: True; False when
+    none was started or it could not be made or entered."""
+    global _ahead
+    if not _ahead:
+        return False
+    _ahead = False
+    c = _c_module()
+    assert c is not None
+    try:
+        return bool(c.netns_enter())
+    except OSError:
+        return False
 
 
 def _enter_again(plan: NetPlan, handoff: str | None) -> list[tuple[Listener, int]]:
@@ -286,15 +336,31 @@ def _listen_all(plan: NetPlan) -> list[tuple[Listener, _socket.socket]]:
 
 
 def _new_namespace() -> None:
-    uid, gid = os.geteuid(), os.getegid()
-    if uid == 0 and _unshare(CLONE_NEWNET) == 0:
+    if _own_user:  # make_ahead() made this process's user namespace
+        if _unshare(CLONE_NEWNET) != 0:
+            err = _unshare_errno(CLONE_NEWNET)
+            if err:
+                raise OSError(err, f"cannot create a network namespace: {os.strerror(err)}")
+        return
+    if os.geteuid() == 0 and _unshare(CLONE_NEWNET) == 0:
         return  # owned by the host's user namespace: only root outside can change it
-    if _unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
-        err = _unshare_errno(CLONE_NEWUSER | CLONE_NEWNET)
+    _user_namespace(CLONE_NEWNET)
+
+
+def _user_namespace(also: int = 0) -> None:
+    """A user namespace of this process's own (and ``also``'s namespaces, owned by
+    it), mapping only its uid and gid, each to itself: bubblewrap (unprivileged
+    in it) maps them on unchanged, and the command sees what it sees without a
+    network.  Raises OSError."""
+    global _own_user
+    uid, gid = os.geteuid(), os.getegid()
+    flags = CLONE_NEWUSER | also
+    if _unshare(flags) != 0:
+        err = _unshare_errno(flags)
         if err:
-            raise OSError(err, f"cannot create a network namespace: {os.strerror(err)}")
-    # The same uid and gid inside, so bubblewrap (unprivileged in this namespace)
-    # maps them on unchanged and the command sees what it sees without a network.
+            what = "a network" if also else "a user"
+            raise OSError(err, f"cannot create {what} namespace: {os.strerror(err)}")
+    _own_user = True
     for name, text in (
         ("setgroups", "deny"),
         ("uid_map", f"{uid} {uid} 1\n"),

@@ -7,6 +7,8 @@ the relay's argv, and where the resolver's file is bound.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from syscall_paths import syscalls  # noqa: F401  (the fixture)
 
@@ -14,6 +16,10 @@ from corral import netns
 from corral.net.door import proxy_env, relay_argv
 from corral.netns import Listener, loopback_services, offline_plan, plan_for, resolv_target
 from corral.policy import Policy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def policy(allow: list[str], transparent: bool = False) -> Policy:
@@ -177,6 +183,92 @@ def test_entering_again_stays_in_the_namespace_this_process_made(tmp_path: objec
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0, fn.__name__
+
+
+def _in_child(fn: Callable[[], int]) -> int:
+    """fn's result, from a forked child (what it does to its process stays there)."""
+    import os
+
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = fn()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _resolver_answers_inside(held: list[tuple[Listener, int]]) -> bool:
+    """A datagram to 127.0.0.1:53, sent from this process's namespace, reaches the
+    resolver's descriptor: the sockets are in it and its loopback is up."""
+    import socket
+
+    v4 = [fd for listener, fd in held if listener.host == "127.0.0.1"]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as out:
+        out.sendto(b"ping", ("127.0.0.1", 53))
+        with socket.socket(fileno=os.dup(v4[0])) as sock:
+            sock.settimeout(2)
+            return sock.recv(16) == b"ping"
+
+
+@pytest.mark.usefixtures("syscalls")
+def test_a_namespace_made_ahead_is_the_one_entered() -> None:
+    """corral run starts the namespace of a run without a network on a thread while
+    it plans (make_ahead); enter() then moves in and binds the resolver there.
+    Until then this process stays where it was.  (Without corral's C module,
+    make_ahead does nothing and enter() makes it: the same result.)"""
+
+    def child() -> int:
+        host = os.stat("/proc/self/ns/net").st_ino
+        netns.make_ahead()
+        if os.stat("/proc/self/ns/net").st_ino != host:
+            return 10
+        held = netns.enter(offline_plan())
+        if os.stat("/proc/self/ns/net").st_ino == host or not held:
+            return 11
+        return 0 if _resolver_answers_inside(held) else 12
+
+    assert _in_child(child) == 0
+
+
+@pytest.mark.usefixtures("syscalls")
+def test_no_fork_while_the_namespace_is_made_ahead() -> None:
+    """A fork after make_ahead (the guardian's, the proxy's) waits for its thread:
+    the child gets a process with one thread and no lock held, and the parent
+    is single-threaded again before it forks."""
+
+    def child() -> int:
+        netns.make_ahead()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(len(os.listdir("/proc/self/task")))
+        threads = len(os.listdir("/proc/self/task"))
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 1 or threads != 1:
+            return 10
+        held = netns.enter(offline_plan())
+        return 0 if _resolver_answers_inside(held) else 11
+
+    assert _in_child(child) == 0
+
+
+def test_a_namespace_that_could_not_be_made_ahead_is_made_at_enter() -> None:
+    """What fails ahead is done again, the usual way, by enter(): here the thread's
+    unshare is refused (flag 0x1 is no namespace: EINVAL)."""
+    _sys = pytest.importorskip("corral._sys", reason="corral._sys was not built (no C compiler)")
+
+    def child() -> int:
+        host = os.stat("/proc/self/ns/net").st_ino
+        _sys.netns_ahead(0x1)
+        netns._ahead = True
+        held = netns.enter(offline_plan())
+        if os.stat("/proc/self/ns/net").st_ino == host:
+            return 10
+        return 0 if _resolver_answers_inside(held) else 11
+
+    assert _in_child(child) == 0
 
 
 @pytest.mark.usefixtures("syscalls")

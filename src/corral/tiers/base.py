@@ -148,7 +148,8 @@ class LaunchStrategy:
        if any of those, or :meth:`needs_guardian`, must be undone after a
        ``kill -9`` of corral.
     2. The descriptors ``plan.fds`` names ("status", "seccomp", "empty", "pass").
-    3. ``corral run`` only: :meth:`enter`, in corral's own process.
+    3. ``corral run`` only: :meth:`enter`, in corral's own process (its work may
+       have begun beside the planning, in :meth:`ahead`).
     4. :meth:`spawn` -> a pid: the process whose exit is the sandbox's end.
     5. The output pump: stdout/stderr relayed and bounded; on the timeout, a
        forwarded SIGINT/SIGTERM/SIGHUP or ``Sandbox.close()``: :meth:`stop`.
@@ -180,6 +181,13 @@ class LaunchStrategy:
     close_grace = 0.0  # seconds Sandbox.close() lets the agent's exit end it first
     agent_fds = True  # the agent's socket is ours end to end: descriptors cross it
     warning = ""  # printed on stderr before every run (tier none's warning)
+
+    @classmethod
+    def ahead(cls, policy: Policy) -> None:
+        """For ``corral run``, once the tier is chosen and before the plan is made:
+        start setup that :meth:`enter` will need and that can proceed beside the
+        planning (bwrap's: the network namespace).  Never raises: what fails is
+        left to :meth:`enter`, which says why."""
 
     def enter(self, plan: Plan) -> Resolver | None:
         """In corral's own process just before :meth:`spawn`, for ``corral run``

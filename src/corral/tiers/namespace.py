@@ -280,6 +280,15 @@ class Bwrap(LaunchStrategy):
     def __init__(self, netns: NetPlan | None = None) -> None:
         self.netns = netns
 
+    @classmethod
+    def ahead(cls, policy: Policy) -> None:
+        """Start making the namespace of a run without a network (a networked run's
+        setup is the proxy's, tens of milliseconds: this would not show there)."""
+        if policy.network.mode != "proxy":
+            from corral import netns
+
+            netns.make_ahead()
+
     def enter(self, plan: Plan) -> Resolver | None:
         """Move this process into the sandbox's new network namespace; the resolver
         to serve if the sandbox has no network."""
