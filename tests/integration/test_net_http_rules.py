@@ -11,6 +11,7 @@ log, and a dump of everything the sandbox could see.
 from __future__ import annotations
 
 import base64
+import gzip
 import http.server
 import json
 import os
@@ -26,12 +27,16 @@ from conftest import Corral
 CURL = "curl -sS --noproxy '' --max-time 10 -x \"$HTTP_PROXY\""
 REAL = "sk-real-7c1e0d2f9a8b4c3d"  # what the sandbox must never see
 REAL_FILE = "file-real-31f4a7c2b9e8d605"
+FILLER = b"0123456789abcdef" * (150 * 1024 // 16)  # a body longer than corral reads whole
 
 
 class Echo:
-    """Reflects each request's headers as ``x-echo-<name>`` response headers and
-    keeps (method, target, headers) of everything that reached it; HTTPS with
-    ``tls`` (a server context)."""
+    """Reflects each request's headers as ``x-echo-<name>`` response headers and,
+    as JSON, in its body (as httpbin's /headers does), and keeps (method,
+    target, headers) of everything that reached it; HTTPS with ``tls`` (a server
+    context).  A target holding ``/gzip`` gets that body gzip-compressed, asked
+    or not; ``/big`` gets it between 300 kB of filler, chunked in odd sizes (the
+    echo straddles chunks); ``/br`` claims a brotli body."""
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.seen: list[tuple[str, str, dict[str, str]]] = []
@@ -69,13 +74,29 @@ class Echo:
                     return
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 echo.seen.append((self.command, self.path, headers))
-                body = b"echo %d\n" % len(body_in)
+                body = b"echo %d\n%s\n" % (len(body_in), json.dumps(headers).encode())
                 self.send_response(200)
                 for name, value in self.headers.items():
                     self.send_header("X-Echo-" + name, value)
+                if "/gzip" in self.path:
+                    body = gzip.compress(body)
+                    self.send_header("Content-Encoding", "gzip")
+                elif "/br" in self.path:
+                    self.send_header("Content-Encoding", "br")
+                elif "/big" in self.path:
+                    self._chunked(FILLER + body + FILLER)
+                    return
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def _chunked(self, body: bytes) -> None:
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for at in range(0, len(body), 997):
+                    piece = body[at : at + 997]
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.write(b"0\r\n\r\n")
 
             do_GET = do_POST = do_PUT = do_DELETE = _reply
 
@@ -657,6 +678,9 @@ hosts = ["api.test"]
                 {curl} -o /dev/null -w 'path=%{{http_code}}\\n' {base}/admin
                 {curl} -o /dev/null -w 'other=%{{http_code}}\\n' "{elsewhere}/x?k=$API_KEY"
                 {curl} -o /dev/null -w 'other-plain=%{{http_code}}\\n' {elsewhere}/x
+                {curl} --compressed -H "X-Key: $API_KEY" {base}/api/gzip >> seen.dump
+                {curl} -o big.body -w 'big=%{{http_code}}\\n' -H "X-Key: $API_KEY" {base}/api/big
+                {curl} -o /dev/null -w 'br=%{{http_code}}\\n' {base}/api/br
                 env -u ALL_PROXY -u all_proxy python3 clients.py {base} {elsewhere}
                 """,
             ],
@@ -664,13 +688,20 @@ hosts = ["api.test"]
             env={"CORRAL_TEST_REAL_KEY": REAL},
         )
         out, err = r.stdout.decode(), r.stderr.decode()
-        for line in ("delete=403", "path=403", "other=403", "other-plain=200"):
+        for line in ("delete=403", "path=403", "other=403", "other-plain=200", "big=200"):
             assert line in out, (line, out, err)
+        assert "br=403" in out  # a body corral cannot read for an echo is not passed on
         assert "requests 200 403" in out and "httpx 200" in out
         assert "requests-other 403 secret-wrong-host" in out
         seen = (ws / "seen.dump").read_bytes()
         assert b"corral-secret-API_KEY-" in seen and b"x-echo-x-key" in seen.lower()
-        assert REAL.encode() not in seen + r.stdout + r.stderr
+        # the bodies echoed the headers too (gzip-compressed unasked, and chunked
+        # across pieces of a long body): the placeholder came back, the value never
+        big = (ws / "big.body").read_bytes()
+        assert big.startswith(FILLER) and big.endswith(FILLER)  # the rest passed as it was
+        for body in (seen, big):
+            assert b'"x-key": "corral-secret-API_KEY-' in body
+        assert REAL.encode() not in seen + big + r.stdout + r.stderr
         assert base64.b64encode(f"user:{REAL}".encode()) not in seen
         # what the origins got, from outside: real values at api.test, nothing at other.test
         targets = {t: h for _, t, h in api.seen}
@@ -679,10 +710,16 @@ hosts = ["api.test"]
             "Basic " + base64.b64encode(f"user:{REAL}".encode()).decode()
         )
         assert targets[f"/api/httpx?key={REAL}"]["authorization"] == f"Bearer {REAL}"
-        assert sorted(m for m, _, _ in api.seen) == ["GET", "GET", "GET"]
+        # a response it can check, whole: asked for plain (curl asked for gzip)
+        assert targets["/api/gzip"]["x-key"] == REAL
+        assert targets["/api/gzip"]["accept-encoding"] == "identity"
+        assert sorted(m for m, _, _ in api.seen) == ["GET"] * 6
         assert other.methods() == [("GET", "/x")]
         lines = [e for e in net_log(c) if e.get("scheme") == "https"]
         assert any(e["rule"] == "secret-wrong-host" and e["secrets"] == ["API_KEY"] for e in lines)
+        hidden = {e["path"] for e in lines if e.get("echoes_hidden") == ["API_KEY"]}
+        assert {"/api/gzip", "/api/big"} <= hidden, lines
+        assert any(e["rule"] == "secret-echo" and e["status"] == 403 for e in lines)
         assert REAL.encode() not in (c.state / "corral" / "net.jsonl").read_bytes()
     finally:
         api.close()

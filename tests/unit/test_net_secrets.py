@@ -17,6 +17,8 @@ from corral.policy import Policy, Secret
 
 REAL = b"sk-real-9f8e7d6c5b4a"
 OTHER_REAL = b"other-real-value"
+# what every request to a host of the secrets asks for: a body the proxy can check, whole
+WHOLE = (b"accept-encoding", b"identity")
 
 
 def make_policy(tmp_path: Path) -> Policy:
@@ -77,7 +79,7 @@ def test_values_swapped_in_headers_path_and_query_for_the_right_host(hook: Secre
     )
     assert verdict is None  # the secrets hook has no say in allowing
     assert req.target == f"/v1/{REAL.decode()}/x?key={REAL.decode()}&b=1"
-    assert req.headers == [(b"x-api-key", REAL)]
+    assert req.headers == [(b"x-api-key", REAL), WHOLE]
     assert req.audit == {"secrets": ["API_KEY"]}
 
 
@@ -85,13 +87,13 @@ def test_basic_auth_credentials_are_swapped_inside_the_base64(hook: SecretsHook)
     ph = placeholder(hook, "API_KEY")
     basic = b"Basic " + base64.b64encode(f"user:{ph}".encode())
     _, req, _ = exchange(hook, "api.test", "/", [(b"authorization", basic)])
-    assert req.headers == [(b"authorization", b"Basic " + base64.b64encode(b"user:" + REAL))]
+    assert req.headers == [(b"authorization", b"Basic " + base64.b64encode(b"user:" + REAL)), WHOLE]
     assert req.audit == {"secrets": ["API_KEY"]}
 
 
 def test_header_is_set_on_every_request_to_its_hosts(hook: SecretsHook) -> None:
     _, req, _ = exchange(hook, "bearer.test", "/", [(b"authorization", b"Bearer stolen")])
-    assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL)]
+    assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL), WHOLE]
     assert req.audit == {"secrets": ["BEARER"]}
     _, other, _ = exchange(hook, "bearer.test", "/", [], port=8443)  # not its port
     assert other.headers == [] and other.audit == {}
@@ -276,11 +278,11 @@ def test_cached_rewrites_are_per_destination(hook: SecretsHook) -> None:
     headers = [(b"x-api-key", ph), (b"authorization", b"Bearer mine")]
     for _ in range(2):
         _, req, _ = exchange(hook, "api.test", "/", headers)
-        assert req.headers == [(b"x-api-key", REAL), (b"authorization", b"Bearer mine")]
+        assert req.headers == [(b"x-api-key", REAL), (b"authorization", b"Bearer mine"), WHOLE]
         _, req, _ = exchange(hook, "bearer.test", "/", headers)  # API_KEY may not go there
         assert req.audit == {"secrets": ["API_KEY", "BEARER"]}
         _, req, _ = exchange(hook, "bearer.test", "/", headers[1:])  # BEARER's header set
-        assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL)]
+        assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL), WHOLE]
     # what rewrite wrote in a cached list is copied, never shared with a request
     _, first, _ = exchange(hook, "api.test", "/", headers)
     first.headers.append((b"x-later", b"1"))
@@ -303,7 +305,7 @@ def test_headers_changed_by_an_earlier_rewrite_are_the_ones_rewritten(hook: Secr
         req = Request("GET", "/", [(b"x-api-key", ph)], 0)
         assert chain.request(dest, req) is None
         chain.rewrite(dest, req)
-        assert req.headers == [(b"x-api-key", REAL), (b"x-added", REAL)]
+        assert req.headers == [(b"x-api-key", REAL), (b"x-added", REAL), WHOLE]
         assert req.unchecked  # AddsKey does not check what it writes: the proxy does
 
 
@@ -313,7 +315,7 @@ def test_headers_too_long_to_keep_are_still_decided(hook: SecretsHook) -> None:
     allowed, _, _ = exchange(hook, "evil.test", "/", big)
     assert allowed is False
     _, req, _ = exchange(hook, "api.test", "/", big)
-    assert req.headers[-1] == (b"x-api-key", REAL)
+    assert req.headers[-2:] == [(b"x-api-key", REAL), WHOLE]
     assert all(sum(len(v) for _, v in key[3]) < 5000 for key in hook._headers)
 
 
@@ -404,8 +406,8 @@ def test_a_rewrite_after_another_request_uses_its_own_headers(hook: SecretsHook)
     hook.on_request(dest, second)
     hook.rewrite(dest, first)
     hook.rewrite(dest, second)
-    assert first.headers == [(b"x-key", REAL)]
-    assert second.headers == [(b"x-other", REAL)]
+    assert first.headers == [(b"x-key", REAL), WHOLE]
+    assert second.headers == [(b"x-other", REAL), WHOLE]
 
 
 def hidden(h: SecretsHook, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -460,12 +462,12 @@ def test_a_secret_goes_over_plain_http_only_where_its_hosts_name_a_port(
     assert verdict is not None and not verdict.allowed and verdict.rule == "secret-plain-http"
     assert "API_KEY goes to api.test over HTTPS only" in verdict.reason
     _, over_tls, _ = exchange(hook, "api.test", "/", [(b"x-api-key", ph.encode())])
-    assert over_tls.headers == [(b"x-api-key", REAL)]
+    assert over_tls.headers == [(b"x-api-key", REAL), WHOLE]
     named = Destination("run", "http", "bearer.test", 443)
     req = Request("GET", "/", [], 0)
     assert chain.request(named, req) is None
     chain.rewrite(named, req)
-    assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL)]
+    assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL), WHOLE]
     # a header to set goes over HTTPS only too, for an entry without a port
     policy = make_policy(tmp_path)
     policy.secrets["BEARER"].hosts = ["bearer.test"]
@@ -479,4 +481,97 @@ def test_a_secret_goes_over_plain_http_only_where_its_hosts_name_a_port(
     req = Request("GET", "/", [], 0)
     both.request(Destination("run", "https", "bearer.test", 443), req)
     both.rewrite(Destination("run", "https", "bearer.test", 443), req)
-    assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL)]
+    assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL), WHOLE]
+
+
+# -- response bodies ---------------------------------------------------------------------
+
+
+def body_through(
+    hook: SecretsHook,
+    body: bytes,
+    pieces: list[int],
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> tuple[bytes, Response, Request]:
+    """A response from api.test (a host of API_KEY) whose body arrives cut at
+    ``pieces``, through the filters the hook puts on it."""
+    chain = Chain([hook])
+    dest = Destination("run", "https", "api.test", 443)
+    req = Request("GET", "/", [], 0)
+    chain.request(dest, req)
+    response = Response(200, list(headers or []))
+    assert chain.response(dest, req, response) is None
+    out, at = b"", 0
+    for cut in [*pieces, len(body)]:
+        for f in response.filters:
+            out += f.feed(body[at:cut])
+        at = cut
+    return out + b"".join(f.end() for f in response.filters), response, req
+
+
+def test_an_echo_in_a_body_comes_back_as_the_placeholder_wherever_the_body_is_cut(
+    hook: SecretsHook,
+) -> None:
+    """The value as it is, percent-encoded and inside base64, in a body that
+    arrives in pieces cut at every place (the echo straddles two of them)."""
+    ph = placeholder(hook, "API_KEY").encode()
+    spelled = b"".join(b"%%%02x" % b for b in REAL)
+    body = b'{"headers": {"x-key": "%s"}, "url": "/?k=%s", "t": "%s"} ' % (
+        REAL,
+        spelled,
+        base64.b64encode(b"u:" + REAL),
+    )
+    for cut in range(1, len(body)):
+        out, _, req = body_through(hook, body, [cut])
+        assert REAL not in out and spelled not in out, cut
+        assert out.count(ph) == 2 and base64.b64decode(out.split(b'"t": "')[1][:-3]) == b"u:" + ph
+        assert req.audit["echoes_hidden"] == ["API_KEY"]
+    # the twin: a body without the value passes as it was, with nothing in the audit
+    plain = b"x" * 300 + REAL[:-1] + b"y" * 300
+    out, _, req = body_through(hook, plain, [7, 150, 500])
+    assert out == plain and "echoes_hidden" not in req.audit
+
+
+def test_a_compressed_body_is_read_and_goes_on_plain(hook: SecretsHook) -> None:
+    """The request asked for a plain body; an origin that compresses anyway has it
+    decompressed (gzip, zlib and raw deflate) and checked; one in an encoding
+    corral cannot read is refused rather than passed on unread."""
+    import gzip
+    import zlib
+
+    ph = placeholder(hook, "API_KEY").encode()
+    body = b"token " + REAL + b" end" * 50
+    raw = zlib.compressobj(wbits=-15)
+    for coding, packed in (
+        (b"gzip", gzip.compress(body)),
+        (b"deflate", zlib.compress(body)),
+        (b"deflate", raw.compress(body) + raw.flush()),
+    ):
+        out, response, _ = body_through(hook, packed, [3, 20], [(b"content-encoding", coding)])
+        assert out == body.replace(REAL, ph)
+        assert b"content-encoding" not in dict(response.headers)
+    chain = Chain([hook])
+    dest = Destination("run", "https", "api.test", 443)
+    req = Request("GET", "/", [], 0)
+    chain.request(dest, req)
+    refused = chain.response(dest, req, Response(200, [(b"content-encoding", b"br")]))
+    assert refused is not None and not refused.allowed and refused.rule == "secret-echo"
+    assert "encoded as br" in refused.reason
+    # the twin: identity is no encoding; a host no secret goes to gets no filter
+    assert chain.response(dest, req, Response(200, [(b"content-encoding", b"identity")])) is None
+    elsewhere = Response(200, [(b"content-encoding", b"br")])
+    other = Destination("run", "https", "other.test", 443)
+    assert chain.response(other, Request("GET", "/", [], 0), elsewhere) is None
+    assert elsewhere.filters == []
+
+
+def test_a_body_cut_short_or_corrupt_is_an_error_not_a_pass(hook: SecretsHook) -> None:
+    import gzip
+
+    from corral.net.http1 import HttpError
+
+    packed = gzip.compress(b"token " + REAL)
+    with pytest.raises(HttpError):
+        body_through(hook, packed[:-10], [], [(b"content-encoding", b"gzip")])
+    with pytest.raises(HttpError):
+        body_through(hook, packed[:12] + b"\0" * 20, [], [(b"content-encoding", b"gzip")])

@@ -31,6 +31,7 @@ REAL = "sk/real+key=9f8e~7d6c5b4a"
 CURL = ["curl", "-sS", "--max-time", "10", "-D", "-", "-o", "/dev/null"]
 
 Script = Callable[[str, dict[str, str]], bytes]
+CLOSE = b"<close>"  # at the end of a script's reply: the origin closes after it
 
 
 class Origin:
@@ -71,7 +72,10 @@ class Origin:
                     name, _, value = line.partition(":")
                     headers[name.strip().lower()] = value.strip()
                 self.seen.append((target, headers))
-                conn.sendall(self.script(target, headers))
+                reply = self.script(target, headers)
+                conn.sendall(reply.removesuffix(CLOSE))
+                if reply.endswith(CLOSE):  # a body that runs until the connection closes
+                    return
 
     def close(self) -> None:
         self.sock.close()
@@ -268,3 +272,82 @@ def test_a_header_named_after_the_value_is_dropped(interim_harness: Harness) -> 
     # the twin: the rest of the response arrives, and the origin got the real value
     assert heads.startswith("HTTP/1.1 200") and "x-seen: 1" in heads, heads
     assert h.origin.seen[-1][1]["x-key"] == REAL
+
+
+# -- bodies ---------------------------------------------------------------------------------------
+
+FILLER = "0123456789abcdef" * (20 * 1024)  # 320 kB: longer than the proxy reads whole
+
+
+def bodies(target: str, headers: dict[str, str]) -> bytes:
+    """The value the request carried, echoed in a body framed each way HTTP/1.1 can."""
+    key = headers.get("x-key", "none")
+    body = f"before {key} after"
+    if target.startswith("/big"):
+        body = FILLER + body + FILLER
+    if target == "/chunked":  # the value cut across chunks
+        half = len(body) // 2
+        pieces = [body[:half], body[half:]]
+        chunks = "".join(f"{len(p):x}\r\n{p}\r\n" for p in pieces) + "0\r\n\r\n"
+        return f"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{chunks}".encode()
+    if target == "/close":  # no length: the body ends when the origin closes
+        return f"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{body}".encode() + CLOSE
+    return f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+
+
+bodies_harness = pytest.fixture(harness_for(bodies))
+
+
+def fetched(h: Harness, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["curl", "-sS", "--max-time", "10", "-x", f"http://127.0.0.1:{h.port}", *args],
+        capture_output=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize("path", ["/small", "/big", "/chunked", "/close"])
+@pytest.mark.parametrize("http", ["--http1.1", "--http1.0"])
+def test_an_echo_in_a_body_is_hidden_however_it_is_framed(
+    bodies_harness: Harness, path: str, http: str
+) -> None:
+    """A body from the secret's host goes to the client re-framed, the value
+    replaced: whole with a new Content-Length up to 256 kB, else chunked (HTTP/1.1)
+    or until the connection closes (HTTP/1.0).  The twin: the rest of the body
+    arrives byte for byte, and the origin got the real value."""
+    h = bodies_harness
+    url = f"http://127.0.0.1:{h.origin.port}{path}"
+    got = fetched(h, http, "-D", "-", "-H", f"X-Key: {h.placeholder}", url)
+    assert got.returncode == 0, got.stderr
+    head, _, body = got.stdout.decode().partition("\r\n\r\n")
+    expected = f"before {h.placeholder} after"
+    if path.startswith("/big"):
+        expected = FILLER + expected + FILLER
+    assert body == expected
+    assert h.origin.seen[-1][1]["x-key"] == REAL
+    head = head.lower()
+    if path == "/small":
+        assert f"content-length: {len(expected)}" in head
+    elif http == "--http1.1":
+        assert "transfer-encoding: chunked" in head and "content-length" not in head
+    else:
+        assert "connection: close" in head and "content-length" not in head
+
+
+def test_a_connection_stays_usable_after_a_filtered_body(bodies_harness: Harness) -> None:
+    """Keep-alive: three responses on one client connection, each re-framed, then a
+    HEAD (no body, nothing to filter: the origin's own length stands)."""
+    h = bodies_harness
+    base = f"http://127.0.0.1:{h.origin.port}"
+    got = fetched(
+        h, "-H", f"X-Key: {h.placeholder}", f"{base}/small", f"{base}/big", f"{base}/chunked"
+    )
+    assert got.returncode == 0, got.stderr
+    out = got.stdout.decode()
+    assert REAL not in out and out.count(h.placeholder) == 3, out[:200]
+    assert (
+        "Re-using existing connection"
+        in fetched(h, "-v", f"{base}/small", f"{base}/small").stderr.decode()
+    )
+    head = fetched(h, "-I", f"{base}/small").stdout.decode().lower()
+    assert "content-length: 17" in head  # "before none after"

@@ -50,7 +50,11 @@ Requests (plain HTTP and intercepted HTTPS alike)
        ``response.headers`` in place and replace ``response.reason`` (replace an
        echoed real value by its placeholder; framing stays the origin's).  A
        deny here replaces the response with a 403 and drops the upstream
-       connection.
+       connection.  A hook that must see the body appends a :class:`BodyFilter`
+       to ``response.filters``: the body then streams through each filter in
+       turn and goes to the client re-framed (a body of at most ``WHOLE``
+       bytes with a fresh Content-Length, read whole; a longer one chunked,
+       or until the connection closes for an HTTP/1.0 client).
 
     Which hooks see a request is worked out once per destination: the chain
     asks each hook :meth:`Hook.sees_requests_to` on the first request to a
@@ -181,9 +185,10 @@ class Response:
     """A response head as hooks see it: status, reason phrase and (lower-case name,
     value) pairs, hop-by-hop ones removed; ``headers`` may be edited in place and
     ``reason`` replaced (an origin may write anything there).  An interim (1xx)
-    head is one too: hooks see each before the final one."""
+    head is one too: hooks see each before the final one.  ``filters``: what
+    the body passes through on its way to the client (see :class:`BodyFilter`)."""
 
-    __slots__ = ("headers", "reason", "status", "unchecked")
+    __slots__ = ("filters", "headers", "reason", "status", "unchecked")
 
     def __init__(
         self, status: int, headers: list[tuple[bytes, bytes]], reason: bytes = b""
@@ -192,6 +197,22 @@ class Response:
         self.headers = headers
         self.reason = reason
         self.unchecked = True  # as Request.unchecked, set by Chain.response
+        self.filters: list[BodyFilter] = []
+
+
+class BodyFilter:
+    """A response body rewritten as it streams (one per response).  :meth:`feed`
+    gets each piece as it arrives and returns what may go on now (it may hold
+    some back, e.g. what could be the start of a match); :meth:`end` returns
+    what it still holds once the body is complete.  Either may raise
+    :class:`corral.net.http1.HttpError` (a body it cannot read): the client's
+    connection is then cut, as for an origin that breaks off."""
+
+    def feed(self, data: bytes) -> bytes:
+        return data
+
+    def end(self) -> bytes:
+        return b""
 
 
 class Hook:

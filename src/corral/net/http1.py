@@ -16,7 +16,10 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from corral.net import aio
+    from corral.net.hooks import BodyFilter
 
 MAX_HEAD = 64 * 1024  # a message head, and all trailers of one chunked body together
 CHUNK = 256 * 1024  # most body bytes read at once, and the write buffer that makes us wait
@@ -437,3 +440,111 @@ def split_absolute(target: bytes, schemes: tuple[str, ...] = ("http",)) -> tuple
     if not path.startswith(b"/"):
         path = b"/" + path
     return host, port, path
+
+
+# -- a body through hooks' filters (corral.net.hooks.BodyFilter) ---------------------
+
+WHOLE = CHUNK  # a filtered body of at most this many bytes is read whole
+
+
+def filtered_keeps_framing(kind: str, length: int) -> bool:
+    """Whether a body framed as ``kind`` goes through filters read whole (and then
+    out with a Content-Length, to any client); else it is re-framed chunked for
+    an HTTP/1.1 client, or runs until the connection closes for an older one."""
+    return kind == "length" and length <= WHOLE
+
+
+async def copy_filtered(
+    reader: aio.StreamReader,
+    writer: aio.StreamWriter,
+    kind: str,
+    length: int,
+    first_line: bytes,
+    headers: list[tuple[bytes, bytes]],
+    filters: list[BodyFilter],
+    chunked: bool,
+) -> int:
+    """Write a response head and its body (framed as ``kind`` upstream) through
+    ``filters``, re-framed: see :func:`filtered_keeps_framing`; ``chunked``: the
+    client reads chunked bodies.  ``headers`` hold no framing field.  Returns
+    the bytes written."""
+    if filtered_keeps_framing(kind, length):
+        body = _through(filters, await _read_exactly(reader, length), True)
+        head = serialize_head(first_line, [*headers, (b"content-length", b"%d" % len(body))])
+        writer.write(head + body)
+        await writer.drain()
+        return len(head) + len(body)
+    if chunked:
+        headers = [*headers, (b"transfer-encoding", b"chunked")]
+    head = serialize_head(first_line, headers)
+    writer.write(head)
+    sent = len(head)
+    async for piece in _pieces(reader, kind, length):
+        sent += _write_piece(writer, _through(filters, piece, False), chunked)
+        if writer.transport.get_write_buffer_size() > CHUNK:
+            await writer.drain()
+    sent += _write_piece(writer, _through(filters, b"", True), chunked)
+    if chunked:
+        writer.write(b"0\r\n\r\n")
+        sent += 5
+    await writer.drain()
+    return sent
+
+
+def _through(filters: list[BodyFilter], data: bytes, last: bool) -> bytes:
+    for body_filter in filters:
+        data = body_filter.feed(data) + body_filter.end() if last else body_filter.feed(data)
+    return data
+
+
+def _write_piece(writer: aio.StreamWriter, data: bytes, chunked: bool) -> int:
+    if not data:
+        return 0
+    if chunked:
+        data = b"%x\r\n%b\r\n" % (len(data), data)
+    writer.write(data)
+    return len(data)
+
+
+async def _read_exactly(reader: aio.StreamReader, length: int) -> bytes:
+    from corral.net import aio
+
+    try:
+        return await reader.readexactly(length)
+    except aio.IncompleteReadError:
+        raise HttpError(502, "body ended early") from None
+
+
+async def _pieces(reader: aio.StreamReader, kind: str, length: int) -> AsyncIterator[bytes]:
+    """A response body's data as it arrives, whatever its framing upstream."""
+    from corral.net import aio
+
+    if kind == "close":
+        while data := await reader.read(CHUNK):
+            yield data
+        return
+    if kind == "length":
+        async for data in _exactly(reader, length):
+            yield data
+        return
+    while kind == "chunked":
+        try:
+            size = _chunk_size((await reader.readuntil(b"\r\n"))[:-2])
+        except (aio.IncompleteReadError, aio.LimitOverrunError):
+            raise HttpError(502, "bad chunked body") from None
+        if size == 0:
+            await _skip_trailers(reader)
+            return
+        async for data in _exactly(reader, size):
+            yield data
+        if await _read_exactly(reader, 2) != b"\r\n":
+            raise HttpError(502, "bad chunk terminator")
+
+
+async def _exactly(reader: aio.StreamReader, length: int) -> AsyncIterator[bytes]:
+    while length:
+        data = await reader.read(min(length, CHUNK))
+        if not data:
+            raise HttpError(502, "body ended early")
+        length -= len(data)
+        yield data

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from typing import TypeGuard
 
     from corral.net.audit import Audit
+    from corral.net.hooks import BodyFilter
     from corral.net.tls import Interceptor
 
     Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -850,16 +851,25 @@ class Proxy:
                 )
             status = response.status
             kind, length = http1.framing(response, request.method)
-            out, keep = self._client_head(dest, hooked, request, response, kind, length, upgrade)
-            down += len(out)
-            if status == 101:  # decided: from here on, bytes both ways, unhooked
-                writer.write(out)
-                more_up, more_down = await _splice(reader, writer, *upstream.streams())
-                up, down = up + more_up, down + more_down
-                self.log(dest, verdict, 101, up, down, started, upstream.address, extra)
-                upstream.close()
-                return False, None
-            down += await http1.copy_body(upstream.streams()[0], writer, kind, length, out)
+            first, out_headers, keep, filters = self._client_head(
+                dest, hooked, request, response, kind, length, upgrade
+            )
+            if filters:  # a hook reads the body: it comes re-framed
+                down += await http1.copy_filtered(
+                    upstream.streams()[0], writer, kind, length, first, out_headers, filters,
+                    request.version == b"HTTP/1.1",
+                )  # fmt: skip
+            else:
+                out = http1.serialize_head(first, out_headers)
+                down += len(out)
+                if status == 101:  # decided: from here on, bytes both ways, unhooked
+                    writer.write(out)
+                    more_up, more_down = await _splice(reader, writer, *upstream.streams())
+                    up, down = up + more_up, down + more_down
+                    self.log(dest, verdict, 101, up, down, started, upstream.address, extra)
+                    upstream.close()
+                    return False, None
+                down += await http1.copy_body(upstream.streams()[0], writer, kind, length, out)
         except _ResponseRefused as exc:
             upstream.close()
             self.log(dest, exc.verdict, 403, up, 0, started, upstream.address, extra)
@@ -938,26 +948,36 @@ class Proxy:
         kind: str,
         length: int,
         upgrade: bytes,
-    ) -> tuple[bytes, bool]:
-        """The final response head the client gets, and whether its connection
-        stays open.  HttpError for a switch of protocols nobody asked for;
-        _ResponseRefused when a response hook denies the head."""
+    ) -> tuple[bytes, list[tuple[bytes, bytes]], bool, list[BodyFilter]]:
+        """The final response head the client gets (its first line and headers),
+        whether its connection stays open, and the hooks' filters its body goes
+        through (then the headers hold no framing: copy_filtered writes it).
+        HttpError for a switch of protocols nobody asked for; _ResponseRefused
+        when a response hook denies the head."""
         status = response.status
         if status == 101 and not upgrade:
             raise HttpError(502, "upstream switched protocols without being asked")
         if status == 101 and http1.header_tokens(response.get_all(b"upgrade")) != {upgrade}:
             raise HttpError(502, "upstream switched to a protocol other than websocket")
+        filters: list[BodyFilter] = []
         if hooked is not None:  # (the hooks' copy: forwardable() once per head)
-            reason, out_headers = self._response_head(dest, hooked, response, kind, length)
+            reason, out_headers, filters = self._response_head(dest, hooked, response, kind, length)
         else:
             reason, out_headers = response.reason, http1.forwardable(response, kind, length)
+        keep = kind != "close" and request.keep_alive()
         if status == 101:
             out_headers += [(b"connection", b"upgrade"), (b"upgrade", upgrade)]
-        keep = kind != "close" and request.keep_alive()
+            filters = []
+        elif filters and kind == "none":
+            filters = []  # no body to filter (HEAD, 204, 304)
+        elif filters:
+            out_headers = [(k, v) for k, v in out_headers if k not in http1.FRAMING_FIELDS]
+            if not http1.filtered_keeps_framing(kind, length) and request.version != b"HTTP/1.1":
+                keep = False  # re-framed as "until the connection closes"
         if not keep and status != 101:  # say so: a client must not reuse it
             out_headers.append((b"connection", b"close"))
         first = response.version + b" " + str(status).encode() + b" " + reason
-        return http1.serialize_head(first, out_headers), keep
+        return first, out_headers, keep, filters
 
     async def _past_interim(
         self,
@@ -974,8 +994,8 @@ class Proxy:
         down = 0
         while 100 <= response.status < 200 and response.status != 101:
             kind, _ = http1.framing(response, request.method)
-            if hooked is not None:
-                reason, out_headers = self._response_head(dest, hooked, response, kind, 0)
+            if hooked is not None:  # (filters: none, an interim head has no body)
+                reason, out_headers, _ = self._response_head(dest, hooked, response, kind, 0)
             else:  # (an interim head has no body: framing says "none")
                 reason, out_headers = response.reason, http1.forwardable(response, kind, 0)
             first = response.version + b" " + str(response.status).encode() + b" " + reason
@@ -995,20 +1015,21 @@ class Proxy:
         response: http1.Message,
         kind: str,
         length: int,
-    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    ) -> tuple[bytes, list[tuple[bytes, bytes]], list[BodyFilter]]:
         """A response head (interim or final) after the request hooks' on_response:
         its reason phrase and headers, checked unless every hook vouches for what it
-        writes; _ResponseRefused when a hook denies it."""
+        writes, and the filters hooks set on its body; _ResponseRefused when a
+        hook denies it."""
         headers = http1.forwardable(response, kind, length)
         seen = Response(response.status, list(headers), response.reason)
         refused = self.chain.response(dest, hooked, seen)
         if refused is not None and not refused.allowed:
             raise _ResponseRefused(refused)
         if not seen.unchecked:
-            return seen.reason, seen.headers
+            return seen.reason, seen.headers, seen.filters
         if not http1.CONTROL.isdisjoint(seen.reason):
             raise HttpError(502, "a rule produced a control character in a reason phrase")
-        return seen.reason, http1.refit(seen.headers, headers, 502)
+        return seen.reason, http1.refit(seen.headers, headers, 502), seen.filters
 
     async def connect(
         self,

@@ -11,15 +11,19 @@ bits, new for each run).  The proxy, on the host, holds the real value:
   on every request to those hosts, whatever the client sent;
 * a placeholder on its way to any other host, in any of those places (a
   percent-encoded one too), denies the request (``secret-wrong-host``);
-* a response header (of an interim 1xx head too) or reason phrase that echoes
-  the value reaches the client with the placeholder instead: the value as it
-  is, percent-encoded however an origin spells it, or inside base64 at any
-  offset (:func:`_hide`).
+* a response header (of an interim 1xx head too), reason phrase or body that
+  echoes the value reaches the client with the placeholder instead: the value
+  as it is, percent-encoded however an origin spells it, or inside base64 at
+  any offset (:func:`_hide`).  For the body to be read whole, a request to a
+  secret's host asks for no compression and no range; a body compressed anyway
+  is decompressed (gzip, deflate) or, in any other encoding, refused
+  (``secret-echo``).  The body streams through :class:`_EchoFilter`, re-framed
+  by the proxy (see corral.net.hooks.BodyFilter).
 
-What the proxy does not see: request and response *bodies* (a body that
-carries the value is not rewritten, either way) and anything inside a tunnel
-it does not intercept.  Audit lines name the secrets a request carried, never
-a value.
+What the proxy does not see: request bodies (a placeholder in one is sent as
+it is), the bytes of a WebSocket after its upgrade, and anything inside a
+tunnel it does not intercept.  Audit lines name the secrets a request carried,
+and those whose echo was hidden in a body (``echoes_hidden``), never a value.
 
 The values are read in corral's own process when the run starts
 (:meth:`SecretsHook.open`: from its environment or a file; a file source is
@@ -40,7 +44,7 @@ from itertools import chain
 
 from corral.errors import RefusedError
 from corral.net import http1
-from corral.net.hooks import Hook
+from corral.net.hooks import BodyFilter, Hook
 from corral.net.httprules import covers
 from corral.net.rules import Rule, Verdict
 
@@ -54,6 +58,12 @@ PREFIX_TEXT = PREFIX.decode()
 MAX_VALUE = 8 * 1024  # a credential, not a document; it has to fit in a header
 WRONG_HOST = "secret-wrong-host"
 PLAIN_HTTP = "secret-plain-http"
+ECHO = "secret-echo"  # a response body the proxy cannot check for an echo
+# request headers that would make a response's body partial or encoded
+_WHOLE = frozenset((b"accept-encoding", b"range", b"if-range"))
+# a compressed body (its origin compressed it unasked) is decoded up to this
+# much per piece read: more is a bomb, not an API's answer
+MAX_INFLATED = 64 * 1024 * 1024
 # bytes a value keeps when it goes into a path or a query; the rest is percent-encoded
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 # Headers longer than this in all are worked out afresh for each request: the cache
@@ -230,8 +240,8 @@ def _basic(value: bytes) -> bytes | None:
 
 class SecretsHook(Hook):
     """``[secrets]`` in the chain: refuses a placeholder bound for the wrong host
-    (on_request), puts the real values in (rewrite), hides echoed values
-    (on_response).
+    (on_request), puts the real values in (rewrite), hides echoed values in the
+    response head and body (on_response).
 
     Every request to every host is looked at (a placeholder may be on its way
     anywhere).  What a set of headers holds, and what it becomes, is worked
@@ -317,11 +327,11 @@ class SecretsHook(Hook):
         return seen.verdict
 
     def rewrite(self, dest: Destination, request: Request) -> None:
-        if "secrets" not in request.audit:
-            return  # on_request found nothing to put in
         last, seen = self._last
         if last is not request or seen is None:  # (an ask held it; others came between)
             seen = self._seen(dest, request.headers)
+        if not seen.plan.mine:
+            return  # no value goes there (and a placeholder for there was refused)
         if PREFIX_TEXT in request.target:
             target = request.target.encode("latin-1")
             for secret in seen.plan.mine:
@@ -331,28 +341,35 @@ class SecretsHook(Hook):
             seen.rewritten = seen.plan.rewrite(request.headers)
         request.headers[:] = seen.rewritten
 
-    def on_response(self, dest: Destination, request: Request, response: Response) -> None:
+    def on_response(
+        self, dest: Destination, request: Request, response: Response
+    ) -> Verdict | None:
         # (over HTTPS or not: a value sent before over HTTPS can come back in clear)
         plan = self._by_host.get((dest.host, dest.port, False)) or self.for_host(
             dest.host, dest.port
         )
         if not plan.mine:
-            return  # no value ever goes there: none can come back
+            return None  # no value ever goes there: none can come back
         # (whether this request carried one does not matter: an origin keeps what an
         # earlier one sent, in a session, and may name it on any later response)
+        if not 100 <= response.status < 200:  # (an interim head has no body)
+            refused = _watch_body(dest, plan, request, response)
+            if refused is not None:
+                return refused
         if len(response.reason) >= plan.shortest:  # "401 bad key ..." echoes too
             response.reason = _hide(response.reason, plan.mine)
         for name, value in response.headers:
             if len(value) >= plan.shortest or len(name) >= plan.shortest:
                 break
         else:  # no name or value is long enough to hold an echo, in any spelling
-            return
+            return None
         text = b"\n".join(chain.from_iterable(response.headers)).decode("latin-1")
         if any(map(text.__contains__, plan.echoes)):
             # a header named after the value is no header a client needs: dropped
             response.headers[:] = [
                 (k, _hide(v, plan.mine)) for k, v in response.headers if _hide(k, plan.mine) == k
             ]
+        return None
 
     def _seen(self, dest: Destination, headers: list[tuple[bytes, bytes]]) -> _Seen:
         """What these very headers hold and become on their way to ``dest``, worked
@@ -441,10 +458,15 @@ class _HostPlan:
 
     def rewrite(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """Headers with this host's values in place of placeholders, and each
-        secret's header set (whatever the client sent under that name)."""
+        secret's header set (whatever the client sent under that name).  The
+        response must come whole and plain, for its body to be checked for an
+        echo (:class:`_EchoFilter`): no compression asked for, and no range (two
+        ranges could each carry part of a value)."""
         keys = self.header_keys
-        kept = [(k, _swap(k, v, self.mine)) for k, v in headers if k not in keys]
-        return kept + self.header_pairs
+        kept = [
+            (k, _swap(k, v, self.mine)) for k, v in headers if k not in keys and k not in _WHOLE
+        ]
+        return kept + self.header_pairs + [(b"accept-encoding", b"identity")]
 
     def carrying(self, host: str, found: tuple[str, ...]) -> tuple[list[str], Verdict | None]:
         """For the placeholders a request carries: the audit line's ``secrets``
@@ -525,3 +547,134 @@ def _hide_in_base64(value: bytes, at: int, core: bytes, secret: Loaded) -> bytes
         if not padded:
             out = out.rstrip(b"=")
     return value[:start] + out + value[stop:]
+
+
+# -- response bodies ---------------------------------------------------------------------
+
+
+def _watch_body(
+    dest: Destination, plan: _HostPlan, request: Request, response: Response
+) -> Verdict | None:
+    """Put an :class:`_EchoFilter` on the body of a response from a host of the
+    secrets; refuse one compressed in a way it cannot read (the request asked
+    for none: :meth:`_HostPlan.rewrite`)."""
+    codings = [
+        c.strip().lower()
+        for k, v in response.headers
+        if k == b"content-encoding"
+        for c in v.split(b",")
+        if c.strip() and c.strip().lower() != b"identity"
+    ]
+    inflate = None
+    if codings:
+        if len(codings) > 1 or codings[0] not in (b"gzip", b"x-gzip", b"deflate"):
+            named = b", ".join(codings).decode("latin-1")
+            why = f"the response from {dest.host} is encoded as {named}: corral cannot check it"
+            return Verdict(False, ECHO, why + " for an echo of a secret's value")
+        inflate = _Inflate()
+        response.headers[:] = [(k, v) for k, v in response.headers if k != b"content-encoding"]
+    response.filters.append(_EchoFilter(plan.mine, request.audit, inflate))
+    return None
+
+
+class _Inflate:
+    """gzip or zlib-wrapped deflate (told apart by their header), else raw deflate
+    (what some servers send as "deflate")."""
+
+    def __init__(self) -> None:
+        import zlib
+
+        self._zlib = zlib
+        self.stream = zlib.decompressobj(32 + zlib.MAX_WBITS)
+        self.started = False  # some output came: the format is settled
+        self.raw = False
+
+    def feed(self, data: bytes) -> bytes:
+        try:
+            out = self.stream.decompress(data, MAX_INFLATED)
+        except self._zlib.error:
+            if self.started or self.raw:
+                raise http1.HttpError(502, "a compressed response body is corrupt") from None
+            self.raw = True  # no gzip or zlib header: raw deflate, from its first byte
+            self.stream = self._zlib.decompressobj(-self._zlib.MAX_WBITS)
+            return self.feed(data)
+        self.started = self.started or bool(out)
+        if self.stream.unconsumed_tail:
+            raise http1.HttpError(502, "a compressed response body expands too far")
+        return out
+
+    def end(self) -> bytes:
+        out = self.stream.flush()
+        if not self.stream.eof and self.started:
+            raise http1.HttpError(502, "a compressed response body ended early")
+        return out
+
+
+class _EchoFilter(BodyFilter):
+    """A response body from a host of the secrets, each value it echoes replaced
+    by its placeholder, as in headers (:func:`_hide`: as it is, percent-encoded,
+    inside base64).  What could be the start of an echo is held back until the
+    next piece shows whether it is one; an echo is at most ``window`` bytes
+    (each byte of the value as ``%25XX``).  The secrets it hid go in the audit
+    line (``echoes_hidden``)."""
+
+    def __init__(
+        self, secrets: list[Loaded], audit: dict[str, object], inflate: _Inflate | None
+    ) -> None:
+        self.secrets = secrets
+        self.audit = audit
+        self.inflate = inflate
+        self.held = b""
+        self.window = max(max([5 * len(s.value), *map(len, s.cores)]) for s in secrets)
+        self.shortest = min(len(s.value) for s in secrets)  # no echo is shorter
+        self.hidden: set[str] = set()
+
+    def feed(self, data: bytes) -> bytes:
+        if self.inflate is not None:
+            data = self.inflate.feed(data)
+        data = self.held + data
+        if len(data) <= self.window:
+            self.held = data
+            return b""
+        cut = self._past_echoes(data, len(data) - self.window)
+        self.held = data[cut:]
+        return self._hide(data[:cut])
+
+    def end(self) -> bytes:
+        data = self.held + (self.inflate.end() if self.inflate is not None else b"")
+        self.held = b""
+        out = self._hide(data)
+        if self.hidden:
+            self.audit["echoes_hidden"] = sorted(self.hidden)
+        return out
+
+    def _past_echoes(self, data: bytes, cut: int) -> int:
+        """``cut``, moved to the end of any echo that starts before it and runs past
+        it (each is whole in ``data``: no echo is longer than the window)."""
+        moved = True
+        while moved:
+            moved = False
+            start = max(0, cut - self.window)
+            for secret in self.secrets:
+                for found in secret.spelled().finditer(data, start):
+                    if found.start() >= cut:
+                        break
+                    if found.end() > cut:
+                        cut, moved = found.end(), True
+                for core in secret.cores:
+                    at = data.find(core, max(0, cut - len(core) + 1))
+                    if 0 <= at < cut < at + len(core):
+                        cut, moved = at + len(core), True
+        return cut
+
+    def _hide(self, data: bytes) -> bytes:
+        if len(data) < self.shortest:
+            return data
+        hidden = _hide(data, self.secrets)
+        if hidden != data:
+            self.hidden |= {
+                s.name
+                for s in self.secrets
+                if hidden.count(s.placeholder) > data.count(s.placeholder)
+            }
+        return hidden
