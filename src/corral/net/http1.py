@@ -507,11 +507,9 @@ def _write_piece(writer: aio.StreamWriter, data: bytes, chunked: bool) -> int:
 
 
 async def _read_exactly(reader: aio.StreamReader, length: int) -> bytes:
-    from corral.net import aio
-
     try:
         return await reader.readexactly(length)
-    except aio.IncompleteReadError:
+    except EOFError:  # (aio.IncompleteReadError, without an import on every response)
         raise HttpError(502, "body ended early") from None
 
 

@@ -426,6 +426,7 @@ class _HostPlan:
 
     __slots__ = (
         "allowed",
+        "echo_window",
         "echoes",
         "header_keys",
         "header_names",
@@ -434,6 +435,7 @@ class _HostPlan:
         "mine",
         "names",
         "shortest",
+        "shortest_value",
     )
 
     def __init__(
@@ -452,6 +454,12 @@ class _HostPlan:
         # (" " as "+" too); _hide then finds each spelling
         echoes = {s.value for s in mine} | {c for s in mine for c in s.cores}
         self.shortest = min(map(len, echoes), default=1 << 62)  # no value: no echo
+        # in a body (_EchoFilter): the shortest echo (the value as it is), and the
+        # longest (each byte as %25XX, or a base64 core)
+        self.shortest_value = min((len(s.value) for s in mine), default=1 << 62)
+        self.echo_window = max(
+            (max([5 * len(s.value), *map(len, s.cores)]) for s in mine), default=0
+        )
         if mine:
             echoes |= {b"%", b"+"} if any(b" " in s.value for s in mine) else {b"%"}
         self.echoes = [e.decode("latin-1") for e in sorted(echoes)]
@@ -558,13 +566,16 @@ def _watch_body(
     """Put an :class:`_EchoFilter` on the body of a response from a host of the
     secrets; refuse one compressed in a way it cannot read (the request asked
     for none: :meth:`_HostPlan.rewrite`)."""
-    codings = [
-        c.strip().lower()
-        for k, v in response.headers
-        if k == b"content-encoding"
-        for c in v.split(b",")
-        if c.strip() and c.strip().lower() != b"identity"
-    ]
+    length = b""
+    encodings = b""
+    for k, v in response.headers:  # (one pass, no more: every response from the host)
+        if k == b"content-length":
+            length = v
+        elif k == b"content-encoding":
+            encodings += b"," + v
+    codings = _codings(encodings) if encodings else ()
+    if not codings and length.isdigit() and int(length) < plan.shortest_value:
+        return None  # a plain body shorter than any value cannot hold one
     inflate = None
     if codings:
         if len(codings) > 1 or codings[0] not in (b"gzip", b"x-gzip", b"deflate"):
@@ -573,8 +584,14 @@ def _watch_body(
             return Verdict(False, ECHO, why + " for an echo of a secret's value")
         inflate = _Inflate()
         response.headers[:] = [(k, v) for k, v in response.headers if k != b"content-encoding"]
-    response.filters.append(_EchoFilter(plan.mine, request.audit, inflate))
+    response.filters.append(_EchoFilter(plan, request.audit, inflate))
     return None
+
+
+def _codings(encodings: bytes) -> tuple[bytes, ...]:
+    """The content codings named (lower-case), identity left out."""
+    named = (c.strip().lower() for c in encodings.split(b","))
+    return tuple(c for c in named if c and c != b"identity")
 
 
 class _Inflate:
@@ -618,15 +635,13 @@ class _EchoFilter(BodyFilter):
     (each byte of the value as ``%25XX``).  The secrets it hid go in the audit
     line (``echoes_hidden``)."""
 
-    def __init__(
-        self, secrets: list[Loaded], audit: dict[str, object], inflate: _Inflate | None
-    ) -> None:
-        self.secrets = secrets
+    def __init__(self, plan: _HostPlan, audit: dict[str, object], inflate: _Inflate | None) -> None:
+        self.secrets = plan.mine
+        self.window = plan.echo_window
+        self.shortest = plan.shortest_value  # no echo is shorter
         self.audit = audit
         self.inflate = inflate
         self.held = b""
-        self.window = max(max([5 * len(s.value), *map(len, s.cores)]) for s in secrets)
-        self.shortest = min(len(s.value) for s in secrets)  # no echo is shorter
         self.hidden: set[str] = set()
 
     def feed(self, data: bytes) -> bytes:
