@@ -426,6 +426,7 @@ class _HostPlan:
 
     __slots__ = (
         "allowed",
+        "echo_openers",
         "echo_window",
         "echoes",
         "header_keys",
@@ -459,6 +460,9 @@ class _HostPlan:
         self.shortest_value = min((len(s.value) for s in mine), default=1 << 62)
         self.echo_window = max(
             (max([5 * len(s.value), *map(len, s.cores)]) for s in mine), default=0
+        )
+        self.echo_openers = frozenset(
+            {b"%"[0], b"+"[0]} | {s.value[0] for s in mine} | {c[0] for s in mine for c in s.cores}
         )
         if mine:
             echoes |= {b"%", b"+"} if any(b" " in s.value for s in mine) else {b"%"}
@@ -630,15 +634,16 @@ class _Inflate:
 class _EchoFilter(BodyFilter):
     """A response body from a host of the secrets, each value it echoes replaced
     by its placeholder, as in headers (:func:`_hide`: as it is, percent-encoded,
-    inside base64).  What could be the start of an echo is held back until the
-    next piece shows whether it is one; an echo is at most ``window`` bytes
-    (each byte of the value as ``%25XX``).  The secrets it hid go in the audit
-    line (``echoes_hidden``)."""
+    inside base64).  Only a tail that could be the start of an echo cut by the
+    end of a piece is held back, until the next piece shows whether it is one:
+    a stream (server-sent events from an API) reaches the client as it comes.
+    The secrets it hid go in the audit line (``echoes_hidden``)."""
 
     def __init__(self, plan: _HostPlan, audit: dict[str, object], inflate: _Inflate | None) -> None:
         self.secrets = plan.mine
-        self.window = plan.echo_window
+        self.window = plan.echo_window  # no echo is longer (each byte as %25XX)
         self.shortest = plan.shortest_value  # no echo is shorter
+        self.openers = plan.echo_openers  # the bytes an echo can start with
         self.audit = audit
         self.inflate = inflate
         self.held = b""
@@ -647,13 +652,10 @@ class _EchoFilter(BodyFilter):
     def feed(self, data: bytes) -> bytes:
         if self.inflate is not None:
             data = self.inflate.feed(data)
-        data = self.held + data
-        if len(data) <= self.window:
-            self.held = data
-            return b""
-        cut = self._past_echoes(data, len(data) - self.window)
-        self.held = data[cut:]
-        return self._hide(data[:cut])
+        data = self._hide(self.held + data)
+        keep = self._open_tail(data)
+        self.held = data[keep:]
+        return data[:keep]
 
     def end(self) -> bytes:
         data = self.held + (self.inflate.end() if self.inflate is not None else b"")
@@ -663,24 +665,16 @@ class _EchoFilter(BodyFilter):
             self.audit["echoes_hidden"] = sorted(self.hidden)
         return out
 
-    def _past_echoes(self, data: bytes, cut: int) -> int:
-        """``cut``, moved to the end of any echo that starts before it and runs past
-        it (each is whole in ``data``: no echo is longer than the window)."""
-        moved = True
-        while moved:
-            moved = False
-            start = max(0, cut - self.window)
-            for secret in self.secrets:
-                for found in secret.spelled().finditer(data, start):
-                    if found.start() >= cut:
-                        break
-                    if found.end() > cut:
-                        cut, moved = found.end(), True
-                for core in secret.cores:
-                    at = data.find(core, max(0, cut - len(core) + 1))
-                    if 0 <= at < cut < at + len(core):
-                        cut, moved = at + len(core), True
-        return cut
+    def _open_tail(self, data: bytes) -> int:
+        """Where the longest tail of ``data`` that could be an echo cut short begins
+        (``len(data)``: none could).  Whole echoes are hidden already."""
+        openers = self.openers
+        for at in range(max(0, len(data) - self.window), len(data)):
+            if data[at] in openers:
+                tail = data[at:]
+                if any(_starts_echo(secret, tail) for secret in self.secrets):
+                    return at
+        return len(data)
 
     def _hide(self, data: bytes) -> bytes:
         if len(data) < self.shortest:
@@ -693,3 +687,32 @@ class _EchoFilter(BodyFilter):
                 if hidden.count(s.placeholder) > data.count(s.placeholder)
             }
         return hidden
+
+
+def _starts_echo(secret: Loaded, tail: bytes) -> bool:
+    """Whether ``tail`` is the start of an echo of ``secret`` cut short: the value
+    in one of its spellings (:func:`_spellings`), or one of its base64 cores."""
+    if any(len(tail) < len(core) and core.startswith(tail) for core in secret.cores):
+        return True
+    at = 0
+    for byte in secret.value:
+        if at == len(tail):
+            return True
+        found = tail[at]
+        if found == byte or (byte == 0x20 and found == 0x2B):  # (" " as "+")
+            at += 1
+            continue
+        if found != 0x25:
+            return False
+        want, escape = b"%02X" % byte, tail[at + 1 : at + 5].upper()  # %XX or %25XX
+        if len(escape) < 2:
+            return want.startswith(escape) or b"25".startswith(escape)
+        if escape[:2] == want:
+            at += 3
+        elif escape[:2] == b"25" and len(escape) < 4:
+            return want.startswith(escape[2:])
+        elif escape[:2] == b"25" and escape[2:4] == want:
+            at += 5
+        else:
+            return False
+    return False  # the whole value: an echo, not the start of one
