@@ -290,6 +290,9 @@ def bodies(target: str, headers: dict[str, str]) -> bytes:
         pieces = [body[:half], body[half:]]
         chunks = "".join(f"{len(p):x}\r\n{p}\r\n" for p in pieces) + "0\r\n\r\n"
         return f"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{chunks}".encode()
+    if target == "/broken":  # a long chunk, then a chunk size no parser takes
+        head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        return f"{head}{len(FILLER):x}\r\n{FILLER}\r\nzz\r\n".encode() + CLOSE
     if target == "/close":  # no length: the body ends when the origin closes
         return f"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{body}".encode() + CLOSE
     return f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
@@ -351,3 +354,19 @@ def test_a_connection_stays_usable_after_a_filtered_body(bodies_harness: Harness
     )
     head = fetched(h, "-I", f"{base}/small").stdout.decode().lower()
     assert "content-length: 17" in head  # "before none after"
+
+
+def test_a_body_that_breaks_off_cuts_the_connection(bodies_harness: Harness) -> None:
+    """Once a filtered body's head is out, an origin that breaks off (a malformed
+    chunk) ends the client's connection mid-body: no second response (a 502)
+    follows the first.  The twin: the body up to the break arrived."""
+    h = bodies_harness
+    got = fetched(h, f"http://127.0.0.1:{h.origin.port}/broken")
+    assert got.returncode != 0  # curl: the transfer ended early
+    with socket.create_connection(("127.0.0.1", h.port), timeout=10) as client:
+        client.sendall(f"GET http://127.0.0.1:{h.origin.port}/broken HTTP/1.1\r\n\r\n".encode())
+        raw = b""
+        while data := client.recv(65536):
+            raw += data
+    assert raw.startswith(b"HTTP/1.1 200") and raw.count(b"HTTP/1.1") == 1, raw[-300:]
+    assert FILLER[:1000].encode() in raw and not raw.endswith(b"0\r\n\r\n")

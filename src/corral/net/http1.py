@@ -55,6 +55,7 @@ class HttpError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.sent = 0  # bytes of a response already written when it broke off
 
 
 class Message:
@@ -479,11 +480,15 @@ async def copy_filtered(
     head = serialize_head(first_line, headers)
     writer.write(head)
     sent = len(head)
-    async for piece in _pieces(reader, kind, length):
-        sent += _write_piece(writer, _through(filters, piece, False), chunked)
-        if writer.transport.get_write_buffer_size() > CHUNK:
-            await writer.drain()
-    sent += _write_piece(writer, _through(filters, b"", True), chunked)
+    try:
+        async for piece in _pieces(reader, kind, length):
+            sent += _write_piece(writer, _through(filters, piece, False), chunked)
+            if writer.transport.get_write_buffer_size() > CHUNK:
+                await writer.drain()
+        sent += _write_piece(writer, _through(filters, b"", True), chunked)
+    except HttpError as exc:  # the head is out: no other response may follow it
+        exc.sent = sent
+        raise
     if chunked:
         writer.write(b"0\r\n\r\n")
         sent += 5

@@ -876,6 +876,7 @@ class Proxy:
             await _send_denial(writer, 403, exc.verdict, dest.host, dest.port)
             return request.keep_alive(), None
         except HttpError as exc:
+            down += exc.sent
             refused = verdict
             if exc.status == 413 and hooked is not None:
                 refused = Verdict(False, hooked.body_rule, exc.message)
