@@ -144,7 +144,6 @@ def test_entering_again_stays_in_the_namespace_this_process_made(tmp_path: objec
     the proxy forked before holds the listeners; a second enter() makes no new
     namespace, hands nothing over again, and refuses another run's handoff.
     Without a network, the resolver's sockets are made again (in the same one)."""
-    import os
 
     def child() -> int:
         handoff = str(tmp_path) + "/nobody.sock"  # nobody listens: the handoff is skipped
@@ -174,21 +173,11 @@ def test_entering_again_stays_in_the_namespace_this_process_made(tmp_path: objec
         return 0 if ok and os.stat("/proc/self/ns/net").st_ino == inside else 20
 
     for fn in (child, offline_child):
-        pid = os.fork()
-        if pid == 0:
-            code = 99
-            try:
-                code = fn()
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, fn.__name__
+        assert _in_child(fn) == 0, fn.__name__
 
 
 def _in_child(fn: Callable[[], int]) -> int:
     """fn's result, from a forked child (what it does to its process stays there)."""
-    import os
-
     pid = os.fork()
     if pid == 0:
         code = 99
