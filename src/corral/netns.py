@@ -243,6 +243,7 @@ def enter(plan: NetPlan) -> list[tuple[Listener, int]]:
 # root); whether a fork waits for make_ahead's thread (registered once).
 _ahead = False
 _own_user = False
+_mapped = False  # its uid and gid maps are written
 _fork_waits = False
 
 
@@ -253,7 +254,8 @@ def make_ahead() -> None:
     nothing).  Only the user namespace a user other than root needs is made
     here, first, in this thread: a process with a second thread cannot make one.
     Whatever fails is left for :func:`enter`, which does it the usual way and
-    says why if that fails too."""
+    says why if that fails too; only a user namespace made but not mapped raises
+    OSError here (its process sees itself as nobody: no planning may follow)."""
     global _ahead, _fork_waits
     c = _c_module()
     if c is None or _ahead or _entered is not None:
@@ -263,6 +265,8 @@ def make_ahead() -> None:
             _user_namespace()
         c.netns_ahead(CLONE_NEWNET)
     except OSError:
+        if _own_user and not _mapped:
+            raise  # in a user namespace that maps no one: planning must not go on
         return
     if not _fork_waits:
         # no fork while the thread runs (its child would inherit a lock the thread
@@ -352,7 +356,7 @@ def _user_namespace(also: int = 0) -> None:
     it), mapping only its uid and gid, each to itself: bubblewrap (unprivileged
     in it) maps them on unchanged, and the command sees what it sees without a
     network.  Raises OSError."""
-    global _own_user
+    global _own_user, _mapped
     uid, gid = os.geteuid(), os.getegid()
     flags = CLONE_NEWUSER | also
     if _unshare(flags) != 0:
@@ -371,6 +375,7 @@ def _user_namespace(also: int = 0) -> None:
             os.write(fd, text.encode())
         finally:
             os.close(fd)
+    _mapped = True
 
 
 def _unshare(flags: int) -> int:

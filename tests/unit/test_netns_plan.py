@@ -274,3 +274,33 @@ def test_unshare_reports_failure_and_its_errno_without_side_effects() -> None:
     assert netns._unshare(0x1) == -1
     assert netns._unshare_errno(0x1) == errno.EINVAL
     assert netns._unshare(0) == 0
+
+
+def test_a_user_namespace_made_ahead_but_not_mapped_stops_the_run() -> None:
+    """A user other than root makes its own user namespace ahead, before planning.
+    Should its maps not be written, the process would plan as nobody: make_ahead
+    raises instead (the twin: the same with maps written goes on, in a namespace
+    of its own)."""
+    pytest.importorskip("corral._sys", reason="corral._sys was not built (no C compiler)")
+
+    def child(refuse_maps: bool) -> int:
+        uid = os.geteuid()
+        real_open = os.open
+
+        def fake_open(path: str, flags: int, *args: int) -> int:
+            if refuse_maps and path.endswith("_map"):
+                raise PermissionError(1, "Operation not permitted")
+            return real_open(path, flags, *args)
+
+        asked = iter([uid or 4242])  # make_ahead's question: a user other than root
+        os.geteuid = lambda: next(asked, uid)  # (the maps: this process's own uid)
+        os.open = fake_open  # type: ignore[assignment]
+        try:
+            netns.make_ahead()
+        except OSError:
+            return 10 if refuse_maps else 11
+        held = netns.enter(offline_plan())
+        return 0 if held and _resolver_answers_inside(held) else 12
+
+    assert _in_child(lambda: child(True)) == 10
+    assert _in_child(lambda: child(False)) == 0

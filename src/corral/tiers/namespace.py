@@ -287,7 +287,14 @@ class Bwrap(LaunchStrategy):
         if policy.network.mode != "proxy":
             from corral import netns
 
-            netns.make_ahead()
+            try:
+                netns.make_ahead()
+            except OSError as exc:
+                from corral.errors import SetupError
+
+                raise SetupError(
+                    f"the namespace sandbox's network could not be set up: {exc}"
+                ) from None
 
     def enter(self, plan: Plan) -> Resolver | None:
         """Move this process into the sandbox's new network namespace; the resolver
