@@ -854,22 +854,17 @@ class Proxy:
             first, out_headers, keep, filters = self._client_head(
                 dest, hooked, request, response, kind, length, upgrade
             )
-            if filters:  # a hook reads the body: it comes re-framed
-                down += await http1.copy_filtered(
-                    upstream.streams()[0], writer, kind, length, first, out_headers, filters,
-                    request.version == b"HTTP/1.1",
-                )  # fmt: skip
-            else:
+            if status == 101:  # decided: from here on, bytes both ways, unhooked
                 out = http1.serialize_head(first, out_headers)
-                down += len(out)
-                if status == 101:  # decided: from here on, bytes both ways, unhooked
-                    writer.write(out)
-                    more_up, more_down = await _splice(reader, writer, *upstream.streams())
-                    up, down = up + more_up, down + more_down
-                    self.log(dest, verdict, 101, up, down, started, upstream.address, extra)
-                    upstream.close()
-                    return False, None
-                down += await http1.copy_body(upstream.streams()[0], writer, kind, length, out)
+                writer.write(out)
+                more_up, more_down = await _splice(reader, writer, *upstream.streams())
+                up, down = up + more_up, down + len(out) + more_down
+                self.log(dest, verdict, 101, up, down, started, upstream.address, extra)
+                upstream.close()
+                return False, None
+            down += await _to_client(
+                upstream, writer, request, kind, length, first, out_headers, filters
+            )
         except _ResponseRefused as exc:
             upstream.close()
             self.log(dest, exc.verdict, 403, up, 0, started, upstream.address, extra)
@@ -1459,6 +1454,34 @@ async def intercept(
 def _announced(kind: str, length: int) -> int | None:
     """A body's announced length for hooks: 0 without one, None when chunked."""
     return length if kind == "length" else None if kind == "chunked" else 0
+
+
+async def _to_client(
+    upstream: Upstream,
+    writer: aio.StreamWriter,
+    request: http1.Message,
+    kind: str,
+    length: int,
+    first: bytes,
+    headers: list[tuple[bytes, bytes]],
+    filters: list[BodyFilter],
+) -> int:
+    """The final response head and its body (framed as ``kind`` upstream) to the
+    client; through the hooks' filters, re-framed, when there are any.  The bytes
+    written; an HttpError says in ``sent`` how many were out before it (then no
+    other response may follow)."""
+    if filters:
+        chunked = request.version == b"HTTP/1.1"
+        reader = upstream.streams()[0]
+        return await http1.copy_filtered(
+            reader, writer, kind, length, first, headers, filters, chunked
+        )
+    out = http1.serialize_head(first, headers)
+    try:
+        return len(out) + await http1.copy_body(upstream.streams()[0], writer, kind, length, out)
+    except HttpError as exc:
+        exc.sent += len(out)  # (counted as out, as ever: a broken body gets no second head)
+        raise
 
 
 def _upstream_head(
