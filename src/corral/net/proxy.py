@@ -144,6 +144,40 @@ class _Holding(aio.Protocol):
         self.lost = True
 
 
+class _Trip:
+    """One request that was decided and has an upstream connection: what its round
+    trip and its audit line need, and the bytes and status so far."""
+
+    __slots__ = (
+        "dest",
+        "down",
+        "hooked",
+        "request",
+        "started",
+        "status",
+        "up",
+        "upstream",
+        "verdict",
+    )
+
+    def __init__(
+        self,
+        dest: Destination,
+        request: http1.Message,
+        hooked: Request | None,
+        verdict: Verdict,
+        upstream: Upstream,
+        started: float,
+    ) -> None:
+        self.dest = dest
+        self.request = request
+        self.hooked = hooked
+        self.verdict = verdict
+        self.upstream = upstream
+        self.started = started
+        self.up = self.down = self.status = 0
+
+
 class Upstream:
     """A connection to a destination: streams for HTTP forwarding, or a bare
     transport for tunnels (no StreamReader to create, copy through and discard)."""
@@ -834,65 +868,117 @@ class Proxy:
             except Refused as exc:
                 await self.refuse_http(writer, dest, exc, started)
                 return False, None
-        up = down = 0
-        status = 0
+        trip = _Trip(dest, request, hooked, verdict, upstream, started)
         try:
-            head = http1.serialize_head(request.method + b" " + path + b" HTTP/1.1", headers)
-            up += len(head) + await http1.copy_body(
-                reader, upstream.streams()[1], body_kind, body_len, head, limit
+            return await self._round_trip(
+                trip, reader, writer, path, headers, body_kind, body_len, limit, upgrade, last
             )
-            response_head = await http1.read_head(upstream.streams()[0])
-            if response_head is None:
-                raise HttpError(502, "upstream closed the connection without a response")
-            response = http1.parse_response(response_head)
-            if 100 <= response.status < 200 and response.status != 101:  # (rare: no await)
-                response, down = await self._past_interim(
-                    response, upstream, writer, dest, request, hooked
-                )
-            status = response.status
-            kind, length = http1.framing(response, request.method)
-            first, out_headers, keep, filters = self._client_head(
-                dest, hooked, request, response, kind, length, upgrade
+        except (_ResponseRefused, HttpError, ConnectionError, aio.IncompleteReadError) as exc:
+            return await self._broken(trip, writer, exc)
+
+    async def _round_trip(
+        self,
+        trip: _Trip,
+        reader: aio.StreamReader,
+        writer: aio.StreamWriter,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body_kind: str,
+        body_len: int,
+        limit: int | None,
+        upgrade: bytes,
+        last: bool,
+    ) -> tuple[bool, Upstream | None]:
+        """The decided request upstream and its response to the client (exchange's
+        second half; what breaks it is :meth:`_broken`'s)."""
+        request, upstream, dest = trip.request, trip.upstream, trip.dest
+        head = http1.serialize_head(request.method + b" " + path + b" HTTP/1.1", headers)
+        trip.up += len(head) + await http1.copy_body(
+            reader, upstream.streams()[1], body_kind, body_len, head, limit
+        )
+        response_head = await http1.read_head(upstream.streams()[0])
+        if response_head is None:
+            raise HttpError(502, "upstream closed the connection without a response")
+        response = http1.parse_response(response_head)
+        if 100 <= response.status < 200 and response.status != 101:  # (rare: no await)
+            response, trip.down = await self._past_interim(
+                response, upstream, writer, dest, request, trip.hooked
             )
-            if status == 101:  # decided: from here on, bytes both ways, unhooked
-                out = http1.serialize_head(first, out_headers)
-                writer.write(out)
-                more_up, more_down = await _splice(reader, writer, *upstream.streams())
-                up, down = up + more_up, down + len(out) + more_down
-                self.log(dest, verdict, 101, up, down, started, upstream.address, extra)
-                upstream.close()
-                return False, None
-            down += await _to_client(
-                upstream, writer, request, kind, length, first, out_headers, filters
-            )
-        except _ResponseRefused as exc:
-            upstream.close()
-            self.log(dest, exc.verdict, 403, up, 0, started, upstream.address, extra)
-            await _send_denial(writer, 403, exc.verdict, dest.host, dest.port)
-            return request.keep_alive(), None
-        except HttpError as exc:
-            down += exc.sent
-            refused = verdict
-            if exc.status == 413 and hooked is not None:
-                refused = Verdict(False, hooked.body_rule, exc.message)
-            self.log(dest, refused, exc.status, up, down, started, upstream.address, extra)
-            upstream.close()
-            if not down:
-                if refused is verdict:
-                    await _send_error(writer, exc.status, exc.message)
-                else:
-                    await _send_denial(writer, exc.status, refused, dest.host, dest.port)
-            return False, None
-        except (ConnectionError, aio.IncompleteReadError):
-            self.log(dest, verdict, status or 502, up, down, started, upstream.address, extra)
+        trip.status = response.status
+        kind, length = http1.framing(response, request.method)
+        first, out_headers, keep, filters = self._client_head(
+            dest, trip.hooked, request, response, kind, length, upgrade
+        )
+        if trip.status == 101:  # decided: from here on, bytes both ways, unhooked
+            out = http1.serialize_head(first, out_headers)
+            writer.write(out)
+            more_up, more_down = await _splice(reader, writer, *upstream.streams())
+            trip.up, trip.down = trip.up + more_up, trip.down + len(out) + more_down
+            self._logged(trip)
             upstream.close()
             return False, None
-        self.log(dest, verdict, status, up, down, started, upstream.address, extra)
-        reusable = kind != "close" and response.keep_alive() and not last
-        if not reusable:
-            upstream.close()
-            upstream = None
-        return keep, upstream
+        trip.down += await _to_client(
+            upstream, writer, request, kind, length, first, out_headers, filters
+        )
+        extra = trip.hooked.audit if trip.hooked is not None else None  # (_logged, inlined)
+        self.log(
+            dest,
+            trip.verdict,
+            trip.status,
+            trip.up,
+            trip.down,
+            trip.started,
+            upstream.address,
+            extra,
+        )
+        if kind != "close" and response.keep_alive() and not last:
+            return keep, upstream
+        upstream.close()
+        return keep, None
+
+    async def _broken(
+        self, trip: _Trip, writer: aio.StreamWriter, exc: BaseException
+    ) -> tuple[bool, Upstream | None]:
+        """An exchange that a response hook refused or a broken message ended:
+        logged, the upstream closed, the client told unless part of a response
+        is out already.  Returns what exchange returns."""
+        trip.upstream.close()
+        if isinstance(exc, _ResponseRefused):
+            self._logged(trip, exc.verdict, 403, down=0)
+            await _send_denial(writer, 403, exc.verdict, trip.dest.host, trip.dest.port)
+            return trip.request.keep_alive(), None
+        if not isinstance(exc, HttpError):  # a connection lost, either side
+            self._logged(trip, status=trip.status or 502)
+            return False, None
+        trip.down += exc.sent
+        refused = trip.verdict
+        if exc.status == 413 and trip.hooked is not None:
+            refused = Verdict(False, trip.hooked.body_rule, exc.message)
+        self._logged(trip, refused, exc.status)
+        if not trip.down and refused is trip.verdict:
+            await _send_error(writer, exc.status, exc.message)
+        elif not trip.down:
+            await _send_denial(writer, exc.status, refused, trip.dest.host, trip.dest.port)
+        return False, None
+
+    def _logged(
+        self,
+        trip: _Trip,
+        verdict: Verdict | None = None,
+        status: int | None = None,
+        down: int | None = None,
+    ) -> None:
+        """The audit line of a round trip (its own verdict and figures unless given)."""
+        self.log(
+            trip.dest,
+            verdict or trip.verdict,
+            trip.status if status is None else status,
+            trip.up,
+            trip.down if down is None else down,
+            trip.started,
+            trip.upstream.address,
+            trip.hooked.audit if trip.hooked is not None else None,
+        )
 
     def _reusable(
         self, dest: Destination, upstream: Upstream | None, tls: ssl.SSLContext | None
