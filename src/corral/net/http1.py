@@ -544,6 +544,8 @@ async def _pieces(reader: aio.StreamReader, kind: str, length: int) -> AsyncIter
             raise HttpError(502, "bad chunk terminator")
 
 
+# (_copy_exactly and _copy_chunked do for every unfiltered body what _pieces does
+# here, without an async generator: one costs a microsecond or so per response)
 async def _exactly(reader: aio.StreamReader, length: int) -> AsyncIterator[bytes]:
     while length:
         data = await reader.read(min(length, CHUNK))

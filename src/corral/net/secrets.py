@@ -593,7 +593,9 @@ def _watch_body(
 
 
 def _codings(encodings: bytes) -> tuple[bytes, ...]:
-    """The content codings named (lower-case), identity left out."""
+    """The content codings named (lower-case), identity left out, each as often as
+    named: not http1.header_tokens, whose set would read "gzip, gzip" (a body
+    compressed twice) as one gzip and pass on a body still compressed, unread."""
     named = (c.strip().lower() for c in encodings.split(b","))
     return tuple(c for c in named if c and c != b"identity")
 
