@@ -565,6 +565,8 @@ def test_a_compressed_body_is_read_and_goes_on_plain(hook: SecretsHook) -> None:
     refused = chain.response(dest, req, Response(200, [(b"content-encoding", b"br")]))
     assert refused is not None and not refused.allowed and refused.rule == "secret-echo"
     assert "encoded as br" in refused.reason
+    twice = chain.response(dest, req, Response(200, [(b"content-encoding", b"gzip, gzip")]))
+    assert twice is not None and twice.rule == "secret-echo"  # not read as one gzip
     # the twin: identity is no encoding; a host no secret goes to gets no filter
     assert chain.response(dest, req, Response(200, [(b"content-encoding", b"identity")])) is None
     elsewhere = Response(200, [(b"content-encoding", b"br")])
