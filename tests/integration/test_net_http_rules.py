@@ -637,6 +637,22 @@ see(dict(os.environ), open("/proc/self/environ", "rb").read())
 """
 
 
+def assert_bodies_hid_the_value(seen: bytes, big: bytes, said: bytes) -> None:
+    """The bodies echoed the headers too (gzip-compressed unasked, and chunked
+    across pieces of a long body): the placeholder came back, the value never."""
+    assert big.startswith(FILLER) and big.endswith(FILLER)  # the rest passed as it was
+    for body in (seen, big):
+        assert b'"x-key": "corral-secret-API_KEY-' in body
+    assert REAL.encode() not in seen + big + said
+
+
+def assert_echoes_audited(lines: list[dict[str, object]]) -> None:
+    """The audit names the secret whose echo a body had, and the body it refused."""
+    hidden = {e["path"] for e in lines if e.get("echoes_hidden") == ["API_KEY"]}
+    assert {"/api/gzip", "/api/big"} <= hidden, lines
+    assert any(e["rule"] == "secret-echo" and e["status"] == 403 for e in lines)
+
+
 def test_https_rules_and_credentials(
     tsandbox: tuple[Corral, Path],
 ) -> None:
@@ -695,13 +711,7 @@ hosts = ["api.test"]
         assert "requests-other 403 secret-wrong-host" in out
         seen = (ws / "seen.dump").read_bytes()
         assert b"corral-secret-API_KEY-" in seen and b"x-echo-x-key" in seen.lower()
-        # the bodies echoed the headers too (gzip-compressed unasked, and chunked
-        # across pieces of a long body): the placeholder came back, the value never
-        big = (ws / "big.body").read_bytes()
-        assert big.startswith(FILLER) and big.endswith(FILLER)  # the rest passed as it was
-        for body in (seen, big):
-            assert b'"x-key": "corral-secret-API_KEY-' in body
-        assert REAL.encode() not in seen + big + r.stdout + r.stderr
+        assert_bodies_hid_the_value(seen, (ws / "big.body").read_bytes(), r.stdout + r.stderr)
         assert base64.b64encode(f"user:{REAL}".encode()) not in seen
         # what the origins got, from outside: real values at api.test, nothing at other.test
         targets = {t: h for _, t, h in api.seen}
@@ -717,9 +727,7 @@ hosts = ["api.test"]
         assert other.methods() == [("GET", "/x")]
         lines = [e for e in net_log(c) if e.get("scheme") == "https"]
         assert any(e["rule"] == "secret-wrong-host" and e["secrets"] == ["API_KEY"] for e in lines)
-        hidden = {e["path"] for e in lines if e.get("echoes_hidden") == ["API_KEY"]}
-        assert {"/api/gzip", "/api/big"} <= hidden, lines
-        assert any(e["rule"] == "secret-echo" and e["status"] == 403 for e in lines)
+        assert_echoes_audited(lines)
         assert REAL.encode() not in (c.state / "corral" / "net.jsonl").read_bytes()
     finally:
         api.close()
