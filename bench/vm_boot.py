@@ -71,7 +71,7 @@ def raw_argv(qemu_path: str, vmlinux: str, initrd: str, accel: str, mode: str) -
         accel=accel,
         cpus=1,
         memory_mib=qemu.GUEST_MEMORY_DEFAULT,
-        cmdline=qemu.kernel_cmdline(qemu.host_facts().tsc_khz, mode=mode),
+        cmdline=qemu.kernel_cmdline(qemu.host_facts().tsc_khz, mode=mode, accel=accel),
         qemu=qemu_path,
         kernel=vmlinux,
         initrd=initrd,

@@ -92,7 +92,7 @@ def boot_probe(qemu_path: str, assets: Assets, initrd: str, timeout: float = PRO
         accel="kvm",
         cpus=1,
         memory_mib=256,
-        cmdline=qemu.kernel_cmdline(0, mode="probe"),
+        cmdline=qemu.kernel_cmdline(0, mode="probe", accel="kvm"),
         ports=[("corral.ctl", theirs.fileno())],
         qemu=qemu_path,
         kernel=assets.vmlinux,

@@ -372,7 +372,10 @@ def build(
         # a machine that may be saved boots as its restores will resume (the
         # kernel's command line is part of the state's key)
         cmdline=qemu.kernel_cmdline(
-            host.facts.tsc_khz, console=console, saved=snapshot.enabled(console)
+            host.facts.tsc_khz,
+            console=console,
+            saved=snapshot.enabled(console),
+            accel=host.decision.accel,
         ),
         exports=plan.shares,
         name=name,
