@@ -45,6 +45,14 @@ _children = threading.Condition()
 _spawned: set[int] = set()
 _exited: dict[int, int] = {}
 
+# How long a command name's PATH search may be remembered (0: never).  Only a
+# microVM's agent sets it (wait_for_go): there a name missing from a directory of
+# the guest's root is a round trip to QEMU each time (the guest's 9p keeps no
+# negative entries), ~0.3 ms under TCG, so a long PATH cost an exec 5 ms.
+SEARCH_TTL = 0.0
+# (PATH, name) -> (when it expires, the writable directories before the hit, the hit)
+_searches: dict[tuple[str, str], tuple[float, tuple[str, ...], str]] = {}
+
 PR_SET_DUMPABLE = 4
 IPC_RMID = 0
 # /proc/sysvipc file -> the libc call that removes one of its objects by id
@@ -160,6 +168,81 @@ def open_fds() -> list[int]:
         return list(range(3, 1024))
 
 
+def _read_only(directory: str) -> bool:
+    """Whether ``directory`` lies on a read-only mount (a missing one: its
+    nearest existing parent's, where nothing inside could make it)."""
+    while True:
+        try:
+            return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            parent = os.path.dirname(directory)
+            if parent == directory:
+                return False
+            directory = parent
+        except OSError:
+            return False
+
+
+def _search(name: str, path: str) -> tuple[tuple[str, ...], str] | None:
+    """Where posix_spawnp would find ``name`` on ``path``: the file, and the
+    directories before it that are writable (a name may appear there any time)."""
+    writable: list[str] = []
+    for directory in path.split(":"):
+        full = os.path.join(directory or ".", name)
+        try:
+            found = os.stat(full)
+        except (FileNotFoundError, NotADirectoryError):
+            if not directory.startswith("/") or not _read_only(directory):
+                writable.append(directory)
+            continue
+        except OSError:
+            return None
+        return (tuple(writable), full) if stat.S_ISREG(found.st_mode) else None
+    return None
+
+
+def locate(name: str) -> str:
+    """The file an exec of ``name`` runs, found on this process's PATH as
+    posix_spawnp would, with what a recent search learnt: a directory on a
+    read-only mount that lacked the name is not asked again for SEARCH_TTL
+    seconds (a host-side change to it shows after that).  The writable ones
+    before the hit are always looked in.  ``name`` itself when it holds a slash,
+    when nothing may be remembered, or when the search should be posix_spawnp's
+    own (not found, not a regular file): its error is the one to report."""
+    if not SEARCH_TTL or "/" in name or not name:
+        return name
+    path = os.environ.get("PATH", os.defpath)
+    now = time.monotonic()
+    known = _searches.get((path, name))
+    if known is not None and known[0] > now:
+        for directory in known[1]:
+            if os.path.exists(os.path.join(directory or ".", name)):
+                break  # it appeared in front of the one found: search afresh
+        else:
+            return known[2]
+    found = _search(name, path)
+    if found is None:
+        _searches.pop((path, name), None)
+        return name
+    if len(_searches) > 256:  # bounded: names are the caller's choice
+        _searches.clear()
+    _searches[(path, name)] = (now + SEARCH_TTL, *found)
+    return found[1]
+
+
+def spawn(argv: list[str], env: dict[str, str], **how: object) -> int:
+    """posix_spawnp, through what ``locate`` remembers.  A file found that fails
+    to run (its mode, its format) goes through posix_spawnp after all, which
+    tries the rest of PATH as an exec would."""
+    target = locate(argv[0])
+    if target != argv[0]:
+        try:
+            return os.posix_spawn(target, argv, env, **how)  # type: ignore[arg-type]
+        except OSError:
+            _searches.pop((os.environ.get("PATH", os.defpath), argv[0]), None)
+    return os.posix_spawnp(argv[0], argv, env, **how)  # type: ignore[arg-type]
+
+
 class NoCwd(OSError):
     """The command's working directory cannot be entered inside the sandbox."""
 
@@ -218,8 +301,7 @@ class Proc:
                 except OSError as exc:
                     raise NoCwd(exc.errno or 0, exc.strerror or str(exc), cwd) from None
                 with _children:  # booked before reap can see it end
-                    self.pid = os.posix_spawnp(
-                        argv[0],
+                    self.pid = spawn(
                         argv,
                         env,
                         file_actions=actions,
@@ -653,7 +735,10 @@ def wait_for_go(go: str, ready: str) -> None:
     makes of any other command: chrooted at ROOT, in cwd, with only those ids
     (no supplementary groups) and only that environment.  Nothing before the
     line is the run's: a state holds no request."""
+    global SEARCH_TTL
     import _ctypes  # noqa: F401  libc() imports it late: from here, not the view
+
+    SEARCH_TTL = 2.0
 
     os.close(os.open(ready, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
     with open(go, "rb") as fh:

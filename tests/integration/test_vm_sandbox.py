@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import struct
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,6 +96,39 @@ def test_exec_spawn_files_and_close(home_ws: tuple[Path, Path]) -> None:
     finally:
         sb.close()
     assert wait_for(lambda: not our_qemus(), 10)  # close() removed the VM
+
+
+def _tool(path: Path, says: str) -> None:
+    path.write_text(f"#!/bin/sh\necho {says}\n")
+    path.chmod(0o755)
+
+
+def test_commands_are_found_on_path_as_a_shell_would(home_ws: tuple[Path, Path]) -> None:
+    """The guest's agent remembers, for 2 s, that a directory of the read-only root
+    lacked a name (each lookup there is a round trip to QEMU): a tool the command
+    makes in a writable directory in front is found at once, and one the host adds
+    to a read-only directory in front within those 2 s."""
+    home, ws = home_ws
+    tools, front = home.parent / "tools", home.parent / "front"
+    tools.mkdir()
+    front.mkdir()
+    _tool(tools / "hello", "tools")
+    policy = pol.load(str(ws))
+    policy.env.set_values["PATH"] = f"{ws}/bin:{front}:{tools}:/usr/bin:/bin"
+    with Sandbox(policy, tier="microvm", log=False) as sb:
+        assert sb.exec(["hello"]).stdout == b"tools\n"
+        made = (
+            "mkdir bin && printf '#!/bin/sh\\necho workspace\\n' > bin/hello && chmod +x bin/hello"
+        )
+        assert sb.exec(made).exit_code == 0
+        assert sb.exec(["hello"]).stdout == b"workspace\n"  # in front, writable: found at once
+        assert sb.exec("rm bin/hello").exit_code == 0
+        assert sb.exec(["hello"]).stdout == b"tools\n"
+        _tool(front / "hello", "front")  # the host's change, in a read-only directory
+        started = time.monotonic()
+        assert wait_for(lambda: sb.exec(["hello"]).stdout == b"front\n", 10)
+        assert time.monotonic() - started < 4
+        assert sb.exec(["no-such-tool"]).exit_code == 127
 
 
 @pytest.mark.slow
