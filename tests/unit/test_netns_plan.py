@@ -284,6 +284,8 @@ def test_a_user_namespace_made_ahead_but_not_mapped_stops_the_run() -> None:
     pytest.importorskip("corral._sys", reason="corral._sys was not built (no C compiler)")
 
     def child(refuse_maps: bool) -> int:
+        # this process's own start, whatever earlier tests in this worker left
+        netns._ahead, netns._entered, netns._own_user, netns._mapped = False, None, False, False
         uid = os.geteuid()
         real_open = os.open
 
