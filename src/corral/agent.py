@@ -21,6 +21,7 @@ tiers), in the same order.
 from __future__ import annotations
 
 import array
+import errno
 import fcntl
 import json
 import os
@@ -211,17 +212,16 @@ def _search(name: str, path: str) -> tuple[tuple[str, ...], str] | None:
     return None
 
 
-def locate(name: str) -> str:
-    """The file an exec of ``name`` runs, found on this process's PATH as
-    posix_spawnp would, with what a recent search learnt: a directory on a
-    read-only mount that lacked the name is not asked again for SEARCH_TTL
-    seconds (a host-side change to it shows after that).  The writable ones
-    before the hit are always looked in.  ``name`` itself when it holds a slash,
-    when nothing may be remembered, or when the search should be posix_spawnp's
-    own (not found, not a regular file): its error is the one to report."""
+def locate(name: str, path: str) -> str:
+    """The file an exec of ``name`` runs, found on ``path`` as execvp would, with
+    what a recent search learnt: a directory on a read-only mount that lacked
+    the name is not asked again for SEARCH_TTL seconds (a host-side change to it
+    shows after that).  The writable ones before the hit are always looked in.
+    ``name`` itself when it holds a slash, when nothing may be remembered, or
+    when the search should be spawn_on's (not found, not a regular file): its
+    error is the one to report."""
     if not SEARCH_TTL or "/" in name or not name:
         return name
-    path = os.environ.get("PATH", os.defpath)
     now = time.monotonic()
     known = _searches.get((path, name))
     if known is not None and known[0] > now:
@@ -240,17 +240,47 @@ def locate(name: str) -> str:
     return found[1]
 
 
+# execvp goes on to PATH's next directory after these; any other error is the answer
+_NOT_HERE = {errno.ENOENT, errno.ENOTDIR, errno.ESTALE, errno.ENODEV, errno.ETIMEDOUT}
+
+
+def spawn_on(path: str, argv: list[str], env: dict[str, str], **how: object) -> int:
+    """posix_spawn of ``argv[0]`` looked for on ``path`` (not this process's PATH,
+    which is all posix_spawnp reads), directory by directory as execvp does: a
+    file it may not run is passed over, and reported only if nothing else runs."""
+    if "/" in argv[0] or not argv[0]:
+        return os.posix_spawn(argv[0], argv, env, **how)  # type: ignore[arg-type]
+    denied: OSError | None = None
+    for directory in path.split(":"):
+        try:
+            full = os.path.join(directory or ".", argv[0])
+            return os.posix_spawn(full, argv, env, **how)  # type: ignore[arg-type]
+        except PermissionError as exc:
+            denied = exc
+        except OSError as exc:
+            if exc.errno not in _NOT_HERE:
+                raise
+    if denied is not None:
+        raise denied
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+
+
 def spawn(argv: list[str], env: dict[str, str], **how: object) -> int:
-    """posix_spawnp, through what ``locate`` remembers.  A file found that fails
-    to run (its mode, its format) goes through posix_spawnp after all, which
-    tries the rest of PATH as an exec would."""
-    target = locate(argv[0])
+    """Spawn ``argv``, its name looked for on the command's own PATH (``env``'s),
+    as a shell or subprocess would.  When that is this process's PATH, libc's
+    posix_spawnp searches; otherwise spawn_on.  A microVM's agent goes through
+    what ``locate`` remembers first; a file found that fails to run (its mode,
+    its format) is searched for again."""
+    path = env.get("PATH", os.defpath)
+    target = locate(argv[0], path)
     if target != argv[0]:
         try:
             return os.posix_spawn(target, argv, env, **how)  # type: ignore[arg-type]
         except OSError:
-            _searches.pop((os.environ.get("PATH", os.defpath), argv[0]), None)
-    return os.posix_spawnp(argv[0], argv, env, **how)  # type: ignore[arg-type]
+            _searches.pop((path, argv[0]), None)
+    if path == os.environ.get("PATH", os.defpath):
+        return os.posix_spawnp(argv[0], argv, env, **how)  # type: ignore[arg-type]
+    return spawn_on(path, argv, env, **how)
 
 
 class Workers:

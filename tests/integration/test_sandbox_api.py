@@ -72,6 +72,20 @@ def test_env_names_and_values(sb: Sandbox, monkeypatch: pytest.MonkeyPatch) -> N
     assert r.stdout.startswith(canary.encode()) and canary.encode() not in r.stdout[40:]
 
 
+def test_a_command_is_found_on_the_path_its_env_gives(
+    sb: Sandbox, home_ws: tuple[Path, Path]
+) -> None:
+    """exec(["ls"], env={"PATH": ...}) runs the ls that PATH finds first, as a
+    shell or subprocess would; without it, the sandbox's own PATH finds /usr/bin's."""
+    _, ws = home_ws
+    made = "mkdir -p bin && printf '#!/bin/sh\\necho mine\\n' > bin/ls && chmod +x bin/ls"
+    assert sb.exec(made).exit_code == 0
+    assert sb.exec(["ls"], env={"PATH": f"{ws}/bin:/usr/bin:/bin"}).stdout == b"mine\n"
+    assert sb.exec(["ls"]).stdout == b"bin\n"  # the twin: the real ls
+    missing = sb.exec(["no-such-command"], env={"PATH": f"{ws}/bin"})
+    assert missing.exit_code == 127 and f"PATH={ws}/bin".encode() in missing.stderr
+
+
 def test_cwd_inside_only(sb: Sandbox, home_ws: tuple[Path, Path]) -> None:
     _, ws = home_ws
     (ws / "sub").mkdir()

@@ -122,6 +122,8 @@ def test_commands_are_found_on_path_as_a_shell_would(home_ws: tuple[Path, Path])
         )
         assert sb.exec(made).exit_code == 0
         assert sb.exec(["hello"]).stdout == b"workspace\n"  # in front, writable: found at once
+        own_path = {"PATH": f"{tools}:/usr/bin:/bin"}  # the command's own PATH is the one
+        assert sb.exec(["hello"], env=own_path).stdout == b"tools\n"
         assert sb.exec("rm bin/hello").exit_code == 0
         assert sb.exec(["hello"]).stdout == b"tools\n"
         _tool(front / "hello", "front")  # the host's change, in a read-only directory
