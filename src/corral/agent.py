@@ -195,7 +195,7 @@ def _read_only(directory: str) -> bool:
 
 
 def _search(name: str, path: str) -> tuple[tuple[str, ...], str] | None:
-    """Where posix_spawnp would find ``name`` on ``path``: the file, and the
+    """Where execvp would find ``name`` on ``path``: the file, and the
     directories before it that are writable (a name may appear there any time)."""
     writable: list[str] = []
     for directory in path.split(":"):
@@ -317,8 +317,8 @@ class Workers:
         while True:
             try:
                 task(*args)
-            except Exception as exc:  # as threading.excepthook would: one line to the host
-                send({"ev": "error", "message": f"agent: {type(exc).__name__}: {exc}"})
+            except Exception as exc:  # as threading.excepthook would
+                report(exc)
             finally:
                 done.set()
             with self._lock:
@@ -734,12 +734,18 @@ def _clear(path: str, dev: int, mounts: set[str], held: set[str]) -> int:
     return removed
 
 
-def report_error(args: threading.ExceptHookArgs) -> None:
-    """An unexpected error in one of our threads: one line to the host, no traceback."""
+def report(exc: BaseException) -> None:
+    """An unexpected error of ours: one line to the host, no traceback."""
     try:
-        send({"ev": "error", "message": f"agent: {args.exc_type.__name__}: {args.exc_value}"})
+        send({"ev": "error", "message": f"agent: {type(exc).__name__}: {exc}"})
     except OSError:
         pass
+
+
+def report_error(args: threading.ExceptHookArgs) -> None:
+    """threading.excepthook: an error that ended one of our threads."""
+    if args.exc_value is not None:  # always, for an exception raised in a thread
+        report(args.exc_value)
 
 
 def handle(ident: int, msg: dict[str, object], payload: bytes) -> None:
@@ -806,7 +812,7 @@ def main() -> None:
         try:
             handle(ident, msg, payload)
         except Exception as exc:  # a bad request must not end the sandbox
-            send({"ev": "error", "message": f"agent: {type(exc).__name__}: {exc}"})
+            report(exc)
             if msg.get("op") == "exec":  # its caller waits for an exit
                 send({"ev": "exit", "id": ident, "code": 126})
     with _procs_lock:
