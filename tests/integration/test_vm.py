@@ -458,6 +458,27 @@ def test_the_door_is_the_only_way_out(sandbox: tuple[Corral, Path]) -> None:
 
 
 @pytest.mark.slow
+def test_an_allowed_host_service_is_reached_at_its_own_address(
+    sandbox: tuple[Corral, Path],
+) -> None:
+    c, ws = sandbox
+    ok, other = Origin(), Origin()
+    try:
+        direct = "curl -sS --noproxy '*' --max-time 20"  # past the proxy variables
+        script = f"""
+            {direct} http://127.0.0.1:{ok.port}/own
+            {direct} http://127.0.0.1:{other.port}/other || echo other=refused
+        """
+        r = vm(c, ws, "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c", script)
+    finally:
+        ok.close()
+        other.close()
+    out = r.stdout.decode()
+    assert "hello from origin" in out and ok.hits == [("GET", "/own")]
+    assert "other=refused" in out and other.hits == []  # the guest's own loopback: nothing there
+
+
+@pytest.mark.slow
 def test_proxy_death_means_no_network(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
     ok = Origin()

@@ -116,6 +116,18 @@ def test_with_a_network_the_relay_runs_first_in_the_guest(policy: Policy) -> Non
     assert "HTTP_PROXY" in launch.env and "HTTP_PROXY" in plan.env
 
 
+def test_allowed_host_services_are_served_at_their_own_address_in_the_guest(
+    policy: Policy,
+) -> None:
+    policy.network.mode = "proxy"
+    policy.network.allow = ["127.0.0.1:8080", "127.0.0.0/8:9000", "example.org"]
+    plan = MicroVMTier().plan(policy, ["curl", "x"], door="/tmp/d.sock", host=facts_for(policy))
+    launch = plan.strategy.vm.launch  # type: ignore[attr-defined]
+    argv = launch.argv[: launch.argv.index("curl")]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--service"] == ["127.0.0.1:8080"]
+    assert any("127.0.0.0/8:9000" in n and "only through the proxy" in n for n in plan.notes)
+
+
 def test_without_a_guest_kernel_the_tier_refuses_with_the_setup_command(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

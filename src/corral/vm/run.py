@@ -345,7 +345,8 @@ def build(
     plan.shares = guest.exports(fs.writable)
     present = [m.dest for m in fs.mounts if m.kind == "tmpfs" and m.dest in fsplan.PRIVATE_TMP]
     plan.guest_mounts = guest.guest_mounts(plan.shares, namespace.scratch_sizes(limits), present)
-    command, env = _guest_command(policy, command, door)
+    command, env, notes = _guest_command(policy, command, door)
+    plan.notes += notes
     if env_extra:
         env = {**env, **env_extra}
     ready = host.agent if agent and policy.network.mode != "proxy" else None
@@ -388,23 +389,27 @@ def build(
 
 def _guest_command(
     policy: Policy, command: list[str], door: str | None
-) -> tuple[list[str], dict[str, str]]:
-    """The command the guest runs and its environment: with a network, behind the
-    relay (as on the other tiers) reached through the guest's end of the door port."""
-    from corral import environ
+) -> tuple[list[str], dict[str, str], list[str]]:
+    """The command the guest runs, its environment and the plan's notes: with a
+    network, behind the relay (as on the other tiers) reached through the guest's
+    end of the door port, which also listens on the guest's loopback for each
+    allowed host service at its own address."""
+    from corral import environ, netns
     from corral.tiers import namespace
 
     env = environ.sandbox_env(policy)
     if policy.network.mode != "proxy":
-        return command, env
+        return command, env, []
     from corral.net import door as doors
 
     if door is None:
         raise ValueError("network mode proxy needs the door's path")
-    relay = doors.relay_argv([namespace.inside_python()])
+    services, notes = netns.loopback_services(policy.network.allow, policy.network.deny)
+    relay = doors.relay_argv([namespace.inside_python()], services)
     bridge = [relay[0], "-I", "-S", "/run/corral/guestdoor.py", "4", doors.SANDBOX_DOOR]
     relay_args = relay[relay.index(doors.SANDBOX_RELAY) + 1 :]
-    return [*bridge, "--", *relay_args, "--", *command], {**doors.proxy_env(), **env}
+    guest_argv = [*bridge, "--", *relay_args, "--", *command]
+    return guest_argv, {**doors.proxy_env(), **env}, notes
 
 
 def _sandbox(plan: VmPlan, host: VmHost, machine: qemu.Machine, ready: AgentMachine | None) -> None:
