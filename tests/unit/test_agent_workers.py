@@ -38,6 +38,21 @@ def test_tasks_that_block_each_get_a_thread_of_their_own() -> None:
     assert len(_threads_of(workers)) >= 1
 
 
+def test_threads_started_ahead_take_the_first_tasks_without_a_new_one() -> None:
+    """A microVM's agent starts its threads before its state is saved: the first
+    exec after a restore (two pumps and a waiter, blocked together) starts none."""
+    workers = agent.Workers()
+    before = threading.active_count()
+    workers.prestart(3)
+    assert threading.active_count() == before + 3
+    release = threading.Event()
+    held = [workers.run(release.wait) for _ in range(3)]
+    assert threading.active_count() == before + 3  # the three waiting ones took them
+    assert not any(h.is_set() for h in held)
+    release.set()
+    assert all(h.wait(5) for h in held)
+
+
 def test_an_idle_thread_ends(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agent.Workers, "IDLE", 0.05)
     workers = agent.Workers()

@@ -160,7 +160,7 @@ def request(
     (random bytes, the host's time in seconds): first, for a guest restored from
     a saved state, its own randomness and clock (the init's ``fresh``)."""
     q = shlex.quote
-    lines = [f"fresh {fresh[0].hex()} @{int(fresh[1])}"] if fresh is not None else []
+    lines = [f"fresh {fresh[0].hex()} {int(fresh[1])}"] if fresh is not None else []
     lines.append(f"mount_root {q(ROOT_TAG)} {ROOT_CACHE}")
     queued: list[str] = []  # the init makes queued mounts in one batch (its `mounts`)
     for kind, path, what in mounts:
