@@ -100,13 +100,16 @@ def _policy(variant: str, origin_ca: str) -> object:
     policy.tls.ca = "ephemeral"
     if variant.startswith("tls"):
         policy.tls.inspect = [HOST]
-    if variant.endswith("rules") or variant.endswith("only"):
+    if variant.endswith(("rules", "only", "elsewhere")):
         policy.network.rules = [
             {"host": HOST, "methods": ["GET"], "paths": ["/api/**"], "action": "allow"},
             {"host": HOST, "paths": ["/api/admin/**"], "action": "deny"},
         ]
-    if variant.endswith("rules"):
-        hosts = [f"{HOST}:1-65535"]  # ports named: plain HTTP too (a bare name is HTTPS only)
+    if variant.endswith(("rules", "elsewhere")):
+        # ports named: plain HTTP too (a bare name is HTTPS only); "elsewhere": the
+        # secrets go to another host, as an API key does while a tool fetches packages
+        target = "other.test" if variant.endswith("elsewhere") else HOST
+        hosts = [f"{target}:1-65535"]
         policy.secrets = {
             "KEY": Secret("KEY", "env:BENCH_REAL_KEY", hosts),
             "TOKEN": Secret(
@@ -131,6 +134,8 @@ def _proxy(variant: str, port: int, origin_ca: str, out: str) -> None:
     chain.open()
     ca = ca_for(policy.tls, tempfile.gettempdir())  # type: ignore[attr-defined]
     placeholder = chain.sandbox_env().get("KEY", "none")
+    if variant.endswith("elsewhere"):  # a request that carries no key, to a host that gets none
+        placeholder = "none"
     Path(out).write_bytes(placeholder.encode() + b"\n" + ca.cert_pem)
 
     from corral.net import aio
@@ -243,6 +248,7 @@ VARIANTS = (
     ("tls-inspect", "https", "interception alone ([tls] inspect)"),
     ("tls-rules-only", "https", "+ method/path rules"),
     ("tls-rules", "https", "+ method/path rules and secrets"),
+    ("tls-rules-elsewhere", "https", "+ method/path rules, secrets for another host"),
 )
 
 
@@ -406,6 +412,8 @@ async def _exchanges(
         chain = chain_for(policy)  # type: ignore[arg-type]
         chain.open()
         placeholder = chain.sandbox_env().get("KEY", "none").encode()
+        if variant.endswith("elsewhere"):
+            placeholder = b"none"
         request = http1.parse_request(
             b"GET %s HTTP/1.1\r\nHost: %s:443\r\nX-Key: %s"
             % (TARGET.encode(), HOST.encode(), placeholder)

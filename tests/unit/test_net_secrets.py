@@ -375,6 +375,20 @@ def test_a_host_with_no_secret_is_still_looked_at(hook: SecretsHook) -> None:
     assert hook.sees_requests_to("anything.test", 443)
 
 
+def test_only_the_hosts_a_value_goes_to_are_rewritten_and_their_responses_read(
+    hook: SecretsHook,
+) -> None:
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), hook])
+    elsewhere = chain.plan("anything.test", 443)  # decided (a placeholder may not go there)...
+    assert elsewhere.on_request and not elsewhere.rewrite and not elsewhere.on_response
+    verdict, _, _ = exchange(
+        hook, "anything.test", "/", [(b"x-key", placeholder(hook, "API_KEY").encode())]
+    )
+    assert verdict is False  # ... and a placeholder sent there is still refused
+    there = chain.plan("api.test", 443)  # the twin: a host of the value
+    assert there.on_request and there.rewrite and there.on_response
+
+
 def test_the_shortest_echoes_are_still_hidden(hook: SecretsHook) -> None:
     """Headers too short to hold a value are not scanned; the shortest that can
     (the bare value, the bare value in Basic credentials) are hidden."""

@@ -59,7 +59,12 @@ Requests (plain HTTP and intercepted HTTPS alike)
     Which hooks see a request is worked out once per destination: the chain
     asks each hook :meth:`Hook.sees_requests_to` on the first request to a
     (host, port) and calls only those that said yes for every later one (a
-    rule for one host costs nothing on requests to any other).
+    rule for one host costs nothing on requests to any other); of those, it
+    asks :meth:`Hook.rewrites_for` and :meth:`Hook.sees_responses_from` whether
+    their rewrite and on_response have anything to do there (a secret's
+    hook decides every request, but rewrites and reads the responses of only
+    the hosts its value may go to).  When no hook looks at a destination's
+    responses, the proxy passes them on as it does without hooks.
 
     What a hook wrote is checked on every request (``request.unchecked`` and
     ``response.unchecked``, set by the chain, tell the proxy to), unless every
@@ -232,6 +237,14 @@ class Hook:
         """Might on_request, rewrite or on_response do anything for a request to
         (normalized host, port)?  Asked once per destination: False and the chain
         never calls them for requests there."""
+        return True
+
+    def rewrites_for(self, host: str, port: int) -> bool:
+        """Of a destination this hook sees requests to: might rewrite change one?"""
+        return True
+
+    def sees_responses_from(self, host: str, port: int) -> bool:
+        """Of a destination this hook sees requests to: might on_response do anything?"""
         return True
 
     def inspects(self) -> list[tuple[str, str]]:
@@ -426,10 +439,12 @@ class Chain:
         if plan is None:
             if len(self._plans) >= self.CACHE_SIZE:
                 self._plans.clear()
+            rewriting = [h for h in self._rewrite if h.sees_requests_to(host, port)]
+            responding = [h for h in self._on_response if h.sees_requests_to(host, port)]
             plan = self._plans[key] = _Plan(
                 [h for h in self._on_request if h.sees_requests_to(host, port)],
-                [h for h in self._rewrite if h.sees_requests_to(host, port)],
-                [h for h in self._on_response if h.sees_requests_to(host, port)],
+                [h for h in rewriting if h.rewrites_for(host, port)],
+                [h for h in responding if h.sees_responses_from(host, port)],
             )
         return plan
 

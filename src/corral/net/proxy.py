@@ -854,7 +854,9 @@ class Proxy:
         limit = None
         if hooked is not None:
             try:
-                headers, path, limit = self._rewritten(dest, hooked, headers, body_kind, body_len)
+                headers, path, limit = self._rewritten(
+                    dest, hooked, headers, path, body_kind, body_len
+                )
             except _RequestRefused as exc:
                 self.log(dest, exc.verdict, exc.status, 0, 0, started, extra=extra)
                 plain = exc.status == 413 and _plain(request)
@@ -1000,21 +1002,24 @@ class Proxy:
         dest: Destination,
         hooked: Request,
         headers: list[tuple[bytes, bytes]],
+        path: bytes,
         body_kind: str,
         body_len: int,
     ) -> tuple[list[tuple[bytes, bytes]], bytes, int | None]:
         """The request's headers, target and body limit after the hooks' rewrite;
         what a rule wrote is checked like what a client sends.  _RequestRefused:
         502 for a rewrite that would not parse, 413 for a body over a rule's limit."""
-        self.chain.rewrite(dest, hooked)
-        try:
-            if hooked.unchecked:  # (False: only hooks that check what they write ran)
-                headers = http1.refit(hooked.headers, headers, 502)
-                path = http1.check_target(hooked.target.encode("latin-1", "replace"), 502)
-            else:
-                headers, path = hooked.headers, hooked.target.encode("latin-1", "replace")
-        except HttpError as exc:
-            raise _RequestRefused(502, Verdict(False, "rewrite", exc.message)) from None
+        plan = hooked.plan
+        if plan is None or plan.rewrite:  # (else nothing to rewrite, nothing to check)
+            self.chain.rewrite(dest, hooked)
+            try:
+                if hooked.unchecked:  # (False: only hooks that check what they write ran)
+                    headers = http1.refit(hooked.headers, headers, 502)
+                    path = http1.check_target(hooked.target.encode("latin-1", "replace"), 502)
+                else:
+                    headers, path = hooked.headers, hooked.target.encode("latin-1", "replace")
+            except HttpError as exc:
+                raise _RequestRefused(502, Verdict(False, "rewrite", exc.message)) from None
         limit = hooked.body_limit
         if limit is not None and body_kind == "length" and body_len > limit:
             why = f"request body larger than {limit} bytes"
@@ -1042,7 +1047,8 @@ class Proxy:
         if status == 101 and http1.header_tokens(response.get_all(b"upgrade")) != {upgrade}:
             raise HttpError(502, "upstream switched to a protocol other than websocket")
         filters: list[BodyFilter] = []
-        if hooked is not None:  # (the hooks' copy: forwardable() once per head)
+        if _responded(hooked):  # (the hooks' copy: forwardable() once per head)
+            assert hooked is not None
             reason, out_headers, filters = self._response_head(dest, hooked, response, kind, length)
         else:
             reason, out_headers = response.reason, http1.forwardable(response, kind, length)
@@ -1076,7 +1082,8 @@ class Proxy:
         down = 0
         while 100 <= response.status < 200 and response.status != 101:
             kind, _ = http1.framing(response, request.method)
-            if hooked is not None:  # (filters: none, an interim head has no body)
+            if _responded(hooked):  # (filters: none, an interim head has no body)
+                assert hooked is not None
                 reason, out_headers, _ = self._response_head(dest, hooked, response, kind, 0)
             else:  # (an interim head has no body: framing says "none")
                 reason, out_headers = response.reason, http1.forwardable(response, kind, 0)
@@ -1535,6 +1542,11 @@ async def intercept(
     from corral.net import tls
 
     await tls.intercept(proxy, reader, writer, dest, verdict, early)
+
+
+def _responded(hooked: Request | None) -> bool:
+    """Does a hook see the responses to this request (its destination's plan)?"""
+    return hooked is not None and (hooked.plan is None or bool(hooked.plan.on_response))
 
 
 def _announced(kind: str, length: int) -> int | None:

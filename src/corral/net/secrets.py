@@ -298,6 +298,12 @@ class SecretsHook(Hook):
     def sees_requests_to(self, host: str, port: int) -> bool:
         return bool(self.policy.secrets)  # any host: a placeholder must not go there
 
+    def rewrites_for(self, host: str, port: int) -> bool:
+        return bool(self.for_host(host, port).mine)  # (over HTTPS: plain HTTP takes fewer)
+
+    def sees_responses_from(self, host: str, port: int) -> bool:
+        return bool(self.for_host(host, port).mine)  # no value goes there: none comes back
+
     def for_host(self, host: str, port: int, plain: bool = False) -> _HostPlan:
         """What requests to (host, port) need, over HTTPS or plain HTTP (``plain``)."""
         key = (host, port, plain)
