@@ -477,6 +477,65 @@ def test_tls_both_sides_with_early_bytes_and_big_bodies(
     aio.run(main())
 
 
+def test_a_servers_session_tickets_go_out_with_its_first_response(
+    tls_pair: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    """TLS 1.3: the tickets a server makes once the handshake is done wait for its
+    first write (one send, not two), and still reach the client: it resumes."""
+    import socket
+    import threading
+
+    server_ctx, client_ctx = tls_pair
+    writes: list[int] = []
+
+    async def main() -> None:
+        loop = aio.get_running_loop()
+
+        async def serve(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
+            raw = writer.transport
+            send = raw.write
+
+            def counted(data: bytes | bytearray | memoryview) -> None:
+                writes.append(len(data))
+                send(data)
+
+            raw.write = counted  # type: ignore[method-assign]
+            protocol = aio.StreamReaderProtocol(aio.StreamReader())
+            tls = await loop.start_tls(raw, protocol, server_ctx, server_side=True)
+            assert await protocol._reader.readexactly(4) == b"ping"
+            tls.write(b"pong")
+            tls.close()
+
+        server = await aio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        sessions: list[ssl.SSLSession | None] = []
+        reused: list[bool] = []
+
+        def client() -> None:
+            for session in (None, "the first one's"):
+                with socket.create_connection(("127.0.0.1", port)) as sock:
+                    given = sessions[0] if session else None
+                    with client_ctx.wrap_socket(
+                        sock, server_hostname="localhost", session=given
+                    ) as tls:
+                        tls.sendall(b"ping")
+                        assert tls.recv(4) == b"pong"
+                        sessions.append(tls.session)
+                        reused.append(tls.session_reused)
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        while thread.is_alive():
+            await aio.sleep(0.01)
+        server.close()
+        assert sessions[0] is not None and sessions[0].has_ticket
+        assert reused == [False, True]  # the ticket that came with "pong" resumed
+
+    aio.run(main())
+    first = writes[: len(writes) // 2]  # the first connection's writes (both make as many)
+    assert len(first) == 3  # the handshake flight; tickets + "pong"; close_notify
+
+
 def test_an_untrusted_server_fails_the_handshake_and_a_trusted_name_passes(
     tls_pair: tuple[ssl.SSLContext, ssl.SSLContext],
 ) -> None:

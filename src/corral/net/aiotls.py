@@ -50,6 +50,7 @@ class TLSLayer(Protocol):
         self._paused = False  # the application paused reading
         self._ended = False  # the peer's close_notify (or EOF) was passed on
         self._lost = False
+        self._held = 0  # bytes of the outgoing BIO left for the next write (see _step_handshake)
         self.transport = TLSTransport(self)
         raw.set_protocol(self)
 
@@ -91,12 +92,19 @@ class TLSLayer(Protocol):
             self._fail_handshake(exc)
             return
         self._handshaking = False
-        self._flush()
+        if self._obj.server_side:
+            # a TLS 1.3 server's last handshake bytes are its session tickets, which
+            # the client needs for nothing now: they go with the first response
+            # (one write, one wakeup of the client, fewer per new connection)
+            self._held = self._out.pending
+        else:
+            self._flush()
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     def _flush(self) -> None:
         if self._out.pending:
+            self._held = 0
             self._raw.write(self._out.read())
 
     # the raw transport's side
@@ -129,7 +137,8 @@ class TLSLayer(Protocol):
             self._app.data_received(chunk)
             if not self._in.pending and not obj.pending():
                 break  # nothing more to decrypt: skip the exception a read would raise
-        self._flush()  # what reading produced (a key update's answer, say)
+        if self._out.pending > self._held:  # what reading produced (a key update's answer)
+            self._flush()
 
     def _end(self) -> None:
         if self._ended:
