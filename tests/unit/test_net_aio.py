@@ -509,7 +509,7 @@ def test_a_servers_session_tickets_go_out_with_its_first_response(
         server = await aio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         sessions: list[ssl.SSLSession | None] = []
-        reused: list[bool] = []
+        reused: list[bool | None] = []
 
         def client() -> None:
             for session in (None, "the first one's"):
