@@ -476,7 +476,7 @@ def report() -> dict[str, str]:
     """What each kind of tier does with $HOME, for ``corral doctor``."""
     return {
         "layers": layers_dir(),
-        "namespace, landlock": (
+        "namespace, landlock, microvm": (
             "$HOME is the workspace's home layer, seeded with links to your home's entries "
             f"and copies of its dotfiles (not {', '.join(OWN)}, never a secret); your home "
             "itself stays read-only at its own path"

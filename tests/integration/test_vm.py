@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT_BASE, Corral, pids_matching, wait_for
+from test_home import put, tiny_tarball, tiny_wheel, tree_state
 from test_network import Origin
 
 from corral.vm import setup
@@ -114,12 +115,77 @@ def test_exit_code_and_separate_output(sandbox: tuple[Corral, Path]) -> None:
     )
 
 
+def test_writes_under_home_go_to_the_layer_and_persist(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    put(c, c.home / ".bashrc", "export FROM_BASHRC=one\n")
+    put(c, c.home / ".ssh" / "id_ed25519", SECRET + "\n", 0o600)
+    before = tree_state(c.home)
+    layer = Path(c.run(["home", "path"], cwd=ws).stdout.decode().strip())
+    write = (
+        'echo "HOME=$HOME"; mkdir -p ~/.cache/tool && echo cached > ~/.cache/tool/data '
+        "&& echo cache=ok; git config --global user.name 'Sand Boxed' && echo git=ok; "
+        f"cat ~/.bashrc; cat ~/.ssh/id_ed25519 {c.home}/.ssh/id_ed25519 2>&1; "
+        f"echo x > {c.home}/real.txt || echo real=refused"
+    )
+    r = vm(c, ws, "--", "sh", "-c", write)
+    text = r.stdout.decode() + r.stderr.decode()
+    assert f"HOME={layer}\n" in text and "cache=ok" in text and "git=ok" in text, text
+    assert "FROM_BASHRC=one" in text  # the real dotfile, seeded into the layer
+    assert SECRET not in text and "real=refused" in text  # masked, and read-only beneath
+    r = vm(c, ws, "--", "sh", "-c", "cat ~/.cache/tool/data; git config --global user.name")
+    assert r.stdout.decode() == "cached\nSand Boxed\n", r.stderr  # persisted on the host
+    assert (layer / ".cache" / "tool" / "data").read_text() == "cached\n"
+    assert tree_state(c.home) == before  # the real home: not a byte changed
+    # the deny twin: without the layer, ~ is the real home and read-only, as before
+    r = vm(c, ws, "--home", "read-only", "--", "sh", "-c", write)
+    text = r.stdout.decode() + r.stderr.decode()
+    assert f"HOME={c.home}\n" in text and "cache=ok" not in text and "git=ok" not in text, text
+    assert tree_state(c.home) == before
+
+
+@pytest.mark.slow
+def test_npm_install_and_pip_install_user_use_the_layer(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    tiny_tarball(ws)
+    tiny_wheel(ws)
+    (ws / "package.json").write_text(
+        '{"name": "app", "version": "1.0.0", '
+        '"dependencies": {"tiny-home": "file:tiny-home-1.0.0.tgz"}}\n'
+    )
+    c.chown(ws)
+    before = tree_state(c.home)
+    npm = "npm install --offline --no-audit --no-fund --no-update-notifier && echo npm=ok"
+    pip = (
+        "python3 -m pip install -q --user --no-index --break-system-packages "
+        "--disable-pip-version-check tinyhome-1.0-py3-none-any.whl && echo pip=ok"
+    )
+    script = (
+        f"if command -v npm >/dev/null; then {npm}; else echo npm=missing; fi; "
+        f"if python3 -m pip --version >/dev/null 2>&1; then {pip}; else echo pip=missing; fi"
+    )
+    r = vm(c, ws, "--", "sh", "-c", script)
+    text = r.stdout.decode() + r.stderr.decode()
+    if "npm=missing" in text and "pip=missing" in text:
+        pytest.skip("neither npm nor pip is installed on this machine")
+    layer = Path(c.run(["home", "path"], cwd=ws).stdout.decode().strip())
+    if "npm=missing" not in text:
+        assert "npm=ok" in text, text
+        assert (layer / ".npm" / "_cacache").is_dir()  # npm's cache went to the layer
+    if "pip=missing" not in text:
+        assert "pip=ok" in text, text
+        r = vm(
+            c, ws, "--", "sh", "-c", "cd / && python3 -c 'import tinyhome; print(tinyhome.VALUE)'"
+        )
+        assert r.stdout.decode() == "tinyhome works\n", r.stderr
+    assert tree_state(c.home) == before
+
+
 @pytest.mark.slow
 def test_workspace_writes_land_and_writes_outside_fail(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
-    script = """
+    script = f"""
         echo landed > inside.txt && echo inside-ok
-        echo x > "$HOME/outside.txt" || echo home-refused
+        echo x > {c.home}/outside.txt || echo home-refused
         touch /usr/corral-vm-test || echo usr-refused
         id -u
     """

@@ -279,7 +279,7 @@ def test_doctor_text_lists_every_tier(capsys: pytest.CaptureFixture[str]) -> Non
     tier_part, _, places = tier_part.partition("\nplacements (")
     assert [line.split()[0] for line in places.splitlines()[1:]] == ["local", "ray", "kubernetes"]
     defaults, _, home = defaults.partition("\nhome layers (")
-    assert "namespace, landlock: $HOME is the workspace's home layer" in home
+    assert "namespace, landlock, microvm: $HOME is the workspace's home layer" in home
     home, _, tls_line = home.rstrip("\n").rpartition("\n")
     lines = [line for line in tier_part.splitlines() if not line.startswith(" ")]
     assert len(lines) == len(tiers.REGISTRY) + 1

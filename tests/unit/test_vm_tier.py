@@ -128,6 +128,28 @@ def test_allowed_host_services_are_served_at_their_own_address_in_the_guest(
     assert any("127.0.0.0/8:9000" in n and "only through the proxy" in n for n in plan.notes)
 
 
+def test_home_is_the_home_layer_exported_read_write_at_its_own_path(
+    policy: Policy, tmp_path: Path
+) -> None:
+    from corral import home
+
+    layer = home.HomeLayer(str(tmp_path / "layer"), "persist", "host", policy.workspace, "/h")
+    facts = facts_for(policy)
+    facts.home = layer
+    facts.fs = fsplan.plan_filesystem(policy, home=layer.path)
+    plan = MicroVMTier().plan(policy, ["true"], host=facts)
+    vm = plan.strategy.vm  # type: ignore[attr-defined]
+    assert plan.home is layer and vm.launch.env["HOME"] == layer.path
+    exported = {(e.path, e.writable) for e in vm.shares}
+    assert (layer.path, True) in exported and (policy.workspace, True) in exported
+    assert any(m.dest.endswith(layer.path) and m.kind == "bind" for m in vm.view)
+    # the twin: no layer (home = "read-only"), the real home and no export for it
+    plain = MicroVMTier().plan(policy, ["true"], host=facts_for(policy))
+    other = plain.strategy.vm  # type: ignore[attr-defined]
+    assert plain.home is None and other.launch.env.get("HOME") == policy.home()
+    assert all(e.path != layer.path for e in other.shares)
+
+
 def test_without_a_guest_kernel_the_tier_refuses_with_the_setup_command(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

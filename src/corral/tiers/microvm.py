@@ -165,12 +165,14 @@ class MicroVMTier(Tier):
         return run.health(probe_now=probe)
 
     def gather(self, policy: Policy, agent: bool = False) -> VmFacts:
-        from corral import fsplan
+        from corral import fsplan, home
         from corral.vm import run
 
         facts = VmFacts(run.gather(agent=agent))
         gather_common(policy, facts)
-        facts.fs = fsplan.plan_filesystem(policy)
+        facts.home = home.plan_home(policy)
+        layer = facts.home
+        facts.fs = fsplan.plan_filesystem(policy, home=layer.path if layer else None)
         return facts
 
     def plan(
@@ -198,6 +200,10 @@ class MicroVMTier(Tier):
             if mount.dest not in GUEST_OWN:
                 raise ValueError(f"microvm: no guest copy of {mount.dest}")
         view, env_extra = _trust(net, policy)
+        layer = facts.home
+        if layer is not None:  # $HOME: the home layer, one more writable export
+            layer.secrets = frozenset(facts.fs.read_deny)
+            env_extra["HOME"] = layer.path
         vm = run.build(
             policy,
             command,
@@ -210,10 +216,12 @@ class MicroVMTier(Tier):
             # a Sandbox's agent (its bind is in extra): the one a Sandbox machine's
             # init started before the state was saved, when there is one
             agent=command == self.agent_command() and any(m.dest in GUEST_OWN for m in extra),
+            home=layer.path if layer is not None else None,
         )
         vm.timeout = None  # the launcher's: it stops the whole VM (stop())
         plan = Plan(self.name, policy)
         plan.strategy = VmStrategy(vm, door)
+        plan.home = layer
         plan.argv = vm.argv
         plan.notes = vm.notes
         plan.quarantine = facts.fs.quarantine

@@ -317,6 +317,7 @@ def build(
     view_extra: Sequence[Mount] = (),
     env_extra: Mapping[str, str] | None = None,
     agent: bool = False,
+    home: str | None = None,
 ) -> VmPlan:
     """The plan for ``command`` under ``policy`` on the host ``host`` describes, with
     the filesystem decision ``fs``; reads nothing but ``CORRAL_VM_WARM`` (whether
@@ -324,7 +325,9 @@ def build(
     binds in QEMU's view (the guest's root); ``env_extra``: variables that win
     over the policy's (hooks' placeholders).  ``agent``: ``command`` is a
     Sandbox's agent; without a network it runs as the agent a Sandbox machine's
-    init started before its state was saved, when this host has that machine."""
+    init started before its state was saved, when this host has that machine.
+    ``home``: the home layer's path (``fs`` binds it in the view), exported
+    read-write at that path like the workspace."""
     from corral import environ, fsplan
     from corral.tiers import namespace
 
@@ -342,7 +345,7 @@ def build(
     plan.timeout = limits.get("timeout")
     plan.notes = list(fs.notes)
     plan.view = guest.view_mounts([*fs.mounts, *view_extra])
-    plan.shares = guest.exports(fs.writable)
+    plan.shares = guest.exports([*fs.writable, *([home] if home else [])])
     present = [m.dest for m in fs.mounts if m.kind == "tmpfs" and m.dest in fsplan.PRIVATE_TMP]
     plan.guest_mounts = guest.guest_mounts(plan.shares, namespace.scratch_sizes(limits), present)
     command, env, notes = _guest_command(policy, command, door)
