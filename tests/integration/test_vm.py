@@ -10,6 +10,7 @@ received.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shlex
 import signal
@@ -22,6 +23,8 @@ from test_home import put, tiny_tarball, tiny_wheel, tree_state
 from test_network import Origin
 
 from corral.vm import setup
+from tests.tls_origin import Origin as TlsOrigin
+from tests.tls_origin import OriginCA
 
 SECRET = "vm-secret-4e1b9c"
 PUBLIC = "vm-public-77a0d2"
@@ -542,6 +545,61 @@ def test_an_allowed_host_service_is_reached_at_its_own_address(
     out = r.stdout.decode()
     assert "hello from origin" in out and ok.hits == [("GET", "/own")]
     assert "other=refused" in out and other.hits == []  # the guest's own loopback: nothing there
+
+
+@pytest.mark.slow
+def test_tls_inspection_swaps_a_secret_in_and_its_echo_out(sandbox: tuple[Corral, Path]) -> None:
+    """The guest trusts corral's CA (over its system bundle) with nothing told; the
+    origin gets the real value, the guest sees only the placeholder, an echo
+    included; the twin: the placeholder to a host the secret may not go to is
+    refused inside HTTPS and never leaves corral."""
+    c, ws = sandbox
+    ca_dir = c.base / "origin-ca"
+    ca = OriginCA(ca_dir)
+    for path in [ca_dir, *ca_dir.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    origin = TlsOrigin(ca.server_files())
+    port = origin.port
+    policy = ws / "corral.toml"
+    policy.write_text(
+        "[network]\n"
+        'mode = "proxy"\n'
+        f'allow = ["origin.test:{port}", "other.test:{port}", "127.0.0.1:{port}"]\n'
+        'hosts = { "origin.test" = "127.0.0.1", "other.test" = "127.0.0.1" }\n'
+        "[tls]\n"
+        'inspect = ["origin.test", "other.test"]\n'
+        f'upstream_ca = "{ca.cert_path}"\n'
+        "[secrets.API_KEY]\n"
+        'from = "env:CORRAL_TEST_KEY"\n'
+        f'hosts = ["origin.test:{port}"]\n'
+    )
+    c.chown(policy)
+    get = 'curl -sS --max-time 20 -H "x-key: $API_KEY"'
+    script = f"""
+        echo "key=$API_KEY"
+        {get} https://origin.test:{port}/echo/mine; echo
+        {get} https://other.test:{port}/echo/elsewhere; echo
+    """
+    real = "sk-real-4c1f" + "9" * 24
+    env = {**vm_env(c, ws), "CORRAL_TEST_KEY": real}
+    try:
+        r = subprocess.run(
+            vm_argv(c, ["--", "sh", "-c", script]),
+            cwd=ws, env=env, capture_output=True, timeout=180, input=b"",
+        )  # fmt: skip
+    finally:
+        origin.close()
+    out = r.stdout.decode()
+    assert r.returncode == 0, r.stderr
+    placeholder = out.split("key=", 1)[1].split()[0]
+    assert placeholder.startswith("corral-secret-API_KEY-") and real not in out + r.stderr.decode()
+    echoed = json.loads(out.splitlines()[1])  # the origin's echo, through the guest's curl
+    assert ["x-key", placeholder] in echoed["headers"]  # its value hidden again
+    got = [(x["target"], {h[0]: h[1] for h in x["headers"]}.get("x-key")) for x in origin.requests]
+    assert got == [
+        ("/echo/mine", real)  # the real value reached the origin; the twin never left
+    ]
+    assert '"rule":"secret-wrong-host"' in out.replace(" ", "")
 
 
 @pytest.mark.slow
