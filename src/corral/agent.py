@@ -858,10 +858,19 @@ def wait_for_go(go: str, ready: str) -> None:
     # starting a thread then costs milliseconds
     start_reaping()
     _workers.prestart(3)
+    # the relay of a run with a network, imported now, beside this file (the
+    # initramfs's copies): compiled before the state is saved, not after each restore
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import guestdoor  # type: ignore[import-not-found]
+    import relay  # type: ignore[import-not-found]
+
     os.close(os.open(ready, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
     with open(go, "rb") as fh:
-        root, _, blob = fh.readline().decode().strip().partition(" ")
+        root, door, blob = fh.readline().decode().strip().split(" ", 2)
     run = json.loads(bytes.fromhex(blob))
+    relay_args = [str(a) for a in run.get("relay") or []]
+    if relay_args:  # the door port, opened here: in the view there is no such device
+        port = os.open(door, os.O_RDWR | os.O_CLOEXEC)
     os.chroot(root)
     os.chdir(str(run["cwd"]))
     os.setgroups([])
@@ -869,6 +878,10 @@ def wait_for_go(go: str, ready: str) -> None:
     os.setuid(int(run["uid"]))
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in dict(run["env"]).items()})
+    if relay_args:  # the relay of the other tiers, in this process: one Python start less
+        door_path, ports, services, _ = relay.parse([*relay_args, "--", "agent"])
+        guestdoor.open_door(port, door_path)
+        relay.Listeners(door_path, ports, services).serve()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT_BASE, pids_matching, wait_for
+from test_network import Origin
 from test_vm import WHY_NOT
 
 from corral import policy as pol
@@ -206,6 +207,44 @@ def test_the_agent_started_before_the_state_runs_as_any_command_would(
     assert lines[5:9] == ["x", "y", "0::/corral", "77"], r.stdout
     assert SECRET.encode() not in r.stdout and lines[-1] == "refused"
     assert (ws / "landed.txt").read_text() == "landed\n"  # the twin: writes land
+    assert wait_for(lambda: not our_qemus(), 10)
+
+
+def test_with_a_network_the_waiting_agent_serves_the_relay_itself(
+    home_ws: tuple[Path, Path],
+) -> None:
+    """A Sandbox with a network restores a machine whose agent waited since the
+    boot: after the go line it is the guest's relay too (the door, the proxy
+    ports, the resolver, host services at their own address), so no Python
+    starts after the restore.  The origin allowed is reached through the proxy
+    and at its own address; the port next to it is refused both ways."""
+    _, ws = home_ws
+    ok, other = Origin(), Origin()
+    policy = pol.load(str(ws))
+    policy.network.mode = "proxy"
+    policy.network.allow = [f"127.0.0.1:{ok.port}"]
+    direct = "curl -sS --noproxy '*' --max-time 20"
+    proxied = "curl -sS --noproxy '' --max-time 20"
+    try:
+        for _ in range(2):  # the first boots and saves this machine; the second restores
+            with Sandbox(policy, tier="microvm", log=False) as sb:
+                r = sb.exec(
+                    f"{proxied} http://127.0.0.1:{ok.port}/via-proxy; echo; "
+                    f"{direct} http://127.0.0.1:{ok.port}/direct; echo; "
+                    f"{proxied} http://127.0.0.1:{other.port}/denied; echo; "
+                    f"{direct} http://127.0.0.1:{other.port}/denied || echo direct=refused"
+                )
+                started = how_it_started(sb)
+    finally:
+        ok.close()
+        other.close()
+    out = r.stdout.decode()
+    assert "agent: corral's, started by the guest's init" in started, started
+    assert "warm start: restore" in started, started
+    assert out.count("hello from origin") == 2, out  # both ways in, for the allowed port
+    assert [path for _, path in ok.hits][-2:] == ["/via-proxy", "/direct"]
+    assert '"decision":"deny"' in out.replace(" ", "") and "direct=refused" in out, out
+    assert other.hits == []
     assert wait_for(lambda: not our_qemus(), 10)
 
 

@@ -38,9 +38,12 @@ def test_tasks_that_block_each_get_a_thread_of_their_own() -> None:
     assert len(_threads_of(workers)) >= 1
 
 
-def test_threads_started_ahead_take_the_first_tasks_without_a_new_one() -> None:
+def test_threads_started_ahead_take_the_first_tasks_without_a_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A microVM's agent starts its threads before its state is saved: the first
     exec after a restore (two pumps and a waiter, blocked together) starts none."""
+    monkeypatch.setattr(agent.Workers, "IDLE", 0.5)  # (and then they end: none left behind)
     workers = agent.Workers()
     before = threading.active_count()
     workers.prestart(3)
@@ -51,6 +54,10 @@ def test_threads_started_ahead_take_the_first_tasks_without_a_new_one() -> None:
     assert not any(h.is_set() for h in held)
     release.set()
     assert all(h.wait(5) for h in held)
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == before
 
 
 def test_an_idle_thread_ends(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@ by plan() (the facts name a kernel, QEMU and bubblewrap that need not exist)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from corral.policy import Policy
 from corral.tiers import get
 from corral.tiers.base import Plan
 from corral.tiers.microvm import MicroVMTier, VmFacts, VmStrategy
-from corral.vm import probe, qemu, setup
+from corral.vm import guest, probe, qemu, setup
 from corral.vm.run import AgentMachine, VmHost
 
 
@@ -239,12 +240,23 @@ def test_without_that_machine_the_agent_starts_with_the_guest_and_says_why(
     assert any("no waiting agent: /usr/bin/python3 is older" in n for n in plan.notes)
 
 
-def test_a_networked_sandboxs_agent_starts_behind_its_relay(policy: Policy) -> None:
+def test_a_networked_sandboxs_waiting_agent_is_given_its_relays_arguments(
+    policy: Policy,
+) -> None:
     policy.network.mode = "proxy"
+    policy.network.allow = ["127.0.0.1:8080"]
     facts = facts_for(policy)
     assert facts.vm is not None
     facts.vm.agent = AgentMachine("/fake/agent-initramfs.cpio", ["agent-initrd"])
     plan = agent_plan(policy, facts)
     vm = plan.strategy.vm if isinstance(plan.strategy, VmStrategy) else None
-    assert vm is not None and vm.launch is not None and not vm.launch.waiting
-    assert "/fake/initramfs.cpio" in vm.argv and "/run/corral/guestdoor.py" in vm.launch.argv
+    assert vm is not None and vm.launch is not None and vm.launch.waiting
+    assert "/fake/agent-initramfs.cpio" in vm.argv
+    relay = vm.launch.relay
+    assert relay[:2] == ["--door", "/run/corral/door.sock"] and "--service" in relay
+    go = json.loads(bytes.fromhex(guest.go(vm.launch)))
+    assert go["relay"] == relay and "HTTP_PROXY" in go["env"]
+    # the twin: without a network the go line carries no relay
+    policy.network.mode = "none"
+    offline = agent_plan(policy, facts).strategy.vm.launch  # type: ignore[attr-defined]
+    assert offline.waiting and "relay" not in json.loads(bytes.fromhex(guest.go(offline)))

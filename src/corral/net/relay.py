@@ -192,16 +192,36 @@ def one_line_errors(who: str) -> None:
     threading.excepthook = lambda args: say(args.exc_type, args.exc_value or args.exc_type())
 
 
+class Listeners:
+    """The relay's sockets, bound (before the command exists: its first connection
+    waits in the backlog), then served by threads of :meth:`serve`."""
+
+    def __init__(self, door: str, ports: dict[str, int], services: list[tuple[str, int]]) -> None:
+        self.door = door
+        self.proxies = [s for k in ("http", "socks") if k in ports for s in listen(ports[k])]
+        self.resolvers = listen(ports["dns"], socket.SOCK_DGRAM) if "dns" in ports else []
+        self.served = [(s, host, port) for host, port in services if (s := bind(host, port))]
+
+    def sockets(self) -> list[socket.socket]:
+        return self.proxies + self.resolvers + [sock for sock, _, _ in self.served]
+
+    def serve(self) -> None:
+        for sock in self.proxies:
+            threading.Thread(target=accept_loop, args=(sock, self.door, PLAIN), daemon=True).start()
+        for sock, host, port in self.served:
+            frame = SERVICE + f"{host} {port}\n".encode()
+            threading.Thread(target=accept_loop, args=(sock, self.door, frame), daemon=True).start()
+        for sock in self.resolvers:
+            threading.Thread(target=dns_loop, args=(sock, self.door), daemon=True).start()
+
+
 def main(argv: list[str]) -> None:
     one_line_errors("corral-relay")
     door, ports, services, command = parse(argv)
-    proxies = [sock for k in ("http", "socks") if k in ports for sock in listen(ports[k])]
-    resolvers = listen(ports["dns"], socket.SOCK_DGRAM) if "dns" in ports else []
-    served = [(sock, host, port) for host, port in services if (sock := bind(host, port))]
-    listeners = proxies + resolvers + [sock for sock, _, _ in served]
+    listeners = Listeners(door, ports, services)
     pid = os.fork()
     if pid == 0:
-        for sock in listeners:
+        for sock in listeners.sockets():
             sock.close()
         for ignored in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; commands don't
             signal.signal(ignored, signal.SIG_DFL)
@@ -210,13 +230,7 @@ def main(argv: list[str]) -> None:
         except OSError as exc:
             sys.stderr.write(cannot_run(command[0], exc, os.environ.get("PATH", "")))
             os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
-    for sock in proxies:
-        threading.Thread(target=accept_loop, args=(sock, door, PLAIN), daemon=True).start()
-    for sock, host, port in served:
-        frame = SERVICE + f"{host} {port}\n".encode()
-        threading.Thread(target=accept_loop, args=(sock, door, frame), daemon=True).start()
-    for sock in resolvers:
-        threading.Thread(target=dns_loop, args=(sock, door), daemon=True).start()
+    listeners.serve()
     while True:
         try:
             _, status = os.waitpid(pid, 0)

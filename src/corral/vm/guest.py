@@ -113,7 +113,18 @@ def guest_mounts(
 class Launch:
     """Who runs what in the guest."""
 
-    __slots__ = ("argv", "cwd", "duplex", "env", "gid", "network", "pids", "uid", "waiting")
+    __slots__ = (
+        "argv",
+        "cwd",
+        "duplex",
+        "env",
+        "gid",
+        "network",
+        "pids",
+        "relay",
+        "uid",
+        "waiting",
+    )
 
     def __init__(
         self,
@@ -141,6 +152,9 @@ class Launch:
         # its state was saved (corral.vm.guestpython): argv is not run, the agent
         # only takes the cwd, ids and environment (guest.go)
         self.waiting = waiting
+        # with a network, the relay's arguments a waiting agent serves in its own
+        # process (corral.agent.wait_for_go), the door and loopback ports
+        self.relay: list[str] = []
 
 
 def request(
@@ -191,9 +205,17 @@ def request(
 
 
 def go(launch: Launch) -> str:
-    """The waiting agent's line (after the root the init adds): the hex of its cwd,
-    ids and environment, one word whatever the values hold."""
-    run = {"cwd": launch.cwd, "uid": launch.uid, "gid": launch.gid, "env": launch.env}
+    """The waiting agent's line (after the root and the door port's device the init
+    adds): the hex of its cwd, ids, environment and (with a network) the relay's
+    arguments, one word whatever the values hold."""
+    run: dict[str, object] = {
+        "cwd": launch.cwd,
+        "uid": launch.uid,
+        "gid": launch.gid,
+        "env": launch.env,
+    }
+    if launch.relay:
+        run["relay"] = launch.relay
     return json.dumps(run, sort_keys=True).encode("utf-8", "surrogateescape").hex()
 
 

@@ -33,11 +33,9 @@ def accept_loop(listener: socket.socket, door: "mux.Mux") -> None:
         door.attach(conn)
 
 
-def main(argv: list[str]) -> None:
-    relay.one_line_errors("corral-guestdoor")
-    if len(argv) < 4 or argv[2] != "--":
-        raise SystemExit("usage: guestdoor.py FD SOCKET -- RELAY-ARGUMENTS...")
-    fd, path = int(argv[0]), argv[1]
+def open_door(fd: int, path: str) -> None:
+    """The door inside the guest: the unix socket ``path``, each connection a stream
+    on the door port ``fd``, served by threads of this process."""
     os.set_inheritable(fd, False)  # the command must not hold the port
     door = mux.Mux(fd)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -46,6 +44,13 @@ def main(argv: list[str]) -> None:
     os.set_inheritable(listener.fileno(), False)
     threading.Thread(target=door.serve, daemon=True).start()
     threading.Thread(target=accept_loop, args=(listener, door), daemon=True).start()
+
+
+def main(argv: list[str]) -> None:
+    relay.one_line_errors("corral-guestdoor")
+    if len(argv) < 4 or argv[2] != "--":
+        raise SystemExit("usage: guestdoor.py FD SOCKET -- RELAY-ARGUMENTS...")
+    open_door(int(argv[0]), argv[1])
     relay.main(argv[3:])
 
 

@@ -225,20 +225,22 @@ run() {  # UID GID PIDS NET DUPLEX CWD (ENV... -- ARGV... | GO)
 		echo 0 >/proc/sys/net/ipv4/ip_unprivileged_port_start || fail "cannot open low ports"
 	fi
 	if [ "$net" = 1 ] || [ "$duplex" = 1 ]; then  # corral's helpers: relay, agent
-		mkdir -p $R/run/corral && cp /corral/* $R/run/corral/ && chown "$uid:$gid" $R/run/corral \
-			|| fail "cannot prepare /run/corral"
+		# (*.py: a Sandbox's machine also holds the agent's fifo there, which cp would read)
+		mkdir -p $R/run/corral && cp /corral/*.py $R/run/corral/ \
+			&& chown "$uid:$gid" $R/run/corral || fail "cannot prepare /run/corral"
 	fi
 	door=
 	[ "$net" = 1 ] && door=door
 	ports $want stdin stdout stderr $door || fail "no stdio ports"
 	if [ "$net" = 1 ]; then
 		[ -n "$PORT_door" ] || fail "no door port"
-		exec 4<>"$PORT_door"
+		# (a port opens once: a waiting agent opens it itself, as its relay's door)
+		[ "$duplex" = 2 ] || exec 4<>"$PORT_door"
 	fi
 	if [ "$duplex" = 2 ]; then  # the agent waiting since the boot: GO is its one line
 		kill -0 "$AGENT" 2>/dev/null && echo "$AGENT" >$c/corral/cgroup.procs \
 			|| fail "corral's agent is not waiting"
-		echo "$R $1" >/corral/go || fail "cannot start corral's agent"
+		echo "$R ${PORT_door:--} $1" >/corral/go || fail "cannot start corral's agent"
 		wait "$AGENT"
 		finish $?
 	fi

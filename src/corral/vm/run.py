@@ -324,8 +324,9 @@ def build(
     the machine is one whose state is saved).  ``view_extra``: more read-only
     binds in QEMU's view (the guest's root); ``env_extra``: variables that win
     over the policy's (hooks' placeholders).  ``agent``: ``command`` is a
-    Sandbox's agent; without a network it runs as the agent a Sandbox machine's
-    init started before its state was saved, when this host has that machine.
+    Sandbox's agent; it runs as the agent a Sandbox machine's
+    init started before its state was saved, when this host has that machine
+    (with a network, serving the relay in its own process).
     ``home``: the home layer's path (``fs`` binds it in the view), exported
     read-write at that path like the workspace."""
     from corral import environ, fsplan
@@ -348,11 +349,11 @@ def build(
     plan.shares = guest.exports([*fs.writable, *([home] if home else [])])
     present = [m.dest for m in fs.mounts if m.kind == "tmpfs" and m.dest in fsplan.PRIVATE_TMP]
     plan.guest_mounts = guest.guest_mounts(plan.shares, namespace.scratch_sizes(limits), present)
-    command, env, notes = _guest_command(policy, command, door)
+    command, env, notes, relay_args = _guest_command(policy, command, door)
     plan.notes += notes
     if env_extra:
         env = {**env, **env_extra}
-    ready = host.agent if agent and policy.network.mode != "proxy" else None
+    ready = host.agent if agent else None
     if isinstance(ready, str):
         plan.notes.append(f"the agent starts with the guest (no waiting agent: {ready})")
         ready = None
@@ -367,6 +368,8 @@ def build(
         duplex=ready is not None,
         waiting=ready is not None,
     )
+    if ready is not None:  # with a network, its relay runs in the agent's process
+        plan.launch.relay = relay_args
     plan.request = guest.request(plan.shares, plan.guest_mounts, plan.launch)
 
     machine = qemu.Machine(
@@ -392,17 +395,17 @@ def build(
 
 def _guest_command(
     policy: Policy, command: list[str], door: str | None
-) -> tuple[list[str], dict[str, str], list[str]]:
-    """The command the guest runs, its environment and the plan's notes: with a
-    network, behind the relay (as on the other tiers) reached through the guest's
-    end of the door port, which also listens on the guest's loopback for each
-    allowed host service at its own address."""
+) -> tuple[list[str], dict[str, str], list[str], list[str]]:
+    """The command the guest runs, its environment, the plan's notes and the relay's
+    arguments: with a network, behind the relay (as on the other tiers) reached
+    through the guest's end of the door port, which also listens on the guest's
+    loopback for each allowed host service at its own address."""
     from corral import environ, netns
     from corral.tiers import namespace
 
     env = environ.sandbox_env(policy)
     if policy.network.mode != "proxy":
-        return command, env, []
+        return command, env, [], []
     from corral.net import door as doors
 
     if door is None:
@@ -412,7 +415,7 @@ def _guest_command(
     bridge = [relay[0], "-I", "-S", "/run/corral/guestdoor.py", "4", doors.SANDBOX_DOOR]
     relay_args = relay[relay.index(doors.SANDBOX_RELAY) + 1 :]
     guest_argv = [*bridge, "--", *relay_args, "--", *command]
-    return guest_argv, {**doors.proxy_env(), **env}, notes
+    return guest_argv, {**doors.proxy_env(), **env}, notes, relay_args
 
 
 def _sandbox(plan: VmPlan, host: VmHost, machine: qemu.Machine, ready: AgentMachine | None) -> None:
