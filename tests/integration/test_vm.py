@@ -548,6 +548,19 @@ def test_an_allowed_host_service_is_reached_at_its_own_address(
 
 
 @pytest.mark.slow
+def test_lookups_go_to_the_relays_resolver_and_blocked_names_are_named(
+    sandbox: tuple[Corral, Path],
+) -> None:
+    c, ws = sandbox
+    script = "getent hosts blocked.example.net; getent hosts allowed.example.net; true"
+    r = vm(c, ws, "--allow", "allowed.example.net", "--", "sh", "-c", script)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert "corral: blocked: blocked.example.net" in err, err  # asked, refused, recorded
+    assert "allowed.example.net" not in err  # the twin: an allowed name is no denial
+
+
+@pytest.mark.slow
 def test_tls_inspection_swaps_a_secret_in_and_its_echo_out(sandbox: tuple[Corral, Path]) -> None:
     """The guest trusts corral's CA (over its system bundle) with nothing told; the
     origin gets the real value, the guest sees only the placeholder, an echo

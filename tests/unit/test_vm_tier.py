@@ -151,6 +151,24 @@ def test_home_is_the_home_layer_exported_read_write_at_its_own_path(
     assert all(e.path != layer.path for e in other.shares)
 
 
+def test_with_a_network_the_guests_resolv_conf_is_corrals(policy: Policy) -> None:
+    from corral import netns
+
+    def resolver_binds(mode: str, host: tuple[str, bool] | None) -> list[str]:
+        policy.network.mode = mode
+        facts = facts_for(policy)
+        facts.resolv_conf = host
+        plan = MicroVMTier().plan(policy, ["true"], door="/tmp/d.sock", host=facts)
+        vm = plan.strategy.vm  # type: ignore[attr-defined]
+        return [m.dest for m in vm.view if m.src == netns.resolv_conf()]
+
+    assert resolver_binds("proxy", ("/etc/resolv.conf", True)) == ["/guest/etc/resolv.conf"]
+    assert resolver_binds("proxy", ("/etc/resolv.real", True)) == ["/guest/etc/resolv.real"]
+    # the twins: offline, no resolver to point at; a file under the guest's own /run
+    assert resolver_binds("none", ("/etc/resolv.conf", True)) == []
+    assert resolver_binds("proxy", ("/run/systemd/resolve/stub-resolv.conf", True)) == []
+
+
 def test_without_a_guest_kernel_the_tier_refuses_with_the_setup_command(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

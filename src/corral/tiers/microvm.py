@@ -35,13 +35,15 @@ GUEST_OWN = ("/run/corral/agent.py",)
 
 
 class VmFacts(HostFacts):
-    """The common host facts and the VM's own (:class:`corral.vm.run.VmHost`)."""
+    """The common host facts and the VM's own (:class:`corral.vm.run.VmHost`), and
+    the host's /etc/resolv.conf (its real path and whether it exists, or None)."""
 
-    __slots__ = ("vm",)
+    __slots__ = ("resolv_conf", "vm")
 
     def __init__(self, vm: VmHost | None = None, **common: object) -> None:
         super().__init__(**common)  # type: ignore[arg-type]
         self.vm = vm
+        self.resolv_conf: tuple[str, bool] | None = None
 
 
 class VmStrategy(LaunchStrategy):
@@ -165,7 +167,7 @@ class MicroVMTier(Tier):
         return run.health(probe_now=probe)
 
     def gather(self, policy: Policy, agent: bool = False) -> VmFacts:
-        from corral import fsplan, home
+        from corral import fsplan, home, netns
         from corral.vm import run
 
         facts = VmFacts(run.gather(agent=agent))
@@ -173,6 +175,7 @@ class MicroVMTier(Tier):
         facts.home = home.plan_home(policy)
         layer = facts.home
         facts.fs = fsplan.plan_filesystem(policy, home=layer.path if layer else None)
+        facts.resolv_conf = netns.real_resolv_conf()
         return facts
 
     def plan(
@@ -200,6 +203,7 @@ class MicroVMTier(Tier):
             if mount.dest not in GUEST_OWN:
                 raise ValueError(f"microvm: no guest copy of {mount.dest}")
         view, env_extra = _trust(net, policy)
+        view += _resolver(policy, facts.resolv_conf)
         layer = facts.home
         if layer is not None:  # $HOME: the home layer, one more writable export
             layer.secrets = frozenset(facts.fs.read_deny)
@@ -232,6 +236,23 @@ class MicroVMTier(Tier):
         _bounds(plan, vm)
         bounds.apply_scratch(plan, sized_by="the guest's tmpfs size")
         return plan
+
+
+def _resolver(policy: Policy, host: tuple[str, bool] | None) -> list[Mount]:
+    """With a network, corral's resolv.conf over the host's in the guest's root, as
+    on the namespace tier: lookups go to the relay's resolver on the guest's
+    loopback, answered from the policy and recorded.  (Not where the host's file
+    lies in a directory the guest mounts its own tmpfs on, such as /run: nothing
+    to bind over there.)"""
+    from corral import fsplan, netns
+    from corral.fsplan import Mount
+
+    if policy.network.mode != "proxy":
+        return []
+    target = netns.resolv_target(host, ())
+    if target is None or any(target.startswith(d.rstrip("/") + "/") for d in fsplan.PRIVATE_TMP):
+        return []
+    return [Mount("ro-bind", target, netns.resolv_conf(), "the guest's resolver")]
 
 
 def _trust(net: NetExtras | None, policy: Policy) -> tuple[list[Mount], dict[str, str]]:

@@ -235,14 +235,6 @@ def inside_python() -> str:
     return "/usr/bin/python3"
 
 
-def _real_resolv_conf() -> tuple[str, bool] | None:
-    """The host's /etc/resolv.conf with symlinks resolved and whether that file
-    exists, or None without any (host facts, for the pure planner)."""
-    if not os.path.lexists("/etc/resolv.conf"):
-        return None
-    return os.path.realpath("/etc/resolv.conf"), os.path.exists("/etc/resolv.conf")
-
-
 # what a reset empties: the private tmpfs (/run too: a command may leave files
 # there; corral's own under /run/corral are a read-only mount it skips) and
 # the sandbox's POSIX message queues
@@ -366,7 +358,7 @@ class NamespaceTier(Tier):
     strategy = Bwrap
 
     def gather(self, policy: Policy, agent: bool = False) -> NamespaceFacts:
-        from corral import home
+        from corral import home, netns
 
         facts = NamespaceFacts()
         gather_common(policy, facts)
@@ -376,7 +368,7 @@ class NamespaceTier(Tier):
             policy, home=layer.path if layer else None, capless_uid=os.geteuid()
         )
         facts.bwrap = find_bwrap(facts.environ.get("PATH", ""))
-        facts.resolv_conf = _real_resolv_conf()
+        facts.resolv_conf = netns.real_resolv_conf()
         if policy.network.mode == "proxy" and policy.network.transparent:
             from corral.net import transparent
 
