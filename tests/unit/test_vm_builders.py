@@ -57,7 +57,7 @@ def test_the_guest_dev_holds_only_the_usual_nodes() -> None:
     nodes = {n for n, mode, _ in parse_newc(data) if stat.S_ISCHR(mode)}
     names = {n.removeprefix(initramfs.DEV_TEMPLATE + "/") for n in nodes}
     assert names == {"null", "zero", "full", "random", "urandom", "tty"}
-    assert f"cp -a /{initramfs.DEV_TEMPLATE}/. $R/dev/" in initramfs.init_script([])
+    assert f"cp -a /{initramfs.DEV_TEMPLATE}/. $S/dev/" in initramfs.init_script([])
 
 
 def test_newc_round_trips_files_dirs_and_links() -> None:

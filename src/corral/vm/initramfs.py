@@ -149,17 +149,31 @@ mounts() {  # make the queued mounts (all of them, or the run is refused)
 	: >$FSTAB
 }
 P9=trans=virtio,version=9p2000.L,access=client,msize=@MSIZE@
-mount_root() {  # TAG CACHE: the host's view, read-only, and the guest's own kernel files
-	queue "$1" $R 9p "$P9,cache=$2,ro,nosuid"
-	queue proc $R/proc proc nosuid,nodev,noexec
-	queue sys $R/sys sysfs ro,nosuid,nodev,noexec
-	queue cgroup2 $R/sys/fs/cgroup cgroup2 nosuid,nodev,noexec
-	queue dev $R/dev tmpfs nosuid,noexec,mode=755,size=65536
+# The guest's own kernel files for the command's root (/proc, /sys with the cgroup
+# tree, /dev), made under $S before the host may save the state (stage), then
+# moved into the root by the request: a restored guest makes no fresh mount and
+# copies nothing of them (under TCG each is code running for the first time).
+S=/stage
+stage() {
+	mkdir -p $S/proc $S/sys $S/dev || fail "cannot make $S"
+	queue proc $S/proc proc nosuid,nodev,noexec
+	queue sys $S/sys sysfs ro,nosuid,nodev,noexec
+	queue cgroup2 $S/sys/fs/cgroup cgroup2 nosuid,nodev,noexec
+	queue dev $S/dev tmpfs nosuid,noexec,mode=755,size=65536
 	mounts
 	# the few nodes a command needs, made in the initramfs (DEV_TEMPLATE): one cp
 	# instead of a dozen mknod, mkdir and ln, each a process under TCG
-	cp -a /@DEV@/. $R/dev/ || fail "cannot fill /dev"
-	queue devpts $R/dev/pts devpts newinstance,ptmxmode=0666,mode=620,nosuid,noexec
+	cp -a /@DEV@/. $S/dev/ || fail "cannot fill /dev"
+	queue devpts $S/dev/pts devpts newinstance,ptmxmode=0666,mode=620,nosuid,noexec
+	mounts
+	# the command's cgroup (run puts the command, or the waiting agent, in it)
+	echo "+pids +memory" >$S/sys/fs/cgroup/cgroup.subtree_control \
+		&& mkdir $S/sys/fs/cgroup/corral || fail "no cgroup"
+}
+mount_root() {  # TAG CACHE: the host's view, read-only, and the guest's own kernel files
+	queue "$1" $R 9p "$P9,cache=$2,ro,nosuid"
+	for d in proc sys dev; do queue $S/$d $R/$d none move; done
+	mounts
 }
 # A mount point missing from the view is made (in a tmpfs mounted before it).
 mount_tmpfs() {  # PATH SIZE: private scratch, as on the namespace tier
@@ -215,7 +229,7 @@ run() {  # UID GID PIDS NET DUPLEX CWD (ENV... -- ARGV... | GO)
 	mounts
 	[ -d "$R$cwd" ] || fail "cannot enter $cwd"
 	c=$R/sys/fs/cgroup
-	echo "+pids +memory" >$c/cgroup.subtree_control && mkdir $c/corral || fail "no cgroup"
+	[ -d $c/corral ] || fail "no cgroup"
 	[ "$pids" = - ] || echo "$pids" >$c/corral/pids.max || fail "cannot bound pids"
 	want=4
 	if [ "$net" = 1 ]; then
@@ -318,6 +332,7 @@ if [ -r /corral/python ]; then
 	done
 fi
 
+stage
 # the host may save the VM's state here (the same for every run: no request yet)
 echo waiting >&3
 # the request: its number of lines, then the lines, read by the shell itself (a
