@@ -40,6 +40,10 @@ import time
 
 from bench.common import Row, median
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.vm.run import VmPlan
+
 GOAL_RATIO = 1.2
 GOAL_RSS_MIB = 150
 
@@ -136,20 +140,29 @@ def raw_restore(qemu_path: str, vmlinux: str, initrd: str, ws: str) -> tuple[lis
     """Raw QEMU (no sandbox, no runner) restoring corral's saved state of the
     machine ``corral run -- true`` in ``ws`` uses; its guest is sent a request
     that powers it off.  (argv, state fd) or why not."""
-    from corral import policy as pol
-    from corral.vm import qemu, run
+    from corral.vm import qemu
 
-    plan = run.prepare(pol.load(ws), ["true"])
+    plan = _vm_plan(ws)
     warm = plan.warm()
     if not warm.restore or plan.machine is None:
         return f"no saved state to restore ({warm.why})"
     fd = os.open(warm.path, os.O_RDONLY)
     argv = qemu.qemu_argv(plan.machine)
     argv = [a.replace("/vm/vmlinux", vmlinux).replace("/vm/initrd", initrd) for a in argv]
-    argv = [
-        a.replace("path=/guest" + ws, "path=" + ws).replace("path=/guest,", "path=/,") for a in argv
-    ]
+    # the exports straight from the host (the workspace, the home layer), not QEMU's view
+    argv = [a.replace("path=/guest/", "path=/").replace("path=/guest,", "path=/,") for a in argv]
     return [*argv, "-incoming", f"fd:{fd}"], fd
+
+
+def _vm_plan(ws: str) -> VmPlan:
+    """The VM plan of ``corral run --tier microvm -- true`` in ``ws`` (the tier's, the
+    home layer's export included: the machine whose state that run saved)."""
+    from corral import policy as pol
+    from corral.tiers import get
+
+    plan = get("microvm").plan(pol.load(ws), ["true"])
+    vm: VmPlan = plan.strategy.vm  # type: ignore[attr-defined]
+    return vm
 
 
 def measure_raw_restore(argv: list[str], fd: int, plan_fds: dict[int, str], times: Times) -> None:
@@ -210,10 +223,7 @@ def boot_times(runs: int, ws: str) -> tuple[dict[str, Times], str]:
 
 
 def _plan_fds(ws: str) -> dict[int, str]:
-    from corral import policy as pol
-    from corral.vm import run
-
-    return run.prepare(pol.load(ws), ["true"]).fds
+    return _vm_plan(ws).fds
 
 
 def start_times(ws: str, rounds: int) -> tuple[Times, Times, str]:
