@@ -195,6 +195,15 @@ def tiny_tarball(ws: Path) -> Path:
     return target
 
 
+def npm_app(ws: Path) -> None:
+    """A package.json in ``ws`` whose one dependency is :func:`tiny_tarball`'s."""
+    tiny_tarball(ws)
+    (ws / "package.json").write_text(
+        '{"name": "app", "version": "1.0.0", '
+        '"dependencies": {"tiny-home": "file:tiny-home-1.0.0.tgz"}}\n'
+    )
+
+
 def tiny_wheel(ws: Path) -> Path:
     """A pure-Python wheel (PEP 427), built here: no network, no build backend."""
     target = ws / "tinyhome-1.0-py3-none-any.whl"
@@ -296,11 +305,7 @@ def test_real_dotfiles_are_read_through_the_layer(box: tuple[Corral, Path]) -> N
 def test_npm_install_uses_the_layer(box: tuple[Corral, Path]) -> None:
     c, ws = box
     need(c, ws, "npm")
-    tiny_tarball(ws)
-    (ws / "package.json").write_text(
-        '{"name": "app", "version": "1.0.0", '
-        '"dependencies": {"tiny-home": "file:tiny-home-1.0.0.tgz"}}\n'
-    )
+    npm_app(ws)
     c.chown(ws)
     before = tree_state(c.home)
     install = "npm install --offline --no-audit --no-fund --no-update-notifier && echo npm=ok"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT_BASE, Corral, pids_matching, wait_for
-from test_home import put, tiny_tarball, tiny_wheel, tree_state
+from test_home import npm_app, put, tiny_wheel, tree_state
 from test_network import Origin
 
 from corral.vm import setup
@@ -149,12 +149,8 @@ def test_writes_under_home_go_to_the_layer_and_persist(sandbox: tuple[Corral, Pa
 @pytest.mark.slow
 def test_npm_install_and_pip_install_user_use_the_layer(sandbox: tuple[Corral, Path]) -> None:
     c, ws = sandbox
-    tiny_tarball(ws)
+    npm_app(ws)
     tiny_wheel(ws)
-    (ws / "package.json").write_text(
-        '{"name": "app", "version": "1.0.0", '
-        '"dependencies": {"tiny-home": "file:tiny-home-1.0.0.tgz"}}\n'
-    )
     c.chown(ws)
     before = tree_state(c.home)
     npm = "npm install --offline --no-audit --no-fund --no-update-notifier && echo npm=ok"

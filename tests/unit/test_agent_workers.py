@@ -19,6 +19,14 @@ def _threads_of(workers: agent.Workers) -> set[int]:
     return seen
 
 
+def _threads_back_to(count: int) -> bool:
+    """Whether this process is down to ``count`` threads within 5 s (idle ones end)."""
+    deadline = time.monotonic() + 5
+    while threading.active_count() > count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return threading.active_count() == count
+
+
 def test_a_finished_thread_takes_the_next_task() -> None:
     workers = agent.Workers()
     assert len(_threads_of(workers)) == 1
@@ -54,10 +62,7 @@ def test_threads_started_ahead_take_the_first_tasks_without_a_new_one(
     assert not any(h.is_set() for h in held)
     release.set()
     assert all(h.wait(5) for h in held)
-    deadline = time.monotonic() + 5
-    while threading.active_count() > before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert threading.active_count() == before
+    assert _threads_back_to(before)
 
 
 def test_an_idle_thread_ends(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,10 +74,7 @@ def test_an_idle_thread_ends(monkeypatch: pytest.MonkeyPatch) -> None:
     assert threading.active_count() == before + 3
     release.set()
     assert all(h.wait(5) for h in held)
-    deadline = time.monotonic() + 5
-    while threading.active_count() > before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert threading.active_count() == before
+    assert _threads_back_to(before)
     assert workers.run(lambda: None).wait(5)  # and a new task still runs
 
 

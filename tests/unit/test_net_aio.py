@@ -536,6 +536,51 @@ def test_a_servers_session_tickets_go_out_with_its_first_response(
     assert len(first) == 3  # the handshake flight; tickets + "pong"; close_notify
 
 
+def test_a_tls_1_2_client_gets_the_servers_last_flight_at_once(
+    tls_pair: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    """The twin: TLS 1.2 ends with the server's Finished, which the client waits for
+    before it says anything: held back, neither side would move."""
+    import socket
+    import threading
+
+    server_ctx, client_ctx = tls_pair
+    old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    old.maximum_version = ssl.TLSVersion.TLSv1_2
+    named = client_ctx.get_ca_certs()
+    ours = next(i for i, c in enumerate(named) if "corral test CA" in str(c["subject"]))
+    old.load_verify_locations(cadata=client_ctx.get_ca_certs(binary_form=True)[ours])
+
+    async def main() -> None:
+        loop = aio.get_running_loop()
+
+        async def serve(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
+            protocol = aio.StreamReaderProtocol(aio.StreamReader())
+            tls = await loop.start_tls(writer.transport, protocol, server_ctx, server_side=True)
+            assert await protocol._reader.readexactly(4) == b"ping"
+            tls.write(b"pong")
+            tls.close()
+
+        server = await aio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        got: list[tuple[str | None, bytes]] = []
+
+        def client() -> None:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            with old.wrap_socket(sock, server_hostname="localhost") as tls:
+                tls.sendall(b"ping")
+                got.append((tls.version(), tls.recv(4)))
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        while thread.is_alive():
+            await aio.sleep(0.01)
+        server.close()
+        assert got == [("TLSv1.2", b"pong")]
+
+    aio.run(main())
+
+
 def test_an_untrusted_server_fails_the_handshake_and_a_trusted_name_passes(
     tls_pair: tuple[ssl.SSLContext, ssl.SSLContext],
 ) -> None:

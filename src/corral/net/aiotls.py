@@ -92,10 +92,11 @@ class TLSLayer(Protocol):
             self._fail_handshake(exc)
             return
         self._handshaking = False
-        if self._obj.server_side:
+        if self._obj.server_side and self._obj.version() == "TLSv1.3":
             # a TLS 1.3 server's last handshake bytes are its session tickets, which
             # the client needs for nothing now: they go with the first response
-            # (one write, one wakeup of the client, fewer per new connection)
+            # (one write, one wakeup of the client, fewer per new connection).  Not
+            # TLS 1.2's: there the server's last flight is its Finished, awaited.
             self._held = self._out.pending
         else:
             self._flush()

@@ -371,8 +371,20 @@ def build(
     if ready is not None:  # with a network, its relay runs in the agent's process
         plan.launch.relay = relay_args
     plan.request = guest.request(plan.shares, plan.guest_mounts, plan.launch)
+    machine = _machine(host, vcpus, memory_mib, plan.shares, name, console)
+    _sandbox(plan, host, machine, ready)
+    return plan
 
-    machine = qemu.Machine(
+
+def _machine(
+    host: VmHost,
+    vcpus: int,
+    memory_mib: int,
+    shares: list[guest.Export],
+    name: str,
+    console: bool,
+) -> qemu.Machine:
+    return qemu.Machine(
         accel=host.decision.accel,
         cpus=vcpus,
         memory_mib=memory_mib,
@@ -384,13 +396,11 @@ def build(
             saved=snapshot.enabled(console),
             accel=host.decision.accel,
         ),
-        exports=plan.shares,
+        exports=shares,
         name=name,
         qemu=host.qemu,
         console=console,
     )
-    _sandbox(plan, host, machine, ready)
-    return plan
 
 
 def _guest_command(
