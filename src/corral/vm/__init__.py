@@ -43,9 +43,11 @@ Design, one module each:
 * :mod:`~corral.vm.mux`: the door.  The guest's relay connects to a unix socket
   in the guest (:mod:`~corral.vm.guestdoor`); each connection is a stream over
   the door port, and the runner opens one connection to the door's proxy per
-  stream.  Credit-based flow control per stream; a proxy that is gone closes
-  the stream: no network.  (Slirp's ``guestfwd`` to a unix socket is one
-  connection for all, or a process per connection: rejected.)
+  stream.  (A Sandbox's agent, waiting in a restored guest, serves the relay
+  and that socket itself: :func:`corral.agent.wait_for_go`.)  Credit-based
+  flow control per stream; a proxy that is gone closes the stream: no network.
+  (Slirp's ``guestfwd`` to a unix socket is one connection for all, or a
+  process per connection: rejected.)
 * :mod:`~corral.vm.probe`: KVM or TCG by booting the guest once with KVM (the
   init says ``ready``), cached per host kernel, QEMU binary and guest kernel.
   Here KVM is PVM and the Debian kernel hangs: TCG, and the reason says so.
@@ -54,8 +56,10 @@ Design, one module each:
   guest's state where its init waits for a request (QMP ``migrate`` into an
   unnamed ``O_TMPFILE``, named once whole); later starts run QEMU with
   ``-incoming`` from it, and the request's first line reseeds the guest's
-  random generator (``/bin/reseed``) and sets its clock.  No request, mount or
-  environment value is ever in a state.
+  random generator and sets its clock (``/bin/reseed``).  No request, mount of
+  the host's view or environment value is ever in a state (the guest's own
+  /proc, /sys and /dev for the command's root are: made before the save, moved
+  into place by the request).
 * :mod:`~corral.vm.run`: the runner: plan, boot, request over the control
   port (environment values never in an argv), output read to the byte counts
   the guest's driver reports, timeout (124: the sandbox's pid 1 killed, QEMU
