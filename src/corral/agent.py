@@ -879,7 +879,7 @@ def wait_for_go(go: str, ready: str) -> None:
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in dict(run["env"]).items()})
     if relay_args:  # the relay of the other tiers, in this process: one Python start less
-        door_path, ports, services, _ = relay.parse([*relay_args, "--", "agent"])
+        door_path, ports, services, _ = relay.options(relay_args)
         guestdoor.open_door(port, door_path)
         relay.Listeners(door_path, ports, services).serve()
 

@@ -184,14 +184,6 @@ def resolv_conf() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), RESOLV_CONF)
 
 
-def real_resolv_conf() -> tuple[str, bool] | None:
-    """The host's /etc/resolv.conf with symlinks resolved and whether that file
-    exists, or None without any (host facts, for the pure planners)."""
-    if not os.path.lexists("/etc/resolv.conf"):
-        return None
-    return os.path.realpath("/etc/resolv.conf"), os.path.exists("/etc/resolv.conf")
-
-
 def resolv_target(host: tuple[str, bool] | None, private: Collection[str]) -> str | None:
     """Where to bind :func:`resolv_conf`: over the host's ``/etc/resolv.conf``
     (``host``: its path with symlinks resolved, and whether that file exists).

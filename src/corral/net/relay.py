@@ -142,6 +142,19 @@ def bind(host: str, port: int, kind: int = socket.SOCK_STREAM) -> socket.socket 
 
 
 def parse(argv: list[str]) -> tuple[str, dict[str, int], list[tuple[str, int]], list[str]]:
+    door, ports, services, i = options(argv)
+    command = argv[i + 1 :]
+    if not door or not ports or not command:
+        raise SystemExit(
+            "usage: relay.py --door PATH --http PORT --socks PORT "
+            "[--dns PORT] [--service ADDRESS:PORT ...] -- COMMAND..."
+        )
+    return door, ports, services, command
+
+
+def options(argv: list[str]) -> tuple[str, dict[str, int], list[tuple[str, int]], int]:
+    """The door, the ports and the host services ``argv`` names before ``--``, and
+    the index of that ``--`` (or the end)."""
     door, ports, services = "", {}, []
     i = 0
     while i < len(argv) and argv[i] != "--":
@@ -157,13 +170,7 @@ def parse(argv: list[str]) -> tuple[str, dict[str, int], list[tuple[str, int]], 
         else:
             raise SystemExit(f"corral-relay: unknown argument {argv[i]!r}")
         i += 2
-    command = argv[i + 1 :]
-    if not door or not ports or not command:
-        raise SystemExit(
-            "usage: relay.py --door PATH --http PORT --socks PORT "
-            "[--dns PORT] [--service ADDRESS:PORT ...] -- COMMAND..."
-        )
-    return door, ports, services, command
+    return door, ports, services, i
 
 
 def cannot_run(name: str, exc: OSError, path: str) -> str:

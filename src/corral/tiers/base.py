@@ -51,7 +51,10 @@ class HostFacts:
     ``fs``: the filesystem decision (:func:`corral.fsplan.plan_filesystem`,
     which reads the workspace and the secrets present); ``home``: the home
     layer, if any (:func:`corral.home.plan_home`); ``cgroups``: the host's
-    cgroup layout when a limit needs one (:func:`corral.cgroups.detect`).
+    cgroup layout when a limit needs one (:func:`corral.cgroups.detect`);
+    ``resolv_conf``: the host's /etc/resolv.conf with symlinks resolved and
+    whether that file exists, or None without one (what corral's resolver file
+    is bound over, for the tiers that bind it).
     """
 
     __slots__ = (
@@ -62,6 +65,7 @@ class HostFacts:
         "gid",
         "groups",
         "home",
+        "resolv_conf",
         "stdin_tty",
         "token",
         "uid",
@@ -80,6 +84,7 @@ class HostFacts:
         fs: FsPlan | None = None,
         home: HomeLayer | None = None,
         cgroups: CgroupHost | None = None,
+        resolv_conf: tuple[str, bool] | None = None,
     ) -> None:
         self.environ = dict(environ) if environ is not None else {"PATH": "/usr/bin:/bin"}
         self.cwd = cwd
@@ -91,6 +96,7 @@ class HostFacts:
         self.fs = fs
         self.home = home
         self.cgroups = cgroups
+        self.resolv_conf = resolv_conf
 
     def cgroup_layout(self) -> CgroupHost:
         """The host's cgroup layout; none at all when it was not gathered (a limit
@@ -116,6 +122,8 @@ def gather_common(policy: Policy, facts: HostFacts) -> HostFacts:
     facts.token = os.urandom(6).hex()
     if cgroups.wanted(policy.limits):
         facts.cgroups = cgroups.detect()
+    if os.path.lexists("/etc/resolv.conf"):
+        facts.resolv_conf = os.path.realpath("/etc/resolv.conf"), os.path.exists("/etc/resolv.conf")
     return facts
 
 

@@ -35,15 +35,13 @@ GUEST_OWN = ("/run/corral/agent.py",)
 
 
 class VmFacts(HostFacts):
-    """The common host facts and the VM's own (:class:`corral.vm.run.VmHost`), and
-    the host's /etc/resolv.conf (its real path and whether it exists, or None)."""
+    """The common host facts and the VM's own (:class:`corral.vm.run.VmHost`)."""
 
-    __slots__ = ("resolv_conf", "vm")
+    __slots__ = ("vm",)
 
     def __init__(self, vm: VmHost | None = None, **common: object) -> None:
         super().__init__(**common)  # type: ignore[arg-type]
         self.vm = vm
-        self.resolv_conf: tuple[str, bool] | None = None
 
 
 class VmStrategy(LaunchStrategy):
@@ -167,7 +165,7 @@ class MicroVMTier(Tier):
         return run.health(probe_now=probe)
 
     def gather(self, policy: Policy, agent: bool = False) -> VmFacts:
-        from corral import fsplan, home, netns
+        from corral import fsplan, home
         from corral.vm import run
 
         facts = VmFacts(run.gather(agent=agent))
@@ -175,7 +173,6 @@ class MicroVMTier(Tier):
         facts.home = home.plan_home(policy)
         layer = facts.home
         facts.fs = fsplan.plan_filesystem(policy, home=layer.path if layer else None)
-        facts.resolv_conf = netns.real_resolv_conf()
         return facts
 
     def plan(
@@ -250,7 +247,7 @@ def _resolver(policy: Policy, host: tuple[str, bool] | None) -> list[Mount]:
     if policy.network.mode != "proxy":
         return []
     target = netns.resolv_target(host, ())
-    if target is None or any(target.startswith(d.rstrip("/") + "/") for d in fsplan.PRIVATE_TMP):
+    if target is None or any(fsplan._inside(target, d) for d in fsplan.PRIVATE_TMP):
         return []
     return [Mount("ro-bind", target, netns.resolv_conf(), "the guest's resolver")]
 

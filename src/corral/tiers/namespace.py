@@ -329,24 +329,21 @@ class Bwrap(LaunchStrategy):
 
 
 class NamespaceFacts(HostFacts):
-    """The namespace tier's host: bwrap's path (None when missing), the host's
-    /etc/resolv.conf (its real path and whether that exists, None without one)
-    and why transparent capture cannot run here (None when it can, or was not
-    asked for)."""
+    """The namespace tier's host: bwrap's path (None when missing) and why
+    transparent capture cannot run here (None when it can, or was not asked
+    for)."""
 
-    __slots__ = ("bwrap", "resolv_conf", "transparent")
+    __slots__ = ("bwrap", "transparent")
 
     def __init__(
         self,
         *,
         bwrap: str | None = "/usr/bin/bwrap",
-        resolv_conf: tuple[str, bool] | None = None,
         transparent: str | None = None,
         **common: Any,
     ) -> None:
         super().__init__(**common)
         self.bwrap = bwrap
-        self.resolv_conf = resolv_conf
         self.transparent = transparent
 
 
@@ -358,7 +355,7 @@ class NamespaceTier(Tier):
     strategy = Bwrap
 
     def gather(self, policy: Policy, agent: bool = False) -> NamespaceFacts:
-        from corral import home, netns
+        from corral import home
 
         facts = NamespaceFacts()
         gather_common(policy, facts)
@@ -368,7 +365,6 @@ class NamespaceTier(Tier):
             policy, home=layer.path if layer else None, capless_uid=os.geteuid()
         )
         facts.bwrap = find_bwrap(facts.environ.get("PATH", ""))
-        facts.resolv_conf = netns.real_resolv_conf()
         if policy.network.mode == "proxy" and policy.network.transparent:
             from corral.net import transparent
 
