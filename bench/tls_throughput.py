@@ -669,6 +669,13 @@ def report(
         c, sq, mi = med["corral"], med["squid-bump"], med["mitmdump"]
         met = c == c and sq == sq and mi == mi and c >= GOAL_SQUID * sq and c >= GOAL_MITM * mi
         status = "no data" if c != c else ("MET" if met else "NOT MET")
+        if not met and mi == mi and med["direct"] < GOAL_MITM * mi:
+            # the load and the origin alone, no proxy at all, stay under the goal's rate:
+            # on this machine no proxy could be measured at it
+            status += (
+                f" (out of the load's reach here: with no proxy {_ratio(med['direct'], mi)} "
+                f"mitmdump; corral {_ratio(c, med['direct'])} of that)"
+            )
         out.append(
             f"| {title} | {unit} | {_fmt(med['direct'])} | {_fmt(c)} | {_fmt(sq)} | {_fmt(mi)} "
             f"| {_ratio(c, sq)} | {_ratio(c, mi)} | ≥ {GOAL_SQUID:.1f}x squid, ≥ {GOAL_MITM:.0f}x "
