@@ -57,8 +57,9 @@ _spawned: set[int] = set()
 _exited: dict[int, int] = {}
 
 # How long a command name's PATH search may be remembered (0: never).  Only a
-# microVM's agent sets it (wait_for_go): there a name missing from a directory of
-# the guest's root is a round trip to QEMU each time (the guest's 9p keeps no
+# microVM's agent sets it, as its go line says (wait_for_go; the host's value is
+# corral.vm.guest.PATH_MEMORY): there a name missing from a directory of the
+# guest's root is a round trip to QEMU each time (the guest's 9p keeps no
 # negative entries), ~0.3 ms under TCG, so a long PATH cost an exec 5 ms.
 SEARCH_TTL = 0.0
 # (PATH, name) -> (when it expires, the writable directories before the hit, the hit)
@@ -852,7 +853,6 @@ def wait_for_go(go: str, ready: str) -> None:
     global SEARCH_TTL
     import _ctypes  # noqa: F401  libc() imports it late: from here, not the view
 
-    SEARCH_TTL = 2.0
     # the threads a first exec needs (the reaper, two pumps and a waiter), started
     # now: in a restored guest every piece of code runs for the first time, and
     # starting a thread then costs milliseconds
@@ -868,6 +868,7 @@ def wait_for_go(go: str, ready: str) -> None:
     with open(go, "rb") as fh:
         root, door, blob = fh.readline().decode().strip().split(" ", 2)
     run = json.loads(bytes.fromhex(blob))
+    SEARCH_TTL = float(run.get("path_memory", 2.0))
     relay_args = [str(a) for a in run.get("relay") or []]
     if relay_args:  # the door port, opened here: in the view there is no such device
         port = os.open(door, os.O_RDWR | os.O_CLOEXEC)

@@ -274,6 +274,7 @@ def test_a_networked_sandboxs_waiting_agent_is_given_its_relays_arguments(
     assert relay[:2] == ["--door", "/run/corral/door.sock"] and "--service" in relay
     go = json.loads(bytes.fromhex(guest.go(vm.launch)))
     assert go["relay"] == relay and "HTTP_PROXY" in go["env"]
+    assert go["path_memory"] == guest.PATH_MEMORY == 60.0  # (corral.agent.SEARCH_TTL)
     # the twin: without a network the go line carries no relay
     policy.network.mode = "none"
     offline = agent_plan(policy, facts).strategy.vm.launch  # type: ignore[attr-defined]

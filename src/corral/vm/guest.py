@@ -204,15 +204,29 @@ def request(
     return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
 
 
+# How long the waiting agent remembers that a directory of the guest's read-only
+# root lacked a command's name (corral.agent.locate), in seconds.  Each such miss
+# is a round trip to QEMU (the guest's 9p keeps no negative entries): with this
+# host's 15-entry PATH an exec whose search was forgotten took 5-8 ms more under
+# TCG, and an agent's commands come seconds apart, so a memory of 2 s was nearly
+# always forgotten.  What it delays: only a name the host adds, during the run,
+# to a read-only directory in front of the one found (a name not found is never
+# remembered; writable directories in front are always looked in); the guest's
+# 9p cache (cache=loose) does not promise more of the host's later changes.
+PATH_MEMORY = 60.0
+
+
 def go(launch: Launch) -> str:
     """The waiting agent's line (after the root and the door port's device the init
-    adds): the hex of its cwd, ids, environment and (with a network) the relay's
-    arguments, one word whatever the values hold."""
+    adds): the hex of its cwd, ids, environment, how long it may remember a PATH
+    search (PATH_MEMORY) and (with a network) the relay's arguments, one word
+    whatever the values hold."""
     run: dict[str, object] = {
         "cwd": launch.cwd,
         "uid": launch.uid,
         "gid": launch.gid,
         "env": launch.env,
+        "path_memory": PATH_MEMORY,
     }
     if launch.relay:
         run["relay"] = launch.relay
