@@ -784,7 +784,8 @@ def test_a_waiting_agents_request_carries_its_run_as_one_word() -> None:
     assert run[:7] == ["run", "1000", "1001", "64", "0", "2", "/work space"]
     assert len(run) == 8 and "agent.py" not in request
     got = json.loads(bytes.fromhex(run[7]))
-    assert got == {"cwd": "/work space", "uid": 1000, "gid": 1001, "env": env}
+    want = {"cwd": "/work space", "uid": 1000, "gid": 1001, "env": env, "path_memory": 60.0}
+    assert got == want
 
 
 LDD = """\
