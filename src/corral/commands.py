@@ -150,7 +150,6 @@ def cmd_shell(args: list[str]) -> int:
     passed = pass_fds(opts)
     policy = build_policy(opts)
     from corral import launch, tiers
-    from corral import shell as pty_shell
 
     tier, _health = tiers.select(policy.tier, policy)
     refuse_unused_flags(opts, tier)
@@ -161,7 +160,7 @@ def cmd_shell(args: list[str]) -> int:
 
         raise RefusedError(tier.strategy.shell)
     argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
-    shell_argv = pty_shell.command(argv, tier.python_argv())
+    shell_argv = tier.strategy.shell_command(argv, tier.python_argv())
     if opts.get("explain"):
         return _explain(tier, policy, shell_argv, passed)
     run_id = launch.new_run_id()

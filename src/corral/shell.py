@@ -39,6 +39,91 @@ CTTY_SHIM = (
 )
 
 
+# For a sandbox with a kernel of its own (microvm), whose command reads and writes
+# byte streams (virtio ports), not corral's pty: the terminal is the guest's own.
+# Inside: a pty, the shell on it as above, and this relay between the pty and the
+# streams.  What comes in is framed (corral.vm.run's tty pump): b"d" + length +
+# bytes for the terminal, b"w" + length + a struct winsize for a size (the first
+# frame, awaited before the shell starts, then each change).  The exit code is the
+# shell's (128+N for a signal).
+TTY_RELAY = r"""
+import fcntl, os, select, struct, sys, termios
+
+def out(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
+
+def feed(buf):
+    # the complete frames in buf, applied; what is left of a frame still coming
+    while len(buf) >= 5 and len(buf) >= 5 + int.from_bytes(buf[1:5], "big"):
+        end = 5 + int.from_bytes(buf[1:5], "big")
+        if buf[:1] == b"d":
+            out(master, buf[5:end])
+        elif buf[:1] == b"w":
+            fcntl.ioctl(master, termios.TIOCSWINSZ, buf[5:end])
+        buf = buf[end:]
+    return buf
+
+master, slave = os.openpty()
+fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+buf = b""
+while len(buf) < 5 or len(buf) < 5 + int.from_bytes(buf[1:5], "big"):
+    if not select.select([0], [], [], 5)[0]:
+        break  # no size: 24x80
+    chunk = os.read(0, 65536)
+    if not chunk:
+        break
+    buf += chunk
+buf = feed(buf)  # the size (before the shell can ask), and what was typed ahead
+pid = os.fork()
+if pid == 0:
+    try:
+        os.close(master)
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+        for fd in (0, 1, 2):
+            os.dup2(slave, fd)
+        os.close(slave)
+        os.execvp(sys.argv[1], sys.argv[1:])
+    except FileNotFoundError:
+        name, path = sys.argv[1], os.environ.get("PATH", "")
+        why = f"command not found in the sandbox (PATH={path})"
+        if "/" in name:
+            why = "no such file in the sandbox"
+        out(2, f"corral: {name}: {why}\n".encode())
+        os._exit(127)
+    except OSError as exc:
+        out(2, f"corral: cannot run {sys.argv[1]}: {exc.strerror}\n".encode())
+        os._exit(126)
+    os._exit(126)
+os.close(slave)
+reading = True
+while True:
+    ready = select.select([master] + [0] * reading, [], [])[0]
+    if master in ready:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: no process holds the terminal any more
+            data = b""
+        if not data:
+            break
+        out(1, data)
+    if reading and 0 in ready:
+        chunk = os.read(0, 65536)
+        if not chunk:  # corral's input ended: end of file for the shell, as a ^D
+            reading = False
+            out(master, b"\x04")
+        buf = feed(buf + chunk)
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+sys.exit(128 - code if code < 0 else code)
+"""
+
+
+def frame(kind: bytes, body: bytes) -> bytes:
+    """One frame of TTY_RELAY's input: b"d" (terminal bytes) or b"w" (a winsize)."""
+    return kind + len(body).to_bytes(4, "big") + body
+
+
 def command(shell: list[str], python: list[str] | None = None) -> list[str]:
     """``python``: how the tier starts a Python inside (Tier.python_argv())."""
     if python is None:
@@ -46,6 +131,11 @@ def command(shell: list[str], python: list[str] | None = None) -> list[str]:
 
         python = [inside_python()]
     return [*python, "-I", "-S", "-c", CTTY_SHIM, *shell]
+
+
+def relayed(shell: list[str], python: list[str]) -> list[str]:
+    """The command of a shell behind TTY_RELAY (a sandbox with its own kernel)."""
+    return [*python, "-I", "-S", "-c", TTY_RELAY, *shell]
 
 
 def copy_winsize(src: int, dst: int) -> None:
@@ -68,6 +158,8 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
     from corral import launch
 
     master, slave = os.openpty()
+    if plan.strategy.own_terminal:  # before anything is written: no echo, no editing here
+        tty.setraw(slave, termios.TCSANOW)
     interactive = os.isatty(0)
     if interactive:
         copy_winsize(0, master)

@@ -9,18 +9,24 @@ received.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
 import os
+import pty
 import shlex
 import signal
+import struct
 import subprocess
+import termios
+import time
 from pathlib import Path
 
 import pytest
 from conftest import ROOT_BASE, Corral, pids_matching, wait_for
 from test_home import npm_app, put, tiny_wheel, tree_state
 from test_network import Origin
+from test_shell import read_until
 
 from corral.vm import setup
 from tests.tls_origin import Origin as TlsOrigin
@@ -116,6 +122,64 @@ def test_exit_code_and_separate_output(sandbox: tuple[Corral, Path]) -> None:
         b"before\n",
         b"",
     )
+
+
+def test_corral_shell_runs_on_the_guests_own_terminal(sandbox: tuple[Corral, Path]) -> None:
+    """corral shell: the guest makes the pty (corral.shell.TTY_RELAY), corral's own
+    pty only carries bytes; the window size, a resize, job control's terminal, the
+    exit code, and the sandbox's bounds inside the shell."""
+    c, ws = sandbox
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 31, 101, 0, 0))
+    os.chown(os.ttyname(slave), c.uid, c.gid)
+
+    def own_terminal() -> None:  # corral's terminal is its ctty: it gets SIGWINCH
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    argv = c.python_argv(["-m", "corral", "shell", "--tier", "microvm", "-q", "--", "sh", "-i"])
+    proc = subprocess.Popen(
+        argv, cwd=ws, env=vm_env(c, ws), stdin=slave, stdout=slave, stderr=slave,
+        preexec_fn=own_terminal,
+    )  # fmt: skip
+    os.close(slave)
+    prompt = b"$ " if c.who == "user" else b"# "
+    try:
+        assert read_until(master, prompt, 60).endswith(prompt)
+        os.write(master, b"echo A$((6*7))B; stty size; tty; echo x > made-in-shell\n")
+        out = read_until(master, b"/dev/pts/")
+        assert b"A42B" in out and b"31 101" in out, out  # the size crossed into the guest
+        read_until(master, prompt)
+        os.write(master, b"touch /usr/corral-shell-test || echo usr-refused\n")
+        assert b"usr-refused" in read_until(master, b"usr-refused")  # the twin: bounds hold
+        read_until(master, prompt)
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        out = b""
+        for _ in range(20):  # corral shell's resize, framed through to the guest's pty
+            time.sleep(0.25)
+            os.write(master, b"stty size\n")
+            out += read_until(master, prompt, 2)
+            if b"40 120" in out:
+                break
+        assert b"40 120" in out, out
+        os.write(master, b"exit 3\n")
+        assert proc.wait(timeout=30) == 3
+    finally:
+        proc.kill()
+        os.close(master)
+    assert (ws / "made-in-shell").read_text() == "x\n"
+    assert not Path("/usr/corral-shell-test").exists()
+    missing = subprocess.run(
+        c.python_argv(["-m", "corral", "shell", "--tier", "microvm", "-q", "--", "no-such-sh"]),
+        cwd=ws, env=vm_env(c, ws), capture_output=True, input=b"", timeout=120,
+    )  # fmt: skip
+    assert missing.returncode == 127, missing
+    assert b"corral: no-such-sh: command not found in the sandbox" in missing.stdout
+    records = [json.loads(x) for x in c.run(["log", "--json"], cwd=ws).stdout.splitlines()]
+    assert [(x["kind"], x["argv"], x["exit"]) for x in records[-2:]] == [
+        ("shell", ["sh", "-i"], 3),
+        ("shell", ["no-such-sh"], 127),
+    ]
 
 
 def test_writes_under_home_go_to_the_layer_and_persist(sandbox: tuple[Corral, Path]) -> None:

@@ -186,9 +186,20 @@ class LaunchStrategy:
     confines = True  # False: no sandbox at all (tier none): no door, no Sandbox, no shell
     lazy = False  # Sandbox starts it on first use, and again after it died
     shell = ""  # why `corral shell` cannot run on this tier ("" when it can)
+    # the sandbox's terminal is its own (a guest's kernel, shell_command's relay):
+    # corral shell's pty then passes bytes unchanged (raw) instead of being it
+    own_terminal = False
     close_grace = 0.0  # seconds Sandbox.close() lets the agent's exit end it first
     agent_fds = True  # the agent's socket is ours end to end: descriptors cross it
     warning = ""  # printed on stderr before every run (tier none's warning)
+
+    @classmethod
+    def shell_command(cls, shell: list[str], python: list[str]) -> list[str]:
+        """The command of ``corral shell``, whose pty is corral's (corral.shell):
+        it becomes the shell's controlling terminal inside."""
+        from corral import shell as pty_shell
+
+        return pty_shell.command(shell, python)
 
     @classmethod
     def ahead(cls, policy: Policy) -> None:

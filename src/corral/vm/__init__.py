@@ -64,7 +64,11 @@ Design, one module each:
   port (environment values never in an argv), output read to the byte counts
   the guest's driver reports, timeout (124: the sandbox's pid 1 killed, QEMU
   with it), and nothing left: bubblewrap's ``--die-with-parent`` and pid
-  namespace take QEMU along even when the runner is SIGKILLed.
+  namespace take QEMU along even when the runner is SIGKILLed.  For ``corral
+  shell`` the command is a relay that makes the guest's own pty
+  (:data:`corral.shell.TTY_RELAY`): a pty cannot cross into a guest, so the
+  runner frames its stdin, corral shell's pty made raw, and sends the window
+  size with it.
 * :mod:`~corral.vm.firecracker`: pure builders for the machine configuration,
   the jailer's argv and the tap + nftables egress; a ``health()`` that names
   every missing piece.

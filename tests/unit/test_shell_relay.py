@@ -1,0 +1,113 @@
+"""corral shell behind a sandbox's own terminal (the microvm tier): the relay that
+runs inside (corral.shell.TTY_RELAY, here run by this host's Python, with a real
+pty and shell) and the runner's side that frames corral's pty for it
+(corral.vm.run._pump_tty), joined by a socket pair instead of QEMU's port."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import threading
+
+from corral import shell
+from corral.tiers.base import LaunchStrategy
+from corral.tiers.microvm import VmStrategy
+from corral.vm import run
+
+
+def relay(args: list[str], data: bytes) -> subprocess.CompletedProcess[bytes]:
+    argv = shell.relayed(args, [sys.executable])
+    return subprocess.run(argv, input=data, capture_output=True, timeout=30)
+
+
+def size(rows: int, cols: int) -> bytes:
+    return shell.frame(b"w", struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def test_the_relay_runs_the_shell_on_a_terminal_of_its_own_at_the_size_it_is_sent() -> None:
+    typed = b"echo A$((6*7))B; stty size; tty\n"
+    r = relay(["sh", "-i"], size(31, 101) + shell.frame(b"d", typed))
+    out = r.stdout.replace(b"\r\n", b"\n")
+    assert b"A42B\n31 101\n/dev/pts/" in out, out  # a terminal, at the size sent first
+    assert r.returncode == 0  # the end of its input: a ^D, the shell's end
+
+
+def test_a_size_sent_later_reaches_the_shell_and_its_exit_code_is_the_relays() -> None:
+    argv = shell.relayed(["sh", "-i"], [sys.executable])
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(size(31, 101) + shell.frame(b"d", b"stty size\n"))
+    proc.stdin.flush()
+    seen = b""
+    while b"31 101" not in seen:  # the shell has asked once: now the size changes
+        seen += os.read(proc.stdout.fileno(), 4096)
+    proc.stdin.write(size(40, 120) + shell.frame(b"d", b"stty size; exit 3\n"))
+    out, _ = proc.communicate(timeout=30)
+    assert b"40 120" in out, seen + out
+    assert proc.returncode == 3
+    killed = relay(["sh", "-c", "kill -TERM $$"], size(24, 80))
+    assert killed.returncode == 128 + 15  # a signal, shell style
+
+
+def test_a_frame_split_across_reads_is_put_back_together() -> None:
+    whole = size(31, 101) + shell.frame(b"d", b"echo joined\n")
+    argv = shell.relayed(["sh", "-i"], [sys.executable])
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None
+    for i in range(0, len(whole), 3):  # three bytes at a time: frames cut anywhere
+        proc.stdin.write(whole[i : i + 3])
+        proc.stdin.flush()
+    out, _ = proc.communicate(timeout=30)
+    assert b"joined\r\n" in out.split(b"echo joined")[-1]  # run once, as typed
+
+
+def test_a_shell_that_cannot_start_is_said_in_corrals_words() -> None:
+    missing = relay(["no-such-shell"], size(24, 80))
+    assert missing.returncode == 127
+    assert b"corral: no-such-shell: command not found in the sandbox (PATH=" in missing.stdout
+    here = relay([os.devnull], size(24, 80))
+    assert here.returncode == 126 and b"corral: cannot run /dev/null" in here.stdout
+    ok = relay(["sh", "-c", "echo started"], size(24, 80))  # the twin
+    assert (ok.returncode, ok.stdout) == (0, b"started\r\n")
+
+
+def test_the_runner_frames_corrals_pty_and_its_size_changes() -> None:
+    master, slave = pty.openpty()
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 31, 101, 0, 0))
+    ours, theirs = socket.socketpair()
+    pump = threading.Thread(target=run._pump_tty, args=(slave, theirs), daemon=True)
+    pump.start()
+    got = b""
+
+    def until(n: int) -> bytes:
+        nonlocal got
+        while len(got) < n:
+            got += ours.recv(4096)
+        taken, got = got[:n], got[n:]
+        return taken
+
+    try:
+        assert until(13) == size(31, 101)  # the size first
+        os.write(master, b"ab\x04\x03\n")  # raw: control bytes pass, nothing echoed back
+        assert until(10) == shell.frame(b"d", b"ab\x04\x03\n")
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        assert until(13) == size(40, 120)  # a change, within a quarter of a second or so
+        assert not termios.tcgetattr(slave)[3] & (termios.ECHO | termios.ICANON)
+    finally:
+        os.close(master)  # corral's side gone: the pump ends and closes its direction
+        pump.join(timeout=5)
+        os.close(slave)
+    assert not pump.is_alive() and ours.recv(4096) == b""
+
+
+def test_only_the_microvm_strategy_puts_a_relay_in_front_of_the_shell() -> None:
+    assert LaunchStrategy.shell_command(["sh"], ["py"])[-2:] == [shell.CTTY_SHIM, "sh"]
+    assert not LaunchStrategy.own_terminal and VmStrategy.own_terminal
+    assert VmStrategy.shell_command(["sh", "-i"], ["py"]) == shell.relayed(["sh", "-i"], ["py"])
+    assert not VmStrategy.shell  # corral shell runs there
