@@ -47,7 +47,7 @@ CTTY_SHIM = (
 # frame, awaited before the shell starts, then each change).  The exit code is the
 # shell's (128+N for a signal).
 TTY_RELAY = r"""
-import fcntl, os, select, struct, sys, termios
+import fcntl, os, select, signal, struct, sys, termios
 
 def out(fd, data):
     while data:
@@ -75,6 +75,12 @@ while len(buf) < 5 or len(buf) < 5 + int.from_bytes(buf[1:5], "big"):
         break
     buf += chunk
 buf = feed(buf)  # the size (before the shell can ask), and what was typed ahead
+# the shell's end wakes the loop: not every kernel ends a read of the pty then
+# (gVisor's does not; Linux's says EIO once no process holds the terminal)
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_w, False)
+signal.signal(signal.SIGCHLD, lambda *_: None)
+signal.set_wakeup_fd(wake_w)
 pid = os.fork()
 if pid == 0:
     try:
@@ -97,24 +103,34 @@ if pid == 0:
         os._exit(126)
     os._exit(126)
 os.close(slave)
-reading = True
-while True:
-    ready = select.select([master] + [0] * reading, [], [])[0]
+reading, status = True, None
+while status is None:
+    ready = select.select([master, wake_r] + [0] * reading, [], [])[0]
+    if wake_r in ready:
+        os.read(wake_r, 512)
+        done, got = os.waitpid(pid, os.WNOHANG)
+        status = got if done else None
     if master in ready:
         try:
             data = os.read(master, 65536)
         except OSError:  # EIO: no process holds the terminal any more
             data = b""
-        if not data:
-            break
         out(1, data)
+        if not data and status is None:
+            status = os.waitpid(pid, 0)[1]
     if reading and 0 in ready:
         chunk = os.read(0, 65536)
         if not chunk:  # corral's input ended: end of file for the shell, as a ^D
             reading = False
             out(master, b"\x04")
         buf = feed(buf + chunk)
-code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+os.set_blocking(master, False)
+try:  # what the shell wrote last
+    while data := os.read(master, 65536):
+        out(1, data)
+except OSError:
+    pass
+code = os.waitstatus_to_exitcode(status)
 sys.exit(128 - code if code < 0 else code)
 """
 
@@ -157,9 +173,9 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
 
     from corral import launch
 
+    if plan.strategy.own_terminal:
+        return _run_relayed(plan, run_id)
     master, slave = os.openpty()
-    if plan.strategy.own_terminal:  # before anything is written: no echo, no editing here
-        tty.setraw(slave, termios.TCSANOW)
     interactive = os.isatty(0)
     if interactive:
         copy_winsize(0, master)
@@ -229,6 +245,126 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
         held.refuse(plan.tier)  # the sandbox was never set up: bwrap said why
     held.release()
     return 125 if code is None else plan.strategy.exit_code(plan, code), found
+
+
+def _run_relayed(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
+    """``run`` for a sandbox that makes its own terminal (TTY_RELAY inside): our
+    input goes in framed on a pipe, our window size first and again at each
+    SIGWINCH; its terminal's output comes back on another."""
+    import termios
+    import tty
+
+    from corral import launch
+
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    try:
+        started = launch.start(plan, run_id, {0: in_r, 1: out_w, 2: out_w})
+    except BaseException:
+        for fd in (in_w, out_r):
+            os.close(fd)
+        raise
+    finally:
+        os.close(in_r)
+        os.close(out_w)
+    saved = termios.tcgetattr(0) if os.isatty(0) else None
+    if saved is not None:
+        tty.setraw(0)  # the sandbox's terminal echoes and edits: ours passes keys
+    ended = started.status_r if started.status_r >= 0 else os.pidfd_open(started.pid)
+    relay = _Relay(in_w, out_r, ended)
+    previous = signal.signal(signal.SIGWINCH, lambda *_: relay.resized.append(True))
+    old_wakeup = signal.set_wakeup_fd(relay.wake_w)
+    code = 125
+    try:
+        relay.run()
+        code = os.waitstatus_to_exitcode(os.waitpid(started.pid, 0)[1])
+        code = 128 - code if code < 0 else code
+    finally:
+        signal.set_wakeup_fd(old_wakeup)
+        signal.signal(signal.SIGWINCH, previous)
+        if saved is not None:
+            termios.tcsetattr(0, termios.TCSADRAIN, saved)
+        relay.close()
+        if ended != started.status_r:
+            os.close(ended)
+        found = started.stop()
+    return plan.strategy.exit_code(plan, code), found
+
+
+class _Relay:
+    """Our side of TTY_RELAY: stdin framed into the sandbox, a size at each
+    resize (a signal wakes the loop through ``wake_r``), its output to our stdout,
+    until ``ended`` (the launched process's pidfd or status pipe) is readable."""
+
+    def __init__(self, in_w: int, out_r: int, ended: int, src: int = 0, dst: int = 1) -> None:
+        self.in_w, self.out_r, self.ended = in_w, out_r, ended
+        self.src, self.dst = src, dst  # our terminal (or whatever stdin and stdout are)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self.resized: list[bool] = [True]  # the size goes first
+
+    def run(self) -> None:
+        reading, output = True, True
+        while True:
+            if self.resized and self.in_w >= 0:
+                self.resized.clear()
+                _send(self.in_w, frame(b"w", _size(self.src)))
+            watch = [self.ended, self.wake_r] + [self.out_r] * output + [self.src] * reading
+            ready = select.select(watch, [], [])[0]
+            if self.wake_r in ready:
+                os.read(self.wake_r, 512)
+            if self.out_r in ready:
+                data = os.read(self.out_r, 65536)
+                output = bool(data)
+                _send(self.dst, data)
+            if reading and self.src in ready:
+                try:
+                    data = os.read(self.src, 65536)
+                except OSError:  # EIO: a terminal whose other side is gone
+                    data = b""
+                reading = bool(data)
+                if data:
+                    _send(self.in_w, frame(b"d", data))
+                else:  # the end of our input: the sandbox's, and the relay gives a ^D
+                    os.close(self.in_w)
+                    self.in_w = -1
+            if self.ended in ready:
+                self._drain()
+                return
+
+    def _drain(self) -> None:
+        os.set_blocking(self.out_r, False)
+        try:
+            while data := os.read(self.out_r, 65536):
+                _send(self.dst, data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for fd in (self.in_w, self.out_r, self.wake_r, self.wake_w):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _size(fd: int) -> bytes:
+    """``fd``'s window size (a struct winsize), or 24x80 when it is no terminal."""
+    import fcntl
+    import struct
+    import termios
+
+    try:
+        return fcntl.ioctl(fd, termios.TIOCGWINSZ, bytes(8))
+    except OSError:
+        return struct.pack("HHHH", 24, 80, 0, 0)
+
+
+def _send(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:  # the sandbox is gone: its end is what the loop waits for
+        pass
 
 
 class _Held:

@@ -1,14 +1,13 @@
 """corral shell behind a sandbox's own terminal (the microvm tier): the relay that
 runs inside (corral.shell.TTY_RELAY, here run by this host's Python, with a real
-pty and shell) and the runner's side that frames corral's pty for it
-(corral.vm.run._pump_tty), joined by a socket pair instead of QEMU's port."""
+pty and shell) and corral shell's side that frames its terminal for it
+(corral.shell._Relay), joined by pipes instead of QEMU's stdin and stdout ports."""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import pty
-import socket
 import struct
 import subprocess
 import sys
@@ -18,7 +17,6 @@ import threading
 from corral import shell
 from corral.tiers.base import LaunchStrategy
 from corral.tiers.microvm import VmStrategy
-from corral.vm import run
 
 
 def relay(args: list[str], data: bytes) -> subprocess.CompletedProcess[bytes]:
@@ -77,33 +75,44 @@ def test_a_shell_that_cannot_start_is_said_in_corrals_words() -> None:
     assert (ok.returncode, ok.stdout) == (0, b"started\r\n")
 
 
-def test_the_runner_frames_corrals_pty_and_its_size_changes() -> None:
-    master, slave = pty.openpty()
+def test_corral_shell_frames_its_terminal_and_each_resize_and_passes_the_output() -> None:
+    master, slave = pty.openpty()  # our terminal
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 31, 101, 0, 0))
-    ours, theirs = socket.socketpair()
-    pump = threading.Thread(target=run._pump_tty, args=(slave, theirs), daemon=True)
-    pump.start()
+    in_r, in_w = os.pipe()  # the sandbox's stdin
+    out_r, out_w = os.pipe()  # its terminal's output
+    end_r, end_w = os.pipe()  # stands for the launched process's pidfd
+    dst_r, dst_w = os.pipe()  # our stdout
+    relay = shell._Relay(in_w, out_r, end_r, src=slave, dst=dst_w)
+    looping = threading.Thread(target=relay.run, daemon=True)
+    looping.start()
     got = b""
 
     def until(n: int) -> bytes:
         nonlocal got
         while len(got) < n:
-            got += ours.recv(4096)
+            got += os.read(in_r, 4096)
         taken, got = got[:n], got[n:]
         return taken
 
     try:
         assert until(13) == size(31, 101)  # the size first
-        os.write(master, b"ab\x04\x03\n")  # raw: control bytes pass, nothing echoed back
-        assert until(10) == shell.frame(b"d", b"ab\x04\x03\n")
+        os.write(master, b"ab\n")
+        assert until(8) == shell.frame(b"d", b"ab\n")
         fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-        assert until(13) == size(40, 120)  # a change, within a quarter of a second or so
-        assert not termios.tcgetattr(slave)[3] & (termios.ECHO | termios.ICANON)
+        relay.resized.append(True)  # what the SIGWINCH handler does, and its wakeup
+        os.write(relay.wake_w, b"\0")
+        assert until(13) == size(40, 120)
+        os.write(out_w, b"the shell says")
+        os.close(out_w)
+        os.write(end_w, b"x")  # the sandbox ended: its output drained, the loop done
+        looping.join(timeout=5)
+        assert not looping.is_alive()
+        os.close(dst_w)
+        assert os.read(dst_r, 4096) == b"the shell says"
     finally:
-        os.close(master)  # corral's side gone: the pump ends and closes its direction
-        pump.join(timeout=5)
-        os.close(slave)
-    assert not pump.is_alive() and ours.recv(4096) == b""
+        relay.close()
+        for fd in (master, slave, in_r, end_r, end_w, dst_r):
+            os.close(fd)
 
 
 def test_only_the_microvm_strategy_puts_a_relay_in_front_of_the_shell() -> None:

@@ -279,15 +279,3 @@ def test_a_networked_sandboxs_waiting_agent_is_given_its_relays_arguments(
     policy.network.mode = "none"
     offline = agent_plan(policy, facts).strategy.vm.launch  # type: ignore[attr-defined]
     assert offline.waiting and "relay" not in json.loads(bytes.fromhex(guest.go(offline)))
-
-
-def test_corral_shells_relay_makes_a_tty_plan_and_no_other_command_does(policy: Policy) -> None:
-    from corral import shell
-
-    facts = facts_for(policy)
-    relayed = VmStrategy.shell_command(["sh", "-i"], ["/usr/bin/python3"])
-    vm = MicroVMTier().plan(policy, relayed, host=facts).strategy.vm  # type: ignore[attr-defined]
-    assert vm.tty and "terminal: the guest's own pty" in vm.describe()
-    assert vm.launch.argv[-3:] == [shell.TTY_RELAY, "sh", "-i"]  # the relay is the command
-    plain = MicroVMTier().plan(policy, ["sh", "-i"], host=facts).strategy.vm  # type: ignore[attr-defined]
-    assert not plain.tty and "terminal:" not in plain.describe()  # the twin

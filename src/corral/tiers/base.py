@@ -186,8 +186,8 @@ class LaunchStrategy:
     confines = True  # False: no sandbox at all (tier none): no door, no Sandbox, no shell
     lazy = False  # Sandbox starts it on first use, and again after it died
     shell = ""  # why `corral shell` cannot run on this tier ("" when it can)
-    # the sandbox's terminal is its own (a guest's kernel, shell_command's relay):
-    # corral shell's pty then passes bytes unchanged (raw) instead of being it
+    # corral shell's terminal is made inside (shell_command's relay): what corral
+    # gives the sandbox is pipes, the input framed (corral.shell._run_relayed)
     own_terminal = False
     close_grace = 0.0  # seconds Sandbox.close() lets the agent's exit end it first
     agent_fds = True  # the agent's socket is ours end to end: descriptors cross it
@@ -195,10 +195,13 @@ class LaunchStrategy:
 
     @classmethod
     def shell_command(cls, shell: list[str], python: list[str]) -> list[str]:
-        """The command of ``corral shell``, whose pty is corral's (corral.shell):
-        it becomes the shell's controlling terminal inside."""
+        """The command of ``corral shell`` (corral.shell): on corral's pty, made
+        the shell's controlling terminal inside; or, with ``own_terminal``, behind
+        the relay that makes one inside."""
         from corral import shell as pty_shell
 
+        if cls.own_terminal:
+            return pty_shell.relayed(shell, python)
         return pty_shell.command(shell, python)
 
     @classmethod

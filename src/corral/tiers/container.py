@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from corral import environ, fsplan
+from corral import environ, fsplan, shell
 from corral.errors import RefusedError
 from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gather_common
 
@@ -82,10 +82,9 @@ class EngineLaunch(LaunchStrategy):
     after it died); the command's limits hit are read from a file boot writes."""
 
     lazy = True
-    shell = (
-        "corral shell is not built for the container tiers yet "
-        "(use corral run, or the Python API's Sandbox)"
-    )
+    # the engine's client is between corral and the container (its --tty would be
+    # the engine's terminal handling): the container makes the shell's own pty
+    own_terminal = True
     close_grace = 2.0  # the agent's exit ends the container; --rm removes it
     agent_fds = False  # the agent is reached through the engine's pipes
 
@@ -423,8 +422,9 @@ class ContainerTier(Tier):
             plan.fds = self._pass_fds(eng, pass_fds)
             spec.preserve_fds = max(pass_fds) - 2
         # a terminal on stdin gets a terminal inside (the engine's own pty, not
-        # ours: TIOCSTI there cannot reach the caller's); the agent speaks frames
-        spec.tty = not extra and facts.stdin_tty
+        # ours: TIOCSTI there cannot reach the caller's); the agent speaks frames,
+        # and so does corral shell, whose relay makes the shell's pty inside
+        spec.tty = not extra and facts.stdin_tty and shell.TTY_RELAY not in command
         self._envelope(plan, spec, facts, scratch, image)
         if checks:
             plan.prepare.append(("checks", checks.encode(), 0o644))

@@ -49,15 +49,7 @@ class VmStrategy(LaunchStrategy):
 
     lazy = True  # a Sandbox's VM starts on first use, and again after it died
     agent_fds = False  # the agent's channel ends in a guest: no descriptor crosses it
-    own_terminal = True  # the guest makes the shell's pty (corral.shell.TTY_RELAY)
-
-    @classmethod
-    def shell_command(cls, shell: list[str], python: list[str]) -> list[str]:
-        """A pty cannot cross into a guest: the guest makes its own, and a relay
-        carries the streams and the window size (corral.shell.TTY_RELAY)."""
-        from corral import shell as pty_shell
-
-        return pty_shell.relayed(shell, python)
+    own_terminal = True  # a pty cannot cross into a guest: the guest makes the shell's
 
     def __init__(self, vm: VmPlan, door: str | None) -> None:
         self.vm = vm
@@ -75,8 +67,7 @@ class VmStrategy(LaunchStrategy):
         from corral.vm import mux, run
 
         del ctypes, seccomp, mux, run, procs_files, entered  # the guest bounds itself
-        # a Sandbox's agent channel (corral shell's pty is one descriptor for all three too)
-        duplex = child_fds.get(0) == child_fds.get(1) and not self.vm.tty
+        duplex = child_fds.get(0) == child_fds.get(1)  # a Sandbox's agent channel
         # decided here, so describe() says how this start went (restore or boot)
         self.vm.chosen = None
         self.vm.chosen = self.vm.warm()

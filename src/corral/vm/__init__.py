@@ -66,9 +66,8 @@ Design, one module each:
   with it), and nothing left: bubblewrap's ``--die-with-parent`` and pid
   namespace take QEMU along even when the runner is SIGKILLed.  For ``corral
   shell`` the command is a relay that makes the guest's own pty
-  (:data:`corral.shell.TTY_RELAY`): a pty cannot cross into a guest, so the
-  runner frames its stdin, corral shell's pty made raw, and sends the window
-  size with it.
+  (:data:`corral.shell.TTY_RELAY`): a pty cannot cross into a guest, so corral
+  shell sends its input framed, with the window size, through the stdin port.
 * :mod:`~corral.vm.firecracker`: pure builders for the machine configuration,
   the jailer's argv and the tap + nftables egress; a ``health()`` that names
   every missing piece.

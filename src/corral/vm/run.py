@@ -22,7 +22,6 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -99,9 +98,6 @@ class VmPlan:
         self.cache = ""  # where saved states are kept
         self.warm_key = ""  # the machine's saved state, if any (corral.vm.snapshot)
         self.restore_args: list[str] = []  # what QEMU's argv gains to restore it
-        # the command is corral shell's relay (corral.shell.TTY_RELAY): the runner
-        # frames its stdin, a terminal, and sends the window size as it changes
-        self.tty = False
 
         self.chosen: snapshot.Warm | None = None  # how the last start went, once decided
 
@@ -120,8 +116,6 @@ class VmPlan:
                 "agent: corral's, started by the guest's init before its state was saved;"
                 " it takes this run's directory, ids and environment"
             )
-        if self.tty:
-            lines.append("terminal: the guest's own pty, behind corral shell's relay")
         if self.machine is not None:
             lines.append(f"vcpus: {self.machine.cpus}  guest RAM: {self.machine.memory_mib} MiB")
         lines.append(f"timeout: {self.timeout if self.timeout else 'none'}")
@@ -355,7 +349,6 @@ def build(
     plan.shares = guest.exports([*fs.writable, *([home] if home else [])])
     present = [m.dest for m in fs.mounts if m.kind == "tmpfs" and m.dest in fsplan.PRIVATE_TMP]
     plan.guest_mounts = guest.guest_mounts(plan.shares, namespace.scratch_sizes(limits), present)
-    plan.tty = _relayed(command)
     command, env, notes, relay_args = _guest_command(policy, command, door)
     plan.notes += notes
     if env_extra:
@@ -500,51 +493,6 @@ def _write_all(fd: int, data: bytes) -> bool:
     except OSError:
         return False
     return True
-
-
-def _relayed(command: Sequence[str]) -> bool:
-    """Is ``command`` corral shell's, behind the guest's own terminal?"""
-    from corral.shell import TTY_RELAY
-
-    return TTY_RELAY in command
-
-
-def _pump_tty(src: int, sock: socket.socket) -> None:
-    """corral shell's terminal to the guest (the runner's stdin, a pty of corral
-    shell): framed for TTY_RELAY, its window size first and again whenever it
-    changes (looked at four times a second: the runner has no terminal of its own
-    to be sent SIGWINCH).  Raw: the guest's terminal does the line editing and
-    the echo, so this one passes bytes both ways unchanged."""
-    import fcntl
-    import termios
-    import tty
-
-    from corral.shell import frame
-
-    size = b""
-    try:
-        if os.isatty(src):  # (corral shell made it raw already; TCSANOW: nothing dropped)
-            tty.setraw(src, termios.TCSANOW)
-        while True:
-            try:
-                now = fcntl.ioctl(src, termios.TIOCGWINSZ, bytes(8))
-            except OSError:
-                now = struct.pack("HHHH", 24, 80, 0, 0)
-            if now != size:
-                size = now
-                sock.sendall(frame(b"w", now))
-            if not select.select([src], [], [], 0.25)[0]:
-                continue
-            data = os.read(src, CHUNK)
-            if not data:
-                break
-            sock.sendall(frame(b"d", data))
-    except OSError:
-        pass
-    try:
-        sock.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
 
 
 def _pump_stdin(src: int, sock: socket.socket) -> None:
@@ -749,9 +697,9 @@ def execute(
     vm, follower = _start(plan, given, result, (-1 if duplex else stdout, stderr), started)
     try:
         if not duplex:
-            pump = _pump_tty if plan.tty else _pump_stdin
-            into = vm.socks["corral.stdin"]
-            threading.Thread(target=pump, args=(stdin, into), daemon=True).start()
+            threading.Thread(
+                target=_pump_stdin, args=(stdin, vm.socks["corral.stdin"]), daemon=True
+            ).start()
         if "corral.door" in vm.socks and door is not None:
             from corral.vm import mux
 
