@@ -324,7 +324,6 @@ for p in (pol.load({str(ws)!r}), Policy({str(ws)!r})):  # loaded, or built by ha
     assert r.stdout.decode().split("\n")[:2] == [f"{DEFAULTS['tmp']} {enforced}"] * 2
 
 
-@pytest.mark.tiers("namespace", "landlock", why="corral shell is refused on the container tiers")
 def test_shell_is_bounded_the_same_way(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     r = c.run(["shell", "--", "python3", "-c", SIZES], cwd=ws, input=b"")

@@ -248,7 +248,9 @@ def test_run_pass_fd_is_checked(tsandbox: tuple[Corral, Path]) -> None:
     assert c.run(["run", "-q", "--", "true"], cwd=ws).returncode == 0  # twin
 
 
-@pytest.mark.tiers("namespace", "landlock", why="corral shell is refused on the container tiers")
+@pytest.mark.tiers(
+    "namespace", "landlock", "container", why="--pass-fd is refused with podman and runsc"
+)
 @pytest.mark.parametrize("numbers", FD_PAIRS, ids=["fds-3-4", "fds-40-41"])
 def test_shell_inherits_no_descriptor(
     tsandbox: tuple[Corral, Path], numbers: tuple[int, int]
