@@ -241,6 +241,16 @@ def test_container_plan_gets_a_tty_when_the_facts_say_so() -> None:
     )
 
 
+def test_corral_shells_relay_gets_no_engine_tty_even_from_a_terminal() -> None:
+    """Its relay makes the shell's pty inside and reads frames on a plain stdin: the
+    engine's terminal would echo them and edit them."""
+    relayed = EngineLaunch.shell_command(["sh", "-i"], ["/py"])
+    facts = container_facts(stdin_tty=True)
+    argv = ContainerTier().plan(policy(), relayed, host=facts).argv
+    assert "--tty" not in argv and "--interactive" in argv
+    assert EngineLaunch.own_terminal and not EngineLaunch.shell  # corral shell runs there
+
+
 def test_container_plan_refuses_without_an_engine_or_image() -> None:
     with pytest.raises(RefusedError, match="no podman here"):
         ContainerTier().plan(
