@@ -74,7 +74,8 @@ def test_every_runnable_tier_gathers_and_names_a_strategy() -> None:
         assert issubclass(tier.strategy, LaunchStrategy), name
     assert not NoneTier.strategy.confines and NamespaceTier.strategy.confines
     assert ContainerTier.strategy.lazy and not LandlockTier.strategy.lazy
-    assert ContainerTier.strategy.shell and not NamespaceTier.strategy.shell
+    assert not ContainerTier.strategy.shell and not NamespaceTier.strategy.shell  # both run it
+    assert ContainerTier.strategy.own_terminal and not NamespaceTier.strategy.own_terminal
 
 
 def test_none_plan_from_facts() -> None:
