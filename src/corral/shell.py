@@ -5,6 +5,11 @@ relays between it and the caller's terminal (put in raw mode), passing window
 size changes through.  The sandbox's shell gets the pty as its controlling
 terminal, so job control works; the caller's own terminal is never inside, so TIOCSTI-style
 injection into it is impossible.
+
+Where no pty of corral's can be the shell's terminal (a microVM's guest has its
+own kernel; a container's engine client stands between), the sandbox makes one
+(``LaunchStrategy.own_terminal``): the command is :data:`TTY_RELAY`, and corral
+sends it its input framed on a pipe, with the window size (:func:`_run_relayed`).
 """
 
 from __future__ import annotations
