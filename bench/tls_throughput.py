@@ -647,6 +647,30 @@ def _ratio(a: float, b: float) -> str:
     return "—" if a != a or b != b or not b else f"{a / b:.2f}x"
 
 
+def _tls_rows(tls: Results) -> list[str]:
+    """The interception rows of the table: each against squid and mitmdump, with
+    the status, and when the goal is past what the load reaches with no proxy."""
+    rows = []
+    for key, title, unit in TLS_ROWS:
+        med = {v: tls.median((key, v)) for v in ("direct", *VARIANTS)}
+        c, sq, mi = med["corral"], med["squid-bump"], med["mitmdump"]
+        met = c == c and sq == sq and mi == mi and c >= GOAL_SQUID * sq and c >= GOAL_MITM * mi
+        status = "no data" if c != c else ("MET" if met else "NOT MET")
+        if not met and mi == mi and med["direct"] < GOAL_MITM * mi:
+            # the load and the origin alone, no proxy at all, stay under the goal's rate:
+            # on this machine no proxy could be measured at it
+            status += (
+                f" (out of the load's reach here: with no proxy {_ratio(med['direct'], mi)} "
+                f"mitmdump; corral {_ratio(c, med['direct'])} of that)"
+            )
+        rows.append(
+            f"| {title} | {unit} | {_fmt(med['direct'])} | {_fmt(c)} | {_fmt(sq)} | {_fmt(mi)} "
+            f"| {_ratio(c, sq)} | {_ratio(c, mi)} | ≥ {GOAL_SQUID:.1f}x squid, ≥ {GOAL_MITM:.0f}x "
+            f"mitmdump | {status} |"
+        )
+    return rows
+
+
 def report(
     s: Setup, args: argparse.Namespace, tls: Results, plain: Results, leaf: tuple[float, float]
 ) -> str:
@@ -664,23 +688,7 @@ def report(
         "| corral/mitmdump | goal | status |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
-    for key, title, unit in TLS_ROWS:
-        med = {v: tls.median((key, v)) for v in ("direct", *VARIANTS)}
-        c, sq, mi = med["corral"], med["squid-bump"], med["mitmdump"]
-        met = c == c and sq == sq and mi == mi and c >= GOAL_SQUID * sq and c >= GOAL_MITM * mi
-        status = "no data" if c != c else ("MET" if met else "NOT MET")
-        if not met and mi == mi and med["direct"] < GOAL_MITM * mi:
-            # the load and the origin alone, no proxy at all, stay under the goal's rate:
-            # on this machine no proxy could be measured at it
-            status += (
-                f" (out of the load's reach here: with no proxy {_ratio(med['direct'], mi)} "
-                f"mitmdump; corral {_ratio(c, med['direct'])} of that)"
-            )
-        out.append(
-            f"| {title} | {unit} | {_fmt(med['direct'])} | {_fmt(c)} | {_fmt(sq)} | {_fmt(mi)} "
-            f"| {_ratio(c, sq)} | {_ratio(c, mi)} | ≥ {GOAL_SQUID:.1f}x squid, ≥ {GOAL_MITM:.0f}x "
-            f"mitmdump | {status} |"
-        )
+    out += _tls_rows(tls)
     new_ms, cached_ms = leaf
     out.append(
         f"| a leaf certificate for a new host (corral, in-process) | ms | | {new_ms:.2f} | | | | "
