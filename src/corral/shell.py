@@ -20,6 +20,8 @@ import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from corral.report import Denial
     from corral.tiers.base import Plan
 
@@ -174,7 +176,6 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
     """Run ``plan`` on a new pty wired to our stdin/stdout; returns the exit code and
     what the run's end found (quarantined and restored paths, refused writes)."""
     import termios
-    import tty
 
     from corral import launch
 
@@ -186,9 +187,7 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
         copy_winsize(0, master)
     started = launch.start(plan, run_id, {0: slave, 1: slave, 2: slave})
     os.close(slave)
-    saved = termios.tcgetattr(0) if interactive else None
-    if interactive:
-        tty.setraw(0)
+    saved = _raw_stdin()
     previous = signal.signal(signal.SIGWINCH, lambda *_: copy_winsize(0, master))
     text = ""
     code: int | None = None
@@ -257,7 +256,6 @@ def _run_relayed(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
     input goes in framed on a pipe, our window size first and again at each
     SIGWINCH; its terminal's output comes back on another."""
     import termios
-    import tty
 
     from corral import launch
 
@@ -272,9 +270,7 @@ def _run_relayed(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
     finally:
         os.close(in_r)
         os.close(out_w)
-    saved = termios.tcgetattr(0) if os.isatty(0) else None
-    if saved is not None:
-        tty.setraw(0)  # the sandbox's terminal echoes and edits: ours passes keys
+    saved = _raw_stdin()
     ended = started.status_r if started.status_r >= 0 else os.pidfd_open(started.pid)
     relay = _Relay(in_w, out_r, ended)
     previous = signal.signal(signal.SIGWINCH, lambda *_: relay.resized.append(True))
@@ -294,6 +290,20 @@ def _run_relayed(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
             os.close(ended)
         found = started.stop()
     return plan.strategy.exit_code(plan, code), found
+
+
+def _raw_stdin() -> list[Any] | None:
+    """Our terminal made raw (the sandbox's terminal echoes and edits: ours passes
+    keys); its settings to restore, or None when stdin is no terminal.  TCSANOW,
+    not tty's TCSAFLUSH: what was typed while the sandbox started is kept."""
+    import termios
+    import tty
+
+    if not os.isatty(0):
+        return None
+    saved: list[Any] = termios.tcgetattr(0)
+    tty.setraw(0, termios.TCSANOW)
+    return saved
 
 
 class _Relay:

@@ -80,6 +80,33 @@ def test_shell_through_a_pty(tsandbox: tuple[Corral, Path]) -> None:
     assert (ws / "made-in-shell").read_text() == "x\n"
 
 
+def test_what_is_typed_while_the_sandbox_starts_reaches_the_shell(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """Keys typed before the shell is up are kept, not flushed when corral makes
+    its terminal raw (tty.setraw's default drops them)."""
+    c, ws = tsandbox
+    master, slave = pty.openpty()
+    os.chown(os.ttyname(slave), c.uid, c.gid)
+
+    def own_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(
+        c.argv(["shell", "-q", "--", "sh", "-i"]), cwd=ws, env=c.env(),
+        stdin=slave, stdout=slave, stderr=slave, preexec_fn=own_terminal,
+    )  # fmt: skip
+    os.close(slave)
+    try:
+        os.write(master, b"echo typed-$((40+2)); exit 5\n")  # at once, no prompt yet
+        assert b"typed-42" in read_until(master, b"typed-42", 60)
+        assert proc.wait(timeout=30) == 5
+    finally:
+        proc.kill()
+        os.close(master)
+
+
 def test_shell_that_cannot_start_is_one_line(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     r = c.run(["shell", "-q", "--", "no-such-shell"], cwd=ws, input=b"")
