@@ -262,7 +262,9 @@ def _run_relayed(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     try:
-        started = launch.start(plan, run_id, {0: in_r, 1: out_w, 2: out_w})
+        # the shell's stderr is its terminal's (on out_w); what reaches stderr here is
+        # the launcher's own (the engine's, the guest runner's): ours, as for corral run
+        started = launch.start(plan, run_id, {0: in_r, 1: out_w, 2: 2})
     except BaseException:
         for fd in (in_w, out_r):
             os.close(fd)
