@@ -46,13 +46,14 @@ CTTY_SHIM = (
 )
 
 
-# For a sandbox with a kernel of its own (microvm), whose command reads and writes
-# byte streams (virtio ports), not corral's pty: the terminal is the guest's own.
+# For a sandbox that makes the shell's terminal itself (own_terminal: a microVM's
+# guest, whose streams are virtio ports; a container behind its engine's pipes).
 # Inside: a pty, the shell on it as above, and this relay between the pty and the
-# streams.  What comes in is framed (corral.vm.run's tty pump): b"d" + length +
-# bytes for the terminal, b"w" + length + a struct winsize for a size (the first
-# frame, awaited before the shell starts, then each change).  The exit code is the
-# shell's (128+N for a signal).
+# streams.  What comes in is framed (by _Relay, below): b"d" + length + bytes for
+# the terminal, b"w" + length + a struct winsize for a size (the first frame,
+# awaited before the shell starts, then each change).  The exit code is the
+# shell's (128+N for a signal).  (Its own copy of the framing and of CTTY_SHIM's
+# words: it runs inside, where corral is not importable.)
 TTY_RELAY = r"""
 import fcntl, os, select, signal, struct, sys, termios
 
