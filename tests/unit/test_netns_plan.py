@@ -223,6 +223,48 @@ def test_a_namespace_made_ahead_is_the_one_entered() -> None:
 
 
 @pytest.mark.usefixtures("syscalls")
+def test_a_networked_run_binds_its_listeners_in_the_namespace_made_ahead() -> None:
+    """corral run makes a networked run's namespace ahead too: enter() binds the
+    proxy's listeners there and hands them over, and a connection made inside
+    reaches them (the deny's twin: the host's own loopback has no such listener,
+    so the same connection made before entering is refused)."""
+    import socket
+    import tempfile
+
+    from corral.netns import Listener, NetPlan, receive
+
+    def child() -> int:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "handoff")
+            handoff = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            handoff.bind(path)
+            handoff.listen(1)
+            port = _free_port()
+            netns.make_ahead()
+            with socket.socket() as outside:
+                if outside.connect_ex(("127.0.0.1", port)) == 0:
+                    return 10  # something on the host's loopback has that port
+            held = netns.enter(NetPlan(path, [Listener("proxy", "127.0.0.1", port)]))
+            got = receive(handoff)
+            if held or len(got) != 1:
+                return 11
+            with socket.create_connection(("127.0.0.1", port), timeout=2):
+                fd, _ = got[0][1]._accept()  # (_socket's: what the proxy takes)
+                os.close(fd)
+            return 0
+
+    assert _in_child(child) == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.usefixtures("syscalls")
 def test_no_fork_while_the_namespace_is_made_ahead() -> None:
     """A fork after make_ahead (the guardian's, the proxy's) waits for its thread:
     the child gets a process with one thread and no lock held, and the parent

@@ -274,19 +274,23 @@ class Bwrap(LaunchStrategy):
 
     @classmethod
     def ahead(cls, policy: Policy) -> None:
-        """Start making the namespace of a run without a network (a networked run's
-        setup is the proxy's, tens of milliseconds: this would not show there)."""
-        if policy.network.mode != "proxy":
-            from corral import netns
+        """Start making the namespace of the run: without a network always; with one
+        as root only.  A user's namespace is made inside a user namespace of
+        corral's own, made first, in this process: the guardian and the proxy
+        forked after it would run in it too, and the proxy must stay the host's
+        (it cannot see its control socket's peers from there)."""
+        from corral import netns
 
-            try:
-                netns.make_ahead()
-            except OSError as exc:
-                from corral.errors import SetupError
+        if policy.network.mode == "proxy" and os.geteuid() != 0:
+            return
+        try:
+            netns.make_ahead()
+        except OSError as exc:
+            from corral.errors import SetupError
 
-                raise SetupError(
-                    f"the namespace sandbox's network could not be set up: {exc}"
-                ) from None
+            raise SetupError(
+                f"the namespace sandbox's network could not be set up: {exc}"
+            ) from None
 
     def enter(self, plan: Plan) -> Resolver | None:
         """Move this process into the sandbox's new network namespace; the resolver
