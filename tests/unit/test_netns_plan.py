@@ -249,7 +249,7 @@ def test_a_networked_run_binds_its_listeners_in_the_namespace_made_ahead() -> No
             if held or len(got) != 1:
                 return 11
             with socket.create_connection(("127.0.0.1", port), timeout=2):
-                fd, _ = got[0][1]._accept()  # (_socket's: what the proxy takes)
+                fd, _ = got[0][1]._accept()  # type: ignore[attr-defined]  # (_socket's)
                 os.close(fd)
             return 0
 
