@@ -389,6 +389,52 @@ def test_proxy_killed_means_no_network_at_once(
     assert ok.hits == [("GET", "/killed")]  # the service, before (the proxy answered 400)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.tiers("namespace", "landlock", why="the proxy's workers, forked on the host")
+@pytest.mark.parametrize("used", [False, True])
+def test_the_proxy_workers_end_with_the_run(
+    tsandbox: tuple[Corral, Path],
+    origins: tuple[Origin, Origin],  # noqa: F811
+    used: bool,
+) -> None:
+    """A run that never used its network has its proxy workers killed as it ends
+    (before they are told the run is over: none wakes for nothing); one that used
+    it waits for their tally, which its summary shows.  Either way none is left."""
+    c, ws = tsandbox
+    ok, _ = origins
+    tmp = ws.parent / "tmp"
+    tmp.mkdir()
+    c.chown(tmp)
+    use = f"curl -s -o /dev/null http://{BLOCKED}/; " if used else ""
+    proc = c.popen(
+        ["run", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c",
+         f"{use}touch ready; while [ ! -e go ]; do sleep 0.05; done"],
+        cwd=ws,
+        env={"TMPDIR": str(tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert wait_for(lambda: (ws / "ready").exists(), 30)
+        pids = _proxy_pids(tmp)
+        assert pids and all(map(_alive, pids))
+        (ws / "go").write_text("")
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert wait_for(lambda: not any(map(_alive, pids)), 10), pids
+    assert (BLOCKED in err.decode()) == used, err  # the tally of a run that used it
+    assert not list(tmp.glob("corral-door-*"))
+
+
 def _netns_holders(inode: str) -> list[int]:
     holders = []
     for entry in os.listdir("/proc"):
