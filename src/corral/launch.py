@@ -38,11 +38,15 @@ if TYPE_CHECKING:
         runs in whichever process forks it: the run's guardian when there is one
         (so the fork costs corral's own process nothing: no page tables copied,
         no page copied on write afterwards), else corral's process just before
-        the launch.  ``forked`` then runs in corral's process."""
+        the launch.  ``forked`` then runs in corral's process, and
+        ``sandbox_ended`` once the sandbox has ended (not after a setup that
+        raced: the next attempt uses the same companion)."""
 
         def fork(self) -> None: ...
 
         def forked(self) -> None: ...
+
+        def sandbox_ended(self) -> None: ...
 
 
 CHUNK = 65536
@@ -455,12 +459,15 @@ def run(
     of a sandbox without a network itself.  :func:`start` forks for it instead."""
     result = RunResult()
     care = Aftercare(plan, run_id, companion)
+    beside = companion
     if companion is not None and care.companion_forked:
         companion.forked()
         companion = None
     start = time.monotonic()
     try:
         _launch_and_pump(plan, result, care, out_fd, err_fd, in_fd, on_output, asks, companion)
+        if beside is not None:  # it may begin to stop while the aftercare runs
+            beside.sandbox_ended()
         # a killed engine client leaves its container behind; a clean exit does not
         care.clean = not result.timed_out and result.signal is None
     finally:

@@ -360,3 +360,50 @@ def test_a_door_nothing_reached_closes_at_once_and_leaves_nothing(tmp_path: Path
     assert "Connection refused" in str(down["reason"])
     lines = [json.loads(x) for x in (tmp_path / "net.jsonl").read_text().splitlines()]
     assert [(e["scheme"], e["status"]) for e in lines] == [("http", 502)]
+
+
+def test_a_door_told_its_sandbox_ended_stops_beside_the_aftercare(tmp_path: Path) -> None:
+    """corral run tells the door once the sandbox is gone (sandbox_ended), then does
+    its own cleanup, then collects the tally (close).  A door nothing reached has
+    its workers killed at once (no tally to wait for); the twin, a door that was
+    used, is told to finish and close() still returns its denials, its audit
+    line already written."""
+    door = _door(tmp_path, ["127.0.0.1:9"])
+    made = _made([Listener("proxy", "127.0.0.1", 3128)])
+    netns._hand_over(door.address, made)
+    for _, sock in made:
+        sock.close()
+    pid_file = Path(door.dir) / "proxy.pid"
+    started = time.monotonic()
+    while time.monotonic() - started < 5.0 and len(_words(pid_file)) < 2:
+        time.sleep(0.005)  # each worker notes its pid as it starts
+    pids = [int(p) for p in _words(pid_file)]
+    assert len(pids) == 2  # the first worker and its sibling
+    door.sandbox_ended()
+    started = time.monotonic()
+    while time.monotonic() - started < 2.0 and any(_alive(p) for p in pids):
+        time.sleep(0.005)
+    assert not any(_alive(p) for p in pids)
+    assert door.close() == [] and not os.path.exists(door.dir)
+
+    used = _door(tmp_path, ["127.0.0.1:9"])
+    made = _made([Listener("proxy", "127.0.0.1", 3128)])
+    netns._hand_over(used.address, made)
+    with socket.create_connection(made[0][1].getsockname(), timeout=5) as client:
+        client.sendall(b"GET http://127.0.0.1:9/ HTTP/1.1\r\n\r\n")
+        client.recv(100)
+    for _, sock in made:
+        sock.close()
+    used.sandbox_ended()
+    [down] = used.close()
+    assert (down["host"], down["port"], down["unreachable"]) == ("127.0.0.1", 9, True)
+    lines = [json.loads(x) for x in (tmp_path / "net.jsonl").read_text().splitlines()]
+    assert [(e["scheme"], e["status"]) for e in lines] == [("http", 502)]
+    assert not os.path.exists(used.dir)
+
+
+def _words(path: Path) -> list[str]:
+    try:
+        return path.read_text().split()
+    except FileNotFoundError:
+        return []
