@@ -22,6 +22,7 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static PyObject *sys_unshare(PyObject *self, PyObject *args) {
@@ -96,6 +97,14 @@ static PyObject *sys_loopback_up(PyObject *self, PyObject *noargs) {
  * following it.  unshare(CLONE_NEWNET) moves only the calling thread, so the
  * thread makes the namespace, brings its loopback up and opens it; the main
  * thread joins it later with setns().  One at a time, per process.
+ *
+ * A user other than root needs a user namespace to own it, which no thread of a
+ * threaded process can unshare: the thread clones a child into both new
+ * namespaces instead (sharing its memory and descriptor table, the thread
+ * suspended meanwhile, as by vfork).  The child maps its own uid and gid, brings
+ * loopback up, opens both namespaces into the shared table and exits; the main
+ * thread joins the user namespace, then the network one.  What corral forks
+ * before that (the run's guardian, its proxy) stays in the host's namespaces.
  */
 static struct {
     int state; /* 0: none, 1: thread running, 2: joined */
@@ -103,11 +112,85 @@ static struct {
     pid_t tid;
     int flags;
     int nsfd;
+    int userfd; /* the user namespace made with it (CLONE_NEWUSER), else -1 */
+    unsigned int uid, gid;
     int err; /* errno of the step that failed, 0 if none did */
-} ahead = {0, 0, 0, 0, -1, 0};
+} ahead = {0, 0, 0, 0, -1, -1, 0, 0, 0};
+
+static char child_stack[64 * 1024] __attribute__((aligned(16)));
+
+/* "ID ID 1\n" into buf (at least 32 bytes): no stdio in the cloned child. */
+static void map_line(char *buf, unsigned int id) {
+    char digits[12];
+    int n = 0, at = 0;
+    do {
+        digits[n++] = (char)('0' + id % 10);
+        id /= 10;
+    } while (id);
+    for (int copy = 0; copy < 2; copy++) {
+        for (int i = n - 1; i >= 0; i--)
+            buf[at++] = digits[i];
+        buf[at++] = ' ';
+    }
+    buf[at++] = '1';
+    buf[at++] = '\n';
+    buf[at] = '\0';
+}
+
+static int write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t len = (ssize_t)strlen(text);
+    int ok = write(fd, text, (size_t)len) == len;
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return ok ? 0 : -1;
+}
+
+static int user_child(void *unused) {
+    char map[32];
+    if (write_file("/proc/self/setgroups", "deny") != 0)
+        goto fail;
+    map_line(map, ahead.uid);
+    if (write_file("/proc/self/uid_map", map) != 0)
+        goto fail;
+    map_line(map, ahead.gid);
+    if (write_file("/proc/self/gid_map", map) != 0 || lo_up() != 0)
+        goto fail;
+    ahead.userfd = open("/proc/self/ns/user", O_RDONLY | O_CLOEXEC);
+    if (ahead.userfd < 0)
+        goto fail;
+    ahead.nsfd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (ahead.nsfd < 0)
+        goto fail;
+    _exit(0);
+fail:
+    ahead.err = errno ? errno : EIO;
+    _exit(1);
+}
+
+static void user_ahead(void) {
+    int flags = CLONE_VM | CLONE_VFORK | CLONE_FILES | ahead.flags; /* no exit signal */
+    pid_t pid = clone(user_child, child_stack + sizeof child_stack, flags, NULL);
+    if (pid < 0) {
+        ahead.err = errno;
+        return;
+    }
+    int status = 0;
+    while (waitpid(pid, &status, __WALL) < 0 && errno == EINTR)
+        ;
+    if (ahead.err == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        ahead.err = EIO;
+}
 
 static void *ahead_main(void *unused) {
     ahead.tid = (pid_t)syscall(SYS_gettid);
+    if (ahead.flags & CLONE_NEWUSER) {
+        user_ahead();
+        return NULL;
+    }
     if (unshare(ahead.flags) != 0 || lo_up() != 0) {
         ahead.err = errno;
         return NULL;
@@ -120,14 +203,17 @@ static void *ahead_main(void *unused) {
 
 static PyObject *sys_netns_ahead(PyObject *self, PyObject *args) {
     int flags;
-    if (!PyArg_ParseTuple(args, "i:netns_ahead", &flags))
+    unsigned int uid = 0, gid = 0;
+    if (!PyArg_ParseTuple(args, "i|II:netns_ahead", &flags, &uid, &gid))
         return NULL;
     if (ahead.state != 0) {
         errno = EBUSY;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     ahead.flags = flags;
-    ahead.nsfd = -1;
+    ahead.uid = uid;
+    ahead.gid = gid;
+    ahead.nsfd = ahead.userfd = -1;
     ahead.err = 0;
     ahead.tid = 0;
     int rc = pthread_create(&ahead.thread, NULL, ahead_main, NULL);
@@ -167,8 +253,12 @@ static PyObject *sys_netns_enter(PyObject *self, PyObject *noargs) {
     PyObject *joined = sys_netns_join(self, NULL);
     Py_DECREF(joined);
     ahead.state = 0;
-    int fd = ahead.nsfd;
-    ahead.nsfd = -1;
+    int fd = ahead.nsfd, userfd = ahead.userfd;
+    ahead.nsfd = ahead.userfd = -1;
+    if (ahead.err == 0 && userfd >= 0 && setns(userfd, CLONE_NEWUSER) != 0)
+        ahead.err = errno;
+    if (userfd >= 0)
+        close(userfd);
     if (ahead.err != 0) {
         errno = ahead.err;
         return errno_error(fd);
@@ -220,7 +310,8 @@ static PyMethodDef methods[] = {
     {"loopback_up", sys_loopback_up, METH_NOARGS, "loopback_up(): bring lo up."},
     {"udp_bind", sys_udp_bind, METH_VARARGS, "udp_bind(host, port) -> fd."},
     {"netns_ahead", sys_netns_ahead, METH_VARARGS,
-     "netns_ahead(flags): start making a namespace (unshare(flags), lo up) on a thread."},
+     "netns_ahead(flags[, uid, gid]): start making a namespace (lo up) on a thread;"
+     " with CLONE_NEWUSER, in a user namespace mapping uid and gid to themselves."},
     {"netns_join", sys_netns_join, METH_NOARGS, "netns_join(): wait for that thread to end."},
     {"netns_enter", sys_netns_enter, METH_NOARGS,
      "netns_enter() -> bool: move this thread into it (False: none was started)."},

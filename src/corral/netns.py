@@ -238,12 +238,9 @@ def enter(plan: NetPlan) -> list[tuple[Listener, int]]:
     return []
 
 
-# Whether make_ahead() started a namespace for this process; whether this process
-# has its own user namespace already (made by make_ahead, as a user other than
-# root); whether a fork waits for make_ahead's thread (registered once).
+# Whether make_ahead() started a namespace for this process; whether a fork waits
+# for make_ahead's thread (registered once).
 _ahead = False
-_own_user = False
-_mapped = False  # its uid and gid maps are written
 _fork_waits = False
 
 
@@ -251,22 +248,21 @@ def make_ahead() -> None:
     """For ``corral run``, once it knows the sandbox gets a namespace of corral's:
     start making it now, on a thread of corral's C module, beside the planning
     that follows (the kernel's half millisecond or more then costs the run
-    nothing).  Only the user namespace a user other than root needs is made
-    here, first, in this thread: a process with a second thread cannot make one.
-    Whatever fails is left for :func:`enter`, which does it the usual way and
-    says why if that fails too; only a user namespace made but not mapped raises
-    OSError here (its process sees itself as nobody: no planning may follow)."""
+    nothing).  A user other than root gets the user namespace that owns it made
+    there too (by a child the thread clones: corral._sys), so this process
+    changes namespaces only in :func:`enter`, and what it forks before (the
+    guardian, the proxy) stays in the host's.  Whatever fails is left for
+    :func:`enter`, which does it the usual way and says why if that fails too."""
     global _ahead, _fork_waits
     c = _c_module()
     if c is None or _ahead or _entered is not None:
         return
     try:
         if os.geteuid() != 0:
-            _user_namespace()
-        c.netns_ahead(CLONE_NEWNET)
+            c.netns_ahead(CLONE_NEWUSER | CLONE_NEWNET, os.geteuid(), os.getegid())
+        else:
+            c.netns_ahead(CLONE_NEWNET)
     except OSError:
-        if _own_user and not _mapped:
-            raise  # in a user namespace that maps no one: planning must not go on
         return
     if not _fork_waits:
         # no fork while the thread runs (its child would inherit a lock the thread
@@ -277,8 +273,9 @@ def make_ahead() -> None:
 
 
 def _enter_ahead() -> bool:
-    """Move into the namespace make_ahead() started, loopback up: True; False when
-    none was started or it could not be made or entered."""
+    """Move into the namespace make_ahead() started (and its user namespace, for a
+    user other than root), loopback up: True; False when none was started or it
+    could not be made or entered."""
     global _ahead
     if not _ahead:
         return False
@@ -340,12 +337,6 @@ def _listen_all(plan: NetPlan) -> list[tuple[Listener, _socket.socket]]:
 
 
 def _new_namespace() -> None:
-    if _own_user:  # make_ahead() made this process's user namespace
-        if _unshare(CLONE_NEWNET) != 0:
-            err = _unshare_errno(CLONE_NEWNET)
-            if err:
-                raise OSError(err, f"cannot create a network namespace: {os.strerror(err)}")
-        return
     if os.geteuid() == 0 and _unshare(CLONE_NEWNET) == 0:
         return  # owned by the host's user namespace: only root outside can change it
     _user_namespace(CLONE_NEWNET)
@@ -356,7 +347,6 @@ def _user_namespace(also: int = 0) -> None:
     it), mapping only its uid and gid, each to itself: bubblewrap (unprivileged
     in it) maps them on unchanged, and the command sees what it sees without a
     network.  Raises OSError."""
-    global _own_user, _mapped
     uid, gid = os.geteuid(), os.getegid()
     flags = CLONE_NEWUSER | also
     if _unshare(flags) != 0:
@@ -364,7 +354,6 @@ def _user_namespace(also: int = 0) -> None:
         if err:
             what = "a network" if also else "a user"
             raise OSError(err, f"cannot create {what} namespace: {os.strerror(err)}")
-    _own_user = True
     for name, text in (
         ("setgroups", "deny"),
         ("uid_map", f"{uid} {uid} 1\n"),
@@ -375,7 +364,6 @@ def _user_namespace(also: int = 0) -> None:
             os.write(fd, text.encode())
         finally:
             os.close(fd)
-    _mapped = True
 
 
 def _unshare(flags: int) -> int:

@@ -318,33 +318,41 @@ def test_unshare_reports_failure_and_its_errno_without_side_effects() -> None:
     assert netns._unshare(0) == 0
 
 
-def test_a_user_namespace_made_ahead_but_not_mapped_stops_the_run() -> None:
-    """A user other than root makes its own user namespace ahead, before planning.
-    Should its maps not be written, the process would plan as nobody: make_ahead
-    raises instead (the twin: the same with maps written goes on, in a namespace
-    of its own)."""
-    pytest.importorskip("corral._sys", reason="corral._sys was not built (no C compiler)")
+def test_a_users_namespaces_are_made_ahead_and_joined_only_at_enter() -> None:
+    """A user other than root gets the user namespace that owns the network one
+    made ahead as well (by a child the thread clones): this process stays in the
+    host's user namespace until enter(), so what it forks meanwhile (the
+    guardian, the proxy) does too; enter() joins both, its ids mapped to
+    themselves.  Should the child fail (the twin: a uid no map can hold), enter()
+    makes the namespace the usual way."""
+    _sys = pytest.importorskip("corral._sys", reason="corral._sys was not built (no C compiler)")
 
-    def child(refuse_maps: bool) -> int:
-        # this process's own start, whatever earlier tests in this worker left
-        netns._ahead, netns._entered, netns._own_user, netns._mapped = False, None, False, False
+    def child(bad_uid: bool) -> int:
+        netns._ahead, netns._entered = False, None  # whatever earlier tests left
+        host_user, host_net = os.readlink("/proc/self/ns/user"), os.readlink("/proc/self/ns/net")
         uid = os.geteuid()
-        real_open = os.open
-
-        def fake_open(path: str, flags: int, *args: int) -> int:
-            if refuse_maps and path.endswith("_map"):
-                raise PermissionError(1, "Operation not permitted")
-            return real_open(path, flags, *args)
-
-        asked = iter([uid or 4242])  # make_ahead's question: a user other than root
-        os.geteuid = lambda: next(asked, uid)  # (the maps: this process's own uid)
-        os.open = fake_open  # type: ignore[assignment]
-        try:
+        if bad_uid:
+            _sys.netns_ahead(netns.CLONE_NEWUSER | netns.CLONE_NEWNET, 0xFFFFFFFF, 0)
+            netns._ahead = True
+        else:
+            asked = iter([uid or 4242])  # make_ahead's question: a user other than root
+            os.geteuid = lambda: next(asked, uid)  # (the maps: this process's own uid)
             netns.make_ahead()
-        except OSError:
-            return 10 if refuse_maps else 11
+        pid = os.fork()  # the guardian's, meanwhile: in the host's user namespace
+        if pid == 0:
+            os._exit(0 if os.readlink("/proc/self/ns/user") == host_user else 1)
+        _, status = os.waitpid(pid, 0)
+        if status != 0 or os.readlink("/proc/self/ns/user") != host_user:
+            return 10
         held = netns.enter(offline_plan())
-        return 0 if held and _resolver_answers_inside(held) else 12
+        if os.readlink("/proc/self/ns/net") == host_net or not _resolver_answers_inside(held):
+            return 11
+        if bad_uid:
+            return 0
+        with open("/proc/self/uid_map", encoding="utf-8") as fh:
+            mapped = fh.read().split()
+        joined = os.readlink("/proc/self/ns/user") != host_user
+        return 0 if joined and mapped == [str(uid), str(uid), "1"] else 12
 
-    assert _in_child(lambda: child(True)) == 10
     assert _in_child(lambda: child(False)) == 0
+    assert _in_child(lambda: child(True)) == 0

@@ -209,8 +209,7 @@ class LaunchStrategy:
         """For ``corral run``, once the tier is chosen and before the plan is made:
         start setup that :meth:`enter` will need and that can proceed beside the
         planning (bwrap's: the network namespace).  What fails is left to
-        :meth:`enter`, which says why; SetupError only where planning could not
-        go on (bwrap's: a user namespace made but not mapped)."""
+        :meth:`enter`, which says why."""
 
     def enter(self, plan: Plan) -> Resolver | None:
         """In corral's own process just before :meth:`spawn`, for ``corral run``

@@ -274,23 +274,10 @@ class Bwrap(LaunchStrategy):
 
     @classmethod
     def ahead(cls, policy: Policy) -> None:
-        """Start making the namespace of the run: without a network always; with one
-        as root only.  A user's namespace is made inside a user namespace of
-        corral's own, made first, in this process: the guardian and the proxy
-        forked after it would run in it too, and the proxy must stay the host's
-        (it cannot see its control socket's peers from there)."""
+        """Start making the namespace of the run (with a network or without)."""
         from corral import netns
 
-        if policy.network.mode == "proxy" and os.geteuid() != 0:
-            return
-        try:
-            netns.make_ahead()
-        except OSError as exc:
-            from corral.errors import SetupError
-
-            raise SetupError(
-                f"the namespace sandbox's network could not be set up: {exc}"
-            ) from None
+        netns.make_ahead()  # (what fails there, enter does again and says why)
 
     def enter(self, plan: Plan) -> Resolver | None:
         """Move this process into the sandbox's new network namespace; the resolver
