@@ -187,6 +187,11 @@ static void user_ahead(void) {
 
 static void *ahead_main(void *unused) {
     ahead.tid = (pid_t)syscall(SYS_gettid);
+    /* no signal for this thread, nor for the child it clones (which shares
+       Python's memory: a handler run there would trip the main thread's flags) */
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
     if (ahead.flags & CLONE_NEWUSER) {
         user_ahead();
         return NULL;
