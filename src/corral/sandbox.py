@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from corral.net.asking import AskInfo
+    from corral.net.door import Door
     from corral.placement import Placement
     from corral.policy import Policy
     from corral.report import Denial
@@ -427,22 +428,12 @@ class Sandbox:
         if not self.tier.strategy.confines:
             raise SandboxError(f"a long-lived sandbox needs a real tier, not {self.tier.name}")
         self.run_id = launch.new_run_id()
-        from corral.net.door import open_door
-
-        self._door = open_door(
-            policy,
-            self.run_id,
-            net_log,
-            transport=self.tier.door_transport,
-            answerer=on_ask is not None,
-        )
+        self._net_log, self._on_ask, self._ask_loop = net_log, on_ask, _ask_loop
         self._log = log
         self._kind = kind
         self._init_state()
-        if on_ask is not None and self._door is not None and self._door.ask_sock is not None:
-            from corral.net.approvals import CallbackAnswerer
-
-            CallbackAnswerer(self._door.ask_sock, on_ask, _ask_loop, self.errors.append)
+        self._door: Door | None = None
+        self._open_door()
         if self._lazy:
             return
         try:
@@ -451,6 +442,23 @@ class Sandbox:
             if self._door is not None:
                 self._door.close()
             raise
+
+    def _open_door(self) -> None:
+        """The sandbox's door (None without a network), and its answerer if asks
+        are answered in this process."""
+        from corral.net.door import open_door
+
+        self._door = door = open_door(
+            self.policy,
+            self.run_id,
+            self._net_log,
+            transport=self.tier.door_transport,
+            answerer=self._on_ask is not None,
+        )
+        if self._on_ask is not None and door is not None and door.ask_sock is not None:
+            from corral.net.approvals import CallbackAnswerer
+
+            CallbackAnswerer(door.ask_sock, self._on_ask, self._ask_loop, self.errors.append)
 
     def _init_state(self) -> None:
         """What a sandbox keeps from its start to its close (no process started)."""
@@ -522,12 +530,13 @@ class Sandbox:
 
     def _start(self) -> None:
         """Start the agent; plan again if a host path changed under the setup
-        (a unix socket removed: see cli.SETUP_ATTEMPTS).  A door's listeners are
-        handed over once, so a sandbox with a network does not retry."""
+        (a unix socket removed, another run's door among them: see
+        cli.SETUP_ATTEMPTS).  A door takes its listeners once, so a sandbox with
+        a network gets a new door for the next attempt."""
         from corral.errors import SetupRaced
         from corral.failures import raced
 
-        attempts = 3 if self._door is None else 1
+        attempts = 3
         for attempt in range(1, attempts + 1):
             try:
                 return self._start_once()
@@ -537,6 +546,9 @@ class Sandbox:
             except SandboxError as exc:
                 if attempt == attempts or not raced(str(exc).split(": ", 1)[-1].splitlines()):
                     raise
+            if self._door is not None:
+                self._door.close()
+                self._open_door()
 
     def _start_once(self) -> None:
         from corral import launch

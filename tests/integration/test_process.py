@@ -13,7 +13,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import Corral, is_gvisor, pids_matching, wait_for
+from conftest import ROOT_BASE, Corral, is_gvisor, pids_matching, wait_for
+
+from corral.fsplan import Mount
+from tests.tiers import TierCase
 
 
 def sh(
@@ -396,3 +399,69 @@ class _HelloOrigin:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+@pytest.mark.tiers("namespace", why="bwrap's masks over the host's sockets")
+def test_a_networked_sandbox_starts_when_a_socket_goes_during_its_setup(
+    tier: TierCase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-lived Sandbox with a network is planned again too when a host socket
+    it masks goes away under bwrap's setup (another run's door, as often as
+    not): here one goes just after the launcher's last look (a socket gone
+    before it loses its mask: no race).  A door takes its listeners once, so
+    the next attempt gets a door of its own, which works: the allowed origin is
+    reached, and the socket that stays is still masked."""
+    if os.geteuid() != 0:
+        pytest.skip("the API runs in this process: the root variant needs root")
+    from corral import launch
+    from corral import policy as pol
+    from corral.sandbox import Sandbox
+    from corral.tiers import namespace
+
+    base = ROOT_BASE / ("gone-" + uuid.uuid4().hex[:10])
+    ws, socks = base / "ws", base / "socks"  # not under the sandbox's own /tmp
+    for d in (ws, socks, base / "state"):
+        d.mkdir(parents=True)
+    monkeypatch.setenv("XDG_STATE_HOME", str(base / "state"))
+    going = socket.socket(socket.AF_UNIX)  # bound all along: every plan masks it
+    going.bind(str(socks / "going.sock"))
+    kept = socket.socket(socket.AF_UNIX)
+    kept.bind(str(socks / "kept.sock"))
+    kept.listen(16)
+    kept.settimeout(0.3)
+    starts = []
+    real_start, real_look = launch.start, namespace.without_gone_sockets
+
+    def counted_start(*args: object, **kwargs: object) -> object:
+        starts.append(1)
+        return real_start(*args, **kwargs)  # type: ignore[arg-type]
+
+    def gone_after_the_look(argv: list[str], mounts: list[Mount]) -> list[str]:
+        kept_argv = real_look(argv, mounts)
+        if os.path.lexists(socks / "going.sock"):
+            os.unlink(socks / "going.sock")  # bwrap cannot make its mask's mount point
+        return kept_argv
+
+    monkeypatch.setattr(launch, "start", counted_start)
+    monkeypatch.setattr(namespace, "without_gone_sockets", gone_after_the_look)
+    origin = _HelloOrigin()
+    attack = f"import socket; socket.socket(socket.AF_UNIX).connect('{socks / 'kept.sock'}')"
+    try:
+        policy = pol.load(str(ws))
+        policy.network.mode = "proxy"
+        policy.network.allow = [f"127.0.0.1:{origin.port}"]
+        with Sandbox(policy, **tier.api, log=False) as box:
+            got = box.exec(f"curl -sS --max-time 10 {origin.url}")
+            refused = box.exec(["python3", "-c", attack])
+        with pytest.raises(TimeoutError):
+            kept.accept()  # nobody reached the socket that stayed
+    finally:
+        origin.close()
+        going.close()
+        kept.close()
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+    assert len(starts) == 2  # the first attempt raced, the second started
+    assert got.stdout == b"hello\n", got.stderr  # through the second attempt's door
+    assert refused.exit_code != 0 and b"PermissionError" in refused.stderr

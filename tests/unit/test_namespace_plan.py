@@ -127,6 +127,32 @@ def test_mount_args_for_every_kind() -> None:
     assert text.index("/home/u/.netrc") < text.index("/ws/.env") < last
 
 
+def test_the_mask_of_a_socket_gone_since_the_plan_is_dropped_at_launch(tmp_path: Path) -> None:
+    """A host socket that went between the plan and bwrap's start loses its mask
+    (bwrap could not make its mount point in a read-only parent); the twins: a
+    socket still there, and any other mask of a path that is gone, keep theirs."""
+    import socket
+
+    from corral.tiers.namespace import without_gone_sockets
+
+    here, gone = tmp_path / "here.sock", str(tmp_path / "gone.sock")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(here))
+        mounts = [
+            Mount("ro-bind", "/", "/"),
+            Mount("mask-file", str(here), why=fsplan.SOCKET_MASK),
+            Mount("mask-file", gone, why=fsplan.SOCKET_MASK),
+            Mount("mask-file", str(tmp_path / "gone.env"), why="secret"),
+        ]
+        args, _ = mount_args(mounts)
+        kept = without_gone_sockets([*args, "--", "true"], mounts)
+    text = " ".join(kept)
+    assert f"{here} " in text and f"{tmp_path / 'gone.env'} " in text
+    assert gone not in text
+    assert len(kept) == len(args) + 2 - 5  # exactly its five words, the rest as it was
+    assert kept[-2:] == ["--", "true"]
+
+
 def test_a_bind_source_swapped_for_a_link_is_not_opened(tmp_path: Path) -> None:
     """What the launcher binds below a writable path is the directory the plan named,
     reached with no symlink followed: another run swapping it (or a directory on

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from corral import environ, fsplan
-from corral.fsplan import Mount
+from corral.fsplan import SOCKET_MASK, Mount
 from corral.tiers.base import (
     SANDBOX_AGENT,
     Health,
@@ -300,6 +300,7 @@ class Bwrap(LaunchStrategy):
     ) -> int:
         from corral import launch
 
+        plan.argv = without_gone_sockets(plan.argv, plan.mounts)
         before = None
         if self.netns is not None and not entered:
             before = self._enter_in_child
@@ -317,6 +318,30 @@ class Bwrap(LaunchStrategy):
 
     def describe(self) -> list[str]:
         return self.netns.describe() if self.netns is not None else []
+
+
+def without_gone_sockets(argv: list[str], mounts: list[Mount]) -> list[str]:
+    """bwrap's argv less the masks of host sockets gone since the plan was made
+    (looked at now, just before bwrap starts).  Nothing is left there to hide, and
+    bwrap would fail making the mask's mount point in a read-only parent: with
+    sockets coming and going on the host (other runs' doors), most of a
+    Sandbox's setup attempts did.  A socket bound there after this look is not
+    masked, as one bound after the plan never was."""
+    gone = {m.dest for m in mounts if m.why == SOCKET_MASK and not os.path.lexists(m.dest)}
+    if not gone:
+        return argv
+    out: list[str] = []
+    i = 0
+    while i < len(argv):  # (a mask-file: --perms 0000 --ro-bind-data FD DEST)
+        if argv[i : i + 3] == _MASK_FILE and i + 4 < len(argv) and argv[i + 4] in gone:
+            i += 5
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+_MASK_FILE = ["--perms", "0000", "--ro-bind-data"]
 
 
 class NamespaceFacts(HostFacts):
