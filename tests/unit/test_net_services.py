@@ -127,6 +127,36 @@ def test_a_service_listener_is_a_connect_to_its_own_address_and_its_deny_twin(
     run(go)
 
 
+def test_a_service_connection_is_waited_for_when_the_run_ends(tmp_path: Path) -> None:
+    """The proxy settles before it stops (the run's end closed every client): a
+    connection at a host service's own address is waited for like any other, so
+    its audit line, written as it ends, is there (it went missing now and then:
+    test_other_loopback_traffic_stays_local).  The twin: nothing open, nothing
+    waited for."""
+
+    async def go() -> None:
+        ok = await Origin().start()
+        proxy = make_proxy(tmp_path, [f"127.0.0.1:{ok.port}"])
+        sock = socket.create_server(("127.0.0.1", 0))
+        server = await proxy.serve_service(sock, RUN_ID, "127.0.0.1", ok.port)
+        try:
+            reader, writer = await aio.open_connection("127.0.0.1", sock.getsockname()[1])
+            writer.write(b"GET /own HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await read_response(reader)).status == 200
+            writer.close()  # the sandbox is gone: its sockets closed
+            await proxy.settle(1.0)  # what a worker does as it stops
+            lines = audit_lines(proxy, tmp_path)
+            assert [(e["scheme"], e["port"]) for e in lines] == [("service", ok.port)]
+            started = time.monotonic()
+            await proxy.settle(1.0)  # the twin: nothing open
+            assert time.monotonic() - started < 0.1
+        finally:
+            server.close()
+            ok.close()
+
+    run(go)
+
+
 def test_the_relay_frames_on_a_unix_door(tmp_path: Path) -> None:
     """The relay marks each connection: a proxy connection (whose 0xfd is then just
     a byte, not a frame), a host service (decided as a CONNECT), a DNS query."""

@@ -353,8 +353,12 @@ class Proxy:
             if not self.live():
                 writer.transport.abort()
                 return
-            self.used()
-            await self._guarded(run_id, writer, self.service(reader, writer, run_id, host, port))
+            # a clock like any client's, so settle() waits for its audit line, written
+            # as it ends; busy from the start (a tunnel: no idle or head timeout)
+            clock = self._clock(reader)
+            clock.since = 0.0
+            work = self.service(reader, writer, run_id, host, port)
+            await self._guarded(run_id, writer, work, clock)
 
         return await aio.start_server(on_client, sock=sock, limit=http1.MAX_HEAD)
 
