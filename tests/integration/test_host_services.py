@@ -23,6 +23,7 @@ import pytest
 from conftest import ROOT_BASE, Corral, is_gvisor, pids_matching, wait_for
 from test_network import Origin, net_log, origins  # noqa: F401  (fixture)
 
+from tests.procs import alive
 from tests.tiers import TierCase
 
 BLOCKED = "blocked.corral.test"  # never allowed: its lookup must be refused and recorded
@@ -326,6 +327,18 @@ def _proxy_pids(tmp: Path) -> list[int]:
     return [int(p) for f in tmp.glob("corral-door-*/proxy.pid") for p in f.read_text().split()]
 
 
+def _run_in_own_tmp(
+    c: Corral, ws: Path, argv: list[str], out: int = subprocess.PIPE
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """``corral ARGV`` started with a TMPDIR of its own beside the workspace (where
+    its door is: other runs on the machine have doors too), and that directory."""
+    tmp = ws.parent / "tmp"
+    tmp.mkdir()
+    c.chown(tmp)
+    proc = c.popen(argv, cwd=ws, env={"TMPDIR": str(tmp)}, stdout=out, stderr=out)
+    return proc, tmp
+
+
 KILLED = """
 import socket, sys, time
 port = int(sys.argv[1])
@@ -355,18 +368,12 @@ def test_proxy_killed_means_no_network_at_once(
 ) -> None:
     c, ws = tsandbox
     ok, _ = origins
-    tmp = ws.parent / "tmp"
-    tmp.mkdir()
-    c.chown(tmp)
     killed = script(ws, c, "killed.py", KILLED)
-    proc = c.popen(
+    proc, tmp = _run_in_own_tmp(
+        c, ws,
         ["run", "-q", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c",
          f"python3 {killed} {ok.port} > before.txt; touch ready; "
          f"while [ ! -e go ]; do sleep 0.05; done; python3 {killed} {ok.port}"],
-        cwd=ws,
-        env={"TMPDIR": str(tmp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
         assert wait_for(lambda: (ws / "ready").exists(), 30)
@@ -389,14 +396,6 @@ def test_proxy_killed_means_no_network_at_once(
     assert ok.hits == [("GET", "/killed")]  # the service, before (the proxy answered 400)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.tiers("namespace", "landlock", why="the proxy's workers, forked on the host")
 @pytest.mark.parametrize("used", [False, True])
 def test_the_proxy_workers_end_with_the_run(
@@ -409,28 +408,22 @@ def test_the_proxy_workers_end_with_the_run(
     it waits for their tally, which its summary shows.  Either way none is left."""
     c, ws = tsandbox
     ok, _ = origins
-    tmp = ws.parent / "tmp"
-    tmp.mkdir()
-    c.chown(tmp)
     use = f"curl -s -o /dev/null http://{BLOCKED}/; " if used else ""
-    proc = c.popen(
+    proc, tmp = _run_in_own_tmp(
+        c, ws,
         ["run", "--allow", f"127.0.0.1:{ok.port}", "--", "sh", "-c",
          f"{use}touch ready; while [ ! -e go ]; do sleep 0.05; done"],
-        cwd=ws,
-        env={"TMPDIR": str(tmp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
         assert wait_for(lambda: (ws / "ready").exists(), 30)
         pids = _proxy_pids(tmp)
-        assert pids and all(map(_alive, pids))
+        assert pids and all(map(alive, pids))
         (ws / "go").write_text("")
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 0
-    assert wait_for(lambda: not any(map(_alive, pids)), 10), pids
+    assert wait_for(lambda: not any(map(alive, pids)), 10), pids
     assert (BLOCKED in err.decode()) == used, err  # the tally of a run that used it
     assert not list(tmp.glob("corral-door-*"))
 
@@ -459,17 +452,12 @@ def test_nothing_left_when_corral_is_killed(
     ok, _ = origins
     if network == "offline" and c.tier is not None and c.tier.id != "namespace":
         pytest.skip(f"nothing network-related to leave without a network ({c.tier.id})")
-    tmp = ws.parent / "tmp"
-    tmp.mkdir()
-    c.chown(tmp)
     allow = ["--allow", f"127.0.0.1:{ok.port}"] if network == "proxy" else []
-    proc = c.popen(
+    proc, tmp = _run_in_own_tmp(
+        c, ws,
         ["run", "-q", *allow, "--", "sh", "-c",
          "readlink /proc/self/ns/net > netns.txt; sleep 60 & sleep 60"],
-        cwd=ws,
-        env={"TMPDIR": str(tmp)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        subprocess.DEVNULL,
     )  # fmt: skip
     try:
         assert wait_for(lambda: (ws / "netns.txt").exists() and (ws / "netns.txt").read_text(), 60)

@@ -30,6 +30,7 @@ from corral.net.proxy import Proxy
 from corral.net.rules import HostRules
 from corral.netns import Listener
 from corral.policy import Policy
+from tests.procs import alive
 
 RUN_ID = "run-svc"
 
@@ -319,15 +320,6 @@ def _made(listeners: list[Listener]) -> list[tuple[Listener, Any]]:
     return made
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie has let go of its sockets already)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_listeners_handed_to_the_door_are_served_and_die_with_the_proxy(tmp_path: Path) -> None:
     async def origin_and_check() -> None:
         ok = await Origin().start()
@@ -354,9 +346,9 @@ def test_listeners_handed_to_the_door_are_served_and_die_with_the_proxy(tmp_path
             assert len(pids) == 2  # the first worker and the sibling it forked
             os.kill(pids[0], 9)  # the proxy killed: its sibling stops with it
             started = time.monotonic()
-            while time.monotonic() - started < 1.0 and any(_alive(p) for p in pids):
+            while time.monotonic() - started < 1.0 and any(alive(p) for p in pids):
                 await aio.sleep(0.005)
-            assert not any(_alive(p) for p in pids)
+            assert not any(alive(p) for p in pids)
             for port in ports:  # no proxy: the listeners went with it, refused at once
                 with pytest.raises(ConnectionRefusedError):
                     await loop.sock_connect(socket.socket(), ("127.0.0.1", port))
@@ -369,20 +361,26 @@ def test_listeners_handed_to_the_door_are_served_and_die_with_the_proxy(tmp_path
     run(origin_and_check)
 
 
+def _used_door(tmp_path: Path) -> Door:
+    """A door whose proxy took one request (to 127.0.0.1:9, where nothing listens)."""
+    door = _door(tmp_path, ["127.0.0.1:9"])
+    made = _made([Listener("proxy", "127.0.0.1", 3128)])
+    netns._hand_over(door.address, made)
+    with socket.create_connection(made[0][1].getsockname(), timeout=5) as client:
+        client.sendall(b"GET http://127.0.0.1:9/ HTTP/1.1\r\n\r\n")
+        client.recv(100)
+    for _, sock in made:
+        sock.close()
+    return door
+
+
 def test_a_door_nothing_reached_closes_at_once_and_leaves_nothing(tmp_path: Path) -> None:
     door = _door(tmp_path, ["127.0.0.1:9"])
     started = time.monotonic()
     assert door.close() == []
     assert time.monotonic() - started < 0.5  # its proxy may still be importing: not waited for
     assert not os.path.exists(door.dir)
-    twin = _door(tmp_path, ["127.0.0.1:9"])  # a door that was used is waited for, its tally read
-    made = _made([Listener("proxy", "127.0.0.1", 3128)])
-    netns._hand_over(twin.address, made)
-    with socket.create_connection(made[0][1].getsockname(), timeout=5) as client:
-        client.sendall(b"GET http://127.0.0.1:9/ HTTP/1.1\r\n\r\n")
-        client.recv(100)
-    for _, sock in made:
-        sock.close()
+    twin = _used_door(tmp_path)  # a door that was used is waited for, its tally read
     # allowed, not denied; nothing listening (502) is kept as unreachable, with why
     [down] = twin.close()
     assert down["unreachable"] and not down["lookup"]
@@ -411,19 +409,12 @@ def test_a_door_told_its_sandbox_ended_stops_beside_the_aftercare(tmp_path: Path
     assert len(pids) == 2  # the first worker and its sibling
     door.sandbox_ended()
     started = time.monotonic()
-    while time.monotonic() - started < 2.0 and any(_alive(p) for p in pids):
+    while time.monotonic() - started < 2.0 and any(alive(p) for p in pids):
         time.sleep(0.005)
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
     assert door.close() == [] and not os.path.exists(door.dir)
 
-    used = _door(tmp_path, ["127.0.0.1:9"])
-    made = _made([Listener("proxy", "127.0.0.1", 3128)])
-    netns._hand_over(used.address, made)
-    with socket.create_connection(made[0][1].getsockname(), timeout=5) as client:
-        client.sendall(b"GET http://127.0.0.1:9/ HTTP/1.1\r\n\r\n")
-        client.recv(100)
-    for _, sock in made:
-        sock.close()
+    used = _used_door(tmp_path)
     used.sandbox_ended()
     [down] = used.close()
     assert (down["host"], down["port"], down["unreachable"]) == ("127.0.0.1", 9, True)
