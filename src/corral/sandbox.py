@@ -532,11 +532,13 @@ class Sandbox:
         """Start the agent; plan again if a host path changed under the setup
         (a unix socket removed, another run's door among them: see
         cli.SETUP_ATTEMPTS).  A door takes its listeners once, so a sandbox with
-        a network gets a new door for the next attempt."""
+        a network gets a new door for the next attempt.  Five attempts, where
+        corral run has three: a Sandbox's setup is longer (a fork, then the
+        namespace, then bwrap), so a host whose sockets churn races it more often."""
         from corral.errors import SetupRaced
         from corral.failures import raced
 
-        attempts = 3
+        attempts = 5
         for attempt in range(1, attempts + 1):
             try:
                 return self._start_once()

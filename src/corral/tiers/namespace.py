@@ -300,10 +300,14 @@ class Bwrap(LaunchStrategy):
     ) -> int:
         from corral import launch
 
-        plan.argv = without_gone_sockets(plan.argv, plan.mounts)
-        before = None
-        if self.netns is not None and not entered:
-            before = self._enter_in_child
+        if self.netns is None or entered:
+            plan.argv = without_gone_sockets(plan.argv, plan.mounts)
+            return launch.spawn_process(plan, child_fds, procs_files, chdir=False)
+
+        def before() -> None:  # in the forked child: the last look comes after the namespace
+            self._enter_in_child()
+            plan.argv = without_gone_sockets(plan.argv, plan.mounts)
+
         return launch.spawn_process(plan, child_fds, procs_files, chdir=False, before_exec=before)
 
     def _enter_in_child(self) -> None:
