@@ -196,6 +196,17 @@ def freeze_host_sockets() -> None:
         _frozen_sockets = _seen_sockets
 
 
+def thaw_host_sockets() -> None:
+    """Plans read the host's sockets afresh again (after a freeze for one start's
+    attempts: corral.sandbox)."""
+    global _frozen_sockets
+    _frozen_sockets = None
+
+
+def host_sockets_frozen() -> bool:
+    return _frozen_sockets is not None
+
+
 def host_unix_sockets(proc_net_unix: str = "/proc/net/unix") -> list[str]:
     """Paths of unix sockets bound on the host (abstract ones are per network namespace)."""
     global _seen_sockets

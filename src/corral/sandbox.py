@@ -534,23 +534,36 @@ class Sandbox:
         cli.SETUP_ATTEMPTS).  A door takes its listeners once, so a sandbox with
         a network gets a new door for the next attempt.  Five attempts, where
         corral run has three: a Sandbox's setup is longer (a fork, then the
-        namespace, then bwrap), so a host whose sockets churn races it more often."""
+        namespace, then bwrap)."""
+        from corral import fsplan
         from corral.errors import SetupRaced
         from corral.failures import raced
 
         attempts = 5
-        for attempt in range(1, attempts + 1):
-            try:
-                return self._start_once()
-            except SetupRaced:  # the launcher saw a bind source change before bwrap ran
-                if attempt == attempts:
-                    raise
-            except SandboxError as exc:
-                if attempt == attempts or not raced(str(exc).split(": ", 1)[-1].splitlines()):
-                    raise
-            if self._door is not None:
-                self._door.close()
-                self._open_door()
+        froze = False
+        try:
+            for attempt in range(1, attempts + 1):
+                try:
+                    return self._start_once()
+                except SetupRaced:  # the launcher saw a bind source change before bwrap ran
+                    if attempt == attempts:
+                        raise
+                except SandboxError as exc:
+                    if attempt == attempts or not raced(str(exc).split(": ", 1)[-1].splitlines()):
+                        raise
+                # The next attempt plans with the host's sockets as this one saw them, as
+                # corral run's does: those gone since lose their masks at launch, and one
+                # bound meanwhile came after the start began, as no plan masks.  Read
+                # afresh, a host whose sockets churn would race every attempt.
+                if not fsplan.host_sockets_frozen():
+                    fsplan.freeze_host_sockets()
+                    froze = True
+                if self._door is not None:
+                    self._door.close()
+                    self._open_door()
+        finally:
+            if froze:
+                fsplan.thaw_host_sockets()
 
     def _start_once(self) -> None:
         from corral import launch

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT_BASE, Corral, is_gvisor, pids_matching, wait_for
 
+from corral import fsplan
 from corral.fsplan import Mount
 from tests.tiers import TierCase
 
@@ -455,6 +456,19 @@ def test_a_networked_sandbox_starts_when_a_socket_goes_during_its_setup(
             refused = box.exec(["python3", "-c", attack])
         with pytest.raises(TimeoutError):
             kept.accept()  # nobody reached the socket that stayed
+        first = len(starts)
+        # the retries planned with the raced attempt's socket list; the next start
+        # reads the host's afresh: a socket bound since is masked there too
+        assert not fsplan.host_sockets_frozen()
+        later = socket.socket(socket.AF_UNIX)
+        later.bind(str(socks / "later.sock"))
+        later.listen(16)
+        later.settimeout(0.3)
+        with Sandbox(policy, **tier.api, log=False) as box:
+            again = box.exec(["python3", "-c", attack.replace("kept.sock", "later.sock")])
+        with pytest.raises(TimeoutError):
+            later.accept()
+        later.close()
     finally:
         origin.close()
         going.close()
@@ -462,6 +476,7 @@ def test_a_networked_sandbox_starts_when_a_socket_goes_during_its_setup(
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
-    assert len(starts) == 2  # the first attempt raced, the second started
+    assert first == 2  # the first attempt raced, the second started
     assert got.stdout == b"hello\n", got.stderr  # through the second attempt's door
     assert refused.exit_code != 0 and b"PermissionError" in refused.stderr
+    assert again.exit_code != 0 and b"PermissionError" in again.stderr
