@@ -17,6 +17,7 @@ import ctypes
 import errno
 import os
 import struct
+import time
 
 try:  # the C module: `signal` imports enum, which the hot path avoids
     import _signal as signal  # type: ignore[import-not-found, unused-ignore]
@@ -261,11 +262,10 @@ def kill_descendants() -> None:
             except OSError:
                 pass
         if not tree and not reaped:
-            # children exist but are not visible yet (zombies are reaped above)
-            try:
-                os.waitpid(-1, 0)
-            except ChildProcessError:
-                return
+            # children exist but no list shows them yet (one read as it is made or
+            # ends): look again shortly.  Waiting for any child to end instead would
+            # hang on a live one no pass had seen, and the run with it (its pipes)
+            time.sleep(0.001)
 
 
 def _channel() -> tuple[int, int]:
