@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 
 CHUNK = 65536
 EXIT_GRACE = 0.2  # seconds to drain pipes after the command exits (tier none)
+# A sandbox told to stop (timeout, forwarded signal) that is still there this many
+# seconds later is told again: once, a landlock reaper was seen to miss its SIGTERM
+# and the run hung (test_signal_to_corral_kills_sandbox, in CI)
+STOP_AGAIN = 2.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Python ignores these and an ignored signal survives exec: give the command the
 # defaults any shell would (a pipeline reader that exits kills `yes` with SIGPIPE).
@@ -866,6 +870,7 @@ class _Pump:
         self.suspect = b""  # a "bwrap: " line, until it is known to be bwrap's own or not
         self.err_tail = b""  # the last stderr bytes: where the sandbox tool's own errors land
         self.killed = False
+        self.stop_again_at: float | None = None  # told to stop: when to tell it again
         self.exited_at: float | None = None
         self.broken: set[int] = set()  # our own outputs whose reader went away
         self.poller = select.poll()
@@ -893,7 +898,11 @@ class _Pump:
     def kill(self) -> None:
         if not self.killed:
             self.killed = True
-            self.plan.strategy.stop(self.plan, self.pid)
+            self.stop()
+
+    def stop(self) -> None:
+        self.stop_again_at = time.monotonic() + STOP_AGAIN
+        self.plan.strategy.stop(self.plan, self.pid)
 
     def emit(self, target: int, data: bytes) -> None:
         self.result.output_bytes += len(data)
@@ -920,10 +929,13 @@ class _Pump:
             if received and not self.killed:
                 self.result.signal = received[0]
                 self.kill()
-            late = self.deadline is not None and time.monotonic() >= self.deadline
+            now = time.monotonic()
+            late = self.deadline is not None and now >= self.deadline
             if late and not self.killed:
                 self.result.timed_out = True
                 self.kill()
+            if self.exited_at is None and self.stop_again_at and now >= self.stop_again_at:
+                self.stop()  # still there: told again
             if not events and self.exited_at is not None:
                 return  # the command is gone and its pipes went quiet (a daemon kept them)
             for fd, _mask in events:
@@ -934,6 +946,9 @@ class _Pump:
         wait: float | None = None
         if self.deadline is not None:
             wait = max(0.0, self.deadline - now)
+        if self.stop_again_at is not None and self.exited_at is None:
+            again = max(0.0, self.stop_again_at - now)
+            wait = again if wait is None else min(wait, again)
         if self.exited_at is not None:
             # Without bwrap's exit-code record, its reason for failing is still on
             # the way through stderr: wait longer for it on a busy machine.
