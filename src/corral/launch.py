@@ -52,8 +52,8 @@ if TYPE_CHECKING:
 CHUNK = 65536
 EXIT_GRACE = 0.2  # seconds to drain pipes after the command exits (tier none)
 # A sandbox told to stop (timeout, forwarded signal) that is still there this many
-# seconds later is told again: once, a landlock reaper was seen to miss its SIGTERM
-# and the run hung (test_signal_to_corral_kills_sandbox, in CI)
+# seconds later is told again, in case a stop is ever lost (see spawn_held: one was,
+# by a landlock reaper, until its fork held the signals)
 STOP_AGAIN = 2.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Python ignores these and an ignored signal survives exec: give the command the
@@ -99,6 +99,35 @@ def _status_value(text: str, key: str) -> int | None:
         return None
     digits = text[at + len(marker) :].lstrip().split(",", 1)[0].split("}", 1)[0].strip()
     return int(digits) if digits.lstrip("-").isdigit() else None
+
+
+def root_pidfd(status_text: str) -> int:
+    """A pidfd for the process bwrap reported as its child (the sandbox's root, in
+    its own session), or -1.  Killing bwrap is not always enough: that child sets
+    its own parent-death signal after the clone, and one whose bwrap was killed
+    first ran on (seen 1 run in 200, a SIGTERM to corral as it launched), holding
+    the output pipes; as a user without a cgroup nothing would have ended it."""
+    pid = _status_value(status_text, "child-pid")
+    return pidfd_of(pid) if pid is not None else -1
+
+
+def pidfd_of(pid: int) -> int:
+    """A pidfd for ``pid``, or -1 (none such, or gone already)."""
+    if pid <= 0:
+        return -1
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return -1
+
+
+def kill_root(pidfd: int) -> None:
+    """SIGKILL the root :func:`root_pidfd` found (its pid namespace goes with it)."""
+    if pidfd >= 0:
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def open_fds() -> list[int] | None:
@@ -177,20 +206,25 @@ class _Guardian:
         pid = os.fork()
         if pid == 0:  # guardian
             try:
+                for sig in FORWARDED_SIGNALS:  # (then let go: Aftercare held them)
+                    signal.signal(sig, signal.SIG_IGN)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
                 if first is not None:
                     first()
                 os.setsid()  # survives a kill of corral's process group
-                for sig in FORWARDED_SIGNALS:
-                    signal.signal(sig, signal.SIG_IGN)
                 null = os.open(os.devnull, os.O_RDWR)
                 keep = {0: null, 1: null, 2: null, 3: rfd}
                 if hold >= 0:
                     keep[4] = hold
                 move_fds_into_place(keep)
-                said = b""
+                said, root = b"", -1
                 while chunk := os.read(3, 64):
                     said += chunk
+                    if root < 0 and b";" in said:  # its pidfd now, before any pid is reused
+                        token = said.split(b"r")[-1].split(b";")[0]
+                        root = pidfd_of(int(token)) if token.isdigit() else -1
                 if not said.endswith(b"k"):
+                    kill_root(root)  # (a sandbox's init that outlived bwrap goes, tree and all)
                     pids = [int(p) for p in said.split(b"p")[1:] if p.strip().isdigit()]
                     cleanup(pids[-1] if pids else 0)
                 elif said.endswith(b"lk") and later is not None:
@@ -203,6 +237,10 @@ class _Guardian:
 
     def launched(self, pid: int) -> None:
         os.write(self.wfd, f"p{pid}".encode())
+
+    def rooted(self, pid: int) -> None:
+        """The sandbox's root below bwrap (see root_pidfd): killed if corral dies."""
+        os.write(self.wfd, f"r{pid};".encode())
 
     def release(self, later: bool = False) -> None:
         """Tell the guardian all is clean (or, with ``later``, that its ``later``
@@ -236,7 +274,20 @@ class Aftercare:
 
     def __init__(self, plan: Plan, run_id: str, companion: Companion | None = None) -> None:
         """``companion``: forked by the guardian, if this run has one (see
-        ``companion_forked``); else left to the caller."""
+        ``companion_forked``); else left to the caller.
+
+        A SIGTERM (or SIGINT, SIGHUP) to corral between the cgroup's creation and
+        the guardian's fork would kill corral with nothing to undo what it made
+        (seen: cgroups and scratch directories left by runs signalled as they
+        started): held until the guardian exists, then corral dies of it as
+        before, and the guardian cleans up."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+        try:
+            self._set_up(plan, run_id, companion)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def _set_up(self, plan: Plan, run_id: str, companion: Companion | None) -> None:
         self.plan = plan
         self.run_id = run_id
         self.cg: CgroupRun | None = None
@@ -299,6 +350,10 @@ class Aftercare:
     def launched(self, pid: int) -> None:
         if self.guardian is not None:
             self.guardian.launched(pid)
+
+    def rooted(self, pid: int) -> None:
+        if self.guardian is not None:
+            self.guardian.rooted(pid)
 
     def _emergency(self, pid: int) -> None:
         # what outlives corral (an engine's container outlives its client) goes
@@ -573,6 +628,7 @@ class Started:
         self.pid = pid
         self.status_r = status_r
         self.care = care
+        self.root = -1  # bwrap's child, once reported (see root_pidfd)
 
     def wait_started(self, timeout: float = 30.0) -> None:
         """Until bwrap reports its child, or raise SetupError with bwrap's words."""
@@ -588,11 +644,13 @@ class Started:
             if not chunk:
                 raise SetupError("the sandbox could not be set up (see its stderr)")
             text += chunk.decode("utf-8", "replace")
+        self.root = root_pidfd(text)
 
     def stop(self) -> list[Denial]:
         """Kill the sandbox and undo what the run set up; the denials found."""
         if self.pid > 0:  # -1: already reaped (and never killpg(-1))
             self.plan.strategy.stop(self.plan, self.pid)
+            kill_root(self.root)
             try:
                 os.waitpid(self.pid, 0)
             except ChildProcessError:
@@ -601,6 +659,9 @@ class Started:
         if self.status_r >= 0:
             os.close(self.status_r)
             self.status_r = -1
+        if self.root >= 0:
+            os.close(self.root)
+            self.root = -1
         return self.care.finish()
 
 
@@ -613,9 +674,7 @@ def start(plan: Plan, run_id: str, stdio: dict[int, int]) -> Started:
     try:
         status_r = _plan_fds(plan, child_fds, parent_only, to_close)
         cg = care.cg
-        pid = plan.strategy.spawn(
-            plan, child_fds, cg.procs_files() if cg is not None else [], False
-        )
+        pid = spawn_held(plan, child_fds, cg.procs_files() if cg is not None else [], False)
     except BaseException:
         care.finish()
         raise
@@ -659,7 +718,7 @@ def _launch_and_pump(
     old_handlers = {sig: signal.signal(sig, on_signal) for sig in FORWARDED_SIGNALS}
     old_wakeup = signal.set_wakeup_fd(wake_w)
     try:
-        pid = plan.strategy.spawn(plan, child_fds, procs_files, True)  # after enter()
+        pid = spawn_held(plan, child_fds, procs_files, True)  # after enter()
         care.launched(pid)
         for fd in to_close:
             os.close(fd)
@@ -677,6 +736,7 @@ def _launch_and_pump(
             on_output,
             resolver,
             asks,
+            care,
         )
     finally:
         if asks is not None:
@@ -761,13 +821,37 @@ def _fork_exec(
         os._exit(125)
 
 
+def spawn_held(plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool) -> int:
+    """``plan.strategy.spawn`` with RESET_SIGNALS blocked across it, so that none
+    reaches a forked child while it still has its parent's Python handlers: run
+    there, corral's would note a forwarded SIGTERM in the child's copy of its
+    list, and the signal was lost (a landlock reaper, which then never swept its
+    command, missed about 1 in 100 SIGTERMs sent to corral as it launched).
+    Blocked, a signal waits until the child has reset its handlers and lets
+    them go (:func:`default_signals`); corral's own copy reaches corral's
+    handler when this returns."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, RESET_SIGNALS)
+    try:
+        return plan.strategy.spawn(plan, child_fds, procs_files, entered)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def default_signals() -> None:
+    """In a forked child: the default handling any shell would give RESET_SIGNALS,
+    then those signals let go (spawn_held blocked them): one sent meanwhile
+    arrives now, as for a process that had them from the start."""
+    for sig in RESET_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RESET_SIGNALS)
+
+
 def child_session(procs_files: list[str]) -> None:
     """In a forked child, first: the default signal handling any shell would give,
     a new session (its own process group: a timeout kills it whole) and the
     run's cgroup joined before anything of the command runs."""
-    for sig in RESET_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
-    signal.set_wakeup_fd(-1)
+    default_signals()
     os.setsid()
     for procs in procs_files:
         with open(procs, "w", encoding="utf-8") as fh:
@@ -804,6 +888,9 @@ def _spawn(plan: Plan, child_fds: dict[int, int], env: dict[str, str]) -> int:
     # after the dup2s; a closed number in the list is skipped by glibc
     closing = {*found, *parked}.difference(child_fds, (0, 1, 2))
     actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in sorted(closing)]
+    # (the mask spawn_held set, less the signals it holds: glibc blocks every
+    # signal between its fork and the exec, so none reaches a handler of ours)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ()).difference(RESET_SIGNALS)
     return os.posix_spawnp(
         plan.argv[0],
         plan.argv,
@@ -811,6 +898,7 @@ def _spawn(plan: Plan, child_fds: dict[int, int], env: dict[str, str]) -> int:
         file_actions=actions,
         setsid=True,
         setsigdef=RESET_SIGNALS,
+        setsigmask=mask,
     )
 
 
@@ -828,10 +916,12 @@ def _pump(
     on_output: Callable[[int, bytes], None] | None,
     resolver: Resolver | None = None,
     asks: TerminalPrompt | None = None,
+    care: Aftercare | None = None,
 ) -> None:
     """Relay the sandbox's output until it is gone, then set ``result``'s exit code
     (SetupError or SetupRaced when the sandbox never started)."""
     pump = _Pump(plan, result, pid, out_fd, err_fd, on_output, resolver, asks)
+    pump.care = care
     pump.watch(out_r, err_r, status_r, wake_r)
     pump.loop(received)
     pump.finish()
@@ -870,6 +960,8 @@ class _Pump:
         self.suspect = b""  # a "bwrap: " line, until it is known to be bwrap's own or not
         self.err_tail = b""  # the last stderr bytes: where the sandbox tool's own errors land
         self.killed = False
+        self.root = -1  # bwrap's child, once reported (see root_pidfd)
+        self.care: Aftercare | None = None  # told the root, for its guardian
         self.stop_again_at: float | None = None  # told to stop: when to tell it again
         self.exited_at: float | None = None
         self.broken: set[int] = set()  # our own outputs whose reader went away
@@ -903,6 +995,7 @@ class _Pump:
     def stop(self) -> None:
         self.stop_again_at = time.monotonic() + STOP_AGAIN
         self.plan.strategy.stop(self.plan, self.pid)
+        kill_root(self.root)
 
     def emit(self, target: int, data: bytes) -> None:
         self.result.output_bytes += len(data)
@@ -980,6 +1073,12 @@ class _Pump:
             self.status_r = -1
             return
         self.status_text += chunk.decode("utf-8", "replace")
+        if self.root < 0 and '"child-pid"' in self.status_text:
+            self.root = root_pidfd(self.status_text)
+            if self.killed:  # reported after the stop: it may have outlived bwrap
+                kill_root(self.root)
+            elif self.care is not None and self.root >= 0:
+                self.care.rooted(_status_value(self.status_text, "child-pid") or 0)
         if not self.started and _status_value(self.status_text, "child-pid") is not None:
             self.started = True
             if self.held_err.startswith(b"bwrap: "):  # the child's own setup failed
@@ -1046,6 +1145,8 @@ class _Pump:
                 pass
         if self.exited_at is None or self.killed:
             self.kill()
+        if self.root >= 0:
+            os.close(self.root)
         _, wait_status = os.waitpid(self.pid, 0)
         code = _status_value(self.status_text, "exit-code")
         if self.watch_setup and code is None and not self.killed:

@@ -112,8 +112,12 @@ class VmStrategy(LaunchStrategy):
 
 def _default_signals() -> None:
     """corral run's handlers and wakeup descriptor are not the runner's: a
-    forwarded signal is for corral, which stops the runner with SIGKILL."""
+    forwarded signal is for corral, which stops the runner with SIGKILL.  Then
+    the signals launch.spawn_held blocked are let go (SIGPIPE stays ignored:
+    the runner is Python, which wants EPIPE)."""
     import signal
+
+    from corral.launch import RESET_SIGNALS
 
     try:
         signal.set_wakeup_fd(-1)
@@ -121,6 +125,7 @@ def _default_signals() -> None:
             signal.signal(sig, signal.SIG_DFL)
     except ValueError:  # not Python's main thread (never after a fork, in practice)
         pass
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RESET_SIGNALS)
 
 
 def _die_with_parent() -> None:

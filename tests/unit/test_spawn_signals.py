@@ -1,0 +1,142 @@
+"""A signal sent as a sandbox is forked is not lost (launch.spawn_held).
+
+A forked child keeps its parent's Python handlers until it resets them; corral's
+would note a forwarded SIGTERM in the child's copy of its list, and the signal
+was gone (a landlock reaper then never swept its command: about 1 in 100
+SIGTERMs sent to corral as it launched).  spawn_held blocks the signals across
+the fork, so one sent meanwhile waits until the child has its defaults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral import launch
+from corral.policy import Policy
+from corral.tiers import get
+from corral.tiers.base import Plan
+from corral.tiers.none import Direct
+
+
+class _SignalledFork(Direct):
+    """Forks as the landlock tier does; with ``signal_first``, the child is sent
+    SIGTERM before it resets its handlers (the race, made certain) and runs
+    Python a while, where a handler of its parent's would run."""
+
+    def __init__(self, signal_first: bool) -> None:
+        self.signal_first = signal_first
+
+    def spawn(
+        self, plan: Plan, child_fds: dict[int, int], procs_files: list[str], entered: bool
+    ) -> int:
+        pid = os.fork()
+        if pid:
+            return pid
+        try:
+            if self.signal_first:
+                os.kill(os.getpid(), signal.SIGTERM)  # as if corral forwarded one now
+            sum(range(100_000))  # bytecode: any pending Python handler runs here
+            launch.child_session([])
+            os.execvp(plan.argv[0], plan.argv)
+        finally:
+            os._exit(125)
+
+
+@pytest.fixture
+def handler_like_corrals() -> Iterator[list[int]]:
+    """A SIGTERM handler that notes the signal, as corral run's does."""
+    received: list[int] = []
+    old = signal.signal(signal.SIGTERM, lambda signum, _frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _plan(tmp_path: Path, argv: list[str]) -> Plan:
+    policy = Policy(str(tmp_path))
+    tier = get("none")
+    return tier.plan(policy, argv, host=tier.gather(policy))
+
+
+def _wait(pid: int, seconds: float = 5.0) -> int:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError("the child ran on: the SIGTERM sent as it was forked was lost")
+
+
+def test_a_sigterm_sent_as_the_sandbox_is_forked_ends_it(
+    tmp_path: Path, handler_like_corrals: list[int]
+) -> None:
+    """The child, sent SIGTERM before it reset corral's handler, dies of it once it
+    has its defaults, instead of running the command (sleep 30) as if never told;
+    the twin, sent nothing, runs its command."""
+    plan = _plan(tmp_path, ["sleep", "30"])
+    plan.strategy = _SignalledFork(signal_first=True)
+    status = _wait(launch.spawn_held(plan, {}, [], False))
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+    assert handler_like_corrals == []  # it was the child's: corral's own never saw it
+
+    plan = _plan(tmp_path, ["true"])
+    plan.strategy = _SignalledFork(signal_first=False)
+    status = _wait(launch.spawn_held(plan, {}, [], False))
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def _blocked_in_child(tmp_path: Path) -> set[int]:
+    """The signals blocked in a command Direct's spawn starts, as its /proc status
+    says."""
+    plan = _plan(tmp_path, ["grep", "^SigBlk", "/proc/self/status"])
+    plan.strategy = Direct()
+    out_r, out_w = os.pipe()
+    try:
+        pid = launch.spawn_held(plan, {1: out_w}, [], False)
+        os.close(out_w)
+        out_w = -1
+        text = b""
+        while chunk := os.read(out_r, 4096):
+            text += chunk
+        assert os.WIFEXITED(_wait(pid)), text
+    finally:
+        os.close(out_r)
+        if out_w >= 0:
+            os.close(out_w)
+    mask = int(text.split()[1], 16)
+    return {sig for sig in range(1, 65) if mask & (1 << (sig - 1))}
+
+
+def test_the_command_gets_the_held_signals_unblocked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocked for the fork, the signals are let go before the command runs, by the
+    fork path and by posix_spawn alike, and corral's own mask is as it was."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    # Direct's spawn changes directory first: a fork
+    assert _blocked_in_child(tmp_path).isdisjoint(launch.RESET_SIGNALS)
+    spawned: list[int] = []
+    real_spawn = launch._spawn
+
+    def spawn(plan: Plan, child_fds: dict[int, int], env: dict[str, str]) -> int:
+        spawned.append(1)
+        return real_spawn(plan, child_fds, env)
+
+    monkeypatch.setattr(launch, "_spawn", spawn)
+    monkeypatch.setattr(
+        Direct,
+        "spawn",
+        lambda self, plan, fds, procs, entered: launch.spawn_process(plan, fds, [], chdir=False),
+    )
+    assert _blocked_in_child(tmp_path).isdisjoint(launch.RESET_SIGNALS)
+    assert spawned == [1]  # (that was posix_spawn)
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, ()) == before
