@@ -1165,3 +1165,35 @@ def test_a_secrets_directory_cannot_be_renamed_while_another_run_starts(
     r = c.sh(ws, "mv apps/plain apps/plain2 && mv apps/web/page.txt . && cat page.txt")
     assert r.returncode == 0 and r.stdout == b"page\n", r  # the twins
     assert (ws / "apps" / "plain2").is_dir() and not (web / "page.txt").exists()
+
+
+# Runs inside: open pid 1's memory for writing (bwrap's init, the command's uid),
+# then the command's own memory for reading (the twin: its own process is its own).
+INIT_MEMORY_PROBE = r"""
+import os
+for path, flags in (("/proc/1/mem", os.O_RDWR), ("/proc/1/task/1/mem", os.O_RDWR),
+                    ("/proc/self/mem", os.O_RDONLY)):
+    try:
+        os.close(os.open(path, flags))
+        print(f"{path}=ok")
+    except OSError as e:
+        print(f"{path}=err:{e.errno}")
+"""
+
+
+@pytest.mark.tiers("namespace", why="pid 1 inside is bwrap's init on the namespace tier alone")
+def test_the_sandboxs_init_memory_cannot_be_written(tsandbox: tuple[Corral, Path]) -> None:
+    """bwrap's init runs as the command's uid: a command that wrote its memory
+    turned off its parent-death signal, and the sandbox outlived a kill -9 of
+    corral (as a user, with no cgroup to end it).  Its memory is out of reach;
+    the twin: the command's own memory opens."""
+    c, ws = tsandbox
+    script = ws / "initmem.py"
+    script.write_text(INIT_MEMORY_PROBE)
+    c.chown(script)
+    r = c.run(["run", "-q", "--", "python3", script.name], cwd=ws)
+    assert r.returncode == 0, r
+    got = lines(r.stdout)
+    assert got["/proc/1/mem"].startswith("err:"), r
+    assert got["/proc/1/task/1/mem"].startswith("err:"), r
+    assert got["/proc/self/mem"] == "ok", r

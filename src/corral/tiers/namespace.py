@@ -113,7 +113,7 @@ def mount_args(
         elif m.kind == "dev":
             args += ["--dev", m.dest]
         elif m.kind == "proc":
-            args += ["--proc", m.dest]
+            args += ["--proc", m.dest, *_INIT_MEMORY_MASKS]
         elif m.kind == "symlink":
             args += ["--symlink", m.src or "", m.dest]
         elif m.kind == "mask-dir":
@@ -322,6 +322,15 @@ class Bwrap(LaunchStrategy):
 
     def describe(self) -> list[str]:
         return self.netns.describe() if self.netns is not None else []
+
+
+# Pid 1 inside is bwrap's own init, which runs as the command's uid: a command that
+# wrote its memory (/proc/1/mem; ptrace and process_vm_writev are refused by seccomp)
+# could turn off its parent-death signal and have the sandbox outlive corral.  Bound
+# over with /dev/null, read-only: the init's memory is out of reach.
+_INIT_MEMORY_MASKS = tuple(
+    arg for mem in ("1/mem", "1/task/1/mem") for arg in ("--ro-bind", "/dev/null", f"/proc/{mem}")
+)
 
 
 def without_gone_sockets(argv: list[str], mounts: list[Mount]) -> list[str]:
