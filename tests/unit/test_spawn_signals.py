@@ -140,3 +140,55 @@ def test_the_command_gets_the_held_signals_unblocked(
     assert _blocked_in_child(tmp_path).isdisjoint(launch.RESET_SIGNALS)
     assert spawned == [1]  # (that was posix_spawn)
     assert signal.pthread_sigmask(signal.SIG_BLOCK, ()) == before
+
+
+# Run in a process of its own (the signal's default action ends it): an Aftercare
+# for a plan with a scratch directory, sent SIGTERM while it makes that directory.
+SIGNALLED_SETUP = """
+import os, signal, sys
+from corral import launch
+from corral.policy import Policy
+from corral.tiers import get
+
+policy = Policy(sys.argv[1])
+tier = get("none")
+plan = tier.plan(policy, ["true"], host=tier.gather(policy))
+plan.scratch = sys.argv[2]
+made = launch.prepare_scratch
+
+def prepare(plan):
+    made(plan)
+    os.kill(os.getpid(), signal.SIGTERM)  # as if sent to corral as it starts
+    print("held", flush=True)  # (not reached without the hold)
+
+launch.prepare_scratch = prepare
+launch.Aftercare(plan, "signalled")
+print("not reached", flush=True)
+"""
+
+
+def test_a_sigterm_during_the_aftercares_setup_leaves_nothing(tmp_path: Path) -> None:
+    """corral signalled between making what a run must undo and forking the guardian
+    that undoes it if corral dies: the signal waits for the guardian, corral
+    then dies of it, and the guardian removes the scratch directory; the twin,
+    unsignalled, sets up to the end."""
+    import subprocess
+    import sys
+
+    scratch = tmp_path / "scratch"
+    run = subprocess.run(
+        [sys.executable, "-c", SIGNALLED_SETUP, str(tmp_path), str(scratch)],
+        capture_output=True,
+        timeout=30,
+    )
+    assert run.returncode == -signal.SIGTERM and run.stdout == b"held\n", run
+    deadline = time.monotonic() + 5
+    while scratch.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not scratch.exists()  # the guardian's work
+
+    plain = SIGNALLED_SETUP.replace("os.kill(os.getpid(), signal.SIGTERM)", "pass")
+    run = subprocess.run(
+        [sys.executable, "-c", plain, str(tmp_path), str(scratch)], capture_output=True, timeout=30
+    )
+    assert run.returncode == 0 and run.stdout == b"held\nnot reached\n", run
