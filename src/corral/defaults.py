@@ -188,7 +188,9 @@ WRITE_DENY_WORKSPACE = (
     ".zlogin",
 )
 
-GITDIR_WRITE_DENY = ("hooks/", "config", "config.worktree")
+# (commondir: a file there makes git read config and hooks from the directory it
+# names, one the run could fill)
+GITDIR_WRITE_DENY = ("hooks/", "config", "config.worktree", "commondir")
 
 # Directories the workspace scan does not descend into: huge, and not where a
 # repository or a secret file is expected.

@@ -220,3 +220,45 @@ def test_an_unprotected_git_write_is_not_a_denial(tsandbox: tuple[Corral, Path])
     r = c.sh(ws, script, "--report", "json")
     assert r.returncode == 0 and r.stdout.startswith(b"new")
     assert [d for d in last_json(r.stderr)["denials"] if d["kind"] == "file"] == []
+
+
+# Runs inside an existing repository: a directory the run fills with a config that
+# runs code (core.fsmonitor) and a hook, and .git/commondir naming it, so that git
+# on the host would read them there.
+COMMONDIR_REDIRECT = """
+mkdir -p evil/hooks && cp -r .git/objects .git/refs evil/
+printf '[core]\\n\\tfsmonitor = "touch PWNED; false"\\n' > evil/config
+printf '#!/bin/sh\\ntouch PWNED\\n' > evil/hooks/pre-commit && chmod +x evil/hooks/pre-commit
+echo ../evil > .git/commondir
+"""
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed on this machine")
+def test_a_commondir_planted_in_an_existing_repository_is_quarantined(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """.git/commondir makes git take its config and hooks from the directory it
+    names: planted in a repository that existed at launch, the next `git status`
+    on the host ran the run's code.  It is quarantined and named after the run
+    (or refused at once where it exists already); the twin: a commit inside
+    works, and git on the host afterwards runs nothing of the run's."""
+    c, ws = tsandbox
+    inside = ["git", "-c", "user.email=a@b", "-c", "user.name=a"]
+    git = [*inside, "-c", "safe.directory=*"]  # (on the host: the workspace may be a user's)
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    subprocess.run([*git, "-C", str(ws), "commit", "-q", "--allow-empty", "-m", "0"], check=True)
+    c.chown(ws)
+    commit = " ".join(inside) + " commit -q --allow-empty -m 1 && "  # the twin, first
+    r = c.sh(ws, commit + COMMONDIR_REDIRECT)
+    assert r.returncode == 0, r
+    assert b"commondir" in r.stderr, r  # named after the run
+    assert not (ws / ".git" / "commondir").exists()
+    common = subprocess.run(
+        [*git, "-C", str(ws), "rev-parse", "--git-common-dir"], capture_output=True, text=True
+    )
+    assert common.stdout.strip() == ".git", common
+    subprocess.run([*git, "-C", str(ws), "status", "-s"], capture_output=True, check=True)
+    subprocess.run([*git, "-C", str(ws), "commit", "-q", "--allow-empty", "-m", "2"], check=True)
+    assert not (ws / "PWNED").exists()
+    log = subprocess.run([*git, "-C", str(ws), "log", "--format=%s"], capture_output=True)
+    assert log.stdout.split() == [b"2", b"1", b"0"]  # the commit made inside is kept

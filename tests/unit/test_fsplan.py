@@ -246,6 +246,7 @@ def test_git_dirs_are_read_only(lay: Layout) -> None:
     # missing ones cannot be mounted over without creating them: quarantined instead
     assert str(nested_name / "hooks") in plan.quarantine
     assert str(ws / ".git" / "config.worktree") in plan.quarantine
+    assert str(ws / ".git" / "commondir") in plan.quarantine  # git reads config through it
     assert str(ws / ".git" / "HEAD") not in ro
 
 
