@@ -142,6 +142,8 @@ _X86_64: dict[str, int] = {
     "quotactl_fd": 443, "landlock_create_ruleset": 444, "landlock_add_rule": 445,
     "landlock_restrict_self": 446, "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466,
     "file_setattr": 469,
+    "shmget": 29, "shmat": 30, "shmctl": 31, "semget": 64, "semop": 65, "semctl": 66,
+    "shmdt": 67, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "semtimedop": 220,
 }  # fmt: skip
 
 _AARCH64: dict[str, int] = {
@@ -187,6 +189,9 @@ _AARCH64: dict[str, int] = {
     "landlock_create_ruleset": 444, "landlock_add_rule": 445,
     "landlock_restrict_self": 446, "fchmodat2": 452, "setxattrat": 463,
     "removexattrat": 466, "file_setattr": 469,
+    "msgget": 186, "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "semget": 190,
+    "semctl": 191, "semtimedop": 192, "semop": 193, "shmget": 194, "shmctl": 195,
+    "shmat": 196, "shmdt": 197,
 }  # fmt: skip
 
 _TABLES: dict[str, dict[str, int]] = {"x86_64": _X86_64, "aarch64": _AARCH64}

@@ -144,3 +144,49 @@ def test_kernel_log(box: Box) -> None:
     )
     assert r.got.get("twin") == "ok:Linux", r
     assert canary not in r.out + r.err, r
+
+
+# ctypes, as no module of the standard library speaks System V shared memory
+SYSV = (
+    "import ctypes, ctypes.util\n"
+    "libc = ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True)\n"
+    "libc.shmat.restype = ctypes.c_void_p\n"
+)
+
+
+def test_system_v_shared_memory(box: Box) -> None:
+    """A host process's System V segment, found by its key: without an IPC
+    namespace of its own (or a refusal) the sandbox reads and writes it, and a
+    segment it makes outlives the run.  The twin: a shared anonymous mapping."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    key = 0x7E570000 + int(box.token[:4], 16)
+    shmid = libc.shmget(key, 4096, 0o1000 | 0o666)  # IPC_CREAT
+    assert shmid >= 0, ctypes.get_errno()
+    address = libc.shmat(shmid, None, 0)
+    ctypes.memmove(address, b"HOSTDATA", 8)
+    try:
+        r = box.py(
+            SYSV + f"shmid = libc.shmget({key}, 0, 0)\n"
+            "if shmid < 0: print('attack=err:' + errno.errorcode.get(ctypes.get_errno(), '?'))\n"
+            "else:\n"
+            "    at = libc.shmat(shmid, None, 0)\n"
+            "    print('attack=ok:' + ctypes.string_at(at, 8).decode(errors='replace'))\n"
+            "    ctypes.memmove(at, b'SANDBOX!', 8)\n"
+            f"made = libc.shmget({key + 1}, 4096, 0o1000 | 0o600)\n"
+            "print('made=' + str(made))\n"
+            "import mmap\n"
+            "m = mmap.mmap(-1, 4096); m[:4] = b'anon'; print('twin=' + m[:4].decode())\n"
+        )
+        assert r.got.get("twin") == "anon", r
+        assert r.got.get("attack", "").startswith("err:"), r
+        assert ctypes.string_at(address, 8) == b"HOSTDATA"
+        assert libc.shmget(key + 1, 0, 0) < 0, "a segment made in the sandbox outlived the run"
+    finally:
+        libc.shmdt(ctypes.c_void_p(address))
+        for segment in (shmid, libc.shmget(key + 1, 0, 0)):
+            if segment >= 0:
+                libc.shmctl(segment, 0, None)  # IPC_RMID

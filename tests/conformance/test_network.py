@@ -67,7 +67,7 @@ def test_direct_udp(box: Box) -> None:
                 "a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); a.bind(('127.0.0.1', 0))\n"
                 "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'inner', a.getsockname())\n"
                 if box.has("netns")
-                else "a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); b.send(b'inner')\n"
+                else "a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET); b.send(b'inner')\n"
             )
             + "a.settimeout(2); print('twin=' + a.recv(10).decode())\n"
         )
@@ -157,6 +157,61 @@ def test_host_unix_socket(box: Box) -> None:
             srv.accept()  # evidence: nobody connected
     finally:
         srv.close()
+
+
+def test_host_unix_datagram_socket(box: Box) -> None:
+    """A datagram sent to a host socket by its path (a syslog's /dev/log): from a
+    datagram socket of a pair too, which can send to, or connect to, any path."""
+    sockdir = box.c.base / "dgdaemon"
+    sockdir.mkdir()
+    os.chmod(sockdir, 0o777)
+    path = str(sockdir / "log.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(path)
+    os.chmod(path, 0o777)
+    srv.settimeout(0.3)
+    try:
+        r = box.py(
+            f"attempt('own', lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b'escaped', {path!r}))\n"
+            "def from_pair():\n"
+            "    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+            f"    a.sendto(b'escaped', {path!r})\n"
+            "def connected():\n"
+            "    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+            f"    a.connect({path!r}); a.send(b'escaped')\n"
+            "attempt('pair', from_pair)\n"
+            "attempt('connected', connected)\n"
+            "a, b = socket.socketpair(); a.sendall(b'pair'); print('twin=' + b.recv(10).decode())\n"
+        )
+        assert r.got.get("twin") == "pair", r
+        with pytest.raises(TimeoutError):
+            srv.recv(100)  # evidence: no datagram arrived
+    finally:
+        srv.close()
+
+
+def test_listen_without_bind(box: Box) -> None:
+    """listen() on a socket never bound: the kernel binds it to a free port on every
+    address; where the sandbox shares the host's network, a port opened to the
+    world.  Evidence: the host cannot connect to the port the sandbox saw."""
+    proc = box.popen(
+        "s = socket.socket()\n"
+        "attempt('listen', lambda: (s.listen(1), s.getsockname()[1])[1])\n"
+        "sys.stdout.flush(); time.sleep(3)\n"
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode().strip()
+        port = int(line.split(":")[-1]) if line.startswith("listen=ok") else 0
+        if port:
+            with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                pass
+        assert line.startswith("listen="), (line, proc)
+    finally:
+        proc.kill()
+        proc.communicate()
+    r = box.py(_inner_loopback(box))  # twin: what the sandbox may do locally works
+    assert r.got.get("twin") == "ping", r
 
 
 def test_abstract_unix_socket(box: Box) -> None:

@@ -46,7 +46,11 @@ DIFFERENCES = (
     "/tmp, /var/tmp, /run and /dev/shm are the host's: the sandbox cannot read or "
     "write them; TMPDIR points at a private scratch directory removed after the run",
     "no unix sockets can be created (seccomp): a path unix socket is not covered by "
-    "Landlock, and host daemons listen on them; socketpair() still works",
+    "Landlock, and host daemons listen on them; socketpair() still works, but not of "
+    "datagrams (a datagram socket can be sent from, or connected, to any path); no "
+    "listen() (on a socket never bound, the kernel binds any port, on every address)",
+    "no System V IPC (shmget, semget, msgget...: ENOSYS): its objects are the host's, "
+    "found by key, and outlive the run; shared anonymous mappings and memfds work",
     "write-deny paths inside the workspace (git hooks and config, editor settings) "
     "can be changed during the run; corral restores them afterwards and reports it",
     "names inside secret directories can be listed, not read; a new file created "
@@ -87,6 +91,14 @@ _AF_UNIX = 1
 _AF_INET = 2
 _AF_INET6 = 10
 _SOCK_NOT_STREAM = 0xE  # any of these type bits: not SOCK_STREAM (1); flags sit higher
+_SOCK_DGRAM = 0x2  # (of a unix pair's types, only SOCK_DGRAM has it: STREAM 1, SEQPACKET 5)
+# System V IPC: no namespace of its own here, so its segments, semaphores and queues
+# are the host's, found by key (the host's processes' memory, readable and writable
+# with the same uid), and they outlive the run
+_SYSV_IPC = (
+    "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semtimedop", "semctl",
+    "msgget", "msgsnd", "msgrcv", "msgctl",
+)  # fmt: skip
 _IPPROTO_TCP = 6
 
 
@@ -168,6 +180,24 @@ def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
             eacces,
             (ArgCond(0, "eq", _AF_UNIX),),
             "unix sockets: connect() by path is not governed by Landlock",
+        ),
+        SyscallRule(
+            "socketpair",
+            eacces,
+            (ArgCond(1, "bits_set", _SOCK_DGRAM),),
+            "datagram socket pairs: either end can send to, or connect to, any unix "
+            "socket path, which Landlock does not govern",
+        ),
+        SyscallRule(
+            "listen",
+            eacces,
+            (),
+            "listen(): on a socket never bound the kernel binds an ephemeral port on "
+            "every address, which Landlock's bind rules do not see",
+        ),
+        *(
+            SyscallRule(name, errno.ENOSYS, (), "System V IPC: the host's objects, by key")
+            for name in _SYSV_IPC
         ),
         SyscallRule(
             "socket",
