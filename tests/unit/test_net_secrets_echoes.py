@@ -290,12 +290,31 @@ def bodies(target: str, headers: dict[str, str]) -> bytes:
         pieces = [body[:half], body[half:]]
         chunks = "".join(f"{len(p):x}\r\n{p}\r\n" for p in pieces) + "0\r\n\r\n"
         return f"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{chunks}".encode()
+    if target.startswith("/wrapped"):  # base64 wrapped as MIME does, CRLF in chunks too
+        return wrapped(key, chunked=target == "/wrapped-chunked")
     if target == "/broken":  # a long chunk, then a chunk size no parser takes
         head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
         return f"{head}{len(FILLER):x}\r\n{FILLER}\r\nzz\r\n".encode() + CLOSE
     if target == "/close":  # no length: the body ends when the origin closes
         return f"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{body}".encode() + CLOSE
     return f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+
+
+WRAPPED_PLAIN = b"nothing secret here, " * 5  # the twin: a block holding no value
+
+
+def wrapped(key: str, chunked: bool) -> bytes:
+    """The value at every offset of base64 wrapped at 76 characters (a line break
+    falls inside its encoding in most), one block per offset, and a block that
+    holds no value; chunked: in chunks of 7 bytes (a CRLF split across two)."""
+    blocks = [base64.encodebytes(b"x" * pad + key.encode() + b" end") for pad in range(60)]
+    blocks = blocks[:30] + [b.replace(b"\n", b"\r\n") for b in blocks[30:]]
+    body = b"\n".join([*blocks, base64.encodebytes(WRAPPED_PLAIN).replace(b"\n", b"\r\n")])
+    if not chunked:
+        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    pieces = [body[i : i + 7] for i in range(0, len(body), 7)]
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+    return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks
 
 
 bodies_harness = pytest.fixture(harness_for(bodies))
@@ -335,6 +354,40 @@ def test_an_echo_in_a_body_is_hidden_however_it_is_framed(
         assert "transfer-encoding: chunked" in head and "content-length" not in head
     else:
         assert "connection: close" in head and "content-length" not in head
+
+
+def _decoded_blocks(body: bytes) -> list[bytes]:
+    """Each base64 block of a body decoded as a lenient client would (line breaks
+    skipped; the groups a rejoined line left unaligned decoded where they are)."""
+    found = []
+    for block in body.replace(b"\r\n", b"\n").split(b"\n\n"):
+        flat = block.replace(b"\n", b"")
+        for piece in flat.split(b"="):
+            for shift in range(4):
+                part = piece[shift:][: (len(piece) - shift) // 4 * 4]
+                try:
+                    found.append(base64.b64decode(part, validate=True))
+                except ValueError:
+                    pass
+    return found
+
+
+@pytest.mark.parametrize("path", ["/wrapped", "/wrapped-chunked"])
+def test_an_echo_in_wrapped_base64_is_hidden(bodies_harness: Harness, path: str) -> None:
+    """MIME and PEM wrap base64 at 76 or 64 characters: a line break inside the
+    value's encoding cut it in two, and the value reached the client in 33 of 61
+    positions (found by attacking the proxy).  At every offset, whole or streamed
+    in chunks that split a CRLF, no block decodes to the value; the twin: a block
+    that holds none arrives as sent, and the origin got the real value."""
+    h = bodies_harness
+    got = fetched(h, "-H", f"X-Key: {h.placeholder}", f"http://127.0.0.1:{h.origin.port}{path}")
+    assert got.returncode == 0, got.stderr
+    decoded = _decoded_blocks(got.stdout)
+    assert decoded, got.stdout[:200]
+    assert not any(REAL.encode() in d for d in decoded)
+    assert not any(REAL.encode()[2:-2] in d for d in decoded)  # nor most of it
+    assert base64.encodebytes(WRAPPED_PLAIN).replace(b"\n", b"\r\n") in got.stdout
+    assert h.origin.seen[-1][1]["x-key"] == REAL
 
 
 def test_a_connection_stays_usable_after_a_filtered_body(bodies_harness: Harness) -> None:

@@ -84,6 +84,7 @@ class Loaded:
 
     __slots__ = (
         "_spelled",
+        "_wrapped",
         "cores",
         "encoded",
         "header",
@@ -104,6 +105,7 @@ class Loaded:
         self.header_value = secret.format.encode().replace(b"{value}", value)
         self.cores = _base64_cores(value)
         self._spelled: re.Pattern[bytes] | None = None  # made where it is used: a worker
+        self._wrapped: re.Pattern[bytes] | None = None
         _check_fit(self)
 
     def spelled(self) -> re.Pattern[bytes]:
@@ -111,6 +113,16 @@ class Loaded:
         if self._spelled is None:
             self._spelled = _spellings(self.value)
         return self._spelled
+
+    def wrapped(self) -> re.Pattern[bytes]:
+        """The base64 cores with a line break allowed between any two characters:
+        MIME and PEM wrap base64 at 76 or 64 characters, and a break may fall
+        inside the value's core (Python's base64.encodebytes, a mail, a certificate
+        request).  In a body only: a header holds no line break."""
+        if self._wrapped is None:
+            cores = (b"(?:\r?\n)?".join(re.escape(bytes([c])) for c in core) for core in self.cores)
+            self._wrapped = re.compile(b"|".join(cores))
+        return self._wrapped
 
     def allowed_to(self, host: str, port: int, plain: bool = False) -> bool:
         """Whether the value may go to (host, port); over plain HTTP (``plain``)
@@ -536,6 +548,26 @@ def _hide(value: bytes, secrets: list[Loaded]) -> bytes:
         for core in secret.cores:
             for _ in range(value.count(core)):
                 value = _hide_in_base64(value, value.find(core), core, secret)
+        if b"\n" in value and secret.cores:
+            value = _hide_wrapped(value, secret)
+    return value
+
+
+def _hide_wrapped(value: bytes, secret: Loaded) -> bytes:
+    """``value`` with each base64 core of the secret cut by line breaks (MIME, PEM)
+    hidden: the breaks inside the core are dropped, so that its line and the
+    next become one, and the joined run is hidden as a run on one line is.  The
+    output still decodes (base64 decoders skip line breaks and take any line
+    length); a byte or two of the value in a group before the core, on the line
+    above, stays there (as in a run cut short)."""
+    pattern = secret.wrapped()
+    for _ in range(value.count(b"\n") + 1):  # each pass joins a match: at most so many
+        found = pattern.search(value)
+        if found is None:
+            break
+        core = found.group().replace(b"\r", b"").replace(b"\n", b"")
+        value = value[: found.start()] + core + value[found.end() :]
+        value = _hide_in_base64(value, found.start(), core, secret)
     return value
 
 
@@ -702,6 +734,10 @@ def _starts_echo(secret: Loaded, tail: bytes) -> bool:
     in one of its spellings (:func:`_spellings`), or one of its base64 cores."""
     if any(len(tail) < len(core) and core.startswith(tail) for core in secret.cores):
         return True
+    if b"\n" in tail or b"\r" in tail:  # a wrapped core (MIME, PEM) cut by the piece's end
+        flat = tail.replace(b"\r", b"").replace(b"\n", b"")
+        if any(len(flat) < len(core) and core.startswith(flat) for core in secret.cores):
+            return True
     at = 0
     for byte in secret.value:
         if at == len(tail):
