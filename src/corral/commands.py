@@ -469,9 +469,11 @@ def _log_net(opts: dict[str, object], count: int) -> int:
         if r.get("decision") == "note":  # the log's own (its bound, corral.net.audit)
             print(plain(f"{r.get('time', '?')}  {r.get('run_id', '?')}  note   {r.get('reason')}"))
             continue
+        # (no host: refused before it named one, a malformed request)
+        where = f"{r.get('host')}:{r.get('port')}" if r.get("host") else "-"
         line = (  # the host, method and path are the sandbox's: plain text only
             f"{r.get('time', '?')}  {r.get('run_id', '?')}  {r.get('decision', '?'):<5}  "
-            f"{r.get('host')}:{r.get('port')}  {what[:60]}  rule={r.get('rule')}  "
+            f"{where}  {what[:60]}  rule={r.get('rule')}  "
             f"status={r.get('status')}  up={r.get('bytes_up')} down={r.get('bytes_down')}"
         )
         print(plain(line))

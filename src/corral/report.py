@@ -229,6 +229,8 @@ def hardlinks(paths: Iterable[str]) -> list[Denial]:
 
 
 def _dest(host: str, port: int | None) -> str:
+    if not host:  # refused before it named one (a malformed request)
+        return "a request with no destination"
     if not port:
         return host
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -48,7 +48,7 @@ def test_writes_only_workspace_minus_write_deny(policy: Policy) -> None:
     deny = text[text.index("(deny file-write*") :]
     assert f'(literal "{policy.workspace}/corral.toml")' in deny
     assert f'(subpath "{policy.workspace}/.vscode")' in deny
-    assert "\\.git/(modules/.*/)?(hooks|config|config\\.worktree)(/.*)?$" in deny
+    assert "\\.git/(modules/.*/)?(hooks|config|config\\.worktree|commondir)(/.*)?$" in deny
 
 
 def test_network_only_to_the_proxy(policy: Policy) -> None:

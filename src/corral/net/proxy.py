@@ -86,6 +86,7 @@ SOCKS_CMD_UNSUPPORTED = 0x07
 SOCKS_ATYP_UNSUPPORTED = 0x08
 
 BAD_NAME = "bad-name"  # the rule an audit line names for a host that is no destination
+MALFORMED = "malformed"  # ... for a request refused before it had a destination
 
 
 class Refused(Exception):
@@ -459,7 +460,7 @@ class Proxy:
         elif first[0] in http1.TOKEN or first in b"\r\n":
             await self.http(reader, writer, run_id, first, clock)
         else:  # no method starts so: say so now, not when a head never ends
-            await _send_error(writer, 400, "neither HTTP nor SOCKS5")
+            await self.malformed(writer, run_id, "http", HttpError(400, "neither HTTP nor SOCKS5"))
 
     async def _guarded(
         self,
@@ -683,6 +684,36 @@ class Proxy:
         self._record(run_id, scheme, "", "", shown, port, verdict, status, 0, 0, 0.0)
         return verdict, shown
 
+    def refuse_malformed(
+        self,
+        run_id: str,
+        scheme: str,
+        status: int,
+        why: str,
+        host: str = "",
+        port: int = 0,
+        method: str = "",
+    ) -> None:
+        """Audit a request refused before it had a destination (a head that does not
+        parse, a target that is no authority, a SOCKS5 greeting corral does not
+        take): every request leaves a line, however it was refused."""
+        verdict = Verdict(False, MALFORMED, why)
+        self._record(run_id, scheme, method, "", printable(host), port, verdict, status, 0, 0, 0.0)
+
+    async def malformed(
+        self,
+        writer: aio.StreamWriter,
+        run_id: str,
+        scheme: str,
+        exc: HttpError,
+        method: bytes = b"",
+    ) -> None:
+        """refuse_malformed for an HttpError, then the client told."""
+        self.refuse_malformed(
+            run_id, scheme, exc.status, exc.message, method=method.decode("latin-1", "replace")
+        )
+        await _send_error(writer, exc.status, exc.message)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         self.audit.flush()
@@ -776,10 +807,11 @@ class Proxy:
                     request = http1.parse_request(head)
                 except TimeoutError:
                     if first or clock.partial or reader.buffered:
-                        await _send_error(writer, 408, "request head not complete in time")
+                        late = HttpError(408, "request head not complete in time")
+                        await self.malformed(writer, run_id, "http", late)
                     return
                 except HttpError as exc:
-                    await _send_error(writer, exc.status, exc.message)
+                    await self.malformed(writer, run_id, "http", exc)
                     return
                 first = b""
                 clock.since = 0.0  # busy until the exchange is done
@@ -792,7 +824,7 @@ class Proxy:
                 try:  # (not a coroutine of its own: this runs for every request)
                     dest, path = self.plain_target(request, run_id)
                 except HttpError as exc:
-                    await _send_error(writer, exc.status, exc.message)
+                    await self.malformed(writer, run_id, "http", exc, request.method)
                     return
                 except NoDestination as exc:
                     await _send_denial(writer, 400, exc.verdict, exc.shown, exc.port)
@@ -836,6 +868,7 @@ class Proxy:
         try:
             body_kind, body_len = http1.framing(request)
         except HttpError as exc:
+            self.log(dest, Verdict(False, MALFORMED, exc.message), exc.status, 0, 0, started)
             await _send_error(writer, exc.status, exc.message)
             return False, upstream
         verdict = self.chain.connect(dest)
@@ -1135,6 +1168,8 @@ class Proxy:
         try:
             host, port = http1.split_authority(request.target, 443)
         except HttpError as exc:
+            shown = request.target.decode("latin-1", "replace")
+            self.refuse_malformed(run_id, "connect", exc.status, exc.message, shown, 0, "CONNECT")
             await _send_error(writer, exc.status, exc.message)
             return
         try:
@@ -1178,11 +1213,13 @@ class Proxy:
         methods = await reader.readexactly(count)
         if 0 not in methods:
             writer.write(b"\x05\xff")  # only "no authentication": the door already says who
+            self.refuse_malformed(run_id, "socks5", 0xFF, "no authentication method corral takes")
             return
         writer.write(b"\x05\x00")
         version, command, _, atyp = await reader.readexactly(4)
         if version != 5:
             writer.write(_socks_reply(SOCKS_FAILURE))
+            self.refuse_malformed(run_id, "socks5", SOCKS_FAILURE, "not a SOCKS5 request")
             return
         if atyp == 1:
             host = socket.inet_ntop(socket.AF_INET, await reader.readexactly(4))
@@ -1193,6 +1230,8 @@ class Proxy:
             host = (await reader.readexactly(size)).decode("utf-8", "surrogateescape")
         else:
             writer.write(_socks_reply(SOCKS_ATYP_UNSUPPORTED))
+            why = f"address type {atyp} unknown"
+            self.refuse_malformed(run_id, "socks5", SOCKS_ATYP_UNSUPPORTED, why)
             return
         (port,) = struct.unpack("!H", await reader.readexactly(2))
         clock.since = 0.0  # the handshake is complete

@@ -176,9 +176,16 @@ async def serve_requests(
                 target = origin_target(request, dest, scheme)
             except TimeoutError:
                 if clock.partial or reader.buffered:
-                    await _reply(writer, 408, "request head not complete in time")
+                    late = HttpError(408, "request head not complete in time")
+                    proxy.refuse_malformed(
+                        dest.run_id, scheme, 408, late.message, dest.host, dest.port
+                    )
+                    await _reply(writer, 408, late.message)
                 return
             except HttpError as exc:
+                proxy.refuse_malformed(
+                    dest.run_id, scheme, exc.status, exc.message, dest.host, dest.port
+                )
                 await _reply(writer, exc.status, exc.message)
                 return
             clock.since = 0.0  # busy until the exchange is done
