@@ -347,3 +347,111 @@ def test_a_method_override_header_is_decided_as_that_method(tmp_path: Path, head
             assert [r.method for r in w.origin.requests] == [b"POST", b"POST"]
 
     run(go)
+
+
+POST_NOT_DELETE: list[dict[str, object]] = [
+    {"host": "127.0.0.1:{port}", "methods": ["GET", "POST"], "paths": ["/items/**"],
+     "action": "allow"},
+    {"host": "127.0.0.1:{port}", "methods": ["DELETE"], "paths": ["/items/**"], "action": "deny"},
+]  # fmt: skip
+FORM = b"application/x-www-form-urlencoded"
+MULTIPART = b"multipart/form-data; boundary=XyZ"
+
+
+def _multipart(name: bytes, value: bytes) -> bytes:
+    return (
+        b'--XyZ\r\nContent-Disposition: form-data; name="title"\r\n\r\nhello\r\n'
+        b'--XyZ\r\nContent-Disposition: form-data; name="' + name + b'"\r\n'
+        b"Content-Type: text/plain\r\n\r\n" + value + b"\r\n--XyZ--\r\n"
+    )
+
+
+async def _post(
+    w: RuledWorld, target: str, body: bytes, kind: bytes | None, extra: bytes = b""
+) -> tuple[int, bytes]:
+    """A POST with ``body`` (typed ``kind``); its status and what the proxy answered
+    first (a 100 Continue, for a client that waits for one)."""
+    from corral.net import aio
+
+    reader, writer = await aio.open_connection("127.0.0.1", w.port)
+    typed = b"Content-Type: " + kind + b"\r\n" if kind is not None else b""
+    head = b"POST " + w.url(target) + b" HTTP/1.1\r\nConnection: close\r\n" + typed + extra
+    if b"chunked" in extra:
+        writer.write(head + b"\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    elif b"100-continue" in extra:  # the body only once the proxy says to go on
+        writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body))
+        first = await reader.readuntil(b"\r\n\r\n")
+        writer.write(body)
+        answer = await reader.read()
+        writer.close()
+        return int(answer.split(b" ", 2)[1]), first
+    else:
+        writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    answer = await reader.read()
+    writer.close()
+    return int(answer.split(b" ", 2)[1]), answer[:40]
+
+
+@pytest.mark.parametrize(
+    ("target", "body", "kind"),
+    [
+        pytest.param("/items/1?_method=DELETE", b"", None, id="query"),
+        pytest.param("/items/1?%5Fmethod=delete", b"", None, id="query-encoded"),
+        pytest.param("/items/1", b"a=1&_method=delete", FORM, id="form"),
+        pytest.param("/items/1", b"%5Fmethod=%44ELETE", FORM, id="form-encoded"),
+        pytest.param("/items/1", b"_method=DELETE", None, id="untyped"),
+        pytest.param("/items/1", _multipart(b"_method", b"DELETE"), MULTIPART, id="multipart"),
+    ],
+)
+def test_a_post_that_names_a_denied_method_in_method_is_denied(
+    tmp_path: Path, target: str, body: bytes, kind: bytes | None
+) -> None:
+    """Rails (Rack's MethodOverride), Symfony and Express serve a POST whose
+    ``_method`` parameter (form body; query for Symfony and Express) names another
+    method as that method: with POST allowed and DELETE denied, such a POST was a
+    DELETE (found by attacking the proxy).  The form body is read (Content-Length
+    up to 1 MiB) and decided as each method it names.  Twins: the same POSTs
+    without the field reach the origin, body intact."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, POST_NOT_DELETE) as w:
+            status, _ = await _post(w, target, body, kind)
+            assert status == 403
+            assert w.origin.requests == []
+            plain_target = target.split("?")[0]
+            plain_body = body.replace(b"_method", b"title2").replace(b"%5Fmethod", b"title3")
+            status, _ = await _post(w, plain_target, plain_body, kind)
+            assert status == 200
+            assert [(r.method, r.body) for r in w.origin.requests] == [(b"POST", plain_body)]
+
+    run(go)
+
+
+def test_a_form_body_corral_cannot_read_first_is_denied_where_it_matters(tmp_path: Path) -> None:
+    """A chunked form POST cannot be read before it is decided: denied on a path
+    where its _method could name a denied method, with the reason; the twins: a
+    chunked JSON POST passes (no form parameters), and a client that waits for
+    100 Continue gets one from the proxy, then its form is read and decided."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, POST_NOT_DELETE) as w:
+            chunked = b"Transfer-Encoding: chunked\r\n"
+            status, _ = await _post(w, "/items/1", b"a=1", FORM, chunked)
+            assert status == 403
+            status, _ = await _post(w, "/items/1", b'{"a": 1}', b"application/json", chunked)
+            assert status == 200
+            expect = b"Expect: 100-continue\r\n"
+            status, first = await _post(w, "/items/1", b"_method=DELETE", FORM, expect)
+            assert first.startswith(b"HTTP/1.1 100") and status == 403
+            status, first = await _post(w, "/items/1", b"a=2", FORM, expect)
+            assert first.startswith(b"HTTP/1.1 100") and status == 200
+            sent = [(r.body, r.header(b"expect")) for r in w.origin.requests]
+            assert sent == [(b'{"a": 1}', None), (b"a=2", None)]
+            refused = [
+                json.loads(line)
+                for line in w.audit_path.read_text().splitlines()
+                if json.loads(line)["decision"] == "deny"
+            ]
+            assert "_method" in refused[0]["reason"], refused
+
+    run(go)

@@ -145,6 +145,7 @@ class Request:
 
     __slots__ = (
         "audit",
+        "body",
         "body_length",
         "body_limit",
         "body_rule",
@@ -153,6 +154,7 @@ class Request:
         "plan",
         "target",
         "unchecked",
+        "wants_body",
     )
 
     def __init__(
@@ -173,12 +175,23 @@ class Request:
         # once Chain.rewrite ran hooks that all vouch for what they write)
         self.unchecked = True
         self.plan: _Plan | None = None  # the chain's, for this request's destination
+        # A hook that cannot decide without the body (a form's _method) denies and
+        # asks for it (want_body); the proxy then reads a body of at most that many
+        # bytes into ``body`` and asks the hooks again.  Where it cannot, the
+        # denial stands.
+        self.body: bytes | None = None
+        self.wants_body = 0
 
     def get(self, name: bytes) -> bytes | None:
         for key, value in self.headers:
             if key == name:
                 return value
         return None
+
+    def want_body(self, most: int) -> None:
+        """Ask the proxy for this request's body (at most ``most`` bytes, announced
+        by a Content-Length) and for a second decision with it in ``body``."""
+        self.wants_body = max(self.wants_body, most)
 
     def limit_body(self, limit: int, rule: str) -> None:
         if self.body_limit is None or limit < self.body_limit:

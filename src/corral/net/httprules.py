@@ -537,12 +537,21 @@ class HttpRulesHook(Hook):
         verdict, limit = found
         if limit is not None and limit.max_body is not None:
             request.limit_body(limit.max_body, limit.name)
-        if not verdict.allowed or ALTERNATE_HEADERS.isdisjoint(map(_name, request.headers)):
-            return verdict  # (no override header: the usual case, looked at in C)
+        if not verdict.allowed:
+            return verdict
+        if ALTERNATE_HEADERS.isdisjoint(map(_name, request.headers)) and not (
+            "?" in request.target and _may_name_method(request.target)
+        ):
+            if request.method == "POST" and _form_body(request):
+                return _form_override(rules, dest, request) or verdict
+            return verdict  # (no override: the usual case, looked at in C)
+        ruled = rules.host(dest.host, dest.port)
         for method, target in alternates(request.method, request.target, request.headers):
-            other, _ = rules.decision(rules.host(dest.host, dest.port), dest.port, method, target)
+            other, _ = rules.decision(ruled, dest.port, method, target)
             if not other.allowed:
                 return other
+        if request.method == "POST" and _form_body(request):
+            return _form_override(rules, dest, request) or verdict
         return verdict
 
 
@@ -560,16 +569,117 @@ def alternates(
     method: str, target: str, headers: list[tuple[bytes, bytes]]
 ) -> list[tuple[str, str]]:
     """Each (method, target) an origin may serve this request as, besides its own:
-    the methods its override headers name, the paths its routing headers name, and
-    each such method on each such path.  A rule that denies any of them denies the
-    request; a path that is not origin-form matches no allow rule."""
-    if ALTERNATE_HEADERS.isdisjoint(map(_name, headers)):
+    the methods its override headers or a ``_method`` query parameter name, the
+    paths its routing headers name, and each such method on each such path.  A
+    rule that denies any of them denies the request; a path that is not
+    origin-form matches no allow rule."""
+    in_query = query_methods(target) if "?" in target and _may_name_method(target) else []
+    if ALTERNATE_HEADERS.isdisjoint(map(_name, headers)) and not in_query:
         return []  # (the usual case, looked at in C: this runs for every request)
-    methods = [method, *overrides(headers)]
+    methods = [method, *overrides(headers), *in_query]
     targets = [target] + [
         value.decode("latin-1").strip() for name, value in headers if name in PATH_OVERRIDES
     ]
     return [(m, t) for m in methods for t in targets if (m, t) != (method, target)]
+
+
+# What Rack's MethodOverride, Symfony and Express's method-override take from a
+# ``_method`` parameter (Rack: a POST's form body; Symfony: the body, else the
+# query; Express: the query, when configured so): any method they serve.
+OVERRIDE_PARAMETER = "_method"
+FORM_OVERRIDABLE = ("GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS", "LINK", "UNLINK")
+_FORM_TYPES = (b"application/x-www-form-urlencoded", b"multipart/form-data")
+
+
+def _may_name_method(target: str) -> bool:
+    """Whether a target's query could hold ``_method`` in some spelling (any letter
+    of it may be percent-encoded: servers decode parameter names)."""
+    query = target.partition("?")[2].lower()
+    return "method" in query or "%" in query
+
+
+def query_methods(target: str) -> list[str]:
+    """The methods ``_method`` parameters in a target's query name, upper-cased."""
+    from urllib.parse import parse_qsl
+
+    query = target.partition("?")[2].partition("#")[0]
+    return [
+        value.strip().upper()
+        for name, value in parse_qsl(query, keep_blank_values=True, encoding="latin-1")
+        if name == OVERRIDE_PARAMETER
+    ]
+
+
+def _form_body(request: Request) -> bool:
+    """Whether a request has a body a server may read form parameters from: url-
+    or multipart-encoded, or of no declared type (Rack parses those as forms)."""
+    if request.body_length == 0:
+        return False
+    kind = request.get(b"content-type")
+    return kind is None or kind.split(b";")[0].strip().lower() in _FORM_TYPES
+
+
+FORM_READ = 1 << 20  # the longest form body read for its _method (Content-Length)
+
+
+def _form_override(rules: HttpRules, dest: Destination, request: Request) -> Verdict | None:
+    """A POST whose form body may name another method (``_method``: Rails serves
+    ``POST /posts/1`` with ``_method=delete`` as a DELETE), to a path where a rule
+    denies or asks for one of those methods.  With the body read (request.body),
+    decided as each method it names too; before that, denied while the body is
+    asked for (a Content-Length up to FORM_READ), else denied.  None when every
+    such method is allowed there (nothing to read)."""
+    ruled = rules.host(dest.host, dest.port)
+    if request.body is not None:
+        for method in form_methods(request.body, request.get(b"content-type")):
+            other, _ = rules.decision(ruled, dest.port, method, request.target)
+            if not other.allowed:
+                return other
+        return None
+    for method in FORM_OVERRIDABLE:
+        other, _ = rules.decision(ruled, dest.port, method, request.target)
+        if other.allowed:
+            continue
+        length = request.body_length
+        if length is not None and 0 < length <= FORM_READ:
+            request.want_body(length)
+            why = "the form body is read for a _method field before the request is decided"
+            return Verdict(False, other.rule, why)
+        return Verdict(
+            False,
+            other.rule,
+            "a form POST may name another method in a _method field, which Rails, Rack and "
+            f"Symfony serve as that method, and {method} {dest.path or '/'} on {dest.host} "
+            f"is not allowed ({other.reason or other.rule}); corral reads such a body only "
+            f"with a Content-Length of at most {FORM_READ} bytes: send it so, or as JSON",
+        )
+    return None
+
+
+_MULTIPART_METHOD = re.compile(
+    rb'content-disposition:[^\r\n]*\bname="?_method"?[^\r\n]*\r?\n(?:[^\r\n]+\r?\n)*\r?\n([^\r\n]*)',
+    re.IGNORECASE,
+)
+
+
+def form_methods(body: bytes, content_type: bytes | None) -> list[str]:
+    """The methods a form body's ``_method`` fields name, upper-cased: url-encoded
+    (names and values percent-decoded, as servers do), or multipart parts named
+    so.  A body of no declared type is read both ways."""
+    from urllib.parse import parse_qsl
+
+    kind = (content_type or b"").split(b";")[0].strip().lower()
+    found: list[str] = []
+    if kind != b"multipart/form-data":
+        text = body.decode("latin-1")
+        found += [
+            value.strip().upper()
+            for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1")
+            if name == OVERRIDE_PARAMETER
+        ]
+    if kind != b"application/x-www-form-urlencoded":
+        found += [m.decode("latin-1").strip().upper() for m in _MULTIPART_METHOD.findall(body)]
+    return found
 
 
 def overrides(headers: list[tuple[bytes, bytes]]) -> list[str]:

@@ -881,6 +881,9 @@ class Proxy:
                 dest.method, path.decode("latin-1"), list(headers), _announced(body_kind, body_len)
             )
             decided = self.chain.request(dest, hooked)  # None: no hook had a say
+            if hooked.wants_body and body_kind == "length" and body_len <= hooked.wants_body:
+                decided = await self._with_body(reader, writer, dest, hooked, body_len)
+                headers = [(k, v) for k, v in headers if k != b"expect"]  # (answered)
             if decided is not None:  # (no coroutine of its own: this runs for every request)
                 verdict = await self.asker.ask(dest, hooked, decided) if decided.ask else decided
         extra = hooked.audit if hooked is not None else None
@@ -915,6 +918,25 @@ class Proxy:
         except (_ResponseRefused, HttpError, ConnectionError, aio.IncompleteReadError) as exc:
             return await self._broken(trip, writer, exc)
 
+    async def _with_body(
+        self,
+        reader: aio.StreamReader,
+        writer: aio.StreamWriter,
+        dest: Destination,
+        hooked: Request,
+        length: int,
+    ) -> Verdict | None:
+        """The hooks' second decision, with the body a hook asked for read into
+        ``hooked.body`` (a client that waits for "100 Continue" is sent one first;
+        the body then goes upstream from there, see _round_trip)."""
+        expect = hooked.get(b"expect")
+        if expect is not None and expect.strip().lower() == b"100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        hooked.headers[:] = [(k, v) for k, v in hooked.headers if k != b"expect"]
+        hooked.body = await reader.readexactly(length)
+        hooked.wants_body = 0
+        return self.chain.request(dest, hooked)
+
     async def _round_trip(
         self,
         trip: _Trip,
@@ -932,8 +954,13 @@ class Proxy:
         second half; what breaks it is :meth:`_broken`'s)."""
         request, upstream, dest = trip.request, trip.upstream, trip.dest
         head = http1.serialize_head(request.method + b" " + path + b" HTTP/1.1", headers)
+        source = reader
+        if trip.hooked is not None and trip.hooked.body is not None:  # read to decide
+            source = aio.StreamReader()
+            source.feed_data(trip.hooked.body)
+            source.feed_eof()
         trip.up += len(head) + await http1.copy_body(
-            reader, upstream.streams()[1], body_kind, body_len, head, limit
+            source, upstream.streams()[1], body_kind, body_len, head, limit
         )
         response_head = await http1.read_head(upstream.streams()[0])
         if response_head is None:
