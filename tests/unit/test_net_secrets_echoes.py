@@ -423,3 +423,91 @@ def test_a_body_that_breaks_off_cuts_the_connection(bodies_harness: Harness) -> 
             raw += data
     assert raw.startswith(b"HTTP/1.1 200") and raw.count(b"HTTP/1.1") == 1, raw[-300:]
     assert FILLER[:1000].encode() in raw and not raw.endswith(b"0\r\n\r\n")
+
+
+# -- the same server under its address ----------------------------------------------------------
+
+
+def keeper() -> Script:
+    """An origin that keeps what /store carried in X-Key and shows it on /fetch."""
+    kept: list[str] = []
+
+    def script(target: str, headers: dict[str, str]) -> bytes:
+        if target == "/store":
+            kept.append(headers.get("x-key", ""))
+            return ok()
+        body = f"kept {kept[-1] if kept else ''}"
+        head = f"HTTP/1.1 200 OK\r\nX-Kept: {body}\r\nContent-Length: {len(body)}\r\n\r\n"
+        return (head + body).encode()
+
+    return script
+
+
+def _through(port: int, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CURL[:-2], "-o", "-", "-x", f"http://127.0.0.1:{port}", *args, url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_an_echo_from_the_secret_hosts_server_under_its_address_is_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A secret for name.test, pinned to 127.0.0.1, whose address is allowed too: the
+    origin kept the value sent by name and showed it to a request by address,
+    which no echo hiding looked at (found by attacking the proxy: the rebinding
+    guard had the user allow the address).  Every secret's echo is hidden in a
+    response from an address; the twin: by name it is hidden too, and the
+    origin got the real value."""
+    origin = Origin(keeper())
+    monkeypatch.setenv("CORRAL_TEST_ECHO_REAL", REAL)
+    policy = Policy(str(tmp_path))
+    policy.network.mode = "proxy"
+    name = f"name.test:{origin.port}"
+    policy.secrets = {"K": Secret("K", "env:CORRAL_TEST_ECHO_REAL", [name])}
+    hook = SecretsHook(policy)
+    hook.open()
+    placeholder = hook.sandbox_env()["K"]
+    pins = {"name.test": "127.0.0.1"}
+    rules = HostRules.parse([name, f"127.0.0.1:{origin.port}"], [])
+    audit = Audit(str(tmp_path / "net.jsonl"))
+    served = ProxyThread(Proxy(Chain([HostRulesHook(rules, pins), hook]), audit, pinned=pins), "r")
+    try:
+        stored = _through(served.port, f"http://{name}/store", "-H", f"X-Key: {placeholder}")
+        assert stored.returncode == 0 and origin.seen[-1][1]["x-key"] == REAL, stored
+        for host in (f"127.0.0.1:{origin.port}", name):
+            got = _through(served.port, f"http://{host}/fetch")
+            assert got.returncode == 0, got.stderr
+            assert_no_real_form(got.stdout)
+            assert f"x-kept: kept {placeholder}".lower() in got.stdout.lower(), got.stdout
+            assert got.stdout.endswith(f"kept {placeholder}"), got.stdout
+    finally:
+        served.stop()
+        origin.close()
+        audit.close()
+
+
+def test_a_pinned_name_passes_the_rebinding_guard_without_its_address(tmp_path: Path) -> None:
+    """[network] hosts pins localhost to 127.0.0.1: the name reaches the origin with
+    only the name allowed, and the address itself stays refused, so no request
+    to it escapes the name's rules and secrets.  The twin: unpinned, the name's
+    loopback address is refused by the rebinding guard, as before."""
+    origin = Origin(lambda target, headers: ok())
+    name = f"localhost:{origin.port}"
+    audit = Audit(str(tmp_path / "net.jsonl"))
+    try:
+        for pins, by_name in (({"localhost": "127.0.0.1"}, "200"), ({}, "403")):
+            chain = Chain([HostRulesHook(HostRules.parse([name], []), pins)])
+            served = ProxyThread(Proxy(chain, audit, pinned=pins), "r")
+            try:
+                for url, status in ((f"http://{name}/", by_name),
+                                    (f"http://127.0.0.1:{origin.port}/", "403")):  # fmt: skip
+                    got = _through(served.port, url, "-w", "%{http_code}")
+                    assert got.stdout.endswith(status), (pins, url, got)
+            finally:
+                served.stop()
+    finally:
+        origin.close()
+        audit.close()

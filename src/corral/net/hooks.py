@@ -323,14 +323,21 @@ class HostRulesHook(Hook):
     name = "hosts"
     connect_by_host_port = True
 
-    def __init__(self, rules: HostRules) -> None:
+    def __init__(self, rules: HostRules, pins: dict[str, str] | None = None) -> None:
         self.rules = rules
+        # [network] hosts: a name pinned to an address says what it is, as an allow of
+        # the address would, without opening the address itself to the sandbox (where
+        # requests to it would not be held to the name's rules and secrets)
+        self.pins = {normalize(k): normalize(v) for k, v in (pins or {}).items()}
 
     def on_connect(self, dest: Destination) -> Verdict | None:
         return self.rules.check(dest.host, dest.port)
 
     def on_resolved(self, dest: Destination, address: str) -> Verdict | None:
-        return self.rules.check_resolved(dest.host, dest.port, address)
+        verdict = self.rules.check_resolved(dest.host, dest.port, address)
+        if verdict.rule == "rebinding" and self.pins.get(dest.host) == normalize(address):
+            return Verdict(True, f"hosts.{dest.host}")  # (a deny of the address still wins)
+        return verdict
 
     def on_dns(self, run_id: str, name: str) -> Verdict | None:
         return self.rules.check_name_any_port(name)
@@ -562,7 +569,7 @@ def hooks_for(policy: Policy) -> list[Hook]:
     """The hooks a policy asks for, in chain order (no I/O: see :meth:`Hook.open`).
     A new rule type adds its hooks here."""
     net = policy.network
-    hooks: list[Hook] = [HostRulesHook(HostRules.parse(net.allow, net.deny))]
+    hooks: list[Hook] = [HostRulesHook(HostRules.parse(net.allow, net.deny), net.hosts)]
     if policy.tls.inspect:
         hooks.append(InspectHook(policy.tls.inspect))
     if net.rules:

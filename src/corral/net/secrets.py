@@ -311,10 +311,12 @@ class SecretsHook(Hook):
         return bool(self.policy.secrets)  # any host: a placeholder must not go there
 
     def rewrites_for(self, host: str, port: int) -> bool:
-        return bool(self.for_host(host, port).mine)  # (over HTTPS: plain HTTP takes fewer)
+        # (over HTTPS: plain HTTP takes fewer; where echoes are hidden, the response
+        # is asked for whole and plain, for its body to be read: see _HostPlan.rewrite)
+        return bool(self.for_host(host, port).hidden)
 
     def sees_responses_from(self, host: str, port: int) -> bool:
-        return bool(self.for_host(host, port).mine)  # no value goes there: none comes back
+        return bool(self.for_host(host, port).hidden)  # no value goes there: none comes back
 
     def for_host(self, host: str, port: int, plain: bool = False) -> _HostPlan:
         """What requests to (host, port) need, over HTTPS or plain HTTP (``plain``)."""
@@ -327,7 +329,11 @@ class SecretsHook(Hook):
             https_only = [
                 s.name for s in self.secrets if plain and s not in mine and s.allowed_to(host, port)
             ]
-            found = self._by_host[key] = _HostPlan(mine, self.secrets, https_only)
+            # An address may be a secret host's server by another name (its address,
+            # allowed beside its name): what every secret sent there could echo is
+            # hidden in its responses, though none is sent to the address itself
+            hidden = mine or (self.secrets if _is_address(host) else [])
+            found = self._by_host[key] = _HostPlan(mine, self.secrets, https_only, hidden)
         return found
 
     def on_request(self, dest: Destination, request: Request) -> Verdict | None:
@@ -348,7 +354,7 @@ class SecretsHook(Hook):
         last, seen = self._last
         if last is not request or seen is None:  # (an ask held it; others came between)
             seen = self._seen(dest, request.headers)
-        if not seen.plan.mine:
+        if not seen.plan.hidden:
             return  # no value goes there (and a placeholder for there was refused)
         if PREFIX_TEXT in request.target:
             target = request.target.encode("latin-1")
@@ -366,7 +372,7 @@ class SecretsHook(Hook):
         plan = self._by_host.get((dest.host, dest.port, False)) or self.for_host(
             dest.host, dest.port
         )
-        if not plan.mine:
+        if not plan.hidden:
             return None  # no value ever goes there: none can come back
         # (whether this request carried one does not matter: an origin keeps what an
         # earlier one sent, in a session, and may name it on any later response)
@@ -375,7 +381,7 @@ class SecretsHook(Hook):
             if refused is not None:
                 return refused
         if len(response.reason) >= plan.shortest:  # "401 bad key ..." echoes too
-            response.reason = _hide(response.reason, plan.mine)
+            response.reason = _hide(response.reason, plan.hidden)
         for name, value in response.headers:
             if len(value) >= plan.shortest or len(name) >= plan.shortest:
                 break
@@ -385,7 +391,9 @@ class SecretsHook(Hook):
         if any(map(text.__contains__, plan.echoes)):
             # a header named after the value is no header a client needs: dropped
             response.headers[:] = [
-                (k, _hide(v, plan.mine)) for k, v in response.headers if _hide(k, plan.mine) == k
+                (k, _hide(v, plan.hidden))
+                for k, v in response.headers
+                if _hide(k, plan.hidden) == k
             ]
         return None
 
@@ -450,6 +458,7 @@ class _HostPlan:
         "header_keys",
         "header_names",
         "header_pairs",
+        "hidden",
         "https_only",
         "mine",
         "names",
@@ -458,9 +467,14 @@ class _HostPlan:
     )
 
     def __init__(
-        self, mine: list[Loaded], all_secrets: list[Loaded], https_only: list[str] | None = None
+        self,
+        mine: list[Loaded],
+        all_secrets: list[Loaded],
+        https_only: list[str] | None = None,
+        hidden: list[Loaded] | None = None,
     ) -> None:
         self.mine = mine  # the secrets that may go there
+        self.hidden = mine if hidden is None else hidden  # those whose echoes are hidden
         self.https_only = frozenset(https_only or ())  # names: there, but only over HTTPS
         self.allowed = frozenset(s.placeholder.decode() for s in mine)
         self.names = {s.placeholder.decode(): s.name for s in all_secrets}
@@ -471,19 +485,20 @@ class _HostPlan:
         # what a response header holding an echo holds (as text): the value, the
         # base64 of its bytes, or the escape that starts a percent-encoded byte
         # (" " as "+" too); _hide then finds each spelling
-        echoes = {s.value for s in mine} | {c for s in mine for c in s.cores}
+        hide = self.hidden
+        echoes = {s.value for s in hide} | {c for s in hide for c in s.cores}
         self.shortest = min(map(len, echoes), default=1 << 62)  # no value: no echo
         # in a body (_EchoFilter): the shortest echo (the value as it is), and the
         # longest (each byte as %25XX, or a base64 core)
-        self.shortest_value = min((len(s.value) for s in mine), default=1 << 62)
+        self.shortest_value = min((len(s.value) for s in hide), default=1 << 62)
         self.echo_window = max(
-            (max([5 * len(s.value), *map(len, s.cores)]) for s in mine), default=0
+            (max([5 * len(s.value), *map(len, s.cores)]) for s in hide), default=0
         )
         self.echo_openers = frozenset(
-            {b"%"[0], b"+"[0]} | {s.value[0] for s in mine} | {c[0] for s in mine for c in s.cores}
+            {b"%"[0], b"+"[0]} | {s.value[0] for s in hide} | {c[0] for s in hide for c in s.cores}
         )
-        if mine:
-            echoes |= {b"%", b"+"} if any(b" " in s.value for s in mine) else {b"%"}
+        if hide:
+            echoes |= {b"%", b"+"} if any(b" " in s.value for s in hide) else {b"%"}
         self.echoes = [e.decode("latin-1") for e in sorted(echoes)]
 
     def rewrite(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -514,6 +529,11 @@ class _HostPlan:
             return names, Verdict(False, PLAIN_HTTP, reason)
         reason = f"secret {', '.join(wrong)} may not be sent to {host}"
         return names, Verdict(False, WRONG_HOST, reason)
+
+
+def _is_address(host: str) -> bool:
+    """Whether a normalized host is an address, not a name."""
+    return ":" in host or host.rpartition(".")[2].isdigit()
 
 
 def _values_text(headers: list[tuple[bytes, bytes]]) -> str:
@@ -680,7 +700,7 @@ class _EchoFilter(BodyFilter):
     The secrets it hid go in the audit line (``echoes_hidden``)."""
 
     def __init__(self, plan: _HostPlan, audit: dict[str, object], inflate: _Inflate | None) -> None:
-        self.secrets = plan.mine
+        self.secrets = plan.hidden
         self.window = plan.echo_window  # no echo is longer (each byte as %25XX)
         self.shortest = plan.shortest_value  # no echo is shorter
         self.openers = plan.echo_openers  # the bytes an echo can start with
