@@ -43,8 +43,9 @@ DIFFERENCES = (
     "through the proxy (NO_PROXY leaves it out), not at its own address: a client "
     "that ignores proxy variables cannot reach it; name lookups are not answered "
     "(no resolver, and none are recorded)",
-    "/tmp, /var/tmp, /run and /dev/shm are the host's: the sandbox cannot read or "
-    "write them; TMPDIR points at a private scratch directory removed after the run",
+    "/tmp, /var/tmp, /run and /dev/shm are the host's: the sandbox cannot open, read or "
+    "write what is in them (the names there can be listed); TMPDIR points at a private "
+    "scratch directory removed after the run",
     "no unix sockets can be created (seccomp): a path unix socket is not covered by "
     "Landlock, and host daemons listen on them; socketpair() still works, but not of "
     "datagrams (a datagram socket can be sent from, or connected, to any path); no "
