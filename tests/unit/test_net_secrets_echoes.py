@@ -151,6 +151,8 @@ def interim(target: str, headers: dict[str, str]) -> bytes:
     if target == "/early":  # 103 Early Hints (a Link header naming the request's query)
         early = f"HTTP/1.1 103 Early Hints\r\nLink: </style.css?k={key}>\r\n\r\n"
         return early.encode("latin-1") + ok()
+    if target == "/version":  # bytes of its own where the version goes
+        return f"HTTP/1.{key} 200 OK\r\nContent-Length: 2\r\n\r\nok".encode("latin-1")
     if target == "/reason":  # a reason phrase that names what was wrong
         return f"HTTP/1.1 401 bad key {key}\r\nContent-Length: 2\r\n\r\nno".encode("latin-1")
     if target == "/name":  # a header named after it (percent-encoded: a valid name)
@@ -174,10 +176,40 @@ def test_interim_heads_and_reason_phrases_hide_the_value(interim_harness: Harnes
     assert "HTTP/1.1 103" in h.curl("/early", "-H", f"X-Key: {h.placeholder}")
 
 
+def test_a_status_line_with_bytes_of_its_own_for_a_version_is_refused(
+    interim_harness: Harness,
+) -> None:
+    """The response's version went to the client as the origin wrote it (found by
+    attacking the proxy: "HTTP/1.<the key> 200"): only HTTP/1.0 and HTTP/1.1
+    pass, anything else is a 502; the twin: a plain head passes."""
+    h = interim_harness
+    heads = h.curl("/version", "-H", f"X-Key: {h.placeholder}")
+    assert heads.startswith("HTTP/1.1 502"), heads
+    assert_no_real_form(heads)
+    assert h.curl("/plain", "-H", f"X-Key: {h.placeholder}").startswith("HTTP/1.1 200")
+
+
 def test_placeholder_for_another_host_is_still_denied(interim_harness: Harness) -> None:
     h = interim_harness
     heads = h.curl("/early", "-H", f"X-Key: {h.placeholder}", origin=h.other)
     assert heads.startswith("HTTP/1.1 403") and h.other.seen == []
+
+
+@pytest.mark.parametrize("where", ["header-name", "method"])
+def test_a_placeholder_as_a_header_name_or_method_to_another_host_is_denied(
+    interim_harness: Harness, where: str
+) -> None:
+    """A placeholder went to another host as a header's name or as the method (found
+    by attacking the proxy; worthless there, but the rule is that none goes
+    elsewhere).  Denied as in a value; the twin: the same request with a name
+    and method of its own reaches the other host."""
+    h = interim_harness
+    sent = ["-H", f"{h.placeholder}: 1"] if where == "header-name" else ["-X", h.placeholder]
+    heads = h.curl("/x", *sent, origin=h.other)
+    assert heads.startswith("HTTP/1.1 403") and h.other.seen == []
+    twin = ["-H", "X-Name: 1"] if where == "header-name" else ["-X", "PATCH"]
+    assert h.curl("/x", *twin, origin=h.other).startswith("HTTP/1.1 200")
+    assert len(h.other.seen) == 1
 
 
 # -- the value in other encodings ----------------------------------------------------------------

@@ -117,10 +117,17 @@ def parse_request(head: bytes) -> Message:
     return msg
 
 
+_VERSIONS = frozenset({b"HTTP/1.0", b"HTTP/1.1"})
+
+
 def parse_response(head: bytes) -> Message:
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+    # (the version goes on to the client as it came: only the two there are, never
+    # bytes an origin chose, which could carry anything, an echoed key included)
+    if len(parts) < 2 or parts[0] not in _VERSIONS or not (
+        len(parts[1]) == 3 and parts[1].isdigit()
+    ):
         raise HttpError(502, "malformed response from upstream")
     msg = Message()
     msg.version, msg.status = parts[0], int(parts[1])

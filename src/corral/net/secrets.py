@@ -275,6 +275,8 @@ class SecretsHook(Hook):
         self.policy = policy  # nothing is read here: see open()
         self.secrets: list[Loaded] = []
         self._find = _NOTHING.findall  # every placeholder of this run in some text
+        self._find_any_case = _NOTHING.findall  # ... in header names (lower-cased)
+        self._by_lower: dict[str, str] = {}
         self._headers: dict[tuple[str, int, bool, tuple[tuple[bytes, bytes], ...]], _Seen] = {}
         self._by_host: dict[tuple[str, int, bool], _HostPlan] = {}
         # the request on_request last looked at, and what its headers hold: rewrite
@@ -300,7 +302,10 @@ class SecretsHook(Hook):
         ]
         if self.secrets:  # one pattern (re factors out the common prefix), longest first
             texts = sorted((s.placeholder.decode() for s in self.secrets), key=len, reverse=True)
-            self._find = re.compile("|".join(re.escape(t) for t in texts)).findall
+            pattern = "|".join(re.escape(t) for t in texts)
+            self._find = re.compile(pattern).findall
+            self._find_any_case = re.compile(pattern, re.IGNORECASE).findall
+            self._by_lower = {t.lower(): t for t in texts}
         self._by_host.clear()
         self._headers.clear()
 
@@ -340,8 +345,8 @@ class SecretsHook(Hook):
         seen = self._seen(dest, request.headers)
         self._last = (request, seen)
         target = request.target
-        if PREFIX_TEXT in target or "%" in target:
-            in_target = self._in_target(target)
+        if PREFIX_TEXT in target or "%" in target or PREFIX_TEXT in request.method:
+            in_target = self._in_target(target) + tuple(self._find(request.method))
             if in_target:
                 names, verdict = seen.plan.carrying(dest.host, seen.found + in_target)
                 request.audit["secrets"] = names
@@ -417,15 +422,18 @@ class SecretsHook(Hook):
         return seen
 
     def _in_headers(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, ...]:
-        """This run's placeholders in header values, Basic credentials included."""
+        """This run's placeholders in header values and names, Basic credentials
+        included."""
         parts = [_values_text(headers)]
+        names = b"\n".join(k for k, _ in headers).decode("latin-1")  # (lower-cased)
+        in_names = tuple(self._by_lower[f.lower()] for f in self._find_any_case(names))
         for key, value in headers:
             if key == b"authorization":
                 decoded = _basic(value)
                 if decoded is not None:
                     parts.append(decoded.decode("latin-1"))
         # (no placeholder holds a newline: none is made of two parts joined here)
-        return tuple(self._find("\n".join(parts)))
+        return tuple(self._find("\n".join(parts))) + in_names
 
     def _in_target(self, target: str) -> tuple[str, ...]:
         """This run's placeholders in a target, as it is and percent-decoded."""
