@@ -125,8 +125,10 @@ def parse_response(head: bytes) -> Message:
     parts = lines[0].split(b" ", 2)
     # (the version goes on to the client as it came: only the two there are, never
     # bytes an origin chose, which could carry anything, an echoed key included)
-    if len(parts) < 2 or parts[0] not in _VERSIONS or not (
-        len(parts[1]) == 3 and parts[1].isdigit()
+    if (
+        len(parts) < 2
+        or parts[0] not in _VERSIONS
+        or not (len(parts[1]) == 3 and parts[1].isdigit())
     ):
         raise HttpError(502, "malformed response from upstream")
     msg = Message()
