@@ -447,7 +447,21 @@ def _list(
             if _is_secret_name(name):
                 scan.secret_files.append(entry.path)
             _note_links(entry, linked)
+    if _is_git_dir({e.name for e in entries}, path):
+        # a git dir by another name than .git (`git init --bare sub`, or one a run
+        # assembles): git run in it reads its config and hooks; its insides are git's
+        walked.gits.append((path, True))
+        if depth:
+            walked.subdirs = []
     return walked
+
+
+def _is_git_dir(names: set[str], path: str) -> bool:
+    """Whether a directory holding ``names`` is a repository to git itself: a HEAD,
+    and objects/ and refs/ (or a commondir that has them), as git tells one."""
+    if "HEAD" not in names or not ({"objects", "refs"} <= names or "commondir" in names):
+        return False
+    return os.path.isfile(os.path.join(path, "HEAD"))
 
 
 def _unchanged(path: str, before: Repositories) -> WalkedDir | None:
@@ -563,11 +577,13 @@ def read_small_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
 
 
 def gitfile_target(path: str) -> str | None:
-    """Where a ``.git`` file (``gitdir: PATH``) points, absolute; None if it is not one."""
-    first = (read_small(path, 4096) or "").partition("\n")[0]
-    if not first.startswith("gitdir:"):
+    """Where a ``.git`` file (``gitdir: PATH``) points, absolute; None if it is not one.
+    Read as git reads it: everything after ``gitdir: `` but the line ends at the
+    end, line breaks inside included (a path "x\ny" read as "x" was never checked)."""
+    text = read_small(path, 4096) or ""
+    if not text.startswith("gitdir: "):
         return None
-    target = first[len("gitdir:") :].strip()
+    target = text[len("gitdir: ") :].rstrip("\r\n")
     return os.path.realpath(os.path.join(os.path.dirname(path), target)) if target else None
 
 

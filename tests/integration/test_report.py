@@ -63,22 +63,30 @@ def test_rebinding_refusal_gives_its_reason_and_the_address_flag(
     tsandbox: tuple[Corral, Path],
     origins: tuple[Origin, Origin],  # noqa: F811
 ) -> None:
+    """An allowed name that resolves to a loopback address is refused by the
+    rebinding guard, with its reason and the --allow of the address; allowed so,
+    it passes.  A name pinned to that address in [network] hosts passes without
+    (the pin says what the name is, and the address stays closed to the sandbox)."""
     c, ws = tsandbox
     ok, _ = origins
     (ws / "corral.toml").write_text(
-        f'[network]\nmode = "proxy"\nallow = ["svc.test:{ok.port}"]\n'
+        f'[network]\nmode = "proxy"\nallow = ["localhost:{ok.port}", "svc.test:{ok.port}"]\n'
         'hosts = { "svc.test" = "127.0.0.1" }\n'
     )
     c.chown(ws)
-    url = f"http://svc.test:{ok.port}/pinned"
+    url = f"http://localhost:{ok.port}/resolved"
     denied = c.sh(ws, f"{CURL} {HTTP_PROXY} {url}")
     assert json.loads(denied.stdout)["rule"] == "rebinding" and ok.hits == []
     line = next(x for x in corral_lines(denied.stderr) if x.startswith("corral: blocked: "))
-    assert f"svc.test:{ok.port} (rule rebinding: svc.test resolved to internal address " in line
-    assert line.endswith(f"allow with --allow 127.0.0.1:{ok.port})")
+    assert f"localhost:{ok.port} (rule rebinding: localhost resolved to internal address " in line
+    assert line.endswith((f"--allow 127.0.0.1:{ok.port})", f"--allow [::1]:{ok.port})"))
     allowed = c.sh(ws, f"{CURL} {HTTP_PROXY} {url}", "--allow", f"127.0.0.1:{ok.port}")
-    assert b"hello from origin" in allowed.stdout and ok.hits == [("GET", "/pinned")]
+    assert b"hello from origin" in allowed.stdout and ok.hits == [("GET", "/resolved")]
     assert not [x for x in corral_lines(allowed.stderr) if "blocked" in x]
+    pinned = c.sh(ws, f"{CURL} {HTTP_PROXY} http://svc.test:{ok.port}/pinned")
+    assert b"hello from origin" in pinned.stdout and ok.hits[-1] == ("GET", "/pinned")
+    direct = c.sh(ws, f"{CURL} {HTTP_PROXY} http://127.0.0.1:{ok.port}/direct")
+    assert json.loads(direct.stdout)["rule"] == "default" and len(ok.hits) == 2
 
 
 def test_report_json_lists_every_denial_as_data(
@@ -262,3 +270,51 @@ def test_a_commondir_planted_in_an_existing_repository_is_quarantined(
     assert not (ws / "PWNED").exists()
     log = subprocess.run([*git, "-C", str(ws), "log", "--format=%s"], capture_output=True)
     assert log.stdout.split() == [b"2", b"1", b"0"]  # the commit made inside is kept
+
+
+# Runs inside: a repository made where git looks before the workspace's .git, in
+# two ways git takes and the walk did not: a subdirectory that is itself a git dir
+# (HEAD, objects/, refs/ and a config running code), and a .git file whose path
+# runs over two lines.
+GIT_DIR_ELSEWHERE = """
+mkdir -p src/objects src/refs/heads && echo 'ref: refs/heads/main' > src/HEAD
+printf '[core]\\n\\tbare = false\\n\\tworktree = .\\n' > src/config
+printf '\\tfsmonitor = "touch ../PWNED; false"\\n' >> src/config
+mkdir -p sub "two
+lines/objects" "two
+lines/refs/heads"
+echo 'ref: refs/heads/main' > "two
+lines/HEAD"
+printf '[core]\\n\\tfsmonitor = "touch ../PWNED; false"\\n' > "two
+lines/config"
+printf 'gitdir: ../two\\nlines\\n' > sub/.git
+"""
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed on this machine")
+def test_a_git_dir_by_another_name_made_in_the_run_is_quarantined(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """git takes a directory holding HEAD, objects/ and refs/ for a repository, and a
+    .git file's path up to its last line break: a run made both, each with a
+    config that runs code, and `git status` there on the host ran it (found by
+    attacking corral from outside: the walk looked for .git entries and read a
+    gitdir line only).  Their configs are quarantined and named; git on the host
+    runs nothing of the run's.  The twin: the files the run wrote beside them stay."""
+    c, ws = tsandbox
+    (ws / "src").mkdir()
+    (ws / "src" / "main.py").write_text("print('hi')\n")
+    c.chown(ws)
+    r = c.sh(ws, GIT_DIR_ELSEWHERE + "echo kept > src/notes.txt")
+    assert r.returncode == 0, r
+    assert b"src/config" in r.stderr and b"lines/config" in r.stderr, r
+    assert not (ws / "src" / "config").exists() and not (ws / "two\nlines" / "config").exists()
+    for where in ("src", "sub"):
+        subprocess.run(
+            ["git", "-c", "safe.directory=*", "-C", str(ws / where), "status"],
+            capture_output=True,
+            timeout=30,
+        )
+    assert not (ws / "PWNED").exists()
+    assert (ws / "src" / "notes.txt").read_text() == "kept\n"
+    assert (ws / "src" / "main.py").read_text() == "print('hi')\n"

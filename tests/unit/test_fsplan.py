@@ -257,6 +257,36 @@ def test_gitfile_is_not_a_git_dir(lay: Layout) -> None:
     assert scan.git_dirs == []
 
 
+def test_a_gitfile_path_is_read_to_its_last_line_break_as_git_reads_it(lay: Layout) -> None:
+    """git takes everything after "gitdir: " but the trailing line breaks: a path
+    over two lines was read as its first line, and its repository never checked."""
+    wt = lay.ws / "wt"
+    (wt / "two\nlines").mkdir(parents=True)
+    (wt / ".git").write_text("gitdir: two\nlines\r\n")
+    assert fsplan.gitfile_target(str(wt / ".git")) == str(wt / "two\nlines")
+    (wt / ".git").write_text("gitdir:two\n")  # the twin: what git refuses, so does corral
+    assert fsplan.gitfile_target(str(wt / ".git")) is None
+
+
+def test_a_git_dir_by_another_name_is_protected(lay: Layout) -> None:
+    """A directory holding HEAD, objects/ and refs/ (a bare repository, `git init
+    --bare`) is a repository to git run in it: its config and hooks are
+    protected as a .git's are, and the walk does not go inside.  The twin: a
+    directory with a HEAD file alone is a directory."""
+    bare, plain = lay.ws / "deps" / "lib.git", lay.ws / "notes"
+    for d in (bare / "objects", bare / "refs", bare / "hooks", plain):
+        d.mkdir(parents=True)
+    (bare / "HEAD").write_text("ref: refs/heads/main\n")
+    (bare / "config").write_text("[core]\n\tbare = true\n")
+    (plain / "HEAD").write_text("a note\n")
+    (plain / "config").write_text("mine\n")
+    plan = plan_filesystem(policy_for(lay, []))
+    ro = dests(plan, "ro-bind")
+    assert str(bare / "config") in ro and str(bare / "hooks") in ro
+    assert str(plain / "config") not in ro
+    assert str(bare / "objects") not in fsplan.scan_workspace(str(lay.ws)).dirs
+
+
 @pytest.mark.parametrize("value", [".githooks", '".githooks"  # moved'])
 def test_core_hooks_path_is_protected(lay: Layout, value: str) -> None:
     git = lay.ws / ".git"
