@@ -144,6 +144,8 @@ _X86_64: dict[str, int] = {
     "file_setattr": 469,
     "shmget": 29, "shmat": 30, "shmctl": 31, "semget": 64, "semop": 65, "semctl": 66,
     "shmdt": 67, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "semtimedop": 220,
+    "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243,
+    "mq_notify": 244, "mq_getsetattr": 245,
 }  # fmt: skip
 
 _AARCH64: dict[str, int] = {
@@ -191,7 +193,8 @@ _AARCH64: dict[str, int] = {
     "removexattrat": 466, "file_setattr": 469,
     "msgget": 186, "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "semget": 190,
     "semctl": 191, "semtimedop": 192, "semop": 193, "shmget": 194, "shmctl": 195,
-    "shmat": 196, "shmdt": 197,
+    "shmat": 196, "shmdt": 197, "mq_open": 180, "mq_unlink": 181, "mq_timedsend": 182,
+    "mq_timedreceive": 183, "mq_notify": 184, "mq_getsetattr": 185,
 }  # fmt: skip
 
 _TABLES: dict[str, dict[str, int]] = {"x86_64": _X86_64, "aarch64": _AARCH64}

@@ -190,3 +190,44 @@ def test_system_v_shared_memory(box: Box) -> None:
         for segment in (shmid, libc.shmget(key + 1, 0, 0)):
             if segment >= 0:
                 libc.shmctl(segment, 0, None)  # IPC_RMID
+
+
+MQUEUE = (
+    "import ctypes, ctypes.util\n"
+    "libc = ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True)\n"
+    "def gone(name):\n"
+    "    if libc.mq_unlink(name) < 0: return 'err:' + errno.errorcode.get(ctypes.get_errno(), '?')\n"
+    "    return 'ok'\n"
+)
+
+
+def test_posix_message_queues(box: Box) -> None:
+    """A host process's POSIX message queue, found by name: without an IPC namespace
+    of its own (or a refusal) the sandbox unlinked it, and a queue it made
+    outlived the run.  The twin: a pipe passes a message inside."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    host_name = f"/corral-conformance-{box.token}".encode()
+    made_name = f"/corral-conformance-made-{box.token}".encode()
+    queue = libc.mq_open(host_name, os.O_CREAT | os.O_RDWR, 0o666, None)
+    assert queue >= 0, ctypes.get_errno()
+    try:
+        r = box.py(
+            MQUEUE
+            + f"print('attack=' + gone({host_name!r}))\n"
+            + f"made = libc.mq_open({made_name!r}, os.O_CREAT | os.O_RDWR, 0o600, None)\n"
+            "print('made=' + str(made))\n"
+            "a, b = os.pipe(); os.write(b, b'pipe'); print('twin=' + os.read(a, 4).decode())\n"
+        )
+        assert r.got.get("twin") == "pipe", r
+        assert r.got.get("attack", "").startswith("err:"), r
+        still = libc.mq_open(host_name, os.O_RDWR, 0, None)  # evidence: the host's is there
+        assert still >= 0, "the host's queue was unlinked from the sandbox"
+        libc.mq_close(still)
+        assert libc.mq_unlink(made_name) < 0, "a queue made in the sandbox outlived the run"
+    finally:
+        libc.mq_close(queue)
+        libc.mq_unlink(host_name)
+        libc.mq_unlink(made_name)

@@ -50,8 +50,9 @@ DIFFERENCES = (
     "Landlock, and host daemons listen on them; socketpair() still works, but not of "
     "datagrams (a datagram socket can be sent from, or connected, to any path); no "
     "listen() (on a socket never bound, the kernel binds any port, on every address)",
-    "no System V IPC (shmget, semget, msgget...: ENOSYS): its objects are the host's, "
-    "found by key, and outlive the run; shared anonymous mappings and memfds work",
+    "no System V IPC (shmget, semget, msgget...) and no POSIX message queues (mq_open...): "
+    "ENOSYS, their objects are the host's, found by key or name, and outlive the run; "
+    "shared anonymous mappings and memfds work",
     "write-deny paths inside the workspace (git hooks and config, editor settings) "
     "can be changed during the run; corral restores them afterwards and reports it",
     "names inside secret directories can be listed, not read; a new file created "
@@ -99,6 +100,11 @@ _SOCK_DGRAM = 0x2  # (of a unix pair's types, only SOCK_DGRAM has it: STREAM 1, 
 _SYSV_IPC = (
     "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semtimedop", "semctl",
     "msgget", "msgsnd", "msgrcv", "msgctl",
+)  # fmt: skip
+# ... and POSIX message queues the same: the host's mqueue namespace, by name (a
+# run could unlink a host process's queue, and one it made outlived the run)
+_POSIX_MQUEUE = (
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
 )  # fmt: skip
 _IPPROTO_TCP = 6
 
@@ -199,6 +205,10 @@ def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
         *(
             SyscallRule(name, errno.ENOSYS, (), "System V IPC: the host's objects, by key")
             for name in _SYSV_IPC
+        ),
+        *(
+            SyscallRule(name, errno.ENOSYS, (), "POSIX message queues: the host's, by name")
+            for name in _POSIX_MQUEUE
         ),
         SyscallRule(
             "socket",
