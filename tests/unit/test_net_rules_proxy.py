@@ -401,6 +401,21 @@ async def _post(
         pytest.param("/items/1", b"%5Fmethod=%44ELETE", FORM, id="form-encoded"),
         pytest.param("/items/1", b"_method=DELETE", None, id="untyped"),
         pytest.param("/items/1", _multipart(b"_method", b"DELETE"), MULTIPART, id="multipart"),
+        # variants found by attacking the first fix: how Rack, PHP and Laravel read them
+        pytest.param("/items/1", b"[_method]=DELETE", FORM, id="bracketed"),
+        pytest.param("/items/1", b"_method]=DELETE", FORM, id="half-bracketed"),
+        pytest.param("/items/1", b".method=DELETE", FORM, id="php-dot"),
+        pytest.param("/items/1?.method=DELETE", b"", None, id="query-php-dot"),
+        pytest.param("/items/1", b"_method=DELETE", FORM + b", text/plain", id="type-list"),
+        pytest.param("/items/1", b"_method=DELETE", FORM + b";charset=utf-8", id="charset"),
+        pytest.param("/items/1", b"_method=DELETE", b"", id="empty-type"),
+        pytest.param(
+            "/items/1",
+            _multipart(b"_method", b"DELETE").replace(b'"_method"', b"'_method'"),
+            MULTIPART,
+            id="multipart-single-quotes",
+        ),
+        pytest.param("/items/1", b'{"_method": "DELETE"}', b"application/json", id="json"),
     ],
 )
 def test_a_post_that_names_a_denied_method_in_method_is_denied(
@@ -420,6 +435,7 @@ def test_a_post_that_names_a_denied_method_in_method_is_denied(
             assert w.origin.requests == []
             plain_target = target.split("?")[0]
             plain_body = body.replace(b"_method", b"title2").replace(b"%5Fmethod", b"title3")
+            plain_body = plain_body.replace(b".method", b"title4")
             status, _ = await _post(w, plain_target, plain_body, kind)
             assert status == 200
             assert [(r.method, r.body) for r in w.origin.requests] == [(b"POST", plain_body)]
@@ -428,10 +444,11 @@ def test_a_post_that_names_a_denied_method_in_method_is_denied(
 
 
 def test_a_form_body_corral_cannot_read_first_is_denied_where_it_matters(tmp_path: Path) -> None:
-    """A chunked form POST cannot be read before it is decided: denied on a path
-    where its _method could name a denied method, with the reason; the twins: a
-    chunked JSON POST passes (no form parameters), and a client that waits for
-    100 Continue gets one from the proxy, then its form is read and decided."""
+    """A chunked form or JSON POST cannot be read before it is decided: denied on a
+    path where its _method could name a denied method, with the reason; the
+    twins: a chunked upload of another type passes (no parameters), and a client
+    that waits for 100 Continue gets one from the proxy, then its form is read
+    and decided."""
 
     async def go() -> None:
         async with ruled(tmp_path, POST_NOT_DELETE) as w:
@@ -439,19 +456,65 @@ def test_a_form_body_corral_cannot_read_first_is_denied_where_it_matters(tmp_pat
             status, _ = await _post(w, "/items/1", b"a=1", FORM, chunked)
             assert status == 403
             status, _ = await _post(w, "/items/1", b'{"a": 1}', b"application/json", chunked)
-            assert status == 200
+            assert status == 403  # JSON too: Laravel reads its _method
+            status, _ = await _post(w, "/items/1", b"\x89PNG", b"image/png", chunked)
+            assert status == 200  # an upload of no parameters streams as ever
             expect = b"Expect: 100-continue\r\n"
             status, first = await _post(w, "/items/1", b"_method=DELETE", FORM, expect)
             assert first.startswith(b"HTTP/1.1 100") and status == 403
             status, first = await _post(w, "/items/1", b"a=2", FORM, expect)
             assert first.startswith(b"HTTP/1.1 100") and status == 200
             sent = [(r.body, r.header(b"expect")) for r in w.origin.requests]
-            assert sent == [(b'{"a": 1}', None), (b"a=2", None)]
+            assert sent == [(b"\x89PNG", None), (b"a=2", None)]
             refused = [
                 json.loads(line)
                 for line in w.audit_path.read_text().splitlines()
                 if json.loads(line)["decision"] == "deny"
             ]
             assert "_method" in refused[0]["reason"], refused
+
+    run(go)
+
+
+def test_an_override_header_naming_a_list_is_decided_as_each(tmp_path: Path) -> None:
+    """Express's method-override takes the first of a comma list: an override
+    header "DELETE, GET" was read as one unknown method and passed (found by
+    attacking the first fix).  Each method of the list is decided; the twin, a
+    list of allowed methods, passes."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, POST_NOT_DELETE) as w:
+            for value, expected in ((b"DELETE, GET", 403), (b"delete,x", 403), (b"GET, POST", 200)):
+                extra = b"X-HTTP-Method-Override: " + value + b"\r\n"
+                status, _ = await _post(w, "/items/1", b'{"a": 1}', b"text/plain", extra)
+                assert status == expected, value
+            assert len(w.origin.requests) == 1
+
+    run(go)
+
+
+def test_a_body_read_to_decide_that_never_comes_whole_is_audited(tmp_path: Path) -> None:
+    """A form POST whose body is read before deciding, and whose client closes
+    before the Content-Length is reached, left no audit line (found by attacking
+    the first fix).  It is refused with one, rule malformed; the twin, the whole
+    body, is decided and passes."""
+
+    async def go() -> None:
+        from corral.net import aio
+
+        async with ruled(tmp_path, POST_NOT_DELETE) as w:
+            reader, writer = await aio.open_connection("127.0.0.1", w.port)
+            writer.write(
+                b"POST " + w.url("/items/1") + b" HTTP/1.1\r\nContent-Type: " + FORM
+                + b"\r\nContent-Length: 100\r\n\r\ntitle=only-part"
+            )  # fmt: skip
+            writer.write_eof()
+            assert await reader.read() == b""
+            writer.close()
+            status, _ = await _post(w, "/items/1", b"title=whole", FORM)
+            assert status == 200
+            lines = [json.loads(x) for x in w.audit_path.read_text().splitlines()]
+            assert (lines[0]["decision"], lines[0]["rule"]) == ("deny", "malformed")
+            assert len(w.origin.requests) == 1
 
     run(go)

@@ -583,12 +583,26 @@ def alternates(
     return [(m, t) for m in methods for t in targets if (m, t) != (method, target)]
 
 
-# What Rack's MethodOverride, Symfony and Express's method-override take from a
-# ``_method`` parameter (Rack: a POST's form body; Symfony: the body, else the
-# query; Express: the query, when configured so): any method they serve.
+# What Rack's MethodOverride, Symfony (Laravel) and Express's method-override take
+# from a ``_method`` parameter (Rack: a POST's form body; Symfony: the body, else the
+# query; Laravel: a JSON body too; Express: the query, when configured so).
 OVERRIDE_PARAMETER = "_method"
 FORM_OVERRIDABLE = ("GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS", "LINK", "UNLINK")
-_FORM_TYPES = (b"application/x-www-form-urlencoded", b"multipart/form-data")
+_PARAMETER_TYPES = (b"application/x-www-form-urlencoded", b"multipart/form-data")
+_KIND_SPLIT = re.compile(rb"[;,]")
+
+
+def _is_override(name: str) -> bool:
+    """Whether a parameter name is ``_method`` as some server reads it: Rack drops
+    brackets around a name (``[_method]``), PHP reads ``.`` and a space as ``_``."""
+    plain = name.replace("[", "").replace("]", "").replace(".", "_").replace(" ", "_")
+    return plain.strip().lower() == OVERRIDE_PARAMETER
+
+
+def _named(value: str) -> list[str]:
+    """The methods a value names, upper-cased: each between commas (Express's
+    method-override takes the first of a list)."""
+    return [m.strip().upper() for m in value.split(",") if m.strip()]
 
 
 def _may_name_method(target: str) -> bool:
@@ -603,35 +617,38 @@ def query_methods(target: str) -> list[str]:
     from urllib.parse import parse_qsl
 
     query = target.partition("?")[2].partition("#")[0]
-    return [
-        value.strip().upper()
-        for name, value in parse_qsl(query, keep_blank_values=True, encoding="latin-1")
-        if name == OVERRIDE_PARAMETER
-    ]
+    pairs = parse_qsl(query, keep_blank_values=True, encoding="latin-1")
+    return [m for name, value in pairs if _is_override(name) for m in _named(value)]
 
 
 def _form_body(request: Request) -> bool:
-    """Whether a request has a body a server may read form parameters from: url-
-    or multipart-encoded, or of no declared type (Rack parses those as forms)."""
+    """Whether a request has a body a server may read parameters from: url- or
+    multipart-encoded or JSON (any of a list of types, whatever the parameters), or
+    of no declared type, an empty one included (Rack parses those as forms)."""
     if request.body_length == 0:
         return False
     kind = request.get(b"content-type")
-    return kind is None or kind.split(b";")[0].strip().lower() in _FORM_TYPES
+    if kind is None or not kind.strip():
+        return True
+    kinds = [k.strip().lower() for k in _KIND_SPLIT.split(kind)]
+    return any(
+        k in _PARAMETER_TYPES or k == b"application/json" or k.endswith(b"+json") for k in kinds
+    )
 
 
-FORM_READ = 1 << 20  # the longest form body read for its _method (Content-Length)
+FORM_READ = 1 << 20  # the longest body read for its _method (by its Content-Length)
 
 
 def _form_override(rules: HttpRules, dest: Destination, request: Request) -> Verdict | None:
-    """A POST whose form body may name another method (``_method``: Rails serves
-    ``POST /posts/1`` with ``_method=delete`` as a DELETE), to a path where a rule
-    denies or asks for one of those methods.  With the body read (request.body),
-    decided as each method it names too; before that, denied while the body is
-    asked for (a Content-Length up to FORM_READ), else denied.  None when every
-    such method is allowed there (nothing to read)."""
+    """A POST whose body may name another method (``_method``: Rails serves ``POST
+    /posts/1`` with ``_method=delete`` as a DELETE), to a path where a rule denies
+    or asks for one of those methods.  With the body read (request.body), decided
+    as each method it names too; before that, denied while the body is asked for
+    (a Content-Length up to FORM_READ), else denied.  None when every such method
+    is allowed there (nothing to read)."""
     ruled = rules.host(dest.host, dest.port)
     if request.body is not None:
-        for method in form_methods(request.body, request.get(b"content-type")):
+        for method in form_methods(request.body):
             other, _ = rules.decision(ruled, dest.port, method, request.target)
             if not other.allowed:
                 return other
@@ -643,43 +660,55 @@ def _form_override(rules: HttpRules, dest: Destination, request: Request) -> Ver
         length = request.body_length
         if length is not None and 0 < length <= FORM_READ:
             request.want_body(length)
-            why = "the form body is read for a _method field before the request is decided"
+            why = "the body is read for a _method field before the request is decided"
             return Verdict(False, other.rule, why)
         return Verdict(
             False,
             other.rule,
-            "a form POST may name another method in a _method field, which Rails, Rack and "
-            f"Symfony serve as that method, and {method} {dest.path or '/'} on {dest.host} "
-            f"is not allowed ({other.reason or other.rule}); corral reads such a body only "
-            f"with a Content-Length of at most {FORM_READ} bytes: send it so, or as JSON",
+            "a POST's form or JSON body may name another method in a _method field, which "
+            f"Rails, Rack, Symfony and Laravel serve as that method, and {method} "
+            f"{dest.path or '/'} on {dest.host} is not allowed ({other.reason or other.rule}); "
+            f"corral reads such a body only with a Content-Length of at most {FORM_READ} bytes",
         )
     return None
 
 
-_MULTIPART_METHOD = re.compile(
-    rb'content-disposition:[^\r\n]*\bname="?_method"?[^\r\n]*\r?\n(?:[^\r\n]+\r?\n)*\r?\n([^\r\n]*)',
+_MULTIPART_NAMES = re.compile(
+    rb"content-disposition:[^\r\n]*?\bname\s*=\s*"
+    rb"(?:\"([^\"\r\n]*)\"|'([^'\r\n]*)'|([^;\s]+))"  # quoted either way, or bare
+    rb"[^\r\n]*\r?\n(?:[^\r\n]+\r?\n)*\r?\n([^\r\n]*)",  # the part's headers; its first line
     re.IGNORECASE,
 )
 
 
-def form_methods(body: bytes, content_type: bytes | None) -> list[str]:
-    """The methods a form body's ``_method`` fields name, upper-cased: url-encoded
-    (names and values percent-decoded, as servers do), or multipart parts named
-    so.  A body of no declared type is read both ways."""
+def form_methods(body: bytes) -> list[str]:
+    """The methods a body's ``_method`` fields name, upper-cased, read every way a
+    server might whatever the declared type: url-encoded (names and values
+    percent-decoded), multipart parts so named, a JSON object's key."""
     from urllib.parse import parse_qsl
 
-    kind = (content_type or b"").split(b";")[0].strip().lower()
-    found: list[str] = []
-    if kind != b"multipart/form-data":
-        text = body.decode("latin-1")
-        found += [
-            value.strip().upper()
-            for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1")
-            if name == OVERRIDE_PARAMETER
-        ]
-    if kind != b"application/x-www-form-urlencoded":
-        found += [m.decode("latin-1").strip().upper() for m in _MULTIPART_METHOD.findall(body)]
+    text = body.decode("latin-1")
+    pairs = parse_qsl(text, keep_blank_values=True, encoding="latin-1")
+    found = [m for name, value in pairs if _is_override(name) for m in _named(value)]
+    for double, single, bare, value in _MULTIPART_NAMES.findall(body):
+        if _is_override((double or single or bare).decode("latin-1")):
+            found += _named(value.decode("latin-1"))
+    if text.lstrip().startswith("{"):
+        found += _json_methods(body)
     return found
+
+
+def _json_methods(body: bytes) -> list[str]:
+    """A JSON object's ``_method`` (Laravel reads a JSON body as its parameters)."""
+    import json
+
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return []
+    if not isinstance(data, dict):
+        return []
+    return [m for k, v in data.items() if _is_override(k) and isinstance(v, str) for m in _named(v)]
 
 
 def overrides(headers: list[tuple[bytes, bytes]]) -> list[str]:
@@ -687,7 +716,8 @@ def overrides(headers: list[tuple[bytes, bytes]]) -> list[str]:
     if METHOD_OVERRIDES.isdisjoint(map(_name, headers)):
         return []  # (the usual case, looked at in C: this runs for every request)
     return [
-        value.decode("latin-1").strip().upper()
+        m
         for name, value in headers
         if name in METHOD_OVERRIDES
+        for m in _named(value.decode("latin-1"))
     ]

@@ -882,7 +882,12 @@ class Proxy:
             )
             decided = self.chain.request(dest, hooked)  # None: no hook had a say
             if hooked.wants_body and body_kind == "length" and body_len <= hooked.wants_body:
-                decided = await self._with_body(reader, writer, dest, hooked, body_len)
+                try:
+                    decided = await self._with_body(reader, writer, dest, hooked, body_len)
+                except aio.IncompleteReadError:  # the client gave up: its line all the same
+                    short = Verdict(False, MALFORMED, "the body ended before its Content-Length")
+                    self.log(dest, short, 400, 0, 0, started, extra=hooked.audit)
+                    return False, upstream
                 headers = [(k, v) for k, v in headers if k != b"expect"]  # (answered)
             if decided is not None:  # (no coroutine of its own: this runs for every request)
                 verdict = await self.asker.ask(dest, hooked, decided) if decided.ask else decided
