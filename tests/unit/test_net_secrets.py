@@ -601,6 +601,28 @@ def test_a_body_cut_short_or_corrupt_is_an_error_not_a_pass(hook: SecretsHook) -
         body_through(hook, packed[:12] + b"\0" * 20, [], [(b"content-encoding", b"gzip")])
 
 
+def test_an_event_that_ends_like_the_start_of_wrapped_base64_is_not_held(
+    hook: SecretsHook,
+) -> None:
+    """A tail cut by white space may be wrapped base64 going on in the next piece,
+    and waits for it; but a blank line ends any wrapped block (and a server-sent
+    event): an event whose last character could start the value's base64 was
+    held until the next event.  The twin: one ending in a single line break is
+    held, for the next piece may go on with the core."""
+    chain = Chain([hook])
+    dest = Destination("run", "https", "api.test", 443)
+    req = Request("GET", "/", [], 0)
+    chain.request(dest, req)
+    response = Response(200, [])
+    chain.response(dest, req, response)
+    (echo_filter,) = response.filters
+    core = hook.secrets[0].cores[0]
+    event = b"data: " + core[:3] + b"\n\n"
+    assert echo_filter.feed(event) == event
+    assert echo_filter.feed(b"data: " + core[:3] + b"\n") == b"data: "
+    assert echo_filter.feed(b"ok\n\n") == core[:3] + b"\nok\n\n"
+
+
 def test_a_stream_goes_on_as_it_comes_but_for_what_could_start_an_echo(
     hook: SecretsHook,
 ) -> None:

@@ -340,7 +340,17 @@ def wrapped(key: str, chunked: bool) -> bytes:
     falls inside its encoding in most), one block per offset, and a block that
     holds no value; chunked: in chunks of 7 bytes (a CRLF split across two)."""
     blocks = [base64.encodebytes(b"x" * pad + key.encode() + b" end") for pad in range(60)]
-    blocks = blocks[:30] + [b.replace(b"\n", b"\r\n") for b in blocks[30:]]
+    # LF, CRLF, a CR alone, an indented (YAML, folded) next line, groups of 8 split
+    # by spaces and by tabs: a way of wrapping for each sixth of the offsets
+    ways = [
+        lambda b: b,
+        lambda b: b.replace(b"\n", b"\r\n"),
+        lambda b: b.replace(b"\n", b"\r"),
+        lambda b: b.replace(b"\n", b"\n    "),
+        lambda b: b" ".join(b.replace(b"\n", b"")[i : i + 8] for i in range(0, len(b), 8)),
+        lambda b: b"\t".join(b.replace(b"\n", b"")[i : i + 8] for i in range(0, len(b), 8)),
+    ]
+    blocks = [ways[i // 10](b) for i, b in enumerate(blocks)]
     body = b"\n".join([*blocks, base64.encodebytes(WRAPPED_PLAIN).replace(b"\n", b"\r\n")])
     if not chunked:
         return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
@@ -389,11 +399,11 @@ def test_an_echo_in_a_body_is_hidden_however_it_is_framed(
 
 
 def _decoded_blocks(body: bytes) -> list[bytes]:
-    """Each base64 block of a body decoded as a lenient client would (line breaks
+    """Each base64 block of a body decoded as a lenient client would (white space
     skipped; the groups a rejoined line left unaligned decoded where they are)."""
     found = []
     for block in body.replace(b"\r\n", b"\n").split(b"\n\n"):
-        flat = block.replace(b"\n", b"")
+        flat = block.translate(None, b" \t\r\n")
         for piece in flat.split(b"="):
             for shift in range(4):
                 part = piece[shift:][: (len(piece) - shift) // 4 * 4]
@@ -408,9 +418,11 @@ def _decoded_blocks(body: bytes) -> list[bytes]:
 def test_an_echo_in_wrapped_base64_is_hidden(bodies_harness: Harness, path: str) -> None:
     """MIME and PEM wrap base64 at 76 or 64 characters: a line break inside the
     value's encoding cut it in two, and the value reached the client in 33 of 61
-    positions (found by attacking the proxy).  At every offset, whole or streamed
-    in chunks that split a CRLF, no block decodes to the value; the twin: a block
-    that holds none arrives as sent, and the origin got the real value."""
+    positions (found by attacking the proxy; then CR-only breaks, indented next
+    lines and groups split by spaces or tabs, by attacking that fix).  At every
+    offset, whole or streamed in chunks that split a CRLF, no block decodes to
+    the value; the twin: a block that holds none arrives as sent, and the origin
+    got the real value."""
     h = bodies_harness
     got = fetched(h, "-H", f"X-Key: {h.placeholder}", f"http://127.0.0.1:{h.origin.port}{path}")
     assert got.returncode == 0, got.stderr

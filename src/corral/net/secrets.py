@@ -115,12 +115,14 @@ class Loaded:
         return self._spelled
 
     def wrapped(self) -> re.Pattern[bytes]:
-        """The base64 cores with a line break allowed between any two characters:
-        MIME and PEM wrap base64 at 76 or 64 characters, and a break may fall
-        inside the value's core (Python's base64.encodebytes, a mail, a certificate
-        request).  In a body only: a header holds no line break."""
+        """The base64 cores with white space allowed between any two characters:
+        MIME and PEM wrap base64 at 76 or 64 characters (LF, CRLF, a CR alone),
+        YAML and folded headers indent the next line, and some print it in groups
+        split by spaces or tabs; a break may fall inside the value's core.  In
+        bodies (see _EchoFilter)."""
         if self._wrapped is None:
-            cores = (b"(?:\r?\n)?".join(re.escape(bytes([c])) for c in core) for core in self.cores)
+            gap = b"[\t\n\r ]{0,%d}" % MAX_GAP
+            cores = (gap.join(re.escape(bytes([c])) for c in core) for core in self.cores)
             self._wrapped = re.compile(b"|".join(cores))
         return self._wrapped
 
@@ -576,24 +578,26 @@ def _hide(value: bytes, secrets: list[Loaded]) -> bytes:
         for core in secret.cores:
             for _ in range(value.count(core)):
                 value = _hide_in_base64(value, value.find(core), core, secret)
-        if b"\n" in value and secret.cores:
-            value = _hide_wrapped(value, secret)
     return value
 
 
+MAX_GAP = 32  # the most white space between two characters of wrapped base64
+_SPACES = b"\t\n\r "
+_BLANK_LINE = re.compile(rb"\n[\t ]*\n")
+
+
 def _hide_wrapped(value: bytes, secret: Loaded) -> bytes:
-    """``value`` with each base64 core of the secret cut by line breaks (MIME, PEM)
-    hidden: the breaks inside the core are dropped, so that its line and the
-    next become one, and the joined run is hidden as a run on one line is.  The
-    output still decodes (base64 decoders skip line breaks and take any line
-    length); a byte or two of the value in a group before the core, on the line
-    above, stays there (as in a run cut short)."""
+    """``value`` with each base64 core of the secret cut by white space (MIME, PEM,
+    YAML, groups) hidden: the white space inside the core is dropped, joining
+    what it split, and the joined run is hidden as an unbroken one is.  A byte
+    or two of the value in a group before the core, before the break, stays
+    there (as in a run cut short)."""
     pattern = secret.wrapped()
-    for _ in range(value.count(b"\n") + 1):  # each pass joins a match: at most so many
+    for _ in range(len(value) // MIN_CORE + 1):  # each pass joins one match
         found = pattern.search(value)
         if found is None:
             break
-        core = found.group().replace(b"\r", b"").replace(b"\n", b"")
+        core = found.group().translate(None, _SPACES)
         value = value[: found.start()] + core + value[found.end() :]
         value = _hide_in_base64(value, found.start(), core, secret)
     return value
@@ -748,6 +752,9 @@ class _EchoFilter(BodyFilter):
         if len(data) < self.shortest:
             return data
         hidden = _hide(data, self.secrets)
+        for secret in self.secrets:  # (the unbroken ones are hidden already)
+            if secret.cores:
+                hidden = _hide_wrapped(hidden, secret)
         if hidden != data:
             self.hidden |= {
                 s.name
@@ -762,10 +769,16 @@ def _starts_echo(secret: Loaded, tail: bytes) -> bool:
     in one of its spellings (:func:`_spellings`), or one of its base64 cores."""
     if any(len(tail) < len(core) and core.startswith(tail) for core in secret.cores):
         return True
-    if b"\n" in tail or b"\r" in tail:  # a wrapped core (MIME, PEM) cut by the piece's end
-        flat = tail.replace(b"\r", b"").replace(b"\n", b"")
-        if any(len(flat) < len(core) and core.startswith(flat) for core in secret.cores):
-            return True
+    # a wrapped core (MIME, PEM, YAML) cut short; not across a blank line, which no
+    # wrapped block holds and which ends a server-sent event (held, the event
+    # would wait for the next one)
+    flat = tail.translate(None, _SPACES)
+    if (
+        flat != tail
+        and any(len(flat) < len(core) and core.startswith(flat) for core in secret.cores)
+        and not _BLANK_LINE.search(tail.replace(b"\r\n", b"\n").replace(b"\r", b"\n"))
+    ):
+        return True
     at = 0
     for byte in secret.value:
         if at == len(tail):
