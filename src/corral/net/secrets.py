@@ -592,6 +592,9 @@ def _hide_wrapped(value: bytes, secret: Loaded) -> bytes:
     what it split, and the joined run is hidden as an unbroken one is.  A byte
     or two of the value in a group before the core, before the break, stays
     there (as in a run cut short)."""
+    flat = value.translate(None, _SPACES)  # (a wrapped core is a core in this: fast)
+    if flat == value or not any(core in flat for core in secret.cores):
+        return value
     pattern = secret.wrapped()
     for _ in range(len(value) // MIN_CORE + 1):  # each pass joins one match
         found = pattern.search(value)
