@@ -342,7 +342,7 @@ def wrapped(key: str, chunked: bool) -> bytes:
     blocks = [base64.encodebytes(b"x" * pad + key.encode() + b" end") for pad in range(60)]
     # LF, CRLF, a CR alone, an indented (YAML, folded) next line, groups of 8 split
     # by spaces and by tabs: a way of wrapping for each sixth of the offsets
-    ways = [
+    ways: list[Callable[[bytes], bytes]] = [
         lambda b: b,
         lambda b: b.replace(b"\n", b"\r\n"),
         lambda b: b.replace(b"\n", b"\r"),
