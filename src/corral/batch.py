@@ -15,9 +15,11 @@ read first and the jobs it holds are skipped (resume).
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -175,7 +177,33 @@ def run_flags(job: Job) -> list[str]:
             flags += [f"--{key}", str(job[key])]
     for name in job.get("env", []):
         flags += ["--env", name]
+    for path in job.get(PROTECTED, []):
+        flags += ["--write-deny", path]
     return flags
+
+
+PROTECTED = "_protected"  # (not a key a jobs file can set: check_job refuses it)
+
+
+def protect(items: list[Job | Result], jobs_file: str, out: str) -> None:
+    """What the batch reads again when it resumes is read-only to every job whose
+    workspace holds it: the jobs file, the results file and each job's policy.
+    A job (its workspace is the jobs file's directory by default) appended a job
+    with a policy it wrote (tier = "none"), and the resumed batch ran that one
+    unconfined."""
+    paths = [os.path.abspath(jobs_file), os.path.abspath(out)]
+    paths += [str(i["policy"]) for i in items if "argv" in i and isinstance(i.get("policy"), str)]
+    for item in items:
+        if "argv" not in item:
+            continue  # (an error result)
+        workspace = os.path.realpath(str(item.get("workspace") or os.getcwd()))
+        inside = [p for p in dict.fromkeys(paths) if _within(os.path.realpath(p), workspace)]
+        if inside:
+            item[PROTECTED] = inside
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _lines(path: str) -> list[dict[str, Any]]:
@@ -187,18 +215,52 @@ def _lines(path: str) -> list[dict[str, Any]]:
 
 
 def _copy_in(job: Job) -> None:
+    """Copy the job's ``files`` into its workspace, by name in that directory.  An
+    earlier run there (any job's, a sandbox's) may have left a symlink or a hard
+    link at that name: copied through, it would have written a host file outside
+    the workspace (as root, any), so the name is opened without following one
+    and must be a plain file of one link, else OSError names it."""
     workspace = str(job.get("workspace") or os.getcwd())
-    for src in job.get("files", []):
-        shutil.copy2(src, os.path.join(workspace, os.path.basename(src)))
+    into = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for src in job.get("files", []):
+            _copy_one(src, os.path.basename(src), into)
+    finally:
+        os.close(into)
+
+
+def _copy_one(src: str, name: str, into: int) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    with open(src, "rb") as source:
+        try:
+            fd = os.open(name, flags, 0o600, dir_fd=into)
+        except OSError as exc:
+            why = (
+                "is a symlink" if exc.errno == errno.ELOOP else f"cannot be written: {exc.strerror}"
+            )
+            raise OSError(exc.errno, f"the workspace's {name!r} {why}: {src} not copied") from None
+        with os.fdopen(fd, "wb") as dest:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                raise OSError(f"the workspace's {name!r} is not a plain file of one link")
+            dest.truncate(0)
+            shutil.copyfileobj(source, dest)
+            made = os.fstat(source.fileno())
+            os.fchmod(fd, stat.S_IMODE(made.st_mode) & 0o777)  # (never a set-ID bit)
+            os.utime(fd, ns=(made.st_atime_ns, made.st_mtime_ns))
 
 
 def _artifacts(job: Job) -> list[dict[str, Any]]:
+    """Each artifact's size, of the workspace's own file (a symlink is not followed:
+    one a run left would report the size of a host file)."""
     workspace = str(job.get("workspace") or os.getcwd())
     found = []
     for rel in job.get("artifacts", []):
         path = os.path.join(workspace, rel)
         try:
-            found.append({"path": rel, "bytes": os.path.getsize(path)})
+            st = os.lstat(path)
+            size = st.st_size if stat.S_ISREG(st.st_mode) else None
+            found.append({"path": rel, "bytes": size})
         except OSError:
             found.append({"path": rel, "bytes": None})
     return found
@@ -213,6 +275,9 @@ def run_job(job: Job, output_bytes: int = OUTPUT_BYTES) -> Result:
         report, log, net_log = (os.path.join(scratch, n) for n in ("report", "runs", "net"))
         try:
             _copy_in(job)
+        except OSError as exc:  # (the job's own workspace: another machine would not help)
+            return error_result(job["id"], f"could not start: {exc}")
+        try:
             proc = subprocess.run(
                 corral_argv(job, report, log, net_log),
                 cwd=str(job.get("workspace") or os.getcwd()),
@@ -298,7 +363,10 @@ class Warm:
             if len(kept) <= self.output_bytes:
                 kept.extend(data[: self.output_bytes + 1 - len(kept)])
 
-        _copy_in(job)
+        try:
+            _copy_in(job)
+        except OSError as exc:
+            return error_result(job["id"], f"could not start: {exc}")
         started = time.time()
         r = sandbox.exec_alone(  # the policy's timeout applies, as to corral run
             job["argv"], cwd=str(job.get("workspace") or os.getcwd()), on_output=keep
@@ -557,6 +625,7 @@ def main(opts: dict[str, object], jobs_file: str) -> int:
         from corral import batch_ray
 
         batch_ray.connect(address)  # one line and 122 if it cannot
+    protect(items, jobs_file, out)
     done = finished_ids(out)
     todo = [i for i in items if i["id"] not in done]
     log = str(opts.get("log") or "") or None

@@ -4,6 +4,7 @@ results keyed by id, bad lines reported with their number, resume."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +209,57 @@ def test_batch_reuse_runs_jobs_in_warm_sandboxes_each_as_if_alone(
     assert set(mine) == set(res) and len({r["run_id"] for r in mine.values()}) == 1
     net = [json.loads(x) for x in (c.state / "corral" / "net.jsonl").read_text().splitlines()]
     assert [x["batch_id"] for x in net if x.get("decision") == "deny"] == ["net"]
+
+
+def test_a_job_cannot_reach_outside_through_copy_in_or_rewrite_the_batch(
+    sandbox: tuple[Corral, Path],
+) -> None:
+    """Found by attacking the faces from outside, both as root and as a user:
+    - a job left ``input.txt`` a symlink to a host file, and the next job's
+      ``files`` were copied through it (the host file overwritten, its mode
+      changed; as root, any file); an artifact's size was the host file's;
+    - a job (its workspace is the jobs file's directory) appended a job with a
+      policy it wrote (tier = "none"), and the resumed batch ran it unconfined.
+    Copy-in opens the name without following a link and refuses one that is
+    not a plain file of one link; the jobs file, the results file and the jobs'
+    policies are read-only to the jobs.  The twins: a plain copy-in lands, and
+    the jobs write their workspace."""
+    c, ws = sandbox
+    victim = ws.parent / "victim.txt"
+    victim.write_text("precious\n")
+    os.chmod(victim, 0o600)
+    inputs = ws / "inputs"
+    inputs.mkdir()
+    (inputs / "input.txt").write_text("job data\n")
+    (inputs / "fresh.txt").write_text("fresh data\n")
+    policy = ws / "build.toml"
+    policy.write_text("[limits]\ntimeout = 30\n")
+    c.chown(ws)
+    appended = json.dumps({"id": "later", "command": "id", "policy": "evil.toml"})
+    jobs = _write_jobs(
+        c,
+        ws,
+        [
+            {"id": "plant", "command": f"ln -s {victim} input.txt", "artifacts": ["input.txt"]},
+            {"id": "copy", "command": "cat input.txt", "files": ["inputs/input.txt"]},
+            {"id": "fresh", "command": "cat fresh.txt", "files": ["inputs/fresh.txt"]},
+            {
+                "id": "rewrite",
+                "command": f"echo '{appended}' >> jobs.jsonl; echo x >> build.toml; "
+                "echo '[sandbox]' > evil.toml; echo mine > mine.txt",
+                "policy": "build.toml",
+            },
+        ],
+    )
+    before = jobs.read_text()
+    out = ws / "results.jsonl"
+    _batch(c, ws, jobs, out, "-j", "1")  # (in order: the link is there before the copy)
+    results = _results(out)
+    assert victim.read_text() == "precious\n" and (victim.stat().st_mode & 0o777) == 0o600
+    assert results["plant"]["artifacts"] == [{"path": "input.txt", "bytes": None}]
+    assert "'input.txt' is a symlink" in results["copy"]["error"], results["copy"]
+    assert results["fresh"]["exit"] == 0 and results["fresh"]["output"] == "fresh data\n"
+    assert jobs.read_text() == before and policy.read_text() == "[limits]\ntimeout = 30\n"
+    assert (ws / "mine.txt").read_text() == "mine\n"
+    _batch(c, ws, jobs, out, "-j", "1")  # resumed: nothing new to run
+    assert "later" not in _results(out)
