@@ -533,6 +533,14 @@ def build_policy(opts: dict[str, object]) -> Policy:
     _container_flags(policy, opts)
     _network_flags(policy, opts)
     pol.check_network(policy)
+    if opts.get("log") or opts.get("net_log"):
+        from corral import runlog
+        from corral.errors import PolicyError
+
+        try:
+            runlog.keep_out(policy.filesystem.read_deny, opts.get("log"), opts.get("net_log"))
+        except OSError as exc:
+            raise PolicyError(f"--log/--net-log: {exc.strerror or exc}") from None
     return policy
 
 

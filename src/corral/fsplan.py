@@ -861,7 +861,13 @@ class _Planner:
         # corral's own activity log and quarantine: history of other runs
         from corral import runlog
 
-        self.add_read_deny(runlog.state_dir() + "/", "corral's own state")
+        state = runlog.state_dir()
+        if not self.present(state) and self.in_writable(state):
+            # corral makes it during the run (the home layer, the logs): made now, to
+            # be masked like one that was there, not left for the sandbox to fill
+            os.makedirs(state, mode=0o700, exist_ok=True)
+            self.listings.clear()  # (present() answers from listings made before)
+        self.add_read_deny(state + "/", "corral's own state")
         # the VM cache: an initramfs or saved state a run rewrote there would be what
         # every later microvm run boots or restores (a missing one shadows nothing:
         # most hosts never make it).  Its parent, corral's cache, is what is masked:

@@ -79,14 +79,43 @@ def digest(value: object) -> str:
     return str(sha256(dumps(value).encode()).hexdigest()[:16])
 
 
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+def open_log(path: str) -> int:
+    """A log file opened to append, made (with its directory) if missing.  Never
+    through a symlink, and only a plain file of one link: a run that left one of
+    those where a log was had corral append its records to a file outside (a
+    shell's rc file, where a record's argv ran).  OSError says which."""
+    try:
+        fd = os.open(path, _APPEND, 0o600)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        fd = os.open(path, _APPEND, 0o600)
+    st = os.fstat(fd)
+    if not (st.st_mode & 0o170000 == 0o100000 and st.st_nlink == 1):  # (stat.S_ISREG)
+        os.close(fd)
+        raise OSError(f"{path} is not a plain file of one link: not written")
+    return fd
+
+
+def keep_out(read_deny: list[str], *paths: object) -> None:
+    """Logs the caller named (--log, --net-log, Sandbox(log=...)): made now and
+    added to ``read_deny`` (the policy's), so that the sandbox can neither plant a
+    link there nor write records of its own into one inside its workspace.
+    OSError from open_log for one that cannot be a log."""
+    for path in paths:
+        if isinstance(path, str) and path:
+            full = os.path.abspath(path)
+            os.close(open_log(full))
+            if full not in read_deny:
+                read_deny.append(full)
+
+
 def append(record: dict[str, object], path: str | None = None) -> None:
     target = path or default_path()
     line = (dumps(record) + "\n").encode("utf-8", "backslashreplace")
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_log(target)
     try:
         os.write(fd, line)  # one write with O_APPEND: concurrent runs do not interleave
     finally:

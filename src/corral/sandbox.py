@@ -419,6 +419,13 @@ class Sandbox:
         from corral import launch, tiers
 
         self.policy = policy = _policy_for(policy, workspace, tier, image, oci_runtime, engine)
+        if isinstance(log, str) or net_log:  # (made now, and masked: see keep_out)
+            from corral import runlog
+
+            try:
+                runlog.keep_out(policy.filesystem.read_deny, log, net_log)
+            except OSError as exc:
+                raise SandboxError(f"log: {exc.strerror or exc}") from None
         if placement is None:
             from corral.placement import Local
 

@@ -1197,3 +1197,49 @@ def test_the_sandboxs_init_memory_cannot_be_written(tsandbox: tuple[Corral, Path
     assert got["/proc/1/mem"].startswith("err:"), r
     assert got["/proc/1/task/1/mem"].startswith("err:"), r
     assert got["/proc/self/mem"] == "ok", r
+
+
+# Runs inside: put a link to a host file where corral's logs will be, and a record
+# of its own in the log the run was given.
+LOG_PLANT = """
+mkdir -p .state/corral 2>/dev/null; ln -s {victim} .state/corral/runs.jsonl 2>/dev/null
+echo '{{"run_id": "forged"}}' >> given.jsonl 2>/dev/null
+echo mine > mine.txt
+"""
+
+
+@pytest.mark.tiers(
+    "namespace",
+    "landlock",
+    why="the container tiers refuse a state directory in the workspace (its home layer "
+    "would be a bind source the run could swap), which this case needs",
+)
+def test_the_logs_are_out_of_the_sandboxs_reach(tsandbox: tuple[Corral, Path]) -> None:
+    """Found by attacking the faces from outside: with XDG_STATE_HOME in the
+    workspace and corral's state directory not made yet, the plan left it
+    unmasked ("only the sandbox could create it"), but corral makes it during the
+    run: a link planted there had the record appended to a host file; and a log
+    named by --log in the workspace took records the command wrote.  The state
+    directory is made and masked, a named log made and masked, and no log is
+    opened through a link.  The twin: the command writes its workspace, and each
+    log gets corral's record alone."""
+    c, ws = tsandbox
+    victim = ws.parent / "victim-rc"
+    victim.write_text("# rc\n")
+    c.chown(ws)
+    state = ws / ".state"
+    r = c.run(
+        ["run", "-q", "--log", str(ws / "given.jsonl"), "--", "sh", "-c",
+         LOG_PLANT.format(victim=victim)],
+        cwd=ws,
+        env={"XDG_STATE_HOME": str(state)},
+    )  # fmt: skip
+    assert r.returncode == 0, r
+    assert victim.read_text() == "# rc\n"
+    assert (ws / "mine.txt").read_text() == "mine\n"
+    given = [json.loads(x) for x in (ws / "given.jsonl").read_text().splitlines()]
+    assert len(given) == 1 and given[0]["run_id"] != "forged", given
+    r = c.sh(ws, "true", env={"XDG_STATE_HOME": str(state)})  # the default log, by the state dir
+    assert r.returncode == 0, r
+    runs = state / "corral" / "runs.jsonl"
+    assert not runs.is_symlink() and len(runs.read_text().splitlines()) == 1

@@ -138,3 +138,19 @@ def test_digest_is_stable_and_short() -> None:
 def test_iso_format() -> None:
     assert runlog.iso(0.0) == "1970-01-01T00:00:00.000Z"
     assert runlog.iso(86400 + 1.25) == "1970-01-02T00:00:01.250Z"
+
+
+def test_a_log_is_never_written_through_a_link(tmp_path: Path) -> None:
+    """A record appended through a symlink (or to a hard link) a run left where a log
+    was landed in a file outside: refused, nothing written there; the twin, a
+    plain log, takes the record."""
+    outside = tmp_path / "outside"
+    outside.write_text("# mine\n")
+    (tmp_path / "linked.jsonl").symlink_to(outside)
+    os.link(outside, tmp_path / "hard.jsonl")
+    for name in ("linked.jsonl", "hard.jsonl"):
+        with pytest.raises(OSError):
+            runlog.append({"run_id": "x"}, str(tmp_path / name))
+    assert outside.read_text() == "# mine\n"
+    runlog.append({"run_id": "x"}, str(tmp_path / "plain.jsonl"))
+    assert (tmp_path / "plain.jsonl").read_text() == '{"run_id":"x"}\n'

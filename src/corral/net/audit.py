@@ -44,8 +44,9 @@ class Audit:
         self.path = path
         self.fd = -1
         if path:
-            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-            self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            from corral.runlog import open_log
+
+            self.fd = open_log(path)  # (no link followed: see open_log)
         self.denied: dict[DenyKey, int] = {}  # (host, port, rule, reason, ...) -> count
         self.errors = 0  # unexpected exceptions inside the proxy (bugs), each one line here
         self.requests = 0
