@@ -25,6 +25,7 @@ import errno
 import fcntl
 import json
 import os
+import select
 import signal
 import socket
 import stat
@@ -424,21 +425,73 @@ class Proc:
                     )
                     _spawned.add(self.pid)
                     _children.notify_all()
-            except OSError:
+            except BaseException:  # (ValueError too: a NUL in argv, env or cwd)
                 for fd in (in_r, out_w, err_w, out_r, err_r, self.stdin_w, *parked.values()):
                     os.close(fd)
                 raise
         for fd in (in_r, out_w, err_w, *parked.values()):
             os.close(fd)
+        # stdin is written on a worker (see feed), never by the request loop
+        self.stdin_lock = threading.Lock()
+        self.stdin_queue: list[bytes | None] = []
+        self.stdin_busy = False
+        self.done = False
         if not msg.get("stdin"):
             os.close(self.stdin_w)
             self.stdin_w = -1
+        else:
+            os.set_blocking(self.stdin_w, False)
         send({"ev": "started", "id": ident, "pid": self.pid})
         self.pumps = [_workers.run(self.pump, out_r, 1), _workers.run(self.pump, err_r, 2)]
         timeout = msg.get("timeout")
         if timeout:
             _workers.run(self.watchdog, float(str(timeout)))
         _workers.run(self.wait)
+
+    def feed(self, data: bytes | None) -> None:
+        """Queue bytes for the command's stdin (None: close it), written in order on
+        a worker: a command that does not read held the agent's request loop on a
+        full pipe, and every other request with it (kill included)."""
+        with self.stdin_lock:
+            if self.stdin_w < 0:
+                return
+            self.stdin_queue.append(data)
+            if self.stdin_busy:
+                return
+            self.stdin_busy = True
+        _workers.run(self._write_stdin)
+
+    def _write_stdin(self) -> None:
+        while True:
+            with self.stdin_lock:
+                if self.done or not self.stdin_queue or self.stdin_w < 0:
+                    if self.done:
+                        self._close_stdin()
+                    self.stdin_busy = False
+                    return
+                data = self.stdin_queue.pop(0)
+                if data is None:
+                    self._close_stdin()
+                    continue
+                fd = self.stdin_w  # (only this worker closes it while busy)
+            view = memoryview(data)
+            while view and not self.done:
+                try:
+                    view = view[os.write(fd, view) :]
+                except BlockingIOError:
+                    select.select([], [fd], [], 0.1)  # full: wait a while, see if it ended
+                except OSError:  # the reader is gone
+                    break
+
+    def _close_stdin(self) -> None:
+        """Under stdin_lock."""
+        if self.stdin_w >= 0:
+            try:
+                os.close(self.stdin_w)
+            except OSError:
+                pass
+            self.stdin_w = -1
+        self.stdin_queue.clear()
 
     def pump(self, fd: int, which: int) -> None:
         while True:
@@ -492,14 +545,16 @@ class Proc:
         code = 128 - code if code < 0 else code
         if self.timed_out:
             code = EXIT_TIMEOUT
-        scrub(self.empty, self.ipc)  # and what it left in /tmp or IPC goes (a reset)
+        try:
+            scrub(self.empty, self.ipc)  # and what it left in /tmp or IPC goes (a reset)
+        except Exception as exc:  # its exit must reach the host whatever the scrub met
+            report(exc)
         with _procs_lock:
             _procs.pop(self.id, None)
-        if self.stdin_w >= 0:
-            try:
-                os.close(self.stdin_w)
-            except OSError:
-                pass
+        self.done = True
+        with self.stdin_lock:  # (a busy writer closes it itself when it sees done)
+            if not self.stdin_busy:
+                self._close_stdin()
         send(
             {
                 "ev": "exit",
@@ -511,7 +566,11 @@ class Proc:
         )
 
 
-WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO a command left at the name must not hold the agent (ENXIO with
+# no reader); on a regular file it changes nothing
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+MAX_READ = 256 << 20  # files.read's bound: more is read inside the sandbox, in pieces
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -579,8 +638,7 @@ def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:
         data = b""
         reply: dict[str, object] = {"ev": "done", "id": ident}
         if op == "read":
-            with open(path, "rb") as fh:
-                data = fh.read()
+            data = read_file(path)
         elif op == "write":
             fd = open_for_writing(path, msg.get("root"))
             try:
@@ -620,6 +678,30 @@ def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:
         send(
             {"ev": "done", "id": ident, "error": exc.strerror or str(exc), "errno": exc.errno or 0}
         )
+    except (ValueError, RecursionError) as exc:  # a NUL in a path; a reply all the same
+        send({"ev": "done", "id": ident, "error": str(exc), "errno": 22})
+
+
+def read_file(path: str) -> bytes:
+    """A file's bytes for files.read: a regular file only (a FIFO or a device a
+    command left there would hold the agent, /dev/zero would fill its memory),
+    of at most MAX_READ bytes."""
+    fd = os.open(path, READ_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(22, f"{path} is not a regular file")
+        if st.st_size > MAX_READ:
+            raise OSError(27, f"{path} is larger than {MAX_READ >> 20} MiB")
+        chunks, size = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            size += len(chunk)
+            if size > MAX_READ:  # (grew while read)
+                raise OSError(27, f"{path} is larger than {MAX_READ >> 20} MiB")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _stat_fields(pid: int) -> list[str]:
@@ -732,25 +814,42 @@ def empty_dirs(paths: list[str]) -> int:
 
 
 def _clear(path: str, dev: int, mounts: set[str], held: set[str]) -> int:
+    """Empty ``path`` (see empty_dirs), depth first without recursion (a command may
+    leave a tree deeper than Python's stack), opening each directory to us first:
+    one a command made unwritable (chmod 0500) kept its contents for the next."""
     removed = 0
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return 0
-    for entry in entries:
-        try:
-            if entry.path in mounts or entry.stat(follow_symlinks=False).st_dev != dev:
-                continue  # a mount point: not ours to empty
-            if entry.is_dir(follow_symlinks=False):
-                removed += _clear(entry.path, dev, mounts, held)
-                if entry.path not in held:
-                    os.rmdir(entry.path)
+    stack: list[tuple[str, bool]] = [(path, False)]
+    while stack:
+        current, emptied = stack.pop()
+        if emptied:  # its contents are gone: the directory itself goes
+            if current != path and current not in held:
+                try:
+                    os.rmdir(current)
                     removed += 1
-            else:
-                os.unlink(entry.path)
-                removed += 1
+                except OSError:
+                    pass
+            continue
+        if current != path:
+            try:
+                os.chmod(current, 0o700)  # (ours: the same uid made it)
+            except OSError:
+                pass
+        try:
+            entries = list(os.scandir(current))
         except OSError:
-            pass
+            continue
+        stack.append((current, True))
+        for entry in entries:
+            try:
+                if entry.path in mounts or entry.stat(follow_symlinks=False).st_dev != dev:
+                    continue  # a mount point: not ours to empty
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, False))
+                else:
+                    os.unlink(entry.path)
+                    removed += 1
+            except OSError:
+                pass
     return removed
 
 
@@ -776,12 +875,15 @@ def handle(ident: int, msg: dict[str, object], payload: bytes) -> None:
         try:
             passed = take_fds([int(t) for t in msg.get("fds") or []])  # type: ignore[attr-defined]
             proc = Proc(ident, msg, passed)
-        except OSError as exc:  # as a shell would say it
+        except (OSError, ValueError) as exc:  # as a shell would say it
             missing = isinstance(exc, FileNotFoundError) and not isinstance(exc, NoCwd)
             code = 127 if missing else 126
             argv0 = str(msg["argv"][0])  # type: ignore[index]
             path = str(dict(msg.get("env") or {}).get("PATH", ""))  # type: ignore[call-overload]
-            message = cannot_run(argv0, exc, path)
+            if isinstance(exc, OSError):
+                message = cannot_run(argv0, exc, path)
+            else:  # (a NUL byte in argv, env or cwd: no program can take one)
+                message = f"corral: cannot run {argv0!r}: {exc}\n"
             send({"ev": "out", "id": ident, "fd": 2}, message.encode())
             send({"ev": "exit", "id": ident, "code": code})
             return
@@ -797,15 +899,8 @@ def handle(ident: int, msg: dict[str, object], payload: bytes) -> None:
             return
         if op == "kill":
             target.kill(int(str(msg.get("signal", signal.SIGKILL))))
-        elif target.stdin_w >= 0:
-            try:
-                if op == "stdin":
-                    os.write(target.stdin_w, payload)
-                else:
-                    os.close(target.stdin_w)
-                    target.stdin_w = -1
-            except OSError:
-                pass
+        else:
+            target.feed(payload if op == "stdin" else None)
     else:
         _workers.run(file_op, ident, msg, payload)
 

@@ -337,6 +337,29 @@ def _load_named(path: str, workspace: str | None) -> Policy:
     raise PolicyError(f"Sandbox: {path}: no such workspace directory or policy file")
 
 
+MAX_TIMEOUT = 10.0**7  # seconds (115 days): beyond it, a clock's arithmetic overflows
+
+
+def check_timeout(value: object) -> float | None:
+    """A command's timeout as given to exec or spawn: None, or seconds from 0 (none)
+    up to MAX_TIMEOUT.  A negative one shut the agent's channel for good (the host
+    waited a time below zero and took the agent for hung), NaN and an integer past
+    a float's range likewise: ValueError, naming the value."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"timeout must be a number of seconds, not {type(value).__name__}")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = float("inf")
+    if not 0 <= seconds <= MAX_TIMEOUT:  # (NaN fails it too)
+        raise ValueError(
+            f"timeout must be 0 (none) to {MAX_TIMEOUT:.0f} seconds, not {value!r}"[:120]
+        )
+    return seconds
+
+
 def _policy_for(
     policy: object,
     workspace: str | None,
@@ -969,6 +992,7 @@ class Sandbox:
     ) -> tuple[Process, dict[str, object], tuple[int, ...]]:
         """The exec request for a started sandbox, its Process registered; not sent."""
         fds = self._check_pass_fds(pass_fds)
+        timeout = check_timeout(timeout)
         argv = self._argv(command)
         header: dict[str, object] = {
             "op": "exec",

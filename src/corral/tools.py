@@ -233,14 +233,26 @@ def _opt_str(a: JSON, key: str) -> str | None:
 
 
 async def _run_command(box: Toolbox, a: JSON) -> object:
-    timeout = a.get("timeout")
     r = await box.sb.exec(
         str(a["command"]),
-        timeout=float(timeout) if isinstance(timeout, int | float) else box.command_timeout,
+        timeout=_call_timeout(box, a.get("timeout")),
         cwd=_opt_str(a, "cwd"),
         stdin=_opt_str(a, "stdin"),
     )
     return exec_result(r)
+
+
+def _call_timeout(box: Toolbox, asked: object) -> float | None:
+    """The timeout a tool call gets: what it asked for (checked: ValueError), else
+    the toolbox's; never past the policy's, which the operator set for every
+    command the caller (a model, an MCP client) runs: 0 or a huge value lifted it."""
+    from corral.sandbox import check_timeout
+
+    own = check_timeout(asked) if isinstance(asked, int | float) else box.command_timeout
+    limit = box.sb.policy.limits.timeout
+    if limit and (not own or own > limit):
+        return limit
+    return own
 
 
 async def _start_process(box: Toolbox, a: JSON) -> object:
