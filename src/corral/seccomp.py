@@ -145,7 +145,9 @@ _X86_64: dict[str, int] = {
     "shmget": 29, "shmat": 30, "shmctl": 31, "semget": 64, "semop": 65, "semctl": 66,
     "shmdt": 67, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "semtimedop": 220,
     "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243,
-    "mq_notify": 244, "mq_getsetattr": 245,
+    "mq_notify": 244, "mq_getsetattr": 245, "sched_setaffinity": 203,
+    "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314,
+    "setpriority": 141, "ioprio_set": 251,
 }  # fmt: skip
 
 _AARCH64: dict[str, int] = {
@@ -195,6 +197,8 @@ _AARCH64: dict[str, int] = {
     "semctl": 191, "semtimedop": 192, "semop": 193, "shmget": 194, "shmctl": 195,
     "shmat": 196, "shmdt": 197, "mq_open": 180, "mq_unlink": 181, "mq_timedsend": 182,
     "mq_timedreceive": 183, "mq_notify": 184, "mq_getsetattr": 185,
+    "sched_setaffinity": 122, "sched_setscheduler": 119, "sched_setparam": 118,
+    "sched_setattr": 274, "setpriority": 140, "ioprio_set": 30,
 }  # fmt: skip
 
 _TABLES: dict[str, dict[str, int]] = {"x86_64": _X86_64, "aarch64": _AARCH64}
@@ -621,6 +625,49 @@ def _process_rules() -> tuple[SyscallRule, ...]:
         _deny("process_vm_writev", "write another process's memory"),
         _deny("pidfd_getfd", "steal file descriptors from another process"),
     )
+
+
+_PRIO_USER = 2
+_IOPRIO_WHO_USER = 3
+
+
+def other_process_rules() -> tuple[SyscallRule, ...]:
+    """Another process's limits and scheduling, which the kernel lets any process of
+    the same uid set: on the landlock tier (no pid namespace) a command set a host
+    process's resource limits (prlimit --pid); on the namespace tier pid 1 is the
+    sandbox's own init or a Sandbox's agent, whose limits, niceness and CPUs every
+    later command of a reused sandbox inherited.  A process's own (pid 0) stay
+    free, and so do its threads' scheduling (pthread_setaffinity_np names a
+    thread's id), but for pid 1's.  (Not in default_deny_rules: the container
+    tiers, whose sandboxes are never reused, keep their filters within what
+    gVisor compiles.)"""
+    eperm = _errno.EPERM
+    rules = [
+        SyscallRule(
+            "prlimit64",
+            eperm,
+            (ArgCond(0, "ne", 0), ArgCond(2, "ne", 0)),
+            "set another process's resource limits",
+        ),
+        SyscallRule(
+            "setpriority", eperm, (ArgCond(0, "eq", _PRIO_USER),), "renice every process of a user"
+        ),
+        SyscallRule(
+            "ioprio_set",
+            eperm,
+            (ArgCond(0, "eq", _IOPRIO_WHO_USER),),
+            "set the I/O priority of every process of a user",
+        ),
+    ]
+    why = "the scheduling of pid 1 (the sandbox's init, or a Sandbox's agent)"
+    rules += [
+        SyscallRule(n, eperm, (ArgCond(1, "eq", 1),), why) for n in ("setpriority", "ioprio_set")
+    ]
+    rules += [
+        SyscallRule(n, eperm, (ArgCond(0, "eq", 1),), why)
+        for n in ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
+    ]
+    return tuple(rules)
 
 
 def _kernel_rules() -> tuple[SyscallRule, ...]:

@@ -16,6 +16,7 @@ import os
 import pty
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -213,3 +214,28 @@ def test_kernel_attack_surface(box: Box) -> None:
     for name in ("bpf", "perf_event_open", "io_uring_setup", "userfaultfd", "keyctl",
                  "kexec_load", "init_module"):  # fmt: skip
         assert r.denied(name), (name, r)
+
+
+def test_another_processs_limits(box: Box) -> None:
+    """A host process of the same uid had its resource limits set from the landlock
+    tier (prlimit --pid; no pid namespace there): refused on every tier, the host
+    process's limits unchanged.  The twin: the command's own limits are its to set."""
+    import subprocess
+
+    c = box.c  # a host process of the uid under test, which the kernel lets it reach
+    as_user = ["setpriv", f"--reuid={c.uid}", f"--regid={c.gid}", "--clear-groups"]
+    host = subprocess.Popen([*as_user, "sleep", "30"], start_new_session=True)
+    try:
+        before = Path(f"/proc/{host.pid}/limits").read_text()
+        r = box.py(
+            "import resource\n"
+            f"attempt('attack', lambda: resource.prlimit({host.pid}, resource.RLIMIT_NOFILE, (5, 5)))\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))\n"
+            "print('twin=' + str(resource.getrlimit(resource.RLIMIT_NOFILE)[0]))\n"
+        )
+        assert r.got.get("twin") == "100", r
+        assert r.got.get("attack", "").startswith("err:"), r
+        assert Path(f"/proc/{host.pid}/limits").read_text() == before
+    finally:
+        host.kill()
+        host.wait()

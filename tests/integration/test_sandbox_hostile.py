@@ -118,3 +118,23 @@ def test_a_reset_empties_what_a_command_made_hard_to_remove(sb: Sandbox) -> None
     assert r.stdout.endswith(b"made\n"), r
     r = sb.exec_alone("ls -A /tmp")
     assert r.exit_code == 0 and r.stdout == b"", r
+
+
+@pytest.mark.tiers(
+    "namespace",
+    "landlock",
+    why="a container sandbox is never reset for another job: what one command changes "
+    "reaches the next, as its files do",
+)
+def test_a_command_cannot_change_the_agents_limits_or_scheduling(sb: Sandbox) -> None:
+    """The agent is pid 1, of the command's uid: a job set its limits (prlimit
+    --pid 1), niceness and CPUs, and every later command of a reused sandbox
+    inherited them (a file size limit of 10 bytes, nice 19, one CPU).  Refused;
+    the twin: a command sets its own, and the next one starts with the agent's."""
+    before = sb.exec("ulimit -f; ulimit -u; nice").stdout
+    r = sb.exec(
+        "prlimit --pid 1 --fsize=10:10 && echo limits; renice -n 19 -p 1 >/dev/null && echo nice; "
+        "taskset -p 1 1 >/dev/null && echo cpus; ulimit -f 10 && ulimit -f"
+    )
+    assert r.stdout == b"10\n", r  # (its own: the twin)
+    assert sb.exec("ulimit -f; ulimit -u; nice").stdout == before

@@ -509,7 +509,11 @@ class LandlockTier(Tier):
             layer.secrets = frozenset(fs.read_deny)
             plan.home = layer
             plan.env["HOME"] = layer.path
-        plan.seccomp = (*seccomp.default_deny_rules(), *extra_seccomp_rules())
+        plan.seccomp = (
+            *seccomp.default_deny_rules(),
+            *seccomp.other_process_rules(),
+            *extra_seccomp_rules(),
+        )
         plan.fds = dict.fromkeys(pass_fds, "pass")
         bounds.apply_cgroup(plan, policy.limits, facts.cgroup_layout())
         bounds.apply_scratch(plan, absent=SCRATCH_BOUND, blocked=("shm",))

@@ -525,7 +525,7 @@ class NamespaceTier(Tier):
             plan.home = layer
             plan.env["HOME"] = layer.path
         plan.cwd = environ.sandbox_cwd(policy, fs.writable, facts.cwd)
-        plan.seccomp = seccomp.default_deny_rules()
+        plan.seccomp = (*seccomp.default_deny_rules(), *seccomp.other_process_rules())
         bounds.apply_cgroup(plan, policy.limits, facts.cgroup_layout())
         bounds.apply_scratch(plan, sized_by="tmpfs size")
         numbers = own_fd_numbers(pass_fds)
