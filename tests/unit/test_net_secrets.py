@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from corral.errors import EXIT_REFUSED, CorralError, PolicyError
-from corral.net.hooks import Chain, Destination, Hook, HostRulesHook, Request, Response
+from corral.net.hooks import (
+    BodyFilter,
+    Chain,
+    Destination,
+    Hook,
+    HostRulesHook,
+    Request,
+    Response,
+)
 from corral.net.rules import HostRules
 from corral.net.secrets import SecretsHook, new_placeholder, read_value
 from corral.policy import Policy, Secret
@@ -601,6 +609,18 @@ def test_a_body_cut_short_or_corrupt_is_an_error_not_a_pass(hook: SecretsHook) -
         body_through(hook, packed[:12] + b"\0" * 20, [], [(b"content-encoding", b"gzip")])
 
 
+def _stream_filter(hook: SecretsHook) -> BodyFilter:
+    """The filter a response body from the secret's host streams through."""
+    chain = Chain([hook])
+    dest = Destination("run", "https", "api.test", 443)
+    req = Request("GET", "/", [], 0)
+    chain.request(dest, req)
+    response = Response(200, [])
+    chain.response(dest, req, response)
+    (echo_filter,) = response.filters
+    return echo_filter
+
+
 def test_an_event_that_ends_like_the_start_of_wrapped_base64_is_not_held(
     hook: SecretsHook,
 ) -> None:
@@ -609,13 +629,7 @@ def test_an_event_that_ends_like_the_start_of_wrapped_base64_is_not_held(
     event): an event whose last character could start the value's base64 was
     held until the next event.  The twin: one ending in a single line break is
     held, for the next piece may go on with the core."""
-    chain = Chain([hook])
-    dest = Destination("run", "https", "api.test", 443)
-    req = Request("GET", "/", [], 0)
-    chain.request(dest, req)
-    response = Response(200, [])
-    chain.response(dest, req, response)
-    (echo_filter,) = response.filters
+    echo_filter = _stream_filter(hook)
     core = hook.secrets[0].cores[0]
     event = b"data: " + core[:3] + b"\n\n"
     assert echo_filter.feed(event) == event
@@ -630,13 +644,7 @@ def test_a_stream_goes_on_as_it_comes_but_for_what_could_start_an_echo(
     could be the start of an echo (the value, an escape of it, its base64) waits
     for the next piece, which shows it was one (hidden) or was not (sent as is)."""
     ph = placeholder(hook, "API_KEY").encode()
-    chain = Chain([hook])
-    dest = Destination("run", "https", "api.test", 443)
-    req = Request("GET", "/", [], 0)
-    chain.request(dest, req)
-    response = Response(200, [])
-    chain.response(dest, req, response)
-    (echo_filter,) = response.filters
+    echo_filter = _stream_filter(hook)
     events = [b'data: {"token": "Hel"}\n\n', b'data: {"token": "lo"}\n\n']
     assert [echo_filter.feed(e) for e in events] == events  # nothing held
     assert echo_filter.feed(b"data: key " + REAL[:5]) == b"data: key "  # "sk-re" held
