@@ -146,9 +146,13 @@ _INODE_IOCTLS = {
 
 def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
     """What Landlock leaves open here, closed by seccomp."""
+    return (*_metadata_rules(), *_socket_rules(), *_ipc_rules())
+
+
+def _metadata_rules() -> tuple[SyscallRule, ...]:
+    """File modes (to the supervisor), owners, extended attributes, inode flags."""
     from corral.seccomp import ArgCond, SyscallRule
 
-    eacces = errno.EACCES
     modes = tuple(
         SyscallRule(
             name,
@@ -171,17 +175,22 @@ def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
         SyscallRule("ioctl", errno.ENOTTY, (ArgCond(1, "eq", request),), f"{name}: file metadata")
         for request, name in _INODE_IOCTLS.items()
     )
-    return (
-        *modes,
-        *owners,
-        *xattrs,
-        *inode,
-        SyscallRule(
-            "file_setattr",
-            errno.ENOSYS,
-            (),
-            "extended flags by path (Linux 6.17): callers fall back to the ioctl, refused too",
-        ),
+    by_path = SyscallRule(
+        "file_setattr",
+        errno.ENOSYS,
+        (),
+        "extended flags by path (Linux 6.17): callers fall back to the ioctl, refused too",
+    )
+    return (*modes, *owners, *xattrs, *inode, by_path)
+
+
+def _socket_rules() -> tuple[SyscallRule, ...]:
+    """Sockets Landlock does not govern: unix ones, datagram pairs, listen without a
+    bind, UDP, raw, and stream protocols but TCP."""
+    from corral.seccomp import ArgCond, SyscallRule
+
+    eacces = errno.EACCES
+    rules = [
         SyscallRule(
             "socket",
             eacces,
@@ -202,6 +211,35 @@ def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
             "listen(): on a socket never bound the kernel binds an ephemeral port on "
             "every address, which Landlock's bind rules do not see",
         ),
+    ]
+    for family, name in ((_AF_INET, "IPv4"), (_AF_INET6, "IPv6")):
+        not_stream = (ArgCond(0, "eq", family), ArgCond(1, "bits_set", _SOCK_NOT_STREAM))
+        rules.append(
+            SyscallRule(
+                "socket", eacces, not_stream, f"UDP and raw {name}: Landlock governs TCP only"
+            )
+        )
+    # A stream socket of another protocol (MPTCP, SCTP, SMC) is not TCP to Landlock,
+    # so it could connect and bind anywhere; MPTCP falls back to plain TCP with any
+    # server.  EPROTONOSUPPORT, as where MPTCP is off: programs that try it first
+    # (Go) fall back to TCP.
+    rules += [
+        SyscallRule(
+            "socket",
+            errno.EPROTONOSUPPORT,
+            (ArgCond(0, "eq", family), ArgCond(2, "not_in", values=(0, _IPPROTO_TCP))),
+            "stream protocols but TCP (MPTCP, SCTP): Landlock governs TCP only",
+        )
+        for family in (_AF_INET, _AF_INET6)
+    ]
+    return tuple(rules)
+
+
+def _ipc_rules() -> tuple[SyscallRule, ...]:
+    """System V IPC and POSIX message queues: the host's here."""
+    from corral.seccomp import SyscallRule
+
+    return (
         *(
             SyscallRule(name, errno.ENOSYS, (), "System V IPC: the host's objects, by key")
             for name in _SYSV_IPC
@@ -209,31 +247,6 @@ def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
         *(
             SyscallRule(name, errno.ENOSYS, (), "POSIX message queues: the host's, by name")
             for name in _POSIX_MQUEUE
-        ),
-        SyscallRule(
-            "socket",
-            eacces,
-            (ArgCond(0, "eq", _AF_INET), ArgCond(1, "bits_set", _SOCK_NOT_STREAM)),
-            "UDP and raw IPv4: Landlock governs TCP only",
-        ),
-        SyscallRule(
-            "socket",
-            eacces,
-            (ArgCond(0, "eq", _AF_INET6), ArgCond(1, "bits_set", _SOCK_NOT_STREAM)),
-            "UDP and raw IPv6: Landlock governs TCP only",
-        ),
-        *(
-            # A stream socket of another protocol (MPTCP, SCTP, SMC) is not TCP to
-            # Landlock, so it could connect and bind anywhere; MPTCP falls back to
-            # plain TCP with any server.  EPROTONOSUPPORT, as where MPTCP is off:
-            # programs that try it first (Go) fall back to TCP.
-            SyscallRule(
-                "socket",
-                errno.EPROTONOSUPPORT,
-                (ArgCond(0, "eq", family), ArgCond(2, "not_in", values=(0, _IPPROTO_TCP))),
-                "stream protocols but TCP (MPTCP, SCTP): Landlock governs TCP only",
-            )
-            for family in (_AF_INET, _AF_INET6)
         ),
     )
 
