@@ -539,8 +539,9 @@ def build_policy(opts: dict[str, object]) -> Policy:
 
         try:
             runlog.keep_out(policy.filesystem.read_deny, opts.get("log"), opts.get("net_log"))
-        except OSError as exc:
-            raise PolicyError(f"--log/--net-log: {exc.strerror or exc}") from None
+        except OSError as exc:  # (ELOOP: a symlink there; logs are plain files only)
+            where = exc.filename or "a log"
+            raise PolicyError(f"cannot write {where} as a log: {exc.strerror or exc}") from None
     return policy
 
 

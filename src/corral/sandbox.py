@@ -448,7 +448,10 @@ class Sandbox:
             try:
                 runlog.keep_out(policy.filesystem.read_deny, log, net_log)
             except OSError as exc:
-                raise SandboxError(f"log: {exc.strerror or exc}") from None
+                where = exc.filename or "a log"
+                raise SandboxError(
+                    f"cannot write {where} as a log: {exc.strerror or exc}"
+                ) from None
         if placement is None:
             from corral.placement import Local
 
