@@ -518,6 +518,9 @@ def cmd_pending(args: list[str]) -> int:
             f"{item.get('id')!s:<9} {item.get('run')!s:<19} {age:>5}  {item.get('method')!s:<7} "
             f"{host:<24} {str(item.get('path'))[:60]:<28} {item.get('rule')}"
         )
+        also = item.get("also")
+        if isinstance(also, list) and also:  # served as these too (override headers...)
+            line += f"  (also served as: {', '.join(str(a)[:60] for a in also[:4])})"
         print(plain(line))
     return 0
 

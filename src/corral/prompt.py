@@ -259,7 +259,8 @@ def _what(ask: AskInfo) -> str:
     from corral.errors import plain
 
     where = f"{ask.host}:{ask.port}{ask.path}"
-    return plain(f"{ask.method} {where[:120]} ({ask.rule})")
+    also = f", also served as {', '.join(a[:60] for a in ask.also[:4])}" if ask.also else ""
+    return plain(f"{ask.method} {where[:120]} ({ask.rule}{also})")
 
 
 def _write(fd: int, data: bytes) -> None:

@@ -147,6 +147,32 @@ def test_hub_grants_cover_expire_and_answer_held_twins() -> None:
     aio.run(main())
 
 
+def test_a_grant_covers_a_request_only_as_all_it_may_be_served_as() -> None:
+    """A grant for GET /x let GET /x with X-HTTP-Method-Override: DELETE (or
+    ?_method=DELETE) through at once (found by attacking the approvals): a request
+    an origin may serve as another method or path is covered only if every one
+    of those is, and the person is shown them.  The twin: the same request with
+    no override is answered by the grant."""
+
+    async def main() -> None:
+        hub = Hub(Recorder(), "run1", timeout=5)
+        first = aio.ensure_future(hub.ask(dest(), req(target="/x"), ASK))
+        (ask_id,) = await _held(hub)
+        hub.answer(ask_id, Decision(True, 60), "test")
+        assert (await first).allowed
+        plain = await hub.ask(dest(), req(target="/x"), ASK)
+        assert plain.allowed and "grant" in plain.reason
+        override = Request("GET", "/x", [(b"x-http-method-override", b"DELETE")], 0)
+        for held_req in (override, req(target="/x?_method=DELETE")):
+            task = aio.ensure_future(hub.ask(dest(), held_req, ASK))
+            (ask_id,) = await _held(hub)
+            assert hub.listing()[0]["also"] == ["DELETE /x"]
+            hub.answer(ask_id, Decision.deny(), "test")
+            assert not (await task).allowed
+
+    aio.run(main())
+
+
 def test_hub_connect_asks_have_no_path() -> None:
     async def main() -> None:
         hub = Hub(Recorder(), "run1", timeout=5)

@@ -714,3 +714,25 @@ def test_a_cached_guardrail_decision_is_audited_and_limits_every_time() -> None:
     verdict = hook.on_request(dest, long)
     assert verdict is not None and verdict.decision == "deny"
     assert all(len(key[3]) < 5000 for key in hook._decided)
+
+
+def test_what_yaml_tools_read_is_read_so_or_refused() -> None:
+    """Found by attacking the guardrails: "risk_tier: CRITICAL  # never" (the
+    README's own style) was read as an unknown tier, null, so ask where the
+    author meant deny; a "--- " fence with a trailing space made the file body
+    only, enforcing nothing; "&t CRITICAL" and "!!str CRITICAL" were null too.
+    A trailing comment is dropped, a fence may end in white space, and YAML's
+    anchors, tags and block values are an error naming the line.  The twin: a
+    quoted value keeps its "#"."""
+    head = "hosts: [api.test]\n"
+    g = gr.parse(f"---\n{head}risk_tier: CRITICAL   # never\n---\nbody\n", "a.md")
+    assert g.tier == "CRITICAL"
+    g = gr.parse(f"--- \n{head}risk_tier: high\n---  \nbody\n", "b.md")
+    assert g.tier == "HIGH" and g.enforcing and g.body.strip() == "body"
+    g = gr.parse(
+        f'---\n{head}title: "Deploy #5"  # the fifth\nmethods: [GET] # read\n---\n', "c.md"
+    )
+    assert g.title == "Deploy #5" and g.methods == ["GET"]
+    for value in ("&t CRITICAL", "!!str CRITICAL", "*t", "|"):
+        with pytest.raises(gr.GuardrailError, match=r"d\.md:3: .*anchors"):
+            gr.parse(f"---\n{head}risk_tier: {value}\n---\n", "d.md")

@@ -393,3 +393,25 @@ def test_several_globs_of_one_entry_match_as_one_pattern_and_each_alone() -> Non
         assert allowed("a.test", target) is False
     assert allowed("b.test", b"/q?k=v") is True and allowed("b.test", b"/plain/x?any=1") is True
     assert allowed("b.test", b"/q?j=v") is False and allowed("b.test", b"/q") is False
+
+
+def test_an_ask_still_looks_at_what_a_request_may_be_served_as() -> None:
+    """Deny /admin/**, deny DELETE, ask for the rest: GET /x carrying X-Original-URL:
+    /admin/delete or X-HTTP-Method-Override: DELETE was held as a plain GET /x
+    (the ask returned before the alternates were looked at), and a person who
+    approved it let a denied path or method through (found by attacking the
+    approvals).  Denied, deny winning; the twin: GET /x alone is asked."""
+    entries: list[dict[str, object]] = [
+        {"host": "api.test", "paths": ["/admin/**"], "action": "deny"},
+        {"host": "api.test", "methods": ["DELETE"], "action": "deny"},
+        {"host": "api.test", "paths": ["/**"], "action": "ask"},
+    ]
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), HttpRulesHook.from_policy(entries)])
+    dest = Destination("run", "https", "api.test", 443)
+    for header in ((b"x-original-url", b"/admin/delete"), (b"x-http-method-override", b"DELETE")):
+        verdict = chain.request(dest, Request("GET", "/x", [header], 0))
+        assert verdict is not None and not verdict.allowed and not verdict.ask, header
+    asked = chain.request(dest, Request("GET", "/x", [], 0))
+    assert asked is not None and asked.ask
+    query = chain.request(dest, Request("GET", "/x?_method=DELETE", [], 0))
+    assert query is not None and not query.allowed and not query.ask

@@ -116,6 +116,29 @@ def request_key(dest: Destination, request: Request | None) -> tuple[str, str, Q
     return request.method.upper(), path, query
 
 
+def alternate_keys(request: Request | None) -> list[tuple[str, str, Query | None]]:
+    """The (method, path, query) an origin may serve a request as besides its request
+    line (override headers, routing headers, ``_method`` in the query or a body
+    read to decide): a grant covers the request only if it covers each of them
+    too, or a grant for ``GET /x`` let ``GET /x`` with X-HTTP-Method-Override:
+    DELETE through."""
+    if request is None:
+        return []
+    from corral.net.httprules import BadPath, alternates, form_methods, normalize_target
+
+    pairs = alternates(request.method, request.target, request.headers)
+    if request.body is not None and request.method.upper() == "POST":
+        pairs += [(m, request.target) for m in form_methods(request.body)]
+    keys = []
+    for method, target in dict.fromkeys(pairs):
+        try:
+            path, query = normalize_target(target.encode("latin-1", "replace"))
+        except BadPath:
+            path, query = target, None
+        keys.append((method.upper(), path, query))
+    return keys
+
+
 # -- the hub --------------------------------------------------------------------------------
 
 
@@ -233,7 +256,12 @@ class Hub(Asker):
         key = request_key(dest, request)
         method, path, query = key
         loop = aio.get_running_loop()
+        also = alternate_keys(request)
         grant = self._grant_for(dest.host, dest.port, method, path, query, loop.time())
+        if grant is not None and not all(
+            self._grant_for(dest.host, dest.port, m, p, q, loop.time()) for m, p, q in also
+        ):
+            grant = None  # (it covers the request line, not all the request may be served as)
         base = {
             "host": dest.host,
             "port": dest.port,
@@ -241,6 +269,8 @@ class Hub(Asker):
             "path": path,
             "rule": verdict.rule,
         }
+        if also:  # what the person is asked about, besides the request line
+            base["also"] = [f"{m} {p}" for m, p, _ in also]
         if grant is not None:
             self._event({"event": "ask", **base, "answer": "grant", "grant": grant.id})
             return Verdict(True, verdict.rule, f"ask: allowed by grant {grant.id}")

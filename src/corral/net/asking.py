@@ -108,7 +108,18 @@ class Decision:
 class AskInfo:
     """A held request as an answerer sees it."""
 
-    __slots__ = ("host", "id", "method", "path", "port", "reason", "rule", "run_id", "since")
+    __slots__ = (
+        "also",
+        "host",
+        "id",
+        "method",
+        "path",
+        "port",
+        "reason",
+        "rule",
+        "run_id",
+        "since",
+    )
 
     def __init__(self, data: dict[str, object]) -> None:
         self.id = str(data.get("id", ""))
@@ -120,6 +131,10 @@ class AskInfo:
         self.path = str(data.get("path", ""))
         self.rule = str(data.get("rule", ""))
         self.reason = str(data.get("reason", ""))
+        # what an origin may serve it as besides (override headers, _method): a
+        # person approving GET /x must see that it is also DELETE /x
+        also = data.get("also")
+        self.also = [str(a) for a in also] if isinstance(also, list) else []
         since = data.get("since")
         self.since = float(since) if isinstance(since, int | float) else time.time()
 

@@ -22,7 +22,9 @@ depend on it, and a full YAML reader would accept far more than a guardrail
 needs): ``key: value``; a value may be quoted (``"..."`` or ``'...'``, no
 escapes), an inline list ``[a, b]`` (items hold no commas), or empty with
 ``- item`` lines below it; blank lines and lines starting with ``#`` are
-skipped.  Anything else is an error naming the file and line.
+skipped, and so is a trailing `` # comment``; a fence line may end in white
+space.  Anything else (YAML's anchors, aliases, tags, block values) is an
+error naming the file and line.
 
 The body is everything after the closing fence, or the whole file trimmed
 when there is no fence.  Its hash is the sha256, in lower-case hex, of the
@@ -118,20 +120,52 @@ def title_from_file_name(name: str) -> str:
 def _split(text: str) -> tuple[list[str] | None, int, str]:
     """(front-matter lines or None, the closing fence's index, body)."""
     lines = text.split("\n")
-    if lines[0].rstrip("\r") != "---":
+    # (trailing white space on a fence line still makes a fence, as YAML tools read
+    # it: "--- " read as body made an enforcing file enforce nothing, silently)
+    if lines[0].rstrip() != "---":
         return None, -1, text.strip(_TRIM)
     for index in range(1, len(lines)):
-        if lines[index].rstrip("\r") == "---":
+        if lines[index].rstrip() == "---":
             return lines[1:index], index, "\n".join(lines[index + 1 :])
     raise ValueError("1: malformed front matter: the fence opened here is never closed (---)")
 
 
+# What starts a YAML anchor, alias, tag, block scalar or flow mapping: not in this
+# subset.  An error, not a value: "&t CRITICAL" read as a tier word was null (ask,
+# where the author meant deny).
+_YAML_ONLY = tuple("&*!|>%@`{")
+
+
+def _uncommented(value: str) -> str:
+    """A value without a trailing YAML comment (" # ..."): "CRITICAL  # never" was
+    read whole, an unknown tier, null: ask where the author meant deny."""
+    if value[:1] in ("'", '"'):
+        end = value.find(value[0], 1)
+        if end > 0 and value[end + 1 :].strip().startswith("#"):
+            return value[: end + 1]
+        return value
+    if value[:1] == "[":
+        end = value.rfind("]")
+        if end > 0 and value[end + 1 :].strip().startswith("#"):
+            return value[: end + 1]
+        return value
+    for at in range(1, len(value)):
+        if value[at] == "#" and value[at - 1] in " \t":
+            return value[:at].rstrip()
+    return value
+
+
 def _unquote(raw: str, line: int) -> str:
-    value = raw.strip()
+    value = _uncommented(raw.strip())
     if value[:1] in ("'", '"'):
         if len(value) < 2 or value[-1] != value[0]:
             raise ValueError(f"{line}: malformed front matter: unclosed quote")
         return value[1:-1]
+    if value.startswith(_YAML_ONLY):
+        raise ValueError(
+            f"{line}: malformed front matter: YAML anchors, aliases, tags and block values "
+            "are not supported (quote the value)"
+        )
     return value
 
 
@@ -177,7 +211,7 @@ def parse_front_matter(lines: list[str]) -> dict[str, tuple[int, Value]]:
             raise ValueError(f"{number}: malformed front matter: a space must follow '{key}:'")
         if key in found:
             raise ValueError(f"{number}: malformed front matter: {key} is set twice")
-        rest = rest.strip()
+        rest = _uncommented(rest.strip())
         open_list = None
         if not rest:
             found[key] = (number, [])

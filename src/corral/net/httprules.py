@@ -537,22 +537,30 @@ class HttpRulesHook(Hook):
         verdict, limit = found
         if limit is not None and limit.max_body is not None:
             request.limit_body(limit.max_body, limit.name)
-        if not verdict.allowed:
-            return verdict
+        if not verdict.allowed and not verdict.ask:
+            return verdict  # (an ask still looks at the alternates: a deny there wins)
         if ALTERNATE_HEADERS.isdisjoint(map(_name, request.headers)) and not (
             "?" in request.target and _may_name_method(request.target)
         ):
             if request.method == "POST" and _form_body(request):
-                return _form_override(rules, dest, request) or verdict
+                return _strongest(verdict, _form_override(rules, dest, request))
             return verdict  # (no override: the usual case, looked at in C)
         ruled = rules.host(dest.host, dest.port)
         for method, target in alternates(request.method, request.target, request.headers):
             other, _ = rules.decision(ruled, dest.port, method, target)
-            if not other.allowed:
-                return other
+            verdict = _strongest(verdict, other)
         if request.method == "POST" and _form_body(request):
-            return _form_override(rules, dest, request) or verdict
+            verdict = _strongest(verdict, _form_override(rules, dest, request))
         return verdict
+
+
+def _strongest(verdict: Verdict, other: Verdict | None) -> Verdict:
+    """Of two decisions on one request, the one that stands: a deny, else an ask."""
+    if other is None or other.allowed or (not verdict.allowed and not verdict.ask):
+        return verdict
+    if other.ask and verdict.ask:
+        return verdict
+    return other
 
 
 # Headers with which Google's APIs, Express's method-override, Rack and Symfony take
