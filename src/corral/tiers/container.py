@@ -133,9 +133,9 @@ class EngineLaunch(LaunchStrategy):
     def limits_hit(self, plan: Plan) -> list[str]:
         if not self.report:
             return []
-        try:
-            with open(self.report, encoding="utf-8") as fh:
-                words = fh.read().split()
+        try:  # (bounded: the command can write that file, on the host's disk)
+            with open(self.report, encoding="utf-8", errors="replace") as fh:
+                words = fh.read(256).split()
         except OSError:
             return []
         return [w for w in dict.fromkeys(words) if w in ("memory", "pids")]
