@@ -648,15 +648,7 @@ def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:
             finally:
                 os.close(fd)
         elif op == "list":
-            reply["entries"] = [
-                {
-                    "name": e.name,
-                    "dir": e.is_dir(follow_symlinks=False),
-                    "link": e.is_symlink(),
-                    "size": e.stat(follow_symlinks=False).st_size,
-                }
-                for e in sorted(os.scandir(path), key=lambda e: e.name)
-            ]
+            reply["entries"] = list_dir(path)
         elif op == "exists":
             reply["exists"] = os.path.lexists(path)
         elif op == "remove":
@@ -680,6 +672,30 @@ def file_op(ident: int, msg: dict[str, object], payload: bytes) -> None:
         )
     except (ValueError, RecursionError) as exc:  # a NUL in a path; a reply all the same
         send({"ev": "done", "id": ident, "error": str(exc), "errno": 22})
+
+
+MAX_LISTING = 16 << 20  # a listing's bound, as JSON: the host takes no header past 64 MiB
+
+
+def list_dir(path: str) -> list[dict[str, object]]:
+    """A directory's entries for files.list, within MAX_LISTING: a command made one
+    whose listing was a 69 MB header, which the host took for a malformed frame
+    and stopped the sandbox on (EFBIG past the bound: list it with a command)."""
+    entries: list[dict[str, object]] = []
+    size = 0
+    for e in sorted(os.scandir(path), key=lambda e: e.name):
+        size += 6 * len(e.name) + 64  # (a byte may take six as JSON: \u0001)
+        if size > MAX_LISTING:
+            raise OSError(27, f"{path} holds more entries than files.list returns")
+        entries.append(
+            {
+                "name": e.name,
+                "dir": e.is_dir(follow_symlinks=False),
+                "link": e.is_symlink(),
+                "size": e.stat(follow_symlinks=False).st_size,
+            }
+        )
+    return entries
 
 
 def read_file(path: str) -> bytes:

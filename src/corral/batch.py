@@ -185,14 +185,18 @@ def run_flags(job: Job) -> list[str]:
 PROTECTED = "_protected"  # (not a key a jobs file can set: check_job refuses it)
 
 
-def protect(items: list[Job | Result], jobs_file: str, out: str) -> None:
-    """What the batch reads again when it resumes is read-only to every job whose
-    workspace holds it: the jobs file, the results file and each job's policy.
-    A job (its workspace is the jobs file's directory by default) appended a job
+def protect(items: list[Job | Result], jobs_file: str, out: str, *logs: str | None) -> None:
+    """What the batch reads again or writes for the caller is read-only to every job
+    whose workspace holds it: the jobs file, the results file, each job's policy
+    and ``files`` (copied into later jobs' workspaces), and the batch's logs.  A
+    job (its workspace is the jobs file's directory by default) appended a job
     with a policy it wrote (tier = "none"), and the resumed batch ran that one
-    unconfined."""
+    unconfined; another swapped a ``files`` source for a link to a secret the
+    next job then got a copy of."""
     paths = [os.path.abspath(jobs_file), os.path.abspath(out)]
+    paths += [os.path.abspath(p) for p in logs if p]
     paths += [str(i["policy"]) for i in items if "argv" in i and isinstance(i.get("policy"), str)]
+    paths += [str(f) for i in items if "argv" in i for f in i.get("files", [])]
     for item in items:
         if "argv" not in item:
             continue  # (an error result)
@@ -625,11 +629,11 @@ def main(opts: dict[str, object], jobs_file: str) -> int:
         from corral import batch_ray
 
         batch_ray.connect(address)  # one line and 122 if it cannot
-    protect(items, jobs_file, out)
-    done = finished_ids(out)
-    todo = [i for i in items if i["id"] not in done]
     log = str(opts.get("log") or "") or None
     net_log = str(opts.get("net_log") or "") or None
+    protect(items, jobs_file, out, log, net_log)
+    done = finished_ids(out)
+    todo = [i for i in items if i["id"] not in done]
     failed = sum(1 for i in items if i["id"] in done and not done[i["id"]])
     progress = _Progress(len(todo))
     try:
@@ -686,10 +690,10 @@ def _write_net(lines: list[dict[str, Any]], net_log: str | None = None) -> None:
     if not lines:
         return
     from corral.net import audit
+    from corral.runlog import open_log
 
     path = net_log or audit.default_path()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
+    with os.fdopen(open_log(path), "a", encoding="utf-8") as f:  # (no link followed)
         for line in lines:
             f.write(json.dumps(line, sort_keys=True) + "\n")
 

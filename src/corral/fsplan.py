@@ -862,6 +862,15 @@ class _Planner:
         from corral import runlog
 
         state = runlog.state_dir()
+        if self.in_writable(state) and not self.mounts:
+            from corral.errors import PolicyError
+
+            # without mounts nothing keeps the sandbox from renaming it and leaving a
+            # symlink in its place: the logs and the quarantine would go where it led
+            raise PolicyError(
+                f"corral's state directory {state} is inside a writable place: on this tier "
+                "the sandbox could move it; set XDG_STATE_HOME outside the workspace"
+            )
         if not self.present(state) and self.in_writable(state):
             # corral makes it during the run (the home layer, the logs): made now, to
             # be masked like one that was there, not left for the sandbox to fill

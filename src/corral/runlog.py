@@ -82,11 +82,20 @@ def digest(value: object) -> str:
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
+# log path -> the real path of its directory when the run began (keep_out): a run
+# that can rename directories (landlock) swapped one above a log for a symlink,
+# and the record went where that led
+_pinned: dict[str, str] = {}
+
+
 def open_log(path: str) -> int:
     """A log file opened to append, made (with its directory) if missing.  Never
     through a symlink, and only a plain file of one link: a run that left one of
     those where a log was had corral append its records to a file outside (a
     shell's rc file, where a record's argv ran).  OSError says which."""
+    pinned = _pinned.get(os.path.abspath(path))
+    if pinned is not None and os.path.realpath(os.path.dirname(os.path.abspath(path))) != pinned:
+        raise OSError(f"a directory on the way to {path} changed during the run: not written")
     try:
         fd = os.open(path, _APPEND, 0o600)
     except FileNotFoundError:
@@ -108,6 +117,7 @@ def keep_out(read_deny: list[str], *paths: object) -> None:
         if isinstance(path, str) and path:
             full = os.path.abspath(path)
             os.close(open_log(full))
+            _pinned[full] = os.path.realpath(os.path.dirname(full))
             if full not in read_deny:
                 read_deny.append(full)
 

@@ -525,6 +525,8 @@ class Sandbox:
         if not self._lazy or self._alive:
             if self._closed:
                 raise SandboxClosed()
+            if not self._alive and self._instance:  # (a tier that cannot start again)
+                raise SandboxError("the sandbox is gone: its agent's channel ended")
             return
         with self._start_lock:
             if self._closed:

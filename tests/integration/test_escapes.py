@@ -1208,6 +1208,11 @@ echo mine > mine.txt
 """
 
 
+# Runs inside: a log's directory renamed away and a symlink to a host directory left
+# in its place (the landlock tier lets a run rename what it can write).
+LOG_DIR_SWAP = "mv logs logs.old 2>/dev/null && ln -s {outside} logs; echo mine > mine.txt"
+
+
 @pytest.mark.tiers(
     "namespace",
     "landlock",
@@ -1218,15 +1223,22 @@ def test_the_logs_are_out_of_the_sandboxs_reach(tsandbox: tuple[Corral, Path]) -
     """Found by attacking the faces from outside: with XDG_STATE_HOME in the
     workspace and corral's state directory not made yet, the plan left it
     unmasked ("only the sandbox could create it"), but corral makes it during the
-    run: a link planted there had the record appended to a host file; and a log
-    named by --log in the workspace took records the command wrote.  The state
-    directory is made and masked, a named log made and masked, and no log is
-    opened through a link.  The twin: the command writes its workspace, and each
-    log gets corral's record alone."""
+    run: a link planted there had the record appended to a host file; a log
+    named by --log in the workspace took records the command wrote; and on the
+    landlock tier a run renamed a named log's directory and left a symlink to a
+    host directory there.  The state directory is made and masked (refused on
+    landlock, where nothing could hold it in place), a named log is made and
+    masked, and no log is opened through a link or a directory that changed.
+    The twin: the command writes its workspace, and each log gets corral's
+    record alone."""
     c, ws = tsandbox
+    landlock = c.tier is not None and c.tier.id == "landlock"
     victim = ws.parent / "victim-rc"
     victim.write_text("# rc\n")
-    c.chown(ws)
+    outside = ws.parent / "outside-dir"
+    outside.mkdir()
+    (ws / "logs").mkdir()
+    c.chown(ws, outside)
     state = ws / ".state"
     r = c.run(
         ["run", "-q", "--log", str(ws / "given.jsonl"), "--", "sh", "-c",
@@ -1234,12 +1246,23 @@ def test_the_logs_are_out_of_the_sandboxs_reach(tsandbox: tuple[Corral, Path]) -
         cwd=ws,
         env={"XDG_STATE_HOME": str(state)},
     )  # fmt: skip
+    if landlock:
+        assert r.returncode == 2 and b"state directory" in r.stderr, r
+        r = c.run(["run", "-q", "--log", str(ws / "given.jsonl"), "--", "sh", "-c",
+                   LOG_PLANT.format(victim=victim)], cwd=ws)  # fmt: skip
     assert r.returncode == 0, r
     assert victim.read_text() == "# rc\n"
     assert (ws / "mine.txt").read_text() == "mine\n"
     given = [json.loads(x) for x in (ws / "given.jsonl").read_text().splitlines()]
     assert len(given) == 1 and given[0]["run_id"] != "forged", given
-    r = c.sh(ws, "true", env={"XDG_STATE_HOME": str(state)})  # the default log, by the state dir
+    swap = LOG_DIR_SWAP.format(outside=outside)
+    r = c.run(["run", "-q", "--log", str(ws / "logs" / "l.jsonl"), "--", "sh", "-c", swap], cwd=ws)
     assert r.returncode == 0, r
-    runs = state / "corral" / "runs.jsonl"
-    assert not runs.is_symlink() and len(runs.read_text().splitlines()) == 1
+    assert list(outside.iterdir()) == []  # no record, no directory made through the link
+    if not landlock:
+        r = c.sh(
+            ws, "true", env={"XDG_STATE_HOME": str(state)}
+        )  # the default log, by the state dir
+        assert r.returncode == 0, r
+        runs = state / "corral" / "runs.jsonl"
+        assert not runs.is_symlink() and len(runs.read_text().splitlines()) == 1

@@ -138,3 +138,19 @@ def test_a_command_cannot_change_the_agents_limits_or_scheduling(sb: Sandbox) ->
     )
     assert r.stdout == b"10\n", r  # (its own: the twin)
     assert sb.exec("ulimit -f; ulimit -u; nice").stdout == before
+
+
+def test_a_listing_too_large_for_one_frame_is_an_error(sb: Sandbox) -> None:
+    """A directory of 45,000 long names made files.list's reply a 69 MB frame: the
+    host took it for a malformed one, stopped the sandbox, and the next call hung
+    (found by attacking the fixes).  EFBIG past 16 MiB; the twin: the sandbox
+    serves after, and a small directory lists."""
+    sb.exec(
+        "python3 -c \"import os; os.mkdir('big'); "
+        "[open('big/' + 'a' * 240 + '%08d' % i, 'w').close() for i in range(11000)]\""
+    )
+    with pytest.raises((OSError, SandboxError)):
+        sb.files.list("big")
+    sb.exec("mkdir -p small && touch small/one")
+    assert [e["name"] for e in sb.files.list("small")] == ["one"]
+    _serves(sb)

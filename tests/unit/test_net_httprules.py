@@ -415,3 +415,26 @@ def test_an_ask_still_looks_at_what_a_request_may_be_served_as() -> None:
     assert asked is not None and asked.ask
     query = chain.request(dest, Request("GET", "/x?_method=DELETE", [], 0))
     assert query is not None and not query.allowed and not query.ask
+
+
+def test_override_headers_are_read_as_cgi_servers_read_their_names() -> None:
+    """CGI and WSGI servers read X_HTTP_Method_Override as X-HTTP-Method-Override
+    (both become HTTP_X_HTTP_METHOD_OVERRIDE): the underscore spellings got past a
+    deny (found by attacking the fixes).  Denied; the twin: a header of its own
+    with an underscore, and nothing else, is allowed."""
+    entries: list[dict[str, object]] = [
+        {"host": "api.test", "paths": ["/admin/**"], "action": "deny"},
+        {"host": "api.test", "methods": ["DELETE"], "action": "deny"},
+        {"host": "api.test", "action": "allow"},
+    ]
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), HttpRulesHook.from_policy(entries)])
+    dest = Destination("run", "https", "api.test", 443)
+    for header in (
+        (b"x_http_method_override", b"DELETE"),
+        (b"x-http-method_override", b"DELETE"),
+        (b"x_original_url", b"/admin/delete"),
+    ):
+        verdict = chain.request(dest, Request("POST", "/x", [header], 0))
+        assert verdict is not None and not verdict.allowed, header
+    fine = chain.request(dest, Request("POST", "/x", [(b"x_trace_id", b"1")], 0))
+    assert fine is not None and fine.allowed

@@ -539,9 +539,9 @@ class HttpRulesHook(Hook):
             request.limit_body(limit.max_body, limit.name)
         if not verdict.allowed and not verdict.ask:
             return verdict  # (an ask still looks at the alternates: a deny there wins)
-        if ALTERNATE_HEADERS.isdisjoint(map(_name, request.headers)) and not (
-            "?" in request.target and _may_name_method(request.target)
-        ):
+        if ALTERNATE_HEADERS.isdisjoint(
+            map(_name, spelled_as_servers_read(request.headers))
+        ) and not ("?" in request.target and _may_name_method(request.target)):
             if request.method == "POST" and _form_body(request):
                 return _strongest(verdict, _form_override(rules, dest, request))
             return verdict  # (no override: the usual case, looked at in C)
@@ -582,6 +582,7 @@ def alternates(
     rule that denies any of them denies the request; a path that is not
     origin-form matches no allow rule."""
     in_query = query_methods(target) if "?" in target and _may_name_method(target) else []
+    headers = spelled_as_servers_read(headers)
     if ALTERNATE_HEADERS.isdisjoint(map(_name, headers)) and not in_query:
         return []  # (the usual case, looked at in C: this runs for every request)
     methods = [method, *overrides(headers), *in_query]
@@ -719,8 +720,19 @@ def _json_methods(body: bytes) -> list[str]:
     return [m for k, v in data.items() if _is_override(k) and isinstance(v, str) for m in _named(v)]
 
 
+def spelled_as_servers_read(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Headers with each name's ``_`` read as ``-``, where any name has one: CGI and
+    WSGI servers (and frameworks on them) make both HTTP_X_HTTP_METHOD_OVERRIDE,
+    so X_HTTP_Method_Override: DELETE was served as a DELETE past a deny.  The
+    headers themselves go on as sent; only what the rules look at is read so."""
+    if b"_" not in b"\n".join(map(_name, headers)):  # (in C: this runs for every request)
+        return headers
+    return [(k.replace(b"_", b"-"), v) for k, v in headers]
+
+
 def overrides(headers: list[tuple[bytes, bytes]]) -> list[str]:
     """The methods a request's override headers name, upper-cased."""
+    headers = spelled_as_servers_read(headers)
     if METHOD_OVERRIDES.isdisjoint(map(_name, headers)):
         return []  # (the usual case, looked at in C: this runs for every request)
     return [
