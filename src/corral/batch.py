@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from corral.errors import EXIT_INTERNAL, EXIT_SETUP, CorralError
+from corral.runlog import link_in
 
 OUTPUT_BYTES = 64 * 1024  # each result keeps at most this much of the job's output
 RETRIES = 2  # further attempts of a job whose machine failed
@@ -130,14 +131,15 @@ def finished_ids(out: str) -> dict[str, bool]:
     """The ids a result file holds already (and whether each exited 0); a last
     line cut short (the batch was killed while writing it) is dropped so it runs
     again."""
+    nofollow = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # (a job may have left a link)
     try:
-        with open(out, "rb") as f:
+        with os.fdopen(os.open(out, os.O_RDONLY | nofollow), "rb") as f:
             data = f.read()
     except FileNotFoundError:
         return {}
     keep = data if data.endswith(b"\n") or not data else data[: data.rfind(b"\n") + 1]
     if keep != data:
-        with open(out, "wb") as f:
+        with os.fdopen(os.open(out, os.O_WRONLY | os.O_TRUNC | nofollow), "wb") as f:
             f.write(keep)
     ids: dict[str, bool] = {}
     for line in keep.splitlines():
@@ -182,22 +184,31 @@ def run_flags(job: Job) -> list[str]:
     return flags
 
 
-PROTECTED = "_protected"  # (not a key a jobs file can set: check_job refuses it)
+PROTECTED = "_protected"  # (not keys a jobs file can set: check_job refuses them)
+PLACES = "_places"  # every job's workspace, as real paths ending in "/"
 
 
-def protect(items: list[Job | Result], jobs_file: str, out: str, *logs: str | None) -> None:
-    """What the batch reads again or writes for the caller is read-only to every job
-    whose workspace holds it: the jobs file, the results file, each job's policy
-    and ``files`` (copied into later jobs' workspaces), and the batch's logs.  A
-    job (its workspace is the jobs file's directory by default) appended a job
-    with a policy it wrote (tier = "none"), and the resumed batch ran that one
-    unconfined; another swapped a ``files`` source for a link to a secret the
-    next job then got a copy of."""
-    paths = [os.path.abspath(jobs_file), os.path.abspath(out)]
-    paths += [os.path.abspath(p) for p in logs if p]
+def protect(items: list[Job | Result], jobs_file: str) -> None:
+    """What the batch reads again is read-only to every job whose workspace holds it:
+    the jobs file, each job's policy and its ``files`` (copied into later jobs'
+    workspaces).  A job (its workspace is the jobs file's directory by default)
+    appended a job with a policy it wrote (tier = "none"), and the resumed batch
+    ran that one unconfined.  (Not what the batch writes while jobs run, the
+    results and its logs: on landlock a protected file is put back as it was
+    after each job, and would lose the lines written meanwhile.)"""
+    paths = [os.path.abspath(jobs_file)]
     paths += [str(i["policy"]) for i in items if "argv" in i and isinstance(i.get("policy"), str)]
     paths += [str(f) for i in items if "argv" in i for f in i.get("files", [])]
+    places = sorted(
+        {
+            os.path.realpath(str(i.get("workspace") or os.getcwd())) + "/"
+            for i in items
+            if "argv" in i
+        }
+    )
     for item in items:
+        if "argv" in item:
+            item[PLACES] = places
         if "argv" not in item:
             continue  # (an error result)
         workspace = os.path.realpath(str(item.get("workspace") or os.getcwd()))
@@ -225,17 +236,30 @@ def _copy_in(job: Job) -> None:
     the workspace (as root, any), so the name is opened without following one
     and must be a plain file of one link, else OSError names it."""
     workspace = str(job.get("workspace") or os.getcwd())
+    # every job's workspace is a place a symlink on a source's way may have come from
+    places = [str(p) for p in job.get(PLACES, [])] or [os.path.realpath(workspace) + "/"]
     into = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for src in job.get("files", []):
-            _copy_one(src, os.path.basename(src), into)
+            _copy_one(src, os.path.basename(src), into, places)
     finally:
         os.close(into)
 
 
-def _copy_one(src: str, name: str, into: int) -> None:
+def _copy_one(src: str, name: str, into: int, places: list[str]) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    with open(src, "rb") as source:
+    # The source is read without following a link either: one may lie in a job's
+    # workspace, where a job running meanwhile could swap it for a link to a
+    # secret (read-only to jobs is only put back after each job, on landlock).
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        why = "is a symlink" if exc.errno == errno.ELOOP else exc.strerror
+        raise OSError(exc.errno, f"the files source {src} {why}: not copied") from None
+    if link_in(os.path.dirname(os.path.abspath(src)), places):
+        os.close(fd)
+        raise OSError(errno.ELOOP, f"the files source {src} is reached through a symlink")
+    with os.fdopen(fd, "rb") as source:
         try:
             fd = os.open(name, flags, 0o600, dir_fd=into)
         except OSError as exc:
@@ -631,13 +655,15 @@ def main(opts: dict[str, object], jobs_file: str) -> int:
         batch_ray.connect(address)  # one line and 122 if it cannot
     log = str(opts.get("log") or "") or None
     net_log = str(opts.get("net_log") or "") or None
-    protect(items, jobs_file, out, log, net_log)
+    protect(items, jobs_file)
     done = finished_ids(out)
     todo = [i for i in items if i["id"] not in done]
     failed = sum(1 for i in items if i["id"] in done and not done[i["id"]])
     progress = _Progress(len(todo))
-    try:
-        sink = open(out, "a", encoding="utf-8")  # noqa: SIM115  (closed below)
+    try:  # (no link followed: a job may have left one where the results go)
+        from corral.runlog import open_log
+
+        sink = os.fdopen(open_log(out), "a", encoding="utf-8")
     except OSError as exc:
         progress.close()
         raise CorralError(f"cannot write {out}: {exc.strerror}") from None

@@ -538,10 +538,15 @@ def build_policy(opts: dict[str, object]) -> Policy:
         from corral.errors import PolicyError
 
         try:
-            runlog.keep_out(policy.filesystem.read_deny, opts.get("log"), opts.get("net_log"))
+            runlog.keep_out(
+                policy.filesystem.read_deny,
+                opts.get("log"),
+                opts.get("net_log"),
+                writable=policy.writable_paths(),
+            )
         except OSError as exc:  # (ELOOP: a symlink there; logs are plain files only)
-            where = exc.filename or "a log"
-            raise PolicyError(f"cannot write {where} as a log: {exc.strerror or exc}") from None
+            why = f"{exc.filename} as a log: {exc.strerror}" if exc.filename else f"the log: {exc}"
+            raise PolicyError(f"cannot write {why}") from None
     return policy
 
 

@@ -862,7 +862,9 @@ class _Planner:
         from corral import runlog
 
         state = runlog.state_dir()
-        if self.in_writable(state) and not self.mounts:
+        # (by its real path too: "//", a symlink to a directory in the workspace)
+        inside = self.in_writable(state) or self.in_writable(os.path.realpath(state))
+        if inside and not self.mounts:
             from corral.errors import PolicyError
 
             # without mounts nothing keeps the sandbox from renaming it and leaving a
@@ -871,7 +873,7 @@ class _Planner:
                 f"corral's state directory {state} is inside a writable place: on this tier "
                 "the sandbox could move it; set XDG_STATE_HOME outside the workspace"
             )
-        if not self.present(state) and self.in_writable(state):
+        if not self.present(state) and inside:
             # corral makes it during the run (the home layer, the logs): made now, to
             # be masked like one that was there, not left for the sandbox to fill
             os.makedirs(state, mode=0o700, exist_ok=True)

@@ -240,8 +240,8 @@ def split_grants(
         parent = os.path.dirname(denied)
         while True:
             below_of[parent] = below_of.get(parent, 0) | rights
-            if parent == "/":
-                break
+            if parent in ("/", "") or os.path.dirname(parent) == parent:
+                break  # (a relative path never reaches "/")
             parent = os.path.dirname(parent)
 
     def grant(path: str, kind: bool | None, access: int) -> None:

@@ -11,14 +11,17 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
 
 def state_dir() -> str:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "state"
-    )
-    return os.path.join(base, "corral")
+    """corral's state directory: ``$XDG_STATE_HOME/corral``, normalized, or under
+    ``~/.local/state`` when that is unset or relative (the XDG rule: a relative
+    one is ignored; landlock's split went on forever on one)."""
+    base = os.environ.get("XDG_STATE_HOME") or ""
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(os.path.normpath(base), "corral")
 
 
 def cache_dir() -> str:
@@ -108,14 +111,32 @@ def open_log(path: str) -> int:
     return fd
 
 
-def keep_out(read_deny: list[str], *paths: object) -> None:
+def link_in(directory: str, places: list[str]) -> bool:
+    """Whether a directory on the way to ``directory`` (itself included) is a symlink
+    that lies in one of ``places`` (real paths ending in "/"): the sandbox's to
+    make; an operator's link above them (/home -> /data/home) is not."""
+    while directory not in ("/", ""):
+        parent = os.path.dirname(directory)
+        holder = os.path.realpath(parent).rstrip("/") + "/"
+        if os.path.islink(directory) and any(holder.startswith(p) for p in places):
+            return True
+        directory = parent
+    return False
+
+
+def keep_out(read_deny: list[str], *paths: object, writable: Sequence[str] = ()) -> None:
     """Logs the caller named (--log, --net-log, Sandbox(log=...)): made now and
     added to ``read_deny`` (the policy's), so that the sandbox can neither plant a
     link there nor write records of its own into one inside its workspace.
-    OSError from open_log for one that cannot be a log."""
+    OSError from open_log for one that cannot be a log, and for one reached
+    through a symlink inside a ``writable`` place (an earlier run may have left
+    it: on landlock one swapped a log's directory, and the next run wrote there)."""
+    places = [os.path.realpath(w).rstrip("/") + "/" for w in writable]
     for path in paths:
         if isinstance(path, str) and path:
             full = os.path.abspath(path)
+            if link_in(os.path.dirname(full), places):
+                raise OSError(f"{full}: a directory on its way is a symlink in a writable place")
             os.close(open_log(full))
             _pinned[full] = os.path.realpath(os.path.dirname(full))
             if full not in read_deny:

@@ -446,12 +446,16 @@ class Sandbox:
             from corral import runlog
 
             try:
-                runlog.keep_out(policy.filesystem.read_deny, log, net_log)
+                runlog.keep_out(
+                    policy.filesystem.read_deny, log, net_log, writable=policy.writable_paths()
+                )
             except OSError as exc:
-                where = exc.filename or "a log"
-                raise SandboxError(
-                    f"cannot write {where} as a log: {exc.strerror or exc}"
-                ) from None
+                why = (
+                    f"{exc.filename} as a log: {exc.strerror}"
+                    if exc.filename
+                    else f"the log: {exc}"
+                )
+                raise SandboxError(f"cannot write {why}") from None
         if placement is None:
             from corral.placement import Local
 

@@ -242,10 +242,9 @@ def test_a_job_cannot_reach_outside_through_copy_in_or_rewrite_the_batch(
         [
             {"id": "plant", "command": f"ln -s {victim} input.txt", "artifacts": ["input.txt"]},
             {"id": "copy", "command": "cat input.txt", "files": ["inputs/input.txt"]},
-            {  # a later job's source swapped for a link to a secret, and a forged log line
+            {  # a later job's source swapped for a link to a host file
                 "id": "swap",
-                "command": f"rm -f inputs/fresh.txt; ln -s {victim} inputs/fresh.txt; "
-                'echo \'{"run_id": "forged"}\' >> batch-log.jsonl',
+                "command": f"rm -f inputs/fresh.txt; ln -s {victim} inputs/fresh.txt",
             },
             {"id": "fresh", "command": "cat fresh.txt", "files": ["inputs/fresh.txt"]},
             {
@@ -258,15 +257,12 @@ def test_a_job_cannot_reach_outside_through_copy_in_or_rewrite_the_batch(
     )
     before = jobs.read_text()
     out = ws / "results.jsonl"
-    log = ws / "batch-log.jsonl"
-    _batch(c, ws, jobs, out, "-j", "1", "--log", str(log))  # (in order: link, then copy)
+    _batch(c, ws, jobs, out, "-j", "1")  # (in order: the link, then the copy)
     results = _results(out)
     assert victim.read_text() == "precious\n" and (victim.stat().st_mode & 0o777) == 0o600
     assert results["plant"]["artifacts"] == [{"path": "input.txt", "bytes": None}]
     assert "'input.txt' is a symlink" in results["copy"]["error"], results["copy"]
     assert results["fresh"]["exit"] == 0 and results["fresh"]["output"] == "fresh data\n"
-    logged = [json.loads(x) for x in log.read_text().splitlines()]
-    assert all(r.get("run_id") != "forged" for r in logged), logged  # read-only to its jobs
     assert jobs.read_text() == before and policy.read_text() == "[limits]\ntimeout = 30\n"
     assert (ws / "mine.txt").read_text() == "mine\n"
     _batch(c, ws, jobs, out, "-j", "1")  # resumed: nothing new to run
