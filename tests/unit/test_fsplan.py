@@ -785,3 +785,22 @@ def test_corrals_own_state_directory_in_the_workspace_is_not_walked(lay: Layout)
     scan = fsplan.scan_workspace(str(ws), skip={str(ws / "state" / "corral")})
     assert scan.protected == [str(ws / "pkg" / ".zshrc")]
     assert str(layer / ".zshrc") in fsplan.scan_workspace(str(ws)).protected
+
+
+def test_a_state_directory_in_the_workspace_is_refused_without_mounts(
+    lay: Layout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without mounts (landlock) nothing holds corral's state directory in place: a
+    run renamed one in the workspace and left a symlink, and the logs and the
+    quarantine went where it led.  Refused however it is spelled ("//", a
+    symlink to it; found by attacking the first refusal); the twins: with mounts
+    it is masked, and one outside the workspace is fine."""
+    (lay.ws / ".st").mkdir()
+    (lay.root / "stlink").symlink_to(lay.ws / ".st")
+    for spelled in (str(lay.ws / ".st"), str(lay.ws) + "//.st", str(lay.root / "stlink")):
+        monkeypatch.setenv("XDG_STATE_HOME", spelled)
+        with pytest.raises(PolicyError, match="state directory"):
+            plan_filesystem(policy_for(lay, []), mounts=False)
+        plan_filesystem(policy_for(lay, []), mounts=True)  # (masked: a mount holds it)
+    monkeypatch.setenv("XDG_STATE_HOME", str(lay.state))
+    plan_filesystem(policy_for(lay, []), mounts=False)

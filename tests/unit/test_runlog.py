@@ -154,3 +154,31 @@ def test_a_log_is_never_written_through_a_link(tmp_path: Path) -> None:
     assert outside.read_text() == "# mine\n"
     runlog.append({"run_id": "x"}, str(tmp_path / "plain.jsonl"))
     assert (tmp_path / "plain.jsonl").read_text() == '{"run_id":"x"}\n'
+
+
+def test_a_relative_xdg_state_home_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The XDG rule: a relative XDG_STATE_HOME is ignored (landlock's split looped
+    forever on one); the twin: an absolute one, normalized, is used."""
+    monkeypatch.setenv("HOME", "/home/someone")
+    monkeypatch.setenv("XDG_STATE_HOME", ".st")
+    assert runlog.state_dir() == "/home/someone/.local/state/corral"
+    monkeypatch.setenv("XDG_STATE_HOME", "/var//st/")
+    assert runlog.state_dir() == "/var/st/corral"
+
+
+def test_a_log_reached_through_a_symlink_in_a_writable_place_is_refused(tmp_path: Path) -> None:
+    """An earlier landlock run swapped a log's directory for a symlink, and the next
+    run's keep_out pinned the swapped one: refused; the twins: an operator's link
+    above the writable place, and a plain directory, are fine."""
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    (ws / "real").mkdir(parents=True)
+    outside.mkdir()
+    (ws / "logs").symlink_to(outside)
+    (tmp_path / "wslink").symlink_to(ws)
+    deny: list[str] = []
+    with pytest.raises(OSError, match="symlink in a writable place"):
+        runlog.keep_out(deny, str(ws / "logs" / "run.jsonl"), writable=[str(ws)])
+    assert list(outside.iterdir()) == []
+    runlog.keep_out(deny, str(tmp_path / "wslink" / "real" / "a.jsonl"), writable=[str(ws)])
+    runlog.keep_out(deny, str(ws / "real" / "b.jsonl"), writable=[str(ws)])
+    assert len(deny) == 2
