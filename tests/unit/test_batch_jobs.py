@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -139,3 +140,35 @@ def test_placements_are_not_tiers() -> None:
     theirs.close()
     with pytest.raises(ValueError, match="unknown placement"):
         placement.get("moon")
+
+
+def test_copy_in_reads_no_source_through_a_link_a_job_could_make(tmp_path: Path) -> None:
+    """A job running meanwhile swapped a files source (or a directory on its way, in
+    its workspace) for a link to a secret, and the next job got a copy: refused,
+    nothing copied; the twins: a plain source, and one below an operator's link
+    outside every job's workspace, are copied."""
+    secret, ws, dest = tmp_path / "secret", tmp_path / "ws", tmp_path / "dest"
+    secret.write_text("key\n")
+    (ws / "real").mkdir(parents=True)
+    dest.mkdir()
+    (ws / "plain.txt").write_text("plain\n")
+    (ws / "real" / "f.txt").write_text("f\n")
+    (ws / "link.txt").symlink_to(secret)
+    (ws / "sub").symlink_to(ws / "real")
+    (tmp_path / "opdir").symlink_to(ws / "real")  # the operator's, outside the workspaces
+    places = [str(ws) + "/"]
+
+    def copy(src: Path) -> None:
+        into = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            batch._copy_one(str(src), src.name, into, places)
+        finally:
+            os.close(into)
+
+    for bad in (ws / "link.txt", ws / "sub" / "f.txt"):
+        with pytest.raises(OSError, match="symlink"):
+            copy(bad)
+    assert not (dest / "link.txt").exists()
+    copy(ws / "plain.txt")
+    copy(tmp_path / "opdir" / "f.txt")
+    assert (dest / "plain.txt").read_text() == "plain\n" and (dest / "f.txt").read_text() == "f\n"
