@@ -358,11 +358,11 @@ class InspectHook(Hook):
 
 
 def combine(verdicts: Iterable[Verdict | None]) -> Verdict:
-    found = _strongest(verdicts)
+    found = strongest(verdicts)
     return found or Verdict(False, "default", "no rule allows this destination")
 
 
-def _strongest(verdicts: Iterable[Verdict | None]) -> Verdict | None:
+def strongest(verdicts: Iterable[Verdict | None]) -> Verdict | None:
     """Deny over ask over allow; None when nobody had an opinion."""
     allowed: Verdict | None = None
     ask: Verdict | None = None
@@ -474,7 +474,7 @@ class Chain:
         request.plan = plan  # for rewrite and response: the same destination
         allowed: Verdict | None = None
         ask: Verdict | None = None
-        for on_request in plan.on_request:  # (_strongest, inlined: it runs for every request)
+        for on_request in plan.on_request:  # (strongest, inlined: it runs for every request)
             verdict = on_request(dest, request)
             if verdict is None:
                 continue

@@ -58,7 +58,7 @@ from __future__ import annotations
 import operator
 import re
 
-from corral.net.hooks import Hook
+from corral.net.hooks import Hook, strongest
 from corral.net.rules import Rule, Verdict
 
 TYPE_CHECKING = False
@@ -555,12 +555,9 @@ class HttpRulesHook(Hook):
 
 
 def _strongest(verdict: Verdict, other: Verdict | None) -> Verdict:
-    """Of two decisions on one request, the one that stands: a deny, else an ask."""
-    if other is None or other.allowed or (not verdict.allowed and not verdict.ask):
-        return verdict
-    if other.ask and verdict.ask:
-        return verdict
-    return other
+    """Of two decisions on one request, the one that stands (the chain's rule: a
+    deny, else an ask, else the first)."""
+    return strongest((verdict, other)) or verdict
 
 
 # Headers with which Google's APIs, Express's method-override, Rack and Symfony take
