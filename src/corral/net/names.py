@@ -155,6 +155,12 @@ def printable(raw: str | bytes, limit: int = 300) -> str:
     return text + "..." if len(raw) > limit else text
 
 
+def is_address(host: str) -> bool:
+    """Whether a normalized host is an address, not a name (normalize() turned every
+    numeric spelling into one form: IPv6 holds a colon, IPv4 ends in digits)."""
+    return ":" in host or host.rpartition(".")[2].isdigit()
+
+
 def authority(host: str, port: int, default_port: int) -> str:
     """``host[:port]`` for a Host header, from a normalized host."""
     shown = f"[{host}]" if ":" in host else host

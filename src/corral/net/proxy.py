@@ -38,7 +38,7 @@ from corral.net import dns as dnsmsg
 from corral.net.dns import FakePool
 from corral.net.hooks import Asker, Chain, Destination, Request, Response
 from corral.net.http1 import HttpError
-from corral.net.names import BadName, authority, normalize, printable
+from corral.net.names import BadName, authority, is_address, normalize, printable
 from corral.net.rules import Verdict
 from corral.runlog import dumps
 
@@ -654,7 +654,7 @@ class Proxy:
         """An address as such, a pinned name's address, or what DNS says: for the
         normalized host only, so the name resolved is the name decided."""
         host = dest.host
-        if ":" in host or host.rpartition(".")[2].isdigit():  # normalized: an address
+        if is_address(host):
             return [host]
         pinned = self.pinned.get(host)
         if pinned is not None:
@@ -1489,7 +1489,7 @@ def _address_frame(line: bytes) -> tuple[str, int]:
     if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
         raise BadName("malformed service frame")
     host = normalize(address)
-    if not (":" in host or host.rpartition(".")[2].isdigit()):
+    if not is_address(host):
         raise BadName("malformed service frame")
     return host, int(port_text)
 

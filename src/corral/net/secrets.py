@@ -46,6 +46,7 @@ from corral.errors import RefusedError
 from corral.net import http1
 from corral.net.hooks import BodyFilter, Hook
 from corral.net.httprules import covers
+from corral.net.names import is_address
 from corral.net.rules import Rule, Verdict
 
 TYPE_CHECKING = False
@@ -339,7 +340,7 @@ class SecretsHook(Hook):
             # An address may be a secret host's server by another name (its address,
             # allowed beside its name): what every secret sent there could echo is
             # hidden in its responses, though none is sent to the address itself
-            hidden = mine or (self.secrets if _is_address(host) else [])
+            hidden = mine or (self.secrets if is_address(host) else [])
             found = self._by_host[key] = _HostPlan(mine, self.secrets, https_only, hidden)
         return found
 
@@ -539,11 +540,6 @@ class _HostPlan:
             return names, Verdict(False, PLAIN_HTTP, reason)
         reason = f"secret {', '.join(wrong)} may not be sent to {host}"
         return names, Verdict(False, WRONG_HOST, reason)
-
-
-def _is_address(host: str) -> bool:
-    """Whether a normalized host is an address, not a name."""
-    return ":" in host or host.rpartition(".")[2].isdigit()
 
 
 def _values_text(headers: list[tuple[bytes, bytes]]) -> str:
