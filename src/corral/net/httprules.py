@@ -582,7 +582,7 @@ def alternates(
     headers = spelled_as_servers_read(headers)
     if ALTERNATE_HEADERS.isdisjoint(map(_name, headers)) and not in_query:
         return []  # (the usual case, looked at in C: this runs for every request)
-    methods = [method, *overrides(headers), *in_query]
+    methods = [method, *_overrides(headers), *in_query]
     targets = [target] + [
         value.decode("latin-1").strip() for name, value in headers if name in PATH_OVERRIDES
     ]
@@ -729,7 +729,11 @@ def spelled_as_servers_read(headers: list[tuple[bytes, bytes]]) -> list[tuple[by
 
 def overrides(headers: list[tuple[bytes, bytes]]) -> list[str]:
     """The methods a request's override headers name, upper-cased."""
-    headers = spelled_as_servers_read(headers)
+    return _overrides(spelled_as_servers_read(headers))
+
+
+def _overrides(headers: list[tuple[bytes, bytes]]) -> list[str]:
+    """overrides() of headers spelled as servers read them already."""
     if METHOD_OVERRIDES.isdisjoint(map(_name, headers)):
         return []  # (the usual case, looked at in C: this runs for every request)
     return [
