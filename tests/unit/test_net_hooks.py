@@ -257,3 +257,105 @@ def test_what_hooks_wrote_is_checked_unless_every_hook_that_ran_checks_its_own()
     req = Request("GET", "/", [], 0)
     Chain([HostRulesHook(HostRules.parse(["*"], []))]).rewrite(_dest(), req)
     assert not req.unchecked
+
+
+class Counted(Stub):
+    """A replayable stub that counts its calls, sets an audit field and a body
+    limit, and asks for one path."""
+
+    replayable = True
+
+    def __init__(self) -> None:
+        super().__init__([("api.example.org", "k")])
+        self.decided = 0
+
+    def on_request(self, dest: Destination, request: Request) -> Verdict | None:
+        self.decided += 1
+        request.audit["stub"] = self.decided
+        request.limit_body(100, "stub.limit")
+        if request.target == "/ask":
+            return Verdict(False, "stub", "ask", ask=True)
+        return super().on_request(dest, request)
+
+
+def _decided(chain: Chain, target: str, headers: list[tuple[bytes, bytes]]) -> Request:
+    request = Request("GET", target, list(headers), 0)
+    verdict = chain.request(_dest(), request)
+    if verdict is not None and verdict.allowed:
+        chain.rewrite(_dest(), request)
+    return request
+
+
+def test_an_identical_request_is_replayed_not_decided_again() -> None:
+    """A keep-alive client repeats itself: the hooks' verdict, audit fields, body
+    limit and rewrite of a request are kept and replayed for the same request
+    (method, target, headers, body length, destination); twins: a request that
+    differs in one header byte, or goes to another port, is decided anew."""
+    stub = Counted()
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), stub])
+    headers = [(b"accept", b"*/*")]
+    first = _decided(chain, "/public", headers)
+    again = _decided(chain, "/public", headers)
+    assert (stub.decided, stub.rewritten) == (1, 1)
+    assert again.headers == first.headers == [*headers, (b"x-stub", b"1")]
+    assert again.audit == first.audit == {"stub": 1}
+    assert again.audit is not first.audit  # (the response hooks write in their own)
+    assert (again.body_limit, again.body_rule) == (100, "stub.limit")
+    _decided(chain, "/public", [(b"accept", b"*/+")])
+    assert (stub.decided, stub.rewritten) == (2, 2)
+    other_port = Request("GET", "/public", list(headers), 0)
+    chain.request(Destination("run", "https", "api.example.org", 8443), other_port)
+    assert stub.decided == 3
+    for _ in range(2):  # a deny is replayed too
+        verdict = chain.request(_dest(), Request("GET", "/secret", list(headers), 0))
+        assert verdict is not None and not verdict.allowed and verdict.rule == "stub"
+    assert stub.decided == 4
+
+
+def test_an_ask_is_decided_every_time() -> None:
+    """An ask goes to a person (or a grant that expires): never replayed."""
+    stub = Counted()
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), stub])
+    for count in (1, 2):
+        verdict = chain.request(_dest(), Request("GET", "/ask", [], 0))
+        assert verdict is not None and verdict.ask and stub.decided == count
+
+
+def test_a_hook_that_is_not_replayable_is_called_every_time() -> None:
+    """One hook whose decision may change (the base default) and the destination's
+    requests are all decided anew, even where the other hooks could be replayed."""
+    stub, counted = Stub([("api.example.org", "k")]), Counted()
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), counted, stub])
+    for count in (1, 2):
+        _decided(chain, "/public", [])
+        assert (counted.decided, stub.rewritten) == (count, count)
+
+
+def test_a_request_decided_with_its_body_is_not_replayed() -> None:
+    """A hook that asked for the body decides with it: that decision holds for that
+    body only, and is never replayed for another request with the same head."""
+    stub = Counted()
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), stub])
+    for count in (1, 2):
+        request = Request("POST", "/public", [], 4)
+        request.body = b"body"
+        chain.request(_dest(), request)
+        assert stub.decided == count and request.replay is None
+    wants = Request("POST", "/public", [], 4)
+    wants.want_body(4)
+    chain.request(_dest(), wants)
+    assert wants.replay is None
+
+
+def test_what_is_kept_for_replay_is_bounded() -> None:
+    """A request too large to keep is decided every time; the kept ones are at most
+    Chain.REPLAYS."""
+    stub = Counted()
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), stub])
+    big = [(b"x-big", b"v" * 9000)]
+    for count in (1, 2):
+        _decided(chain, "/public", big)
+        assert stub.decided == count
+    for n in range(Chain.REPLAYS + 5):
+        _decided(chain, f"/p{n}", [])
+    assert len(chain._replays) <= Chain.REPLAYS

@@ -443,6 +443,24 @@ def test_a_post_that_names_a_denied_method_in_method_is_denied(
     run(go)
 
 
+def test_a_post_decided_by_its_body_is_decided_again_for_the_next_body(tmp_path: Path) -> None:
+    """The chain replays its decision for a request identical to an earlier one
+    (same head): never one made with a body it read.  A POST whose form names GET
+    is allowed; the next, byte for byte the same head with a body of the same
+    length naming DELETE, is denied; its twin after it passes again."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, POST_NOT_DELETE) as w:
+            allowed, denied = b"_method=GET&x=1", b"_method=DELETE!"
+            assert len(allowed) == len(denied)
+            assert (await _post(w, "/items/1", allowed, FORM))[0] == 200
+            assert (await _post(w, "/items/1", denied, FORM))[0] == 403
+            assert (await _post(w, "/items/1", allowed, FORM))[0] == 200
+            assert [r.body for r in w.origin.requests] == [allowed, allowed]
+
+    run(go)
+
+
 def test_a_form_body_corral_cannot_read_first_is_denied_where_it_matters(tmp_path: Path) -> None:
     """A chunked form or JSON POST cannot be read before it is decided: denied on a
     path where its _method could name a denied method, with the reason; the

@@ -477,6 +477,7 @@ class GuardrailHook(Hook):
 
     name = "guardrails"
     connect_by_host_port = True
+    replayable = True
     CACHE_SIZE = 4096
 
     def __init__(self, guardrails: list[Guardrail], table: dict[str, str]) -> None:

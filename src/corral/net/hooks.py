@@ -66,6 +66,15 @@ Requests (plain HTTP and intercepted HTTPS alike)
     the hosts its value may go to).  When no hook looks at a destination's
     responses, the proxy passes them on as it does without hooks.
 
+    A keep-alive client sends the same request again and again: when every hook
+    that decides or rewrites requests to a destination is
+    :attr:`Hook.replayable` (its work depends on nothing but the request), the
+    chain keeps what they made of a request (verdict, audit fields, body limit,
+    rewritten headers and target) and replays it for a request identical to it
+    (destination, method, target, headers, announced body length), without
+    calling them.  Asks, and requests decided with a body read for them, are
+    never replayed.
+
     What a hook wrote is checked on every request (``request.unchecked`` and
     ``response.unchecked``, set by the chain, tell the proxy to), unless every
     hook that ran vouches for what it writes (:attr:`Hook.writes_checked`):
@@ -152,6 +161,7 @@ class Request:
         "headers",
         "method",
         "plan",
+        "replay",
         "target",
         "unchecked",
         "wants_body",
@@ -175,6 +185,7 @@ class Request:
         # once Chain.rewrite ran hooks that all vouch for what they write)
         self.unchecked = True
         self.plan: _Plan | None = None  # the chain's, for this request's destination
+        self.replay: _Replay | None = None  # the chain's record of this decision, if kept
         # A hook that cannot decide without the body (a form's _method) denies and
         # asks for it (want_body); the proxy then reads a body of at most that many
         # bytes into ``body`` and asks the hooks again.  Where it cannot, the
@@ -245,6 +256,13 @@ class Hook:
     # escapes in place of unreserved ones.  The proxy then sends what it wrote
     # as it is; a hook that leaves this False is checked on every request.
     writes_checked = False
+    # True when on_request and rewrite depend only on the destination and the
+    # request's method, target, headers and announced body length: never on the
+    # time, the body, earlier requests or anything else that changes during a run.
+    # When every hook that decides or rewrites requests to a destination says so,
+    # the chain replays what they did to a request identical to one they handled
+    # before (a keep-alive client repeats itself) instead of calling them again.
+    replayable = False
 
     def sees_requests_to(self, host: str, port: int) -> bool:
         """Might on_request, rewrite or on_response do anything for a request to
@@ -384,6 +402,7 @@ def _overrides(hook: Hook, method: str) -> bool:
 
 class Chain:
     CACHE_SIZE = 4096
+    REPLAYS = 1024  # requests whose handling is kept for replay (_Replay.MOST_BYTES each)
 
     def __init__(self, hooks: list[Hook], passthrough: list[str] | None = None) -> None:
         self.hooks = hooks
@@ -398,6 +417,7 @@ class Chain:
         self._on_response = [h for h in hooks if _overrides(h, "on_response")]
         self._inspecting = [h for h in hooks if h.inspects() or _overrides(h, "needs_inspection")]
         self._plans: dict[tuple[str, int], _Plan] = {}
+        self._replays: dict[tuple[object, ...], _Replay] = {}
         # does any hook look at requests?  (if not, none is built: the plain HTTP
         # keep-alive path stays as fast as with host rules alone)
         self.sees_requests = bool(self._on_request or self._rewrite or self._on_response)
@@ -472,24 +492,43 @@ class Chain:
         """The request hooks' decision, or None when none of them had an opinion."""
         plan = self._plans.get((dest.host, dest.port)) or self.plan(dest.host, dest.port)
         request.plan = plan  # for rewrite and response: the same destination
-        allowed: Verdict | None = None
-        ask: Verdict | None = None
-        for on_request in plan.on_request:  # (strongest, inlined: it runs for every request)
-            verdict = on_request(dest, request)
-            if verdict is None:
-                continue
-            if verdict.ask:
-                ask = ask or verdict
-            elif not verdict.allowed:
-                return verdict  # deny wins: the hooks after it are not asked
-            else:
-                allowed = allowed or verdict
-        return ask or allowed
+        if not plan.replayable or request.body is not None:  # (a body read to decide)
+            return _decide(plan, dest, request)
+        key = (
+            dest.host,
+            dest.port,
+            dest.scheme,
+            dest.method,
+            dest.path,
+            request.method,
+            request.target,
+            request.body_length,
+            tuple(request.headers),  # (the exact headers: a hit is this very request)
+        )
+        kept = self._replays.get(key)
+        if kept is not None:
+            request.replay = kept
+            return kept.replay(request)
+        verdict = _decide(plan, dest, request)
+        # (an ask is asked again; a request that wants its body read is decided with it;
+        # what a client makes us keep is bounded)
+        asks = verdict is not None and verdict.ask
+        if not asks and not request.wants_body and _Replay.fits(request):
+            if len(self._replays) >= self.REPLAYS:
+                self._replays.clear()
+            request.replay = self._replays[key] = _Replay(verdict, request)
+        return verdict
 
     def rewrite(self, dest: Destination, request: Request) -> None:
         plan = request.plan or self.plan(dest.host, dest.port)
-        for rewrite in plan.rewrite:
-            rewrite(dest, request)
+        kept = request.replay
+        if kept is not None and kept.headers is not None:
+            request.headers, request.target = list(kept.headers), kept.target
+        else:
+            for rewrite in plan.rewrite:
+                rewrite(dest, request)
+            if kept is not None:
+                kept.rewritten(request)
         request.unchecked = plan.rewrite_unchecked
 
     def response(self, dest: Destination, request: Request, response: Response) -> Verdict | None:
@@ -520,11 +559,67 @@ class Chain:
         return env
 
 
+def _decide(plan: _Plan, dest: Destination, request: Request) -> Verdict | None:
+    """The deciding hooks' verdicts combined (deny wins: the hooks after a deny are
+    not asked), None when none had an opinion."""
+    allowed: Verdict | None = None
+    ask: Verdict | None = None
+    for on_request in plan.on_request:  # (strongest, inlined: it runs for every request)
+        verdict = on_request(dest, request)
+        if verdict is None:
+            continue
+        if verdict.ask:
+            ask = ask or verdict
+        elif not verdict.allowed:
+            return verdict
+        else:
+            allowed = allowed or verdict
+    return ask or allowed
+
+
+class _Replay:
+    """What the hooks made of one request (all of them :attr:`Hook.replayable`):
+    its verdict, what they put in its audit line and its body limit, and once it
+    was allowed and rewritten, its headers and target after the rewrite."""
+
+    __slots__ = ("audit", "body_limit", "body_rule", "headers", "target", "verdict")
+    MOST_BYTES = 8192  # the longest request (target and headers) kept
+
+    def __init__(self, verdict: Verdict | None, request: Request) -> None:
+        self.verdict = verdict
+        self.audit = dict(request.audit)  # (the request's own goes on to the response hooks)
+        self.body_limit, self.body_rule = request.body_limit, request.body_rule
+        self.headers: tuple[tuple[bytes, bytes], ...] | None = None  # (not rewritten yet)
+        self.target = ""
+
+    @classmethod
+    def fits(cls, request: Request) -> bool:
+        size = len(request.target) + sum(len(k) + len(v) for k, v in request.headers)
+        return size <= cls.MOST_BYTES
+
+    def replay(self, request: Request) -> Verdict | None:
+        if self.audit:
+            request.audit = dict(self.audit)
+        request.body_limit, request.body_rule = self.body_limit, self.body_rule
+        return self.verdict
+
+    def rewritten(self, request: Request) -> None:
+        self.headers, self.target = tuple(request.headers), request.target
+
+
 class _Plan:
     """What the chain calls for each request to one destination: bound methods of
-    the hooks that see requests there, in chain order."""
+    the hooks that see requests there, in chain order, and whether what they do
+    may be replayed (:attr:`Hook.replayable`)."""
 
-    __slots__ = ("on_request", "on_response", "response_unchecked", "rewrite", "rewrite_unchecked")
+    __slots__ = (
+        "on_request",
+        "on_response",
+        "replayable",
+        "response_unchecked",
+        "rewrite",
+        "rewrite_unchecked",
+    )
 
     def __init__(self, deciding: list[Hook], rewriting: list[Hook], responding: list[Hook]) -> None:
         self.on_request = [h.on_request for h in deciding]
@@ -533,6 +628,8 @@ class _Plan:
         # must the proxy check what these hooks write?  (see Hook.writes_checked)
         self.rewrite_unchecked = not all(h.writes_checked for h in rewriting)
         self.response_unchecked = not all(h.writes_checked for h in responding)
+        doing = (*deciding, *rewriting)
+        self.replayable = bool(doing) and all(h.replayable for h in doing)
 
 
 def _matches(rule: Rule, host: str, port: int) -> bool:

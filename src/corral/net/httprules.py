@@ -509,6 +509,7 @@ class HttpRulesHook(Hook):
 
     name = "rules"
     connect_by_host_port = True
+    replayable = True  # (a body read for a _method field is never replayed)
 
     def __init__(self, rules: HttpRules, patterns: list[tuple[str, str]]) -> None:
         self.rules = rules

@@ -273,6 +273,7 @@ class SecretsHook(Hook):
     # writes: placeholders (unreserved characters only) in place of values in header
     # values and the reason phrase, and base64 re-encoded around them
     writes_checked = True
+    replayable = True
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy  # nothing is read here: see open()
