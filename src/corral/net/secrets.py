@@ -316,6 +316,28 @@ class SecretsHook(Hook):
     def sandbox_env(self) -> dict[str, str]:
         return {s.name: s.placeholder.decode() for s in self.secrets}
 
+    def needs_inspection(self, host: str, port: int) -> bool:
+        """The secrets' hosts, and every destination that may be a secret host's
+        server under another name: an address (allowed beside the name, or the one
+        a pin gives it), and a name pinned (``[network] hosts``) to the address of a
+        secret host's pin.  An origin keeps what it was sent and may name it on a
+        later response, whichever way it is reached: those are read (HTTPS
+        intercepted, plain HTTP request by request, anything else refused) for
+        echoes to be hidden (:meth:`for_host`); an opaque tunnel there brought the
+        value back (found by attacking the proxy).  ``[tls] passthrough`` still
+        wins: an address passed through is the user's choice, unread."""
+        return self._shared(host) or super().needs_inspection(host, port)
+
+    def _shared(self, host: str) -> bool:
+        """Whether (normalized) ``host`` may be a secret host's server by another
+        name, where every secret's echo is hidden."""
+        if is_address(host):
+            return True
+        shared = self.__dict__.get("_shared_names")
+        if shared is None:
+            shared = self.__dict__["_shared_names"] = _names_sharing_a_pin(self.policy)
+        return host in shared
+
     def sees_requests_to(self, host: str, port: int) -> bool:
         return bool(self.policy.secrets)  # any host: a placeholder must not go there
 
@@ -341,7 +363,7 @@ class SecretsHook(Hook):
             # An address may be a secret host's server by another name (its address,
             # allowed beside its name): what every secret sent there could echo is
             # hidden in its responses, though none is sent to the address itself
-            hidden = mine or (self.secrets if is_address(host) else [])
+            hidden = mine or (self.secrets if self._shared(host) else [])
             found = self._by_host[key] = _HostPlan(mine, self.secrets, https_only, hidden)
         return found
 
@@ -443,6 +465,24 @@ class SecretsHook(Hook):
         """This run's placeholders in a target, as it is and percent-decoded."""
         decoded = _decoded(target.encode("latin-1")).decode("latin-1")
         return tuple(self._find(target + "\n" + decoded))
+
+
+def _names_sharing_a_pin(policy: Policy) -> frozenset[str]:
+    """Names ``[network] hosts`` pins to an address it also pins a secret's host
+    to (normalized): one server under two names, one of which gets the value."""
+    from corral.net.names import normalize
+
+    pins = {normalize(name): normalize(address) for name, address in policy.network.hosts.items()}
+    rules = [Rule(h) for secret in policy.secrets.values() for h in secret.hosts]
+    theirs = {address for name, address in pins.items() if any(_names(r, name) for r in rules)}
+    return frozenset(name for name, address in pins.items() if address in theirs)
+
+
+def _names(rule: Rule, name: str) -> bool:
+    """Does an entry in ``[network] allow`` syntax name ``name``, on some port?"""
+    if rule.wildcard is not None:
+        return rule.wildcard == "" or name.endswith("." + rule.wildcard)
+    return rule.host == name
 
 
 class _Seen:
