@@ -637,6 +637,32 @@ def test_an_event_that_ends_like_the_start_of_wrapped_base64_is_not_held(
     assert echo_filter.feed(b"ok\n\n") == core[:3] + b"\nok\n\n"
 
 
+def test_a_widely_wrapped_echo_cut_between_pieces_is_hidden(hook: SecretsHook) -> None:
+    """Base64 of the value in groups of two, each on a line indented by 30 spaces
+    (YAML), streamed in two pieces: where the cut fell in the core's first part,
+    the tail held back was too short to show it was one, and the value went out
+    whole (found by attacking the proxy).  At every cut the client gets what one
+    piece gives: the core hidden.  The twin: a stream of the same shape that
+    holds no core goes on as it comes."""
+    import base64
+
+    encoded = base64.b64encode(b"user:" + REAL)
+    indent = b"\n" + b" " * 30
+    wrapped = indent.join(encoded[i : i + 2] for i in range(0, len(encoded), 2))
+    body = b"key:" + indent + wrapped + b"\nend\n"
+    whole = _stream_filter(hook)
+    expected = whole.feed(body) + whole.end()
+    assert placeholder(hook, "API_KEY").encode() in expected
+    block = expected.translate(None, b" \n")
+    assert not any(REAL in base64.b64decode(block[i:] + b"===", altchars=None) for i in range(8))
+    for cut in range(1, len(body)):
+        echo_filter = _stream_filter(hook)
+        out = echo_filter.feed(body[:cut]) + echo_filter.feed(body[cut:]) + echo_filter.end()
+        assert out == expected, cut
+    plain = b"key:" + indent + indent.join([b"no", b"ne"]) + b"\n"
+    assert _stream_filter(hook).feed(plain) == plain
+
+
 def test_a_stream_goes_on_as_it_comes_but_for_what_could_start_an_echo(
     hook: SecretsHook,
 ) -> None:

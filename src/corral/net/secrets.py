@@ -781,12 +781,15 @@ class _EchoFilter(BodyFilter):
         """Where the longest tail of ``data`` that could be an echo cut short begins
         (``len(data)``: none could).  Whole echoes are hidden already."""
         openers = self.openers
-        for at in range(max(0, len(data) - self.window), len(data)):
+        # (a wrapped core may stretch far beyond the window: up to MAX_GAP white
+        # space between its characters; found by attacking the proxy)
+        found = min((_wrapped_start(data, s) for s in self.secrets), default=len(data))
+        for at in range(max(0, len(data) - self.window), found):
             if data[at] in openers:
                 tail = data[at:]
                 if any(_starts_echo(secret, tail) for secret in self.secrets):
                     return at
-        return len(data)
+        return found
 
     def _hide(self, data: bytes) -> bytes:
         if len(data) < self.shortest:
@@ -802,6 +805,38 @@ class _EchoFilter(BodyFilter):
                 if hidden.count(s.placeholder) > data.count(s.placeholder)
             }
         return hidden
+
+
+def _wrapped_start(data: bytes, secret: Loaded) -> int:
+    """Where the earliest tail of ``data`` that is one of the secret's base64 cores
+    wrapped by white space and cut short begins (``len(data)``: none is).  Only
+    the tail's last characters but white space can start one: fewer than a core
+    holds, each at most MAX_GAP white space from the next, none across a blank
+    line (see _starts_echo)."""
+    longest = max(map(len, secret.cores), default=0)
+    at, gap, starts = len(data), 0, []
+    while at and len(starts) < longest:
+        byte = data[at - 1]
+        if byte in _SPACE_BYTES:
+            gap += 1
+            if gap > MAX_GAP:
+                break
+        elif byte in _BASE64:
+            gap = 0
+            starts.append(at - 1)
+        else:
+            break
+        at -= 1
+    for start in reversed(starts):  # the earliest first
+        tail = data[start:]
+        flat = tail.translate(None, _SPACES)
+        cut_short = any(len(flat) < len(core) and core.startswith(flat) for core in secret.cores)
+        if cut_short and not _BLANK_LINE.search(tail.replace(b"\r\n", b"\n").replace(b"\r", b"\n")):
+            return start
+    return len(data)
+
+
+_SPACE_BYTES = frozenset(_SPACES)
 
 
 def _starts_echo(secret: Loaded, tail: bytes) -> bool:
