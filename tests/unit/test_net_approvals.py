@@ -173,6 +173,52 @@ def test_a_grant_covers_a_request_only_as_all_it_may_be_served_as() -> None:
     aio.run(main())
 
 
+def test_a_grant_for_head_covers_head_and_one_for_get_covers_both() -> None:
+    """A HEAD is served with the GET handler (Werkzeug, Starlette, Express, Rails,
+    Django), so the rules decide it as a GET too (found by attacking the proxy):
+    the person asked about a HEAD is shown that GET.  A grant for HEAD answers
+    later HEADs (what was approved, GET handler and all) but never a GET, whose
+    body nobody approved; a grant for GET answers a HEAD at once (a GET without
+    its body), and a POST whose override names HEAD only with a POST grant too."""
+
+    get_grant = Grant("g", "api.test", 443, "GET", "/x", None, 1e9, "r")
+    head_grant = Grant("g", "api.test", 443, "HEAD", "/x", None, 1e9, "r")
+    assert get_grant.covers("api.test", 443, "HEAD", "/x", None)
+    assert head_grant.covers("api.test", 443, "HEAD", "/x", None)
+    assert not head_grant.covers("api.test", 443, "GET", "/x", None)
+    assert not get_grant.covers("api.test", 443, "POST", "/x", None)
+
+    async def main() -> None:
+        hub = Hub(Recorder(), "run1", timeout=5)
+        first = aio.ensure_future(hub.ask(dest(), req("HEAD", "/x"), ASK))
+        (ask_id,) = await _held(hub)
+        assert hub.listing()[0]["method"] == "HEAD" and hub.listing()[0]["also"] == ["GET /x"]
+        hub.answer(ask_id, Decision(True, 60), "test")
+        assert (await first).allowed
+        again = await hub.ask(dest(), req("head", "/x"), ASK)
+        assert again.allowed and "grant" in again.reason
+        get = aio.ensure_future(hub.ask(dest(), req("GET", "/x"), ASK))
+        (ask_id,) = await _held(hub)  # not covered by the grant for HEAD: held
+        hub.answer(ask_id, Decision(True, 60), "test")
+        assert (await get).allowed
+        head = await hub.ask(dest(), req("HEAD", "/x?page=2"), ASK)
+        assert head.allowed and "grant" in head.reason
+        get = aio.ensure_future(hub.ask(dest(), req("GET", "/z"), ASK))
+        (ask_id,) = await _held(hub)
+        hub.answer(ask_id, Decision(True, 60), "test")
+        assert (await get).allowed
+        head = await hub.ask(dest(), req("HEAD", "/z"), ASK)  # the grant for GET /z
+        assert head.allowed and "grant" in head.reason
+        override = Request("POST", "/x", [(b"x-http-method-override", b"HEAD")], 0)
+        task = aio.ensure_future(hub.ask(dest(), override, ASK))
+        (ask_id,) = await _held(hub)  # POST /x is not granted
+        assert hub.listing()[0]["also"] == ["HEAD /x", "GET /x"]
+        hub.answer(ask_id, Decision.deny(), "test")
+        assert not (await task).allowed
+
+    aio.run(main())
+
+
 def test_hub_connect_asks_have_no_path() -> None:
     async def main() -> None:
         hub = Hub(Recorder(), "run1", timeout=5)

@@ -93,7 +93,7 @@ class Grant:
         self.rule = rule
 
     def covers(self, host: str, port: int, method: str, path: str, query: Query | None) -> bool:
-        if (host, port, method) != (self.host, self.port, self.method):
+        if (host, port) != (self.host, self.port) or not grant_method_covers(self.method, method):
             return False
         if self.glob is not None:
             return self.glob.matches(path, query)
@@ -101,6 +101,18 @@ class Grant:
 
     def scope(self) -> str:
         return f"{self.method} {self.host}:{self.port}{self.glob.text if self.glob else self.path}"
+
+
+def grant_method_covers(granted: str, method: str) -> bool:
+    """Whether a grant for ``granted`` covers ``method`` (both upper-case).
+
+    A HEAD is served with the GET handler (see :func:`corral.net.httprules.alternates`),
+    so the rules decide it as a GET too; here a HEAD stands for that GET, which
+    the person answering a held HEAD is shown (``also``): a grant for GET covers
+    HEAD (a GET without the body: nothing the GET grant did not allow), and a
+    grant for HEAD covers HEAD, served as a GET and all, but never a GET (whose
+    response body nobody approved).  Every other method covers only itself."""
+    return granted == method or (granted == "GET" and method == "HEAD")
 
 
 def request_key(dest: Destination, request: Request | None) -> tuple[str, str, Query | None]:
@@ -116,19 +128,28 @@ def request_key(dest: Destination, request: Request | None) -> tuple[str, str, Q
     return request.method.upper(), path, query
 
 
-def alternate_keys(request: Request | None) -> list[tuple[str, str, Query | None]]:
+def alternate_keys(
+    request: Request | None, head: bool = True
+) -> list[tuple[str, str, Query | None]]:
     """The (method, path, query) an origin may serve a request as besides its request
     line (override headers, routing headers, ``_method`` in the query or a body
     read to decide): a grant covers the request only if it covers each of them
     too, or a grant for ``GET /x`` let ``GET /x`` with X-HTTP-Method-Override:
-    DELETE through."""
+    DELETE through.  ``head=False``: without the GET each HEAD is served as too
+    (shown to the person, but covered with the HEAD: see :func:`grant_method_covers`)."""
     if request is None:
         return []
-    from corral.net.httprules import BadPath, alternates, form_methods, normalize_target
+    from corral.net.httprules import (
+        BadPath,
+        alternates,
+        form_methods,
+        normalize_target,
+        served_as,
+    )
 
-    pairs = alternates(request.method, request.target, request.headers)
+    pairs = alternates(request.method, request.target, request.headers, head)
     if request.body is not None and request.method.upper() == "POST":
-        pairs += [(m, request.target) for m in form_methods(request.body)]
+        pairs += [(m, request.target) for m in served_as(form_methods(request.body), head)]
     keys = []
     for method, target in dict.fromkeys(pairs):
         try:
@@ -256,10 +277,11 @@ class Hub(Asker):
         key = request_key(dest, request)
         method, path, query = key
         loop = aio.get_running_loop()
-        also = alternate_keys(request)
+        also = alternate_keys(request)  # what the person is shown
+        needed = alternate_keys(request, head=False) if also else also  # what grants cover
         grant = self._grant_for(dest.host, dest.port, method, path, query, loop.time())
         if grant is not None and not all(
-            self._grant_for(dest.host, dest.port, m, p, q, loop.time()) for m, p, q in also
+            self._grant_for(dest.host, dest.port, m, p, q, loop.time()) for m, p, q in needed
         ):
             grant = None  # (it covers the request line, not all the request may be served as)
         base = {
