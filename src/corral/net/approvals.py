@@ -163,19 +163,24 @@ def alternate_keys(
 # -- the hub --------------------------------------------------------------------------------
 
 
+Key = tuple[str, str, "Query | None"]  # (method, normalized path, query)
+
+
 class _Held:
-    __slots__ = ("dest", "future", "info", "method", "path", "query", "since")
+    __slots__ = ("also", "dest", "future", "info", "method", "path", "query", "since")
 
     def __init__(
         self,
         info: dict[str, object],
         dest: Destination,
-        key: tuple[str, str, Query | None],
+        key: Key,
+        also: list[Key],
         future: aio.Future,
     ) -> None:
         self.info = info
         self.dest = dest
         self.method, self.path, self.query = key
+        self.also = also  # what a grant must cover besides the request line
         self.future = future
         self.since = time.monotonic()
 
@@ -275,15 +280,11 @@ class Hub(Asker):
 
     async def ask(self, dest: Destination, request: Request | None, verdict: Verdict) -> Verdict:
         key = request_key(dest, request)
-        method, path, query = key
+        method, path, _ = key
         loop = aio.get_running_loop()
         also = alternate_keys(request)  # what the person is shown
         needed = alternate_keys(request, head=False) if also else also  # what grants cover
-        grant = self._grant_for(dest.host, dest.port, method, path, query, loop.time())
-        if grant is not None and not all(
-            self._grant_for(dest.host, dest.port, m, p, q, loop.time()) for m, p, q in needed
-        ):
-            grant = None  # (it covers the request line, not all the request may be served as)
+        grant = self._covering(dest, key, needed, loop.time())
         base = {
             "host": dest.host,
             "port": dest.port,
@@ -304,7 +305,7 @@ class Hub(Asker):
             "reason": verdict.reason,
             "since": time.time(),
         }
-        held = _Held(info, dest, key, loop.create_future())
+        held = _Held(info, dest, key, needed, loop.create_future())
         self.pending[ask_id] = held
         self._event({"event": "ask", "ask_id": ask_id, **base, "reason": verdict.reason})
         self._tell_local({"op": "ask", **info})
@@ -401,13 +402,32 @@ class Hub(Asker):
             }
         )
         loop.call_later(decision.seconds, self._expire, grant)
-        # the other asks it covers, held at the same time, are answered by it too
+        # the other asks held at the same time that the grants now cover are answered,
+        # by the test a request arriving now meets (a grant for POST /x released a
+        # held POST /x carrying X-HTTP-Method-Override: DELETE, found by attacking
+        # the proxy: the request line alone was looked at)
+        now = loop.time()
         for other_id, other in list(self.pending.items()):
-            if not other.future.done() and grant.covers(
-                other.dest.host, other.dest.port, other.method, other.path, other.query
-            ):
+            if other.future.done():
+                continue
+            key = (other.method, other.path, other.query)
+            if self._covering(other.dest, key, other.also, now) is not None:
                 self._event({"event": "answer", "ask_id": other_id, "answer": "grant"})
                 other.future.set_result((Decision.once(), f"grant {grant.id}"))
+
+    def _covering(self, dest: Destination, key: Key, also: list[Key], now: float) -> Grant | None:
+        """The grant that answers a request (``key``, its request line) at once, or
+        None: one covers the request line and each of ``also`` (what else it may
+        be served as, :func:`alternate_keys` with ``head=False``) is covered by a
+        grant too.  The one test for a request arriving and one held."""
+        method, path, query = key
+        grant = self._grant_for(dest.host, dest.port, method, path, query, now)
+        if grant is None:
+            return None
+        for m, p, q in also:
+            if self._grant_for(dest.host, dest.port, m, p, q, now) is None:
+                return None  # (it covers the request line, not all it may be served as)
+        return grant
 
     def _grant_for(
         self, host: str, port: int, method: str, path: str, query: Query | None, now: float
