@@ -173,6 +173,102 @@ def test_a_grant_covers_a_request_only_as_all_it_may_be_served_as() -> None:
     aio.run(main())
 
 
+def test_a_grant_for_head_covers_head_and_one_for_get_covers_both() -> None:
+    """A HEAD is served with the GET handler (Werkzeug, Starlette, Express, Rails,
+    Django), so the rules decide it as a GET too (found by attacking the proxy):
+    the person asked about a HEAD is shown that GET.  A grant for HEAD answers
+    later HEADs (what was approved, GET handler and all) but never a GET, whose
+    body nobody approved; a grant for GET answers a HEAD at once (a GET without
+    its body), and a POST whose override names HEAD only with a POST grant too."""
+
+    get_grant = Grant("g", "api.test", 443, "GET", "/x", None, 1e9, "r")
+    head_grant = Grant("g", "api.test", 443, "HEAD", "/x", None, 1e9, "r")
+    assert get_grant.covers("api.test", 443, "HEAD", "/x", None)
+    assert head_grant.covers("api.test", 443, "HEAD", "/x", None)
+    assert not head_grant.covers("api.test", 443, "GET", "/x", None)
+    assert not get_grant.covers("api.test", 443, "POST", "/x", None)
+
+    async def main() -> None:
+        hub = Hub(Recorder(), "run1", timeout=5)
+        first = aio.ensure_future(hub.ask(dest(), req("HEAD", "/x"), ASK))
+        (ask_id,) = await _held(hub)
+        assert hub.listing()[0]["method"] == "HEAD" and hub.listing()[0]["also"] == ["GET /x"]
+        hub.answer(ask_id, Decision(True, 60), "test")
+        assert (await first).allowed
+        again = await hub.ask(dest(), req("head", "/x"), ASK)
+        assert again.allowed and "grant" in again.reason
+        get = aio.ensure_future(hub.ask(dest(), req("GET", "/x"), ASK))
+        (ask_id,) = await _held(hub)  # not covered by the grant for HEAD: held
+        hub.answer(ask_id, Decision(True, 60), "test")
+        assert (await get).allowed
+        head = await hub.ask(dest(), req("HEAD", "/x?page=2"), ASK)
+        assert head.allowed and "grant" in head.reason
+        get = aio.ensure_future(hub.ask(dest(), req("GET", "/z"), ASK))
+        (ask_id,) = await _held(hub)
+        hub.answer(ask_id, Decision(True, 60), "test")
+        assert (await get).allowed
+        head = await hub.ask(dest(), req("HEAD", "/z"), ASK)  # the grant for GET /z
+        assert head.allowed and "grant" in head.reason
+        override = Request("POST", "/x", [(b"x-http-method-override", b"HEAD")], 0)
+        task = aio.ensure_future(hub.ask(dest(), override, ASK))
+        (ask_id,) = await _held(hub)  # POST /x is not granted
+        assert hub.listing()[0]["also"] == ["HEAD /x", "GET /x"]
+        hub.answer(ask_id, Decision.deny(), "test")
+        assert not (await task).allowed
+
+    aio.run(main())
+
+
+def test_a_grant_releases_a_held_request_only_as_it_answers_a_new_one() -> None:
+    """Held: B, ``POST /v1/items`` carrying X-HTTP-Method-Override: DELETE, then A,
+    a plain ``POST /v1/items``.  Approving A for a duration released B too, and
+    the origin ran a DELETE nobody approved (found by attacking the proxy): a
+    new grant looked at the request line of the held requests only, while a
+    request arriving after it must have everything it may be served as covered.
+    B stays held.  Twins: once DELETE /v1/items is granted too, the same held B
+    is released by the grant for A; a held HEAD /y by a grant for GET /y."""
+
+    async def main() -> None:
+        hub = Hub(Recorder(), "run1", timeout=5)
+        override = [(b"x-http-method-override", b"DELETE")]
+        b = aio.ensure_future(hub.ask(dest(), Request("POST", "/v1/items", override, 0), ASK))
+        (b_id,) = await _held(hub)
+        assert hub.listing()[0]["also"] == ["DELETE /v1/items"]
+        a = aio.ensure_future(hub.ask(dest(), req("POST", "/v1/items"), ASK))
+        a_id = next(i for i in await _held(hub, 2) if i != b_id)
+        assert hub.answer(a_id, Decision(True, 600), "test") is None
+        assert (await a).allowed
+        await aio.sleep(0.01)
+        assert not b.done() and list(hub.pending) == [b_id]  # B: still held
+        hub.answer(b_id, Decision.deny(), "test")
+        assert not (await b).allowed
+
+        hub = Hub(Recorder(), "run1", timeout=5)  # twins
+        delete = aio.ensure_future(hub.ask(dest(), req("DELETE", "/v1/items"), ASK))
+        (ask_id,) = await _held(hub)
+        hub.answer(ask_id, Decision(True, 600), "test")
+        assert (await delete).allowed
+        b = aio.ensure_future(hub.ask(dest(), Request("POST", "/v1/items", override, 0), ASK))
+        (b_id,) = await _held(hub)
+        a = aio.ensure_future(hub.ask(dest(), req("POST", "/v1/items"), ASK))
+        head = aio.ensure_future(hub.ask(dest(), req("HEAD", "/y"), ASK))
+        get = aio.ensure_future(hub.ask(dest(), req("GET", "/y"), ASK))
+        held = await _held(hub, 4)
+        a_id, head_id, get_id = held[1:]
+        hub.answer(a_id, Decision(True, 600), "test")
+        assert (await a).allowed
+        released = await b
+        assert released.allowed and "grant" in released.reason
+        assert not head.done()
+        hub.answer(get_id, Decision(True, 600), "test")
+        assert (await get).allowed
+        released = await head
+        assert released.allowed and "grant" in released.reason
+        assert not hub.pending and head_id not in hub.pending
+
+    aio.run(main())
+
+
 def test_hub_connect_asks_have_no_path() -> None:
     async def main() -> None:
         hub = Hub(Recorder(), "run1", timeout=5)

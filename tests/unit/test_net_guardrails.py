@@ -335,6 +335,27 @@ def test_a_request_is_guarded_as_what_its_override_header_names(
     assert hook.on_request(dest, Request(method, target, [], 0)) is None  # twin
 
 
+def test_a_head_is_guarded_as_the_get_it_is_served_as() -> None:
+    """Werkzeug (Flask), Starlette, Express, Rails and Django serve a HEAD with the
+    GET handler, side effects and all: a guardrail on GET /api/** let HEAD
+    /api/x through (found by attacking the proxy).  It holds for the HEAD too,
+    in any case and named by an override header.  Twins: a HEAD elsewhere is
+    not the guardrail's, and a guardrail on DELETE has no say on a HEAD."""
+    dest = Destination("r", "https", "api.test", 443)
+    for tier, decision in (("CRITICAL", "deny"), ("HIGH", "ask")):
+        hook = gr.GuardrailHook([guardrail(tier, "GET")], gr.DEFAULT_TIER_ACTIONS)
+        for request in (
+            Request("HEAD", "/api/x", [], 0),
+            Request("head", "/api/x", [], 0),
+            Request("POST", "/api/x", [(b"x-http-method-override", b"HEAD")], 0),
+        ):
+            verdict = hook.on_request(dest, request)
+            assert verdict is not None and verdict.decision == decision, (tier, request.method)
+        assert hook.on_request(dest, Request("HEAD", "/other", [], 0)) is None  # twin
+    hook = gr.GuardrailHook([guardrail("CRITICAL", "DELETE")], gr.DEFAULT_TIER_ACTIONS)
+    assert hook.on_request(dest, Request("HEAD", "/api/x", [], 0)) is None
+
+
 def test_max_body_bounds_a_logged_request() -> None:
     hook = gr.GuardrailHook([guardrail("LOW", "POST", "max_body: 1K\n")], gr.DEFAULT_TIER_ACTIONS)
     request = Request("POST", "/api/x", [], 10)

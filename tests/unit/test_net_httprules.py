@@ -438,3 +438,41 @@ def test_override_headers_are_read_as_cgi_servers_read_their_names() -> None:
         assert verdict is not None and not verdict.allowed, header
     fine = chain.request(dest, Request("POST", "/x", [(b"x_trace_id", b"1")], 0))
     assert fine is not None and fine.allowed
+
+
+def test_a_head_passes_only_where_a_get_would_pass_too() -> None:
+    """A HEAD is served with the GET handler (Werkzeug, Starlette, Express, Rails,
+    Django), so a deny or ask of GET that HEAD passed let the GET's side effects
+    run (found by attacking the proxy).  A HEAD is decided as a GET too: denied
+    where GET is denied or not allowed (a rule allowing HEAD alone no longer
+    lets it through), asked where GET asks, also when an override header or
+    ``_method`` names HEAD.  Twins: where GET and HEAD are allowed, HEAD passes;
+    where GET is allowed but HEAD is not, HEAD is still denied."""
+    entries: list[dict[str, object]] = [
+        {"host": "api.test", "methods": ["GET", "HEAD", "POST"], "paths": ["/v1/**"],
+         "action": "allow"},
+        {"host": "api.test", "methods": ["GET"], "paths": ["/v1/admin/**"], "action": "deny"},
+        {"host": "api.test", "methods": ["GET"], "paths": ["/v1/review/**"], "action": "ask"},
+        {"host": "api.test", "methods": ["HEAD"], "paths": ["/head-only/**"], "action": "allow"},
+        {"host": "api.test", "methods": ["GET"], "paths": ["/get-only/**"], "action": "allow"},
+    ]  # fmt: skip
+    chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), HttpRulesHook.from_policy(entries)])
+    dest = Destination("run", "https", "api.test", 443)
+
+    def verdict(method: str, target: str, headers: list[tuple[bytes, bytes]] | None = None) -> str:
+        found = chain.request(dest, Request(method, target, headers or [], 0))
+        assert found is not None
+        return found.decision
+
+    assert verdict("HEAD", "/v1/admin/reset") == "deny"
+    assert verdict("head", "/v1/admin/reset") == "deny"
+    assert verdict("HEAD", "/v1/review/x") == "ask"
+    assert verdict("HEAD", "/head-only/x") == "deny"  # GET is not allowed there
+    override = [(b"x-http-method-override", b"HEAD")]
+    assert verdict("POST", "/v1/admin/reset", override) == "deny"
+    assert verdict("POST", "/v1/admin/reset?_method=HEAD") == "deny"
+    assert verdict("HEAD", "/v1/x", [(b"x-original-url", b"/v1/admin/reset")]) == "deny"
+    assert verdict("HEAD", "/v1/users") == "allow"  # the twins
+    assert verdict("POST", "/v1/users", override) == "allow"
+    assert verdict("HEAD", "/get-only/x") == "deny"  # as before: no rule allows HEAD
+    assert verdict("GET", "/get-only/x") == "allow"

@@ -536,3 +536,39 @@ def test_a_body_read_to_decide_that_never_comes_whole_is_audited(tmp_path: Path)
             assert len(w.origin.requests) == 1
 
     run(go)
+
+
+ADMIN_GET_DENIED: list[dict[str, object]] = [
+    {"host": "127.0.0.1:{port}", "action": "allow"},
+    {"host": "127.0.0.1:{port}", "methods": ["GET"], "paths": ["/admin/**"], "action": "deny"},
+]
+
+
+def test_a_head_is_decided_as_the_get_origins_serve_it_as(tmp_path: Path) -> None:
+    """Werkzeug (Flask), Starlette, Express, Rails and Django serve a HEAD with the
+    GET handler, side effects and all: with GET /admin/** denied, ``HEAD
+    /admin/reset`` got a 200 and the origin's reset ran (found by attacking the
+    proxy).  Denied, in any case and as a POST whose form's ``_method`` names
+    HEAD, and the origin never sees it.  Twins: a HEAD and a GET of an allowed
+    path pass, and so does the POST without the field."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, ADMIN_GET_DENIED) as w:
+            assert (await w.send(b"GET", "/admin/reset")).startswith(b"HTTP/1.1 403")
+            for method in (b"HEAD", b"head"):
+                denied = await w.send(method, "/admin/reset")
+                assert denied.startswith(b"HTTP/1.1 403"), (method, denied)
+            assert (await _post(w, "/admin/reset", b"_method=head", FORM))[0] == 403
+            assert w.origin.requests == []
+            assert (await w.send(b"HEAD", "/public/x")).startswith(b"HTTP/1.1 200")
+            assert (await w.send(b"GET", "/public/x")).startswith(b"HTTP/1.1 200")
+            assert (await _post(w, "/admin/reset", b"title=head", FORM))[0] == 200
+            assert [(r.method, r.target) for r in w.origin.requests] == [
+                (b"HEAD", b"/public/x"),
+                (b"GET", b"/public/x"),
+                (b"POST", b"/admin/reset"),
+            ]
+            refused = [e for e in w.audit() if e.get("decision") == "deny"]
+            assert [e.get("method") for e in refused] == ["GET", "HEAD", "head", "POST"]
+
+    run(go)

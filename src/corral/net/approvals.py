@@ -93,7 +93,7 @@ class Grant:
         self.rule = rule
 
     def covers(self, host: str, port: int, method: str, path: str, query: Query | None) -> bool:
-        if (host, port, method) != (self.host, self.port, self.method):
+        if (host, port) != (self.host, self.port) or not grant_method_covers(self.method, method):
             return False
         if self.glob is not None:
             return self.glob.matches(path, query)
@@ -101,6 +101,18 @@ class Grant:
 
     def scope(self) -> str:
         return f"{self.method} {self.host}:{self.port}{self.glob.text if self.glob else self.path}"
+
+
+def grant_method_covers(granted: str, method: str) -> bool:
+    """Whether a grant for ``granted`` covers ``method`` (both upper-case).
+
+    A HEAD is served with the GET handler (see :func:`corral.net.httprules.alternates`),
+    so the rules decide it as a GET too; here a HEAD stands for that GET, which
+    the person answering a held HEAD is shown (``also``): a grant for GET covers
+    HEAD (a GET without the body: nothing the GET grant did not allow), and a
+    grant for HEAD covers HEAD, served as a GET and all, but never a GET (whose
+    response body nobody approved).  Every other method covers only itself."""
+    return granted == method or (granted == "GET" and method == "HEAD")
 
 
 def request_key(dest: Destination, request: Request | None) -> tuple[str, str, Query | None]:
@@ -116,19 +128,28 @@ def request_key(dest: Destination, request: Request | None) -> tuple[str, str, Q
     return request.method.upper(), path, query
 
 
-def alternate_keys(request: Request | None) -> list[tuple[str, str, Query | None]]:
+def alternate_keys(
+    request: Request | None, head: bool = True
+) -> list[tuple[str, str, Query | None]]:
     """The (method, path, query) an origin may serve a request as besides its request
     line (override headers, routing headers, ``_method`` in the query or a body
     read to decide): a grant covers the request only if it covers each of them
     too, or a grant for ``GET /x`` let ``GET /x`` with X-HTTP-Method-Override:
-    DELETE through."""
+    DELETE through.  ``head=False``: without the GET each HEAD is served as too
+    (shown to the person, but covered with the HEAD: see :func:`grant_method_covers`)."""
     if request is None:
         return []
-    from corral.net.httprules import BadPath, alternates, form_methods, normalize_target
+    from corral.net.httprules import (
+        BadPath,
+        alternates,
+        form_methods,
+        normalize_target,
+        served_as,
+    )
 
-    pairs = alternates(request.method, request.target, request.headers)
+    pairs = alternates(request.method, request.target, request.headers, head)
     if request.body is not None and request.method.upper() == "POST":
-        pairs += [(m, request.target) for m in form_methods(request.body)]
+        pairs += [(m, request.target) for m in served_as(form_methods(request.body), head)]
     keys = []
     for method, target in dict.fromkeys(pairs):
         try:
@@ -142,19 +163,24 @@ def alternate_keys(request: Request | None) -> list[tuple[str, str, Query | None
 # -- the hub --------------------------------------------------------------------------------
 
 
+Key = tuple[str, str, "Query | None"]  # (method, normalized path, query)
+
+
 class _Held:
-    __slots__ = ("dest", "future", "info", "method", "path", "query", "since")
+    __slots__ = ("also", "dest", "future", "info", "method", "path", "query", "since")
 
     def __init__(
         self,
         info: dict[str, object],
         dest: Destination,
-        key: tuple[str, str, Query | None],
+        key: Key,
+        also: list[Key],
         future: aio.Future,
     ) -> None:
         self.info = info
         self.dest = dest
         self.method, self.path, self.query = key
+        self.also = also  # what a grant must cover besides the request line
         self.future = future
         self.since = time.monotonic()
 
@@ -254,14 +280,11 @@ class Hub(Asker):
 
     async def ask(self, dest: Destination, request: Request | None, verdict: Verdict) -> Verdict:
         key = request_key(dest, request)
-        method, path, query = key
+        method, path, _ = key
         loop = aio.get_running_loop()
-        also = alternate_keys(request)
-        grant = self._grant_for(dest.host, dest.port, method, path, query, loop.time())
-        if grant is not None and not all(
-            self._grant_for(dest.host, dest.port, m, p, q, loop.time()) for m, p, q in also
-        ):
-            grant = None  # (it covers the request line, not all the request may be served as)
+        also = alternate_keys(request)  # what the person is shown
+        needed = alternate_keys(request, head=False) if also else also  # what grants cover
+        grant = self._covering(dest, key, needed, loop.time())
         base = {
             "host": dest.host,
             "port": dest.port,
@@ -282,7 +305,7 @@ class Hub(Asker):
             "reason": verdict.reason,
             "since": time.time(),
         }
-        held = _Held(info, dest, key, loop.create_future())
+        held = _Held(info, dest, key, needed, loop.create_future())
         self.pending[ask_id] = held
         self._event({"event": "ask", "ask_id": ask_id, **base, "reason": verdict.reason})
         self._tell_local({"op": "ask", **info})
@@ -379,13 +402,32 @@ class Hub(Asker):
             }
         )
         loop.call_later(decision.seconds, self._expire, grant)
-        # the other asks it covers, held at the same time, are answered by it too
+        # the other asks held at the same time that the grants now cover are answered,
+        # by the test a request arriving now meets (a grant for POST /x released a
+        # held POST /x carrying X-HTTP-Method-Override: DELETE, found by attacking
+        # the proxy: the request line alone was looked at)
+        now = loop.time()
         for other_id, other in list(self.pending.items()):
-            if not other.future.done() and grant.covers(
-                other.dest.host, other.dest.port, other.method, other.path, other.query
-            ):
+            if other.future.done():
+                continue
+            key = (other.method, other.path, other.query)
+            if self._covering(other.dest, key, other.also, now) is not None:
                 self._event({"event": "answer", "ask_id": other_id, "answer": "grant"})
                 other.future.set_result((Decision.once(), f"grant {grant.id}"))
+
+    def _covering(self, dest: Destination, key: Key, also: list[Key], now: float) -> Grant | None:
+        """The grant that answers a request (``key``, its request line) at once, or
+        None: one covers the request line and each of ``also`` (what else it may
+        be served as, :func:`alternate_keys` with ``head=False``) is covered by a
+        grant too.  The one test for a request arriving and one held."""
+        method, path, query = key
+        grant = self._grant_for(dest.host, dest.port, method, path, query, now)
+        if grant is None:
+            return None
+        for m, p, q in also:
+            if self._grant_for(dest.host, dest.port, m, p, q, now) is None:
+                return None  # (it covers the request line, not all it may be served as)
+        return grant
 
     def _grant_for(
         self, host: str, port: int, method: str, path: str, query: Query | None, now: float

@@ -50,7 +50,9 @@ decoded and normalized once, as an origin would before routing:
   key and value decoded once and matched with ``*`` as any characters.
 
 Methods are compared case-insensitively (an origin that reads ``delete`` as
-``DELETE`` must not slip past a rule for ``DELETE``).
+``DELETE`` must not slip past a rule for ``DELETE``).  A HEAD is decided as a
+GET too (most frameworks serve it with the GET handler): it passes only where
+both would (see :func:`alternates`).
 """
 
 from __future__ import annotations
@@ -540,12 +542,14 @@ class HttpRulesHook(Hook):
             request.limit_body(limit.max_body, limit.name)
         if not verdict.allowed and not verdict.ask:
             return verdict  # (an ask still looks at the alternates: a deny there wins)
-        if ALTERNATE_HEADERS.isdisjoint(
-            map(_name, spelled_as_servers_read(request.headers))
-        ) and not ("?" in request.target and _may_name_method(request.target)):
+        if (
+            ALTERNATE_HEADERS.isdisjoint(map(_name, spelled_as_servers_read(request.headers)))
+            and not ("?" in request.target and _may_name_method(request.target))
+            and not is_head(request.method)
+        ):
             if request.method == "POST" and _form_body(request):
                 return _strongest(verdict, _form_override(rules, dest, request))
-            return verdict  # (no override: the usual case, looked at in C)
+            return verdict  # (no override, not a HEAD: the usual case, looked at in C)
         ruled = rules.host(dest.host, dest.port)
         for method, target in alternates(request.method, request.target, request.headers):
             other, _ = rules.decision(ruled, dest.port, method, target)
@@ -571,23 +575,49 @@ ALTERNATE_HEADERS = METHOD_OVERRIDES | PATH_OVERRIDES
 _name = operator.itemgetter(0)
 
 
+def is_head(method: str) -> bool:
+    """A HEAD, in any case (servers upper-case the method before routing)."""
+    return len(method) == 4 and method.upper() == "HEAD"
+
+
+def served_as(methods: list[str], head: bool = True) -> list[str]:
+    """``methods``, each followed by GET where it is a HEAD (see :func:`alternates`);
+    ``head=False``: as they are."""
+    if not head or not any(map(is_head, methods)):
+        return methods
+    return [m for method in methods for m in ((method, "GET") if is_head(method) else (method,))]
+
+
 def alternates(
-    method: str, target: str, headers: list[tuple[bytes, bytes]]
+    method: str, target: str, headers: list[tuple[bytes, bytes]], head: bool = True
 ) -> list[tuple[str, str]]:
     """Each (method, target) an origin may serve this request as, besides its own:
     the methods its override headers or a ``_method`` query parameter name, the
     paths its routing headers name, and each such method on each such path.  A
     rule that denies any of them denies the request; a path that is not
-    origin-form matches no allow rule."""
+    origin-form matches no allow rule.
+
+    A HEAD (on the request line or named by an override) is served as a GET too:
+    Werkzeug (Flask), Starlette, Express, Rails and Django run the GET handler for
+    it, side effects and all, and only drop the body, so a deny of ``GET
+    /admin/**`` was passed by ``HEAD /admin/reset`` (found by attacking the
+    proxy).  A HEAD therefore passes only where a GET would pass too (deny wins,
+    an ask stands), and where HEAD itself would: a host whose rules allow GET but
+    not HEAD still denies it, one whose rules allow HEAD but deny (or do not
+    allow) GET denies it now.  ``head=False`` leaves that GET out (the
+    approvals: a grant for HEAD stands for it, see
+    :func:`corral.net.approvals.grant_method_covers`)."""
     in_query = query_methods(target) if "?" in target and _may_name_method(target) else []
     headers = spelled_as_servers_read(headers)
     if ALTERNATE_HEADERS.isdisjoint(map(_name, headers)) and not in_query:
-        return []  # (the usual case, looked at in C: this runs for every request)
-    methods = [method, *_overrides(headers), *in_query]
+        # (the usual case, looked at in C: this runs for every request)
+        return [("GET", target)] if head and is_head(method) else []
+    methods = served_as([method, *_overrides(headers), *in_query], head)
     targets = [target] + [
         value.decode("latin-1").strip() for name, value in headers if name in PATH_OVERRIDES
     ]
-    return [(m, t) for m in methods for t in targets if (m, t) != (method, target)]
+    pairs = [(m, t) for m in methods for t in targets if (m, t) != (method, target)]
+    return list(dict.fromkeys(pairs))
 
 
 # What Rack's MethodOverride, Symfony (Laravel) and Express's method-override take
@@ -655,7 +685,7 @@ def _form_override(rules: HttpRules, dest: Destination, request: Request) -> Ver
     is allowed there (nothing to read)."""
     ruled = rules.host(dest.host, dest.port)
     if request.body is not None:
-        for method in form_methods(request.body):
+        for method in served_as(form_methods(request.body)):
             other, _ = rules.decision(ruled, dest.port, method, request.target)
             if not other.allowed:
                 return other
