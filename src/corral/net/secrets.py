@@ -814,7 +814,8 @@ def _wrapped_start(data: bytes, secret: Loaded) -> int:
     holds, each at most MAX_GAP white space from the next, none across a blank
     line (see _starts_echo)."""
     longest = max(map(len, secret.cores), default=0)
-    at, gap, starts = len(data), 0, []
+    at, gap = len(data), 0
+    starts: list[int] = []
     while at and len(starts) < longest:
         byte = data[at - 1]
         if byte in _SPACE_BYTES:
