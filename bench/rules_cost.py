@@ -19,6 +19,9 @@ round's CPU per request (on a shared machine the least disturbed one).  The
 client is one process of raw asyncio protocols that counts fixed-size
 responses, so it costs the proxy as little as it can.
 
+``--instructions`` counts the same in-process exchanges' instructions with
+valgrind: a figure that does not move with the machine's load.
+
 ``--in-process`` measures the hooks alone: one process drives the real
 ``Proxy.exchange`` over in-memory streams (no sockets, no TLS, an upstream
 that answers at once), interleaved rounds, CPU µs per exchange; the difference
@@ -463,6 +466,54 @@ def in_process(args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def instructions(args: argparse.Namespace) -> str:
+    """Instructions per in-process exchange, counted by valgrind (callgrind): the
+    same for every run, whatever else the machine does, so a change of a few
+    hundred instructions shows where CPU time on a shared machine cannot.  Each
+    variant runs in its own process at two counts; the difference over the
+    difference in count is one exchange's share (start-up cancels out)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("valgrind") is None:
+        return "valgrind is not installed (apt-get install valgrind): no instruction counts\n"
+    per: dict[str, float] = {}
+    counts = (1000, 3000)
+    for variant, _, _ in VARIANTS:
+        if not variant.startswith("tls"):
+            continue
+        totals = []
+        for count in counts:
+            code = (
+                "import sys; from bench.rules_cost import _exchanges; from corral.net import aio; "
+                f"aio.run(_exchanges([{variant!r}], 1, {count}, {args.distinct}))"
+            )
+            valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+            done = subprocess.run(
+                [*valgrind, sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=Path(__file__).resolve().parent.parent,
+            )
+            line = next(x for x in done.stderr.splitlines() if "Collected" in x)
+            totals.append(int(line.split()[-1]))
+        per[variant] = (totals[1] - totals[0]) / (counts[1] - counts[0])
+    base = per["tls-inspect"]
+    lines = [
+        "Instructions per in-process `Proxy.exchange` (valgrind --tool=callgrind; "
+        f"{counts[1]} and {counts[0]} exchanges, the difference over {counts[1] - counts[0]}):",
+        "",
+        "| variant | instructions/exchange | vs. interception alone | hooks' instructions |",
+        "|---|---:|---:|---:|",
+    ]
+    for variant, _, label in VARIANTS:
+        if variant in per:
+            n = per[variant]
+            lines.append(f"| {label} | {n:,.0f} | {n / base:.3f} | {n - base:+,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def report(
     results: dict[str, list[float]], cpu: dict[str, list[float]], args: argparse.Namespace
 ) -> str:
@@ -518,7 +569,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-process", action="store_true", help="the hooks alone (see above)")
     parser.add_argument("--count", type=int, default=5000, help="exchanges per in-process round")
     parser.add_argument("--distinct", action="store_true", help="in-process: a new URL each time")
+    parser.add_argument(
+        "--instructions", action="store_true", help="in-process, counted by valgrind (see above)"
+    )
     args = parser.parse_args(argv)
+    if args.instructions:
+        print(instructions(args))
+        return 0
     if args.in_process:
         print(in_process(args))
         return 0
