@@ -17,7 +17,9 @@ The rules, in the order the mounts are laid:
    as a read-only snapshot (a tmpfs holding binds of the entries it has now).
    Whatever the host creates there later, the secret included, stays invisible;
 3. the workspace and other writable paths, read-write;
-4. write-deny paths that exist, bound read-only over themselves; read-deny
+4. write-deny paths that exist, bound read-only over themselves (among them
+   what the real home's dotfile links lead to in a writable place: the host
+   loads it after the run, see :func:`home_link_decision`); read-deny
    paths that exist, replaced by an empty mode-000 directory or file; host unix
    sockets still visible (from /proc/net/unix), replaced by an empty file;
 5. the home layer (:mod:`corral.home`), bound read-write at its own path under
@@ -40,7 +42,7 @@ from corral import defaults
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterator, Sequence
+    from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 
     from corral.policy import Policy
 
@@ -68,6 +70,15 @@ PROTECTED_NAMES: dict[str, bool] = {
 }
 # Of those, the ones quarantined when a run makes one in a subdirectory (new_protected)
 QUARANTINED_WHEN_NEW = frozenset({defaults.POLICY_FILENAME})
+# The real home's entries whose links are followed: a link there into a place the
+# sandbox may write (a dotfiles repository as the workspace: GNU stow's
+# ``~/.gitconfig -> dotfiles/git/.gitconfig``) makes that file what the host loads
+# later, outside the sandbox.  At the top of the home: the dotfiles and these plain
+# names (``~/bin`` is on a login shell's PATH; ``~/src`` or ``~/notes`` leading into
+# a workspace are the user's projects, not loaded); in each directory the home
+# layer merges (``~/.config``: corral.home.MERGED), every entry.
+HOME_LOADED_PLAIN = frozenset({"bin"})
+HOME_LINK_DIRS = (".config",)
 
 
 class Mount:
@@ -759,6 +770,40 @@ def _hooks_path(git_dir: str) -> str | None:
     return os.path.normpath(os.path.join(tree, value))
 
 
+def home_loaded(rel: str) -> bool:
+    """Whether the host loads what the real home's entry ``rel`` (relative to the
+    home: ``.gitconfig``, ``.config/nvim``) leads to, so that a link there into a
+    writable place must make its target read-only (pure)."""
+    if "/" in rel:
+        return rel.partition("/")[0] in HOME_LINK_DIRS
+    return rel.startswith(".") or rel in HOME_LOADED_PLAIN
+
+
+def home_link_decision(
+    links: Iterable[tuple[str, str]], writable: Sequence[str]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """Of the real home's links (``links``: each one's path and the real path it
+    leads to, for the entries :func:`home_loaded` names), those leading into a
+    writable root: (link, target) pairs whose targets are write-protected for the
+    run, a directory whole; and notes for a link leading to a writable root itself
+    or to a directory holding one (protecting it would leave nothing writable; the
+    same as running corral inside ``~/.config/nvim``).  Pure."""
+    protect: list[tuple[str, str]] = []
+    notes: list[str] = []
+    for link, target in links:
+        for root in writable:
+            if target != root and _inside(target, root):
+                protect.append((link, target))
+                break
+            if _inside(root, target):
+                notes.append(
+                    f"{link} leads to {target}, which holds the writable {root}: what the "
+                    "run writes there is what the host loads from it after the run"
+                )
+                break
+    return protect, notes
+
+
 def plan_filesystem(
     policy: Policy, mounts: bool = True, home: str | None = None, capless_uid: int | None = None
 ) -> FsPlan:
@@ -776,8 +821,9 @@ def plan_filesystem(
     missing one); then, for the tiers that mount, host sockets and the layout."""
     from corral.policy import check_workspace, home_dirs
 
-    check_workspace(os.path.realpath(policy.workspace), home_dirs())  # a Policy made in code
-    steps = _Planner(policy, mounts)
+    homes = home_dirs()
+    check_workspace(os.path.realpath(policy.workspace), homes)  # a Policy made in code
+    steps = _Planner(policy, mounts, homes)
     steps.read_deny()
     scan = steps.workspace()
     steps.write_deny(scan)
@@ -798,8 +844,9 @@ class _Planner:
     """One plan_filesystem call: the decisions made so far, and the tests each
     step asks of a path (inside a writable root? in a private tmpfs? present?)."""
 
-    def __init__(self, policy: Policy, mounts: bool) -> None:
+    def __init__(self, policy: Policy, mounts: bool, homes: Sequence[str] = ()) -> None:
         self.policy = policy
+        self.homes = [h for h in homes if h != "/"]  # (no home: nothing of its own)
         self.mounts = mounts
         self.plan = FsPlan()
         self.plan.writable = self._writable_roots()
@@ -811,6 +858,11 @@ class _Planner:
         self.masks: dict[str, Mount] = {}
         self.ro_binds: dict[str, Mount] = {}
         self.listings: dict[str, frozenset[str]] = {}
+        # the real home and its HOME_LINK_DIRS: listed with their links told apart
+        # (the read-deny step lists them anyway), so that home_links() costs a
+        # readlink and an lstat per link and nothing more
+        self.link_dirs = {*self.homes, *(f"{h}/{d}" for h in self.homes for d in HOME_LINK_DIRS)}
+        self.symlinks: dict[str, list[str]] = {}
         self.reals: dict[str, str] = {}
 
     def _writable_roots(self) -> list[str]:
@@ -836,15 +888,75 @@ class _Planner:
         """lexists() answered from one listing per parent: most secrets are absent, and
         one readdir of ~ is cheaper than a failed lstat per candidate."""
         parent, _, name = path.rpartition("/")
-        parent = parent or "/"
+        return name in self.listing(parent or "/")
+
+    def listing(self, parent: str) -> frozenset[str]:
         names = self.listings.get(parent)
         if names is None:
-            try:
-                names = frozenset(os.listdir(parent))
-            except OSError:
-                names = frozenset()
+            if parent in self.link_dirs:
+                names = self._list_with_links(parent)
+            else:
+                try:
+                    names = frozenset(os.listdir(parent))
+                except OSError:
+                    names = frozenset()
             self.listings[parent] = names
-        return name in names
+        return names
+
+    def _list_with_links(self, parent: str) -> frozenset[str]:
+        found: list[str] = []
+        links: list[str] = []
+        try:
+            with os.scandir(parent) as it:
+                for entry in it:
+                    found.append(entry.name)
+                    if entry.is_symlink():  # (the entry's type: no system call)
+                        links.append(entry.name)
+        except OSError:
+            pass
+        self.symlinks[parent] = links
+        return frozenset(found)
+
+    def home_links(self) -> list[tuple[str, str]]:
+        """The real home's links that :func:`home_loaded` names, with the real paths
+        they lead to."""
+        found = []
+        for home in self.homes:
+            for sub in ("", *HOME_LINK_DIRS):
+                where = f"{home}/{sub}" if sub else home
+                self.listing(where)
+                for name in self.symlinks.get(where, ()):
+                    if home_loaded(f"{sub}/{name}" if sub else name):
+                        link = f"{where}/{name}"
+                        found.append((link, self._follow(link, where)))
+        return found
+
+    def _real(self, path: str) -> str:
+        real = self.reals.get(path)
+        if real is None:
+            real = self.reals[path] = os.path.realpath(path)
+        return real
+
+    def _follow(self, link: str, where: str) -> str:
+        """``os.path.realpath(link)`` for a link in directory ``where``, in a readlink
+        and an lstat: the directory it leads into resolved once for all its links (a
+        stow package's files share one).  A ``..`` after the start of the link's
+        text, or a link to a link, is left to realpath (whose ``..`` comes after the
+        link before it is followed)."""
+        try:
+            text = os.readlink(link)
+        except OSError:
+            return os.path.realpath(link)
+        base = "/" if text.startswith("/") else self._real(where)
+        rest = text.lstrip("/")
+        while rest.startswith("../"):
+            base, rest = os.path.dirname(base), rest[3:]
+        candidate = os.path.normpath(os.path.join(base, rest))
+        if ".." in rest.split("/") or candidate == "/":
+            return os.path.realpath(link)
+        parent, _, name = candidate.rpartition("/")
+        final = f"{self._real(parent or '/').rstrip('/')}/{name}"
+        return os.path.realpath(final) if _lkind(final) == "link" else final
 
     def add_mask(self, path: str, is_dir: bool, why: str) -> None:
         if self.in_private_tmp(path):
@@ -977,6 +1089,11 @@ class _Planner:
                 self.add_write_deny(path, "write-deny: a policy file")
             elif name in names:
                 self.add_write_deny(path, "write-deny: what a tool started there runs")
+        # what the real home's dotfiles lead to (a dotfiles repository as workspace)
+        protect, notes = home_link_decision(self.home_links(), self.plan.writable)
+        for link, target in protect:
+            self.add_write_deny(target, f"write-deny: {link} leads here (the host loads it)")
+        self.plan.notes += notes
         if scan.linked:
             self._protect_links(scan.linked)
         self.plan.write_protect = sorted(self.ro_binds)

@@ -295,6 +295,71 @@ def test_nested_repo_hooks_and_config_are_read_only(tsandbox: tuple[Corral, Path
     assert (ws / "vendor" / "lib" / "main.c").read_text() == "code\n"
 
 
+def test_what_the_real_homes_dotfile_links_lead_to_is_write_deny(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """The finding: a dotfiles repository as the workspace, linked into the real home
+    (GNU stow: ``~/.gitconfig -> ../ws/git/.gitconfig``; ``~/.config/nvim`` to a
+    directory of it; ``~/.bashrc`` to a file it does not have yet).  A run set
+    ``core.fsmonitor`` there and the user's next ``git status`` anywhere ran it.
+    Now those targets cannot be changed (mount tiers: the write fails; landlock:
+    put back after the run and reported), a new file in the linked directory is
+    refused too, and the missing one is quarantined.  Twins in the same run: the
+    file beside ``.gitconfig`` and the workspace's other files are written, and
+    links out of the workspace, to it or to a directory holding it change nothing."""
+    c, ws = tsandbox
+    gitconfig = "[user]\n\tname = V\n"
+    (ws / "git").mkdir()
+    (ws / "git" / ".gitconfig").write_text(gitconfig)
+    (ws / "git" / "README").write_text("mine\n")
+    (ws / "nvim").mkdir()
+    (ws / "nvim" / "init.lua").write_text("-- mine\n")
+    c.chown(ws)
+    other = c.base / "other"
+    other.mkdir()
+    (other / "vimrc").write_text("set nu\n")
+    (c.home / ".gitconfig").symlink_to("../ws/git/.gitconfig")
+    (c.home / ".bashrc").symlink_to("../ws/bashrc")
+    (c.home / ".config").mkdir()
+    (c.home / ".config" / "nvim").symlink_to(ws / "nvim")
+    (c.home / ".vimrc").symlink_to(other / "vimrc")  # read-only already
+    (c.home / ".projects").symlink_to(c.base)  # holds the workspace: a note
+    (c.home / ".config" / "proj").symlink_to(ws)  # the workspace itself: a note
+    c.chown(c.home)
+    r = sh(
+        c,
+        ws,
+        """
+        printf '[core]\\n\\tfsmonitor = "touch /pwned; false"\\n' >> git/.gitconfig 2>/dev/null \\
+            && echo gitconfig=WROTE || echo gitconfig=denied
+        echo 'os.execute("touch /pwned")' >> nvim/init.lua 2>/dev/null \\
+            && echo init=WROTE || echo init=denied
+        echo 'os.execute("touch /pwned")' > nvim/plugin.lua 2>/dev/null \\
+            && echo plugin=WROTE || echo plugin=denied
+        echo 'touch /pwned' > bashrc && echo bashrc=made
+        echo more >> git/README && echo sibling=ok
+        echo code > main.c && echo code=ok
+    """,
+    )
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert r.returncode == 0, err
+    if c.has("mounts"):
+        assert "WROTE" not in out and out.count("=denied") == 3, out
+    else:  # written during the run, put back after it and reported
+        for path in (ws / "git" / ".gitconfig", ws / "nvim"):
+            assert f"{path} (write-deny) was changed" in err, err
+    assert (ws / "git" / ".gitconfig").read_text() == gitconfig
+    assert sorted(os.listdir(ws / "nvim")) == ["init.lua"]
+    assert (ws / "nvim" / "init.lua").read_text() == "-- mine\n"
+    assert "bashrc=made" in out and not (ws / "bashrc").exists(), out
+    assert f"{ws / 'bashrc'} (write-deny) was created" in err, err
+    # the twins
+    assert "sibling=ok" in out and "code=ok" in out, out
+    assert (ws / "git" / "README").read_text() == "mine\nmore\n"
+    assert (ws / "main.c").read_text() == "code\n"
+    assert (other / "vimrc").read_text() == "set nu\n"
+
+
 def test_missing_write_deny_path_is_quarantined(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     r = c.sh(ws, "mkdir .vscode && echo '{}' > .vscode/tasks.json && mkdir src && echo x > src/a")

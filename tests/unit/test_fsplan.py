@@ -804,3 +804,136 @@ def test_a_state_directory_in_the_workspace_is_refused_without_mounts(
         plan_filesystem(policy_for(lay, []), mounts=True)  # (masked: a mount holds it)
     monkeypatch.setenv("XDG_STATE_HOME", str(lay.state))
     plan_filesystem(policy_for(lay, []), mounts=False)
+
+
+# -- the real home's links into the workspace (a dotfiles repository) ------------------
+
+
+def test_home_loaded_names_are_dotfiles_bin_and_config_entries() -> None:
+    loaded = fsplan.home_loaded
+    assert loaded(".gitconfig") and loaded(".bashrc") and loaded(".config") and loaded("bin")
+    assert loaded(".config/nvim") and loaded(".config/git")
+    # the twins: a project kept under ~ by a link, and what is not a merged directory
+    assert not loaded("src") and not loaded("notes") and not loaded(".local/bin")
+
+
+def test_home_link_decision_protects_targets_inside_a_writable_root() -> None:
+    links = [
+        ("/h/.gitconfig", "/ws/git/.gitconfig"),
+        ("/h/.config/nvim", "/ws/nvim"),
+        ("/h/.vimrc", "/elsewhere/vimrc"),  # read-only already: nothing
+        ("/h/.zshrc", "/ws2/zshrc"),  # a name beside the root, not in it
+        ("/h/.tmux.conf", "/extra/tmux.conf"),  # a writable path other than the workspace
+        ("/h/.config/helix", "/ws"),  # the workspace itself: a note
+        ("/h/.code", "/"),  # a directory holding it: a note
+    ]
+    protect, notes = fsplan.home_link_decision(links, ["/ws", "/extra"])
+    assert protect == [
+        ("/h/.gitconfig", "/ws/git/.gitconfig"),
+        ("/h/.config/nvim", "/ws/nvim"),
+        ("/h/.tmux.conf", "/extra/tmux.conf"),
+    ]
+    assert len(notes) == 2
+    assert "/h/.config/helix leads to /ws" in notes[0] and "/h/.code leads to /" in notes[1]
+    assert fsplan.home_link_decision(links[2:4], ["/ws"]) == ([], [])
+
+
+def stow(lay: Layout) -> None:
+    """GNU stow's layout and chezmoi-style names: the real home's links lead into the
+    workspace, a dotfiles repository."""
+    ws, home = lay.ws, lay.home
+    (ws / "git").mkdir()
+    (ws / "git" / ".gitconfig").write_text("[user]\n")
+    (ws / "git" / "README").write_text("mine\n")
+    (ws / "nvim").mkdir()
+    (ws / "nvim" / "init.lua").write_text("-- mine\n")
+    (home / ".gitconfig").symlink_to("../ws/git/.gitconfig")
+    (home / ".config").mkdir()
+    (home / ".config" / "nvim").symlink_to(ws / "nvim")
+    (home / ".bashrc").symlink_to("../ws/bashrc")  # not there yet
+    (home / "src").symlink_to(ws / "git")  # a plain name: a project, not loaded
+    (lay.root / "other").mkdir()
+    (lay.root / "other" / "vimrc").write_text("")
+    (home / ".vimrc").symlink_to(lay.root / "other" / "vimrc")
+
+
+def test_home_links_into_the_workspace_are_write_protected(lay: Layout) -> None:
+    """The finding: with a dotfiles repository as the workspace, the files the real
+    home's links lead to were writable workspace files (``core.fsmonitor`` in
+    ``~/.gitconfig`` ran on the host's next ``git status``).  They are write-deny
+    for the run on every tier: read-only binds, the landlock tier's restore list
+    (write_protect), kept in place; a missing one quarantined; a directory whole.
+    The twins: a file beside them, the plain-named link and a link out of the
+    workspace change nothing."""
+    stow(lay)
+    ws = lay.ws
+    gitconfig, nvim = str(ws / "git" / ".gitconfig"), str(ws / "nvim")
+    for mounts in (True, False):
+        plan = plan_filesystem(policy_for(lay), mounts=mounts)
+        assert {gitconfig, nvim} <= set(plan.write_protect) <= set(plan.keep_in_place)
+        assert str(ws / "bashrc") in plan.quarantine
+        assert not {str(ws / "git"), str(ws / "git" / "README"), str(ws / "nvim" / "init.lua")} & {
+            *plan.write_protect,
+            *plan.quarantine,
+        }
+        assert not any(p.startswith(str(lay.root / "other")) for p in plan.write_protect)
+        if mounts:
+            for path in (gitconfig, nvim):
+                assert Mount("ro-bind", path, path) in plan.mounts
+            assert Mount("bind", str(ws / "git"), str(ws / "git")) in plan.mounts  # pinned
+            binds = [m for m in plan.mounts if m.kind == "ro-bind" and m.dest.startswith(str(ws))]
+            assert {m.dest for m in binds} == {gitconfig, nvim}, binds
+            assert "leads here" in next(m.why for m in binds if m.dest == gitconfig)
+
+
+def test_home_links_are_followed_as_the_kernel_does(lay: Layout) -> None:
+    """The links' targets, found with a readlink and an lstat each, are realpath's
+    answers: through a linked directory on the way, an absolute link, a link to a
+    link, a ``..`` after a linked directory, a dangling link and a linked
+    ``~/.config``; the targets in the workspace are protected, the one a ``..``
+    takes out of it is not."""
+    ws, home = lay.ws, lay.home
+    (ws / "dots" / "sub").mkdir(parents=True)
+    for name in ("a", "b", "c", "e"):
+        (ws / "dots" / name).write_text("")
+    (lay.root / "outside").mkdir()
+    (lay.root / "outside" / "d").write_text("")
+    (home / "dotfiles").symlink_to(ws / "dots")  # (a plain name: not itself protected)
+    (home / ".a").symlink_to("dotfiles/a")
+    (home / ".b").symlink_to(ws / "dots" / "b")
+    (ws / "dots" / "to-c").symlink_to("c")
+    (home / ".c").symlink_to("dotfiles/to-c")
+    (ws / "dots" / "sub" / "up").symlink_to(lay.root / "outside" / "deep")
+    (lay.root / "outside" / "deep").mkdir()
+    (home / ".d").symlink_to("dotfiles/sub/up/../d")  # .. after a link: outside/d
+    (home / ".missing").symlink_to("dotfiles/nothing")
+    (lay.root / "conf").mkdir()
+    (lay.root / "conf" / "tool").symlink_to("../ws/dots/e")
+    (home / ".config").symlink_to(lay.root / "conf")
+    plan = plan_filesystem(policy_for(lay), mounts=False)
+    steps = fsplan._Planner(policy_for(lay), False, [str(home)])
+    found = dict(steps.home_links())
+    assert set(found) == {
+        str(home / n) for n in (".a", ".b", ".c", ".d", ".missing", ".config")
+    } | {str(home / ".config" / "tool")}
+    for link, target in found.items():
+        assert target == os.path.realpath(link), link
+    dots = ws / "dots"
+    assert {str(dots / n) for n in ("a", "b", "c", "e")} <= set(plan.write_protect)
+    assert str(dots / "to-c") not in plan.write_protect  # (a link on the way: not bound)
+    assert str(lay.root / "outside" / "d") not in plan.write_protect
+    assert str(dots / "nothing") in plan.quarantine
+
+
+def test_a_home_link_to_the_workspace_itself_is_a_note(lay: Layout) -> None:
+    """``~/.config/nvim`` leading to the workspace (or ``~/code`` to a directory that
+    holds it): protecting it would leave nothing writable; the run goes on as one
+    inside ``~/.config/nvim`` would, and says so."""
+    (lay.home / ".config").mkdir()
+    (lay.home / ".config" / "nvim").symlink_to(lay.ws)
+    (lay.home / ".code").symlink_to(lay.root)
+    plan = plan_filesystem(policy_for(lay))
+    assert str(lay.ws) not in plan.write_protect and str(lay.root) not in plan.write_protect
+    assert any(f"{lay.home}/.config/nvim leads to {lay.ws}" in n for n in plan.notes)
+    assert any(f"{lay.home}/.code leads to {lay.root}" in n for n in plan.notes)
+    assert Mount("bind", str(lay.ws), str(lay.ws)) in plan.mounts
