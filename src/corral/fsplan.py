@@ -76,9 +76,13 @@ QUARANTINED_WHEN_NEW = frozenset({defaults.POLICY_FILENAME})
 # later, outside the sandbox.  At the top of the home: the dotfiles and these plain
 # names (``~/bin`` is on a login shell's PATH; ``~/src`` or ``~/notes`` leading into
 # a workspace are the user's projects, not loaded); in each directory the home
-# layer merges (``~/.config``: corral.home.MERGED), every entry.
+# layer merges (``~/.config``: corral.home.MERGED), every entry, and so in the
+# directories whose files tools load or run unasked where stow links files one by
+# one (git's ``~/.config/git/config``, ssh's ``~/.ssh/config`` with its
+# ProxyCommand, ``~/.local/bin`` on PATH and the rest of ``~/.local``: Python's
+# user site-packages).
 HOME_LOADED_PLAIN = frozenset({"bin"})
-HOME_LINK_DIRS = (".config",)
+HOME_LINK_DIRS = (".config", ".config/git", ".ssh", ".local", ".local/bin")
 
 
 class Mount:
@@ -775,7 +779,7 @@ def home_loaded(rel: str) -> bool:
     home: ``.gitconfig``, ``.config/nvim``) leads to, so that a link there into a
     writable place must make its target read-only (pure)."""
     if "/" in rel:
-        return rel.partition("/")[0] in HOME_LINK_DIRS
+        return rel.rpartition("/")[0] in HOME_LINK_DIRS
     return rel.startswith(".") or rel in HOME_LOADED_PLAIN
 
 

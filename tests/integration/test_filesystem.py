@@ -325,6 +325,10 @@ def test_what_the_real_homes_dotfile_links_lead_to_is_write_deny(
     (c.home / ".vimrc").symlink_to(other / "vimrc")  # read-only already
     (c.home / ".projects").symlink_to(c.base)  # holds the workspace: a note
     (c.home / ".config" / "proj").symlink_to(ws)  # the workspace itself: a note
+    (c.home / ".ssh").mkdir()  # stow links ssh's config file by file
+    (c.home / ".ssh" / "config").symlink_to(ws / "ssh_config")
+    (ws / "ssh_config").write_text("Host *\n")
+    c.chown(ws)
     c.chown(c.home)
     r = sh(
         c,
@@ -336,6 +340,8 @@ def test_what_the_real_homes_dotfile_links_lead_to_is_write_deny(
             && echo init=WROTE || echo init=denied
         echo 'os.execute("touch /pwned")' > nvim/plugin.lua 2>/dev/null \\
             && echo plugin=WROTE || echo plugin=denied
+        echo 'ProxyCommand touch /pwned' >> ssh_config 2>/dev/null \\
+            && echo ssh=WROTE || echo ssh=denied
         echo 'touch /pwned' > bashrc && echo bashrc=made
         echo more >> git/README && echo sibling=ok
         echo code > main.c && echo code=ok
@@ -344,13 +350,14 @@ def test_what_the_real_homes_dotfile_links_lead_to_is_write_deny(
     out, err = r.stdout.decode(), r.stderr.decode()
     assert r.returncode == 0, err
     if c.has("mounts"):
-        assert "WROTE" not in out and out.count("=denied") == 3, out
+        assert "WROTE" not in out and out.count("=denied") == 4, out
     else:  # written during the run, put back after it and reported
-        for path in (ws / "git" / ".gitconfig", ws / "nvim"):
+        for path in (ws / "git" / ".gitconfig", ws / "nvim", ws / "ssh_config"):
             assert f"{path} (write-deny) was changed" in err, err
     assert (ws / "git" / ".gitconfig").read_text() == gitconfig
     assert sorted(os.listdir(ws / "nvim")) == ["init.lua"]
     assert (ws / "nvim" / "init.lua").read_text() == "-- mine\n"
+    assert (ws / "ssh_config").read_text() == "Host *\n"
     assert "bashrc=made" in out and not (ws / "bashrc").exists(), out
     assert f"{ws / 'bashrc'} (write-deny) was created" in err, err
     # the twins

@@ -813,8 +813,12 @@ def test_home_loaded_names_are_dotfiles_bin_and_config_entries() -> None:
     loaded = fsplan.home_loaded
     assert loaded(".gitconfig") and loaded(".bashrc") and loaded(".config") and loaded("bin")
     assert loaded(".config/nvim") and loaded(".config/git")
-    # the twins: a project kept under ~ by a link, and what is not a merged directory
-    assert not loaded("src") and not loaded("notes") and not loaded(".local/bin")
+    # where stow links files one by one: git's and ssh's config, programs on PATH
+    assert loaded(".config/git/config") and loaded(".ssh/config")
+    assert loaded(".local/bin") and loaded(".local/bin/tool")
+    # the twins: a project kept under ~ by a link, and what no tool loads unasked
+    assert not loaded("src") and not loaded("notes") and not loaded(".cache/x")
+    assert not loaded(".config/nvim/init.lua")  # (a linked ~/.config/nvim is caught whole)
 
 
 def test_home_link_decision_protects_targets_inside_a_writable_root() -> None:
