@@ -618,6 +618,31 @@ def test_an_echo_through_a_tunnel_to_the_secret_hosts_address_is_hidden(
         audit.close()
 
 
+def test_a_name_pinned_to_a_secret_hosts_address_is_read_like_it(tmp_path: Path) -> None:
+    """A secret whose host is an address (``hosts = ["127.0.0.1:8080"]``) and a name
+    ``[network] hosts`` pins to that address: the value sent to the address came
+    back in clear by the name (found by attacking the proxy).  Such a name, and
+    one pinned to where a secret's host name is pinned, is read like the secret's
+    host (intercepted, echoes hidden).  The twins: a name pinned elsewhere is not."""
+    policy = Policy(str(tmp_path))
+    policy.network.mode = "proxy"
+    policy.network.hosts = {
+        "localhost": "127.0.0.1",
+        "api.test": "127.0.0.2",
+        "alias.test": "127.0.0.2",
+        "other.test": "127.0.0.3",
+    }
+    policy.secrets = {
+        "A": Secret("A", "env:X", ["127.0.0.1:8080"]),
+        "B": Secret("B", "env:X", ["api.test"]),
+    }
+    hook = SecretsHook(policy)
+    for name in ("localhost", "alias.test", "api.test", "127.0.0.9"):
+        assert hook.needs_inspection(name, 8080), name
+    assert not hook.needs_inspection("other.test", 8080)
+    assert not hook.needs_inspection("elsewhere.test", 443)
+
+
 def test_other_bytes_to_an_address_are_refused_unless_passed_through(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -468,13 +468,23 @@ class SecretsHook(Hook):
 
 
 def _names_sharing_a_pin(policy: Policy) -> frozenset[str]:
-    """Names ``[network] hosts`` pins to an address it also pins a secret's host
-    to (normalized): one server under two names, one of which gets the value."""
+    """Names ``[network] hosts`` pins to a secret host's address: one it also pins a
+    secret's host name to, or one a secret's host entry names itself (``hosts =
+    ["127.0.0.1:8080"]``, found by attacking the proxy); normalized.  One server
+    under two names, one of which gets the value."""
+    from corral.net import ip
     from corral.net.names import normalize
 
     pins = {normalize(name): normalize(address) for name, address in policy.network.hosts.items()}
     rules = [Rule(h) for secret in policy.secrets.values() for h in secret.hosts]
     theirs = {address for name, address in pins.items() if any(_names(r, name) for r in rules)}
+    for address in set(pins.values()) - theirs:
+        try:
+            parsed = ip.address(address)
+        except ValueError:
+            continue
+        if any(r.network is not None and parsed in r.network for r in rules):
+            theirs.add(address)
     return frozenset(name for name, address in pins.items() if address in theirs)
 
 
