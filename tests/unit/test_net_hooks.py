@@ -353,9 +353,11 @@ def test_what_is_kept_for_replay_is_bounded() -> None:
     stub = Counted()
     chain = Chain([HostRulesHook(HostRules.parse(["*"], [])), stub])
     big = [(b"x-big", b"v" * 9000)]
+    many = [(b"a", b"")] * 100  # few bytes, but each header a tuple kept (found by attacking)
     for count in (1, 2):
         _decided(chain, "/public", big)
-        assert stub.decided == count
+        _decided(chain, "/public", many)
+        assert stub.decided == 2 * count
     for n in range(Chain.REPLAYS + 5):
         _decided(chain, f"/p{n}", [])
     assert len(chain._replays) <= Chain.REPLAYS

@@ -402,7 +402,7 @@ def _overrides(hook: Hook, method: str) -> bool:
 
 class Chain:
     CACHE_SIZE = 4096
-    REPLAYS = 1024  # requests whose handling is kept for replay (_Replay.MOST_BYTES each)
+    REPLAYS = 256  # requests whose handling is kept for replay (_Replay.MOST_BYTES each)
 
     def __init__(self, hooks: list[Hook], passthrough: list[str] | None = None) -> None:
         self.hooks = hooks
@@ -559,6 +559,17 @@ class Chain:
         return env
 
 
+# What a header costs in memory besides its bytes (a tuple and two bytes objects):
+# a cache bounded by bytes alone held gigabytes of requests with thousands of empty
+# headers (found by attacking the proxy)
+HEADER_COST = 128
+
+
+def kept_size(headers: list[tuple[bytes, bytes]]) -> int:
+    """What keeping ``headers`` costs, in bytes: what bounds a cache of them."""
+    return sum(len(k) + len(v) for k, v in headers) + HEADER_COST * len(headers)
+
+
 def _decide(plan: _Plan, dest: Destination, request: Request) -> Verdict | None:
     """The deciding hooks' verdicts combined (deny wins: the hooks after a deny are
     not asked), None when none had an opinion."""
@@ -583,7 +594,7 @@ class _Replay:
     was allowed and rewritten, its headers and target after the rewrite."""
 
     __slots__ = ("audit", "body_limit", "body_rule", "headers", "target", "verdict")
-    MOST_BYTES = 8192  # the longest request (target and headers) kept
+    MOST_BYTES = 8192  # the largest request kept (its target and kept_size of its headers)
 
     def __init__(self, verdict: Verdict | None, request: Request) -> None:
         self.verdict = verdict
@@ -594,8 +605,7 @@ class _Replay:
 
     @classmethod
     def fits(cls, request: Request) -> bool:
-        size = len(request.target) + sum(len(k) + len(v) for k, v in request.headers)
-        return size <= cls.MOST_BYTES
+        return len(request.target) + kept_size(request.headers) <= cls.MOST_BYTES
 
     def replay(self, request: Request) -> Verdict | None:
         if self.audit:

@@ -44,7 +44,7 @@ from itertools import chain
 
 from corral.errors import RefusedError
 from corral.net import http1
-from corral.net.hooks import BodyFilter, Hook
+from corral.net.hooks import BodyFilter, Hook, kept_size
 from corral.net.httprules import covers
 from corral.net.names import is_address
 from corral.net.rules import Rule, Verdict
@@ -67,8 +67,9 @@ _WHOLE = frozenset((b"accept-encoding", b"range", b"if-range"))
 MAX_INFLATED = 64 * 1024 * 1024
 # bytes a value keeps when it goes into a path or a query; the rest is percent-encoded
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-# Headers longer than this in all are worked out afresh for each request: the cache
-# holds at most CACHE_SIZE sets, so what a client can make the proxy keep stays small.
+# Headers costing more than this to keep (hooks.kept_size) are worked out afresh for
+# each request: the cache holds at most HEADER_SETS sets, so what a client can make
+# the proxy keep stays small.
 CACHED_HEADERS = 4096
 _NOTHING = re.compile("(?!)")  # matches nowhere: no secret read yet
 
@@ -266,6 +267,7 @@ class SecretsHook(Hook):
     name = "secrets"
     connect_by_host_port = True
     CACHE_SIZE = 4096
+    HEADER_SETS = 256  # header sets kept with what they hold (kept_size at most CACHED_HEADERS)
     # what rewrite writes: the client's own (checked) values with placeholders
     # replaced by values without a control byte, Basic credentials re-encoded, the
     # header of a secret (its name and format checked in _check_fit); a target
@@ -441,8 +443,8 @@ class SecretsHook(Hook):
                 dest.host, dest.port, plain
             )
             seen = _Seen(plan, dest.host, self._in_headers(headers))
-            if sum(len(k) + len(v) for k, v in headers) <= CACHED_HEADERS:
-                if len(self._headers) >= self.CACHE_SIZE:
+            if kept_size(headers) <= CACHED_HEADERS:
+                if len(self._headers) >= self.HEADER_SETS:
                     self._headers.clear()
                 self._headers[key] = seen
         return seen
