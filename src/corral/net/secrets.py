@@ -840,13 +840,25 @@ def _wrapped_start(data: bytes, secret: Loaded) -> int:
         else:
             break
         at -= 1
-    for start in reversed(starts):  # the earliest first
-        tail = data[start:]
-        flat = tail.translate(None, _SPACES)
-        cut_short = any(len(flat) < len(core) and core.startswith(flat) for core in secret.cores)
-        if cut_short and not _BLANK_LINE.search(tail.replace(b"\r\n", b"\n").replace(b"\r", b"\n")):
-            return start
-    return len(data)
+    if not starts:
+        return len(data)
+    # the tail's characters but white space, once (the i-th of them is at starts[-1 - i]);
+    # a core cut short starts at one holding its first character, fewer than it from the end
+    flat = data[starts[-1] :].translate(None, _SPACES)
+    view = memoryview(flat)
+    earliest = len(flat)
+    for core in secret.cores:
+        at = flat.find(core[:1], max(0, len(flat) - len(core) + 1))
+        while -1 < at < earliest:
+            if view[at:] == memoryview(core)[: len(flat) - at]:  # (views: no copies)
+                earliest = at
+                break
+            at = flat.find(core[:1], at + 1)
+    if earliest == len(flat):
+        return len(data)
+    start = starts[-1 - earliest]
+    tail = data[start:].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    return len(data) if _BLANK_LINE.search(tail) else start
 
 
 _SPACE_BYTES = frozenset(_SPACES)
