@@ -280,11 +280,25 @@ class Process:
     def close_stdin(self) -> None:
         self.sandbox._send({"op": "close_stdin", "id": self.id})
 
-    def read_output(self) -> tuple[bytes, bytes]:
-        """What arrived on stdout and stderr since the last call."""
+    @property
+    def unread(self) -> bool:
+        """Whether output arrived that :meth:`read_output` has not returned yet."""
+        with self._lock:
+            return len(self._out) > self._read_out or len(self._err) > self._read_err
+
+    def read_output(self, discard: bool = False) -> tuple[bytes, bytes]:
+        """What arrived on stdout and stderr since the last call.  ``discard``: and
+        let it go, kept neither here nor in :attr:`result` (a reader that follows a
+        long-lived command keeps only what it has not read yet)."""
         with self._lock:
             out, err = bytes(self._out[self._read_out :]), bytes(self._err[self._read_err :])
-            self._read_out, self._read_err = len(self._out), len(self._err)
+            if discard:
+                del self._out[:], self._err[:]
+                self._read_out = self._read_err = 0
+                if self._done.is_set():
+                    self.result.stdout = self.result.stderr = b""
+            else:
+                self._read_out, self._read_err = len(self._out), len(self._err)
         return out, err
 
     def __repr__(self) -> str:
@@ -956,6 +970,7 @@ class Sandbox:
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
         pass_fds: Sequence[int] = (),
+        output_limit: int | None = None,
     ) -> Process:
         """Start ``command`` in the background and return its handle, once it has a
         pid (a command that could not start has ended already: see ``returncode``).
@@ -963,8 +978,11 @@ class Sandbox:
         The command gets stdin, stdout and stderr and nothing else of this process,
         unless ``pass_fds`` names descriptors (above 2) to hand it at the same
         numbers: copies are sent to the sandbox, the caller's own stay as they are.
+        ``output_limit``: bytes of output kept, below the policy's ``limits.output``.
         """
-        proc = self._launch(command, cwd, env, timeout, stdin, on_stdout, on_stderr, pass_fds)
+        proc = self._launch(
+            command, cwd, env, timeout, stdin, on_stdout, on_stderr, pass_fds, output_limit
+        )
         if not proc._started.wait(SPAWN_WAIT):
             raise SandboxError(f"the sandbox did not start {proc.argv[0]} in {SPAWN_WAIT:g}s")
         return proc
@@ -979,11 +997,12 @@ class Sandbox:
         on_stdout: Callable[[bytes], None] | None,
         on_stderr: Callable[[bytes], None] | None,
         pass_fds: Sequence[int] = (),
+        output_limit: int | None = None,
     ) -> Process:
         """Ask the agent to start ``command``; do not wait for its pid."""
         self._ensure()
         proc, header, fds = self._prepare(
-            command, cwd, env, timeout, stdin, on_stdout, on_stderr, pass_fds
+            command, cwd, env, timeout, stdin, on_stdout, on_stderr, pass_fds, output_limit
         )
         self._send(header, fds=fds)
         return proc
@@ -998,8 +1017,12 @@ class Sandbox:
         on_stdout: Callable[[bytes], None] | None,
         on_stderr: Callable[[bytes], None] | None,
         pass_fds: Sequence[int] = (),
+        output_limit: int | None = None,
     ) -> tuple[Process, dict[str, object], tuple[int, ...]]:
         """The exec request for a started sandbox, its Process registered; not sent."""
+        limit = self.policy.limits.output
+        if output_limit is not None and (not limit or output_limit < limit):
+            limit = max(1, output_limit)  # (0 would be no limit)
         fds = self._check_pass_fds(pass_fds)
         timeout = check_timeout(timeout)
         argv = self._argv(command)
@@ -1011,11 +1034,11 @@ class Sandbox:
             # the policy's timeout bounds each command unless the call says otherwise
             "timeout": self.policy.limits.timeout if timeout is None else timeout,
             "stdin": stdin,
-            "output_limit": self.policy.limits.output,
+            "output_limit": limit,
             "fds": list(fds),
         }
         ident = header["id"] = self._new_id()
-        proc = Process(self, ident, argv, on_stdout, on_stderr, self.policy.limits.output)
+        proc = Process(self, ident, argv, on_stdout, on_stderr, limit)
         self._procs[ident] = proc
         return proc, header, fds
 
@@ -1526,18 +1549,18 @@ class AsyncSandbox:
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
         pass_fds: Sequence[int] = (),
+        output_limit: int | None = None,
     ) -> AsyncProcess:
         """As :meth:`Sandbox.spawn`: returns once the command has its pid."""
         import asyncio
 
         sb = await self._ensure()
+        asked = (command, cwd, env, timeout, stdin, on_stdout, on_stderr)
         if pass_fds:
             fds = tuple(pass_fds)
-            proc = await self._on_owner(
-                lambda: sb._launch(command, cwd, env, timeout, stdin, on_stdout, on_stderr, fds)
-            )
+            proc = await self._on_owner(lambda: sb._launch(*asked, fds, output_limit))
         else:
-            proc, header, _ = sb._prepare(command, cwd, env, timeout, stdin, on_stdout, on_stderr)
+            proc, header, _ = sb._prepare(*asked, (), output_limit)
             try:
                 await self._send(header)
             except BaseException:
@@ -1685,8 +1708,12 @@ class AsyncProcess:
     def error(self) -> BaseException | None:
         return self.proc.error
 
-    def read_output(self) -> tuple[bytes, bytes]:
-        return self.proc.read_output()
+    @property
+    def unread(self) -> bool:
+        return self.proc.unread
+
+    def read_output(self, discard: bool = False) -> tuple[bytes, bytes]:
+        return self.proc.read_output(discard)
 
     def add_exit_callback(self, callback: Callable[[ExecResult], None]) -> None:
         self.proc.add_exit_callback(callback)

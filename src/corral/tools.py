@@ -69,6 +69,14 @@ class Outcome:
         return json.dumps(self.value, ensure_ascii=False)
 
 
+# Background processes a toolbox keeps at once, and the output each keeps on the host
+# until it is read: what a caller can make the host hold stays bounded (a hostile
+# client's many processes, each writing the policy's whole output limit, held
+# gigabytes in `corral mcp`: found by attacking it)
+MAX_BACKGROUND = 16
+BACKGROUND_OUTPUT = 8 << 20
+
+
 class Toolbox:
     """The tools' state on one sandbox: its background processes, by id."""
 
@@ -114,6 +122,12 @@ class Toolbox:
                     "and everything it started\n" + json.dumps(value)
                 )
         return outcome
+
+    def forget_read(self) -> None:
+        """Let go of the processes that ended and whose output was read to its end."""
+        for ident, proc in list(self.processes.items()):
+            if not proc.running and not proc.unread:
+                del self.processes[ident]
 
     def find(self, ident: int) -> AsyncProcess:
         try:
@@ -256,7 +270,15 @@ def _call_timeout(box: Toolbox, asked: object) -> float | None:
 
 
 async def _start_process(box: Toolbox, a: JSON) -> object:
-    proc = await box.sb.spawn(str(a["command"]), cwd=_opt_str(a, "cwd"))
+    box.forget_read()
+    if len(box.processes) >= MAX_BACKGROUND:
+        raise ToolError(
+            f"{MAX_BACKGROUND} background processes are kept already: stop one "
+            "(stop_process), or read to its end the output of one that ended (process_output)"
+        )
+    proc = await box.sb.spawn(
+        str(a["command"]), cwd=_opt_str(a, "cwd"), output_limit=BACKGROUND_OUTPUT
+    )
     box.processes[proc.id] = proc
     return {"id": proc.id, "command": a["command"]}
 
@@ -264,7 +286,7 @@ async def _start_process(box: Toolbox, a: JSON) -> object:
 async def _process_output(box: Toolbox, a: JSON) -> object:
     ident = int(str(a["id"]))
     proc = box.find(ident)
-    out, err = proc.read_output()
+    out, err = proc.read_output(discard=True)  # (read once: not kept on the host)
     return {
         "id": ident,
         "running": proc.running,
@@ -283,9 +305,12 @@ async def _write_stdin(box: Toolbox, a: JSON) -> object:
 
 
 async def _stop_process(box: Toolbox, a: JSON) -> object:
-    proc = box.find(int(str(a["id"])))
+    ident = int(str(a["id"]))
+    proc = box.find(ident)
     await proc.kill()
-    return exec_result(await proc.wait(10))
+    result = exec_result(await proc.wait(10))
+    box.processes.pop(ident, None)  # (its output goes with this answer)
+    return result
 
 
 async def _list_processes(box: Toolbox, a: JSON) -> object:

@@ -748,3 +748,43 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_background_output_kept_on_the_host_is_bounded(api_ws: Path) -> None:
+    """A hostile client started background processes that each wrote the policy's
+    whole output limit, and `corral mcp` held it all (gigabytes, never freed: found
+    by attacking it).  Now a background process keeps at most BACKGROUND_OUTPUT
+    bytes until read, output is let go once read, a process that ended and was
+    read is forgotten, and at most MAX_BACKGROUND are kept: one more is a tool
+    error.  The twins: the output read is the command's, in order, and stopping
+    one makes room for another."""
+    from corral import tools
+    from corral.sandbox import AsyncSandbox
+
+    async def go() -> None:
+        async with AsyncSandbox(pol.load(str(api_ws)), tier="namespace") as sb:
+            box = tools.Toolbox(sb)
+            started = await box.call("start_process", {"command": "head -c 20000000 /dev/zero"})
+            ident = cast(dict[str, Any], started.value)["id"]
+            await box.processes[ident].wait(30)
+            first = await box.call("process_output", {"id": ident})
+            assert len(cast(dict[str, Any], first.value)["stdout"]) == tools.BACKGROUND_OUTPUT
+            assert box.processes[ident].result.stdout == b""  # (let go once read)
+            chatty = await box.call("start_process", {"command": "echo one; sleep 0.2; echo two"})
+            chatty_id = cast(dict[str, Any], chatty.value)["id"]
+            assert ident not in box.processes  # ended and read: forgotten
+            await box.processes[chatty_id].wait(10)
+            got = await box.call("process_output", {"id": chatty_id})
+            assert cast(dict[str, Any], got.value)["stdout"] == "one\ntwo\n"
+            for _ in range(tools.MAX_BACKGROUND):
+                made = await box.call("start_process", {"command": "sleep 30"})
+                assert made.error is None, made.error
+            refused = await box.call("start_process", {"command": "sleep 30"})
+            assert refused.error and "background processes are kept already" in refused.error
+            any_id = next(iter(box.processes))
+            stopped = await box.call("stop_process", {"id": any_id})
+            assert stopped.error is None, stopped.error
+            again = await box.call("start_process", {"command": "true"})
+            assert again.error is None, again.error
+
+    asyncio.run(go())
