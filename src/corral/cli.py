@@ -231,7 +231,7 @@ POLICY_IMPORT_OPTIONS: Options = {
 }
 HOME_OPTIONS: Options = {
     "--workspace": ("workspace", "value", "DIR", "the workspace (default: cwd)"),
-    "--container": ("container", "flag", "", "path: the container tiers' layer"),
+    "--container": ("container", "flag", "", "path, put: the container tiers' layer"),
     "--all": ("all", "flag", "", "clean: every workspace's layer"),
     "--gone": ("gone", "flag", "", "clean: the layers of workspaces that no longer exist"),
 }
@@ -425,8 +425,8 @@ COMMANDS: dict[str, tuple[str, str, Options]] = {
         POLICY_IMPORT_OPTIONS,
     ),
     "home": (
-        "path|list|clean [OPTIONS]",
-        "the per-workspace home layers (where writes under ~ go)",
+        "path|list|clean|put FILE [OPTIONS]",
+        "the per-workspace home layers (where writes under ~ go); put: stdin to ~/FILE there",
         HOME_OPTIONS,
     ),
     "rules": (

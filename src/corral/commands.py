@@ -80,24 +80,37 @@ def cmd_policy(args: list[str]) -> int:
 
 def cmd_home(args: list[str]) -> int:
     """``corral home path|list|clean``: the home layers (corral.home)."""
-    usage = "usage: corral home path|list|clean [--workspace DIR | --gone | --all] [--container]"
+    usage = (
+        "usage: corral home path|list|clean|put FILE [--workspace DIR | --gone | --all] "
+        "[--container]"
+    )
     if args[:1] in (["-h"], ["--help"]):
         raise HelpRequested("home")
-    if not args or args[0] not in ("path", "list", "clean"):
+    if not args or args[0] not in ("path", "list", "clean", "put"):
         raise CorralError(usage)
-    opts, rest = parse(args[1:], HOME_OPTIONS, positional=False, command=f"home {args[0]}")
-    if rest:
+    named = args[1:2] if args[0] == "put" and args[1:2] and not args[1].startswith("-") else []
+    opts, rest = parse(
+        args[1 + len(named) :], HOME_OPTIONS, positional=False, command=f"home {args[0]}"
+    )
+    if rest or (args[0] == "put" and not named):
         raise CorralError(usage)
     from corral import home, homeseed
 
     which = [o for o in ("workspace", "all", "gone") if o in opts]
     if len(which) > 1 or (args[0] != "clean" and which[:1] in (["all"], ["gone"])):
         raise CorralError("--all and --gone are for corral home clean, instead of --workspace")
-    if opts.get("container") and args[0] != "path":
-        raise CorralError("--container is for corral home path")
+    if opts.get("container") and args[0] not in ("path", "put"):
+        raise CorralError("--container is for corral home path and put")
     workspace = os.path.realpath(str(opts.get("workspace") or os.getcwd()))
+    layer = home.layer_path(workspace, "container" if opts.get("container") else "host")
     if args[0] == "path":
-        print(home.layer_path(workspace, "container" if opts.get("container") else "host"))
+        print(layer)
+        return 0
+    if args[0] == "put":
+        try:
+            home.put(layer, named[0], sys.stdin.buffer.read())
+        except (OSError, home.HomeError) as exc:
+            raise CorralError(str(exc)) from None
         return 0
     if args[0] == "list":
         for path in homeseed.all_layers():

@@ -177,6 +177,65 @@ def prepare(layer: HomeLayer) -> None:
         raise HomeError(f"cannot prepare the home layer {layer.path}: {why}") from None
 
 
+def put(layer: str, name: str, data: bytes) -> None:
+    """Write ``data`` to ``name`` (relative to the home: ``.npmrc``,
+    ``.config/pip/pip.conf``) in a home layer, made (0700) if missing.  What a run
+    left in the layer is the sandbox's: a symlink there (on the way, or at the
+    name) led a user's copy of a token-free file to a host file of the run's
+    choosing (found by attacking corral), so none is followed; a file with a
+    second hard link is refused too.  OSError naming what is wrong."""
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts or name.startswith("/"):
+        raise OSError(f"{name}: a path inside the home, such as .npmrc or .config/pip/pip.conf")
+    _private_dir(layer)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(layer, flags)
+    try:
+        for i, part in enumerate(parts[:-1]):
+            try:
+                os.mkdir(part, 0o700, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                inner = os.open(part, flags, dir_fd=fd)
+            except OSError:
+                where = "/".join(parts[: i + 1])
+                raise OSError(
+                    f"~/{where} in the home layer is not a directory (or a symlink): "
+                    "remove it, or corral home clean"
+                ) from None
+            os.close(fd)
+            fd = inner
+        _write_file(fd, parts[-1], data, name)
+    finally:
+        os.close(fd)
+
+
+def _write_file(directory: int, base: str, data: bytes, name: str) -> None:
+    """``data`` into ``base`` in ``directory``: a plain file of one link, or made."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        out = os.open(base, flags, 0o600, dir_fd=directory)
+    except OSError as exc:
+        raise OSError(
+            f"~/{name} in the home layer: {exc.strerror} (a symlink or "
+            "something else a run left: remove it, or corral home clean)"
+        ) from None
+    try:
+        st = os.fstat(out)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise OSError(
+                f"~/{name} in the home layer is not a plain file of one link: "
+                "remove it, or corral home clean"
+            )
+        os.ftruncate(out, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(out, view) :]
+    finally:
+        os.close(out)
+
+
 def remove(path: str) -> None:
     """Remove a layer, its manifest and lock (never following a link inside it)."""
     import shutil

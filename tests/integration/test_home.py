@@ -474,11 +474,9 @@ def test_readme_recipe_token_free_npmrc_and_pip_conf(box: tuple[Corral, Path]) -
     which = "--container" if container(c) else ""
     recipe = f"""
         set -e
-        layer="$({c.python} -m corral home path {which})"
-        mkdir -p "$layer/.config/pip"
-        grep -v -E '_auth|_password|token' ~/.npmrc > "$layer/.npmrc"
+        grep -v -E '_auth|_password|token' ~/.npmrc | {c.python} -m corral home put .npmrc {which}
         printf '[global]\\nindex-url = http://127.0.0.1:9/simple/\\n' \\
-            > "$layer/.config/pip/pip.conf"
+            | {c.python} -m corral home put .config/pip/pip.conf {which}
     """
     done = host_sh(c, ws, recipe)
     assert done.returncode == 0, done.stderr
@@ -499,3 +497,33 @@ def test_readme_recipe_token_free_npmrc_and_pip_conf(box: tuple[Corral, Path]) -
     text = out(run(c, ws, f"cat {c.home}/.npmrc {c.home}/.config/pip/pip.conf 2>&1"))
     assert CANARY not in text, text
     assert tree_state(c.home) == before
+
+
+def test_home_put_follows_no_link_a_run_left_in_the_layer(box: tuple[Corral, Path]) -> None:
+    """A run replaced ``~/.npmrc`` and ``~/.config/pip`` in its layer by symlinks to
+    host files; the user's copy of a token-free file, written there as the README
+    said, overwrote the host file (found by attacking corral).  ``corral home put``
+    follows no link, on the way or at the name, and says so; the twin: once the
+    links are gone, the same command writes the layer's own files."""
+    c, ws = box
+    which = "--container" if container(c) else ""
+    precious = c.base / "precious"
+    precious.write_text("ORIGINAL\n")
+    c.chown(precious)
+    planted = f"""
+        mkdir -p ~/.config && rm -rf ~/.config/pip ~/.npmrc
+        ln -s {precious} ~/.npmrc && ln -s {c.base} ~/.config/pip
+    """
+    assert run(c, ws, planted).returncode == 0
+    put_npmrc = f"echo registry=x | {c.python} -m corral home put .npmrc {which}"
+    put_pip = f"echo '[global]' | {c.python} -m corral home put .config/pip/precious {which}"
+    for command in (put_npmrc, put_pip):
+        refused = host_sh(c, ws, command)
+        assert refused.returncode == 2 and b"symlink" in refused.stderr, refused
+        assert refused.stderr.count(b"\n") == 1, refused.stderr
+    assert precious.read_text() == "ORIGINAL\n"
+    assert run(c, ws, "rm ~/.npmrc ~/.config/pip").returncode == 0
+    for command in (put_npmrc, put_pip):
+        assert host_sh(c, ws, command).returncode == 0
+    assert out(run(c, ws, "cat ~/.npmrc ~/.config/pip/precious")) == "registry=x\n[global]\n"
+    assert precious.read_text() == "ORIGINAL\n"
