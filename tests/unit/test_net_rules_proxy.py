@@ -417,6 +417,28 @@ async def _post(
             id="multipart-single-quotes",
         ),
         pytest.param("/items/1", b'{"_method": "DELETE"}', b"application/json", id="json"),
+        # types Laravel reads as JSON (isJson: "/json" or "+json" anywhere in the
+        # header) and Rack parses as forms (multipart/mixed, /related), found unread
+        pytest.param("/items/1", b'{"_method": "DELETE"}', b"text/json", id="text-json"),
+        pytest.param("/items/1", b'{"_method": "DELETE"}', b"application/json5", id="json5"),
+        pytest.param(
+            "/items/1",
+            b'{"_method": "DELETE"}',
+            b"application/vnd.api+json; charset=utf-8",
+            id="vnd-json",
+        ),
+        pytest.param(
+            "/items/1",
+            _multipart(b"_method", b"DELETE"),
+            b"multipart/mixed; boundary=XyZ",
+            id="multipart-mixed",
+        ),
+        pytest.param(
+            "/items/1",
+            _multipart(b"_method", b"DELETE"),
+            b"Multipart/Related; boundary=XyZ",
+            id="multipart-related",
+        ),
     ],
 )
 def test_a_post_that_names_a_denied_method_in_method_is_denied(
@@ -440,6 +462,52 @@ def test_a_post_that_names_a_denied_method_in_method_is_denied(
             status, _ = await _post(w, plain_target, plain_body, kind)
             assert status == 200
             assert [(r.method, r.body) for r in w.origin.requests] == [(b"POST", plain_body)]
+
+    run(go)
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        pytest.param(b"_method=DELETE", b"text/plain", id="text"),
+        pytest.param(b"\x89PNG\r\n_method=DELETE", b"image/png", id="png"),
+        pytest.param(b'{"_method": "DELETE"}', b"text/plain; x=json", id="text-json-word"),
+    ],
+)
+def test_a_body_of_a_type_no_server_reads_parameters_from_passes_untouched(
+    tmp_path: Path, body: bytes, kind: bytes
+) -> None:
+    """The twins of the types read for ``_method``: Rack, Symfony and Laravel take
+    no parameters from a text/plain or image/png body, whatever it says, so it
+    is not read: it streams to the origin as sent, under the policy that denies
+    DELETE, and under a guardrail that does."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, POST_NOT_DELETE) as w:
+            assert (await _post(w, "/items/1", body, kind))[0] == 200
+            assert [(r.method, r.body) for r in w.origin.requests] == [(b"POST", body)]
+        async with guarded(tmp_path / "g", "CRITICAL") as w:
+            assert (await _post(w, "/v1/customers/7", body, kind))[0] == 200
+            assert [(r.method, r.body) for r in w.origin.requests] == [(b"POST", body)]
+
+    (tmp_path / "g").mkdir()
+    run(go)
+
+
+def test_a_guardrail_reads_the_types_laravel_and_rack_read_parameters_from(
+    tmp_path: Path,
+) -> None:
+    """A text/json or multipart/mixed POST saying ``_method=DELETE`` is a DELETE
+    to Laravel and Rack: denied under a CRITICAL guardrail on DELETE too."""
+
+    async def go() -> None:
+        async with guarded(tmp_path, "CRITICAL") as w:
+            for body, kind in (
+                (b'{"_method": "DELETE"}', b"text/json"),
+                (_multipart(b"_method", b"DELETE"), b"multipart/mixed; boundary=XyZ"),
+            ):
+                assert (await _post(w, "/v1/customers/7", body, kind))[0] == 403, kind
+            assert w.origin.requests == []
 
     run(go)
 

@@ -667,18 +667,22 @@ def is_post(method: str) -> bool:
 
 
 def _form_body(request: Request) -> bool:
-    """Whether a request has a body a server may read parameters from: url- or
-    multipart-encoded or JSON (any of a list of types, whatever the parameters), or
-    of no declared type, an empty one included (Rack parses those as forms)."""
+    """Whether a request has a body a server may read parameters from: url-encoded,
+    any ``multipart/`` type (Rack parses ``multipart/mixed`` and ``/related`` as it
+    does ``multipart/form-data``), JSON as Laravel's ``isJson()`` reads it (``/json``
+    or ``+json`` anywhere in the header: ``text/json``, ``application/json5``,
+    ``application/vnd.api+json``), any of a list of types, or of no declared type,
+    an empty one included (Rack parses those as forms)."""
     if request.body_length == 0:
         return False
     kind = request.get(b"content-type")
     if kind is None or not kind.strip():
         return True
-    kinds = [k.strip().lower() for k in _KIND_SPLIT.split(kind)]
-    return any(
-        k in _PARAMETER_TYPES or k == b"application/json" or k.endswith(b"+json") for k in kinds
-    )
+    kind = kind.lower()
+    if b"/json" in kind or b"+json" in kind:
+        return True
+    kinds = [k.strip() for k in _KIND_SPLIT.split(kind)]
+    return any(k in _PARAMETER_TYPES or k.startswith(b"multipart/") for k in kinds)
 
 
 FORM_READ = 1 << 20  # the longest body read for its _method (by its Content-Length)
