@@ -313,6 +313,20 @@ def test_a_guardrail_applies_however_an_origin_reads_an_encoded_slash() -> None:
     assert decide([g], "DELETE", "/api/projects/group/project") is None  # two segments to all
 
 
+def test_a_guardrail_holds_for_the_path_with_a_format_suffix() -> None:
+    """Rails routes ``PUT /api/merge.json`` to the route of ``/api/merge``
+    (``(.:format)``): a guardrail on the one holds for the other.  Twin: another
+    segment with a format is not the guardrail's."""
+    g = gr.parse(
+        "---\nrisk_tier: CRITICAL\nhosts: [api.test]\nmethods: [PUT]\n"
+        "paths: [/api/pulls/*/merge]\n---\n# merges\n",
+        "/g/merge.md",
+    )
+    assert decide([g], "PUT", "/api/pulls/1/merge.json")[0] == "deny"  # type: ignore[index]
+    assert decide([g], "PUT", "/api/pulls/1/merge.json/")[0] == "deny"  # type: ignore[index]
+    assert decide([g], "PUT", "/api/pulls/1/merged.json") is None
+
+
 @pytest.mark.parametrize(
     ("methods", "method", "target", "header"),
     [

@@ -277,6 +277,52 @@ def test_a_deny_holds_for_the_spellings_lenient_routers_accept(tmp_path: Path, t
     run(go)
 
 
+MERGE_DENIED: list[dict[str, object]] = [
+    {"host": "127.0.0.1:{port}", "methods": ["PUT"], "paths": ["/repos/*/*/pulls/*/merge"],
+     "action": "deny"},
+    {"host": "127.0.0.1:{port}", "paths": ["/x"], "action": "allow"},
+    {"host": "127.0.0.1:{port}", "paths": ["/repos/**"], "action": "allow"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/repos/o/r/pulls/1/merge.json",  # Rails: every route is path(.:format)
+        "/repos/o/r/pulls/1/merge.xml/",
+        "/repos/o/r/pulls/1/MERGE.Json",
+    ],
+)
+def test_a_deny_holds_for_the_path_with_a_format_suffix(tmp_path: Path, target: str) -> None:
+    """Rails routes ``PUT .../merge.json`` to the merge action (``(.:format)`` is
+    optional on every route): a deny of ``PUT /repos/*/*/pulls/*/merge`` let it
+    through (found by attacking the proxy).  Denied; the twins: a GET of it, a
+    PUT of another segment with a format, and of the pull itself, pass; an allow
+    of ``/x`` lets ``/x`` through and not ``/x.json`` (no rule allows it)."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, MERGE_DENIED) as w:
+            assert (await w.send(b"PUT", target)).startswith(b"HTTP/1.1 403")
+            assert w.origin.requests == []
+            for method, allowed in (
+                (b"GET", target),
+                (b"PUT", "/repos/o/r/pulls/1/merged.json"),
+                (b"PUT", "/repos/o/r/pulls/1.json"),
+                (b"GET", "/x"),
+            ):
+                answer = await w.send(method, allowed)
+                assert answer.startswith(b"HTTP/1.1 200"), (method, allowed, answer)
+            assert (await w.send(b"GET", "/x.json")).startswith(b"HTTP/1.1 403")
+            assert w.origin.paths == [
+                target,
+                "/repos/o/r/pulls/1/merged.json",
+                "/repos/o/r/pulls/1.json",
+                "/x",
+            ]
+
+    run(go)
+
+
 @pytest.mark.parametrize("header", [b"X-Original-URL", b"X-Rewrite-URL"])
 def test_a_routing_header_is_decided_as_the_path_it_names(tmp_path: Path, header: bytes) -> None:
     """IIS's URL Rewrite, Symfony and Zend serve ``GET /public/x`` carrying

@@ -35,7 +35,8 @@ decoded and normalized once, as an origin would before routing:
 * origins route one path in several ways: ``%2F`` is a ``/`` to nginx but a
   character of its segment to GitLab, Rails, Express and Go's ServeMux
   (``/projects/group%2Fproject`` is one project); Express, Rails and Spring 5
-  route ``/a/`` as ``/a``; Express and ASP.NET ``/A`` as ``/a``.  An ``allow``
+  route ``/a/`` as ``/a``; Rails ``/a.json`` (any ``.format``) as ``/a``;
+  Express and ASP.NET ``/A`` as ``/a``.  An ``allow``
   is matched against the decoded path as it is; a ``deny`` or ``ask`` against
   every such reading, in any case (``*`` matches a kept ``%2F``), so that no
   spelling an origin routes to a denied handler slips past it;
@@ -178,16 +179,33 @@ def _merged(parts: list[str]) -> str:
 def readings(target: bytes, path: str) -> tuple[str, ...]:
     """Every path a lenient router may take ``target`` for, ``path`` (its
     normalized path) first: with ``%2F`` kept in its segment (:func:`slash_kept`),
-    and each without and with a trailing slash (Express, Rails and Spring 5 route
-    ``/a/`` as ``/a``).  A deny or ask matches any of them, in any case (Express
-    and ASP.NET route ``/A`` as ``/a``); an allow only ``path``, as it is."""
+    each without and with a trailing slash (Express, Rails and Spring 5 route
+    ``/a/`` as ``/a``), and each without a ``.format`` suffix of its last segment
+    (:func:`without_format`: Rails routes ``/merge.json`` as ``/merge``).  A deny
+    or ask matches any of them, in any case (Express and ASP.NET route ``/A`` as
+    ``/a``); an allow only ``path``, as it is."""
     kept = slash_kept(target) if b"%" in target else None
     found = [path]
     for reading in (path, kept):
         if reading is not None and reading != "/":
             bare = reading.rstrip("/")
             found += [bare, bare + "/"]
+            stem = without_format(bare)
+            if stem is not None:
+                found += [stem, stem + "/"]
     return tuple(dict.fromkeys(found))
+
+
+def without_format(path: str) -> str | None:
+    """``path`` without the ``.format`` suffix of its last segment, or None when it
+    has none: Rails makes every route ``path(.:format)``, so ``PUT
+    /pulls/1/merge.json`` runs the merge action.  The format is what Rails'
+    ``:format`` matches: one or more characters, none a ``.`` or ``/`` (only the
+    last suffix: ``a.b.c`` is ``a.b``), after a segment that is not empty."""
+    stem, dot, ext = path.rpartition(".")
+    if not dot or not ext or "/" in ext or not stem or stem.endswith("/"):
+        return None
+    return stem
 
 
 def slash_kept(target: bytes) -> str | None:
