@@ -313,6 +313,20 @@ def test_a_guardrail_applies_however_an_origin_reads_an_encoded_slash() -> None:
     assert decide([g], "DELETE", "/api/projects/group/project") is None  # two segments to all
 
 
+def test_a_guardrail_holds_for_the_path_with_a_format_suffix() -> None:
+    """Rails routes ``PUT /api/merge.json`` to the route of ``/api/merge``
+    (``(.:format)``): a guardrail on the one holds for the other.  Twin: another
+    segment with a format is not the guardrail's."""
+    g = gr.parse(
+        "---\nrisk_tier: CRITICAL\nhosts: [api.test]\nmethods: [PUT]\n"
+        "paths: [/api/pulls/*/merge]\n---\n# merges\n",
+        "/g/merge.md",
+    )
+    assert decide([g], "PUT", "/api/pulls/1/merge.json")[0] == "deny"  # type: ignore[index]
+    assert decide([g], "PUT", "/api/pulls/1/merge.json/")[0] == "deny"  # type: ignore[index]
+    assert decide([g], "PUT", "/api/pulls/1/merged.json") is None
+
+
 @pytest.mark.parametrize(
     ("methods", "method", "target", "header"),
     [
@@ -757,3 +771,46 @@ def test_what_yaml_tools_read_is_read_so_or_refused() -> None:
     for value in ("&t CRITICAL", "!!str CRITICAL", "*t", "|"):
         with pytest.raises(gr.GuardrailError, match=r"d\.md:3: .*anchors"):
             gr.parse(f"---\n{head}risk_tier: {value}\n---\n", "d.md")
+
+
+def test_a_body_is_decided_alike_by_the_rules_and_the_guardrails() -> None:
+    """One function reads a POST's ``_method`` for both hooks
+    (httprules.form_override): the body is asked for where a method it could
+    name is denied or asked for, then decided as each method it names, the
+    strictest winning (an ask for PUT no longer hid a deny of DELETE named after
+    it); a ``post`` is read too (Symfony upper-cases the method before it looks
+    for ``_method``).  Twins: a body naming PUT alone is asked, and one naming
+    no method is allowed by the rules and none of the guardrails' business."""
+    from corral.net.httprules import HttpRulesHook
+
+    entries: list[dict[str, object]] = [
+        {"host": "api.test", "methods": ["PUT"], "action": "ask"},
+        {"host": "api.test", "methods": ["DELETE"], "action": "deny"},
+        {"host": "api.test", "action": "allow"},
+    ]
+    rules = HttpRulesHook.from_policy(entries)
+    guards = gr.GuardrailHook(
+        [guardrail("HIGH", "PUT", name="put.md"), guardrail("CRITICAL", "DELETE", name="del.md")],
+        dict(gr.DEFAULT_TIER_ACTIONS),
+    )
+    dest = Destination("r", "https", "api.test", 443)
+    form = [(b"content-type", b"application/x-www-form-urlencoded")]
+    cases = [
+        ("POST", b"_method=PUT,DELETE", "deny", "deny"),
+        ("post", b"_method=delete", "deny", "deny"),
+        ("POST", b"_method=PUT", "ask", "ask"),
+        ("post", b"title=x", "allow", None),
+    ]
+    for hook in (rules, guards):
+        for method, body, by_rules, by_guards in cases:
+            request = Request(method, "/api/x", list(form), len(body))
+            first = hook.on_request(dest, request)
+            assert first is not None and first.decision == "deny" and "_method" in first.reason
+            assert request.wants_body == len(body), (hook.name, method, body)
+            request.body, request.wants_body = body, 0
+            verdict = hook.on_request(dest, request)
+            expected = by_rules if hook is rules else by_guards
+            assert (verdict.decision if verdict else None) == expected, (hook.name, body)
+            if hook is guards and expected is not None:
+                wanted = "/g/del.md" if expected == "deny" else "/g/put.md"
+                assert request.audit["guardrail"]["file"] == wanted  # type: ignore[index]

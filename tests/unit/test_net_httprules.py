@@ -127,6 +127,12 @@ def test_readings_are_the_paths_a_lenient_router_may_route() -> None:
     assert readings(b"/a/b", "/a/b") == ("/a/b", "/a/b/")
     assert readings(b"/a/b/", "/a/b/") == ("/a/b/", "/a/b")
     assert readings(b"/p/g%2Fx/", "/p/g/x/") == ("/p/g/x/", "/p/g/x", "/p/g%2Fx", "/p/g%2Fx/")
+    # Rails' (.:format): the last segment without its one suffix
+    assert readings(b"/a/b.json", "/a/b.json") == ("/a/b.json", "/a/b.json/", "/a/b", "/a/b/")
+    assert readings(b"/a/b.c.d/", "/a/b.c.d/") == ("/a/b.c.d/", "/a/b.c.d", "/a/b.c", "/a/b.c/")
+    assert readings(b"/a.b/c", "/a.b/c") == ("/a.b/c", "/a.b/c/")  # not in the last segment
+    assert readings(b"/a/.json", "/a/.json") == ("/a/.json", "/a/.json/")  # no name before it
+    assert readings(b"/a/b.", "/a/b.") == ("/a/b.", "/a/b./")  # no format after it
 
 
 # -- globs --------------------------------------------------------------------------------------

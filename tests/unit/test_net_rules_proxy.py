@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from test_net_proxy_unit import RUN_ID, Origin, read_response, run
 
+from corral.net import guardrails as gr
 from corral.net.audit import Audit
-from corral.net.hooks import Chain, HostRulesHook
+from corral.net.hooks import Asker, Chain, Destination, HostRulesHook, Request
 from corral.net.httprules import HttpRulesHook
 from corral.net.proxy import Proxy
-from corral.net.rules import HostRules
+from corral.net.rules import HostRules, Verdict
 
 
 def test_opaque_tunnel_to_a_ruled_host_is_refused_and_others_pass(tmp_path: Path) -> None:
@@ -276,6 +277,52 @@ def test_a_deny_holds_for_the_spellings_lenient_routers_accept(tmp_path: Path, t
     run(go)
 
 
+MERGE_DENIED: list[dict[str, object]] = [
+    {"host": "127.0.0.1:{port}", "methods": ["PUT"], "paths": ["/repos/*/*/pulls/*/merge"],
+     "action": "deny"},
+    {"host": "127.0.0.1:{port}", "paths": ["/x"], "action": "allow"},
+    {"host": "127.0.0.1:{port}", "paths": ["/repos/**"], "action": "allow"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/repos/o/r/pulls/1/merge.json",  # Rails: every route is path(.:format)
+        "/repos/o/r/pulls/1/merge.xml/",
+        "/repos/o/r/pulls/1/MERGE.Json",
+    ],
+)
+def test_a_deny_holds_for_the_path_with_a_format_suffix(tmp_path: Path, target: str) -> None:
+    """Rails routes ``PUT .../merge.json`` to the merge action (``(.:format)`` is
+    optional on every route): a deny of ``PUT /repos/*/*/pulls/*/merge`` let it
+    through (found by attacking the proxy).  Denied; the twins: a GET of it, a
+    PUT of another segment with a format, and of the pull itself, pass; an allow
+    of ``/x`` lets ``/x`` through and not ``/x.json`` (no rule allows it)."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, MERGE_DENIED) as w:
+            assert (await w.send(b"PUT", target)).startswith(b"HTTP/1.1 403")
+            assert w.origin.requests == []
+            for method, allowed in (
+                (b"GET", target),
+                (b"PUT", "/repos/o/r/pulls/1/merged.json"),
+                (b"PUT", "/repos/o/r/pulls/1.json"),
+                (b"GET", "/x"),
+            ):
+                answer = await w.send(method, allowed)
+                assert answer.startswith(b"HTTP/1.1 200"), (method, allowed, answer)
+            assert (await w.send(b"GET", "/x.json")).startswith(b"HTTP/1.1 403")
+            assert w.origin.paths == [
+                target,
+                "/repos/o/r/pulls/1/merged.json",
+                "/repos/o/r/pulls/1.json",
+                "/x",
+            ]
+
+    run(go)
+
+
 @pytest.mark.parametrize("header", [b"X-Original-URL", b"X-Rewrite-URL"])
 def test_a_routing_header_is_decided_as_the_path_it_names(tmp_path: Path, header: bytes) -> None:
     """IIS's URL Rewrite, Symfony and Zend serve ``GET /public/x`` carrying
@@ -416,6 +463,28 @@ async def _post(
             id="multipart-single-quotes",
         ),
         pytest.param("/items/1", b'{"_method": "DELETE"}', b"application/json", id="json"),
+        # types Laravel reads as JSON (isJson: "/json" or "+json" anywhere in the
+        # header) and Rack parses as forms (multipart/mixed, /related), found unread
+        pytest.param("/items/1", b'{"_method": "DELETE"}', b"text/json", id="text-json"),
+        pytest.param("/items/1", b'{"_method": "DELETE"}', b"application/json5", id="json5"),
+        pytest.param(
+            "/items/1",
+            b'{"_method": "DELETE"}',
+            b"application/vnd.api+json; charset=utf-8",
+            id="vnd-json",
+        ),
+        pytest.param(
+            "/items/1",
+            _multipart(b"_method", b"DELETE"),
+            b"multipart/mixed; boundary=XyZ",
+            id="multipart-mixed",
+        ),
+        pytest.param(
+            "/items/1",
+            _multipart(b"_method", b"DELETE"),
+            b"Multipart/Related; boundary=XyZ",
+            id="multipart-related",
+        ),
     ],
 )
 def test_a_post_that_names_a_denied_method_in_method_is_denied(
@@ -439,6 +508,52 @@ def test_a_post_that_names_a_denied_method_in_method_is_denied(
             status, _ = await _post(w, plain_target, plain_body, kind)
             assert status == 200
             assert [(r.method, r.body) for r in w.origin.requests] == [(b"POST", plain_body)]
+
+    run(go)
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        pytest.param(b"_method=DELETE", b"text/plain", id="text"),
+        pytest.param(b"\x89PNG\r\n_method=DELETE", b"image/png", id="png"),
+        pytest.param(b'{"_method": "DELETE"}', b"text/plain; x=json", id="text-json-word"),
+    ],
+)
+def test_a_body_of_a_type_no_server_reads_parameters_from_passes_untouched(
+    tmp_path: Path, body: bytes, kind: bytes
+) -> None:
+    """The twins of the types read for ``_method``: Rack, Symfony and Laravel take
+    no parameters from a text/plain or image/png body, whatever it says, so it
+    is not read: it streams to the origin as sent, under the policy that denies
+    DELETE, and under a guardrail that does."""
+
+    async def go() -> None:
+        async with ruled(tmp_path, POST_NOT_DELETE) as w:
+            assert (await _post(w, "/items/1", body, kind))[0] == 200
+            assert [(r.method, r.body) for r in w.origin.requests] == [(b"POST", body)]
+        async with guarded(tmp_path / "g", "CRITICAL") as w:
+            assert (await _post(w, "/v1/customers/7", body, kind))[0] == 200
+            assert [(r.method, r.body) for r in w.origin.requests] == [(b"POST", body)]
+
+    (tmp_path / "g").mkdir()
+    run(go)
+
+
+def test_a_guardrail_reads_the_types_laravel_and_rack_read_parameters_from(
+    tmp_path: Path,
+) -> None:
+    """A text/json or multipart/mixed POST saying ``_method=DELETE`` is a DELETE
+    to Laravel and Rack: denied under a CRITICAL guardrail on DELETE too."""
+
+    async def go() -> None:
+        async with guarded(tmp_path, "CRITICAL") as w:
+            for body, kind in (
+                (b'{"_method": "DELETE"}', b"text/json"),
+                (_multipart(b"_method", b"DELETE"), b"multipart/mixed; boundary=XyZ"),
+            ):
+                assert (await _post(w, "/v1/customers/7", body, kind))[0] == 403, kind
+            assert w.origin.requests == []
 
     run(go)
 
@@ -570,5 +685,156 @@ def test_a_head_is_decided_as_the_get_origins_serve_it_as(tmp_path: Path) -> Non
             ]
             refused = [e for e in w.audit() if e.get("decision") == "deny"]
             assert [e.get("method") for e in refused] == ["GET", "HEAD", "head", "POST"]
+
+    run(go)
+
+
+CUSTOMERS = """\
+---
+title: Deleting customer data
+risk_tier: {tier}
+hosts: [127.0.0.1:{port}]
+methods: [DELETE]
+paths: [/v1/customers/**]
+---
+# Never delete customers
+"""
+
+
+class Asked(Asker):
+    """Answers no, and keeps what it was asked (rule, method the request names)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def ask(self, dest: Destination, request: Request | None, verdict: Verdict) -> Verdict:
+        self.asked.append(verdict.rule)
+        return Verdict(False, verdict.rule, "a person said no")
+
+
+@asynccontextmanager
+async def guarded(
+    tmp_path: Path, tier: str, asker: Asker | None = None
+) -> AsyncIterator[RuledWorld]:
+    """An origin and a plain proxy whose one guardrail (no ``[[network.rules]]``)
+    is on DELETE /v1/customers/** there, at ``tier``."""
+    origin = await Origin().start()
+    text = CUSTOMERS.format(tier=tier, port=origin.port)
+    guard = gr.parse(text, str(tmp_path / "customers.md"))
+    chain = Chain(
+        [
+            HostRulesHook(HostRules.parse(["127.0.0.1"], [])),
+            gr.GuardrailHook([guard], dict(gr.DEFAULT_TIER_ACTIONS)),
+        ]
+    )
+    audit = Audit(str(tmp_path / "net.jsonl"))
+    server = await Proxy(chain, audit, asker=asker).serve_tcp("127.0.0.1", 0, RUN_ID)
+    try:
+        yield RuledWorld(origin, server.sockets[0].getsockname()[1], tmp_path / "net.jsonl")
+    finally:
+        server.close()
+        origin.close()
+        audit.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        pytest.param(b"_method=DELETE", FORM, id="form"),
+        pytest.param(b"_method=DELETE", None, id="untyped"),
+        pytest.param(b'{"_method": "DELETE"}', b"application/json", id="json"),
+        pytest.param(_multipart(b"_method", b"DELETE"), MULTIPART, id="multipart"),
+        pytest.param(b"_method=PATCH,DELETE", FORM, id="list"),
+    ],
+)
+def test_a_guardrail_holds_for_a_post_whose_body_names_its_method(
+    tmp_path: Path, body: bytes, kind: bytes | None
+) -> None:
+    """A CRITICAL guardrail on DELETE /v1/customers/** denied a DELETE, an override
+    header and ``?_method=DELETE``, but a POST whose form or JSON body says
+    ``_method=DELETE`` passed and Rails, Rack, Symfony and Laravel ran the DELETE
+    (found by attacking the proxy: the guardrails never read the body the rules
+    read).  Denied by the guardrail, which its audit line names.  Twins: the
+    same POST without the field, and naming PATCH, reach the origin, body intact."""
+
+    async def go() -> None:
+        async with guarded(tmp_path, "CRITICAL") as w:
+            status, _ = await _post(w, "/v1/customers/7", body, kind)
+            assert status == 403
+            assert w.origin.requests == []
+            plain = body.replace(b"_method", b"title2")
+            patch = body.replace(b"PATCH,DELETE", b"PATCH").replace(b"DELETE", b"PATCH")
+            for allowed in (plain, patch):
+                status, _ = await _post(w, "/v1/customers/7", allowed, kind)
+                assert status == 200, allowed
+            assert [(r.method, r.body) for r in w.origin.requests] == [
+                (b"POST", plain),
+                (b"POST", patch),
+            ]
+            denied = [e for e in w.audit() if e.get("decision") == "deny"]
+            assert len(denied) == 1, denied
+            assert denied[0]["rule"] == "guardrail customers.md"
+            reason = denied[0]["reason"]
+            assert "DELETE /v1/customers/7 is denied by Deleting customer data" in reason
+            assert denied[0]["guardrail"]["tier"] == "CRITICAL"
+
+    run(go)
+
+
+def test_a_guardrail_that_asks_is_asked_for_a_post_whose_body_names_its_method(
+    tmp_path: Path,
+) -> None:
+    """A HIGH guardrail (ask) on DELETE /v1/customers/** was never asked about a
+    POST with ``_method=DELETE`` in its form: it passed.  The person is asked
+    (and says no: 403).  Twin: the POST without the field passes, unasked."""
+
+    async def go() -> None:
+        asker = Asked()
+        async with guarded(tmp_path, "HIGH", asker) as w:
+            status, _ = await _post(w, "/v1/customers/7", b"_method=delete", FORM)
+            assert status == 403
+            assert asker.asked == ["guardrail customers.md"]
+            status, _ = await _post(w, "/v1/customers/7", b"title=delete", FORM)
+            assert status == 200
+            assert asker.asked == ["guardrail customers.md"]
+            assert [r.body for r in w.origin.requests] == [b"title=delete"]
+
+    run(go)
+
+
+def test_a_guardrail_denies_a_form_it_cannot_read_first_and_never_replays(
+    tmp_path: Path,
+) -> None:
+    """Where a guardrail would deny a method a POST's body could name, a body that
+    cannot be read before deciding (chunked, or longer than 1 MiB) is denied,
+    with the reason; a decision made with a body read is never replayed for the
+    next request of the same head.  Twins: a chunked upload of another type,
+    and the same head with a body naming no guarded method, pass."""
+
+    async def go() -> None:
+        from corral.net import aio
+
+        async with guarded(tmp_path, "CRITICAL") as w:
+            chunked = b"Transfer-Encoding: chunked\r\n"
+            assert (await _post(w, "/v1/customers/7", b"a=1", FORM, chunked))[0] == 403
+            assert (await _post(w, "/v1/customers/7", b"\x89PNG", b"image/png", chunked))[0] == 200
+            reader, writer = await aio.open_connection("127.0.0.1", w.port)
+            writer.write(
+                b"POST " + w.url("/v1/customers/7") + b" HTTP/1.1\r\nContent-Type: " + FORM
+                + b"\r\nContent-Length: %d\r\n\r\n" % (2 << 20)
+            )  # fmt: skip
+            answer = await reader.read()
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 403"), answer
+            allowed, denied = b"_method=GET&x=1", b"_method=DELETE&"
+            assert len(allowed) == len(denied)
+            assert (await _post(w, "/v1/customers/7", allowed, FORM))[0] == 200
+            assert (await _post(w, "/v1/customers/7", denied, FORM))[0] == 403
+            assert (await _post(w, "/v1/customers/7", allowed, FORM))[0] == 200
+            assert [r.body for r in w.origin.requests] == [b"\x89PNG", allowed, allowed]
+            refused = [e for e in w.audit() if e.get("decision") == "deny"]
+            assert [e["rule"] for e in refused] == ["guardrail customers.md"] * 3
+            assert "_method" in refused[0]["reason"] and "_method" in refused[1]["reason"]
+            assert all(e["guardrail"]["tier"] == "CRITICAL" for e in refused)
 
     run(go)

@@ -44,6 +44,8 @@ from corral.net.httprules import (
     PathGlob,
     alternates,
     covers,
+    form_override,
+    is_post,
     normalize_target,
     readings,
 )
@@ -473,7 +475,10 @@ class Compiled:
 class GuardrailHook(Hook):
     """Guardrails in the chain, beside ``[[network.rules]]`` (deny wins across
     both).  Unlike those rules, a guardrail does not make its hosts deny what it
-    does not match: a request no guardrail matches gets no opinion here."""
+    does not match: a request no guardrail matches gets no opinion here.  A
+    request is guarded as each method and path it may be served as, a POST's
+    form or JSON ``_method`` included (read as the rules read it:
+    :func:`corral.net.httprules.form_override`)."""
 
     name = "guardrails"
     connect_by_host_port = True
@@ -538,6 +543,11 @@ class GuardrailHook(Hook):
             other = self._cached(dest, method, target)
             if _strictness(other) > _strictness(found):
                 found = other
+        if request.body_length != 0 and _strictness(found) < DENIED and is_post(request.method):
+            # a POST served as the method its form or JSON body names in _method
+            other = self._form_override(dest, request)
+            if _strictness(other) > _strictness(found):
+                found = other
         if found is None:
             return None
         verdict, chosen, fields = found
@@ -549,6 +559,24 @@ class GuardrailHook(Hook):
             if verdict.allowed and limit is not None:
                 request.limit_body(limit, chosen.rule)
         return verdict
+
+    def _form_override(self, dest: Destination, request: Request) -> Decided | None:
+        """:func:`corral.net.httprules.form_override` with the guardrails deciding:
+        the guardrail that denies or asks for a method the body names (or could,
+        before it is read) decides, and is audited."""
+        target = request.target
+
+        def decide(method: str) -> Verdict | None:
+            found = self._cached(dest, method, target)
+            return found[0] if found is not None else None
+
+        over = form_override(request, dest, decide)
+        if over is None:
+            return None
+        method, verdict = over
+        decided = self._cached(dest, method, target)
+        assert decided is not None  # (decide found a verdict for it)
+        return verdict, decided[1], decided[2]
 
     def _cached(self, dest: Destination, method: str, target: str) -> Decided | None:
         key = (dest.host, dest.port, method, target)
@@ -570,12 +598,15 @@ class GuardrailHook(Hook):
         return verdict, chosen, fields
 
 
+DENIED = 3  # the strictness of a deny
+
+
 def _strictness(found: Decided | None) -> int:
     """No opinion, allow (log), ask, deny: 0 to 3."""
     if found is None:
         return 0
     verdict = found[0]
-    return 2 if verdict.ask else 1 if verdict.allowed else 3
+    return 2 if verdict.ask else 1 if verdict.allowed else DENIED
 
 
 # what GuardrailHook.on_request needs of a decision: the verdict, the deciding

@@ -35,7 +35,8 @@ decoded and normalized once, as an origin would before routing:
 * origins route one path in several ways: ``%2F`` is a ``/`` to nginx but a
   character of its segment to GitLab, Rails, Express and Go's ServeMux
   (``/projects/group%2Fproject`` is one project); Express, Rails and Spring 5
-  route ``/a/`` as ``/a``; Express and ASP.NET ``/A`` as ``/a``.  An ``allow``
+  route ``/a/`` as ``/a``; Rails ``/a.json`` (any ``.format``) as ``/a``;
+  Express and ASP.NET ``/A`` as ``/a``.  An ``allow``
   is matched against the decoded path as it is; a ``deny`` or ``ask`` against
   every such reading, in any case (``*`` matches a kept ``%2F``), so that no
   spelling an origin routes to a denied handler slips past it;
@@ -65,6 +66,8 @@ from corral.net.rules import Rule, Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from corral.net.hooks import Destination, Request
 
 ACTIONS = ("allow", "deny", "ask")
@@ -176,16 +179,33 @@ def _merged(parts: list[str]) -> str:
 def readings(target: bytes, path: str) -> tuple[str, ...]:
     """Every path a lenient router may take ``target`` for, ``path`` (its
     normalized path) first: with ``%2F`` kept in its segment (:func:`slash_kept`),
-    and each without and with a trailing slash (Express, Rails and Spring 5 route
-    ``/a/`` as ``/a``).  A deny or ask matches any of them, in any case (Express
-    and ASP.NET route ``/A`` as ``/a``); an allow only ``path``, as it is."""
+    each without and with a trailing slash (Express, Rails and Spring 5 route
+    ``/a/`` as ``/a``), and each without a ``.format`` suffix of its last segment
+    (:func:`without_format`: Rails routes ``/merge.json`` as ``/merge``).  A deny
+    or ask matches any of them, in any case (Express and ASP.NET route ``/A`` as
+    ``/a``); an allow only ``path``, as it is."""
     kept = slash_kept(target) if b"%" in target else None
     found = [path]
     for reading in (path, kept):
         if reading is not None and reading != "/":
             bare = reading.rstrip("/")
             found += [bare, bare + "/"]
+            stem = without_format(bare)
+            if stem is not None:
+                found += [stem, stem + "/"]
     return tuple(dict.fromkeys(found))
+
+
+def without_format(path: str) -> str | None:
+    """``path`` without the ``.format`` suffix of its last segment, or None when it
+    has none: Rails makes every route ``path(.:format)``, so ``PUT
+    /pulls/1/merge.json`` runs the merge action.  The format is what Rails'
+    ``:format`` matches: one or more characters, none a ``.`` or ``/`` (only the
+    last suffix: ``a.b.c`` is ``a.b``), after a segment that is not empty."""
+    stem, dot, ext = path.rpartition(".")
+    if not dot or not ext or "/" in ext or not stem or stem.endswith("/"):
+        return None
+    return stem
 
 
 def slash_kept(target: bytes) -> str | None:
@@ -547,14 +567,14 @@ class HttpRulesHook(Hook):
             and not ("?" in request.target and _may_name_method(request.target))
             and not is_head(request.method)
         ):
-            if request.method == "POST" and _form_body(request):
+            if request.body_length != 0 and is_post(request.method):
                 return _strongest(verdict, _form_override(rules, dest, request))
             return verdict  # (no override, not a HEAD: the usual case, looked at in C)
         ruled = rules.host(dest.host, dest.port)
         for method, target in alternates(request.method, request.target, request.headers):
             other, _ = rules.decision(ruled, dest.port, method, target)
             verdict = _strongest(verdict, other)
-        if request.method == "POST" and _form_body(request):
+        if request.body_length != 0 and is_post(request.method):
             verdict = _strongest(verdict, _form_override(rules, dest, request))
         return verdict
 
@@ -658,48 +678,73 @@ def query_methods(target: str) -> list[str]:
     return [m for name, value in pairs if _is_override(name) for m in _named(value)]
 
 
+def is_post(method: str) -> bool:
+    """A POST, in any case (Symfony, so Laravel, upper-cases the method before it
+    looks for a ``_method``)."""
+    return method == "POST" or (len(method) == 4 and method.upper() == "POST")
+
+
 def _form_body(request: Request) -> bool:
-    """Whether a request has a body a server may read parameters from: url- or
-    multipart-encoded or JSON (any of a list of types, whatever the parameters), or
-    of no declared type, an empty one included (Rack parses those as forms)."""
+    """Whether a request has a body a server may read parameters from: url-encoded,
+    any ``multipart/`` type (Rack parses ``multipart/mixed`` and ``/related`` as it
+    does ``multipart/form-data``), JSON as Laravel's ``isJson()`` reads it (``/json``
+    or ``+json`` anywhere in the header: ``text/json``, ``application/json5``,
+    ``application/vnd.api+json``), any of a list of types, or of no declared type,
+    an empty one included (Rack parses those as forms)."""
     if request.body_length == 0:
         return False
     kind = request.get(b"content-type")
     if kind is None or not kind.strip():
         return True
-    kinds = [k.strip().lower() for k in _KIND_SPLIT.split(kind)]
-    return any(
-        k in _PARAMETER_TYPES or k == b"application/json" or k.endswith(b"+json") for k in kinds
-    )
+    kind = kind.lower()
+    if b"/json" in kind or b"+json" in kind:
+        return True
+    kinds = [k.strip() for k in _KIND_SPLIT.split(kind)]
+    return any(k in _PARAMETER_TYPES or k.startswith(b"multipart/") for k in kinds)
 
 
 FORM_READ = 1 << 20  # the longest body read for its _method (by its Content-Length)
 
 
-def _form_override(rules: HttpRules, dest: Destination, request: Request) -> Verdict | None:
+def form_override(
+    request: Request, dest: Destination, decide: Callable[[str], Verdict | None]
+) -> tuple[str, Verdict] | None:
     """A POST whose body may name another method (``_method``: Rails serves ``POST
-    /posts/1`` with ``_method=delete`` as a DELETE), to a path where a rule denies
-    or asks for one of those methods.  With the body read (request.body), decided
-    as each method it names too; before that, denied while the body is asked for
-    (a Content-Length up to FORM_READ), else denied.  None when every such method
-    is allowed there (nothing to read)."""
-    ruled = rules.host(dest.host, dest.port)
-    if request.body is not None:
-        for method in served_as(form_methods(request.body)):
-            other, _ = rules.decision(ruled, dest.port, method, request.target)
-            if not other.allowed:
-                return other
+    /posts/1`` with ``_method=delete`` as a DELETE), decided by a hook as each
+    method that body could name: ``decide(method)`` is the hook's verdict on
+    ``request.target`` as that method (None: no opinion).  The rules and the
+    guardrails both decide so (:class:`HttpRulesHook`,
+    :class:`corral.net.guardrails.GuardrailHook`).
+
+    With the body read (``request.body``): the strictest verdict (a deny, else an
+    ask) of the methods it names, and that method.  Before that, where ``decide``
+    denies or asks for some method a body could name: a deny while the body is
+    asked for (a Content-Length up to FORM_READ: ``request.want_body``; the proxy
+    then asks the hooks again, and never replays a decision made with a body),
+    else a deny saying why.  None when there is nothing to decide: not a POST
+    with a form or JSON body, or every method it names (could name) is allowed."""
+    if not is_post(request.method) or not _form_body(request):
         return None
+    if request.body is not None:
+        found: tuple[str, Verdict] | None = None
+        for method in served_as(form_methods(request.body)):
+            other = decide(method)
+            if other is None or other.allowed:
+                continue
+            if not other.ask:
+                return method, other  # (a deny: nothing is stricter)
+            found = found or (method, other)
+        return found
     for method in FORM_OVERRIDABLE:
-        other, _ = rules.decision(ruled, dest.port, method, request.target)
-        if other.allowed:
+        other = decide(method)
+        if other is None or other.allowed:
             continue
         length = request.body_length
         if length is not None and 0 < length <= FORM_READ:
             request.want_body(length)
             why = "the body is read for a _method field before the request is decided"
-            return Verdict(False, other.rule, why)
-        return Verdict(
+            return method, Verdict(False, other.rule, why)
+        return method, Verdict(
             False,
             other.rule,
             "a POST's form or JSON body may name another method in a _method field, which "
@@ -708,6 +753,18 @@ def _form_override(rules: HttpRules, dest: Destination, request: Request) -> Ver
             f"corral reads such a body only with a Content-Length of at most {FORM_READ} bytes",
         )
     return None
+
+
+def _form_override(rules: HttpRules, dest: Destination, request: Request) -> Verdict | None:
+    """:func:`form_override` with the rules of ``dest``'s host deciding."""
+    ruled = rules.host(dest.host, dest.port)
+    target = request.target
+
+    def decide(method: str) -> Verdict:
+        return rules.decision(ruled, dest.port, method, target)[0]
+
+    found = form_override(request, dest, decide)
+    return found[1] if found is not None else None
 
 
 _MULTIPART_NAMES = re.compile(
