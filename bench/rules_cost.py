@@ -491,6 +491,7 @@ def instructions(args: argparse.Namespace) -> str:
             valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
             done = subprocess.run(
                 [*valgrind, sys.executable, "-c", code],
+                env={**os.environ, "PYTHONHASHSEED": "0"},  # (hashing alike in every run)
                 capture_output=True,
                 text=True,
                 check=True,
