@@ -59,11 +59,11 @@ SOCKET_MASK = "host unix socket"  # the reason a host socket's mask gives
 PROC_HOST_STATE = ("sys", "fs", "acpi", "scsi")
 SYS_CLASS_NET = "/sys/class/net"
 NEVER_SHADOW = frozenset({"/", "/usr", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/proc", "/sys"})
-# Names write-protected in every directory the workspace walk reaches below the
-# root (the root's own are the policy's write-deny patterns): what an editor, an
-# agent tool, a shell or a `corral run` started in that directory loads.  Each
-# name says whether a directory (True) or a file (False) is meant; a symlink
-# counts as either, being protected where it leads.
+# Names write-protected in every directory the walk reaches below a writable root
+# (the workspace's own are the policy's write-deny patterns, another root's these
+# names): what an editor, an agent tool, a shell or a `corral run` started in
+# that directory loads.  Each name says whether a directory (True) or a file
+# (False) is meant; a symlink counts as either, being protected where it leads.
 PROTECTED_NAMES: dict[str, bool] = {
     **{n.rstrip("/"): n.endswith("/") for n in defaults.WRITE_DENY_WORKSPACE},
     defaults.POLICY_FILENAME: False,
@@ -137,7 +137,7 @@ class FsPlan:
     def __init__(self) -> None:
         self.mounts: list[Mount] = []
         self.quarantine: list[str] = []  # absolute paths checked after the run
-        # the workspace's repositories at launch: those made during the run are
+        # the writable roots' repositories at launch: those made during the run are
         # looked at after it (corral.gitguard); None: not walked
         self.repositories: Repositories | None = None
         self.writable: list[str] = []
@@ -303,8 +303,9 @@ def kernel_mounts(proc_names: Collection[str], net_dirs: Sequence[str]) -> list[
 
 
 class WorkspaceScan:
-    """What a bounded walk of the workspace found: git dirs, secret files, and regular
-    files with more links than the walk found inside the workspace."""
+    """What a bounded walk of the workspace (and every other writable root) found:
+    git dirs, secret files, and regular files with more links than the walk found
+    inside the roots."""
 
     __slots__ = (
         "complete",
@@ -315,10 +316,13 @@ class WorkspaceScan:
         "hardlinks",
         "linked",
         "protected",
+        "roots",
         "secret_files",
+        "stopped",
     )
 
     def __init__(self) -> None:
+        self.roots: list[str] = []  # the roots walked (see walk_roots)
         self.git_dirs: list[str] = []
         self.git_files: list[str] = []  # ``.git`` files (``gitdir: PATH``), found as such
         self.secret_files: list[str] = []
@@ -330,6 +334,7 @@ class WorkspaceScan:
         # tool started in that directory would load
         self.protected: list[str] = []
         self.complete = True
+        self.stopped: list[str] = []  # the roots whose walk ended at its bound
         self.dirs: dict[str, WalkedDir] = {}  # every directory listed, as it was
 
 
@@ -351,18 +356,35 @@ class WalkedDir:
 
 
 class Repositories:
-    """The workspace's repositories at launch (``known``: identities of git dirs and
-    ``.git`` entries) and its walk (``dirs``; ``cutoff``: change times from before
-    it are trusted unchanged, see :func:`created_repositories`)."""
+    """The repositories of the writable roots at launch (``known``: identities of git
+    dirs and ``.git`` entries) and their walk (``roots``; ``dirs``; ``cutoff``:
+    change times from before it are trusted unchanged, see
+    :func:`created_repositories`)."""
 
-    __slots__ = ("cutoff", "dirs", "known", "skip")
+    __slots__ = ("cutoff", "dirs", "known", "roots", "skip")
 
     def __init__(self, scan: WorkspaceScan, cutoff: int, skip: Collection[str] = ()) -> None:
         found = (identity(p) for p in (*scan.git_dirs, *scan.git_files))
         self.known = frozenset(i for i in found if i is not None)
+        self.roots = tuple(scan.roots)
         self.dirs = scan.dirs
         self.cutoff = cutoff
         self.skip = skip  # what the walk at launch did not walk (scan_workspace)
+
+
+def walk_roots(writable: Sequence[str]) -> list[str]:
+    """The writable roots (real paths, the workspace first) the walk starts from,
+    each walked as the workspace is: the workspace, then the others shallowest
+    first, leaving out one inside a root already kept (the walk of that root
+    reaches it; one holding the workspace is kept, and its walk skips the
+    workspace: no directory is walked twice).  Pure."""
+    if not writable:
+        return []
+    kept = [writable[0]]
+    for root in sorted(writable[1:], key=lambda p: (_depth(p), p)):
+        if not any(_inside(root, k) for k in kept):
+            kept.append(root)
+    return kept
 
 
 def protected_names(use_defaults: bool) -> Collection[str]:
@@ -379,7 +401,7 @@ def _is_secret_name(name: str) -> bool:
 
 
 def scan_workspace(
-    root: str,
+    roots: str | Sequence[str],
     git_only: bool = False,
     before: Repositories | None = None,
     skip: Collection[str] = (),
@@ -387,36 +409,43 @@ def scan_workspace(
     """Find repositories (their git dirs), secret files and hard links, bounded in
     depth and size (the same walk: one extra stat per regular file).  A git dir
     is a ``.git`` directory, a submodule's or a linked worktree's under it, or
-    the workspace directory a ``.git`` file points to.  ``git_only``: repositories
-    alone (the walk after a run); ``before``: the walk at launch, whose
-    directories unchanged since are not listed again; ``skip``: directories not
-    walked (corral's own state directory, should it lie in the workspace: the
-    home layers' dotfiles are the sandbox's to write)."""
+    the workspace directory a ``.git`` file points to.  ``roots``: the workspace,
+    or the roots :func:`walk_roots` gives, each walked within the bounds, none
+    from inside another (a root holding the workspace skips it); ``git_only``:
+    repositories alone (the walk after a run); ``before``: the walk at launch,
+    whose directories unchanged since are not listed again; ``skip``: directories
+    not walked (corral's own state directory, should it lie in the workspace:
+    the home layers' dotfiles are the sandbox's to write)."""
     scan = WorkspaceScan()
-    budget = defaults.SCAN_MAX_ENTRIES
-    # (device, inode) -> (links the inode has, paths of it found in the workspace)
+    scan.roots = [roots] if isinstance(roots, str) else list(roots)
+    if len(scan.roots) > 1:
+        skip = {*skip, *scan.roots}  # (a root itself is never skipped: depth 0)
+    # (device, inode) -> (links the inode has, paths of it found in the roots)
     linked: dict[tuple[int, int], tuple[int, list[str]]] = {}
-    stack: list[tuple[str, int]] = [(root, 0)]
-    while stack:
-        path, depth = stack.pop()
-        if depth and path in skip:
-            continue
-        walked = _unchanged(path, before) if before is not None else None
-        if walked is None:
-            walked = _list(path, depth, scan, linked, git_only)
-            if walked is None:
+    for root in scan.roots:
+        budget = defaults.SCAN_MAX_ENTRIES
+        stack: list[tuple[str, int]] = [(root, 0)]
+        while stack:
+            path, depth = stack.pop()
+            if depth and path in skip:
                 continue
-        budget -= walked.count
-        if budget < 0:
-            scan.complete = False
-            break
-        scan.dirs[path] = walked
-        stack.extend(walked.subdirs)
-        scan.protected += walked.protected
-        for git, is_dir in walked.gits:
-            _note_repository(git, is_dir, scan)
+            walked = _unchanged(path, before) if before is not None else None
+            if walked is None:
+                walked = _list(path, depth, scan, linked, git_only)
+                if walked is None:
+                    continue
+            budget -= walked.count
+            if budget < 0:
+                scan.complete = False
+                scan.stopped.append(root)
+                break
+            scan.dirs[path] = walked
+            stack.extend(walked.subdirs)
+            scan.protected += walked.protected
+            for git, is_dir in walked.gits:
+                _note_repository(git, is_dir, scan)
     scan.git_dirs = list(dict.fromkeys(scan.git_dirs))  # a submodule's, found twice
-    # links all found inside the workspace share nothing with the outside
+    # links all found inside the roots share nothing with the outside
     scan.hardlinks = sorted(p for n, paths in linked.values() if len(paths) < n for p in paths)
     scan.linked = sorted(p for n, paths in linked.values() if len(paths) >= n for p in paths)
     return scan
@@ -534,12 +563,12 @@ def walk_started() -> int:
     return time.time_ns() - CTIME_MARGIN_NS
 
 
-def created_repositories(root: str, before: Repositories) -> WorkspaceScan | None:
-    """After a run: the walk again (listing only the directories changed since the
-    walk at launch), when it finds a git dir or ``.git`` entry that was not
-    there at launch, or stops at its bound (None otherwise: the usual case, and
-    the only cost of the check)."""
-    scan = scan_workspace(root, git_only=True, before=before, skip=before.skip)
+def created_repositories(roots: str | Sequence[str], before: Repositories) -> WorkspaceScan | None:
+    """After a run: the walk of ``roots`` again (listing only the directories
+    changed since the walk at launch), when it finds a git dir or ``.git`` entry
+    that was not there at launch, or stops at its bound (None otherwise: the
+    usual case, and the only cost of the check)."""
+    scan = scan_workspace(roots, git_only=True, before=before, skip=before.skip)
     if not scan.complete:
         return scan  # (a run can make many files to end the walk before its repository)
     for path in (*scan.git_dirs, *scan.git_files):
@@ -820,9 +849,10 @@ def plan_filesystem(
 
     The steps, in order: the writable roots; the base (host read-only, own /dev,
     /proc, private tmp); read-deny paths (masks, or snapshots of the nearest
-    existing parent of a missing one); the workspace walk (repositories, secret
-    files, hard links); write-deny paths (read-only binds, or quarantine of a
-    missing one); then, for the tiers that mount, host sockets and the layout."""
+    existing parent of a missing one); the walk of the workspace and every other
+    writable root (repositories, secret files, hard links); write-deny paths
+    (read-only binds, or quarantine of a missing one); then, for the tiers that
+    mount, host sockets and the layout."""
     from corral.policy import check_workspace, home_dirs
 
     homes = home_dirs()
@@ -1037,7 +1067,8 @@ class _Planner:
     # -- the workspace walk -----------------------------------------------------------
 
     def workspace(self) -> WorkspaceScan:
-        """Nested repositories, secret files and hard links in the workspace."""
+        """Nested repositories, secret files and hard links in the workspace and every
+        other writable root, each walked as the workspace is."""
         plan = self.plan
         cutoff = walk_started()
         # real, as the walk after the run (launch.created_repositories): a path found
@@ -1045,10 +1076,13 @@ class _Planner:
         from corral.runlog import state_dir
 
         skip = {os.path.realpath(state_dir())}
-        scan = scan_workspace(os.path.realpath(self.policy.workspace), skip=skip)
-        if not scan.complete:
+        # every writable root is walked as the workspace is (plan.writable: real
+        # paths, the workspace first)
+        scan = scan_workspace(walk_roots(plan.writable), skip=skip)
+        for root in scan.stopped:
+            what = "workspace" if root == plan.writable[0] else f"writable path {root}"
             plan.notes.append(
-                f"workspace scan stopped after {defaults.SCAN_MAX_ENTRIES} entries; "
+                f"{what} scan stopped after {defaults.SCAN_MAX_ENTRIES} entries; "
                 "deeper repositories and .env files were not masked"
             )
         plan.repositories = Repositories(scan, cutoff, skip)
@@ -1087,6 +1121,12 @@ class _Planner:
                 self.add_write_deny(path, "a .git file names the repository git uses")
         # what a run, an editor or an agent tool started in that directory loads
         names = protected_names(self.policy.filesystem.use_defaults)
+        # the top of every other writable root is a workspace root too (its walk
+        # lists protected names below the top only): those names at it, read-only,
+        # or quarantined if the run makes them
+        for root in scan.roots[1:]:
+            for name in names:
+                self.add_write_deny(os.path.join(root, name), "write-deny")
         for path in scan.protected:
             name = path.rpartition("/")[2]
             if name == defaults.POLICY_FILENAME:
@@ -1143,6 +1183,12 @@ class _Planner:
                 self.plan.quarantine.append(path)
             return
         if self.in_writable(path) and path not in self.masks:
+            held = [r for r in self.plan.writable if _inside(r, path)]
+            if held:  # (read-only, it would take the writable root with it)
+                note = f"{path} ({why}) is or holds the writable {held[0]}; not write-protected"
+                if note not in self.plan.notes:
+                    self.plan.notes.append(note)
+                return
             self.ro_binds[path] = Mount("ro-bind", path, path, why)
 
     # -- the mount list ---------------------------------------------------------------

@@ -7,7 +7,8 @@ symlink pointing somewhere) is not covered by that, and what it holds runs on
 the host the next time anyone uses git there: a hook, or a config key such as
 ``core.fsmonitor``, ``core.pager`` or an ``alias.*`` beginning with ``!``.
 
-After the run, the workspace is walked again (the same bounded walk) and every
+After the run, the workspace and every other writable root are walked again
+(the same bounded walk) and every
 git dir or ``.git`` entry not there at launch (by inode) is looked at:
 
 * ``hooks/``: everything but the ``*.sample`` files ``git init`` writes;
@@ -20,7 +21,7 @@ git dir or ``.git`` entry not there at launch (by inode) is looked at:
   known at launch.
 
 Each is moved to the quarantine (as a created write-deny path is) and named
-after the run.  Only paths inside the workspace are ever moved.
+after the run.  Only paths inside the roots walked are ever moved.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from corral import fsplan
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from corral.report import Denial
 
 # "section.key" for sections without a subsection, "section.*.key" with one.
@@ -159,10 +162,11 @@ def _commondir(git_dir: str, common: str) -> str:
 
 
 def findings(
-    root: str, scan: fsplan.WorkspaceScan, known: frozenset[tuple[int, int]]
+    roots: str | Sequence[str], scan: fsplan.WorkspaceScan, known: frozenset[tuple[int, int]]
 ) -> list[tuple[str, str]]:
-    """(path, why) to quarantine, from a walk made after the run."""
-    inside = root.rstrip("/") + "/"
+    """(path, why) to quarantine, from a walk made after the run of ``roots`` (the
+    workspace, or every writable root walked: fsplan.walk_roots)."""
+    inside = tuple(r.rstrip("/") + "/" for r in ([roots] if isinstance(roots, str) else roots))
     found: list[tuple[str, str]] = []
     for entry in scan.git_files:
         if fsplan.identity(entry) in known:

@@ -474,9 +474,10 @@ def created_repositories(plan: Plan, run_id: str) -> list[Denial]:
         return []
     from corral import fsplan
 
-    # real paths: a git dir reached through a symlink must not pass for one inside
-    root = os.path.realpath(plan.policy.workspace)
-    scan = fsplan.created_repositories(root, plan.repositories)
+    # the roots the launch walked (real paths: a git dir reached through a symlink
+    # must not pass for one inside)
+    roots = plan.repositories.roots
+    scan = fsplan.created_repositories(roots, plan.repositories)
     if scan is None:
         return []
     from corral import gitguard
@@ -487,7 +488,7 @@ def created_repositories(plan: Plan, run_id: str) -> list[Denial]:
         new_policy_file(path, *move_out(path, run_id))
         for path in fsplan.new_protected(scan, plan.repositories)
     ]
-    said += gitguard.quarantine(gitguard.findings(root, scan, plan.repositories.known), run_id)
+    said += gitguard.quarantine(gitguard.findings(roots, scan, plan.repositories.known), run_id)
     if not scan.complete:
         from corral.defaults import SCAN_MAX_ENTRIES
         from corral.report import repositories_unchecked

@@ -480,6 +480,75 @@ def test_a_repository_made_in_the_run_cannot_run_code_on_the_host(
     assert remote.stdout == b"https://127.0.0.1/x.git\n", remote.stderr
 
 
+def test_a_writable_paths_repository_is_protected_as_the_workspaces(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """``[filesystem] writable`` names a repository outside the workspace: it is a
+    workspace root too.  Its git config and hooks cannot be changed (mount tiers:
+    the write fails; landlock: restored after the run and reported), a
+    ``corral.toml`` or ``.envrc`` made at its top and the hook and fsmonitor of
+    a repository made in it are quarantined and reported; the host's git then
+    commits there and nothing of the sandbox's runs.  Only the workspace was
+    walked before: the run planted both and corral said nothing.  Twins: an
+    ordinary file in the writable path and in the workspace are written."""
+    c, ws = tsandbox
+    extra = c.base / "extra"
+    for sub in ("hooks", "objects", "refs/heads"):
+        (extra / ".git" / sub).mkdir(parents=True)
+    (extra / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (extra / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    (ws / "corral.toml").write_text(f'[filesystem]\nwritable = ["{extra}"]\n')
+    c.chown(extra, ws)
+    script = (
+        REPO_SKELETON.format(f"{extra}/made")
+        + f"""
+    cd {extra}
+    printf '#!/bin/sh\\ntouch {extra}/hook-ran\\n' > .git/hooks/pre-commit 2>/dev/null \
+        && echo hook=WROTE || echo hook=denied
+    chmod +x .git/hooks/pre-commit 2>/dev/null
+    printf '[core]\\n\\tfsmonitor = "touch {extra}/fsmonitor-ran"\\n' >> .git/config \
+        2>/dev/null && echo config=WROTE || echo config=denied
+    echo '[filesystem]' > corral.toml && echo policy=made
+    echo 'touch {extra}/envrc-ran' > .envrc && echo envrc=made
+    printf '#!/bin/sh\\ntouch {extra}/made-hook-ran\\n' > made/.git/hooks/pre-commit
+    chmod +x made/.git/hooks/pre-commit
+    printf '[core]\\n\\tfsmonitor = "touch {extra}/made-ran"\\n' > made/.git/config
+    echo notes > notes.txt && echo extra=ok
+    echo notes > {ws}/notes.txt && echo ws=ok
+    """
+    )
+    r = c.sh(ws, script)
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert r.returncode == 0, err
+    if c.has("mounts"):
+        assert "hook=denied" in out and "config=denied" in out, out
+    else:  # written during the run, put back after it and reported
+        for path in (".git/hooks", ".git/config"):
+            assert f"{extra / path} (write-deny) was changed" in err, err
+    assert not (extra / ".git" / "hooks" / "pre-commit").exists()
+    assert (extra / ".git" / "config").read_text() == "[core]\n\tbare = false\n"
+    assert "policy=made" in out and "envrc=made" in out, out
+    for made in ("corral.toml", ".envrc"):
+        assert not (extra / made).exists() and str(extra / made) in err, err
+    assert "made/.git/hooks/pre-commit (a git hook, in a repository made during the run)" in err
+    assert "made/.git/config (git config sets core.fsmonitor" in err, err
+    assert not (extra / "made" / ".git" / "hooks" / "pre-commit").exists()
+    assert not (extra / "made" / ".git" / "config").exists()
+    git = ["git", "-c", "safe.directory=*", "-c", "user.name=t", "-c", "user.email=t@127.0.0.1"]
+    for repo in (extra, extra / "made"):
+        done = subprocess.run(
+            [*git, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", "x"],
+            capture_output=True,
+        )
+        assert done.returncode == 0, done.stderr
+    ran = [p.name for p in extra.iterdir() if p.name.endswith("-ran")]
+    assert ran == [], ran
+    # the twins
+    assert "extra=ok" in out and "ws=ok" in out, out
+    assert (extra / "notes.txt").read_text() == "notes\n"
+    assert (ws / "notes.txt").read_text() == "notes\n"
+
+
 def test_fifos_where_git_keeps_files_do_not_hold_corral(tsandbox: tuple[Corral, Path]) -> None:
     """FIFOs made where git keeps files (a .git, a config) would hold corral's read
     for ever, after this run and at the launch of every later one.  Twin: the

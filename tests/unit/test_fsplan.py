@@ -250,6 +250,110 @@ def test_git_dirs_are_read_only(lay: Layout) -> None:
     assert str(ws / ".git" / "HEAD") not in ro
 
 
+def _repo(path: Path) -> Path:
+    git = path / ".git"
+    (git / "hooks").mkdir(parents=True)
+    (git / "config").write_text("[core]\n\tbare = false\n")
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    return git
+
+
+def test_the_walk_starts_from_each_writable_root_once() -> None:
+    """The workspace first, then the others shallowest first; one inside a root
+    kept is reached by that root's walk, one holding the workspace is kept."""
+    walk_roots = fsplan.walk_roots
+    assert walk_roots(["/w"]) == ["/w"]
+    assert walk_roots(["/w", "/w"]) == ["/w"]  # (writable = ["."])
+    assert walk_roots(["/w", "/w/build", "/x/y", "/x", "/a/b/c", "/wx"]) == [
+        "/w",
+        "/wx",
+        "/x",
+        "/a/b/c",
+    ]
+    assert walk_roots(["/p/ws", "/p"]) == ["/p/ws", "/p"]
+    assert walk_roots([]) == []
+
+
+def test_every_writable_root_is_protected_as_the_workspace(lay: Layout) -> None:
+    """A repository in a ``writable`` path outside the workspace: its git config and
+    hooks are read-only (and watched through their lock files), its top's
+    protected names read-only or quarantined if made, a nested repository and a
+    ``.env`` found by its walk, and the walk after the run starts from it too.
+    Twin: the same policy without the writable path plans none of it."""
+    extra = lay.root / "extra"
+    git = _repo(extra)
+    nested = _repo(extra / "sub")
+    (extra / ".vscode").mkdir()
+    (extra / "pkg").mkdir()
+    (extra / "pkg" / "corral.toml").write_text("")
+    (extra / "pkg" / ".env").write_text("KEY=1\n")
+    pol = policy_for(lay, [])
+    pol.filesystem.use_defaults = True
+    pol.filesystem.writable = [str(extra)]
+    plan = plan_filesystem(pol)
+    ro = set(dests(plan, "ro-bind"))
+    for path in (
+        git / "hooks",
+        git / "config",
+        nested / "hooks",
+        nested / "config",
+        extra / ".vscode",
+        extra / "pkg" / "corral.toml",
+    ):
+        assert str(path) in ro, path
+    for path in (extra / "corral.toml", extra / ".envrc", extra / ".bashrc", git / "commondir"):
+        assert str(path) in plan.quarantine, path
+    assert str(extra / "pkg" / ".env") in dests(plan, "mask-file")
+    assert plan.lock_watch[str(git)] == {"config.lock": str(git / "config")}
+    assert plan.repositories is not None
+    assert plan.repositories.roots == (str(lay.ws), str(extra))
+    assert str(extra) not in ro  # the root itself stays writable
+    pol.filesystem.writable = []  # the twin
+    alone = plan_filesystem(pol)
+    assert not any(str(extra) in p for p in (*dests(alone, "ro-bind"), *alone.quarantine))
+    assert alone.repositories is not None and alone.repositories.roots == (str(lay.ws),)
+
+
+def test_a_root_holding_the_workspace_is_walked_around_it(lay: Layout) -> None:
+    """``writable`` holds the workspace: its walk skips the workspace (walked once,
+    by its own walk), and a protected name at its top that is the workspace (a
+    workspace called ``.claude``) is not made read-only: a note says so."""
+    outer = lay.root / "outer"
+    ws = outer / ".claude"
+    _repo(outer)
+    inner = _repo(ws / "lib")
+    (ws / "lib" / ".env").write_text("KEY=1\n")
+    pol = Policy(str(ws))
+    pol.filesystem.writable = [str(outer)]
+    plan = plan_filesystem(pol)
+    assert plan.repositories is not None and plan.repositories.roots == (str(ws), str(outer))
+    scan = fsplan.scan_workspace([str(ws), str(outer)])
+    assert scan.secret_files == [str(ws / "lib" / ".env")]  # found once: walked once
+    assert sorted(scan.git_dirs) == sorted([str(inner), str(outer / ".git")])
+    ro = set(dests(plan, "ro-bind"))
+    assert {str(inner / "hooks"), str(outer / ".git" / "hooks")} <= ro
+    assert str(ws) not in ro and Mount("bind", str(ws), str(ws)) in plan.mounts
+    assert any(n.startswith(f"{ws} (write-deny) is or holds the writable") for n in plan.notes)
+
+
+def test_each_root_walk_has_its_own_bound(lay: Layout, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root whose walk ends at its bound does not end the next root's: its
+    repository is still found, and the note names the root that stopped."""
+    monkeypatch.setattr(defaults, "SCAN_MAX_ENTRIES", 50)
+    big, extra = lay.root / "big", lay.root / "extra"
+    big.mkdir()
+    for n in range(60):
+        (big / str(n)).touch()
+    git = _repo(extra)
+    scan = fsplan.scan_workspace([str(lay.ws), str(big), str(extra)])
+    assert not scan.complete and scan.stopped == [str(big)]
+    assert scan.git_dirs == [str(git)]
+    pol = policy_for(lay, [])
+    pol.filesystem.writable = [str(big), str(extra)]
+    notes = plan_filesystem(pol).notes
+    assert f"writable path {big} scan stopped after 50 entries" in " ".join(notes)
+
+
 def test_gitfile_is_not_a_git_dir(lay: Layout) -> None:
     (lay.ws / "wt").mkdir()
     (lay.ws / "wt" / ".git").write_text("gitdir: /elsewhere\n")

@@ -131,6 +131,36 @@ def test_a_walk_ended_by_its_bound_is_said(tmp_path: Path, monkeypatch: pytest.M
     assert "stopped after 50 entries" in said[0].text and "not checked" in said[0].text
 
 
+def test_a_repository_made_in_a_writable_path_is_looked_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk after the run starts from every root the launch walked: a repository
+    made in a writable path outside the workspace loses its hook and unsafe config,
+    and a corral.toml made in its subdirectory goes (quarantined and reported).
+    Twin: one made outside every root is no finding."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ws, extra, outside = tmp_path / "ws", tmp_path / "extra", tmp_path / "outside"
+    for d in (ws, extra, outside):
+        d.mkdir()
+    known = fsplan.Repositories(fsplan.scan_workspace([str(ws), str(extra)]), fsplan.walk_started())
+    assert known.roots == (str(ws), str(extra))
+    evil = make_repo(extra / "evil", "[core]\n\tfsmonitor = touch x\n")
+    (evil / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
+    (extra / "pkg").mkdir()
+    (extra / "pkg" / "corral.toml").write_text("[filesystem]\ndefaults = false\n")
+    make_repo(outside / "other", "[core]\n\tfsmonitor = touch x\n")
+    plan = SimpleNamespace(repositories=known, policy=SimpleNamespace(workspace=str(ws)))
+    said = launch_mod.created_repositories(plan, "run1")  # type: ignore[arg-type]
+    assert sorted(str(d.fields["path"]) for d in said) == [
+        str(evil / "config"),
+        str(evil / "hooks" / "pre-commit"),
+        str(extra / "pkg" / "corral.toml"),
+    ]
+    assert not (extra / "pkg" / "corral.toml").exists()
+    assert not (evil / "config").exists() and not (evil / "hooks" / "pre-commit").exists()
+    assert (outside / "other" / ".git" / "config").exists()
+
+
 def test_a_replaced_git_dir_counts_as_new(tmp_path: Path) -> None:
     make_repo(tmp_path)
     known = launch(tmp_path)
