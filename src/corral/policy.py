@@ -786,6 +786,16 @@ def find_policy_file(workspace: str) -> str | None:
     return candidate if os.path.isfile(candidate) else None
 
 
+def check_found(path: str) -> None:
+    """A policy file corral found itself (not one named): PolicyError if a run in
+    progress could have written it (corral.liveruns)."""
+    from corral import liveruns
+
+    run = liveruns.planted_by(path)
+    if run is not None:
+        raise PolicyError(liveruns.refusal(path, run))
+
+
 # home_dirs' last answer, by what it depends on: a run asks twice (the policy's
 # load and the filesystem plan), and each password database lookup reads files
 _homes: tuple[tuple[str, int], list[str]] | None = None
@@ -837,6 +847,8 @@ def load(workspace: str | None = None, path: str | None = None) -> Policy:
 
     policy.limits.defaults = bounds.defaults_for(bounds.host_facts())
     chosen = path if path is not None else find_policy_file(ws)
+    if chosen is not None and path is None:
+        check_found(chosen)
     if chosen is not None:
         from corral.policyfile import load_file
 
