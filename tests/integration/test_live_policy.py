@@ -1,5 +1,6 @@
 """A policy file a sandboxed run could have written is never loaded silently:
-refused while that run lives (corral.liveruns)."""
+refused while that run lives (corral.liveruns), said on stderr when it lies
+where corral's check after a run does not look (policy.unchecked_place)."""
 
 from __future__ import annotations
 
@@ -71,3 +72,25 @@ def test_a_policy_file_from_before_a_live_run_loads(sandbox: tuple[Corral, Path]
         assert b"corral:" not in shown.stderr, shown.stderr
     finally:
         _end(proc)
+
+
+def test_a_policy_file_the_check_after_a_run_missed_is_said(
+    sandbox: tuple[Corral, Path],
+) -> None:
+    c, ws = sandbox
+    deep, skipped = "a/b/c/d/e/f/g", "node_modules/pkg"
+    made = c.sh(
+        ws, f"mkdir -p {deep} {skipped} && for d in {deep} {skipped}; do (cd $d && {PLANT}); done"
+    )
+    assert made.returncode == 0, made
+    for where in (deep, skipped):
+        out = c.sh(ws / where, "echo ran")
+        assert out.returncode == 0 and out.stdout == b"ran\n", out
+        err = out.stderr.decode()
+        policy = os.path.realpath(ws / where / "corral.toml")
+        assert f"corral: warning: policy file {policy} is " in err, (where, err)
+    # the workspace's own policy file, at its top: nothing to say
+    (ws / "corral.toml").write_text(POLICY)
+    c.chown(ws / "corral.toml")
+    out = c.sh(ws, "echo ran")
+    assert out.returncode == 0 and b"warning" not in out.stderr, out

@@ -1,4 +1,5 @@
-"""corral.liveruns: a run's marker while it lives, and the policy files it refuses."""
+"""corral.liveruns: a run's marker while it lives, and the policy files it refuses;
+policy.unchecked_place: the ones said on stderr."""
 
 from __future__ import annotations
 
@@ -112,3 +113,45 @@ def test_the_lock_lives_in_a_forked_holder(ws: Path) -> None:
         os.close(w)
         os.waitpid(pid, 0)
     assert liveruns.live_runs() == []
+
+
+def test_policy_files_where_the_check_after_a_run_does_not_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    repo = Path(os.path.realpath(tmp_path)) / "repo"
+    deep = repo / "a" / "b"
+    skipped = repo / "node_modules" / "pkg"
+    for d in (repo / ".git", deep, skipped):
+        d.mkdir(parents=True)
+    for d in (repo, deep, skipped):
+        (d / "corral.toml").write_text(POLICY)
+    assert pol.unchecked_place(str(repo / "corral.toml")) is None  # its own top
+    said = pol.unchecked_place(str(deep / "corral.toml"))
+    assert said is not None and str(deep / "corral.toml") in said and f"below {repo}," in said
+    said = pol.unchecked_place(str(skipped / "corral.toml"))
+    assert said is not None and "inside node_modules/" in said
+    # a workspace corral keeps a home layer for counts as a root, .git or not
+    plain = Path(os.path.realpath(tmp_path)) / "plain"
+    (plain / "sub").mkdir(parents=True)
+    (plain / "sub" / "corral.toml").write_text(POLICY)
+    assert pol.unchecked_place(str(plain / "sub" / "corral.toml")) is None
+    from corral import home
+
+    os.makedirs(home.layer_path(str(plain)))
+    assert f"below {plain}," in (pol.unchecked_place(str(plain / "sub" / "corral.toml")) or "")
+
+
+def test_the_warning_is_one_line_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    sub = Path(os.path.realpath(tmp_path)) / "repo" / "sub"
+    sub.mkdir(parents=True)
+    (sub.parent / ".git").mkdir()
+    (sub / "corral.toml").write_text(POLICY)
+    assert pol.load(str(sub)).source == str(sub / "corral.toml")
+    err = capsys.readouterr().err
+    assert err.startswith("corral: warning: policy file ") and err.count("\n") == 1
+    pol.load(str(sub), str(sub / "corral.toml"))  # named: nothing said
+    assert capsys.readouterr().err == ""
