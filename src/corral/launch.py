@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     from corral.cgroups import CgroupRun
+    from corral.liveruns import Marker
     from corral.lockwatch import LockWatch
     from corral.netns import Resolver
     from corral.prompt import TerminalPrompt
@@ -197,11 +198,14 @@ class _Guardian:
         later: Callable[[], None] | None = None,
         hold: int = -1,
         first: Callable[[], None] | None = None,
+        live: int = -1,
     ) -> None:
         """``hold``: a descriptor the guardian keeps open until it exits, so that
         the last close (slow for some kinds, see corral.lockwatch) is not corral's;
         ``first``: what the guardian does before anything else (fork a companion,
-        which then stays in corral's session)."""
+        which then stays in corral's session); ``live``: the run's marker
+        (corral.liveruns), whose lock the guardian holds too until it exits, so
+        that the run stays live while it cleans up after a killed corral."""
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # guardian
@@ -216,6 +220,8 @@ class _Guardian:
                 keep = {0: null, 1: null, 2: null, 3: rfd}
                 if hold >= 0:
                     keep[4] = hold
+                if live >= 0:
+                    keep[5] = live
                 move_fds_into_place(keep)
                 said, root = b"", -1
                 while chunk := os.read(3, 64):
@@ -296,6 +302,7 @@ class Aftercare:
         self.clean = False  # the sandbox ended on its own: nothing to remove by force
         self.done = False  # the strategy's cleanup ran
         self.companion_forked = False
+        self.marker: Marker | None = None
         if plan.cgroup is not None:
             from corral.cgroups import CgroupRun
 
@@ -329,6 +336,13 @@ class Aftercare:
             from corral.lockwatch import LockWatch
 
             self.watch = LockWatch(plan.lock_watch)
+        if plan.strategy.confines:
+            # live until the aftercare is done: a policy file it writes meanwhile
+            # is refused by any run started then (corral.liveruns)
+            from corral import liveruns
+
+            places = [os.path.realpath(p) for p in plan.policy.writable_paths()]
+            self.marker = liveruns.register(run_id, places)
         if (
             self.cg is not None
             or plan.quarantine
@@ -337,14 +351,21 @@ class Aftercare:
             or plan.strategy.needs_guardian()
             or (plan.home is not None and plan.home.mode == "ephemeral")
             or self.watch is not None
+            or self.marker is not None
         ):
             # the guardian also holds the watch: tearing an inotify instance down
             # waits for an RCU grace period (about 14 ms here), which its exit pays
             hold = self.watch.fd if self.watch is not None else -1
             first = companion.fork if companion is not None else None
-            self.guardian = _Guardian(
-                self._emergency, self.cg.remove if self.cg else None, hold, first
-            )
+            live = self.marker.fd if self.marker is not None else -1
+            try:
+                self.guardian = _Guardian(
+                    self._emergency, self.cg.remove if self.cg else None, hold, first, live
+                )
+            except BaseException:
+                if self.marker is not None:
+                    self.marker.remove()
+                raise
             self.companion_forked = first is not None
 
     def launched(self, pid: int) -> None:
@@ -408,6 +429,8 @@ class Aftercare:
             from corral import home
 
             home.remove(self.plan.home.path)
+        if self.marker is not None:  # last: what it made is quarantined now
+            self.marker.remove()
         return said
 
     def finish(self) -> list[Denial]:

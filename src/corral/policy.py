@@ -786,6 +786,65 @@ def find_policy_file(workspace: str) -> str | None:
     return candidate if os.path.isfile(candidate) else None
 
 
+def check_found(path: str) -> None:
+    """A policy file corral found itself (not one named): PolicyError if a run in
+    progress could have written it (corral.liveruns)."""
+    from corral import liveruns
+
+    run = liveruns.planted_by(path)
+    if run is not None:
+        raise PolicyError(liveruns.refusal(path, run))
+
+
+def unchecked_place(path: str) -> str | None:
+    """Why a policy file corral found itself (``path``, in a real directory) may be
+    one a sandboxed run planted where corral's check after the run did not see it,
+    or None.  A run's new ``corral.toml`` files are quarantined by that check,
+    which walks its workspace at most SCAN_MAX_DEPTH deep and never into
+    SCAN_SKIP_DIRS (``node_modules``, ``.venv``...): a later run started there
+    would load one silently.  So said here: a policy file inside a skipped
+    directory, or below the nearest enclosing repository or workspace (a
+    directory holding a ``.git`` or a ``corral.toml``, or one corral has kept a
+    home layer for) up to, not including, the home directory.  A few stats per
+    directory above, paid only by a run that has a policy file."""
+    directory = os.path.dirname(path)
+    homes = home_dirs()
+    root = ""
+    above = directory
+    while True:
+        parent = os.path.dirname(above)
+        if parent == above or parent in homes:
+            break
+        above = parent
+        if _is_root(above):
+            root = above
+            break
+    inside = os.path.relpath(directory, root) if root else directory
+    skipped = [part for part in inside.split("/") if part in defaults.SCAN_SKIP_DIRS]
+    keep = "if it is yours, name it with --policy to load it without this line"
+    if skipped:
+        return (
+            f"policy file {path} is inside {skipped[0]}/, where corral's check after a "
+            f"run does not look: a sandboxed run could have written it; {keep}"
+        )
+    if root:
+        return (
+            f"policy file {path} is below {root}, another project or workspace root: "
+            f"a sandboxed run there could have written it; {keep}"
+        )
+    return None
+
+
+def _is_root(directory: str) -> bool:
+    """A repository's top, a directory with its own policy, or a corral workspace."""
+    for name in (".git", defaults.POLICY_FILENAME):
+        if os.path.lexists(os.path.join(directory, name)):
+            return True
+    from corral import home
+
+    return any(os.path.isdir(home.layer_path(directory, kind)) for kind in ("host", "container"))
+
+
 # home_dirs' last answer, by what it depends on: a run asks twice (the policy's
 # load and the filesystem plan), and each password database lookup reads files
 _homes: tuple[tuple[str, int], list[str]] | None = None
@@ -837,6 +896,14 @@ def load(workspace: str | None = None, path: str | None = None) -> Policy:
 
     policy.limits.defaults = bounds.defaults_for(bounds.host_facts())
     chosen = path if path is not None else find_policy_file(ws)
+    if chosen is not None and path is None:
+        check_found(chosen)
+        notice = unchecked_place(chosen)
+        if notice:
+            import sys
+
+            sys.stderr.write(f"corral: warning: {notice}\n")
+            sys.stderr.flush()
     if chosen is not None:
         from corral.policyfile import load_file
 

@@ -96,6 +96,31 @@ def test_cwd_inside_only(sb: Sandbox, home_ws: tuple[Path, Path]) -> None:
         sb.exec("pwd", cwd="../..")
 
 
+def test_a_policy_file_the_sandbox_writes_is_refused_while_it_lives(
+    home_ws: tuple[Path, Path], tier: TierCase
+) -> None:
+    """A long-lived Sandbox writes the corral.toml its workspace lacked: another
+    run loading the workspace's policy meanwhile refuses it (once the sandbox is
+    closed, the file is quarantined and one the user makes loads); one the user
+    made before the sandbox opened loads while it lives."""
+    from corral.errors import PolicyError
+
+    _, ws = home_ws
+    policy = os.path.realpath(ws / "corral.toml")
+    with Sandbox(pol.load(str(ws)), **tier.api) as box:
+        assert box.exec("printf '[filesystem]\\ndefaults = false\\n' > corral.toml").exit_code == 0
+        with pytest.raises(PolicyError) as refused:
+            pol.load(str(ws))
+        assert policy in str(refused.value) and f"pid {os.getpid()}" in str(refused.value)
+        assert pol.load(str(ws), policy).source == policy  # named after review: loaded
+    assert not (ws / "corral.toml").exists()  # quarantined as the sandbox closed
+    (ws / "corral.toml").write_text("[filesystem]\ndefaults = false\n")
+    assert pol.load(str(ws)).source == policy  # the user's, after: loaded
+    with Sandbox(pol.load(str(ws)), **tier.api) as box:
+        assert box.exec("true").exit_code == 0
+        assert pol.load(str(ws)).source == policy  # the user's, from before: loaded
+
+
 def test_timeout_kills_the_group_keeps_output_and_the_sandbox(sb: Sandbox) -> None:
     marker = f"34{uuid.uuid4().int % 1000:03d}"
     t0 = time.monotonic()
@@ -374,6 +399,8 @@ time.sleep(60)
         host.wait()
         assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5)
     assert wait_for(lambda: not (ws / ".vscode").exists(), 5)  # quarantined by the guardian
+    live = Path(os.environ["XDG_STATE_HOME"], "corral", "live")
+    assert wait_for(lambda: not list(live.iterdir()), 5)  # no longer live: removed too
     from test_process import _corral_cgroups
 
     assert wait_for(lambda: not _corral_cgroups(), 5)

@@ -345,6 +345,7 @@ class Plan:
     def describe(self) -> str:
         """A human-readable account of the plan; never prints environment values."""
         lines = [f"tier: {self.tier}", f"workspace: {self.policy.workspace}", f"cwd: {self.cwd}"]
+        lines.insert(2, f"policy file: {self.policy.source or 'none (built-in defaults)'}")
         lines.append("env: " + " ".join(sorted(self.env)))
         if self.home is not None:
             lines.append(self.home.describe())

@@ -1,0 +1,96 @@
+"""A policy file a sandboxed run could have written is never loaded silently:
+refused while that run lives (corral.liveruns), said on stderr when it lies
+where corral's check after a run does not look (policy.unchecked_place)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from conftest import Corral, wait_for
+
+POLICY = '[network]\nmode = "none"\n'
+PLANT = f"printf '{POLICY}' > corral.toml"
+
+
+def _long_run(c: Corral, ws: Path, script: str) -> subprocess.Popen[bytes]:
+    """``corral run`` of ``script`` then a long sleep, until ``ws/ready`` exists."""
+    proc = c.popen(
+        ["run", "-q", "--", "sh", "-c", f"{script}; touch ready; sleep 60"],
+        cwd=ws,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert wait_for((ws / "ready").exists, timeout=30), proc.stderr
+    return proc
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def _explain(c: Corral, ws: Path) -> subprocess.CompletedProcess[bytes]:
+    return c.run(["run", "--explain", "--", "true"], cwd=ws)
+
+
+def test_a_policy_file_a_live_run_wrote_is_refused(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    policy = os.path.realpath(ws / "corral.toml")
+    proc = _long_run(c, ws, PLANT)
+    try:
+        out = c.sh(ws, "echo ran")
+        assert out.returncode == 2, out
+        err = out.stderr.decode()
+        assert out.stdout == b"" and err.count("\n") == 1, err
+        assert policy in err and f"pid {proc.pid}" in err and "--policy" in err, err
+        # named by the user after review, it loads
+        named = c.run(["run", "-q", "--policy", policy, "--", "true"], cwd=ws)
+        assert named.returncode == 0, named
+    finally:
+        _end(proc)
+    assert not (ws / "corral.toml").exists()  # the run's end quarantined it
+    # the same file made by the user once the run is over loads as usual
+    (ws / "corral.toml").write_text(POLICY)
+    c.chown(ws / "corral.toml")
+    shown = _explain(c, ws)
+    assert shown.returncode == 0, shown
+    assert f"policy file: {policy}" in shown.stdout.decode()
+
+
+def test_a_policy_file_from_before_a_live_run_loads(sandbox: tuple[Corral, Path]) -> None:
+    c, ws = sandbox
+    (ws / "corral.toml").write_text(POLICY)
+    c.chown(ws / "corral.toml")
+    proc = _long_run(c, ws, "true")
+    try:
+        shown = _explain(c, ws)
+        assert shown.returncode == 0, shown
+        assert f"policy file: {os.path.realpath(ws / 'corral.toml')}" in shown.stdout.decode()
+        assert b"corral:" not in shown.stderr, shown.stderr
+    finally:
+        _end(proc)
+
+
+def test_a_policy_file_the_check_after_a_run_missed_is_said(
+    sandbox: tuple[Corral, Path],
+) -> None:
+    c, ws = sandbox
+    deep, skipped = "a/b/c/d/e/f/g", "node_modules/pkg"
+    made = c.sh(
+        ws, f"mkdir -p {deep} {skipped} && for d in {deep} {skipped}; do (cd $d && {PLANT}); done"
+    )
+    assert made.returncode == 0, made
+    for where in (deep, skipped):
+        out = c.sh(ws / where, "echo ran")
+        assert out.returncode == 0 and out.stdout == b"ran\n", out
+        err = out.stderr.decode()
+        policy = os.path.realpath(ws / where / "corral.toml")
+        assert f"corral: warning: policy file {policy} is " in err, (where, err)
+    # the workspace's own policy file, at its top: nothing to say
+    (ws / "corral.toml").write_text(POLICY)
+    c.chown(ws / "corral.toml")
+    out = c.sh(ws, "echo ran")
+    assert out.returncode == 0 and b"warning" not in out.stderr, out
