@@ -572,20 +572,9 @@ def kept_size(headers: list[tuple[bytes, bytes]]) -> int:
 
 def _decide(plan: _Plan, dest: Destination, request: Request) -> Verdict | None:
     """The deciding hooks' verdicts combined (deny wins: the hooks after a deny are
-    not asked), None when none had an opinion."""
-    allowed: Verdict | None = None
-    ask: Verdict | None = None
-    for on_request in plan.on_request:  # (strongest, inlined: it runs for every request)
-        verdict = on_request(dest, request)
-        if verdict is None:
-            continue
-        if verdict.ask:
-            ask = ask or verdict
-        elif not verdict.allowed:
-            return verdict
-        else:
-            allowed = allowed or verdict
-    return ask or allowed
+    not asked, the generator stopping there), None when none had an opinion.  (A
+    keep-alive client's repeated request is replayed instead: see Chain.request.)"""
+    return strongest(on_request(dest, request) for on_request in plan.on_request)
 
 
 class _Replay:
