@@ -17,7 +17,7 @@ from test_net_proxy_unit import RUN_ID, Origin, read_response, run
 
 from corral.net import guardrails as gr
 from corral.net.audit import Audit
-from corral.net.hooks import Asker, Chain, Destination, HostRulesHook, Request
+from corral.net.hooks import Asker, Chain, Destination, Hook, HostRulesHook, Request
 from corral.net.httprules import HttpRulesHook
 from corral.net.proxy import Proxy
 from corral.net.rules import HostRules, Verdict
@@ -89,11 +89,19 @@ class RuledWorld:
 async def ruled(tmp_path: Path, entries: list[dict[str, object]]) -> AsyncIterator[RuledWorld]:
     origin = await Origin().start()
     entries = [{**e, "host": str(e["host"]).format(port=origin.port)} for e in entries]
-    chain = Chain(
-        [HostRulesHook(HostRules.parse(["127.0.0.1"], [])), HttpRulesHook.from_policy(entries)]
-    )
+    async with _world(tmp_path, origin, HttpRulesHook.from_policy(entries)) as world:
+        yield world
+
+
+@asynccontextmanager
+async def _world(
+    tmp_path: Path, origin: Origin, hook: Hook, asker: Asker | None = None
+) -> AsyncIterator[RuledWorld]:
+    """A plain proxy for 127.0.0.1 with ``hook`` in its chain, in front of ``origin``
+    (closed with it)."""
+    chain = Chain([HostRulesHook(HostRules.parse(["127.0.0.1"], [])), hook])
     audit = Audit(str(tmp_path / "net.jsonl"))
-    server = await Proxy(chain, audit).serve_tcp("127.0.0.1", 0, RUN_ID)
+    server = await Proxy(chain, audit, asker=asker).serve_tcp("127.0.0.1", 0, RUN_ID)
     try:
         yield RuledWorld(origin, server.sockets[0].getsockname()[1], tmp_path / "net.jsonl")
     finally:
@@ -721,20 +729,9 @@ async def guarded(
     origin = await Origin().start()
     text = CUSTOMERS.format(tier=tier, port=origin.port)
     guard = gr.parse(text, str(tmp_path / "customers.md"))
-    chain = Chain(
-        [
-            HostRulesHook(HostRules.parse(["127.0.0.1"], [])),
-            gr.GuardrailHook([guard], dict(gr.DEFAULT_TIER_ACTIONS)),
-        ]
-    )
-    audit = Audit(str(tmp_path / "net.jsonl"))
-    server = await Proxy(chain, audit, asker=asker).serve_tcp("127.0.0.1", 0, RUN_ID)
-    try:
-        yield RuledWorld(origin, server.sockets[0].getsockname()[1], tmp_path / "net.jsonl")
-    finally:
-        server.close()
-        origin.close()
-        audit.close()
+    hook = gr.GuardrailHook([guard], dict(gr.DEFAULT_TIER_ACTIONS))
+    async with _world(tmp_path, origin, hook, asker) as world:
+        yield world
 
 
 @pytest.mark.parametrize(
