@@ -195,15 +195,34 @@ def _schema(required: list[str], **props: tuple[str | list[str], str]) -> JSON:
 # -- results ----------------------------------------------------------------------------
 
 
+# The most of a stream a tool answers with (its start and its end, with a line
+# saying how much is left out between): an answer is text a model reads, and a
+# command's whole output limit as text, escaped for JSON twice (MCP's text and
+# structured content), held a hostile client's server at 30 times the output
+# (found by attacking corral mcp)
+TOOL_OUTPUT = 1 << 20
+
+
 def exec_result(r: ExecResult) -> JSON:
+    stdout, cut_out = _answer_text(r.stdout)
+    stderr, cut_err = _answer_text(r.stderr)
     return {
         "exit_code": r.exit_code,
-        "stdout": r.stdout.decode("utf-8", "replace"),
-        "stderr": r.stderr.decode("utf-8", "replace"),
+        "stdout": stdout,
+        "stderr": stderr,
         "timed_out": r.timed_out,
-        "truncated": r.truncated,
+        "truncated": r.truncated or cut_out or cut_err,
         "duration": round(r.duration, 4),
     }
+
+
+def _answer_text(data: bytes) -> tuple[str, bool]:
+    """A stream as the text of an answer, and whether part of it was left out."""
+    if len(data) <= TOOL_OUTPUT:
+        return data.decode("utf-8", "replace"), False
+    half = TOOL_OUTPUT // 2
+    gap = b"\n[corral: %d bytes of output left out here]\n" % (len(data) - 2 * half)
+    return (data[:half] + gap + data[-half:]).decode("utf-8", "replace"), True
 
 
 # the marks of a refusal by corral's proxy in a command's output: its JSON record

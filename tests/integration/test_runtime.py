@@ -786,5 +786,13 @@ def test_background_output_kept_on_the_host_is_bounded(api_ws: Path) -> None:
             assert stopped.error is None, stopped.error
             again = await box.call("start_process", {"command": "true"})
             assert again.error is None, again.error
+            # a foreground command's answer: its start and end, the rest left out, said
+            big = await box.call("run_command", {"command": "seq 1 400000"})
+            value = cast(dict[str, Any], big.value)
+            assert value["truncated"] and "bytes of output left out here" in value["stdout"]
+            assert value["stdout"].startswith("1\n2\n") and value["stdout"].endswith("400000\n")
+            assert len(value["stdout"]) < tools.TOOL_OUTPUT + 100
+            small = await box.call("run_command", {"command": "seq 1 3"})
+            assert cast(dict[str, Any], small.value)["stdout"] == "1\n2\n3\n"
 
     asyncio.run(go())
