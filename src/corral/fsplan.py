@@ -1123,8 +1123,10 @@ class _Planner:
         names = protected_names(self.policy.filesystem.use_defaults)
         # the top of every other writable root is a workspace root too (its walk
         # lists protected names below the top only): those names at it, read-only,
-        # or quarantined if the run makes them
-        for root in scan.roots[1:]:
+        # or quarantined if the run makes them; a root inside another one too
+        # (walked once, by the outer root's walk, whose listing of it is not a top)
+        ws = self.plan.writable[0]
+        for root in [r for r in dict.fromkeys(self.plan.writable[1:]) if r != ws]:
             for name in names:
                 self.add_write_deny(os.path.join(root, name), "write-deny")
         for path in scan.protected:

@@ -549,6 +549,38 @@ def test_a_writable_paths_repository_is_protected_as_the_workspaces(
     assert (ws / "notes.txt").read_text() == "notes\n"
 
 
+def test_a_writable_root_inside_another_is_protected_at_its_top(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """``writable = [P, P/proj]``: the finding was that ``P/proj``, walked from
+    ``P``, lost the protections of a root's top, though ``writable = [P/proj]``
+    alone had them: the ``.mcp.json`` and ``.envrc`` the run made there stayed.
+    Now they are quarantined and reported.  Twin: an ordinary file beside them is
+    written."""
+    c, ws = tsandbox
+    outer = c.base / "P"
+    (outer / "proj").mkdir(parents=True)
+    (ws / "corral.toml").write_text(f'[filesystem]\nwritable = ["{outer}", "{outer}/proj"]\n')
+    c.chown(outer, ws)
+    r = sh(
+        c,
+        ws,
+        f"""
+        cd {outer}/proj
+        echo '{{}}' > .mcp.json && echo 'touch /pwned' > .envrc && echo made=ok
+        echo code > main.c && echo code=ok
+    """,
+    )
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert r.returncode == 0, err
+    assert "made=ok" in out, out
+    for name in (".mcp.json", ".envrc"):
+        assert not (outer / "proj" / name).exists(), name
+        assert str(outer / "proj" / name) in err, err
+    # the twin
+    assert "code=ok" in out and (outer / "proj" / "main.c").read_text() == "code\n"
+
+
 def test_fifos_where_git_keeps_files_do_not_hold_corral(tsandbox: tuple[Corral, Path]) -> None:
     """FIFOs made where git keeps files (a .git, a config) would hold corral's read
     for ever, after this run and at the launch of every later one.  Twin: the

@@ -1045,3 +1045,23 @@ def test_a_home_link_to_the_workspace_itself_is_a_note(lay: Layout) -> None:
     assert any(f"{lay.home}/.config/nvim leads to {lay.ws}" in n for n in plan.notes)
     assert any(f"{lay.home}/.code leads to {lay.root}" in n for n in plan.notes)
     assert Mount("bind", str(lay.ws), str(lay.ws)) in plan.mounts
+
+
+def test_a_writable_root_inside_another_gets_the_tops_protections(lay: Layout) -> None:
+    """``writable = [P, P/proj]``: the walk visits ``P/proj`` once, from ``P``, but
+    its top is a root's top all the same: ``.mcp.json`` or ``.envrc`` made there are
+    quarantined as with ``writable = [P/proj]`` alone.  Twin: a directory of ``P``
+    that is no root gets no such names at its top."""
+    outer = lay.root / "P"
+    (outer / "proj").mkdir(parents=True)
+    (outer / "other").mkdir()
+    pol = policy_for(lay, [])
+    pol.filesystem.use_defaults = True
+    pol.filesystem.writable = [str(outer), str(outer / "proj")]
+    plan = plan_filesystem(pol)
+    for name in (".mcp.json", ".envrc", "corral.toml"):
+        assert str(outer / "proj" / name) in plan.quarantine, name
+        assert str(outer / name) in plan.quarantine, name
+        assert str(outer / "other" / name) not in plan.quarantine, name
+    assert plan.repositories is not None
+    assert plan.repositories.roots == (str(lay.ws), str(outer))  # walked once
