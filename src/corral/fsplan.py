@@ -80,9 +80,20 @@ QUARANTINED_WHEN_NEW = frozenset({defaults.POLICY_FILENAME})
 # directories whose files tools load or run unasked where stow links files one by
 # one (git's ``~/.config/git/config``, ssh's ``~/.ssh/config`` with its
 # ProxyCommand, ``~/.local/bin`` on PATH and the rest of ``~/.local``: Python's
-# user site-packages).
+# user site-packages; systemd's user units, the desktop's autostart entries and
+# fish's startup files).  A missing one costs one failed scandir a run.
 HOME_LOADED_PLAIN = frozenset({"bin"})
-HOME_LINK_DIRS = (".config", ".config/git", ".ssh", ".local", ".local/bin")
+HOME_LINK_DIRS = (
+    ".config",
+    ".config/git",
+    ".ssh",
+    ".local",
+    ".local/bin",
+    ".config/systemd/user",
+    ".config/autostart",
+    ".config/fish",
+    ".config/fish/conf.d",
+)
 
 
 class Mount:

@@ -920,6 +920,10 @@ def test_home_loaded_names_are_dotfiles_bin_and_config_entries() -> None:
     # where stow links files one by one: git's and ssh's config, programs on PATH
     assert loaded(".config/git/config") and loaded(".ssh/config")
     assert loaded(".local/bin") and loaded(".local/bin/tool")
+    # and what the host runs unasked: user units, autostart entries, fish's startup
+    assert loaded(".config/systemd/user/my.service") and loaded(".config/autostart/a.desktop")
+    assert loaded(".config/fish/config.fish") and loaded(".config/fish/conf.d/x.fish")
+    assert not loaded(".config/systemd/other/x")
     # the twins: a project kept under ~ by a link, and what no tool loads unasked
     assert not loaded("src") and not loaded("notes") and not loaded(".cache/x")
     assert not loaded(".config/nvim/init.lua")  # (a linked ~/.config/nvim is caught whole)
