@@ -80,9 +80,20 @@ QUARANTINED_WHEN_NEW = frozenset({defaults.POLICY_FILENAME})
 # directories whose files tools load or run unasked where stow links files one by
 # one (git's ``~/.config/git/config``, ssh's ``~/.ssh/config`` with its
 # ProxyCommand, ``~/.local/bin`` on PATH and the rest of ``~/.local``: Python's
-# user site-packages).
+# user site-packages; systemd's user units, the desktop's autostart entries and
+# fish's startup files).  A missing one costs one failed scandir a run.
 HOME_LOADED_PLAIN = frozenset({"bin"})
-HOME_LINK_DIRS = (".config", ".config/git", ".ssh", ".local", ".local/bin")
+HOME_LINK_DIRS = (
+    ".config",
+    ".config/git",
+    ".ssh",
+    ".local",
+    ".local/bin",
+    ".config/systemd/user",
+    ".config/autostart",
+    ".config/fish",
+    ".config/fish/conf.d",
+)
 
 
 class Mount:
@@ -776,19 +787,64 @@ def git_config(text: str) -> Iterator[tuple[str, str, str]]:
         yield section, key.strip().lower(), value.split("#", 1)[0].strip().strip('"')
 
 
-def _core_settings(git_dir: str) -> dict[str, str]:
-    """The ``[core]`` keys of a git dir's config, lower-cased (enough for what we need)."""
-    text = read_small(os.path.join(git_dir, "config")) or ""
-    return {key: value for section, key, value in git_config(text) if section == "core"}
+GIT_INCLUDE_DEPTH = 10  # git's own limit on includes of includes
+OPTIONAL = ":(optional)"  # git's prefix for a path that may be missing
 
 
-def _hooks_path(git_dir: str) -> str | None:
+def include_targets(value: str, config: str, homes: Sequence[str]) -> list[str]:
+    """The files an ``include.path`` or ``includeIf.*.path`` value of the config
+    file ``config`` names, as git resolves it: a relative path against the config
+    file's directory (the path as named, not where a link leads), ``~/`` against
+    the home (each of ``homes``: git's is $HOME).  ``~user`` is left.  Pure."""
+    if value.startswith(OPTIONAL):
+        value = value[len(OPTIONAL) :]
+    if not value or (value.startswith("~") and value != "~" and not value.startswith("~/")):
+        return []
+    if value.startswith("~"):
+        return [os.path.normpath(h + value[1:]) for h in homes]
+    return [os.path.normpath(os.path.join(os.path.dirname(config), value))]
+
+
+def git_config_files(config: str, homes: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """A git config file and the files it includes, and those include, to git's
+    depth (missing ones too: a run could make them), each by its real path; and the
+    ``[core]`` keys of them all, lower-cased, a later setting winning (an include
+    counts where it stands).  Conditions (``includeIf``) are not weighed: every
+    file one could include is named."""
+    files: list[str] = []
+    core: dict[str, str] = {}
+
+    def read(path: str, depth: int) -> None:
+        files.append(path)
+        for section, key, value in git_config(read_small(path) or ""):
+            if section == "core":
+                core[key] = value
+            elif key == "path" and section in ("include", "includeif.*"):
+                if depth >= GIT_INCLUDE_DEPTH:
+                    continue
+                for target in include_targets(value, path, homes):
+                    parent, _, name = target.rpartition("/")
+                    real = f"{os.path.realpath(parent or '/').rstrip('/')}/{name}"
+                    if real not in files:
+                        read(real, depth + 1)
+
+    read(config, 0)
+    return files, core
+
+
+def _core_settings(git_dir: str, homes: Sequence[str] = ()) -> dict[str, str]:
+    """The ``[core]`` keys of a git dir's config and what it includes, lower-cased
+    (enough for what we need)."""
+    return git_config_files(os.path.join(git_dir, "config"), homes)[1]
+
+
+def _hooks_path(git_dir: str, homes: Sequence[str] = ()) -> str | None:
     """A repository can move its hooks (core.hooksPath); those must be protected too.
 
     A relative hooksPath is relative to the working tree: the directory holding
     ``.git``, or for a submodule's git dir under .git/modules, its core.worktree.
     """
-    core = _core_settings(git_dir)
+    core = _core_settings(git_dir, homes)
     value = core.get("hookspath")
     if not value:
         return None
@@ -1123,8 +1179,10 @@ class _Planner:
         names = protected_names(self.policy.filesystem.use_defaults)
         # the top of every other writable root is a workspace root too (its walk
         # lists protected names below the top only): those names at it, read-only,
-        # or quarantined if the run makes them
-        for root in scan.roots[1:]:
+        # or quarantined if the run makes them; a root inside another one too
+        # (walked once, by the outer root's walk, whose listing of it is not a top)
+        ws = self.plan.writable[0]
+        for root in [r for r in dict.fromkeys(self.plan.writable[1:]) if r != ws]:
             for name in names:
                 self.add_write_deny(os.path.join(root, name), "write-deny")
         for path in scan.protected:
@@ -1133,6 +1191,11 @@ class _Planner:
                 self.add_write_deny(path, "write-deny: a policy file")
             elif name in names:
                 self.add_write_deny(path, "write-deny: what a tool started there runs")
+        # what the real home's git config includes (``[include] path`` into a
+        # dotfiles repository as workspace)
+        for home in self.homes:
+            for name in (".gitconfig", ".config/git/config"):
+                self._protect_includes(f"{home}/{name}")
         # what the real home's dotfiles lead to (a dotfiles repository as workspace)
         protect, notes = home_link_decision(self.home_links(), self.plan.writable)
         for link, target in protect:
@@ -1163,13 +1226,22 @@ class _Planner:
         for name in defaults.GITDIR_WRITE_DENY:
             path = os.path.join(git_dir, name.rstrip("/"))
             self.add_write_deny(path, "git hooks/config run code outside the sandbox")
-        hooks = _hooks_path(git_dir)
+        hooks = _hooks_path(git_dir, self.homes)
         if hooks:
             self.add_write_deny(hooks, "core.hooksPath")
+        for name in ("config", "config.worktree"):
+            self._protect_includes(os.path.join(git_dir, name))
         for name in defaults.GITDIR_WRITE_DENY:
             path = os.path.join(git_dir, name)
             if not name.endswith("/") and path in self.ro_binds:
                 self.plan.lock_watch.setdefault(git_dir, {})[name + ".lock"] = path
+
+    def _protect_includes(self, config: str) -> None:
+        """What a git config file includes (``include.path``, ``includeIf.*.path``,
+        nested) is git config too: write-deny where writable (a missing one
+        quarantined if the run makes it)."""
+        for path in git_config_files(config, self.homes)[0][1:]:
+            self.add_write_deny(path, f"write-deny: git config included by {config}")
 
     def add_write_deny(self, path: str, why: str) -> None:
         kind = _lkind(path)

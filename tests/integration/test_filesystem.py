@@ -367,6 +367,118 @@ def test_what_the_real_homes_dotfile_links_lead_to_is_write_deny(
     assert (other / "vimrc").read_text() == "set nu\n"
 
 
+def _host_git_status(repo: Path, home: Path) -> None:
+    """The host's real git in ``repo`` (HOME: ``home``), as the user runs it later."""
+    done = subprocess.run(
+        ["git", "-c", "safe.directory=*", "-C", str(repo), "status", "--short"],
+        capture_output=True,
+        env={**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")},
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_git_config_a_repository_includes_is_write_deny(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """The finding: ``.git/config`` includes ``../.gitconfig`` (the usual way to share
+    a repository's config), an ordinary file of the work tree; the run set
+    ``core.fsmonitor`` there and the host's next ``git status`` ran it.  Now it
+    cannot be changed (mount tiers: the write fails; landlock: put back after the
+    run and reported), nor can the file it includes in turn, and one it names but
+    which is missing is quarantined; the host's git then runs nothing.  Twin: a
+    file beside them is written."""
+    c, ws = tsandbox
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    with open(ws / ".git" / "config", "a") as config:  # git config include.path ../.gitconfig
+        config.write("[include]\n\tpath = ../.gitconfig\n")
+    shared = "[include]\n\tpath = team.cfg\n\tpath = local.cfg\n"
+    (ws / ".gitconfig").write_text(shared)
+    (ws / "team.cfg").write_text("[alias]\n\tst = status\n")
+    c.chown(ws)
+    r = sh(
+        c,
+        ws,
+        f"""
+        printf '[core]\\n\\tfsmonitor = "touch {ws}/fsmonitor-ran; false"\\n' > fsm
+        cat fsm >> .gitconfig 2>/dev/null && echo gitconfig=WROTE || echo gitconfig=denied
+        cat fsm >> team.cfg 2>/dev/null && echo team=WROTE || echo team=denied
+        cat fsm > local.cfg && echo local=made
+        echo more > notes.txt && echo sibling=ok
+    """,
+    )
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert r.returncode == 0, err
+    if c.has("mounts"):
+        assert "gitconfig=denied" in out and "team=denied" in out, out
+    else:  # written during the run, put back after it and reported
+        for name in (".gitconfig", "team.cfg"):
+            assert f"{ws / name} (write-deny) was changed" in err, err
+    assert (ws / ".gitconfig").read_text() == shared
+    assert (ws / "team.cfg").read_text() == "[alias]\n\tst = status\n"
+    assert "local=made" in out and not (ws / "local.cfg").exists(), out
+    assert str(ws / "local.cfg") in err, err
+    _host_git_status(ws, c.home)
+    assert not (ws / "fsmonitor-ran").exists()
+    # the twin
+    assert "sibling=ok" in out and (ws / "notes.txt").read_text() == "more\n"
+
+
+def test_what_the_real_homes_git_config_includes_is_write_deny(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """The finding: a dotfiles workspace whose file the real ``~/.gitconfig`` names
+    in ``[include] path`` (and ``~/.config/git/config`` in ``includeIf``), not a
+    link; and a systemd user unit linked into it (``systemctl --user link``): the
+    run set ``core.fsmonitor`` and an ``ExecStartPost`` there, which the host ran
+    later.  Now they cannot be changed (landlock: put back and reported), and the
+    host's ``git status`` in another repository runs nothing.  Twin: the file
+    beside them is written."""
+    c, ws = tsandbox
+    common = "[user]\n\tname = me\n"
+    unit = "[Service]\nExecStart=/bin/true\n"
+    (ws / "gitconfig-common").write_text(common)
+    (ws / "gitconfig-xdg").write_text(common)
+    (ws / "my.service").write_text(unit)
+    (ws / "README").write_text("mine\n")
+    (c.home / ".gitconfig").write_text(f"[include]\n\tpath = {ws}/gitconfig-common\n")
+    (c.home / ".config" / "git").mkdir(parents=True)
+    (c.home / ".config" / "git" / "config").write_text(
+        f'[includeIf "gitdir:/"]\n\tpath = {ws}/gitconfig-xdg\n'
+    )
+    (c.home / ".config" / "systemd" / "user").mkdir(parents=True)
+    (c.home / ".config" / "systemd" / "user" / "my.service").symlink_to(ws / "my.service")
+    c.chown(ws)
+    c.chown(c.home)
+    r = sh(
+        c,
+        ws,
+        f"""
+        printf '[core]\\n\\tfsmonitor = "touch {ws}/fsmonitor-ran; false"\\n' > fsm
+        cat fsm >> gitconfig-common 2>/dev/null && echo common=WROTE || echo common=denied
+        cat fsm >> gitconfig-xdg 2>/dev/null && echo xdg=WROTE || echo xdg=denied
+        echo 'ExecStartPost=/bin/sh -c "touch /pwned"' >> my.service 2>/dev/null \\
+            && echo unit=WROTE || echo unit=denied
+        echo more >> README && echo sibling=ok
+    """,
+    )
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert r.returncode == 0, err
+    if c.has("mounts"):
+        assert "WROTE" not in out and out.count("=denied") == 3, out
+    else:  # written during the run, put back after it and reported
+        for name in ("gitconfig-common", "gitconfig-xdg", "my.service"):
+            assert f"{ws / name} (write-deny) was changed" in err, err
+    assert (ws / "gitconfig-common").read_text() == common
+    assert (ws / "gitconfig-xdg").read_text() == common
+    assert (ws / "my.service").read_text() == unit
+    repo = c.base / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    _host_git_status(repo, c.home)
+    assert not (ws / "fsmonitor-ran").exists()
+    # the twin
+    assert "sibling=ok" in out and (ws / "README").read_text() == "mine\nmore\n"
+
+
 def test_missing_write_deny_path_is_quarantined(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     r = c.sh(ws, "mkdir .vscode && echo '{}' > .vscode/tasks.json && mkdir src && echo x > src/a")
@@ -547,6 +659,38 @@ def test_a_writable_paths_repository_is_protected_as_the_workspaces(
     assert "extra=ok" in out and "ws=ok" in out, out
     assert (extra / "notes.txt").read_text() == "notes\n"
     assert (ws / "notes.txt").read_text() == "notes\n"
+
+
+def test_a_writable_root_inside_another_is_protected_at_its_top(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """``writable = [P, P/proj]``: the finding was that ``P/proj``, walked from
+    ``P``, lost the protections of a root's top, though ``writable = [P/proj]``
+    alone had them: the ``.mcp.json`` and ``.envrc`` the run made there stayed.
+    Now they are quarantined and reported.  Twin: an ordinary file beside them is
+    written."""
+    c, ws = tsandbox
+    outer = c.base / "P"
+    (outer / "proj").mkdir(parents=True)
+    (ws / "corral.toml").write_text(f'[filesystem]\nwritable = ["{outer}", "{outer}/proj"]\n')
+    c.chown(outer, ws)
+    r = sh(
+        c,
+        ws,
+        f"""
+        cd {outer}/proj
+        echo '{{}}' > .mcp.json && echo 'touch /pwned' > .envrc && echo made=ok
+        echo code > main.c && echo code=ok
+    """,
+    )
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert r.returncode == 0, err
+    assert "made=ok" in out, out
+    for name in (".mcp.json", ".envrc"):
+        assert not (outer / "proj" / name).exists(), name
+        assert str(outer / "proj" / name) in err, err
+    # the twin
+    assert "code=ok" in out and (outer / "proj" / "main.c").read_text() == "code\n"
 
 
 def test_fifos_where_git_keeps_files_do_not_hold_corral(tsandbox: tuple[Corral, Path]) -> None:

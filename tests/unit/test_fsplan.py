@@ -920,6 +920,10 @@ def test_home_loaded_names_are_dotfiles_bin_and_config_entries() -> None:
     # where stow links files one by one: git's and ssh's config, programs on PATH
     assert loaded(".config/git/config") and loaded(".ssh/config")
     assert loaded(".local/bin") and loaded(".local/bin/tool")
+    # and what the host runs unasked: user units, autostart entries, fish's startup
+    assert loaded(".config/systemd/user/my.service") and loaded(".config/autostart/a.desktop")
+    assert loaded(".config/fish/config.fish") and loaded(".config/fish/conf.d/x.fish")
+    assert not loaded(".config/systemd/other/x")
     # the twins: a project kept under ~ by a link, and what no tool loads unasked
     assert not loaded("src") and not loaded("notes") and not loaded(".cache/x")
     assert not loaded(".config/nvim/init.lua")  # (a linked ~/.config/nvim is caught whole)
@@ -1045,3 +1049,95 @@ def test_a_home_link_to_the_workspace_itself_is_a_note(lay: Layout) -> None:
     assert any(f"{lay.home}/.config/nvim leads to {lay.ws}" in n for n in plan.notes)
     assert any(f"{lay.home}/.code leads to {lay.root}" in n for n in plan.notes)
     assert Mount("bind", str(lay.ws), str(lay.ws)) in plan.mounts
+
+
+def test_a_writable_root_inside_another_gets_the_tops_protections(lay: Layout) -> None:
+    """``writable = [P, P/proj]``: the walk visits ``P/proj`` once, from ``P``, but
+    its top is a root's top all the same: ``.mcp.json`` or ``.envrc`` made there are
+    quarantined as with ``writable = [P/proj]`` alone.  Twin: a directory of ``P``
+    that is no root gets no such names at its top."""
+    outer = lay.root / "P"
+    (outer / "proj").mkdir(parents=True)
+    (outer / "other").mkdir()
+    pol = policy_for(lay, [])
+    pol.filesystem.use_defaults = True
+    pol.filesystem.writable = [str(outer), str(outer / "proj")]
+    plan = plan_filesystem(pol)
+    for name in (".mcp.json", ".envrc", "corral.toml"):
+        assert str(outer / "proj" / name) in plan.quarantine, name
+        assert str(outer / name) in plan.quarantine, name
+        assert str(outer / "other" / name) not in plan.quarantine, name
+    assert plan.repositories is not None
+    assert plan.repositories.roots == (str(lay.ws), str(outer))  # walked once
+
+
+def test_include_targets_resolve_as_git_does() -> None:
+    targets = fsplan.include_targets
+    assert targets("../.gitconfig", "/ws/.git/config", ["/h"]) == ["/ws/.gitconfig"]
+    assert targets("/abs/x", "/ws/.git/config", ["/h"]) == ["/abs/x"]
+    assert targets("~/inc", "/ws/.git/config", ["/h", "/h2"]) == ["/h/inc", "/h2/inc"]
+    assert targets(":(optional)local", "/h/.gitconfig", ["/h"]) == ["/h/local"]
+    # the twins: another user's home and no value name nothing
+    assert targets("~bob/x", "/ws/.git/config", ["/h"]) == []
+    assert targets("", "/ws/.git/config", ["/h"]) == []
+
+
+def test_git_config_files_follow_includes_of_includes(tmp_path: Path) -> None:
+    """Includes and conditional includes, nested, missing ones named too, a loop
+    read once, git's depth kept; the core keys of every file, a later one winning.
+    Twin: a ``path`` key of another section includes nothing."""
+    root = os.path.realpath(tmp_path)
+    (tmp_path / "a").write_text(
+        '[include]\n\tpath = b\n[includeIf "gitdir:~/w/"]\n\tpath = sub/c\n'
+        "[core]\n\thooksPath = mine\n[alias]\n\tpath = not-a-file\n"
+    )
+    (tmp_path / "b").write_text("[include]\n\tpath = a\n[core]\n\thooksPath = b-hooks\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c").write_text("[include]\n\tpath = ../missing\n")
+    files, core = fsplan.git_config_files(f"{root}/a", [])
+    assert files == [f"{root}/{n}" for n in ("a", "b", "sub/c", "missing")]
+    assert core == {"hookspath": "mine"}
+    for n in range(12):
+        (tmp_path / f"d{n}").write_text(f"[include]\npath = d{n + 1}\n")
+    files, _ = fsplan.git_config_files(f"{root}/d0", [])
+    assert len(files) == fsplan.GIT_INCLUDE_DEPTH + 1
+
+
+def test_a_repositorys_included_config_is_write_deny(lay: Layout) -> None:
+    """``.git/config`` includes ``../.gitconfig`` (a file of the work tree), which
+    includes ``~/shared`` and ``team.cfg`` (missing): the workspace's ones are
+    write-deny, the missing one quarantined, the home's left (read-only already);
+    a hooksPath the included file sets is protected too.  Twin: the file beside
+    them stays writable."""
+    git = _repo(lay.ws)
+    (git / "config").write_text("[core]\n\tbare = false\n[include]\n\tpath = ../.gitconfig\n")
+    (lay.ws / ".gitconfig").write_text(
+        "[include]\n\tpath = ~/shared\n\tpath = team.cfg\n[core]\n\thooksPath = .githooks\n"
+    )
+    (lay.ws / ".githooks").mkdir()
+    (lay.home / "shared").write_text("")
+    (lay.ws / "README").write_text("")
+    plan = plan_filesystem(policy_for(lay, []))
+    ro = set(dests(plan, "ro-bind"))
+    assert str(lay.ws / ".gitconfig") in ro and str(lay.ws / ".githooks") in ro
+    assert str(lay.ws / "team.cfg") in plan.quarantine
+    assert str(lay.home / "shared") not in ro
+    assert str(lay.ws / "README") not in ro  # the twin
+
+
+def test_the_homes_git_config_includes_into_the_workspace_are_write_deny(lay: Layout) -> None:
+    """``~/.gitconfig`` and ``~/.config/git/config`` include files of a dotfiles
+    workspace: those are write-deny for the run.  Twin: a workspace file no home
+    config names stays writable."""
+    (lay.ws / "common").write_text("")
+    (lay.ws / "xdg").write_text("")
+    (lay.ws / "other").write_text("")
+    (lay.home / ".gitconfig").write_text(f"[include]\n\tpath = {lay.ws}/common\n")
+    (lay.home / ".config" / "git").mkdir(parents=True)
+    (lay.home / ".config" / "git" / "config").write_text(
+        f'[includeIf "gitdir:/"]\n\tpath = {lay.ws}/xdg\n'
+    )
+    plan = plan_filesystem(policy_for(lay, []))
+    ro = set(dests(plan, "ro-bind"))
+    assert str(lay.ws / "common") in ro and str(lay.ws / "xdg") in ro
+    assert str(lay.ws / "other") not in ro  # the twin
