@@ -16,46 +16,135 @@ loads a policy file it found itself (never one named with ``--policy``), it
 refuses one that lies in a live run's writable place and was made or changed
 (its change time, which no process can set back) since that run started.
 
+A run that has ended is not done with either: what it wrote where the check
+after it does not look (past the walk's bounds, in a ``node_modules``, behind a
+link, or moved there later by another run) stays.  So a marker's removal (by
+corral, by the guardian, or a stale one when found) appends the run to a
+journal, ``live/ended.jsonl``: its id, pid, start, end (``time.time_ns()``, never
+before a change time the run made) and places; a found policy file changed
+within an ended run's [start, end] in its places is refused just as well,
+until the user, having reviewed it, touches it (its change time then after
+every ended run) or names it.  The journal keeps the last JOURNAL_KEEP runs of
+the last 30 days (rewritten when it passes JOURNAL_MAX bytes).
+
 Cost on the hot path: registering is an open, a lock, a write and an unlink;
-checking happens only when a policy file exists, and is one listing of a
-usually empty directory.
+ending one an append to the journal; checking happens only when a policy file
+exists, and is one listing of a usually near-empty directory and one read of
+the journal, whose lines are parsed only when the file's change time lies in
+their window.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import time
 
 from corral import runlog
 
 LIVE = "live"
+JOURNAL = "ended.jsonl"  # in the live directory: the runs that have ended
+JOURNAL_MAX = 1 << 20  # bytes, past which it is rewritten with
+JOURNAL_KEEP = 512  # the last runs
+JOURNAL_DAYS = 30  # that ended this recently
 _OPEN = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+_WINDOW = re.compile(rb'\{"start": (\d+), "end": (\d+), ')
 
 
 def live_dir() -> str:
     return os.path.join(runlog.state_dir(), LIVE)
 
 
+def journal_path() -> str:
+    return os.path.join(live_dir(), JOURNAL)
+
+
+def _ended(run_id: str, pid: int, start: int, places: list[str]) -> None:
+    """Journal a run that has just ended (its marker removed by the caller)."""
+    import json
+
+    end = time.time_ns()  # later than any change time the run made (the fs clock lags it)
+    line = json.dumps({"start": start, "end": end, "run": run_id, "pid": pid, "places": places})
+    _append((line + "\n").encode("utf-8", "surrogateescape"))
+
+
+def _append(line: bytes) -> None:
+    import fcntl
+
+    path = journal_path()
+    for _ in range(3):
+        try:
+            fd = os.open(path, _APPEND, 0o600)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except OSError:
+                continue
+            if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+                continue  # rewritten meanwhile: append to the new one
+            os.write(fd, line)
+            if held.st_size + len(line) > JOURNAL_MAX:
+                _trim(path)
+            return
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+
+
+def _trim(path: str) -> None:
+    """Rewrite the journal (its lock held) with its last recent lines."""
+    with open(path, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    oldest = time.time_ns() - JOURNAL_DAYS * 86400 * 10**9
+    kept = []
+    for line in lines[-JOURNAL_KEEP:]:
+        window = _WINDOW.match(line)
+        if window is not None and int(window[2]) >= oldest and line.endswith(b"\n"):
+            kept.append(line)
+    new = path + ".new"
+    try:
+        os.unlink(new)
+    except FileNotFoundError:
+        pass
+    fd = os.open(new, _OPEN, 0o600)
+    try:
+        os.write(fd, b"".join(kept))
+    finally:
+        os.close(fd)
+    os.replace(new, path)
+
+
 class Marker:
     """One live run's marker: its path, and the descriptor holding its lock."""
 
-    __slots__ = ("fd", "owner", "path", "start")
+    __slots__ = ("fd", "owner", "path", "places", "start")
 
-    def __init__(self, path: str, fd: int, start: int) -> None:
+    def __init__(self, path: str, fd: int, start: int, places: list[str]) -> None:
         self.path = path
         self.fd = fd
         self.start = start  # ns, the file system's clock (the marker's own change time)
+        self.places = places
         self.owner = os.getpid()
 
     def remove(self) -> None:
-        """The run is over (and its quarantine done): no longer live.  In the
-        guardian (a fork) the descriptor is the guardian's own copy, under
-        another number: its exit lets go of that one."""
+        """The run is over (and its quarantine done): no longer live, journaled
+        as ended (by whoever removes the marker: once).  In the guardian (a
+        fork) the descriptor is the guardian's own copy, under another number:
+        its exit lets go of that one."""
         if self.fd < 0:
             return
         try:
             os.unlink(self.path)
         except OSError:
             pass
+        else:
+            _ended(os.path.basename(self.path), self.owner, self.start, self.places)
         if os.getpid() == self.owner:
             os.close(self.fd)
         self.fd = -1
@@ -89,18 +178,22 @@ def register(run_id: str, places: list[str]) -> Marker | None:
         except OSError:
             pass
         return None
-    return Marker(path, fd, start)
+    return Marker(path, fd, start, places)
 
 
 class LiveRun:
-    """What a marker says."""
+    """What a marker says (``end`` None), or a line of the journal of ended runs."""
 
-    __slots__ = ("pid", "places", "start")
+    __slots__ = ("end", "pid", "places", "run_id", "start")
 
-    def __init__(self, pid: int, start: int, places: list[str]) -> None:
+    def __init__(
+        self, pid: int, start: int, places: list[str], run_id: str = "", end: int | None = None
+    ) -> None:
         self.pid = pid
         self.start = start
         self.places = places
+        self.run_id = run_id
+        self.end = end
 
 
 def live_runs() -> list[LiveRun]:
@@ -116,6 +209,8 @@ def live_runs() -> list[LiveRun]:
 
     found = []
     for name in names:
+        if name == JOURNAL or name == JOURNAL + ".new":
+            continue
         path = os.path.join(directory, name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -127,19 +222,64 @@ def live_runs() -> list[LiveRun]:
             except BlockingIOError:
                 data = os.read(fd, 1 << 20)
             else:  # no process holds it: its run and guardian were both killed
+                data = os.read(fd, 1 << 20)
                 try:
                     os.unlink(path)
                 except OSError:
-                    pass
+                    continue
+                run = _parse(data, name)
+                if run is not None:  # ended: as far as anyone can tell, now
+                    _ended(name, run.pid, run.start, run.places)
                 continue
         except OSError:
             continue
         finally:
             os.close(fd)
-        head, *places = data.decode("utf-8", "surrogateescape").split("\0")
-        pid, _, start = head.partition(" ")
-        if pid.isdigit() and start.isdigit():
-            found.append(LiveRun(int(pid), int(start), places))
+        run = _parse(data, name)
+        if run is not None:
+            found.append(run)
+    return found
+
+
+def _parse(data: bytes, name: str) -> LiveRun | None:
+    head, *places = data.decode("utf-8", "surrogateescape").split("\0")
+    pid, _, start = head.partition(" ")
+    if pid.isdigit() and start.isdigit():
+        return LiveRun(int(pid), int(start), places, name)
+    return None
+
+
+def ended_runs(changed: list[int]) -> list[LiveRun]:
+    """The journaled ended runs whose window holds one of the ``changed`` times
+    (only those lines are parsed)."""
+    try:
+        with open(journal_path(), "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    if not data or not changed:
+        return []
+    import json
+
+    # the times are 19 digits (2001 to 2286): compared as they are written, as bytes
+    lo, hi = b"%019d" % min(changed), b"%019d" % max(changed)
+    found = []
+    for line in data.split(b"\n"):
+        fixed = line[29:38] == b', "end": ' and line[57:59] == b", "
+        if fixed and (line[10:29] > hi or line[38:57] < lo):  # most lines: out cheaply
+            continue
+        window = _WINDOW.match(line)
+        if window is None:
+            continue
+        start, end = int(window[1]), int(window[2])
+        if not any(start <= c <= end for c in changed):
+            continue
+        try:
+            said = json.loads(line.decode("utf-8", "surrogateescape"))
+            run = LiveRun(int(said["pid"]), start, list(said["places"]), str(said["run"]), end)
+        except (ValueError, KeyError, TypeError):
+            continue
+        found.append(run)
     return found
 
 
@@ -147,31 +287,46 @@ def _inside(path: str, place: str) -> bool:
     return path == place or path.startswith(place.rstrip("/") + "/")
 
 
-def planted_by(path: str) -> LiveRun | None:
-    """The live run that could have written the policy file ``path`` (the file
-    itself, or what it leads to, made or changed in its writable places since it
-    started), or None."""
-    runs = live_runs()
-    if not runs:
-        return None
+def planted_by(path: str) -> tuple[LiveRun, str] | None:
+    """The run, live or ended, that could have written the policy file ``path``
+    (the file itself, or what it leads to, made or changed in its writable
+    places since it started, and before it ended), and which of the two it
+    wrote; or None."""
     seen = []
     try:
         seen.append((os.path.abspath(path), os.lstat(path).st_ctime_ns))
         seen.append((os.path.realpath(path), os.stat(path).st_ctime_ns))
     except OSError:
         pass
+    runs = live_runs()  # first: a stale marker found on the way is journaled
+    runs += ended_runs([changed for _, changed in seen])
     for run in runs:
         for where, changed in seen:
-            if changed >= run.start and any(_inside(where, p) for p in run.places if p):
-                return run
+            during = run.start <= changed and (run.end is None or changed <= run.end)
+            if during and any(_inside(where, p) for p in run.places if p):
+                return run, where
     return None
 
 
-def refusal(path: str, run: LiveRun) -> str:
-    """The one line that says why ``path`` is not loaded, and what to do."""
-    import time
+def refusal(path: str, run: LiveRun, where: str = "") -> str:
+    """The one line that says why ``path`` is not loaded, and what to do
+    (``where``: the file that run could have changed, the link or its target)."""
+
+    def clock(ns: int) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
 
     since = time.strftime("%H:%M:%S", time.localtime(run.start / 1e9))
+    if run.end is not None:
+        where = where or path
+        touch = f"touch -h {where}" if os.path.islink(where) else f"touch {where}"
+        which = "it" if where == os.path.abspath(path) else f"what it leads to ({where})"
+        return (
+            f"{path}: {which} was made or changed between {clock(run.start)} and "
+            f"{clock(run.end)}, where run {run.run_id} (corral pid {run.pid}), since "
+            "ended, could write: that run may have written it, so it is not loaded; "
+            f"if it is yours, review it, then `{touch}` (its change time is then after "
+            "that run) or name it (--policy FILE, or Sandbox(policy=FILE))"
+        )
     return (
         f"{path} was made or changed after {since}, where the run in progress since "
         f"then (corral pid {run.pid}) can write: that run may have written it, so it "

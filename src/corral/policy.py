@@ -788,12 +788,12 @@ def find_policy_file(workspace: str) -> str | None:
 
 def check_found(path: str) -> None:
     """A policy file corral found itself (not one named): PolicyError if a run in
-    progress could have written it (corral.liveruns)."""
+    progress, or one that has ended, could have written it (corral.liveruns)."""
     from corral import liveruns
 
-    run = liveruns.planted_by(path)
-    if run is not None:
-        raise PolicyError(liveruns.refusal(path, run))
+    planted = liveruns.planted_by(path)
+    if planted is not None:
+        raise PolicyError(liveruns.refusal(path, *planted))
 
 
 def unchecked_place(path: str) -> str | None:

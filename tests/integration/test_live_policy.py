@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from conftest import Corral, wait_for
@@ -53,6 +54,7 @@ def test_a_policy_file_a_live_run_wrote_is_refused(sandbox: tuple[Corral, Path])
         _end(proc)
     assert not (ws / "corral.toml").exists()  # the run's end quarantined it
     # the same file made by the user once the run is over loads as usual
+    time.sleep(0.02)  # past the run's end on the file system's clock
     (ws / "corral.toml").write_text(POLICY)
     c.chown(ws / "corral.toml")
     shown = _explain(c, ws)
@@ -74,6 +76,28 @@ def test_a_policy_file_from_before_a_live_run_loads(sandbox: tuple[Corral, Path]
         _end(proc)
 
 
+def test_a_policy_file_an_ended_run_left_where_its_check_did_not_look_is_refused(
+    sandbox: tuple[Corral, Path],
+) -> None:
+    """The check after a run never enters node_modules (nor goes past its bounds):
+    the run's corral.toml there stays, and is refused by a later run (the journal
+    of ended runs); one the user writes there afterwards loads."""
+    c, ws = sandbox
+    made = c.sh(ws, f"mkdir -p node_modules/p node_modules/q && cd node_modules/p && {PLANT}")
+    assert made.returncode == 0, made
+    planted = os.path.realpath(ws / "node_modules/p/corral.toml")
+    assert os.path.exists(planted)  # not quarantined
+    out = c.sh(ws / "node_modules/p", "echo ran")
+    assert out.returncode == 2 and out.stdout == b"", out
+    err = out.stderr.decode()
+    assert err.count("\n") == 1 and planted in err and f"`touch {planted}`" in err, err
+    time.sleep(0.02)  # past the run's end on the file system's clock
+    (ws / "node_modules/q/corral.toml").write_text(POLICY)
+    c.chown(ws / "node_modules/q/corral.toml")
+    out = c.sh(ws / "node_modules/q", "echo ran")
+    assert out.returncode == 0 and out.stdout == b"ran\n", out
+
+
 def test_a_policy_file_the_check_after_a_run_missed_is_said(
     sandbox: tuple[Corral, Path],
 ) -> None:
@@ -83,6 +107,9 @@ def test_a_policy_file_the_check_after_a_run_missed_is_said(
         ws, f"mkdir -p {deep} {skipped} && for d in {deep} {skipped}; do (cd $d && {PLANT}); done"
     )
     assert made.returncode == 0, made
+    time.sleep(0.02)
+    for where in (deep, skipped):
+        os.utime(ws / where / "corral.toml")  # reviewed and touched: not refused
     for where in (deep, skipped):
         out = c.sh(ws / where, "echo ran")
         assert out.returncode == 0 and out.stdout == b"ran\n", out

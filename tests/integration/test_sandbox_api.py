@@ -114,6 +114,7 @@ def test_a_policy_file_the_sandbox_writes_is_refused_while_it_lives(
         assert policy in str(refused.value) and f"pid {os.getpid()}" in str(refused.value)
         assert pol.load(str(ws), policy).source == policy  # named after review: loaded
     assert not (ws / "corral.toml").exists()  # quarantined as the sandbox closed
+    time.sleep(0.02)  # past the sandbox's end on the file system's clock
     (ws / "corral.toml").write_text("[filesystem]\ndefaults = false\n")
     assert pol.load(str(ws)).source == policy  # the user's, after: loaded
     with Sandbox(pol.load(str(ws)), **tier.api) as box:
@@ -370,6 +371,9 @@ def test_host_killed_leaves_nothing(home_ws: tuple[Path, Path], tier: TierCase) 
     import sys
 
     _, ws = home_ws
+    live = Path(os.environ["XDG_STATE_HOME"], "corral", "live")
+    ended = live / "ended.jsonl"
+    before = ended.read_text().count("\n") if ended.exists() else 0
     marker = f"36{uuid.uuid4().int % 1000:03d}"
     code = f"""
 import sys, time
@@ -399,8 +403,9 @@ time.sleep(60)
         host.wait()
         assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5)
     assert wait_for(lambda: not (ws / ".vscode").exists(), 5)  # quarantined by the guardian
-    live = Path(os.environ["XDG_STATE_HOME"], "corral", "live")
-    assert wait_for(lambda: not list(live.iterdir()), 5)  # no longer live: removed too
+    # no longer live: removed too, and journaled as ended (by the guardian)
+    assert wait_for(lambda: [p.name for p in live.iterdir()] == [ended.name], 5)
+    assert ended.read_text().count("\n") == before + 1
     from test_process import _corral_cgroups
 
     assert wait_for(lambda: not _corral_cgroups(), 5)

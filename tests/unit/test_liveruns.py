@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,8 +45,13 @@ def test_a_policy_file_made_during_a_live_run_is_refused(ws: Path) -> None:
         assert named.source == str(ws / "corral.toml")
     finally:
         marker.remove()
-    assert pol.load(str(ws)).source == str(ws / "corral.toml")  # the run is over
-    assert os.listdir(liveruns.live_dir()) == []
+    assert os.listdir(liveruns.live_dir()) == [liveruns.JOURNAL]  # no longer live: ended
+    with pytest.raises(PolicyError) as refused:  # the run is over, what it may have written stays
+        pol.load(str(ws))
+    assert "run-1" in str(refused.value) and f"touch {ws / 'corral.toml'}" in str(refused.value)
+    _tick()
+    os.utime(ws / "corral.toml")  # touched by the user, after review
+    assert pol.load(str(ws)).source == str(ws / "corral.toml")
 
 
 def test_a_policy_file_from_before_or_elsewhere_loads(ws: Path, tmp_path: Path) -> None:
@@ -91,8 +97,13 @@ def test_a_marker_no_process_holds_is_stale(ws: Path) -> None:
     assert os.listdir(liveruns.live_dir()) == ["run-4"]
     _tick()
     (ws / "corral.toml").write_text(POLICY)
+    with pytest.raises(PolicyError) as refused:  # ended when found: journaled then
+        pol.load(str(ws))
+    assert "run-4" in str(refused.value) and "since ended" in str(refused.value)
+    assert os.listdir(liveruns.live_dir()) == [liveruns.JOURNAL]
+    _tick()
+    os.utime(ws / "corral.toml")
     assert pol.load(str(ws)).source == str(ws / "corral.toml")
-    assert os.listdir(liveruns.live_dir()) == []
 
 
 def test_the_lock_lives_in_a_forked_holder(ws: Path) -> None:
@@ -113,6 +124,105 @@ def test_the_lock_lives_in_a_forked_holder(ws: Path) -> None:
         os.close(w)
         os.waitpid(pid, 0)
     assert liveruns.live_runs() == []
+
+
+def _ended_run(run_id: str, places: list[Path], during: Callable[[], object]) -> None:
+    """A run over ``places`` that does ``during`` and ends (its marker removed)."""
+    _tick()
+    marker = liveruns.register(run_id, [str(p) for p in places])
+    assert marker is not None
+    _tick()
+    during()
+    _tick()
+    marker.remove()
+    _tick()
+
+
+def test_a_policy_file_changed_while_an_ended_run_could_write_there_is_refused(
+    ws: Path, tmp_path: Path
+) -> None:
+    """Refused after the run ended (the check after it may have missed it), until
+    the user touches or names it; one changed before it started, after it ended
+    or outside its places loads."""
+    other = Path(os.path.realpath(tmp_path)) / "other"
+    for d in (ws / "before", ws / "during", ws / "after", other):
+        d.mkdir()
+    (ws / "before" / "corral.toml").write_text(POLICY)
+
+    def plant() -> None:
+        (ws / "during" / "corral.toml").write_text(POLICY)
+        (other / "corral.toml").write_text(POLICY)
+
+    _ended_run("run-6", [ws], plant)
+    (ws / "after" / "corral.toml").write_text(POLICY)
+    planted = ws / "during" / "corral.toml"
+    with pytest.raises(PolicyError) as refused:
+        pol.load(str(ws / "during"))
+    said = str(refused.value)
+    assert said.startswith(f"{planted}: it was made or changed between ") and "\n" not in said
+    assert "run run-6" in said and f"pid {os.getpid()}" in said
+    assert f"`touch {planted}`" in said and "--policy FILE" in said
+    assert pol.load(str(ws / "during"), str(planted)).source == str(planted)  # named
+    for d in (ws / "before", ws / "after", other):
+        assert pol.load(str(d)).source == str(d / "corral.toml")
+    os.utime(planted)  # reviewed and touched: after every ended run
+    assert pol.load(str(ws / "during")).source == str(planted)
+
+
+def test_a_policy_link_whose_target_an_ended_run_changed_is_refused(
+    ws: Path, tmp_path: Path
+) -> None:
+    """app/corral.toml -> ../shared/sandbox.toml, rewritten by a run in shared/."""
+    (ws / "app").mkdir()
+    (ws / "shared").mkdir()
+    target = ws / "shared" / "sandbox.toml"
+    target.write_text(POLICY)
+    (ws / "app" / "corral.toml").symlink_to("../shared/sandbox.toml")
+    _ended_run("run-7", [ws / "shared"], lambda: target.write_text(POLICY))
+    with pytest.raises(PolicyError) as refused:
+        pol.load(str(ws / "app"))
+    assert f"what it leads to ({target})" in str(refused.value)
+    assert f"`touch {target}`" in str(refused.value)
+    os.utime(target)
+    assert pol.load(str(ws / "app")).source == str(target)
+
+
+def test_a_policy_file_an_ended_run_left_moved_in_by_a_live_one_is_refused(ws: Path) -> None:
+    """A rename keeps the file's change time (from the ended run's window)."""
+    projects = ws / "projects"
+    (projects / "node_modules" / "p").mkdir(parents=True)
+
+    def plant() -> None:
+        (projects / "node_modules" / "p" / "corral.toml").write_text(POLICY)
+
+    _ended_run("run-8", [projects], plant)
+    marker = liveruns.register("run-9", [str(projects)])
+    assert marker is not None
+    try:
+        os.rename(projects / "node_modules" / "p", projects / "foo")
+        with pytest.raises(PolicyError) as refused:
+            pol.load(str(projects / "foo"))
+        assert "run run-8" in str(refused.value)
+    finally:
+        marker.remove()
+
+
+def test_the_journal_stays_small(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(liveruns, "JOURNAL_MAX", 4096)
+    monkeypatch.setattr(liveruns, "JOURNAL_KEEP", 8)
+    os.makedirs(liveruns.live_dir())
+    old = time.time_ns() - 31 * 86400 * 10**9
+    line = f'{{"start": {old}, "end": {old}, "run": "old", "pid": 1, "places": ["/"]}}\n'
+    with open(liveruns.journal_path(), "a") as f:
+        f.write(line * 40)
+    for n in range(20):
+        marker = liveruns.register(f"run-{n}", [str(ws / ("x" * 100))])
+        assert marker is not None
+        marker.remove()
+    lines = Path(liveruns.journal_path()).read_text().splitlines()
+    assert 0 < len(lines) <= 8 + 4096 // len(lines[-1]) and '"run": "run-19"' in lines[-1]
+    assert not any('"run": "old"' in x for x in lines)
+    assert os.stat(liveruns.journal_path()).st_mode & 0o777 == 0o600
 
 
 def test_policy_files_where_the_check_after_a_run_does_not_look(
