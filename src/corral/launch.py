@@ -430,6 +430,7 @@ class Aftercare:
 
             home.remove(self.plan.home.path)
         if self.marker is not None:  # last: what it made is quarantined now
+            self.marker.keep(list(self.plan.restore))
             self.marker.remove()
         return said
 

@@ -40,7 +40,7 @@ import os
 import re
 import time
 
-from corral import runlog
+from corral import defaults, runlog
 
 LIVE = "live"
 JOURNAL = "ended.jsonl"  # in the live directory: the runs that have ended
@@ -60,12 +60,20 @@ def journal_path() -> str:
     return os.path.join(live_dir(), JOURNAL)
 
 
-def _ended(run_id: str, pid: int, start: int, places: list[str]) -> None:
-    """Journal a run that has just ended (its marker removed by the caller)."""
+def _ended(
+    run_id: str, pid: int, start: int, places: list[str], kept: dict[str, int] | None = None
+) -> None:
+    """Journal a run that has just ended (its marker removed by the caller);
+    ``kept``: the policy files corral itself put back after it (real path: change
+    time then), which are the user's, whatever their change time says."""
     import json
 
     end = time.time_ns()  # later than any change time the run made (the fs clock lags it)
-    line = json.dumps({"start": start, "end": end, "run": run_id, "pid": pid, "places": places})
+    said: dict[str, object] = {"start": start, "end": end, "run": run_id, "pid": pid}
+    said["places"] = places
+    if kept:
+        said["kept"] = kept
+    line = json.dumps(said)
     _append((line + "\n").encode("utf-8", "surrogateescape"))
 
 
@@ -123,7 +131,7 @@ def _trim(path: str) -> None:
 class Marker:
     """One live run's marker: its path, and the descriptor holding its lock."""
 
-    __slots__ = ("fd", "owner", "path", "places", "start")
+    __slots__ = ("fd", "kept", "owner", "path", "places", "start")
 
     def __init__(self, path: str, fd: int, start: int, places: list[str]) -> None:
         self.path = path
@@ -131,6 +139,18 @@ class Marker:
         self.start = start  # ns, the file system's clock (the marker's own change time)
         self.places = places
         self.owner = os.getpid()
+        self.kept: dict[str, int] = {}  # see keep()
+
+    def keep(self, restored: list[str]) -> None:
+        """Of the paths corral put back after the run (landlock's write-deny paths:
+        their content as at launch), the policy files, with their change times now:
+        the restore changed them, within the run's window, and they are the user's."""
+        for path in restored:
+            if os.path.basename(path) == defaults.POLICY_FILENAME:
+                try:
+                    self.kept[os.path.realpath(path)] = os.stat(path).st_ctime_ns
+                except OSError:
+                    pass
 
     def remove(self) -> None:
         """The run is over (and its quarantine done): no longer live, journaled
@@ -144,7 +164,7 @@ class Marker:
         except OSError:
             pass
         else:
-            _ended(os.path.basename(self.path), self.owner, self.start, self.places)
+            _ended(os.path.basename(self.path), self.owner, self.start, self.places, self.kept)
         if os.getpid() == self.owner:
             os.close(self.fd)
         self.fd = -1
@@ -184,7 +204,7 @@ def register(run_id: str, places: list[str]) -> Marker | None:
 class LiveRun:
     """What a marker says (``end`` None), or a line of the journal of ended runs."""
 
-    __slots__ = ("end", "pid", "places", "run_id", "start")
+    __slots__ = ("end", "kept", "pid", "places", "run_id", "start")
 
     def __init__(
         self, pid: int, start: int, places: list[str], run_id: str = "", end: int | None = None
@@ -194,6 +214,7 @@ class LiveRun:
         self.places = places
         self.run_id = run_id
         self.end = end
+        self.kept: dict[str, int] = {}  # policy files corral put back (Marker.keep)
 
 
 def live_runs() -> list[LiveRun]:
@@ -277,6 +298,7 @@ def ended_runs(changed: list[int]) -> list[LiveRun]:
         try:
             said = json.loads(line.decode("utf-8", "surrogateescape"))
             run = LiveRun(int(said["pid"]), start, list(said["places"]), str(said["run"]), end)
+            run.kept = {str(k): int(v) for k, v in dict(said.get("kept", {})).items()}
         except (ValueError, KeyError, TypeError):
             continue
         found.append(run)
@@ -303,6 +325,8 @@ def planted_by(path: str) -> tuple[LiveRun, str] | None:
     for run in runs:
         for where, changed in seen:
             during = run.start <= changed and (run.end is None or changed <= run.end)
+            if run.kept.get(os.path.realpath(where)) == changed:
+                continue  # as corral put it back after that run: the user's
             if during and any(_inside(where, p) for p in run.places if p):
                 return run, where
     return None

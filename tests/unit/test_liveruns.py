@@ -265,3 +265,28 @@ def test_the_warning_is_one_line_on_stderr(
     assert err.startswith("corral: warning: policy file ") and err.count("\n") == 1
     pol.load(str(sub), str(sub / "corral.toml"))  # named: nothing said
     assert capsys.readouterr().err == ""
+
+
+def test_a_policy_file_corral_put_back_after_the_run_is_the_users(ws: Path) -> None:
+    """On landlock a run may change a write-protected policy file; corral puts its
+    content back after the run, within the run's window, so its change time said
+    "written during the run" and the user's own file was refused from then on
+    (seen in the tests).  One that corral restored, unchanged since, loads; the
+    twin: changed again after the restore (as only the host can), it is judged
+    by its change time as any."""
+    (ws / "corral.toml").write_text(POLICY)
+    marker = liveruns.register("run-2", [str(ws)])
+    assert marker is not None
+    _tick()
+    (ws / "corral.toml").write_text(POLICY)  # the restore, after the run's command ended
+    marker.keep([str(ws / "corral.toml"), str(ws / ".git" / "config")])
+    marker.remove()
+    assert pol.load(str(ws)).source == str(ws / "corral.toml")
+    other = liveruns.register("run-3", [str(ws)])
+    assert other is not None
+    _tick()
+    (ws / "corral.toml").write_text(POLICY)  # during run-3, not put back by corral
+    other.remove()
+    with pytest.raises(PolicyError) as refused:
+        pol.load(str(ws))
+    assert "run-3" in str(refused.value)
