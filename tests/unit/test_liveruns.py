@@ -220,7 +220,7 @@ def test_the_journal_stays_small(ws: Path, monkeypatch: pytest.MonkeyPatch) -> N
         assert marker is not None
         marker.remove()
     lines = Path(liveruns.journal_path()).read_text().splitlines()
-    assert 0 < len(lines) <= 8 + 4096 // len(lines[-1]) and '"run": "run-19"' in lines[-1]
+    assert 0 < len(lines) <= 8 + 4096 // len(lines[-1]) and '"run":"run-19"' in lines[-1]
     assert not any('"run": "old"' in x for x in lines)
     assert os.stat(liveruns.journal_path()).st_mode & 0o777 == 0o600
 
