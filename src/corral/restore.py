@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 MAX_BYTES = 16 * 1024 * 1024  # a hooks directory is kilobytes; refuse surprises
 MAX_ENTRIES = 5000
+# levels below a path: deeper is refused like too many entries (a run nested 1,200
+# directories in .git/hooks and the recursive walk's RecursionError ended the
+# undo before anything was put back: found by attacking corral)
+MAX_DEPTH = 64
 
 # relative path -> (kind, mode, content or link, mtime_ns, atime_ns, (dev, inode,
 # links)); a change is anything but the access time, which reading alone moves
@@ -57,18 +61,20 @@ def _walk(path: str) -> Tree | None:
     tree: Tree = {}
     total = 0
 
-    def visit(full: str, rel: str) -> None:
+    def visit(full: str, rel: str, depth: int = 0) -> None:
         nonlocal total
         st = os.lstat(full)
         if len(tree) >= MAX_ENTRIES:
             raise TooLarge(f"{path} has more than {MAX_ENTRIES} entries")
+        if depth > MAX_DEPTH:
+            raise TooLarge(f"{path} is more than {MAX_DEPTH} directories deep")
         times = (st.st_mtime_ns, st.st_atime_ns, (st.st_dev, st.st_ino, st.st_nlink))
         if stat.S_ISLNK(st.st_mode):
-            tree[rel] = ("l", 0, os.readlink(full).encode(), *times)
+            tree[rel] = ("l", 0, os.fsencode(os.readlink(full)), *times)  # (any bytes)
         elif stat.S_ISDIR(st.st_mode):
             tree[rel] = ("d", stat.S_IMODE(st.st_mode), b"", *times)
             for name in sorted(os.listdir(full)):
-                visit(os.path.join(full, name), os.path.join(rel, name) if rel else name)
+                visit(os.path.join(full, name), os.path.join(rel, name) if rel else name, depth + 1)
         elif stat.S_ISREG(st.st_mode):
             total += st.st_size
             if total > MAX_BYTES:
@@ -134,7 +140,7 @@ def _write(path: str, tree: Tree) -> None:
         if kind == "d":
             os.mkdir(full, mode)
         elif kind == "l":
-            os.symlink(data.decode(), full)
+            os.symlink(os.fsdecode(data), full)
         elif kind == "p":
             os.mkfifo(full, mode)
         elif kind == "f":

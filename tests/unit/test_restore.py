@@ -265,3 +265,32 @@ def test_a_secret_whose_directory_was_renamed_away_goes_back(secrets: Path) -> N
     assert (ws / "private" / "deeper" / "k").read_text() == "K=secret\n"
     assert not (ws / "moved" / "deeper").exists()  # its copy: taken out
     assert any("restored from the snapshot" in s for s in said), said
+
+
+def test_a_tree_made_too_deep_is_put_back_not_a_crash(git: Path) -> None:
+    """A run nested 1,200 directories in .git/hooks beside a planted hook: the
+    walk's recursion ended the undo with RecursionError before anything was put
+    back, and the hook ran on the host's next commit (found by attacking corral).
+    Too deep is now refused like too large: the tree is moved to quarantine and
+    the snapshot put back.  A link to a name that is not UTF-8 is kept as its
+    bytes (it raised too).  The twin: a tree as deep as a real one comes back
+    whole."""
+    hooks = git / "hooks"
+    (hooks / "odd").symlink_to(os.fsdecode(b"target-\xff"))
+    snap = restore.snapshot([str(hooks)])
+    (hooks / "pre-commit").write_text("#!/bin/sh\necho pwned\n")
+    deep = hooks
+    for _ in range(1200):
+        deep = deep / "d"
+        os.mkdir(deep)
+    said = restore.restore(snap, "run-deep")
+    assert said and (hooks / "pre-commit").read_text() == "#!/bin/sh\n"
+    assert not (hooks / "d").exists()
+    assert os.fsencode(os.readlink(hooks / "odd")) == b"target-\xff"
+    shallow = git / "shallow"
+    (shallow / "a" / "b").mkdir(parents=True)
+    (shallow / "a" / "b" / "f").write_text("x")
+    snap = restore.snapshot([str(shallow)])
+    (shallow / "a" / "b" / "f").write_text("y")
+    restore.restore(snap, "run-shallow")
+    assert (shallow / "a" / "b" / "f").read_text() == "x"
