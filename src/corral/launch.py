@@ -393,46 +393,75 @@ class Aftercare:
         self._undo()
 
     def _undo(self, wait: bool = True) -> list[Denial]:
+        """Every step of the undo, in order, each whatever an earlier one raised
+        (a restore that broke on a tree the run made once left a planted hook, a
+        renamed secret and the run's marker behind: found by attacking corral);
+        the first error is raised again once all have run."""
         said: list[Denial] = []
+        failed: list[Exception] = []
+        for step in (
+            self._stop,
+            lambda: self.cg.remove(wait) if self.cg is not None else None,
+            # first what a rename carried off goes back where it was: the walk below
+            # judges policy files new by their path, and would take the user's own,
+            # carried to a new one, for the run's (and leave the run's at the old path)
+            self._restore,
+            lambda: quarantine(self.plan.quarantine, self.run_id),
+            lambda: created_repositories(self.plan, self.run_id),
+            self._remove_scratch,
+            self._remove_ephemeral_home,
+            self._unmark,  # last: what it made is quarantined now
+        ):
+            try:
+                said += step() or []
+            except Exception as exc:  # (a bug's traceback is the caller's to report)
+                failed.append(exc)
+        if failed:
+            raise failed[0]
+        return said
+
+    def _stop(self) -> None:
         if not self.done:
             self.done = True
             self.plan.strategy.cleanup(self.plan, self.clean)
-        if self.cg is not None:
-            self.cg.remove(wait)
-        # first what a rename carried off goes back where it was: the walk below
-        # judges policy files new by their path, and would take the user's own,
-        # carried to a new one, for the run's (and leave the run's at the old path)
-        if self.snapshot:
-            from corral import restore
 
-            roots = [os.path.realpath(p) for p in self.plan.policy.writable_paths()]
-            if self.plan.home is not None:
-                roots.append(self.plan.home.path)
-            said += restore.restore(
-                self.snapshot,  # type: ignore[arg-type]
-                self.run_id,
-                self.plan.restore,
-                roots,
-            )
-        said += quarantine(self.plan.quarantine, self.run_id)
-        said += created_repositories(self.plan, self.run_id)
-        if self.plan.scratch:
-            try:
-                os.rmdir(self.plan.scratch)  # usually empty: no shutil import (~5 ms)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                import shutil
+    def _restore(self) -> list[Denial]:
+        if not self.snapshot:
+            return []
+        from corral import restore
 
-                shutil.rmtree(self.plan.scratch, ignore_errors=True)
+        roots = [os.path.realpath(p) for p in self.plan.policy.writable_paths()]
+        if self.plan.home is not None:
+            roots.append(self.plan.home.path)
+        return restore.restore(
+            self.snapshot,  # type: ignore[arg-type]
+            self.run_id,
+            self.plan.restore,
+            roots,
+        )
+
+    def _remove_scratch(self) -> None:
+        if not self.plan.scratch:
+            return
+        try:
+            os.rmdir(self.plan.scratch)  # usually empty: no shutil import (~5 ms)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            import shutil
+
+            shutil.rmtree(self.plan.scratch, ignore_errors=True)
+
+    def _remove_ephemeral_home(self) -> None:
         if self.plan.home is not None and self.plan.home.mode == "ephemeral":
             from corral import home
 
             home.remove(self.plan.home.path)
-        if self.marker is not None:  # last: what it made is quarantined now
+
+    def _unmark(self) -> None:
+        if self.marker is not None:
             self.marker.keep(list(self.plan.restore))
             self.marker.remove()
-        return said
 
     def finish(self) -> list[Denial]:
         """Undo everything (the sandbox is gone); the denials found on the way."""

@@ -192,3 +192,47 @@ def test_a_sigterm_during_the_aftercares_setup_leaves_nothing(tmp_path: Path) ->
         [sys.executable, "-c", plain, str(tmp_path), str(scratch)], capture_output=True, timeout=30
     )
     assert run.returncode == 0 and run.stdout == b"held\nnot reached\n", run
+
+
+UNDO_SETUP = """
+import os, sys
+from corral import launch
+from corral.policy import Policy
+from corral.tiers import get
+
+policy = Policy(sys.argv[1])
+tier = get("none")
+plan = tier.plan(policy, ["true"], host=tier.gather(policy))
+plan.scratch = sys.argv[2]
+
+def broken(plan, run_id):
+    raise RuntimeError("a step broke")
+
+if sys.argv[3] == "broken":
+    launch.created_repositories = broken
+care = launch.Aftercare(plan, "undo")
+try:
+    care.finish()
+except RuntimeError as exc:
+    print("raised:", exc, flush=True)
+print("scratch left:", os.path.exists(sys.argv[2]), flush=True)
+"""
+
+
+def test_a_step_of_the_undo_that_breaks_leaves_the_others_done(tmp_path: Path) -> None:
+    """The restore once broke on a tree a run made, and the undo ended there: the
+    steps after it (quarantine, the scratch directory, the run's marker) never
+    ran (found by attacking corral).  Now each step runs whatever one before it
+    raised, and the first error is raised once all have.  The twin: with no step
+    broken, nothing is raised and the scratch directory is gone alike."""
+    import subprocess
+    import sys
+
+    for how, said in (("broken", b"raised: a step broke\n"), ("fine", b"")):
+        scratch = tmp_path / how
+        run = subprocess.run(
+            [sys.executable, "-c", UNDO_SETUP, str(tmp_path), str(scratch), how],
+            capture_output=True,
+            timeout=30,
+        )
+        assert run.stdout == said + b"scratch left: False\n", run
