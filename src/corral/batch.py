@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from corral.errors import EXIT_INTERNAL, EXIT_SETUP, CorralError
+from corral.paths import inside
 from corral.runlog import link_in
 
 OUTPUT_BYTES = 64 * 1024  # each result keeps at most this much of the job's output
@@ -212,13 +213,9 @@ def protect(items: list[Job | Result], jobs_file: str) -> None:
         if "argv" not in item:
             continue  # (an error result)
         workspace = os.path.realpath(str(item.get("workspace") or os.getcwd()))
-        inside = [p for p in dict.fromkeys(paths) if _within(os.path.realpath(p), workspace)]
-        if inside:
-            item[PROTECTED] = inside
-
-
-def _within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
+        mine = [p for p in dict.fromkeys(paths) if inside(os.path.realpath(p), workspace)]
+        if mine:
+            item[PROTECTED] = mine
 
 
 def _lines(path: str) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ import os
 import stat
 
 from corral import defaults
+from corral.paths import inside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -170,10 +171,6 @@ class FsPlan:
         self.lock_watch: dict[str, dict[str, str]] = {}
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def _depth(path: str) -> int:
     return path.rstrip("/").count("/")
 
@@ -289,7 +286,7 @@ def host_net_dirs(class_net: str = SYS_CLASS_NET, devices: str = "/sys/devices")
         except OSError:
             continue  # not a link (bonding_masters): nothing to follow
         real = os.path.normpath(os.path.join(class_net, link))
-        if _inside(real, devices) and os.path.basename(os.path.dirname(real)) == "net":
+        if inside(real, devices) and os.path.basename(os.path.dirname(real)) == "net":
             found.add(os.path.dirname(real))
     return sorted(found)
 
@@ -393,7 +390,7 @@ def walk_roots(writable: Sequence[str]) -> list[str]:
         return []
     kept = [writable[0]]
     for root in sorted(writable[1:], key=lambda p: (_depth(p), p)):
-        if not any(_inside(root, k) for k in kept):
+        if not any(inside(root, k) for k in kept):
             kept.append(root)
     return kept
 
@@ -881,10 +878,10 @@ def home_link_decision(
     notes: list[str] = []
     for link, target in links:
         for root in writable:
-            if target != root and _inside(target, root):
+            if target != root and inside(target, root):
                 protect.append((link, target))
                 break
-            if _inside(root, target):
+            if inside(root, target):
                 notes.append(
                     f"{link} leads to {target}, which holds the writable {root}: what the "
                     "run writes there is what the host loads from it after the run"
@@ -940,7 +937,7 @@ class _Planner:
         self.mounts = mounts
         self.plan = FsPlan()
         self.plan.writable = self._writable_roots()
-        # _inside() against each root, as one startswith per call (~350 a run)
+        # inside() against each root, as one startswith per call (~350 a run)
         self.writable_set = set(self.plan.writable)
         self.writable_under = tuple(w.rstrip("/") + "/" for w in self.plan.writable)
         self.private_under = tuple(t + "/" for t in PRIVATE_TMP)
@@ -1065,8 +1062,8 @@ class _Planner:
 
         state = runlog.state_dir()
         # (by its real path too: "//", a symlink to a directory in the workspace)
-        inside = self.in_writable(state) or self.in_writable(os.path.realpath(state))
-        if inside and not self.mounts:
+        writable = self.in_writable(state) or self.in_writable(os.path.realpath(state))
+        if writable and not self.mounts:
             from corral.errors import PolicyError
 
             # without mounts nothing keeps the sandbox from renaming it and leaving a
@@ -1075,7 +1072,7 @@ class _Planner:
                 f"corral's state directory {state} is inside a writable place: on this tier "
                 "the sandbox could move it; set XDG_STATE_HOME outside the workspace"
             )
-        if not self.present(state) and inside:
+        if not self.present(state) and writable:
             # corral makes it during the run (the home layer, the logs): made now, to
             # be masked like one that was there, not left for the sandbox to fill
             os.makedirs(state, mode=0o700, exist_ok=True)
@@ -1215,7 +1212,7 @@ class _Planner:
         new ``sub/.claude/settings.json``, protected in the next run)."""
         protected = list(self.ro_binds)
         others = [
-            p for p in linked if p not in self.masks and not any(_inside(p, d) for d in protected)
+            p for p in linked if p not in self.masks and not any(inside(p, d) for d in protected)
         ]
         for path in links_to(others, protected):
             self.add_write_deny(path, "hard link to a write-protected file")
@@ -1255,7 +1252,7 @@ class _Planner:
                 self.plan.quarantine.append(path)
             return
         if self.in_writable(path) and path not in self.masks:
-            held = [r for r in self.plan.writable if _inside(r, path)]
+            held = [r for r in self.plan.writable if inside(r, path)]
             if held:  # (read-only, it would take the writable root with it)
                 note = f"{path} ({why}) is or holds the writable {held[0]}; not write-protected"
                 if note not in self.plan.notes:
@@ -1275,7 +1272,7 @@ class _Planner:
         # A snapshot inside a masked directory is pointless and would fail: the mask
         # hides it anyway.
         masked_dirs = [m.dest for m in masks.values() if m.kind == "mask-dir"]
-        shadows = {r for r in self.shadows if not any(_inside(r, d) for d in masked_dirs)}
+        shadows = {r for r in self.shadows if not any(inside(r, d) for d in masked_dirs)}
         mounts = self.plan.mounts
         mounts.extend(self._base())
         # A snapshot entry that a mask or a nested snapshot covers is not bound first:
@@ -1289,7 +1286,7 @@ class _Planner:
         protect = [
             m
             for m in [*self.ro_binds.values(), *masks.values()]
-            if not any(m.dest != d and _inside(m.dest, d) for d in masked_dirs)
+            if not any(m.dest != d and inside(m.dest, d) for d in masked_dirs)
         ]
         mounts.extend(self._pins(protect))
         mounts.extend(sorted(protect, key=lambda m: (_depth(m.dest), m.dest)))
@@ -1308,9 +1305,9 @@ class _Planner:
         a file moved across one fails with EXDEV (``mv`` copies instead)."""
         pins: set[str] = set()
         for m in protect:
-            root = next((r for r in self.plan.writable if _inside(m.dest, r)), m.dest)
+            root = next((r for r in self.plan.writable if inside(m.dest, r)), m.dest)
             parent = os.path.dirname(m.dest)
-            while parent != root and _inside(parent, root):
+            while parent != root and inside(parent, root):
                 pins.add(parent)
                 parent = os.path.dirname(parent)
         why = "pinned: holds a protected path (no run can rename it)"
@@ -1332,7 +1329,7 @@ class _Planner:
         if home is None:
             return []
         for path, m in list(self.masks.items()):
-            if m.kind == "mask-dir" and _inside(home, path):
+            if m.kind == "mask-dir" and inside(home, path):
                 # mode 000 would bar the way to the layer; an empty tmpfs hides
                 # corral's state (other layers, the logs) just as well
                 self.masks[path] = Mount(
@@ -1351,7 +1348,7 @@ def _visible_sockets(
     for sock in host_unix_sockets():
         if hidden(sock) or _lkind(sock) != "socket":
             continue
-        snapped = any(_inside(sock, root) for root in shadows)
+        snapped = any(inside(sock, root) for root in shadows)
         if capless_uid is None or snapped or not beyond_reach(sock, capless_uid):
             found.append(sock)
     return found

@@ -40,6 +40,7 @@ import os
 import time
 
 from corral import defaults, runlog
+from corral.paths import inside
 
 LIVE = "live"
 JOURNAL = "ended.jsonl"  # in the live directory: the runs that have ended
@@ -311,10 +312,6 @@ def ended_runs(changed: list[int]) -> list[LiveRun]:
     return found
 
 
-def _inside(path: str, place: str) -> bool:
-    return path == place or path.startswith(place.rstrip("/") + "/")
-
-
 def planted_by(path: str) -> tuple[LiveRun, str] | None:
     """The run, live or ended, that could have written the policy file ``path``
     (the file itself, or what it leads to, made or changed in its writable
@@ -333,7 +330,7 @@ def planted_by(path: str) -> tuple[LiveRun, str] | None:
             during = run.start <= changed and (run.end is None or changed <= run.end)
             if run.kept.get(os.path.realpath(where)) == changed:
                 continue  # as corral put it back after that run: the user's
-            if during and any(_inside(where, p) for p in run.places if p):
+            if during and any(inside(where, p) for p in run.places if p):
                 return run, where
     return None
 

@@ -15,6 +15,7 @@ import os
 
 from corral import defaults
 from corral.errors import PolicyError
+from corral.paths import inside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -291,7 +292,7 @@ class Policy:
         # The policy must never be editable by what it confines, defaults or not:
         # the workspace's corral.toml is what the next plain `corral run` loads.
         items.append(defaults.POLICY_FILENAME)
-        if self.source and _inside(self.source, self.workspace):
+        if self.source and inside(self.source, self.workspace):
             items.append(os.path.relpath(self.source, self.workspace))
         items += self.filesystem.write_deny
         # guardrail files are policy too: what the next run enforces
@@ -379,10 +380,6 @@ def _limits_dict(lim: Limits) -> dict[str, object]:
     if lim.lifted:
         out["none"] = sorted(lim.lifted)
     return out
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _expand_keep_slash(policy: Policy, items: Iterable[str]) -> list[str]:
@@ -819,8 +816,8 @@ def unchecked_place(path: str) -> str | None:
         if _is_root(above):
             root = above
             break
-    inside = os.path.relpath(directory, root) if root else directory
-    skipped = [part for part in inside.split("/") if part in defaults.SCAN_SKIP_DIRS]
+    below = os.path.relpath(directory, root) if root else directory
+    skipped = [part for part in below.split("/") if part in defaults.SCAN_SKIP_DIRS]
     keep = "if it is yours, name it with --policy to load it without this line"
     if skipped:
         return (

@@ -12,6 +12,7 @@ import os
 
 from corral import defaults
 from corral.errors import PolicyError
+from corral.paths import inside
 from corral.policy import (
     GUARDRAIL_ACTIONS,
     GUARDRAIL_TIER_ACTIONS,
@@ -33,7 +34,6 @@ from corral.policy import (
     _expect_runtime,
     _expect_str,
     _expect_str_list,
-    _inside,
     check_env_name,
     parse_cpus,
     parse_duration,
@@ -256,7 +256,7 @@ def _guardrail_dirs(policy: Policy, raw: object) -> None:
     dirs = [policy.expand(d) for d in _expect_dirs(raw)]
     for path in dirs:
         # guardrail directories are write-denied inside: the workspace cannot be one
-        if _inside(policy.workspace, path):
+        if inside(policy.workspace, path):
             raise ValueError(f"{path} is the workspace or holds it: give guardrails a directory")
     policy.guardrails.dirs = dirs
     policy.guardrails.files = None

@@ -19,6 +19,7 @@ import os
 
 from corral import defaults
 from corral.errors import PolicyError
+from corral.paths import inside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -358,7 +359,7 @@ class _Reader:
     def check_writable(self) -> None:
         """Refuse what corral would leave more writable than srt does."""
         roots = [self.absolute(p) for p in self.out.writable]
-        if not any(_inside(self.workspace, root) for root in roots):
+        if not any(inside(self.workspace, root) for root in roots):
             raise self.fail(
                 "filesystem.allowWrite",
                 f"does not include the workspace {self.workspace}, which corral always "
@@ -370,8 +371,8 @@ class _Reader:
             # corral makes read-only what lies inside a writable path, and with it
             # any writable path further down; srt also a writable path below a
             # denied one outside every writable path, which corral cannot do
-            below = [r for r in roots if r != denied and _inside(r, denied)]
-            if below and not any(_inside(denied, r) for r in roots):
+            below = [r for r in roots if r != denied and inside(r, denied)]
+            if below and not any(inside(denied, r) for r in roots):
                 raise self.fail(
                     f"filesystem.denyWrite[{i}]",
                     f"{path!r} lies above the writable {below[0]}, which srt makes "
@@ -460,10 +461,6 @@ def _unknown(name: str, known: tuple[str, ...]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean {close[0]}?" if close else f"srt {SRT_VERSION} has {', '.join(known)}"
     return f"unknown key ({hint})"
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _srt_host(entry: str) -> str | None:

@@ -7,6 +7,8 @@ argv this module makes of it.
 
 from __future__ import annotations
 
+from corral.paths import inside
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from corral.fsplan import Mount
@@ -95,10 +97,6 @@ class Spec:
         self.labels: dict[str, str] = {}
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def _check_path(path: str) -> str:
     # --mount splits on commas and the engines on "=" only in the key: refuse
     # what would be parsed as another option rather than guess at escaping
@@ -146,10 +144,10 @@ def mount_args(
                 out += ["--tmpfs", f"{dest}:rw,{NO_COPY}nosuid,nodev,{_size(run)}mode=755"]
             elif dest == "/dev/shm":
                 continue  # the engine's own private /dev/shm (--shm-size)
-            elif any(_inside(dest, r) for r in roots):
+            elif any(inside(dest, r) for r in roots):
                 out += ["--tmpfs", f"{dest}:rw,{NO_COPY}nosuid,nodev,{_size(tmp)}".rstrip(",")]
             continue
-        if not any(_inside(dest, r) for r in roots):
+        if not any(inside(dest, r) for r in roots):
             continue
         if m.kind in ("bind", "ro-bind"):
             if m.src == "/" or dest == "/":

@@ -18,6 +18,7 @@ import sys
 
 from corral import environ, fsplan, shell
 from corral.errors import RefusedError
+from corral.paths import inside
 from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gather_common
 
 TYPE_CHECKING = False
@@ -536,7 +537,7 @@ class ContainerTier(Tier):
             # the host home's masks (secrets that are not in the container) are dropped
             # but those of a workspace inside it
             dest = plan.env["HOME"]
-            mounts = [m for m in mounts if not _inside(m.dest, dest) or _under(m.dest, fs.writable)]
+            mounts = [m for m in mounts if not inside(m.dest, dest) or _under(m.dest, fs.writable)]
             # first: a workspace inside the home is bound over it, not under it
             first.append(Mount("bind", dest, layer.path, "home layer at $HOME"))
             roots.append(dest)
@@ -677,7 +678,7 @@ def gvisor_namespace_rules() -> tuple[SyscallRule, ...]:
 def _in_writable(m: Mount, writable: Sequence[str]) -> bool:
     """A bind whose source lies below a writable path (not the path itself)."""
     src = m.src or m.dest
-    return m.kind in ("bind", "ro-bind") and any(src != r and _inside(src, r) for r in writable)
+    return m.kind in ("bind", "ro-bind") and any(src != r and inside(src, r) for r in writable)
 
 
 def bind_identities(mounts: Sequence[Mount], writable: Sequence[str]) -> dict[str, Identity]:
@@ -727,12 +728,8 @@ def mount_checks(
     return "".join(lines)
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def _under(path: str, roots: list[str]) -> bool:
-    return any(_inside(path, r) for r in roots)
+    return any(inside(path, r) for r in roots)
 
 
 def _tmpdir() -> str:

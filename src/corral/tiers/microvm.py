@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 
+from corral.paths import inside
 from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gather_common
 
 TYPE_CHECKING = False
@@ -252,7 +253,7 @@ def _resolver(policy: Policy, host: tuple[str, bool] | None) -> list[Mount]:
     if policy.network.mode != "proxy":
         return []
     target = netns.resolv_target(host, ())
-    if target is None or any(fsplan._inside(target, d) for d in fsplan.PRIVATE_TMP):
+    if target is None or any(inside(target, d) for d in fsplan.PRIVATE_TMP):
         return []
     return [Mount("ro-bind", target, netns.resolv_conf(), "the guest's resolver")]
 
