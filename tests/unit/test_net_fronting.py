@@ -193,6 +193,36 @@ def test_http_in_a_tunnel_asking_for_another_host_gets_a_403(tmp_path: Path) -> 
     run(go)
 
 
+def test_a_request_line_split_after_its_cr_is_still_held(tmp_path: Path) -> None:
+    """``GET / HTTP/1.1\\r`` in one packet and the LF in the next once read as "not
+    HTTP": the tunnel became an unread pipe, and its requests asked the origin for
+    any host, undecided and unlogged (found by attacking the proxy).  In a tunnel
+    and when captured, the head is held until it is whole."""
+
+    async def pieces(reader: aio.StreamReader, writer: aio.StreamWriter, host: str) -> int:
+        writer.write(b"GET /split HTTP/1.1\r")
+        await writer.drain()
+        await aio.sleep(0.2)
+        writer.write(f"\nHost: {host}\r\n\r\n".encode())
+        try:
+            return (await read_response(reader)).status
+        finally:
+            writer.close()
+
+    async def go() -> None:
+        async with world(tmp_path, ["*.wild.test", "127.0.0.1:{port}"], TABLE, stand_in=NAME) as w:
+            port = w.origin.port
+            assert await pieces(*await connect(w, NAME, port), "evil.test") == 403
+            assert await pieces(*await w.capture(), "evil.test") == 403
+            assert w.origin.requests == []
+            assert await pieces(*await connect(w, NAME, port), NAME) == 200  # the twins
+            assert await pieces(*await w.capture(), NAME) == 200
+            assert w.origin.paths == ["/split", "/split"]
+            assert [r for r, _ in await denials(w, 2)] == ["name-mismatch"] * 2
+
+    run(go)
+
+
 def test_socks5_to_a_name_holds_the_same(tmp_path: Path) -> None:
     async def go() -> None:
         sink = await Sink().start()

@@ -119,7 +119,15 @@ def test_http_that_could_be_read_two_ways_is_unreadable(data: bytes, reason: str
 
 @pytest.mark.parametrize(
     "data",
-    [b"GET", b"GET / HTT", b"GET / HTTP/1.1\r\n", b"GET / HTTP/1.1\r\nHost: a.test\r\n", b"\r\n"],
+    [
+        b"GET",
+        b"GET / HTT",
+        b"GET / HTTP/1.1\r\n",
+        b"GET / HTTP/1.1\r\nHost: a.test\r\n",
+        b"\r\n",
+        b"GET / HTTP/1.1\r",  # split after the CR: its LF comes in the next packet
+        b"GET / HTTP/1.1\rHost: b.test",  # a bare CR: judged once the line is whole
+    ],
 )
 def test_an_unfinished_request_waits_then_is_unreadable(data: bytes) -> None:
     """A client that stops mid-head cannot be let through as "no name": the rest
@@ -135,13 +143,32 @@ def test_an_unfinished_request_waits_then_is_unreadable(data: bytes) -> None:
         b"NICK corral\r\n",
         b"*1\r\n$4\r\nPING\r\n",
         b"\x00\x00\x00\x08\x04\xd2\x16\x2f",  # a PostgreSQL SSL request
-        b"GET /\r\n",  # HTTP/0.9 names no host
+        b"GET key\r\n",  # Redis' inline commands, memcached's: no HTTP target or version
+        b"set key 0 0 5\r\n",
         b"GET / HTTP/1.1\r\nAccept: */*\r\n\r\n",
     ],
 )
 def test_other_protocols_name_nothing(data: bytes) -> None:
     assert claim(data).state == "none"
     assert claim(data, final=True).state == "none"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"GET /a b HTTP/1.1\r\nHost: b.test\r\n\r\n",  # a space in the target (old nginx)
+        b"GET /a HTTP/1.1\rHost: b.test\r\n\r\n",  # a bare CR ends a line for some servers
+        b"GET /a\rHTTP/1.1\r\nHost: b.test\r\n\r\n",
+        b"GET /\r\n",  # HTTP/0.9: a server's default site, whichever it is
+        b"get http://b.test/ x HTTP/1.0\r\n\r\n",
+    ],
+)
+def test_a_line_a_server_could_read_as_http_is_unreadable_not_none(data: bytes) -> None:
+    """Bytes let through as "no name" reach the server unread: a request line corral
+    cannot read but a server might (for another host) is refused instead."""
+    found = claim(data)
+    assert (found.state, found.reason) == ("unreadable", "an HTTP request line corral cannot read")
+    assert claim(b"GET /a%20b HTTP/1.1\r\nHost: b.test\r\n\r\n").names == ("b.test",)  # twin
 
 
 def test_nothing_sent_waits_until_final() -> None:

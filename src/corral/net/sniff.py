@@ -153,13 +153,15 @@ def _http_claim(data: bytes) -> Claim:
     if not data:
         return WAIT
     first, newline, _ = data.partition(b"\n")
-    parts = first.split()
     if not newline:
         return WAIT if _request_line_prefix(first) else NONE
     if first.rstrip(b"\r") == b"PRI * HTTP/2.0":
         return Claim("unreadable", reason="cleartext HTTP/2, whose host corral does not read")
-    if len(parts) != 3 or not set(parts[0]) <= _TOKEN or not parts[2].upper().startswith(b"HTTP/"):
-        return NONE  # not HTTP/1 (HTTP/0.9 names no host)
+    parts = first.split()  # (white space: CR included)
+    if len(parts) != 3 or b"\r" in first.rstrip(b"\r") or not parts[2].upper().startswith(b"HTTP/"):
+        return _UNREADABLE_LINE if _like_http(parts) else NONE
+    if not set(parts[0]) <= _TOKEN:
+        return NONE
     hosts: list[bytes] = []
     for line in data.split(b"\n")[1:-1]:  # the last piece has no line end yet
         line = line.rstrip(b"\r")
@@ -190,11 +192,32 @@ def _with_target(target: bytes, hosts: list[bytes]) -> Claim:
 
 
 def _request_line_prefix(data: bytes) -> bool:
-    """``data`` (no line end yet) could still become an HTTP/1 request line."""
-    method, space, rest = data.partition(b" ")
-    if not method or not set(method) <= _TOKEN:
+    """``data`` (no line end yet) could still become an HTTP/1 request line: a
+    method, then anything.  Once a method and a space came, a CR is no reason to
+    let the bytes go unread: its LF may come in the next packet (split after the
+    CR, a request for another host once passed as "no name")."""
+    method = data.partition(b" ")[0]
+    return bool(method) and set(method) <= _TOKEN
+
+
+# Methods a server reads a request line by, whatever else the line holds (with one
+# target, HTTP/0.9).  A line of another protocol that begins with one of these
+# words, in capitals, then a path is not let through unread.
+_METHODS = frozenset((b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH", b"TRACE"))
+_UNREADABLE_LINE = Claim("unreadable", reason="an HTTP request line corral cannot read")
+
+
+def _like_http(parts: list[bytes]) -> bool:
+    """A first line a server could take for an HTTP request (a space in the target,
+    which some servers accept; a bare CR; an HTTP/0.9 request), though it is not
+    one corral reads.  Never "no name": an HTTP server behind the address would
+    serve it, for whichever host it asks."""
+    if not parts or not set(parts[0]) <= _TOKEN:
         return False
-    return not space or b"\r" not in rest
+    if any(p.upper().startswith(b"HTTP/") for p in parts[1:]):
+        return True
+    target = parts[1] if len(parts) > 1 else b""
+    return parts[0] in _METHODS and (target[:1] == b"/" or b"://" in target)
 
 
 def _request_head(data: bytes) -> list[bytes] | None:
