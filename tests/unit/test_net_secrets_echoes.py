@@ -86,9 +86,11 @@ class Harness:
     """The origin (the secret's host) and a second one, a proxy for both whose
     secret K may go to the first only."""
 
-    def __init__(self, tmp: Path, script: Script, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(
+        self, tmp: Path, script: Script, monkeypatch: pytest.MonkeyPatch, real: str = REAL
+    ) -> None:
         self.origin, self.other = Origin(script), Origin(script)
-        monkeypatch.setenv("CORRAL_TEST_ECHO_REAL", REAL)
+        monkeypatch.setenv("CORRAL_TEST_ECHO_REAL", real)
         policy = Policy(str(tmp))
         policy.network.mode = "proxy"
         policy.secrets = {
@@ -122,9 +124,11 @@ class Harness:
         self.audit.close()
 
 
-def harness_for(script: Script) -> Callable[[Path, pytest.MonkeyPatch], Iterator[Harness]]:
+def harness_for(
+    script: Script, real: str = REAL
+) -> Callable[[Path, pytest.MonkeyPatch], Iterator[Harness]]:
     def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-        h = Harness(tmp_path, script, monkeypatch)
+        h = Harness(tmp_path, script, monkeypatch, real)
         try:
             yield h
         finally:
@@ -175,6 +179,37 @@ def test_interim_heads_and_reason_phrases_hide_the_value(interim_harness: Harnes
     # the twin: the origin got the real value each time, and the 103 reached the client
     assert [seen["x-key"] for _, seen in h.origin.seen] == [REAL] * 3
     assert "HTTP/1.1 103" in h.curl("/early", "-H", f"X-Key: {h.placeholder}")
+
+
+# a value with capitals: a header's name reaches the client lower-cased (the proxy
+# reads names so), and an echo there once passed, the value's letters all but
+# their case (a hex token: all of it)
+MIXED = "Sk-Live-4F9aB7cD2eQxZ"
+
+
+def named(target: str, headers: dict[str, str]) -> bytes:
+    key = headers.get("x-key", "")
+    if target == "/name":  # the value as a header's name, as it came
+        return ok(f"X-Seen: 1\r\n{key}: 1\r\n")
+    if target == "/name-b64":
+        return ok(f"X-Seen: 1\r\nX-{b64(key.encode()).rstrip('=')}: 1\r\n")
+    return ok(f"X-Seen: 1\r\nX-{key[:6]}: 1\r\n")  # the twin: a few letters of it
+
+
+named_harness = pytest.fixture(harness_for(named, MIXED))
+
+
+def test_an_echo_as_a_header_name_is_dropped_whatever_its_case(named_harness: Harness) -> None:
+    h = named_harness
+    for path in ("/name", "/name-b64"):
+        heads = h.curl(path, "-H", f"X-Key: {h.placeholder}")
+        assert heads.startswith("HTTP/1.1 200"), heads
+        assert MIXED.lower() not in heads.lower(), heads
+        assert b64(MIXED.encode()).rstrip("=").lower()[:16] not in heads.lower(), heads
+        assert "x-seen: 1" in heads.lower()  # the rest of the head passes
+    twin = h.curl("/twin", "-H", f"X-Key: {h.placeholder}")
+    assert "x-sk-liv: 1" in twin.lower(), twin  # too short to be an echo: kept
+    assert [seen["x-key"] for _, seen in h.origin.seen] == [MIXED] * 3
 
 
 def test_a_status_line_with_bytes_of_its_own_for_a_version_is_refused(

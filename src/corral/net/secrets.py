@@ -421,12 +421,13 @@ class SecretsHook(Hook):
         else:  # no name or value is long enough to hold an echo, in any spelling
             return None
         text = b"\n".join(chain.from_iterable(response.headers)).decode("latin-1")
-        if any(map(text.__contains__, plan.echoes)):
+        names = b"\n".join(k for k, _ in response.headers)
+        if any(map(text.__contains__, plan.echoes)) or _names_echo(names, plan):
             # a header named after the value is no header a client needs: dropped
             response.headers[:] = [
                 (k, _hide(v, plan.hidden))
                 for k, v in response.headers
-                if _hide(k, plan.hidden) == k
+                if _hide(k, plan.hidden) == k and not _names_echo(k, plan)
             ]
         return None
 
@@ -525,6 +526,7 @@ class _HostPlan:
         "hidden",
         "https_only",
         "mine",
+        "name_echoes",
         "names",
         "shortest",
         "shortest_value",
@@ -561,6 +563,7 @@ class _HostPlan:
         self.echo_openers = frozenset(
             {b"%"[0], b"+"[0]} | {s.value[0] for s in hide} | {c[0] for s in hide for c in s.cores}
         )
+        self.name_echoes = sorted({e.lower() for e in echoes})
         if hide:
             echoes |= {b"%", b"+"} if any(b" " in s.value for s in hide) else {b"%"}
         self.echoes = [e.decode("latin-1") for e in sorted(echoes)]
@@ -616,6 +619,12 @@ def _swap(key: bytes, value: bytes, secrets: list[Loaded]) -> bytes:
                 decoded = decoded.replace(secret.placeholder, secret.value)
             value = b"Basic " + base64.b64encode(decoded)
     return value
+
+
+def _names_echo(names: bytes, plan: _HostPlan) -> bool:
+    """Header names (read lower-cased) hold a value or a base64 core, in any case:
+    a name reaches the client lower-cased, the value's letters all but their case."""
+    return any(map(names.__contains__, plan.name_echoes))
 
 
 def _hide(value: bytes, secrets: list[Loaded]) -> bytes:
