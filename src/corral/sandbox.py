@@ -40,11 +40,18 @@ HEADER = struct.Struct("!II")
 SPAWN_WAIT = 30.0  # seconds for the agent to report a started command's pid
 HISTORY = 100  # commands the activity log's record of a sandbox keeps (the last ones)
 # What the host takes from the agent's channel, which a command may write on (a
-# microVM guest's root takes it): a frame's JSON header (a listing of a million
-# entries fits), an output frame (the agent sends at most 64 KiB of output in
-# one), and the error lines kept
-MAX_HEADER = 64 << 20
+# microVM guest's root takes it over: found by attacking corral, a "done" frame
+# announcing 4 GiB was read whole): a frame's JSON header and its payload, each
+# bounded by what the agent sends for the request pending under the frame's id
+# (files.read's content, files.list's entries), else by the largest other frame
+# the agent sends (64 KiB of output, a short reply); past those the channel is
+# malformed and the sandbox stopped.  And the error lines kept.
+MAX_HEADER = 1 << 20
 MAX_OUT_FRAME = 1 << 16
+FRAME_BOUNDS = {  # the op of a pending request: (header, payload) of its reply
+    "read": (MAX_HEADER, 256 << 20),  # (corral.agent.MAX_READ)
+    "list": ((16 << 20) + MAX_HEADER, MAX_OUT_FRAME),  # (corral.agent.MAX_LISTING)
+}
 MAX_ERRORS = 100
 # seconds past a command's timeout before exec gives up on the agent (one a command
 # stopped: in a microVM's guest a command of its uid can signal it)
@@ -527,6 +534,7 @@ class Sandbox:
         self._lock = threading.Lock()
         self._next_id = 0
         self._waiting: dict[int, queue.Queue[tuple[dict[str, object], bytes]] | _Waiter] = {}
+        self._bounds: dict[int, tuple[int, int]] = {}  # pending file requests' replies'
         self._procs: dict[int, Process] = {}
         self.files = Files(self)
         # A container starts on first use and again after it died; the lock makes
@@ -860,7 +868,8 @@ class Sandbox:
         sock = sock or self._sock
         head = self._recv_exact(HEADER.size, sock)
         size, payload_size = HEADER.unpack(head)
-        if size > MAX_HEADER:
+        pending = list(self._bounds.values())  # (a copy: callers add to it meanwhile)
+        if size > max([MAX_HEADER, *(h for h, _ in pending)]):
             raise _Malformed(f"a header of {size} bytes")
         try:
             header = json.loads(self._recv_exact(size, sock))
@@ -868,8 +877,10 @@ class Sandbox:
             raise _Malformed(f"a header that is not JSON ({type(exc).__name__})") from None
         if not isinstance(header, dict):
             raise _Malformed(f"a header that is a JSON {type(header).__name__}")
-        if header.get("ev") == "out" and payload_size > MAX_OUT_FRAME:
-            raise _Malformed(f"{payload_size} bytes of output in one frame")
+        bounds = self._bounds.get(_ident(header), (MAX_HEADER, MAX_OUT_FRAME))
+        if size > bounds[0] or payload_size > bounds[1]:
+            what = f"{header.get('ev')} frame of {size} + {payload_size} bytes"
+            raise _Malformed(f"a {what}, more than the agent sends there")
         payload = self._recv_exact(payload_size, sock) if payload_size else b""
         return header, payload
 
@@ -907,6 +918,7 @@ class Sandbox:
                     self._procs.pop(ident, None)
                 continue
             waiter = self._waiting.pop(ident, None)
+            self._bounds.pop(ident, None)
             if waiter is not None:
                 waiter.put((header, payload))
         # the agent is gone: nobody will answer the callers still waiting, and the
@@ -1201,6 +1213,7 @@ class Sandbox:
             self._send(header, payload)
         except BaseException:
             self._waiting.pop(int(str(header["id"])), None)
+            self._bounds.pop(int(str(header["id"])), None)
             raise
         return self._file_result(path, *waiter.get())
 
@@ -1229,6 +1242,8 @@ class Sandbox:
             if roots:
                 header["root"] = max(roots, key=len)
         ident = header["id"] = self._new_id()
+        if op in FRAME_BOUNDS:
+            self._bounds[ident] = FRAME_BOUNDS[op]
         self._waiting[ident] = waiter
         return header
 
@@ -1638,6 +1653,7 @@ class AsyncSandbox:
             await self._send(header, payload)
         except BaseException:
             sb._waiting.pop(int(str(header["id"])), None)
+            sb._bounds.pop(int(str(header["id"])), None)
             raise
         return sb._file_result(path, *await waiter.future)
 

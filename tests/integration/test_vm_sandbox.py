@@ -277,9 +277,12 @@ while view:
 """
 
 
-def raw_frame(header: bytes, payload: bytes = b"", size: int | None = None) -> str:
+def raw_frame(
+    header: bytes, payload: bytes = b"", size: int | None = None, announce: int | None = None
+) -> str:
     length = len(header) if size is None else size
-    return (struct.pack("!II", length, len(payload)) + header + payload).hex()
+    sent = len(payload) if announce is None else announce
+    return (struct.pack("!II", length, sent) + header + payload).hex()
 
 
 def test_frames_the_guests_root_forges_cannot_hang_crash_or_flood_the_host(
@@ -309,6 +312,8 @@ def test_frames_the_guests_root_forges_cannot_hang_crash_or_flood_the_host(
             ["raw", raw_frame(b'{"ev":"done","id":"x"}')],  # no number
             ["deep"],
             ["raw", raw_frame(b"{", size=1 << 31)],  # 2 GiB of header announced
+            # a reply to no request, announcing 4 GiB (once read whole: 8 GiB held)
+            ["raw", raw_frame(b'{"ev":"done","id":99999}', announce=0xFFFFFFFF)],
         ):
             errors = len(sb.errors)
             inject = sb.spawn(["python3", "inject.py", *bad])
