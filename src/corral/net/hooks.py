@@ -217,14 +217,19 @@ class Response:
     head is one too: hooks see each before the final one.  ``filters``: what
     the body passes through on its way to the client (see :class:`BodyFilter`)."""
 
-    __slots__ = ("filters", "headers", "reason", "status", "unchecked")
+    __slots__ = ("filters", "headers", "length", "reason", "status", "unchecked")
 
     def __init__(
-        self, status: int, headers: list[tuple[bytes, bytes]], reason: bytes = b""
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        reason: bytes = b"",
+        length: int | None = None,
     ) -> None:
         self.status = status
         self.headers = headers
         self.reason = reason
+        self.length = length  # the body's length, when the framing says it (else None)
         self.unchecked = True  # as Request.unchecked, set by Chain.response
         self.filters: list[BodyFilter] = []
 
@@ -534,6 +539,8 @@ class Chain:
     def response(self, dest: Destination, request: Request, response: Response) -> Verdict | None:
         plan = request.plan or self.plan(dest.host, dest.port)
         response.unchecked = plan.response_unchecked
+        if len(plan.on_response) == 1:  # (the usual: one hook reads responses there)
+            return plan.on_response[0](dest, request, response)
         allowed: Verdict | None = None
         ask: Verdict | None = None
         for on_response in plan.on_response:  # (as in request)

@@ -1179,7 +1179,8 @@ class Proxy:
         writes, and the filters hooks set on its body; _ResponseRefused when a
         hook denies it."""
         headers = http1.forwardable(response, kind, length)
-        seen = Response(response.status, list(headers), response.reason)
+        known = length if kind == "length" else 0 if kind == "none" else None  # (else unsaid)
+        seen = Response(response.status, list(headers), response.reason, known)
         refused = self.chain.response(dest, hooked, seen)
         if refused is not None and not refused.allowed:
             raise _ResponseRefused(refused)

@@ -701,16 +701,13 @@ def _watch_body(
     """Put an :class:`_EchoFilter` on the body of a response from a host of the
     secrets; refuse one compressed in a way it cannot read (the request asked
     for none: :meth:`_HostPlan.rewrite`)."""
-    length = b""
     encodings = b""
     for k, v in response.headers:  # (one pass, no more: every response from the host)
-        if k == b"content-length":
-            length = v
-        elif k == b"content-encoding":
+        if k == b"content-encoding":
             encodings += b"," + v
-    codings = _codings(encodings) if encodings else ()
-    if not codings and length.isdigit() and int(length) < plan.shortest_value:
+    if not encodings and response.length is not None and response.length < plan.shortest_value:
         return None  # a plain body shorter than any value cannot hold one
+    codings = _codings(encodings) if encodings else ()
     inflate = None
     if codings:
         if len(codings) > 1 or codings[0] not in (b"gzip", b"x-gzip", b"deflate"):
