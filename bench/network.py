@@ -16,7 +16,10 @@ process (the same kind of origin ``bench.peers`` uses):
   through the new door (goal: at most 2 ms), then a second one, a new
   connection to a proxy that has served once;
 - the same first GET at the service's own address (``--noproxy '*'``: the
-  listener corral made in the sandbox for the allowed host service).
+  listener corral made in the sandbox for the allowed host service);
+- the same two GETs straight to the origin, no sandbox and no proxy: what
+  the origin itself takes (a Python server; about 1.3 ms a GET on a slow
+  machine), so that what corral adds to the first GET reads off beside it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ OWN = "corral run -q --allow 127.0.0.1:PORT -- curl of the service at its own ad
 FIRST = "first GET through a new door (curl time_total)"
 SECOND = "second GET, a new connection, same run (curl time_total)"
 OWN_FIRST = "first GET at the service's own address (curl time_total)"
+DIRECT = "first GET straight to the origin, no sandbox or proxy (curl time_total)"
+DIRECT_RUN = "two curl GETs straight to the origin (whole command, not reported)"
 TIME_TOTAL = '-o /dev/null -w "%{time_total}\\n" --max-time 10'
 
 
@@ -51,7 +56,9 @@ def variants(corral: str, port: int) -> dict[str, list[str]]:
     allow = ["--allow", f"127.0.0.1:{port}"]
     via_proxy = f'curl -sS --noproxy "" -x "$HTTP_PROXY" {TIME_TOTAL} {url}'
     own = f"curl -sS --noproxy '*' {TIME_TOTAL} {url}"
+    direct = f"curl -sS --noproxy '*' {TIME_TOTAL} {url}"
     return {
+        DIRECT_RUN: ["sh", "-c", f"{direct}; {direct}"],
         OFFLINE: [corral, "run", "-q", "--", "true"],
         ALLOW: [corral, "run", "-q", *allow, "--", "true"],
         CURL: [corral, "run", "-q", *allow, "--", "sh", "-c", f"{via_proxy}; {via_proxy}"],
@@ -95,6 +102,8 @@ def measure(quick: bool) -> tuple[dict[str, list[float]], dict[str, str]]:
                     samples.setdefault(SECOND, []).append(totals[1])
                 elif name == OWN and len(totals) == 1:
                     samples.setdefault(OWN_FIRST, []).append(totals[0])
+                elif name == DIRECT_RUN and len(totals) == 2:
+                    samples.setdefault(DIRECT, []).append(totals[0])
     finally:
         origin.close()
         shutil.rmtree(base, ignore_errors=True)
@@ -121,6 +130,7 @@ def rows(quick: bool) -> list[Row]:
         row(SECOND),
         row(OWN, OFFLINE),
         row(OWN_FIRST),
+        row(DIRECT),
     ]
 
 
