@@ -98,8 +98,14 @@ def unpack_notif(buf: bytes) -> Call:
     return Call(id_, pid, nr, tuple(args))
 
 
+GO_ON = -1  # answer()'s "let the call itself go on" (SECCOMP_USER_NOTIF_FLAG_CONTINUE)
+
+
 def pack_resp(call_id: int, err: int) -> bytes:
-    """The answer: the call returns 0, or fails with ``err``."""
+    """The answer: the call returns 0, or fails with ``err``, or (GO_ON) the kernel
+    runs it as the caller made it."""
+    if err == GO_ON:
+        return RESP.pack(call_id, 0, 0, 1)
     return RESP.pack(call_id, 0, -err, 0)
 
 
@@ -287,10 +293,14 @@ def _still_waiting(listener: int, call_id: int) -> bool:
 
 
 def answer(listener: int, call: Call, names: dict[int, str], places: Places) -> int:
-    """Do what ``call`` asks if :func:`decide` allows it: its errno, 0 when done."""
+    """Do what ``call`` asks if :func:`decide` allows it: its errno, 0 when done;
+    for a scheduling call, GO_ON when it names the sandbox's own thread."""
     name = names.get(call.nr)
     if name is None:
         return errno.EPERM
+    if name in SCHEDULING:
+        target = _int(call.args[SCHEDULING[name]])
+        return GO_ON if ours(target, os.getpid()) else errno.EPERM
     req = Request(name, call.args)
     fds = _Fds()
     try:
@@ -313,16 +323,48 @@ def answer(listener: int, call: Call, names: dict[int, str], places: Places) -> 
         fds.close()
 
 
+# The scheduling calls the filter hands over (corral.tiers.landlock), and which
+# argument names the process or thread they change.
+SCHEDULING = {
+    "sched_setaffinity": 0,
+    "sched_setscheduler": 0,
+    "sched_setparam": 0,
+    "sched_setattr": 0,
+    "setpriority": 1,
+    "ioprio_set": 1,
+}
+
+
+def ours(tid: int, root: int) -> bool:
+    """Whether thread or process ``tid`` is the sandbox's: under ``root`` (the
+    reaper, a subreaper: an orphan comes back to it, never leaves its tree).  Its
+    value is all the call is decided on, and the call goes on as made; only a pid
+    reused in between (a wrap of the pid space) could be another's."""
+    pid = tid
+    for _ in range(4096):  # (a deeper tree than any: the walk ends)
+        if pid == root:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:  # (a thread's id works too)
+                stat = fh.read()
+        except OSError:
+            return False
+        pid = int(stat[stat.rindex(b")") + 2 :].split()[1])  # field 4: the parent
+    return False
+
+
 # --- the loop -----------------------------------------------------------------
 
 
 def call_names() -> dict[int, str]:
-    """The mode calls' numbers on this machine."""
+    """The mode and scheduling calls' numbers on this machine."""
     from corral import seccomp
     from corral.tiers.landlock import MODE_CALLS
 
     arch = seccomp.native_arch()
-    found = {name: seccomp.syscall_number(name, arch) for name in MODE_CALLS}
+    found = {name: seccomp.syscall_number(name, arch) for name in (*MODE_CALLS, *SCHEDULING)}
     return {nr: name for name, nr in found.items() if nr is not None}
 
 

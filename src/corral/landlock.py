@@ -121,9 +121,12 @@ DEVICES = {
     "/dev/random": READ_FILE,
     "/dev/urandom": READ_FILE,
     "/dev/tty": READ_FILE | WRITE_FILE | IOCTL_DEV,
-    "/dev/ptmx": READ_FILE | WRITE_FILE | IOCTL_DEV,
-    "/dev/pts": READ_FILE | WRITE_FILE | IOCTL_DEV,
 }
+# Not /dev/pts: every pty of the host's users is there, and Landlock cannot tell a
+# pty the sandbox made from another (a grant on all of it let a command read the
+# keys typed into the user's other terminals).  The run's own terminal is granted
+# by name (corral.tiers.landlock.own_terminals); new ptys are refused (os.openpty
+# opens its second end by path), and /dev/ptmx with them.
 # Shared with the host here (the namespace tier gives private copies): their
 # contents are other programs' scratch files, shared memory and sockets.
 HOST_SCRATCH = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev")

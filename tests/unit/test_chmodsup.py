@@ -12,6 +12,7 @@ import errno
 import os
 import socket
 import stat
+import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -304,3 +305,19 @@ def test_a_swapped_symlink_never_reaches_outside(layout: tuple[Path, Path, Place
     out = serve_until_done(*confined(body), places)
     assert stat.S_IMODE((outside / "theirs").stat().st_mode) == 0o644, out
     assert out.startswith("done=") and out != "done=0", out
+
+
+def test_scheduling_goes_on_for_the_sandboxs_own_processes_only() -> None:
+    """The sandbox's own: under the reaper (here: this process, and a child of it);
+    not the reaper's parent or pid 1.  A call let on is answered with the flag
+    that lets the kernel run it as made."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert chmodsup.ours(child.pid, os.getpid())
+        assert not chmodsup.ours(os.getppid(), os.getpid())
+        assert not chmodsup.ours(1, os.getpid())
+        assert not chmodsup.ours(2**22 + 12345, os.getpid())  # no such process
+    finally:
+        child.kill()
+        child.wait()
+    assert chmodsup.RESP.unpack(chmodsup.pack_resp(9, chmodsup.GO_ON)) == (9, 0, 0, 1)

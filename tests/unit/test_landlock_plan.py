@@ -359,3 +359,54 @@ def test_a_linked_environment_gets_no_write_right(tmp_path: Path) -> None:
     linked = site / "pkg0" / "__init__.py"
     assert rights(linked) & L.READ_FILE and not rights(linked) & (L.WRITE_FILE | L.TRUNCATE)
     assert rights(ws / "src" / "new.py") & L.WRITE_FILE  # the twin: the workspace stays writable
+
+
+USER_NOTIF = 0x7FC00000  # SECCOMP_RET_USER_NOTIF
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "handed_over"),
+    [
+        ("sched_setaffinity", (4321, 8, 0), True),  # another pid: the supervisor decides
+        ("sched_setaffinity", (0, 8, 0), False),  # its own: free
+        ("sched_setscheduler", (4321, 5, 0), True),
+        ("sched_setattr", (4321, 0, 0), True),
+        ("sched_setparam", (0, 0), False),
+        ("setpriority", (0, 4321, 19), True),  # PRIO_PROCESS, another pid
+        ("setpriority", (0, 0, 19), False),  # nice(1): its own
+        ("ioprio_set", (1, 4321, 0x6000), True),  # IOPRIO_WHO_PROCESS, another pid
+        ("ioprio_set", (1, 0, 0x6000), False),
+    ],
+)
+def test_another_processes_scheduling_goes_to_the_supervisor(
+    name: str, args: tuple[int, ...], handed_over: bool
+) -> None:
+    """Without a pid namespace, the host's processes of the same uid (found by
+    attacking corral: an editor pinned to one CPU and set idle)."""
+    arch = native_arch()
+    prog = compile_filter(extra_seccomp_rules(), arch)
+    nr = syscall_number(name, arch)
+    assert nr is not None
+    assert (run(prog, nr, AUDIT_ARCH[arch], args) == USER_NOTIF) == handed_over
+
+
+def test_a_process_groups_scheduling_is_refused() -> None:
+    assert _run("setpriority", 1, 4321, 19) == errno.EPERM  # PRIO_PGRP, another group
+    assert _run("ioprio_set", 2, 4321, 0) == errno.EPERM  # IOPRIO_WHO_PGRP
+    assert _run("setpriority", 1, 0, 19) == -1  # its own group: free
+
+
+def test_only_the_runs_own_terminal_is_granted(tmp_path: Path) -> None:
+    """Not /dev/pts, where every pty of the host's users is: the keys typed into
+    the user's other terminals were readable (found by attacking corral)."""
+    assert "/dev/pts" not in L.DEVICES and "/dev/ptmx" not in L.DEVICES
+    policy = Policy.load(workspace=str(tmp_path))
+    tier = LandlockTier()
+    facts = tier.gather(policy, agent=True)
+    assert facts.terminals == ()  # a Sandbox's commands get pipes
+    facts.terminals = ("/dev/pts/7",)
+    plan = tier.plan(policy, ["true"], host=facts)
+    assert isinstance(plan.strategy, Confined)
+    paths = dict(plan.strategy.ruleset.paths)
+    assert paths["/dev/pts/7"] == L.READ_FILE | L.WRITE_FILE | L.IOCTL_DEV
+    assert not any(p in ("/dev/pts", "/dev/ptmx") for p in paths)

@@ -32,9 +32,17 @@ if TYPE_CHECKING:
 # What this tier does not hide compared with the namespace tier, and how corral
 # compensates.  `corral doctor` prints these.
 DIFFERENCES = (
-    "host processes are visible in /proc (names and arguments); their memory, "
-    "environment and files are not reachable (Landlock's ptrace scoping) and "
-    "signals to them are refused (signal scoping)",
+    "host processes are visible in /proc (names and arguments; the numbers of their "
+    "open descriptors); their memory, environment and files are not reachable "
+    "(Landlock's ptrace scoping), signals to them are refused (signal scoping), and "
+    "so is a change to their scheduling (CPUs, niceness, I/O priority: corral's "
+    "supervisor lets it go on for the sandbox's own processes and threads only)",
+    "no pseudo-terminal but the run's own: the host's other ptys (the user's other "
+    "terminals) cannot be opened, and a new one cannot be made (os.openpty, script, "
+    "expect: EACCES); `corral shell` gives the shell a pty corral made",
+    "inotify works everywhere the sandbox can see, so it can tell when the user's "
+    "programs open or read a file there, secrets included (their contents stay "
+    "unreadable); the namespace tier hides those paths",
     "the hostname and the network stack are shared; TCP may connect only to the "
     "proxy's port (Landlock rules name ports, not addresses: a server elsewhere on "
     "that same port would be reachable), no TCP bind, no UDP or raw sockets and no "
@@ -114,6 +122,13 @@ _IPPROTO_TCP = 6
 # change goes to corral's supervisor (corral.chmodsup), which allows it inside
 # the writable places only; owners are refused everywhere.
 MODE_CALLS = ("chmod", "fchmod", "fchmodat", "fchmodat2")
+# Another process's scheduling: niceness and I/O priority (setpriority, ioprio_set:
+# which, who) and CPUs and policy (sched_*: pid first).  Without a pid namespace
+# a command reached the host's processes of its uid (pinned to one CPU, set idle:
+# found by attacking corral); the supervisor lets a call on the sandbox's own
+# processes and threads go on, and refuses any other.
+SCHED_CALLS = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
+PRIORITY_CALLS = {"setpriority": (0, 1), "ioprio_set": (1, 2)}  # which: (process, group)
 _OWNER_CALLS = ("chown", "fchown", "lchown", "fchownat")
 # ... nor extended attributes: an ACL (system.posix_acl_access) is one, and setting
 # it changes the file's mode, so a private file outside the workspace could be
@@ -146,7 +161,34 @@ _INODE_IOCTLS = {
 
 def extra_seccomp_rules() -> tuple[SyscallRule, ...]:
     """What Landlock leaves open here, closed by seccomp."""
-    return (*_metadata_rules(), *_socket_rules(), *_ipc_rules())
+    return (*_metadata_rules(), *_socket_rules(), *_ipc_rules(), *_scheduling_rules())
+
+
+def _scheduling_rules() -> tuple[SyscallRule, ...]:
+    """Another process's scheduling, to the supervisor (a process group's: refused);
+    a process's own (pid 0) stays free."""
+    from corral.seccomp import ArgCond, SyscallRule
+
+    why = "another process's scheduling: the sandbox's own only (the supervisor decides)"
+    rules = [
+        SyscallRule(name, errno.EPERM, (ArgCond(0, "ne", 0),), why, notify=True)
+        for name in SCHED_CALLS
+    ]
+    for name, (process, group) in PRIORITY_CALLS.items():
+        rules.append(
+            SyscallRule(
+                name, errno.EPERM, (ArgCond(0, "eq", process), ArgCond(1, "ne", 0)), why, True
+            )
+        )
+        rules.append(
+            SyscallRule(
+                name,
+                errno.EPERM,
+                (ArgCond(0, "eq", group), ArgCond(1, "ne", 0)),
+                "the scheduling of another process group (the host's, maybe)",
+            )
+        )
+    return tuple(rules)
 
 
 def _metadata_rules() -> tuple[SyscallRule, ...]:
@@ -427,7 +469,7 @@ class LandlockFacts(HostFacts):
     read-deny paths that file permissions already hide from this user, and the
     directory tree the ruleset's split walks (:class:`corral.landlock.Tree`)."""
 
-    __slots__ = ("abi", "hidden", "tree")
+    __slots__ = ("abi", "hidden", "terminals", "tree")
 
     def __init__(
         self,
@@ -435,6 +477,7 @@ class LandlockFacts(HostFacts):
         abi: int = 0,
         hidden: frozenset[str] = frozenset(),
         tree: Tree | None = None,
+        terminals: tuple[str, ...] = (),
         **common: Any,
     ) -> None:
         from corral.landlock import Tree
@@ -443,6 +486,7 @@ class LandlockFacts(HostFacts):
         self.abi = abi
         self.hidden = hidden
         self.tree = tree if tree is not None else Tree()
+        self.terminals = terminals  # the run's own terminal (its stdio's pty), if any
 
 
 class LandlockTier(Tier):
@@ -463,6 +507,8 @@ class LandlockTier(Tier):
         facts.groups = tuple(os.getgroups())
         fs = facts.fs
         facts.hidden = frozenset(p for p in fs.read_deny if dac_hidden(p, facts.groups))
+        if not agent:  # (a Sandbox's commands get pipes, never its caller's terminal)
+            facts.terminals = own_terminals()
         if facts.abi >= landlock.MIN_ABI:
             secrets = [p for p in fs.read_deny if p not in facts.hidden]
             facts.tree = landlock.record_tree(facts.abi, fs.writable, secrets, fs.hardlinks)
@@ -547,6 +593,8 @@ class LandlockTier(Tier):
         )
         plan.notes += _split_notes(fs)
         grants = [(src, landlock.READ_FILE | landlock.EXECUTE) for src in binds.values()]
+        tty = (landlock.READ_FILE | landlock.WRITE_FILE | landlock.IOCTL_DEV) & rules.handled_fs
+        grants += [(t, tty) for t in facts.terminals]  # (/dev/stdout reopens it by name)
         if bundle:
             grants.append((bundle, landlock.READ_FILE))
         if layer is not None:
@@ -583,6 +631,22 @@ class LandlockTier(Tier):
         # no mounts: the variables name the host's file, granted by the ruleset
         plan.env = sandbox_env(net, plan.env, net.ca_bundle or "")
         return port, net.ca_bundle
+
+
+def own_terminals() -> tuple[str, ...]:
+    """The pseudo-terminals this process's stdin, stdout and stderr are: the one the
+    run inherits.  Every other pty of the host stays out of reach (a grant on all
+    of /dev/pts let a command read the keys typed into the user's other terminals
+    and write on them: found by attacking corral)."""
+    found: list[str] = []
+    for fd in (0, 1, 2):
+        try:
+            name = os.path.realpath(os.ttyname(fd))
+        except OSError:
+            continue
+        if name.startswith("/dev/pts/") and name not in found:
+            found.append(name)
+    return tuple(found)
 
 
 def _mode_places(fs: FsPlan, home: str | None, plan: Plan) -> Places:
