@@ -170,11 +170,13 @@ def test_killing_corral_leaves_nothing_behind(tsandbox: tuple[Corral, Path]) -> 
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"up\n"
     assert wait_for(lambda: len(pids_matching(f"sleep {marker}")) >= 2, 5)
+    mine = cgroup_names(pids_matching(f"sleep {marker}"))
+    assert mine or c.who == "user"  # (a user's runs have none here)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5), "sandbox outlived corral"
     assert wait_for(lambda: not pids_matching("corral run", mark), 5), "a corral helper stayed"
-    assert wait_for(lambda: not _corral_cgroups(), 5), _corral_cgroups()
+    assert wait_for(lambda: not _corral_cgroups(mine), 5), _corral_cgroups(mine)
     assert wait_for(lambda: not (ws / ".vscode").exists(), 5)  # quarantined by the guardian
     # never changed (mounts), or put back by the guardian (landlock); scratch removed
     assert wait_for(lambda: (ws / ".git" / "config").read_text() == "[core]\n", 5)
@@ -185,11 +187,31 @@ def test_killing_corral_leaves_nothing_behind(tsandbox: tuple[Corral, Path]) -> 
     assert ok.returncode == 0 and ok.stdout == b"up\n"
 
 
-def _corral_cgroups() -> list[str]:
+def _corral_cgroups(names: set[str] | None = None) -> list[str]:
+    """corral's cgroups on this machine; with ``names``, only those named so (a
+    test's own: other tests' sandboxes run beside it)."""
     found = []
     for root, dirs, _files in os.walk("/sys/fs/cgroup"):
-        found += [os.path.join(root, d) for d in dirs if d.startswith("corral-")]
+        found += [
+            os.path.join(root, d)
+            for d in dirs
+            if d.startswith("corral-") and (names is None or d in names)
+        ]
     return found
+
+
+def cgroup_names(pids: list[int]) -> set[str]:
+    """The corral cgroups these processes are in (read while they live)."""
+    names: set[str] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cgroup", encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            names |= {c for c in line.split(":", 2)[-1].split("/") if c.startswith("corral-")}
+    return names
 
 
 def test_signal_to_corral_kills_sandbox(tsandbox: tuple[Corral, Path]) -> None:
