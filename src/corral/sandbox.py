@@ -1092,6 +1092,13 @@ class Sandbox:
         so far; the sandbox itself lives on.  ``pass_fds``: as for :meth:`spawn`.
         """
         proc = self.begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
+        try:
+            return self._waited(proc, timeout)
+        except BaseException:  # interrupted (Ctrl-C): the command does not go on alone
+            _kill_quietly(proc)
+            raise
+
+    def _waited(self, proc: Process, timeout: float | None) -> ExecResult:
         limit = self.policy.limits.timeout if timeout is None else timeout
         if not limit:
             return proc.wait()
@@ -1306,6 +1313,14 @@ class Sandbox:
         return "\n".join(lines)
 
 
+def _kill_quietly(proc: Process) -> None:
+    """Kill ``proc``'s group if it still runs; a sandbox already gone has nothing left."""
+    try:
+        proc.kill()
+    except (OSError, CorralError):
+        pass
+
+
 def _ident(header: dict[str, object]) -> int:
     """The request a frame answers (0: none)."""
     try:
@@ -1516,8 +1531,24 @@ class AsyncSandbox:
         on_stderr: Callable[[bytes], None] | None = None,
         pass_fds: Sequence[int] = (),
     ) -> ExecResult:
-        """As :meth:`Sandbox.exec`, awaited."""
+        """As :meth:`Sandbox.exec`, awaited.  Cancelled (``wait_for``, a task's
+        cancel), it kills the command's process group before it raises: an agent
+        framework's stopped tool call leaves nothing running."""
+        import asyncio
+
         proc = await self._begin(command, timeout, cwd, env, stdin, on_stdout, on_stderr, pass_fds)
+        try:
+            return await self._waited(proc, timeout)
+        except BaseException:
+            if proc.running:
+                kill = {"op": "kill", "id": proc.id, "signal": int(signal.SIGKILL)}
+                try:  # (shielded: a second cancel does not stop the kill on its way)
+                    await asyncio.shield(self._send(kill))
+                except (Exception, asyncio.CancelledError):
+                    pass
+            raise
+
+    async def _waited(self, proc: Process, timeout: float | None) -> ExecResult:
         sb = self.sync
         limit = sb.policy.limits.timeout if timeout is None else timeout
         if not limit:

@@ -331,3 +331,49 @@ asyncio.run(go())
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "still-usable"
+
+
+def test_a_cancelled_or_interrupted_exec_kills_its_command(tsandbox: tuple[Corral, Path]) -> None:
+    """An agent framework cancels a tool call (``wait_for``, a stop button) or the
+    user presses Ctrl-C: the command was left running inside (found by trying
+    corral as a new user).  Its process group is killed before the exec raises;
+    the twins: an exec let finish returns its result, and the sandbox goes on."""
+    c, ws = tsandbox
+    r = script(
+        c,
+        ws,
+        """
+import asyncio, signal
+from corral import policy as pol
+from corral.sandbox import AsyncSandbox, Sandbox
+PROBE = "pgrep -f '^sleep 30017$' >/dev/null && echo alive || echo none"  # (landlock: the
+# host's processes are visible too: only this command's marker counts)
+def alive(sb):
+    return sb.exec(PROBE).stdout.decode().strip()
+async def go():
+    async with AsyncSandbox(pol.load(WS), **API) as sb:
+        try:
+            await asyncio.wait_for(sb.exec("sleep 30017 & sleep 30017"), 0.5)
+        except asyncio.TimeoutError:
+            pass
+        await asyncio.sleep(0.5)
+        left = (await sb.exec(PROBE)).stdout
+        done = await sb.exec("sleep 0.2; echo done")
+        print("async", left.decode().strip(), done.stdout.decode().strip())
+asyncio.run(go())
+def interrupt(*_):
+    raise KeyboardInterrupt
+with Sandbox(pol.load(WS), **API) as sb:
+    signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        sb.exec("sleep 30017 & sleep 30017")
+    except KeyboardInterrupt:
+        pass
+    import time; time.sleep(0.5)
+    print("sync", alive(sb), sb.exec("echo done").stdout.decode().strip())
+""",
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["async none done", "sync none done"], r.stdout
