@@ -55,7 +55,20 @@ class Denial:
         return self.kind in ("file", "network") and self.fields.get("action") != "read-only"
 
     def __str__(self) -> str:
-        return self.text or f"{self.kind}: {self.fields}"
+        """corral's line for it: the one said after the run, or (a refused destination,
+        which the run sums up in one ``blocked:`` line; a bound said before it) its own."""
+        if self.text:
+            return self.text
+        f = self.fields
+        if self.kind == "network":
+            from corral.errors import plain
+
+            port = f.get("port")
+            dest = _dest(str(f.get("host")), port if isinstance(port, int) else None)
+            return plain(f"blocked: {dest} ({_why(self, f.get('rule') == 'no-network')})")
+        if self.kind == "bound":
+            return f"not enforced: {f.get('name')} {f.get('value')} ({f.get('reason')})"
+        return f"{self.kind}: {f}"
 
     def __repr__(self) -> str:
         return f"Denial({self.kind!r}, {self.fields!r})"

@@ -82,6 +82,26 @@ def test_without_a_network_the_line_says_so(tmp_path: Path) -> None:
     )
 
 
+def test_each_denial_reads_as_corrals_line(tmp_path: Path) -> None:
+    """``str()`` of a refused destination (a Sandbox's ``denials``) was a dict's repr:
+    it is the blocked line's words for that destination alone, in the run's terms
+    (found by trying corral as a new user); the twin: a lookup without a network."""
+    pol = proxy_policy(tmp_path, [])
+    (refused,) = report.network(
+        [entry("example.org", 443, "default", "host not in the allow list")], pol
+    )
+    assert str(refused) == (
+        "blocked: example.org:443 (rule default: host not in the allow list; "
+        "allow with --allow example.org:443)"
+    )
+    (offline,) = report.network(
+        [entry("x.test", None, "no-network", "no network", lookup=True)], Policy(str(tmp_path))
+    )
+    assert str(offline) == "blocked: x.test (no network; allow with --allow x.test)"
+    (sneaky,) = report.network([entry("a\x1b]52;c;eA==\x07.test", 443, "default")], pol)
+    assert "\x1b" not in str(sneaky)  # the sandbox's name: no terminal control survives
+
+
 def test_an_allowed_destination_that_cannot_be_reached_is_its_own_line(tmp_path: Path) -> None:
     """A service allowed with nothing listening: the client saw a reset or a 502,
     so corral says it was allowed and why it failed; it is no denial, and the
