@@ -195,6 +195,21 @@ def test_bad_entries_are_refused(text: str) -> None:
         Rule(text)
 
 
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("https://pypi.org/simple", "pypi.org"),
+        ("http://user@registry.test:8080/x?y", "registry.test:8080"),
+    ],
+)
+def test_a_url_is_refused_with_its_host_to_write(url: str, host: str) -> None:
+    """It read "bad port in 'https://pypi.org/simple'" (found by trying corral as a
+    new user); the twin: the host it names is a rule."""
+    with pytest.raises(ValueError, match=f"is a URL: write its host, '{host}'"):
+        Rule(url)
+    assert Rule(host).matches_name(host.split(":")[0], int(host.partition(":")[2] or 443))
+
+
 def test_bad_entry_in_a_list_refuses_the_whole_list() -> None:
     with pytest.raises(ValueError):
         HostRules.parse(["example.org", "bad host"], [])

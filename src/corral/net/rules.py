@@ -155,6 +155,10 @@ def _digits(text: str) -> bool:
 def _parse_into(rule: Rule, entry: str) -> None:
     if not entry:
         raise ValueError("empty network rule")
+    scheme, sep, rest = entry.partition("://")
+    if sep and scheme.isalpha():  # a URL pasted from a browser or an error message
+        hostport = rest.split("/")[0].split("?")[0].rpartition("@")[2]
+        raise ValueError(f"{entry!r} is a URL: write its host, {hostport!r} (or with a port)")
     host = entry
     if entry.startswith("["):  # [v6] or [v6]:port
         close = entry.find("]")
