@@ -45,7 +45,7 @@ from corral.cli import (
     planned_again,
     refuse_unused_flags,
 )
-from corral.errors import CorralError, SetupRaced, plain
+from corral.errors import CorralError, PolicyError, SetupRaced, plain
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -227,7 +227,13 @@ def _shell_once(
 def cmd_mcp(args: list[str]) -> int:
     """An MCP server on stdio whose tools act on one long-lived sandbox."""
     opts, _ = parse(args, MCP_OPTIONS, False, command="mcp", refused=NOT_FOR_MCP)
-    policy = build_policy(opts)
+    try:
+        policy = build_policy(opts)
+    except PolicyError as exc:
+        if opts.get("workspace") or "the workspace cannot be" not in exc.message:
+            raise
+        # MCP clients often start their servers in / or the home directory
+        raise PolicyError(f"{exc.message}; give the server --workspace DIR") from None
     try:
         import mcp.server.lowlevel  # noqa: F401  (the SDK, checked before a sandbox starts)
 

@@ -128,3 +128,29 @@ def test_mcp_applies_the_run_options_and_is_recorded(ws: Path) -> None:
     (record,) = [json.loads(x) for x in (state / "corral" / "runs.jsonl").read_text().splitlines()]
     assert record["kind"] == "mcp" and record["execs"] == 3
     assert [c["exit"] for c in record["commands"]] == [124, 0, 127]
+
+
+def test_a_server_started_in_the_root_directory_is_told_about_workspace(ws: Path) -> None:
+    """MCP clients often start servers in / (found by trying corral as a new user):
+    the refusal says what to give; the twin: with --workspace it serves."""
+    import subprocess
+
+    env = {**os.environ, "HOME": str(ws.parent / "home"), "XDG_STATE_HOME": str(ws.parent)}
+    command = [sys.executable, "-m", "corral", "mcp"]
+    done = subprocess.run(command, cwd="/", env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith("give the server --workspace DIR"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+    async def listed() -> list[str]:
+        server = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "corral", "mcp", "--workspace", str(ws)],
+            env=env,
+            cwd="/",
+        )
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            return [t.name for t in (await session.list_tools()).tools]
+
+    assert "run_command" in anyio.run(listed)
