@@ -85,7 +85,7 @@ RUN_OPTIONS: Options = {
         "value",
         "SIZE",
         "size of the private /dev/shm (default: RAM/16, 64M-1G); "
-        "--timeout, --memory, --pids, --cpus, --tmp and --shm take none: no bound at all",
+        "{unbounded} take none: no bound at all",
     ),
     "--output-limit": (
         "output",

@@ -22,6 +22,15 @@ def wrap(text: str, width: int, indent: str) -> list[str]:
     return [*lines, line] if line else lines
 
 
+# The limits that take "none" (no bound), as the command's own table has them
+_UNBOUNDED = ("--timeout", "--memory", "--pids", "--cpus", "--tmp", "--shm")
+
+
+def _unbounded(table: Options) -> str:
+    names = [n for n in _UNBOUNDED if n in table]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+
+
 def options_text(table: Options) -> str:
     """One entry per attribute (aliases together), help wrapped under 88 columns."""
     seen: dict[str, list[str]] = {}
@@ -32,6 +41,7 @@ def options_text(table: Options) -> str:
         documented = [n for n in names if table[n][3]] or names
         _, kind, metavar, help_ = table[documented[0]]
         help_ = help_.replace("{tiers}", ", ".join(tiers.names()))  # (the registry's order)
+        help_ = help_.replace("{unbounded}", _unbounded(table))
         head = "  " + ", ".join(names) + (f" {metavar}" if kind != "flag" else "")
         body = wrap(help_, 88, " " * 24)
         if len(head) < 22 and body:
@@ -56,7 +66,7 @@ def help_text(command: str | None = None) -> str:
         return "\n".join(lines) + "\n\n" + _exit_codes()
     usage, what, table = COMMANDS[command]
     text = f"usage: corral {command} {usage}\n\n{what}\n\noptions:\n" + options_text(table)
-    text += "  -h, --help              this text\n"
+    text += f"{'  -h, --help':<24}this text\n"
     if command in ("run", "shell", "mcp"):
         text += "\n" + _exit_codes()
     elif command in ("pending", "approve", "deny"):

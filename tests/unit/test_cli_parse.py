@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -366,6 +367,24 @@ def test_every_command_has_help_listing_every_option_it_parses(
         sub = ["import"] if command == "policy" else ["serve"]
         code, out, _ = run_main([command, *sub, "--help"], capsys)
         assert code == 0 and out.startswith(f"usage: corral {command} ")
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_help_names_only_options_the_command_takes(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`corral shell --help` said --timeout takes none, and shell refuses --timeout
+    (found by trying corral as a new user); -h's line sat two columns off."""
+    _, _, table = cli.COMMANDS[command]
+    code, out, _ = run_main(["help", command], capsys)
+    assert code == 0
+    text = " ".join(out.split())  # (unwrapped)
+    said = re.search(r"((?:--[a-z-]+(?:, | and )?)+) take none", text)
+    if said is not None:
+        assert all(name in table for name in re.findall(r"--[a-z-]+", said.group(1))), said
+    options = [line for line in out.splitlines() if line.startswith("  -")]
+    helps = [line for line in options if line.startswith("  -h, --help")]
+    assert helps and helps[0][24:] == "this text", helps
 
 
 def test_help_names_every_tier_the_registry_knows(capsys: pytest.CaptureFixture[str]) -> None:
