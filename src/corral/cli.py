@@ -639,6 +639,9 @@ def _network_flags(policy: Policy, opts: dict[str, object]) -> None:
         if opts["network"] not in pol.NETWORK_MODES:
             raise CorralError(f"--network: expected one of {', '.join(pol.NETWORK_MODES)}")
         policy.network.mode = str(opts["network"])
+        for flag in ("allow", "transparent"):
+            if opts["network"] == "none" and opts.get(flag):
+                raise CorralError(f"--{flag} has no effect with --network none: leave one out")
 
 
 def pass_fds(opts: dict[str, object]) -> tuple[int, ...]:

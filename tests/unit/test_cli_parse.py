@@ -150,6 +150,9 @@ def test_parse_errors(args: list[str], positional: bool, fragment: str) -> None:
         (["doctor", "extra"], "unexpected argument"),
         (["doctor", "--tier", "x"], "unknown option"),
         (["log", "-n", "many"], "-n needs a whole number"),
+        # flags against flags: the flags named, not a policy file's key
+        (["run", "--allow", "a.test", "--network", "none", "--", "true"], "--allow has no"),
+        (["run", "--transparent", "--network", "none", "--", "true"], "--transparent has no"),
     ],
 )
 def test_main_usage_errors(
