@@ -959,8 +959,9 @@ class _Planner:
             if _kind(real) != "dir":
                 from corral.errors import PolicyError
 
-                what = "the workspace" if path == self.policy.workspace else "writable path"
-                raise PolicyError(f"{what} {path} does not exist or is not a directory")
+                if path == self.policy.workspace:
+                    raise PolicyError(f"the workspace {path} does not exist or is not a directory")
+                raise PolicyError(_missing_writable(self.policy, path))
             writable.append(real)
         return writable
 
@@ -1372,3 +1373,13 @@ def _shadow(root: str) -> list[Mount]:
         except OSError:
             continue
     return mounts
+
+
+def _missing_writable(policy: Policy, path: str) -> str:
+    """What to say of a writable path that is no directory: where it was set (the
+    policy file's line, or the flag) and what to do."""
+    from corral.policyfile import where_set
+
+    place = where_set(policy.source, "filesystem", "writable", path) if policy.source else ""
+    why = "does not exist or is not a directory (create it, or remove the entry)"
+    return f"{place}: {path} {why}" if place else f"--writable {path}: {why}"

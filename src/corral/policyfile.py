@@ -364,6 +364,20 @@ def _key_line(lines: list[str], section: str, key: str) -> int:
     return 0
 
 
+def where_set(path: str, section: str, key: str, value: str) -> str:
+    """``FILE:LINE: section.key`` when the policy file at ``path`` sets that key to
+    a list naming ``value`` (a check made after loading names the place), else ""."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, ValueError):
+        return ""
+    if value not in text:
+        return ""  # (given by a flag, not by the file)
+    line = _key_line(text.splitlines(), section, key)
+    return f"{path}:{line}: {section}.{key}" if line else f"{path}: {section}.{key}"
+
+
 def load_file(path: str, policy: Policy) -> None:
     """Apply a TOML policy file on top of ``policy``; PolicyError names file, line, key."""
     import tomllib

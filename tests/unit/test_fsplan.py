@@ -1141,3 +1141,28 @@ def test_the_homes_git_config_includes_into_the_workspace_are_write_deny(lay: La
     ro = set(dests(plan, "ro-bind"))
     assert str(lay.ws / "common") in ro and str(lay.ws / "xdg") in ro
     assert str(lay.ws / "other") not in ro  # the twin
+
+
+def test_a_missing_writable_path_is_named_where_it_was_set(tmp_path: Path) -> None:
+    """It read "writable path /x does not exist" with no file, line or key (found by
+    trying corral as a new user); the twin: one that exists is writable."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    there = tmp_path / "there"
+    there.mkdir()
+    (ws / "corral.toml").write_text(
+        f'[network]\nmode = "none"\n\n[filesystem]\nwritable = ["{there}", "/does/not/exist"]\n'
+    )
+    policy = Policy.load(workspace=str(ws))
+    with pytest.raises(PolicyError) as raised:
+        plan_filesystem(policy)
+    assert raised.value.message == (
+        f"{ws / 'corral.toml'}:5: filesystem.writable: /does/not/exist does not exist or "
+        "is not a directory (create it, or remove the entry)"
+    )
+    flagged = Policy(str(ws))  # (no file: the flag said it)
+    flagged.filesystem.writable = ["/nope"]
+    with pytest.raises(PolicyError, match=r"^--writable /nope: does not exist"):
+        plan_filesystem(flagged)
+    flagged.filesystem.writable = [str(there)]
+    assert str(there) in plan_filesystem(flagged).writable
