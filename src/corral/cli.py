@@ -956,7 +956,7 @@ def _finish(
         truncated=result.truncated,
         output_bytes=result.output_bytes,
         limits_hit=result.limits_hit,
-        denials=[d.to_dict() for d in denials if d.refused],
+        denials=[d.recorded() for d in denials if d.refused],
     )
     _log(record, opts.get("log"))
     if target:

@@ -427,7 +427,17 @@ def cmd_log(args: list[str]) -> int:
         )
         line = f"{start}  {run_id}  {tier:<9}  {_outcome(r):<8}  {dur:>8}  {command[:80]}{extra}"
         print(plain(line))  # an agent's command may hold terminal controls
+        if run and isinstance(denials, list):  # one run asked for: what it refused, too
+            for d in denials:
+                said = d.get("line") if isinstance(d, dict) else None
+                print("    " + plain(str(said) if said else json_line(d)))
     return 0
+
+
+def json_line(value: object) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)
 
 
 def _outcome(r: dict[str, object]) -> str:

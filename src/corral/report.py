@@ -49,6 +49,11 @@ class Denial:
     def to_dict(self) -> dict[str, object]:
         return {"kind": self.kind, **self.fields}
 
+    def recorded(self) -> dict[str, object]:
+        """What the activity log keeps of it: :meth:`to_dict` and corral's line
+        (``corral log --run ID`` prints it again)."""
+        return {**self.to_dict(), "line": str(self)}
+
     @property
     def refused(self) -> bool:
         """Something refused (what the run record lists), not a bound or a note."""

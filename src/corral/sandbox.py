@@ -765,7 +765,7 @@ class Sandbox:
             "execs": self._execs,
             "commands": list(self._history),
             "starts": self._instance,
-            "denials": [d.to_dict() for d in self.denials if d.refused],
+            "denials": [d.recorded() for d in self.denials if d.refused],
             "errors": list(self.errors),
         }
         if self.plan.notes:

@@ -128,9 +128,12 @@ def test_report_json_lists_every_denial_as_data(
     assert not (ws / ".vscode").exists()
     # --report json replaces corral's closing lines: the JSON is the last word
     assert not [x for x in corral_lines(r.stderr) if "blocked" in x or "denied write" in x]
-    # the run record keeps the same denials
+    # the run record keeps the same denials, each with corral's line for it
     record = json.loads(c.run(["log", "--json", "-n", "1"], cwd=ws).stdout)
-    assert record["denials"] == [*moved, *net] or record["denials"] == [*net, *moved]
+    kept = [{k: v for k, v in d.items() if k != "line"} for d in record["denials"]]
+    assert kept == [*moved, *net] or kept == [*net, *moved]
+    lines = sorted(d["line"] for d in record["denials"])
+    assert lines[0].startswith("blocked: ") and lines[1].startswith("denied write: "), lines
 
 
 def test_report_file_and_limits(tsandbox: tuple[Corral, Path]) -> None:

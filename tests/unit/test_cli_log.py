@@ -92,3 +92,34 @@ def test_a_sandbox_is_closed_not_an_unknown_exit(
     assert "closed" in sandbox and "exit" not in sandbox
     assert "open" in still
     assert "exit ?" in run
+
+
+def test_one_run_asked_for_shows_what_it_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`corral log --run ID` printed the summary alone; what was refused needed --json
+    (found by trying corral as a new user).  Each refusal's line is recorded with it;
+    the twin: the list of every run stays one line a run."""
+    from corral import report
+    from corral.policy import Policy
+
+    policy = Policy(str(tmp_path))
+    policy.network.mode = "proxy"
+    entry = {"host": "evil\x1b[2J.test", "port": 443, "rule": "default", "reason": "not allowed"}
+    (refused,) = report.network([entry], policy)
+    path = tmp_path / "runs.jsonl"
+    runlog.append({"run_id": "aaa1", "exit": 6, "denials": [refused.recorded()]}, str(path))
+    runlog.append(
+        {"run_id": "bbb2", "exit": 0, "denials": [{"kind": "file", "path": "/x"}]}, str(path)
+    )
+    assert cli.main(["log", "--log", str(path), "--run", "aaa"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "aaa1" in lines[0] and "denials: 1" in lines[0]
+    assert lines[1] == (
+        "    blocked: evil\\x1b[2J.test:443 (rule default: not allowed; "
+        "allow with --allow evil\\x1b[2J.test:443)"
+    )
+    assert cli.main(["log", "--log", str(path), "--run", "bbb"]) == 0  # an older record
+    assert capsys.readouterr().out.splitlines()[1] == '    {"kind": "file", "path": "/x"}'
+    assert cli.main(["log", "--log", str(path)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
