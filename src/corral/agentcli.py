@@ -210,7 +210,11 @@ def line_of(r: dict[str, object]) -> str:
     else:
         rest = {k: v for k, v in r.items() if k not in ("t", "kind")}
         what = runlog.dumps(rest)
-    return f"{t}  {kind:<6} {what}".replace("\n", "\\n")
+    from corral.errors import plain
+
+    # a command's output and the names it made are in these records: no terminal
+    # control of theirs reaches the reader's terminal (found by attacking corral)
+    return plain(f"{t}  {kind:<6} {what}".replace("\n", "\\n"))
 
 
 def _err(line: str) -> None:

@@ -278,16 +278,20 @@ def _copy_one(src: str, name: str, into: int, places: list[str]) -> None:
 def _artifacts(job: Job) -> list[dict[str, Any]]:
     """Each artifact's size, of the workspace's own file (a symlink is not followed:
     one a run left would report the size of a host file)."""
-    workspace = str(job.get("workspace") or os.getcwd())
+    workspace = os.path.realpath(str(job.get("workspace") or os.getcwd()))
     found = []
     for rel in job.get("artifacts", []):
-        path = os.path.join(workspace, rel)
-        try:
-            st = os.lstat(path)
-            size = st.st_size if stat.S_ISREG(st.st_mode) else None
-            found.append({"path": rel, "bytes": size})
-        except OSError:
-            found.append({"path": rel, "bytes": None})
+        path = os.path.normpath(os.path.join(workspace, rel))
+        size = None
+        # a link anywhere on the way (not only the last name) could lead out of the
+        # workspace, and the size would tell of a host file (found by attacking corral)
+        if os.path.realpath(path) == path and inside(path, workspace):
+            try:
+                st = os.lstat(path)
+                size = st.st_size if stat.S_ISREG(st.st_mode) else None
+            except OSError:
+                pass
+        found.append({"path": rel, "bytes": size})
     return found
 
 

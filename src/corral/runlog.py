@@ -44,12 +44,19 @@ def _string(text: str) -> str:
     out = text.replace("\\", "\\\\").replace('"', '\\"')
     if out.isascii() and out.isprintable():  # the common case, checked in C
         return f'"{out}"'
-    if any(ord(c) < 0x20 or 0xD800 <= ord(c) <= 0xDFFF or c == "\x7f" for c in out):
-        out = "".join(
-            f"\\u{ord(c):04x}" if ord(c) < 0x20 or 0xD800 <= ord(c) <= 0xDFFF or c == "\x7f" else c
-            for c in out
-        )
+    if not out.isprintable():
+        # as \uXXXX: every character a terminal or viewer acts on (controls, C1's CSI,
+        # a right-to-left override, a line separator), and lone surrogates; this is
+        # written to a terminal too (--report json: found by attacking corral)
+        out = "".join(c if c.isprintable() else _u_escape(ord(c)) for c in out)
     return f'"{out}"'
+
+
+def _u_escape(code: int) -> str:
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # (JSON spells one beyond the BMP as its UTF-16 pair)
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def dumps(value: object) -> str:

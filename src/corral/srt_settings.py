@@ -332,7 +332,10 @@ class _Reader:
         """Where corral will put ``path``: ``~`` is home, relative is the workspace."""
         if path == "~" or path.startswith("~/"):
             path = self.home + path[1:]
-        return os.path.realpath(os.path.join(self.workspace, path))
+        try:
+            return os.path.realpath(os.path.join(self.workspace, path))
+        except OSError as exc:  # (/proc/1/root: a link this user may not follow)
+            raise self.fail("filesystem", f"{path}: {exc.strerror or exc}") from None
 
     def filesystem(self, value: object) -> None:
         fs = self.section("filesystem", value)

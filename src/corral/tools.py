@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from corral.memory import Memory
 from corral.sandbox import AsyncProcess, AsyncSandbox, ExecResult, PathDenied, SandboxError
 
 JSON = dict[str, object]
+T = TypeVar("T")
 
 
 class ToolError(Exception):
@@ -109,8 +111,8 @@ class Toolbox:
             reason = f"denied by the sandbox's policy: {exc}"
             return Outcome(error=reason, denials=[reason])
         except (SandboxError, OSError, TimeoutError, ValueError) as exc:
-            return Outcome(error=str(exc) or type(exc).__name__)
-        outcome = Outcome(value=value)
+            return Outcome(error=_text_only(str(exc) or type(exc).__name__))
+        outcome = Outcome(value=_text_only(value))
         if isinstance(value, dict) and isinstance(value.get("exit_code"), int):
             outcome.exit_code = int(str(value["exit_code"]))
             outcome.denials = proxy_denials(value)
@@ -214,6 +216,25 @@ def exec_result(r: ExecResult) -> JSON:
         "truncated": r.truncated or cut_out or cut_err,
         "duration": round(r.duration, 4),
     }
+
+
+def _text_only(value: T) -> T:
+    """``value`` with every string made valid text: a name a command made inside (a
+    file name not in UTF-8, read as surrogate escapes) could not be encoded by
+    the MCP SDK or an HTTP client, and a `list_files` of it killed the server
+    (found by attacking corral mcp).  The bytes that were no text read as \\xNN."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = value.encode("utf-8", "surrogateescape")
+            return raw.decode("utf-8", "backslashreplace")  # type: ignore[return-value]
+        return value
+    if isinstance(value, list):
+        return [_text_only(v) for v in value]  # type: ignore[return-value]
+    if isinstance(value, dict):
+        return {_text_only(k): _text_only(v) for k, v in value.items()}  # type: ignore[return-value]
+    return value
 
 
 def _answer_text(data: bytes) -> tuple[str, bool]:
@@ -337,7 +358,11 @@ async def _list_processes(box: Toolbox, a: JSON) -> object:
 
 
 async def _read_file(box: Toolbox, a: JSON) -> object:
-    return (await box.sb.files.read(str(a["path"]))).decode("utf-8", "replace")
+    data = await box.sb.files.read(str(a["path"]))
+    text, cut = _answer_text(data)  # (a 64 MiB file held a server at 2.5 GB)
+    if cut:
+        text += f"\n[corral: the file is {len(data)} bytes; its middle was left out]"
+    return text
 
 
 async def _write_file(box: Toolbox, a: JSON) -> object:

@@ -154,3 +154,42 @@ def test_a_server_started_in_the_root_directory_is_told_about_workspace(ws: Path
             return [t.name for t in (await session.list_tools()).tools]
 
     assert "run_command" in anyio.run(listed)
+
+
+def test_what_a_command_makes_cannot_kill_or_swell_the_server(ws: Path) -> None:
+    """A file name that is no UTF-8 made `list_files` kill the server (the SDK could
+    not encode the answer), and `read_file` of a big file held 40 times its size
+    (found by attacking corral mcp).  The name comes back escaped, the read cut to
+    the tools' answer bound; the twins: the server goes on, a small file is whole."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "corral", "mcp", "--workspace", str(ws)],
+        env={
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(ws.parent / "home"),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
+            "XDG_STATE_HOME": str(ws.parent / "home"),
+        },
+    )
+
+    async def go() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            made = (
+                "touch \"$(printf 'bad\\377name')\"; head -c 3000000 /dev/zero | tr '\\0' x > big"
+            )
+            assert payload(await s.call_tool("run_command", {"command": made}))
+            with anyio.fail_after(30):
+                listed = payload(await s.call_tool("list_files", {"path": "."}))
+            assert isinstance(listed, list)
+            assert "bad\\xffname" in [e["name"] for e in listed]
+            with anyio.fail_after(60):
+                big = payload(await s.call_tool("read_file", {"path": "big"}))
+            assert isinstance(big, str) and len(big) < (1 << 20) + 200
+            assert big.endswith("[corral: the file is 3000000 bytes; its middle was left out]")
+            r = payload(await s.call_tool("run_command", {"command": "echo alive"}))
+            assert isinstance(r, dict) and r["stdout"] == "alive\n"
+            assert payload(await s.call_tool("write_file", {"path": "s", "content": "small"}))
+            assert payload(await s.call_tool("read_file", {"path": "s"})) == "small"
+
+    anyio.run(go)
