@@ -25,7 +25,7 @@ def test_a_name_that_is_no_utf8_becomes_text_a_client_can_encode() -> None:
 
 
 def test_an_agent_log_line_shows_a_commands_controls_as_text() -> None:
-    record = {
+    record: dict[str, object] = {
         "t": "12:00:00",
         "kind": "tool",
         "name": "run_command",
