@@ -769,14 +769,14 @@ def _explained_extras(policy: Policy) -> NetExtras | None:
 class _ShellResult:
     """What a shell's end tells, in RunResult's terms (no timeout, no output bound)."""
 
-    def __init__(self, code: int, duration: float) -> None:
+    def __init__(self, code: int, duration: float, signum: int | None = None) -> None:
         self.exit_code = code
         self.duration = duration
         self.timed_out = False
         self.truncated = False
         self.output_bytes = 0
         self.limits_hit: list[str] = []
-        self.signal: int | None = None
+        self.signal = signum  # a signal corral received, which killed the sandbox
 
 
 def _open_door(
@@ -1014,8 +1014,20 @@ def _log(record: dict[str, object], path: object) -> None:
 def _err(line: str) -> None:
     from corral.errors import visible
 
-    sys.stderr.write(visible(line) + "\n")
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(visible(line) + "\n")
+        sys.stderr.flush()
+    except OSError as exc:
+        if not _hung_up(exc):
+            raise
+
+
+def _hung_up(exc: OSError) -> bool:
+    """Whether a write failed because our terminal is gone (closed: EIO, and corral
+    had a SIGHUP): nobody is left to read it, and corral ends as it would."""
+    import errno
+
+    return exc.errno == errno.EIO
 
 
 def _command(name: str) -> Callable[[list[str]], int]:
@@ -1097,6 +1109,9 @@ def entry() -> None:
         sys.stderr.flush()
     except BrokenPipeError:
         pass
+    except OSError as exc:
+        if not _hung_up(exc):
+            raise
     os._exit(code)
 
 

@@ -215,12 +215,12 @@ def _shell_once(
 
     began = time.monotonic()
     try:
-        code, found = pty_shell.run(plan, run_id)
+        code, found, signum = pty_shell.run(plan, run_id)
     except CorralError as exc:
         if not (isinstance(exc, SetupRaced) and attempt < SETUP_ATTEMPTS):
             _failed(opts, record, exc)  # a run planned again is recorded once, by its last
         raise
-    ended = _ShellResult(code, time.monotonic() - began)
+    ended = _ShellResult(code, time.monotonic() - began, signum)
     return _finish(opts, plan, record, code, found, door, ended)
 
 

@@ -55,11 +55,22 @@ CTTY_SHIM = (
 # shell's (128+N for a signal).  (Its own copy of the framing and of CTTY_SHIM's
 # words: it runs inside, where corral is not importable.)
 TTY_RELAY = r"""
-import fcntl, os, select, signal, struct, sys, termios
+import fcntl, os, select, signal, struct, sys, termios, time
+
+# the end of corral's input: ^D now and again while the shell lives, every other
+# one after a ^U (see corral.shell's EOT_AGAIN)
+EOT_AGAIN = 0.5
 
 def out(fd, data):
     while data:
         data = data[os.write(fd, data):]
+
+def eot(fd, n):
+    try:  # (never waiting: a terminal whose input is full takes none)
+        if select.select([], [fd], [], 0)[1]:
+            os.write(fd, b"\x15\x04" if n and n % 2 == 0 else b"\x04")
+    except OSError:  # nobody holds the terminal any more
+        pass
 
 def feed(buf):
     # the complete frames in buf, applied; what is left of a frame still coming
@@ -111,9 +122,13 @@ if pid == 0:
         os._exit(126)
     os._exit(126)
 os.close(slave)
-reading, status = True, None
+reading, status, eot_at, eots = True, None, None, 0
 while status is None:
-    ready = select.select([master, wake_r] + [0] * reading, [], [])[0]
+    wait = None if eot_at is None else max(0.0, eot_at - time.monotonic())
+    ready = select.select([master, wake_r] + [0] * reading, [], [], wait)[0]
+    if eot_at is not None and time.monotonic() >= eot_at:
+        eot(master, eots)
+        eot_at, eots = time.monotonic() + EOT_AGAIN, eots + 1
     if wake_r in ready:
         os.read(wake_r, 512)
         done, got = os.waitpid(pid, os.WNOHANG)
@@ -128,10 +143,10 @@ while status is None:
             status = os.waitpid(pid, 0)[1]
     if reading and 0 in ready:
         chunk = os.read(0, 65536)
-        if not chunk:  # corral's input ended: end of file for the shell, as a ^D
-            reading = False
-            out(master, b"\x04")
         buf = feed(buf + chunk)
+        if not chunk:  # corral's input ended: end of file for the shell, as ^Ds
+            reading = False
+            eot_at = time.monotonic()
 os.set_blocking(master, False)
 try:  # what the shell wrote last
     while data := os.read(master, 65536):
@@ -173,21 +188,55 @@ def copy_winsize(src: int, dst: int) -> None:
         pass
 
 
-def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
-    """Run ``plan`` on a new pty wired to our stdin/stdout; returns the exit code and
-    what the run's end found (quarantined and restored paths, refused writes)."""
-    import termios
+# When our input ends, the shell's does: a ^D (end of file at a line's start) at
+# once and again every EOT_AGAIN seconds while the shell lives.  One that arrives
+# while no line editor reads (bash starting, a command running: the terminal in
+# canonical mode then) is read later as a NUL, not as an end, and a line editor
+# may put that in its line (busybox's does), where a ^D is no end: every other
+# ^D from the third on comes after a ^U, which empties the line (not each: on an
+# empty line, readline answers a ^U with a bell).  (TTY_RELAY has its own copy.)
+EOT_AGAIN = 0.5
+
+
+def run(plan: Plan, run_id: str) -> tuple[int, list[Denial], int | None]:
+    """Run ``plan`` on a new pty wired to our stdin/stdout; returns the exit code,
+    what the run's end found (quarantined and restored paths, refused writes) and
+    the signal corral received and acted on, or None.
+
+    As for ``corral run``, a signal of FORWARDED_SIGNALS to corral (SIGTERM;
+    SIGHUP: its terminal was closed; SIGINT) kills the sandbox; the exit code is
+    then 128+N.  When our input ends, the shell's does: it ends as with its input
+    from a file (see EOT_AGAIN)."""
+    signals = _Signals()
+    try:
+        if plan.strategy.own_terminal:
+            code, found = _run_relayed(plan, run_id, signals)
+        else:
+            code, found = _run_pty(plan, run_id, signals)
+    finally:
+        signals.close()
+    if signals.received:
+        return 128 + signals.received[0], found, signals.received[0]
+    return code, found, None
+
+
+def _run_pty(plan: Plan, run_id: str, signals: _Signals) -> tuple[int, list[Denial]]:
+    """``run`` on a pty of ours, the slave side the sandbox's terminal."""
+    import time
 
     from corral import launch
 
-    if plan.strategy.own_terminal:
-        return _run_relayed(plan, run_id)
     master, slave = os.openpty()
     interactive = os.isatty(0)
     if interactive:
         copy_winsize(0, master)
-    started = launch.start(plan, run_id, {0: slave, 1: slave, 2: slave})
-    os.close(slave)
+    try:
+        started = launch.start(plan, run_id, {0: slave, 1: slave, 2: slave})
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)
     saved = _raw_stdin()
     previous = signal.signal(signal.SIGWINCH, lambda *_: copy_winsize(0, master))
     text = ""
@@ -197,15 +246,25 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
     ended = started.status_r if started.status_r >= 0 else os.pidfd_open(started.pid)
     held = _Held()
     try:
-        open_in = True
-        while True:
-            watch = [master, ended] + ([0] if open_in else [])
-            try:
-                ready = select.select(watch, [], [], held.wait())[0]
-            except InterruptedError:
-                continue
-            if not ready:
-                held.release()
+        open_in, last = True, b"\n"  # the last byte typed: a line's end, so far
+        eot_at: float | None = None  # once our input has ended: when the next ^D goes
+        eots = 0
+        while not signals.received:
+            wait = held.wait()
+            if eot_at is not None:
+                due = max(0.0, eot_at - time.monotonic())
+                wait = due if wait is None else min(wait, due)
+            watch = [master, ended, signals.wake_r] + ([0] if open_in else [])
+            ready = select.select(watch, [], [], wait)[0]
+            if signals.received:
+                break
+            if held.wait() == 0.0:
+                held.release()  # held for PATIENCE: not bwrap's
+            if eot_at is not None and time.monotonic() >= eot_at:
+                _eot(master, eots)
+                eot_at, eots = time.monotonic() + EOT_AGAIN, eots + 1
+            if signals.wake_r in ready:
+                os.read(signals.wake_r, 512)
             if ended in ready and ended != started.status_r:
                 held.release()
                 _drain(master)
@@ -228,20 +287,28 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
                 if data:
                     held.take(data)
             if open_in and 0 in ready:
-                data = os.read(0, 65536)
+                try:
+                    data = os.read(0, 65536)
+                except OSError:  # EIO: our terminal hung up (its SIGHUP follows)
+                    data = b""
                 if data:
                     os.write(master, data)
-                else:
+                    last = data[-1:]
+                else:  # the end of our input: the shell's, as ^Ds
                     open_in = False
-                    os.write(master, b"\x04")  # end of input: ^D to the shell
+                    if not interactive and last not in (b"\n", b"\r"):
+                        os.write(master, b"\n")  # a file's last line, unended, runs
+                    eot_at = time.monotonic()
     finally:
         signal.signal(signal.SIGWINCH, previous)
-        if saved is not None:
-            termios.tcsetattr(0, termios.TCSADRAIN, saved)
+        _restore(saved)
         os.close(master)
         if ended != started.status_r:
             os.close(ended)
         found = started.stop()
+    if signals.received:  # the sandbox was killed: its end tells nothing more
+        held.data = b""
+        return 125, found
     if code is None:
         from corral.launch import _status_value
 
@@ -252,12 +319,10 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
     return 125 if code is None else plan.strategy.exit_code(plan, code), found
 
 
-def _run_relayed(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
+def _run_relayed(plan: Plan, run_id: str, signals: _Signals) -> tuple[int, list[Denial]]:
     """``run`` for a sandbox that makes its own terminal (TTY_RELAY inside): our
     input goes in framed on a pipe, our window size first and again at each
     SIGWINCH; its terminal's output comes back on another."""
-    import termios
-
     from corral import launch
 
     in_r, in_w = os.pipe()
@@ -275,24 +340,73 @@ def _run_relayed(plan: Plan, run_id: str) -> tuple[int, list[Denial]]:
         os.close(out_w)
     saved = _raw_stdin()
     ended = started.status_r if started.status_r >= 0 else os.pidfd_open(started.pid)
-    relay = _Relay(in_w, out_r, ended)
+    relay = _Relay(in_w, out_r, ended, signals=signals)
     previous = signal.signal(signal.SIGWINCH, lambda *_: relay.resized.append(True))
-    old_wakeup = signal.set_wakeup_fd(relay.wake_w)
     code = 125
     try:
         relay.run()
-        code = os.waitstatus_to_exitcode(os.waitpid(started.pid, 0)[1])
-        code = 128 - code if code < 0 else code
+        if not signals.received:
+            code = os.waitstatus_to_exitcode(os.waitpid(started.pid, 0)[1])
+            code = 128 - code if code < 0 else code
     finally:
-        signal.set_wakeup_fd(old_wakeup)
         signal.signal(signal.SIGWINCH, previous)
-        if saved is not None:
-            termios.tcsetattr(0, termios.TCSADRAIN, saved)
+        _restore(saved)
         relay.close()
         if ended != started.status_r:
             os.close(ended)
         found = started.stop()
     return plan.strategy.exit_code(plan, code), found
+
+
+class _Signals:
+    """corral's FORWARDED_SIGNALS while a shell runs, noted in ``received`` for
+    the loop, which then ends and the sandbox is killed; any signal with a
+    handler of ours (SIGWINCH too) wakes the loop through ``wake_r``.  With
+    ``install`` False, only the wake pipe (a relay run by a test)."""
+
+    def __init__(self, install: bool = True) -> None:
+        self.received: list[int] = []
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self.previous: dict[int, Any] = {}
+        self.installed = install
+        if install:
+            from corral.launch import FORWARDED_SIGNALS
+
+            self.old_wakeup = signal.set_wakeup_fd(self.wake_w)
+            self.previous = {sig: signal.signal(sig, self._note) for sig in FORWARDED_SIGNALS}
+
+    def _note(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+
+    def close(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        if self.installed:
+            signal.set_wakeup_fd(self.old_wakeup)
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+
+
+def _eot(master: int, n: int) -> None:
+    """The ``n``-th end of input (from 0) to the shell's terminal: ^D, ^D, ^U ^D,
+    ^D, ^U ^D...; nothing if its input is full (never waiting)."""
+    try:
+        if select.select([], [master], [], 0)[1]:
+            os.write(master, b"\x15\x04" if n and n % 2 == 0 else b"\x04")
+    except OSError:  # nobody holds the terminal any more
+        pass
+
+
+def _restore(saved: list[Any] | None) -> None:
+    """Our terminal as it was (its settings from _raw_stdin), if it is still there."""
+    import termios
+
+    if saved is not None:
+        try:
+            termios.tcsetattr(0, termios.TCSADRAIN, saved)
+        except termios.error:  # hung up (SIGHUP): nothing left to restore
+            pass
 
 
 def _raw_stdin() -> list[Any] | None:
@@ -312,23 +426,35 @@ def _raw_stdin() -> list[Any] | None:
 class _Relay:
     """Our side of TTY_RELAY: stdin framed into the sandbox, a size at each
     resize (a signal wakes the loop through ``wake_r``), its output to our stdout,
-    until ``ended`` (the launched process's pidfd or status pipe) is readable."""
+    until ``ended`` (the launched process's pidfd or status pipe) is readable,
+    or a signal of FORWARDED_SIGNALS was received (``signals``)."""
 
-    def __init__(self, in_w: int, out_r: int, ended: int, src: int = 0, dst: int = 1) -> None:
+    def __init__(
+        self,
+        in_w: int,
+        out_r: int,
+        ended: int,
+        src: int = 0,
+        dst: int = 1,
+        signals: _Signals | None = None,
+    ) -> None:
         self.in_w, self.out_r, self.ended = in_w, out_r, ended
         self.src, self.dst = src, dst  # our terminal (or whatever stdin and stdout are)
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_w, False)
+        self.own_signals = signals is None  # a wake pipe of its own, closed with it
+        self.signals = _Signals(install=False) if signals is None else signals
+        self.wake_r, self.wake_w = self.signals.wake_r, self.signals.wake_w
         self.resized: list[bool] = [True]  # the size goes first
 
     def run(self) -> None:
-        reading, output = True, True
-        while True:
+        reading, output, last = True, True, b"\n"
+        while not self.signals.received:
             if self.resized and self.in_w >= 0:
                 self.resized.clear()
                 _send(self.in_w, frame(b"w", _size(self.src)))
             watch = [self.ended, self.wake_r] + [self.out_r] * output + [self.src] * reading
             ready = select.select(watch, [], [])[0]
+            if self.signals.received:
+                return  # (the sandbox is killed: what it still says is left unread)
             if self.wake_r in ready:
                 os.read(self.wake_r, 512)
             if self.out_r in ready:
@@ -343,7 +469,10 @@ class _Relay:
                 reading = bool(data)
                 if data:
                     _send(self.in_w, frame(b"d", data))
-                else:  # the end of our input: the sandbox's, and the relay gives a ^D
+                    last = data[-1:]
+                else:  # the end of our input: the sandbox's, and the relay gives ^Ds
+                    if last not in (b"\n", b"\r") and not os.isatty(self.src):
+                        _send(self.in_w, frame(b"d", b"\n"))  # a file's last line runs
                     os.close(self.in_w)
                     self.in_w = -1
             if self.ended in ready:
@@ -359,9 +488,11 @@ class _Relay:
             pass
 
     def close(self) -> None:
-        for fd in (self.in_w, self.out_r, self.wake_r, self.wake_w):
+        for fd in (self.in_w, self.out_r):
             if fd >= 0:
                 os.close(fd)
+        if self.own_signals:
+            self.signals.close()
 
 
 def _size(fd: int) -> bytes:
@@ -403,7 +534,7 @@ class _Held:
 
     def take(self, data: bytes) -> None:
         if not self.holding:
-            os.write(1, data)
+            _out(data)
             return
         import time
 
@@ -423,7 +554,7 @@ class _Held:
     def release(self) -> None:
         self.holding = False
         if self.data:
-            os.write(1, self.data)
+            _out(self.data)
             self.data = b""
 
     def refuse(self, tier: str) -> None:
@@ -448,7 +579,21 @@ def _drain(master: int, keep: bool = False) -> bytes:
             if keep:
                 kept += data
             else:
-                os.write(1, data)
+                _out(data)
     except OSError:
         pass
     return kept
+
+
+def _out(data: bytes) -> None:
+    """To our stdout, all of it; nothing once our terminal has hung up (EIO: its
+    SIGHUP ends the shell)."""
+    import errno
+
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(1, view) :]
+    except OSError as exc:
+        if exc.errno != errno.EIO:
+            raise

@@ -9,13 +9,15 @@ import json
 import os
 import pty
 import select
+import signal
 import struct
 import subprocess
 import termios
 import time
+import uuid
 from pathlib import Path
 
-from conftest import Corral
+from conftest import Corral, pids_matching, wait_for
 
 
 def read_until(fd: int, needle: bytes, timeout: float = 15) -> bytes:
@@ -137,3 +139,109 @@ def test_shell_is_recorded_and_speaks_corrals_words(tsandbox: tuple[Corral, Path
     assert made.returncode == 0
     assert f"corral: denied write: {ws / '.idea'} (write-deny) was created".encode() in made.stderr
     assert not (ws / ".idea").exists()
+
+
+def interactive_shell(c: Corral) -> list[str]:
+    """bash where the host's programs are the sandbox's (its line editor resets
+    the terminal as it starts); the test image's busybox sh on the container tiers."""
+    return ["bash", "--norc", "-i"] if c.has("host-root") else ["sh", "-i"]
+
+
+def test_a_shell_whose_input_ends_ends_as_with_its_input_from_a_file(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """Input piped to corral shell, without ``exit``: the shell ends when it does,
+    with its last command's exit code, as ``bash </dev/null`` would.  (A single ^D
+    sent as the input ended came before the line editor read: a NUL to it.)"""
+    c, ws = tsandbox
+    argv = ["shell", "-q", "--", *interactive_shell(c)]
+    piped = c.run(argv, cwd=ws, input=b"echo piped$((1+1))\n", timeout=30)
+    assert piped.returncode == 0, piped.stdout + piped.stderr
+    assert b"piped2" in piped.stdout
+    assert c.run(argv, cwd=ws, input=b"", timeout=30).returncode == 0  # as </dev/null
+    last = c.run(argv, cwd=ws, input=b"echo a; sleep 1\nfalse", timeout=30)
+    assert last.returncode == 1, last.stdout  # the last line, unended, runs too
+    ended = c.run(argv, cwd=ws, input=b"echo piped; exit 5\n", timeout=30)
+    assert ended.returncode == 5, ended.stdout  # the twin: an exit of its own
+
+
+def on_a_terminal(c: Corral, ws: Path, marker: str) -> tuple[subprocess.Popen[bytes], int, int]:
+    """corral shell on a pty of ours, its controlling terminal (a SIGHUP comes when
+    the pty's master is closed), once the shell has started ``sleep MARKER`` in
+    the background; the process, the master, and a slave fd kept open."""
+    master, slave = pty.openpty()
+    os.chown(os.ttyname(slave), c.uid, c.gid)
+
+    def own_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(
+        c.argv(["shell", "-q", "--", *interactive_shell(c)]), cwd=ws, env=c.env(),
+        stdin=slave, stdout=slave, stderr=slave, preexec_fn=own_terminal,
+    )  # fmt: skip
+    os.write(master, f"sleep {marker} & echo up-$((6*7))\n".encode())
+    assert b"up-42" in read_until(master, b"up-42", 60)
+    return proc, master, slave
+
+
+def test_a_signal_to_corral_shell_kills_the_sandbox_and_is_recorded(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """SIGTERM to corral shell, as to corral run: the sandbox killed, corral's
+    terminal out of raw mode, one closing line, the record and the exit code 143."""
+    c, ws = tsandbox
+    marker = f"44{uuid.uuid4().int % 1000:03d}"
+    proc, master, slave = on_a_terminal(c, ws, marker)
+    try:
+        assert pids_matching(f"sleep {marker}")
+        assert termios.tcgetattr(slave)[3] & termios.ICANON == 0  # corral made it raw
+        os.kill(proc.pid, signal.SIGTERM)
+        said = read_until(master, b"killed the sandbox\r\n")
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 10)
+        said += read_until(master, b"never", 0.5)
+        assert said.count(b"corral: ") == 1, said
+        assert b"corral: received signal 15; killed the sandbox\r\n" in said
+        assert termios.tcgetattr(slave)[3] & termios.ICANON  # raw mode undone
+    finally:
+        proc.kill()
+        os.close(master)
+        os.close(slave)
+    record = json.loads(c.run(["log", "--json"], cwd=ws).stdout.splitlines()[-1])
+    assert (record["kind"], record["exit"]) == ("shell", 128 + signal.SIGTERM)
+
+
+def test_closing_corral_shells_terminal_kills_the_sandbox_and_is_recorded(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """The terminal closed under corral shell (SIGHUP): the sandbox killed, the
+    record written with 129, corral's own exit code 129.  The twin first: a shell
+    that exits on its own is recorded with its code and no closing line."""
+    c, ws = tsandbox
+    marker = f"45{uuid.uuid4().int % 1000:03d}"
+    proc, master, slave = on_a_terminal(c, ws, marker)
+    try:
+        os.write(master, b"kill %1; exit 5\n")
+        assert proc.wait(timeout=20) == 5
+        said = read_until(master, b"never", 0.5)
+        assert b"corral: " not in said, said
+        assert termios.tcgetattr(slave)[3] & termios.ICANON  # raw mode undone
+    finally:
+        proc.kill()
+        os.close(master)
+        os.close(slave)
+    marker = f"46{uuid.uuid4().int % 1000:03d}"
+    proc, master, slave = on_a_terminal(c, ws, marker)
+    try:
+        os.close(slave)
+        os.close(master)  # the terminal is gone: its session leader, corral, gets SIGHUP
+        assert proc.wait(timeout=20) == 128 + signal.SIGHUP
+        assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 10)
+    finally:
+        proc.kill()
+    records = [json.loads(x) for x in c.run(["log", "--json"], cwd=ws).stdout.splitlines()]
+    assert [(x["kind"], x["exit"]) for x in records[-2:]] == [
+        ("shell", 5),
+        ("shell", 128 + signal.SIGHUP),
+    ]

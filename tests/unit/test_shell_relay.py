@@ -8,11 +8,14 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import shutil
 import struct
 import subprocess
 import sys
 import termios
 import threading
+
+import pytest
 
 from corral import shell
 from corral.tiers.base import LaunchStrategy
@@ -51,6 +54,23 @@ def test_a_size_sent_later_reaches_the_shell_and_its_exit_code_is_the_relays() -
     assert proc.returncode == 3
     killed = relay(["sh", "-c", "kill -TERM $$"], size(24, 80))
     assert killed.returncode == 128 + 15  # a signal, shell style
+
+
+@pytest.mark.parametrize("sh", [["bash", "--norc", "-i"], ["busybox", "sh", "-i"]])
+def test_the_end_of_the_relays_input_ends_the_shell_as_the_end_of_a_file_would(
+    sh: list[str],
+) -> None:
+    """No ``exit`` typed: the shell ends with its last command's code.  bash's and
+    busybox's line editors reset the terminal as they start: a single ^D sent then
+    reached them as a NUL (busybox's put it in its line), and they waited forever."""
+    if not shutil.which(sh[0]):
+        pytest.skip(f"no {sh[0]} here")
+    ended = relay(sh, size(24, 80) + shell.frame(b"d", b"echo piped$((1+1)); false\n"))
+    assert ended.returncode == 1, ended.stdout
+    assert b"piped2" in ended.stdout
+    assert relay(sh, size(24, 80)).returncode == 0  # nothing typed at all
+    twin = relay(sh, size(24, 80) + shell.frame(b"d", b"echo piped; exit 5\n"))
+    assert twin.returncode == 5, twin.stdout  # an exit of its own
 
 
 def test_a_frame_split_across_reads_is_put_back_together() -> None:
