@@ -854,6 +854,11 @@ def _run_plan(
     quiet = bool(opts.get("quiet"))
     if attempt == 1:  # said once, not again for a run planned again
         _say_plan(plan, policy.tier == "auto", quiet)
+        if not quiet and any(a.startswith(("/tmp/", "/var/tmp/"), a.find("/")) for a in command):
+            from corral.fsplan import host_tmp_args
+
+            for note in host_tmp_args(command, policy.writable_paths()):
+                _err(f"corral: note: {note}")
     record = _record(plan, run_id, "run", command)
     if passed:
         record["pass_fds"] = list(passed)

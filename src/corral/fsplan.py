@@ -1383,3 +1383,27 @@ def _missing_writable(policy: Policy, path: str) -> str:
     place = where_set(policy.source, "filesystem", "writable", path) if policy.source else ""
     why = "does not exist or is not a directory (create it, or remove the entry)"
     return f"{place}: {path} {why}" if place else f"--writable {path}: {why}"
+
+
+def host_tmp_args(
+    command: list[str], writable: list[str], exists: Callable[[str], bool] = os.path.exists
+) -> list[str]:
+    """The host paths under /tmp or /var/tmp the command names (``git clone
+    /tmp/remote.git``, ``--out=/tmp/x``) that the sandbox will not see: its /tmp
+    is its own (or, on the landlock tier, off limits).  Only those that exist on
+    the host and lie in no writable path: for each, a note saying what to do
+    (found by trying corral as a new user: the clone failed with git's "does not
+    exist", and nothing said why)."""
+    notes = []
+    for arg in command[1:]:
+        path = arg.partition("=")[2] if arg.startswith("-") else arg
+        if not path.startswith(("/tmp/", "/var/tmp/")) or not exists(path):
+            continue
+        if any(inside(os.path.realpath(path), w) for w in writable):
+            continue
+        root = "/var/tmp" if path.startswith("/var/tmp/") else "/tmp"
+        notes.append(
+            f"{path}: the sandbox has a {root} of its own and does not see the host's; "
+            f"--writable {path} gives it this path"
+        )
+    return notes

@@ -1166,3 +1166,22 @@ def test_a_missing_writable_path_is_named_where_it_was_set(tmp_path: Path) -> No
         plan_filesystem(flagged)
     flagged.filesystem.writable = [str(there)]
     assert str(there) in plan_filesystem(flagged).writable
+
+
+def test_a_host_path_under_tmp_the_sandbox_cannot_see_is_named(tmp_path: Path) -> None:
+    """`git clone /tmp/remote.git` failed with git's "does not exist" and nothing
+    said why (found by trying corral as a new user); the twins: a path given as
+    writable, one that does not exist, and one outside /tmp get no note."""
+    there = {"/tmp/remote.git", "/tmp/given/x", "/var/tmp/out", "/etc/hosts"}
+    notes = fsplan.host_tmp_args(
+        ["git", "clone", "/tmp/remote.git", "--into=/var/tmp/out", "/tmp/given/x", "/tmp/none"],
+        ["/ws", "/tmp/given"],
+        there.__contains__,
+    )
+    assert notes == [
+        "/tmp/remote.git: the sandbox has a /tmp of its own and does not see the host's; "
+        "--writable /tmp/remote.git gives it this path",
+        "/var/tmp/out: the sandbox has a /var/tmp of its own and does not see the host's; "
+        "--writable /var/tmp/out gives it this path",
+    ]
+    assert fsplan.host_tmp_args(["cat", "/etc/hosts"], ["/ws"], there.__contains__) == []
