@@ -264,7 +264,21 @@ def allow_flag(entry: dict[str, object], policy: Policy) -> str:
         return f"--allow {_dest(str(address), number)}" if address else ""
     if rule in policy.network.deny or (policy.network.mode == "proxy" and rule != "default"):
         return ""  # a deny rule said no, or the request itself was refused (a bad name)
-    return f"--allow {_dest(host, number)}" if host else ""
+    if not host:
+        return ""
+    flag = f"--allow {_dest(host, number)}"
+    missing = [c for c in COMPANIONS.get(host, ()) if c not in policy.network.allow]
+    return " ".join([flag, *(f"--allow {c}" for c in missing)])
+
+
+# Hosts a tool goes on to once the first answers, named with it: otherwise each is
+# found one blocked run at a time, each run paying the tool's retries (pip's five:
+# found by trying corral as a new user)
+COMPANIONS = {
+    "pypi.org": ("files.pythonhosted.org",),  # pip: the index, then the files
+    "files.pythonhosted.org": ("pypi.org",),
+    "github.com": ("codeload.github.com", "objects.githubusercontent.com"),
+}
 
 
 def network(entries: Iterable[dict[str, object]], policy: Policy) -> list[Denial]:

@@ -247,3 +247,21 @@ def test_the_approval_prompt_shows_the_request_as_plain_text() -> None:
     )
     shown = _what(ask)
     assert shown == "DELETE api.test:443/x\\x9b2K\\x85 ()" and shown.isprintable()
+
+
+def test_a_host_a_tool_goes_on_to_is_named_with_the_first(tmp_path: Path) -> None:
+    """pip asks pypi.org, then files.pythonhosted.org: each was found one blocked run
+    (and pip's five retries) at a time (found by trying corral as a new user); the
+    twins: a companion already allowed is not named again, another host has none."""
+    pol = proxy_policy(tmp_path, [])
+    found = report.network(
+        [entry("pypi.org", 443, "default"), entry("example.org", 443, "default")], pol
+    )
+    hints = {str(d.fields["host"]): d.fields["allow_with"] for d in found}
+    assert hints == {
+        "pypi.org": "--allow pypi.org:443 --allow files.pythonhosted.org",
+        "example.org": "--allow example.org:443",
+    }
+    pol.network.allow = ["files.pythonhosted.org"]
+    (only,) = report.network([entry("pypi.org", 443, "default")], pol)
+    assert only.fields["allow_with"] == "--allow pypi.org:443"
