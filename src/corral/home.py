@@ -238,9 +238,24 @@ def _write_file(directory: int, base: str, data: bytes, name: str) -> None:
 
 def remove(path: str) -> None:
     """Remove a layer, its manifest and lock (never following a link inside it)."""
-    import shutil
+    from corral.homeseed import tree_entries
 
-    shutil.rmtree(path, ignore_errors=True)
+    # (not shutil.rmtree: 3.11's recurses, and a run nested its layer 1,500
+    # directories deep: RecursionError, the layer left: found by attacking corral)
+    dirs = [path]
+    for entry, is_dir in tree_entries(path):
+        if is_dir:
+            dirs.append(entry)
+            continue
+        try:
+            os.unlink(entry)
+        except OSError:
+            pass
+    for directory in reversed(dirs):  # (deepest last found: removed first)
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass
     for beside in (".seed", ".lock"):
         try:
             os.unlink(path + beside)

@@ -28,7 +28,7 @@ from corral.home import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Iterator
 
 RECENT_NS = 1_000_000_000  # stamps younger than this are not trusted (see write_manifest)
 
@@ -463,13 +463,35 @@ def gone_layers() -> list[str]:
 def size_of(path: str) -> int:
     """Bytes under ``path`` (links not followed)."""
     total = 0
-    for root, dirs, files in os.walk(path):
-        for name in [*dirs, *files]:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-            except OSError:
-                pass
+    for entry, _ in tree_entries(path):
+        try:
+            total += os.lstat(entry).st_blocks * 512
+        except OSError:
+            pass
     return total
+
+
+def tree_entries(top: str) -> Iterator[tuple[str, bool]]:
+    """Every path under ``top`` (not ``top``), parents before what they hold, and
+    whether it is a directory; links are entries, never followed.  A loop, not a
+    recursion (os.walk's in 3.11): a layer a run nested 1,500 directories deep
+    made `corral home list` and `clean` end in RecursionError."""
+    pending = [top]
+    while pending:
+        directory = pending.pop()
+        try:
+            with os.scandir(directory) as found:
+                entries = list(found)
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            yield entry.path, is_dir
+            if is_dir:
+                pending.append(entry.path)
 
 
 def report() -> dict[str, str]:

@@ -485,3 +485,24 @@ def test_landlock_plan_grants_the_layer(
     assert not allowed(os.path.join(state, "other-layer", "f"), L.READ_FILE)
     assert not allowed(os.path.join(state, "other-layer", "f"), L.WRITE_FILE)
     assert not allowed(str(real / ".gitconfig"), L.WRITE_FILE)
+
+
+def test_a_layer_nested_deeper_than_a_recursion_is_sized_and_removed(tmp_path: Path) -> None:
+    """A run nested its layer 1,500 directories deep: `corral home list` and `clean`
+    ended in RecursionError and the layer stayed (found by attacking corral).  The
+    twin: a link inside to a file outside is removed as a link, its target kept."""
+    from corral import home, homeseed
+
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    deep = layer
+    for _ in range(1500):  # (not os.makedirs: it recurses too)
+        deep = deep / "d"
+        deep.mkdir()
+    (deep / "f").write_bytes(b"x" * 5000)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    (layer / "link").symlink_to(outside)
+    assert homeseed.size_of(str(layer)) >= 5000
+    home.remove(str(layer))
+    assert not layer.exists() and outside.read_text() == "keep"
