@@ -640,7 +640,7 @@ def _network_flags(policy: Policy, opts: dict[str, object]) -> None:
             raise CorralError(f"--network: expected one of {', '.join(pol.NETWORK_MODES)}")
         policy.network.mode = str(opts["network"])
         for flag in ("allow", "transparent"):
-            if opts["network"] == "none" and opts.get(flag):
+            if opts["network"] != "proxy" and opts.get(flag):
                 raise CorralError(f"--{flag} has no effect with --network none: leave one out")
 
 
