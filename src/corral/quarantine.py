@@ -65,10 +65,10 @@ def refused(path: str, exc: OSError) -> str:
     """Why nothing was done at ``path``: the walk to it failed (a directory on the
     way that is a symlink now: ELOOP or ENOTDIR)."""
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-        why = "a directory on the way to it is no longer one (a symlink?)"
+        why = "a directory on the way to it is no longer one (a symlink?): not followed"
     else:
-        why = exc.strerror or str(exc)
-    return f"{why}: not followed, nothing was moved or removed; it stays where it is"
+        why = f"the way to it cannot be walked ({exc.strerror or exc})"
+    return f"{why}, nothing was moved or removed; it stays where it is"
 
 
 def _move_out(parent: int, name: str, dest: str, run_id: str) -> tuple[str, str]:
