@@ -252,3 +252,28 @@ def test_the_copy_budget_is_per_run(other_fs: Path, monkeypatch: pytest.MonkeyPa
     again.mkdir()
     (again / "pre-commit").write_bytes(b"x" * 2000)
     assert quarantine.move_out(str(again), "run2")[1] == ""
+
+
+# --- the shared walk
+
+
+def test_the_walk_refuses_a_symlink_anywhere_and_never_makes_through_one(tmp_path: Path) -> None:
+    from corral.paths import open_dir, open_parent
+
+    host = tmp_path / "host"
+    host.mkdir()
+    (tmp_path / "ws" / "r").mkdir(parents=True)
+    os.symlink(host, tmp_path / "ws" / "r" / ".git")
+    for path in (tmp_path / "ws" / "r" / ".git", tmp_path / "ws" / "r" / ".git" / "hooks"):
+        with pytest.raises(OSError):
+            os.close(open_dir(str(path), make=True))
+    with pytest.raises(OSError):
+        open_parent(str(tmp_path / "ws" / "r" / ".git" / "config"))
+    assert list(host.iterdir()) == []
+    # the twin: a plain path is walked, and missing directories made
+    fd = open_dir(str(tmp_path / "ws" / "r" / "sub" / "deeper"), make=True)
+    os.close(fd)
+    assert (tmp_path / "ws" / "r" / "sub" / "deeper").is_dir()
+    parent, name = open_parent(str(tmp_path / "ws" / "r" / "x"))
+    os.close(parent)
+    assert name == "x"
