@@ -189,7 +189,9 @@ def findings(
 
 
 def quarantine(found: list[tuple[str, str]], run_id: str) -> list[Denial]:
-    """Move each finding out of the workspace; the denials to report."""
+    """Move each finding out of the workspace; the denials to report.  (A directory on
+    the way that another sandbox made a symlink since the walk is refused by
+    :func:`corral.quarantine.move_out`, never followed.)"""
     from corral.quarantine import move_out
     from corral.report import new_repository
 

@@ -503,7 +503,9 @@ def quarantine(paths: list[str], run_id: str) -> list[Denial]:
     A path is named as it was at launch, with no symlink on the way.  If one of
     its directories is a symlink now, the run made it (to lead the move to a
     directory it could not write, another repository's hooks): the symlink
-    itself is moved, never what it leads to."""
+    itself is moved, never what it leads to.  This check comes before the move:
+    one made at the move (another sandbox in the workspace swapping a directory
+    in between) is :func:`corral.quarantine.move_out`'s, by descriptors."""
     moved = []
     seen = set()
     plain: dict[str, bool] = {}

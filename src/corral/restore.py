@@ -20,11 +20,17 @@ which masks ``data/private``, would read ``data2/private``).  Those paths are
 "in-place": only their inode is noted at launch, and one that moved is put
 back where it was (what the run made at its old path goes to the quarantine).
 
-Restoring happens when nothing of the sandbox is left running, so the checks
-below cannot be raced.  What is put back is the content, the mode and the
-modification time (to the nanosecond) of every entry, and the access time;
-the directory holding a restored path keeps the times the run left it with,
-so the undo itself leaves no trace there.  (A change time cannot be set.)
+Restoring happens when nothing of this run's sandbox is left running; another
+sandbox in the same workspace may still be, and swap a directory on the way for
+a symlink to a host directory between a check and a write (it once had corral
+create ``~/.config/git/config``: found by attacking corral).  So everything is
+written through directory descriptors walked without following a symlink
+(:func:`corral.paths.open_dir`), never through a path string.
+
+What is put back is the content, the mode and the modification time (to the
+nanosecond) of every entry, and the access time; the directory holding a
+restored path keeps the times the run left it with, so the undo itself leaves
+no trace there.  (A change time cannot be set.)
 """
 
 from __future__ import annotations
@@ -133,31 +139,76 @@ def _changed(before: Tree, now: Tree | None) -> bool:
     return any(now[rel][:4] != entry[:4] for rel, entry in before.items())
 
 
-def _write(path: str, tree: Tree) -> None:
-    for rel in sorted(tree):  # parents sort before their entries
-        kind, mode, data = tree[rel][:3]
-        full = os.path.join(path, rel) if rel else path
-        if kind == "d":
-            os.mkdir(full, mode)
-        elif kind == "l":
-            os.symlink(os.fsdecode(data), full)
-        elif kind == "p":
-            os.mkfifo(full, mode)
-        elif kind == "f":
-            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-    for rel, (kind, mode, *_) in tree.items():  # modes the umask narrowed
-        if kind in "dfp":
-            os.chmod(os.path.join(path, rel) if rel else path, mode)
-    # times last, deepest first: making an entry moves its directory's times
-    for rel in sorted(tree, reverse=True):
-        kind, _, _, mtime, atime, _ = tree[rel]
-        if kind in "dflp":
-            full = os.path.join(path, rel) if rel else path
-            os.utime(full, ns=(atime, mtime), follow_symlinks=False)
+def _write(parent: int, name: str, tree: Tree) -> None:
+    """Make ``tree`` at ``name`` in the directory ``parent`` (a descriptor): every
+    entry through the descriptor of the directory holding it, walked without
+    following a symlink, never by a path a sandbox still running could swap a
+    directory of for a symlink to a host directory (found by attacking corral)."""
+    dirs = _Dirs(parent, name)
+    try:
+        for rel in sorted(tree):  # parents sort before their entries
+            kind, mode, data = tree[rel][:3]
+            at, entry = dirs.holding(rel)
+            if kind == "d":
+                os.mkdir(entry, mode, dir_fd=at)
+            elif kind == "l":
+                os.symlink(os.fsdecode(data), entry, dir_fd=at)
+            elif kind == "p":
+                os.mkfifo(entry, mode, dir_fd=at)
+            elif kind == "f":
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(entry, flags, mode, dir_fd=at)
+                try:
+                    os.write(fd, data)
+                    os.fchmod(fd, mode)  # the mode the umask narrowed
+                finally:
+                    os.close(fd)
+        # modes and times last, deepest first: making an entry moves its directory's
+        # times, and a directory's mode may keep its owner out
+        for rel in sorted(tree, reverse=True):
+            kind, mode, _, mtime, atime, _ = tree[rel]
+            at, entry = dirs.holding(rel)
+            if kind in "dp":
+                _chmod(at, entry, kind, mode)
+            if kind in "dflp":
+                os.utime(entry, ns=(atime, mtime), dir_fd=at, follow_symlinks=False)
+    finally:
+        dirs.close()
+
+
+def _chmod(at: int, entry: str, kind: str, mode: int) -> None:
+    """chmod of a directory or FIFO through a descriptor opened without following."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(entry, flags | (os.O_DIRECTORY if kind == "d" else 0), dir_fd=at)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+class _Dirs:
+    """The descriptor of the directory holding each entry of a tree being written,
+    walked from the descriptor of the tree's parent (the last one kept)."""
+
+    def __init__(self, parent: int, name: str) -> None:
+        self.parent, self.name = parent, name
+        self.last: tuple[str, int] | None = None
+
+    def holding(self, rel: str) -> tuple[int, str]:
+        from corral.paths import open_dir
+
+        if not rel:
+            return self.parent, self.name
+        head, entry = os.path.split(os.path.join(self.name, rel))
+        if self.last is None or self.last[0] != head:
+            self.close()
+            self.last = (head, open_dir(head, at=self.parent))
+        return self.last[1], entry
+
+    def close(self) -> None:
+        if self.last is not None:
+            os.close(self.last[1])
+            self.last = None
 
 
 def restore(
@@ -170,6 +221,7 @@ def restore(
     ``rules``: path -> "write-deny" (the default) or "read-deny" (a secret: its
     other names in ``roots``, the writable places, are taken out too)."""
     from corral.launch import quarantine
+    from corral.paths import open_parent
     from corral.report import restored
 
     rules = rules or {}
@@ -193,21 +245,25 @@ def restore(
         if os.path.realpath(parent) != parent or made:
             said.append(restored(path, parent=parent, rule=rule))
             continue
+        try:  # held from here: what is done is done in this directory, by descriptor
+            held, name = open_parent(path)
+        except OSError:  # (a symlink on the way now: another sandbox's swap)
+            said.append(restored(path, parent=parent, rule=rule))
+            continue
         try:
-            left = os.stat(parent)  # as the run left it: the undo must not show there
-        except OSError:
-            left = None
-        moved = quarantine([path], run_id) if os.path.lexists(path) else []
-        error = ""
-        try:
-            _write(path, before)
-        except OSError as exc:
-            error = str(exc)
-        if left is not None:
+            left = os.fstat(held)  # as the run left it: the undo must not show there
+            moved = quarantine([path], run_id) if os.path.lexists(path) else []
+            error = ""
             try:
-                os.utime(parent, ns=(left.st_atime_ns, left.st_mtime_ns))
+                _write(held, name, before)
+            except OSError as exc:
+                error = str(exc)
+            try:
+                os.utime(held, ns=(left.st_atime_ns, left.st_mtime_ns))
             except OSError:
                 pass  # not ours to set (another owner): a trace, not a failure
+        finally:
+            os.close(held)
         moved_to = str(moved[0].fields.get("moved_to") or "") if moved else ""
         said.append(restored(path, moved_to, error, rule=rule))
     if carried:
@@ -273,8 +329,10 @@ def _make_parents(path: str) -> str:
         existing = os.path.dirname(existing)
     if os.path.realpath(existing) != existing:
         return f"{existing} is a symlink now"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    from corral.paths import open_dir
+
+    try:  # each made relative to its parent's descriptor, none through a symlink
+        os.close(open_dir(os.path.dirname(path), make=True))
     except OSError as exc:
         return str(exc)
     return ""
@@ -288,10 +346,37 @@ def _move_back(now: str, path: str) -> str:
     try:
         if os.path.lexists(path):
             return f"{path} could not be cleared"
-        os.rename(now, path)
+        _rename(now, path)
     except OSError as exc:
         return str(exc)
     return ""
+
+
+def _rename(now: str, path: str) -> None:
+    """``os.rename(now, path)`` through the descriptors of both parents (walked
+    without following a symlink)."""
+    from corral.paths import open_parent
+
+    src, src_name = open_parent(now)
+    try:
+        dst, dst_name = open_parent(path)
+        try:
+            os.rename(src_name, dst_name, src_dir_fd=src, dst_dir_fd=dst)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _unlink(path: str) -> None:
+    """``os.unlink(path)`` through its parent's descriptor (walked without following)."""
+    from corral.paths import open_parent
+
+    parent, name = open_parent(path)
+    try:
+        os.unlink(name, dir_fd=parent)
+    finally:
+        os.close(parent)
 
 
 def _moved_inodes(secrets: dict[str, Tree]) -> dict[Inode, set[str]]:
@@ -333,7 +418,7 @@ def _take_out_copies(
     for copy, inode in found:
         if _still_at(strays[inode], inode) and not os.path.isdir(copy):
             try:  # a link beside the secret it still names: nothing to keep
-                os.unlink(copy)
+                _unlink(copy)
                 dest, error = "", ""
             except OSError as exc:
                 dest, error = "", str(exc)
