@@ -171,10 +171,10 @@ def test_killing_corral_leaves_nothing_behind(tsandbox: tuple[Corral, Path]) -> 
     assert proc.stdout.readline() == b"up\n"
     assert wait_for(lambda: len(pids_matching(f"sleep {marker}")) >= 2, 5)
     mine = cgroup_names(pids_matching(f"sleep {marker}"))
-    # (a user's runs have none here, and a container's are its engine's)
-    assert mine or c.who == "user" or (c.tier is not None and c.tier.id not in CGROUPED)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    # (a user's runs have none here, and a container's are its engine's)
+    assert mine or c.who == "user" or (c.tier is not None and c.tier.id not in CGROUPED)
     assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5), "sandbox outlived corral"
     assert wait_for(lambda: not pids_matching("corral run", mark), 5), "a corral helper stayed"
     assert wait_for(lambda: not _corral_cgroups(mine), 5), _corral_cgroups(mine)
