@@ -868,8 +868,8 @@ class Sandbox:
         sock = sock or self._sock
         head = self._recv_exact(HEADER.size, sock)
         size, payload_size = HEADER.unpack(head)
-        pending = list(self._bounds.values())  # (a copy: callers add to it meanwhile)
-        if size > max([MAX_HEADER, *(h for h, _ in pending)]):
+        pending = list(self._bounds.values()) if self._bounds else ()  # (a copy: callers add)
+        if size > MAX_HEADER and size > max((h for h, _ in pending), default=0):
             raise _Malformed(f"a header of {size} bytes")
         try:
             header = json.loads(self._recv_exact(size, sock))
@@ -877,7 +877,9 @@ class Sandbox:
             raise _Malformed(f"a header that is not JSON ({type(exc).__name__})") from None
         if not isinstance(header, dict):
             raise _Malformed(f"a header that is a JSON {type(header).__name__}")
-        bounds = self._bounds.get(_ident(header), (MAX_HEADER, MAX_OUT_FRAME))
+        bounds = self._bounds.get(_ident(header)) if pending else None
+        if bounds is None:
+            bounds = (MAX_HEADER, MAX_OUT_FRAME)
         if size > bounds[0] or payload_size > bounds[1]:
             what = f"{header.get('ev')} frame of {size} + {payload_size} bytes"
             raise _Malformed(f"a {what}, more than the agent sends there")
