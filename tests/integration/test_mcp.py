@@ -45,19 +45,23 @@ def payload(result: object) -> object:
         return text
 
 
-def test_mcp_tools_over_stdio(ws: Path) -> None:
-    (ws / ".git" / "hooks").mkdir(parents=True)
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    params = StdioServerParameters(
+def server(ws: Path) -> StdioServerParameters:
+    """`corral mcp --workspace ws` as a client starts it, with a home of its own."""
+    return StdioServerParameters(
         command=sys.executable,
         args=["-m", "corral", "mcp", "--workspace", str(ws)],
         env={
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": str(ws.parent / "home"),
-            "PYTHONPATH": src,
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
             "XDG_STATE_HOME": str(ws.parent / "home"),
         },
     )
+
+
+def test_mcp_tools_over_stdio(ws: Path) -> None:
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    params = server(ws)
 
     async def go() -> None:
         async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
@@ -161,16 +165,7 @@ def test_what_a_command_makes_cannot_kill_or_swell_the_server(ws: Path) -> None:
     not encode the answer), and `read_file` of a big file held 40 times its size
     (found by attacking corral mcp).  The name comes back escaped, the read cut to
     the tools' answer bound; the twins: the server goes on, a small file is whole."""
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "corral", "mcp", "--workspace", str(ws)],
-        env={
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(ws.parent / "home"),
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
-            "XDG_STATE_HOME": str(ws.parent / "home"),
-        },
-    )
+    params = server(ws)
 
     async def go() -> None:
         async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
