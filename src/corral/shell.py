@@ -220,10 +220,51 @@ def run(plan: Plan, run_id: str) -> tuple[int, list[Denial], int | None]:
     return code, found, None
 
 
+class _Typed:
+    """Our input, to the shell's terminal (``master``); once it ends, the shell's
+    end of input as ^Ds, one at once and again every EOT_AGAIN seconds."""
+
+    def __init__(self, master: int, interactive: bool) -> None:
+        self.master, self.interactive = master, interactive
+        self.open = True
+        self.last = b"\n"  # the last byte typed: a line's end, so far
+        self.eot_at: float | None = None  # once our input has ended: the next ^D's time
+        self.eots = 0
+
+    def due(self) -> float | None:
+        """Seconds until the next ^D is due (None: our input goes on)."""
+        import time
+
+        return None if self.eot_at is None else max(0.0, self.eot_at - time.monotonic())
+
+    def tick(self) -> None:
+        """The ^D that is due, if one is."""
+        import time
+
+        if self.eot_at is not None and time.monotonic() >= self.eot_at:
+            _eot(self.master, self.eots)
+            self.eot_at, self.eots = time.monotonic() + EOT_AGAIN, self.eots + 1
+
+    def read(self) -> None:
+        """What our input has (stdin readable) into the shell's terminal."""
+        import time
+
+        try:
+            data = os.read(0, 65536)
+        except OSError:  # EIO: our terminal hung up (its SIGHUP follows)
+            data = b""
+        if data:
+            os.write(self.master, data)
+            self.last = data[-1:]
+            return
+        self.open = False  # the end of our input: the shell's, as ^Ds
+        if not self.interactive and self.last not in (b"\n", b"\r"):
+            os.write(self.master, b"\n")  # a file's last line, unended, runs
+        self.eot_at = time.monotonic()
+
+
 def _run_pty(plan: Plan, run_id: str, signals: _Signals) -> tuple[int, list[Denial]]:
     """``run`` on a pty of ours, the slave side the sandbox's terminal."""
-    import time
-
     from corral import launch
 
     master, slave = os.openpty()
@@ -245,24 +286,19 @@ def _run_pty(plan: Plan, run_id: str, signals: _Signals) -> tuple[int, list[Deni
     # is watched through a pidfd of the launched process
     ended = started.status_r if started.status_r >= 0 else os.pidfd_open(started.pid)
     held = _Held()
+    typed = _Typed(master, interactive)
     try:
-        open_in, last = True, b"\n"  # the last byte typed: a line's end, so far
-        eot_at: float | None = None  # once our input has ended: when the next ^D goes
-        eots = 0
         while not signals.received:
-            wait = held.wait()
-            if eot_at is not None:
-                due = max(0.0, eot_at - time.monotonic())
+            wait, due = held.wait(), typed.due()
+            if due is not None:
                 wait = due if wait is None else min(wait, due)
-            watch = [master, ended, signals.wake_r] + ([0] if open_in else [])
+            watch = [master, ended, signals.wake_r] + ([0] if typed.open else [])
             ready = select.select(watch, [], [], wait)[0]
             if signals.received:
                 break
             if held.wait() == 0.0:
                 held.release()  # held for PATIENCE: not bwrap's
-            if eot_at is not None and time.monotonic() >= eot_at:
-                _eot(master, eots)
-                eot_at, eots = time.monotonic() + EOT_AGAIN, eots + 1
+            typed.tick()
             if signals.wake_r in ready:
                 os.read(signals.wake_r, 512)
             if ended in ready and ended != started.status_r:
@@ -286,19 +322,8 @@ def _run_pty(plan: Plan, run_id: str, signals: _Signals) -> tuple[int, list[Deni
                     data = b""
                 if data:
                     held.take(data)
-            if open_in and 0 in ready:
-                try:
-                    data = os.read(0, 65536)
-                except OSError:  # EIO: our terminal hung up (its SIGHUP follows)
-                    data = b""
-                if data:
-                    os.write(master, data)
-                    last = data[-1:]
-                else:  # the end of our input: the shell's, as ^Ds
-                    open_in = False
-                    if not interactive and last not in (b"\n", b"\r"):
-                        os.write(master, b"\n")  # a file's last line, unended, runs
-                    eot_at = time.monotonic()
+            if typed.open and 0 in ready:
+                typed.read()
     finally:
         signal.signal(signal.SIGWINCH, previous)
         _restore(saved)
