@@ -251,10 +251,10 @@ def proxy_env(opts: Options) -> list[dict[str, object]]:
     prefix = service_env_prefix(opts)
     host = f"$({prefix}_SERVICE_HOST):$({prefix}_SERVICE_PORT)"
     env: list[dict[str, object]] = []
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-        env.append({"name": name, "value": f"http://{host}"})
-    for name in ("ALL_PROXY", "all_proxy"):
-        env.append({"name": name, "value": f"socks5h://{host}"})
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):  # as corral.net.door.proxy_env
+        for spelled in (name, name.lower()):
+            env.append({"name": spelled, "value": f"http://{host}"})
+    env.append({"name": "SOCKS_PROXY", "value": f"socks5h://{host}"})
     for name in ("NO_PROXY", "no_proxy"):
         env.append({"name": name, "value": "localhost,127.0.0.1,::1"})
     return env

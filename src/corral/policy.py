@@ -622,6 +622,7 @@ RESERVED_ENV = (
     "all_proxy",
     "no_proxy",
     "PIP_PROXY",
+    "SOCKS_PROXY",
 )
 
 

@@ -261,7 +261,7 @@ def _through_proxy(box: Box, ok: Origin, bad: Origin, how: str) -> None:
     via = {
         "http": "-x $HTTP_PROXY",
         "connect": "-p -x $HTTP_PROXY",
-        "socks5": "-x $ALL_PROXY",
+        "socks5": "-x $SOCKS_PROXY",
     }[how]
     r = box.py(
         "import subprocess\n"

@@ -24,7 +24,7 @@ from conftest import Corral, pids_matching, sees_host_root, wait_for
 CURL = "curl -sS --noproxy '' --max-time 10"
 # the sandbox's own proxy variables: the relay's ports (namespace) or the door's (landlock)
 HTTP_PROXY = '-x "$HTTP_PROXY"'
-SOCKS_PROXY = '-x "$ALL_PROXY"'
+SOCKS_PROXY = '-x "$SOCKS_PROXY"'
 
 
 class Origin:
@@ -135,7 +135,7 @@ def test_socks5_allowed_denied_and_udp_refused(
     ok, bad = origins
     (ws / "udp.py").write_text("""
 import os, socket
-port = int(os.environ["ALL_PROXY"].rsplit(":", 1)[1])
+port = int(os.environ["SOCKS_PROXY"].rsplit(":", 1)[1])
 s = socket.create_connection(("127.0.0.1", port), timeout=5)
 s.sendall(b"\\x05\\x01\\x00"); assert s.recv(2) == b"\\x05\\x00"
 s.sendall(b"\\x05\\x03\\x00\\x01" + bytes(4) + b"\\x00\\x00")
@@ -223,7 +223,7 @@ def test_no_route_around_the_proxy(
     r = c.sh(
         ws,
         f"""
-        env -u http_proxy -u HTTP_PROXY -u ALL_PROXY -u all_proxy \
+        env -u http_proxy -u HTTP_PROXY -u ALL_PROXY -u all_proxy -u SOCKS_PROXY \
             curl -sS --max-time 5 http://127.0.0.1:{bad.port}/direct || echo direct=failed
         curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{bad.port}/np || echo noproxy=failed
         curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{ok.port}/own || echo own=failed

@@ -176,13 +176,12 @@ def test_clients_trust_corral_inside_and_the_deny_twin(tls_setup: Setup) -> None
     s = tls_setup
     s.policy()
     py = s.python_clients()
-    # httpx 0.23 refuses socks5h:// in ALL_PROXY (corral's SOCKS5 variable): unset it
+    # httpx as it comes: it builds a transport for every proxy variable (ALL_PROXY too)
     script = f"""
         {CURL} {s.url("/echo/curl")}; echo
         {CURL} -o /dev/null -w 'secret=%{{http_code}}\\n' {s.url("/secret/curl")}
         {py} -c '{python_get("requests", "requests.get")}' {s.url("/echo/requests")}
-        env -u ALL_PROXY -u all_proxy \
-            {py} -c '{python_get("httpx", "httpx.get")}' {s.url("/echo/httpx")}
+        {py} -c '{python_get("httpx", "httpx.get")}' {s.url("/echo/httpx")}
         {py} -c '{python_get("urllib.request", "urllib.request.urlopen")}' {s.url("/echo/urllib")}
         PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 {py} -m pip download -q \
             --no-cache-dir --index-url {s.url("/simple")} -d ./pipout tinypkg \

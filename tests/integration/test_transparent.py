@@ -82,7 +82,7 @@ def test_transparent_capture(sandbox: tuple[Corral, Path], origins: tuple[Origin
     r = c.sh(
         ws,
         f"""
-        unset http_proxy HTTP_PROXY https_proxy HTTPS_PROXY ALL_PROXY all_proxy
+        unset http_proxy HTTP_PROXY https_proxy HTTPS_PROXY ALL_PROXY all_proxy SOCKS_PROXY
         {node}
         python3 probe.py {ok.port}
     """,

@@ -253,7 +253,8 @@ def test_proxy_variables_point_at_the_service(tmp_path: Path) -> None:
     assert k8s.service_env_prefix(opts(name="evals")) == "EVALS_PROXY"
     want = "http://$(EVALS_PROXY_SERVICE_HOST):$(EVALS_PROXY_SERVICE_PORT)"
     assert env["HTTP_PROXY"] == env["HTTPS_PROXY"] == env["https_proxy"] == want
-    assert env["ALL_PROXY"].startswith("socks5h://$(EVALS_PROXY_SERVICE_HOST)")
+    assert env["ALL_PROXY"] == env["all_proxy"] == want  # httpx fails on a socks5h:// one
+    assert env["SOCKS_PROXY"].startswith("socks5h://$(EVALS_PROXY_SERVICE_HOST)")
     assert service["spec"]["ports"][0]["port"] == k8s.PROXY_PORT
     assert pod_spec(objects)["enableServiceLinks"] is True
     # the Service exists before the sandbox starts (its variables are set only then)
@@ -263,7 +264,7 @@ def test_proxy_variables_point_at_the_service(tmp_path: Path) -> None:
 
 def test_no_network_no_proxy_variables(tmp_path: Path) -> None:
     env = {e["name"] for e in pod_spec(render(tmp_path, NO_NETWORK))["containers"][0]["env"]}
-    assert not env & {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy"}
+    assert not env & {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "SOCKS_PROXY"}
 
 
 def test_limits_become_resources(tmp_path: Path) -> None:

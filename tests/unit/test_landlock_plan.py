@@ -248,7 +248,8 @@ def test_plan_is_pure_and_complete(tmp_path: Path) -> None:
     policy.network.mode = "proxy"
     proxied = LandlockTier().plan(policy, ["true"], door="127.0.0.1:4321")
     assert proxied.env["HTTP_PROXY"] == "http://127.0.0.1:4321"
-    assert proxied.env["ALL_PROXY"] == "socks5h://127.0.0.1:4321"
+    assert proxied.env["ALL_PROXY"] == "http://127.0.0.1:4321"
+    assert proxied.env["SOCKS_PROXY"] == "socks5h://127.0.0.1:4321"
     assert isinstance(proxied.strategy, Confined)
     assert proxied.strategy.ruleset.ports == [(4321, L.NET_CONNECT_TCP)]
     with pytest.raises(ValueError):

@@ -106,7 +106,8 @@ def test_no_proxy_keeps_loopback_local_except_what_goes_through_the_proxy() -> N
     assert env["HTTP_PROXY"] == "http://127.0.0.1:3128"
     landlock = proxy_env(4000, 4000, through_proxy=("127.0.0.1",))
     assert landlock["NO_PROXY"] == "localhost,::1"
-    assert landlock["ALL_PROXY"] == "socks5h://127.0.0.1:4000"
+    assert landlock["ALL_PROXY"] == landlock["all_proxy"] == "http://127.0.0.1:4000"
+    assert landlock["SOCKS_PROXY"] == "socks5h://127.0.0.1:4000"
 
 
 def test_the_relay_gets_a_resolver_and_each_service() -> None:

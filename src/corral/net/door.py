@@ -68,6 +68,7 @@ SANDBOX_DOOR = "/run/corral/door.sock"
 SANDBOX_RELAY = "/run/corral/relay.py"
 HTTP_PORT = 3128
 SOCKS_PORT = 1080
+SOCKS_ENV = "SOCKS_PROXY"  # the SOCKS5 door's address inside (ALL_PROXY is HTTP: proxy_env)
 DNS_PORT = 53
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 SIBLINGS_AFTER = 0.02  # seconds after the first connection the idle siblings start serving
@@ -120,13 +121,18 @@ def proxy_env(
     """What tools read to find a proxy: the sandbox's own proxy ports, or the door's
     TCP port (one port speaks both HTTP and SOCKS5).  ``NO_PROXY`` keeps loopback
     local, except the hosts in ``through_proxy`` (allowed host services that
-    are reached only through the proxy, as on the landlock tier)."""
+    are reached only through the proxy, as on the landlock tier).
+
+    ``ALL_PROXY`` names the HTTP proxy too: httpx (under the openai and
+    anthropic SDKs) builds a transport for every proxy variable when a client
+    is made, and a ``socks5h://`` one fails there without the optional
+    ``socksio`` package.  The SOCKS5 door is ``SOCKS_PROXY``, for tools
+    pointed at it by hand (``curl -x "$SOCKS_PROXY"``)."""
     http = f"http://127.0.0.1:{http_port}"
-    socks = f"socks5h://127.0.0.1:{socks_port}"
     env = {}
-    for name in ("HTTP_PROXY", "HTTPS_PROXY"):
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         env[name] = env[name.lower()] = http
-    env["ALL_PROXY"] = env["all_proxy"] = socks
+    env[SOCKS_ENV] = f"socks5h://127.0.0.1:{socks_port}"
     local = ",".join(h for h in LOOPBACK_NAMES if h not in through_proxy)
     env["NO_PROXY"] = env["no_proxy"] = local
     for name in (
