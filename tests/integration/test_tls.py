@@ -209,6 +209,34 @@ def test_clients_trust_corral_inside_and_the_deny_twin(tls_setup: Setup) -> None
     assert any(x["path"] == "/echo/curl" and x["decision"] == "allow" for x in lines)
 
 
+def test_a_ca_bundle_named_by_the_caller_joins_corrals(tls_setup: Setup) -> None:
+    """A company's bundle named by the caller's variables (passed by default) used to
+    win over corral's, so every inspected host failed verification (and under
+    /tmp, private inside, it could not even be read).  Its certificates now join
+    corral's bundle, which every such variable names: inspected hosts and hosts
+    the company's CA signs both verify.  The twin: a CA named nowhere is not trusted."""
+    s = tls_setup
+    s.policy()
+    corp = s.dir / "corp.pem"  # the user under test can read it
+    corp.write_bytes(s.ca.cert_path.read_bytes())
+    corp.chmod(0o644)
+    names = ("SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE")
+    script = f"""
+        {CURL} {s.url("/echo/inspected")} && echo
+        {CURL} {s.url("/echo/company", "other.test", s.other)} && echo
+        {CURL} {s.url("/echo/stranger", "other.test", s.untrusted)} || echo stranger=refused
+        python3 -c '{python_get("urllib.request", "urllib.request.urlopen")}' \
+            {s.url("/echo/urllib")}
+    """
+    out, err, code = s.run(script, env=dict.fromkeys(names, str(corp)))
+    assert code == 0, err
+    answers = [json.loads(x)["target"] for x in out.splitlines() if x.startswith("{")]
+    assert answers == ["/echo/inspected", "/echo/company"], (out, err)
+    assert "stranger=refused" in out and "urllib 200" in out, (out, err)
+    assert [r["target"] for r in s.other.requests] == ["/echo/company"]
+    assert s.untrusted.requests == []
+
+
 def test_other_hosts_stay_opaque_tunnels(tls_setup: Setup) -> None:
     s = tls_setup
     s.policy()

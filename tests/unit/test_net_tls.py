@@ -252,6 +252,48 @@ def test_bundle_is_the_system_bundle_plus_the_ca_and_no_key(tmp_path: Path) -> N
     assert context.cert_store_stats()["x509_ca"] >= 1
 
 
+def test_a_bundle_the_caller_names_joins_corrals_certificates_only(tmp_path: Path) -> None:
+    """A company's CA named by the caller's SSL_CERT_FILE is in the run's bundle, so
+    hosts signed by it still verify inside; a key in that file never is."""
+    ca = calib.create("bundle CA", 1, "ephemeral")
+    company = calib.create("a company's CA", 1, "ephemeral")
+    named = tmp_path / "corp.pem"
+    named.write_bytes(b"# a comment\n" + company.key_pem + company.cert_pem + b"trailing\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    found = trust.system_bundles()
+    data = Path(trust.write_bundle(str(out), ca.cert_pem, found, (str(named),))).read_bytes()
+    assert company.cert_pem.strip() in data and data.endswith(ca.cert_pem)
+    assert b"PRIVATE KEY" not in data and b"trailing" not in data
+    # the twin: named files that are not bundles add nothing, and the run goes on
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    other = tmp_path / "other"
+    other.mkdir()
+    plain = trust.write_bundle(str(other), ca.cert_pem, found, (str(fifo), "/nonexistent"))
+    assert Path(plain).read_bytes().count(b"BEGIN CERTIFICATE") == data.count(
+        b"BEGIN CERTIFICATE"
+    ) - company.cert_pem.count(b"BEGIN CERTIFICATE")
+
+
+def test_with_inspection_passed_bundle_variables_name_corrals_and_set_ones_win() -> None:
+    extras = trust.NetExtras("/door/ca-bundle.pem", (), {"API_KEY": "placeholder"})
+    env = {
+        "SSL_CERT_FILE": "/tmp/corp.pem",  # passed in from the caller (defaults.CA_ENV)
+        "NPM_CONFIG_CAFILE": "/etc/corp.pem",  # passed, not one corral sets by default
+        "SSL_CERT_DIR": "/etc/ssl/certs",  # a directory: left as it is
+        "CURL_CA_BUNDLE": "/mine.pem",  # set by the policy: it wins
+        "API_KEY": "real",
+    }
+    got = trust.sandbox_env(extras, env, trust.INSIDE_BUNDLE, keep={"CURL_CA_BUNDLE": "/mine.pem"})
+    assert got["SSL_CERT_FILE"] == got["NPM_CONFIG_CAFILE"] == trust.INSIDE_BUNDLE
+    assert got["REQUESTS_CA_BUNDLE"] == trust.INSIDE_BUNDLE
+    assert got["SSL_CERT_DIR"] == "/etc/ssl/certs" and got["CURL_CA_BUNDLE"] == "/mine.pem"
+    assert got["API_KEY"] == "placeholder"
+    # the twin: a run that does not inspect leaves every passed value alone
+    assert trust.sandbox_env(trust.NetExtras(), env, trust.INSIDE_BUNDLE) == env
+
+
 # -- real clients through interception -----------------------------------------------------
 
 

@@ -333,7 +333,9 @@ class Door:
             from corral.net import trust
 
             found = trust.system_bundles()
-            self.extras.ca_bundle = trust.write_bundle(self.dir, self.ca.cert_pem, found)
+            named = tuple(dict.fromkeys(trust.bundle_variables(os.environ).values()))
+            bundle = trust.write_bundle(self.dir, self.ca.cert_pem, found, named)
+            self.extras.ca_bundle = bundle
             self.extras.system_bundles = found
 
     def _bind(self) -> list[int]:

@@ -21,7 +21,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Mapping
 
     from corral.fsplan import Mount
 
@@ -40,6 +40,12 @@ SYSTEM_BUNDLES = (
     "/etc/ssl/ca-bundle.pem",  # openSUSE
     "/etc/ssl/cert.pem",  # Alpine, Arch, the BSDs' layout
 )
+# Caller's variables naming a directory of hashed certificates, not a bundle: passed
+# as they are (OpenSSL reads SSL_CERT_FILE's bundle too).
+CA_DIR_VARIABLES = ("SSL_CERT_DIR", "GIT_SSL_CAPATH")
+NAMED_BUNDLE_MAX = 8 << 20  # a system bundle is some 200 KB
+PEM_BEGIN = b"-----BEGIN CERTIFICATE-----"
+PEM_END = b"-----END CERTIFICATE-----"
 TRUST_VARIABLES = (
     "SSL_CERT_FILE",  # OpenSSL, Python's ssl, Go, Ruby, rustls-native-certs
     "REQUESTS_CA_BUNDLE",  # Python requests
@@ -73,37 +79,94 @@ def system_bundles(exists: Callable[[str], bool] = os.path.isfile) -> tuple[str,
     return tuple(p for p in SYSTEM_BUNDLES if exists(p))
 
 
-def write_bundle(directory: str, ca_pem: bytes, found: tuple[str, ...]) -> str:
-    """The host's system bundle (the first of ``found``) plus corral's CA, as a
-    world-readable file in ``directory``; returns its path.  The system part is
-    copied inside the kernel (some 200 KB on every intercepting run)."""
+def bundle_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The CA bundle variables the sandbox would get from ``environ`` (passed by
+    default: corral.defaults.CA_ENV) that name a file, not a directory."""
+    from corral.defaults import CA_ENV
+
+    return {
+        name: environ[name]
+        for name in CA_ENV
+        if name not in CA_DIR_VARIABLES and environ.get(name, "").startswith("/")
+    }
+
+
+def write_bundle(
+    directory: str, ca_pem: bytes, found: tuple[str, ...], named: tuple[str, ...] = ()
+) -> str:
+    """The host's system bundle (the first of ``found``), the certificates of the
+    bundles ``named`` by the caller's variables (a company's CA: see
+    :func:`sandbox_env`), then corral's CA, as a world-readable file in
+    ``directory``; returns its path.  The system part is copied inside the
+    kernel (some 200 KB on every intercepting run)."""
     path = os.path.join(directory, BUNDLE_NAME)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        last = b"\n"
-        for system in found:
-            try:
-                src = os.open(system, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                size = os.fstat(src).st_size
-                copied = 0
-                while copied < size:
-                    sent = os.sendfile(fd, src, copied, size - copied)
-                    if not sent:
-                        break
-                    copied += sent
-                last = os.pread(src, 1, size - 1) if size else b"\n"
-            finally:
-                os.close(src)
-            break
+        system, last = _copy_first(fd, found)
+        tail = b"" if last == b"\n" else b"\n"
+        for other in named:
+            if system is None or not _same_file(other, system):
+                tail += _certificates(other)
         note = b"# corral: the CA that signs intercepted connections\n"
-        os.write(fd, (b"" if last == b"\n" else b"\n") + note + ca_pem)
+        os.write(fd, tail + note + ca_pem)
     finally:
         os.close(fd)
     os.chmod(path, 0o644)  # whatever the umask: the sandbox reads it as the caller
     return path
+
+
+def _copy_first(fd: int, found: tuple[str, ...]) -> tuple[str | None, bytes]:
+    """Copy the first readable of ``found`` to ``fd``: its path and last byte."""
+    for system in found:
+        try:
+            src = os.open(system, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            size = os.fstat(src).st_size
+            copied = 0
+            while copied < size:
+                sent = os.sendfile(fd, src, copied, size - copied)
+                if not sent:
+                    break
+                copied += sent
+            return system, os.pread(src, 1, size - 1) if size else b"\n"
+        finally:
+            os.close(src)
+    return None, b"\n"
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _certificates(path: str) -> bytes:
+    """The PEM certificate blocks of ``path`` and nothing else (whatever else a
+    mistaken variable's file holds, a key, never reaches the sandbox); empty
+    if it cannot be read.  Read at most NAMED_BUNDLE_MAX bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device: nothing
+            return b""
+        data = os.read(fd, NAMED_BUNDLE_MAX)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    blocks = []
+    for piece in data.split(PEM_BEGIN)[1:]:
+        end = piece.find(PEM_END)
+        if end >= 0:
+            blocks.append(PEM_BEGIN + piece[: end + len(PEM_END)] + b"\n")
+    return b"".join(blocks)
 
 
 def check_upstream_ca(paths: list[str]) -> str | None:
@@ -138,11 +201,24 @@ def trust_mounts(extras: NetExtras) -> list[Mount]:
     ]
 
 
-def sandbox_env(extras: NetExtras | None, env: dict[str, str], bundle: str) -> dict[str, str]:
-    """A plan's environment with the trust variables (the policy's own ``[env]``
-    wins over them) and hooks' variables (which win over everything: a secret's
-    placeholder must never give way to a real value passed in)."""
+def sandbox_env(
+    extras: NetExtras | None, env: dict[str, str], bundle: str, keep: Iterable[str] = ()
+) -> dict[str, str]:
+    """A plan's environment with the trust variables and hooks' variables (which
+    win over everything: a secret's placeholder must never give way to a real
+    value passed in).
+
+    With TLS inspection, every CA bundle variable names corral's bundle, also
+    one passed in from the caller (corral.defaults.CA_ENV): that one's
+    certificates are in the bundle (:func:`write_bundle`), and its own file
+    would not trust corral's CA, so every inspected host would fail.  Only a
+    value the policy sets itself (``keep``: ``[env]``, ``--env NAME=VALUE``)
+    wins over corral's."""
     if extras is None:
         return env
-    trust = trust_env(bundle) if extras.ca_bundle is not None else {}
-    return {**trust, **env, **extras.env}
+    trust = {}
+    if extras.ca_bundle is not None:
+        trust = trust_env(bundle)
+        trust.update((name, bundle) for name in bundle_variables(env))
+    kept = {name: env[name] for name in keep if name in env}
+    return {**env, **trust, **kept, **extras.env}

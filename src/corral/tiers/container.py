@@ -636,7 +636,7 @@ class ContainerTier(Tier):
         plan.env = {**doors.proxy_env(), **plan.env}
         if net is not None:  # corral's CA, inside and over the image's system bundles
             own += trust.trust_mounts(net)
-            plan.env = trust.sandbox_env(net, plan.env, trust.INSIDE_BUNDLE)
+            plan.env = trust.sandbox_env(net, plan.env, trust.INSIDE_BUNDLE, policy.env.set_values)
         return [*doors.relay_argv(python, services), "--", *command]
 
 

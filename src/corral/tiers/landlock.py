@@ -629,7 +629,7 @@ class LandlockTier(Tier):
         from corral.net.trust import sandbox_env
 
         # no mounts: the variables name the host's file, granted by the ruleset
-        plan.env = sandbox_env(net, plan.env, net.ca_bundle or "")
+        plan.env = sandbox_env(net, plan.env, net.ca_bundle or "", policy.env.set_values)
         return port, net.ca_bundle
 
 

@@ -23,7 +23,7 @@ from corral.tiers.base import Health, HostFacts, LaunchStrategy, Plan, Tier, gat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from corral.fsplan import Mount
     from corral.net.trust import NetExtras
@@ -205,7 +205,7 @@ class MicroVMTier(Tier):
         for mount in extra:
             if mount.dest not in GUEST_OWN:
                 raise ValueError(f"microvm: no guest copy of {mount.dest}")
-        view, env_extra = _trust(net, policy)
+        view, env_extra = _trust(net, policy, facts.environ or {})
         view += _resolver(policy, facts.resolv_conf)
         layer = facts.home
         if layer is not None:  # $HOME: the home layer, one more writable export
@@ -258,10 +258,13 @@ def _resolver(policy: Policy, host: tuple[str, bool] | None) -> list[Mount]:
     return [Mount("ro-bind", target, netns.resolv_conf(), "the guest's resolver")]
 
 
-def _trust(net: NetExtras | None, policy: Policy) -> tuple[list[Mount], dict[str, str]]:
+def _trust(
+    net: NetExtras | None, policy: Policy, host_env: Mapping[str, str]
+) -> tuple[list[Mount], dict[str, str]]:
     """corral's CA bundle bound over the system bundles in the guest's root, and
-    the variables naming it (the namespace tier's own path is under /run, the
-    guest's private tmpfs)."""
+    the variables naming it, also those passed in from ``host_env`` (see
+    corral.net.trust.sandbox_env); the namespace tier's own path is under /run,
+    the guest's private tmpfs."""
     if net is None or policy.network.mode != "proxy":
         return [], {}
     from corral.net import trust
@@ -274,7 +277,9 @@ def _trust(net: NetExtras | None, policy: Policy) -> tuple[list[Mount], dict[str
 
         raise RefusedError("microvm: TLS inspection needs a system CA bundle on this host")
     mounts = [m for m in trust.trust_mounts(net) if m.dest != trust.INSIDE_BUNDLE]
-    return mounts, {**trust.trust_env(net.system_bundles[0]), **env}
+    inside = net.system_bundles[0]
+    passed = dict.fromkeys(trust.bundle_variables(host_env), inside)
+    return mounts, {**trust.trust_env(inside), **passed, **env}
 
 
 def _bounds(plan: Plan, vm: VmPlan) -> None:

@@ -442,7 +442,9 @@ class NamespaceTier(Tier):
                 from corral.net import trust
 
                 plan.mounts = [*plan.mounts, *trust.trust_mounts(net)]
-                plan.env = trust.sandbox_env(net, plan.env, trust.INSIDE_BUNDLE)
+                plan.env = trust.sandbox_env(
+                    net, plan.env, trust.INSIDE_BUNDLE, policy.env.set_values
+                )
         target = netns.resolv_target(facts.resolv_conf, fsplan.PRIVATE_TMP)
         if target is not None:
             plan.mounts = [
