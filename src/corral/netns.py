@@ -545,6 +545,8 @@ class Resolver:
         query = dns.parse_query(packet)
         if query is None:
             reply = dns.error_reply(packet, dns.RCODE_FORMERR)
+        elif dns.own_name(query):
+            reply = dns.answer(query, list(dns.OWN_ADDRESSES))
         else:
             reply = dns.answer(query, None, dns.RCODE_NXDOMAIN)
             if len(self.refused) < self.LIMIT:

@@ -321,3 +321,26 @@ def test_a_git_dir_by_another_name_made_in_the_run_is_quarantined(
     assert not (ws / "PWNED").exists()
     assert (ws / "src" / "notes.txt").read_text() == "kept\n"
     assert (ws / "src" / "main.py").read_text() == "print('hi')\n"
+
+
+@pytest.mark.tiers(
+    "namespace",
+    why="the container tiers name themselves in their own /etc/hosts, landlock keeps the host's",
+)
+def test_the_sandboxs_own_hostname_is_no_blocked_host(tsandbox: tuple[Corral, Path]) -> None:
+    """Python's getfqdn (and `hostname -f`, Java's getLocalHost) look the sandbox's
+    hostname up: it used to be refused and reported, "allow with --allow corral".
+    It is loopback now, with or without a network; the twin: another name is
+    still refused and named."""
+    c, ws = tsandbox
+    script = (
+        "python3 -c 'import socket; n = socket.gethostname(); "
+        "print(n, socket.getfqdn(), socket.gethostbyname(n))'; "
+        "python3 -c 'import socket; socket.gethostbyname(\"blocked.test\")' || echo refused"
+    )
+    for flags in ((), ("--allow", "127.0.0.1:9")):
+        r = c.sh(ws, script, *flags)
+        assert r.stdout.decode().split() == ["corral", "corral", "127.0.0.1", "refused"], r
+        (blocked,) = [x for x in corral_lines(r.stderr) if x.startswith("corral: blocked: ")]
+        assert "blocked.test" in blocked and "corral" not in blocked.removeprefix("corral: ")
+        assert "arpa" not in blocked

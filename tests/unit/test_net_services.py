@@ -226,6 +226,8 @@ def test_a_refused_name_is_nxdomain_and_one_audit_line_with_its_rule(tmp_path: P
         assert await _ask(proxy, b"pypi.org", dns.TYPE_AAAA) == (0, ["::9"])
         assert await _ask(proxy, b"svc.test") == (0, ["127.0.0.1"])  # pinned: never asked
         assert await _ask(proxy, b"svc.test", dns.TYPE_AAAA) == (0, [])  # no such record
+        assert await _ask(proxy, b"corral") == (0, ["127.0.0.1"])  # the sandbox's own name
+        assert await _ask(proxy, b"corral", dns.TYPE_AAAA) == (0, ["::1"])
         assert asked == ["pypi.org", "pypi.org"]  # the refused name was never resolved
         lines = audit_lines(proxy, tmp_path)
         (refused,) = [e for e in lines if e["host"] == "blocked.test"]
@@ -289,9 +291,31 @@ def test_without_a_network_every_lookup_is_refused_and_remembered() -> None:
         resolver.answer(fd)
         assert client.recv(512)[3] & 0x0F == dns.RCODE_FORMERR
         assert resolver.refused == [("example.org", "A")]
+        # the sandbox's own hostname is loopback, as a host's /etc/hosts has it
+        client.sendto(query(b"Corral"), address)
+        resolver.answer(fd)
+        assert answers(client.recv(512)) == (0, ["127.0.0.1"])
+        client.sendto(query(b"corral", dns.TYPE_AAAA), address)
+        resolver.answer(fd)
+        assert answers(client.recv(512)) == (0, ["::1"])
+        client.sendto(query(b"1." + b"0." * 31 + b"ip6.arpa", dns.TYPE_PTR), address)
+        resolver.answer(fd)
+        assert answers(client.recv(512)) == (0, [])  # loopback's name: no record, no refusal
+        assert resolver.refused == [("example.org", "A")]  # not a lookup refused
     finally:
         client.close()
         resolver.close()
+
+
+def test_every_tier_names_the_sandbox_as_its_resolvers_answer_it() -> None:
+    from corral.container import envelope
+    from corral.tiers import namespace
+    from corral.vm import initramfs
+
+    args = list(namespace.HARDENING)
+    assert args[args.index("--hostname") + 1] == dns.SANDBOX_HOSTNAME
+    assert envelope.HOSTNAME == dns.SANDBOX_HOSTNAME
+    assert f"\nhostname {dns.SANDBOX_HOSTNAME}\n" in initramfs.INIT
 
 
 # -- the handoff and the door's proxy process ------------------------------------------------

@@ -21,6 +21,7 @@ POOL = ip.network("198.18.0.0/15")
 TTL = 5
 TYPE_A = 1
 TYPE_AAAA = 28
+TYPE_PTR = 12
 TYPE_NAMES = {
     TYPE_A: "A",
     TYPE_AAAA: "AAAA",
@@ -101,6 +102,29 @@ def parse_query(packet: bytes) -> Query | None:
     except UnicodeDecodeError:
         return None
     return Query(ident, name, qtype, packet[12 : at + 4])
+
+
+# The sandbox's own hostname (bwrap --hostname, the container's, the guest's).
+# It is no host anywhere: tools that look it up (Python's socket.getfqdn, Java's
+# getLocalHost, `hostname -f`, git on some setups) get loopback, as a host's
+# /etc/hosts gives its own name, and no lookup of it is refused or reported.
+SANDBOX_HOSTNAME = "corral"
+OWN_ADDRESSES = ("127.0.0.1", "::1")
+
+
+# The reverse names of loopback (what getfqdn asks next): answered with no record.
+LOOPBACK_REVERSE = ("1." + "0." * 31 + "ip6.arpa", ".127.in-addr.arpa")
+
+
+def own_name(query: Query) -> bool:
+    """Does ``query`` ask for the sandbox's own hostname (answered with OWN_ADDRESSES)
+    or for loopback's name (a reverse lookup)?  Neither is a host to decide on."""
+    name = query.name.rstrip(".").lower()
+    return (
+        name == SANDBOX_HOSTNAME
+        or name == LOOPBACK_REVERSE[0]
+        or name.endswith(LOOPBACK_REVERSE[1])
+    )
 
 
 def answer(query: Query, addresses: list[str] | str | None, rcode: int = 0) -> bytes:

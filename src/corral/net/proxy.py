@@ -1374,6 +1374,8 @@ class Proxy:
         if query is None:
             self.refuse_name(run_id, "dns", "", 53, BadName("malformed DNS query"), 1)
             return dnsmsg.error_reply(packet, dnsmsg.RCODE_FORMERR)
+        if dnsmsg.own_name(query):  # the sandbox's hostname: no lookup, nothing to decide
+            return dnsmsg.answer(query, list(dnsmsg.OWN_ADDRESSES))
         try:
             dest = Destination(run_id, "dns", query.name, 53)
         except BadName as exc:
