@@ -793,9 +793,9 @@ def _open_door(
 
     net_log = opts.get("net_log")
     # answerer: corral run prompts on its terminal (stdin and stderr); without
-    # one, asks wait for corral approve / deny (the control socket) or time out
-    if answerer and may_ask(policy):
-        answerer = os.isatty(0) and os.isatty(2)
+    # one it says on stderr what is held and how to answer (corral approve /
+    # deny, the control socket), and an unanswered ask times out
+    answerer = answerer and may_ask(policy)
     return open_door(policy, run_id, str(net_log) if net_log else None, transport, answerer, start)
 
 
@@ -866,7 +866,7 @@ def _run_plan(
     if door is not None and door.ask_sock is not None:
         from corral.prompt import TerminalPrompt
 
-        asks = TerminalPrompt(door.ask_sock)
+        asks = TerminalPrompt(door.ask_sock, interactive=os.isatty(0) and os.isatty(2))
     try:
         # the proxy forks as the launch begins: by the run's guardian if it has
         # one, else by this process (see Door.open and launch.Companion)

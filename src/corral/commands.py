@@ -598,6 +598,7 @@ def _answer(command: str, rest: list[str], decision: object) -> int:
     )
     if problem:
         raise CorralError(problem, EXIT_NOT_WAITING)
+    print(f"{'approved' if decision.allow else 'denied'} {plain(rest[0])}")
     return 0
 
 

@@ -41,7 +41,12 @@ class TerminalPrompt:
         tty_in: int = 0,
         tty_out: int = 2,
         grant: float = DEFAULT_GRANT,
+        interactive: bool = True,
     ) -> None:
+        """``interactive`` False: no terminal to prompt on (stdin or stderr is not
+        one); each held request is one line on ``tty_out`` naming the commands that
+        answer it, so a run that waits says why and how to go on."""
+        self.interactive = interactive
         self.channel = channel
         channel.setblocking(False)
         self.fd = channel.fileno()
@@ -162,6 +167,9 @@ class TerminalPrompt:
     def _next(self) -> None:
         while self.queue:
             ask = self.queue.pop(0)
+            if not self.interactive:
+                _write(self.tty_out, _held_line(ask, "").encode("utf-8", "replace"))
+                continue
             self._cbreak()
             if not self._typed_ahead():
                 self.current = ask
@@ -170,11 +178,8 @@ class TerminalPrompt:
             # has not read yet): they are the command's, so the terminal is not
             # taken; the answer comes from another terminal
             self._restore()
-            _write(
-                self.tty_out,
-                f"\r\ncorral: {_what(ask)}: held; you are typing, so answer with "
-                f"corral approve {ask.id} (or corral deny {ask.id})\r\n".encode("utf-8", "replace"),
-            )
+            line = "\r\n" + _held_line(ask, "you are typing, so ").replace("\n", "\r\n")
+            _write(self.tty_out, line.encode("utf-8", "replace"))
         if self.current is None:
             self._release()
             return
@@ -251,6 +256,13 @@ class TerminalPrompt:
             self._end("the run ended")
         self._restore()
         self._release()
+
+
+def _held_line(ask: AskInfo, why: str) -> str:
+    return (
+        f"corral: {_what(ask)}: held; {why}answer with corral approve {ask.id} "
+        f"(or corral deny {ask.id}; corral pending lists what waits)\n"
+    )
 
 
 def _what(ask: AskInfo) -> str:

@@ -168,12 +168,17 @@ def test_approve_and_deny_from_another_process(
     assert origin.seen == ["/open/x"]  # held: nothing went upstream yet
     r = c.run(["approve", str(one["id"])], ws, env=env)
     assert r.returncode == 0 and not r.stderr, r.stderr
+    assert r.stdout.decode() == f"approved {one['id']}\n"
     two = next_pending(c, ws, env, "/held/two")
     assert c.run(["deny", str(two["id"])], ws, env=env).returncode == 0
     out, err = finish(proc)
     assert "/open/x=200" in out and "/held/one=200" in out, (out, err)
     assert "/held/two=403" in out and "ask: denied (control: corral deny)" in out
-    assert "allow?" not in err  # no terminal: no prompt
+    assert "allow?" not in err  # no terminal: no prompt, but a line for each held one
+    for held in (one, two):
+        line = f"GET 127.0.0.1:{origin.port}{held['path']} (network.rules[2]): held; "
+        assert line + f"answer with corral approve {held['id']} (or corral deny " in err, err
+    assert "/open/x (" not in err  # the twin: an allowed request is not said
     assert origin.seen == ["/open/x", "/held/one"]
     # answered already: one line, exit 1
     again = c.run(["approve", str(one["id"])], ws, env=env)

@@ -448,6 +448,34 @@ def test_terminal_prompt_keys_hold_output_and_restore_the_mode() -> None:
         hub_end.close()
 
 
+def test_without_a_terminal_each_held_request_is_one_line_naming_the_answers() -> None:
+    """No terminal to prompt on: the run used to wait in silence.  Each held request
+    is now a line naming corral approve / deny; nothing is answered for the user."""
+    read_end, write_end = os.pipe()
+    ours, hub_end = socket.socketpair()
+    prompt = TerminalPrompt(ours, tty_in=-1, tty_out=write_end, interactive=False)
+    try:
+        _ask(hub_end, "b1", "/one")
+        _ask(hub_end, "b2", "/two")
+        prompt.on_ready(prompt.fd)
+        said = os.read(read_end, 4096).decode()
+        assert said.splitlines() == [
+            f"corral: GET api.test:443{path} (network.rules[1]): held; answer with corral "
+            f"approve {i} (or corral deny {i}; corral pending lists what waits)"
+            for i, path in (("b1", "/one"), ("b2", "/two"))
+        ]
+        assert prompt.current is None and prompt.fds() == (prompt.fd,)
+        hub_end.setblocking(False)
+        with pytest.raises(BlockingIOError):  # the twin: no answer was sent
+            hub_end.recv(4096)
+    finally:
+        prompt.close()
+        for fd in (read_end, write_end):
+            os.close(fd)
+        ours.close()
+        hub_end.close()
+
+
 def test_ask_info_reads_what_the_hub_sends() -> None:
     info = AskInfo({"id": "x", "run": "r", "host": "h", "port": 1, "method": "GET", "path": "/"})
     assert (info.id, info.run_id, info.host, info.port) == ("x", "r", "h", 1)
@@ -480,7 +508,7 @@ def test_terminal_prompt_leaves_a_half_typed_line_alone() -> None:
         _wait_typed(slave, 5, before)
         _ask(hub_end, "a1", "/one")
         prompt.on_ready(prompt.fd)
-        said = _read_until(master, b"corral deny a1)")
+        said = _read_until(master, b"lists what waits)")
         assert b"you are typing, so answer with corral approve a1" in said
         assert prompt.current is None and prompt.fds() == (prompt.fd,)
         assert termios.tcgetattr(slave) == before
