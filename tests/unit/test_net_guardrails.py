@@ -128,6 +128,32 @@ def test_comments_blank_lines_quotes_and_scalar_lists() -> None:
     assert g.title == "A: quoted" and g.hosts == ["a.test"] and g.methods == ["GET"]
 
 
+def test_the_readmes_example_parses_as_written() -> None:
+    """Copied from the README, it failed three ways: a "]" in a list's comment, a
+    key whose value is only a comment, and a placeholder hash."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("### Guardrails: Markdown files") :]
+    start = section.index("```markdown\n") + 12
+    example = section[start : section.index("\n```", start)]
+    g = parse(example + "\n")
+    assert (g.title, g.tier, g.version) == ("Deleting customer data", "CRITICAL", "3")
+    assert g.hosts == ["api.example.org"] and g.methods == ["DELETE"]
+    assert g.paths == ["/v1/customers/**"] and g.content_hash is None
+
+
+@pytest.mark.parametrize(
+    ("line", "hosts"),
+    [
+        ("hosts: [a.test]  # like [network] allow", ["a.test"]),
+        ("hosts:   # a list follows\n  - c.test", ["c.test"]),
+    ],
+)
+def test_a_comment_after_a_value_is_no_part_of_it(line: str, hosts: list[str]) -> None:
+    assert parse(f"---\n{line}\n---\n").hosts == hosts
+    quoted = parse('---\nhosts: ["a.test", b.test]  # [x]\n---\n')
+    assert quoted.hosts == ["a.test", "b.test"]
+
+
 # -- the marker ---------------------------------------------------------------------------
 
 

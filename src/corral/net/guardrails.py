@@ -140,21 +140,37 @@ _YAML_ONLY = tuple("&*!|>%@`{")
 
 def _uncommented(value: str) -> str:
     """A value without a trailing YAML comment (" # ..."): "CRITICAL  # never" was
-    read whole, an unknown tier, null: ask where the author meant deny."""
+    read whole, an unknown tier, null: ask where the author meant deny.  A value
+    that is only a comment is empty ("paths:   # the globs", a list follows)."""
+    if value[:1] == "#":
+        return ""
     if value[:1] in ("'", '"'):
         end = value.find(value[0], 1)
-        if end > 0 and value[end + 1 :].strip().startswith("#"):
-            return value[: end + 1]
+    elif value[:1] == "[":
+        end = _list_end(value)  # not rfind: the comment may hold a "]" ("[network]")
+    else:
+        for at in range(1, len(value)):
+            if value[at] == "#" and value[at - 1] in " \t":
+                return value[:at].rstrip()
         return value
-    if value[:1] == "[":
-        end = value.rfind("]")
-        if end > 0 and value[end + 1 :].strip().startswith("#"):
-            return value[: end + 1]
-        return value
-    for at in range(1, len(value)):
-        if value[at] == "#" and value[at - 1] in " \t":
-            return value[:at].rstrip()
+    if end > 0 and value[end + 1 :].strip().startswith("#"):
+        return value[: end + 1]
     return value
+
+
+def _list_end(value: str) -> int:
+    """The index of the "]" that closes the flow list ``value`` opens (quotes
+    respected), or -1."""
+    quote = ""
+    for at in range(1, len(value)):
+        char = value[at]
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in ("'", '"'):
+            quote = char
+        elif char == "]":
+            return at
+    return -1
 
 
 def _unquote(raw: str, line: int) -> str:
