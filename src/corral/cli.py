@@ -978,7 +978,8 @@ def closing_lines(denials: list[Denial], policy: Policy, signum: int | None) -> 
     """What corral says on stderr after a run: limits, files, then one line for the
     network, then a signal it acted on."""
     lines = [d.text for d in denials if d.kind == "limit" and d.text]
-    lines += [d.text for d in denials if d.kind in ("file", "unreachable", "bound") and d.text]
+    said = ("file", "unreachable", "unproxied", "bound")
+    lines += [d.text for d in denials if d.kind in said and d.text]
     if any(d.kind == "network" for d in denials):
         from corral.report import blocked_line
 

@@ -13,6 +13,9 @@ run, the line corral prints (``text``).  Kinds:
 - ``unreachable``: a destination the policy allowed that could not be reached
   (nothing listening, a failed upstream certificate), which a client may
   report only as a reset or an empty reply;
+- ``unproxied``: a name the run looked up, and the proxy allowed, that nothing
+  then asked the proxy for: most likely a tool that ignores the proxy
+  variables and connects directly, which the sandbox cannot (not a refusal);
 - ``limit``: a limit the run hit (memory, pids, timeout, output);
 - ``bound``: a default limit this host could not enforce for this user.
 
@@ -290,6 +293,9 @@ def network(entries: Iterable[dict[str, object]], policy: Policy) -> list[Denial
         if e.get("unreachable"):
             out.append(_unreachable(e))
             continue
+        if e.get("unproxied"):
+            out.append(_unproxied(e, policy))
+            continue
         lookup = bool(e.get("lookup"))
         out.append(
             Denial(
@@ -321,6 +327,22 @@ def _unreachable(e: dict[str, object]) -> Denial:
         rule=e.get("rule"),
         reason=e.get("reason"),
         count=count,
+    )
+
+
+def _unproxied(e: dict[str, object], policy: Policy) -> Denial:
+    host = str(e.get("host"))
+    how = (
+        "it may have connected directly, which the sandbox cannot"
+        if policy.network.transparent
+        else "a tool that ignores HTTP_PROXY (Node's fetch) connects directly, which the "
+        "sandbox cannot; --transparent carries such connections to the proxy"
+    )
+    return Denial(
+        "unproxied",
+        f"note: {host} was looked up but never asked of the proxy: {how}",
+        host=host,
+        address=e.get("address"),
     )
 
 

@@ -344,3 +344,34 @@ def test_the_sandboxs_own_hostname_is_no_blocked_host(tsandbox: tuple[Corral, Pa
         (blocked,) = [x for x in corral_lines(r.stderr) if x.startswith("corral: blocked: ")]
         assert "blocked.test" in blocked and "corral" not in blocked.removeprefix("corral: ")
         assert "arpa" not in blocked
+
+
+def test_a_name_looked_up_but_never_asked_of_the_proxy_is_told(
+    sandbox: tuple[Corral, Path],
+    origins: tuple[Origin, Origin],  # noqa: F811
+) -> None:
+    """Node's fetch ignores HTTP_PROXY: it looks the name up (the pin answers), then
+    connects directly and fails with nothing from corral.  Now a note names the
+    host and --transparent.  The twin: curl through the proxy, same policy."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed (.ci/run installs nodejs)")
+    c, ws = sandbox
+    ok, _ = origins
+    (ws / "corral.toml").write_text(
+        f'[network]\nmode = "proxy"\nallow = ["api.test:{ok.port}"]\n'
+        'hosts = { "api.test" = "127.0.0.1" }\n'
+    )
+    c.chown(ws)
+    url = f"http://api.test:{ok.port}/node"
+    fetch = (
+        f'node -e \'fetch("{url}").then(r => console.log(r.status), () => console.log("failed"))\''
+    )
+    r = c.sh(ws, fetch)
+    assert r.stdout.decode().split() == ["failed"] and ok.hits == []
+    assert (
+        "corral: note: api.test was looked up but never asked of the proxy: a tool that "
+        "ignores HTTP_PROXY (Node's fetch) connects directly"
+    ) in r.stderr.decode(), r.stderr
+    twin = c.sh(ws, f"{CURL} {HTTP_PROXY} http://api.test:{ok.port}/curl")
+    assert b"hello from origin" in twin.stdout and ok.hits == [("GET", "/curl")]
+    assert b"never asked" not in twin.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.net.audit import Audit, DenyKey, describe, tally_lines
+from corral.net.audit import Audit, DenyKey, describe, tally_lines, unproxied_entries, usage_lines
 from corral.net.door import Door
 
 
@@ -17,6 +17,7 @@ def read(text: str) -> tuple[dict[DenyKey, int], Door]:
     door = Door.__new__(Door)  # only the reader's state; no sockets, no processes
     door.errors = 0
     door.crashes = []
+    door._looked, door._asked = {}, set()
     return door._read_tally(text), door
 
 
@@ -66,6 +67,34 @@ def test_the_tally_carries_rule_reason_lookup_and_address() -> None:
     assert tally[(*rebinding, "", "127.0.0.1")] == 1
     assert tally[("name.test", 53, "default", "", "dns", "")] == 1  # a lookup
     assert tally[("down.test", 9, "down.test", "", "down", "")] == 1  # allowed, not reached
+
+
+def test_a_name_looked_up_that_no_worker_was_asked_for_is_told() -> None:
+    """A tool that ignores the proxy variables (Node's fetch) looks the name up, then
+    connects directly, and fails with nothing from corral: such a name is now
+    reported, merged over the workers (one answered the lookup, another may have
+    carried the request).  The twin: a name some worker was asked for is not."""
+    first, second = Audit(None), Audit(None)
+    for name in ("api.test", "used.test", "refused.test"):
+        allow = name != "refused.test"
+        first.record(
+            {
+                "scheme": "dns",
+                "host": name,
+                "port": 53,
+                "method": "A",
+                "decision": "allow" if allow else "deny",
+                "address": "127.0.0.1,10.0.0.1" if allow else None,
+            }
+        )
+    first.record({"scheme": "dns", "host": "empty.test", "decision": "allow", "address": None})
+    second.record({"scheme": "connect", "host": "used.test", "port": 443, "decision": "allow"})
+    _, door = read(usage_lines(first) + usage_lines(second))
+    assert door._looked == {"api.test": "127.0.0.1", "used.test": "127.0.0.1"}
+    assert door._asked == {"used.test"}
+    assert unproxied_entries(door._looked, door._asked) == [
+        {"host": "api.test", "address": "127.0.0.1", "unproxied": True, "count": 1}
+    ]
 
 
 def test_an_escaped_bad_name_stays_one_line_and_printable() -> None:

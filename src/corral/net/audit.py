@@ -32,6 +32,11 @@ FLUSH_SECONDS = 0.05
 # Beyond them requests are counted, and the log says so.
 RUN_MAX_BYTES = 256 << 20
 TALLY_MAX = 10_000
+# Names a run's resolver answered and hosts it asked the proxy for, kept to tell a
+# tool that ignores the proxy variables (it looks a name up, then connects
+# directly, which the sandbox cannot): see :func:`usage_lines`
+LOOKED_MAX = 64
+ASKED_MAX = 256
 OTHERS = "(others)"  # the tally's host for destinations beyond TALLY_MAX
 
 
@@ -48,6 +53,8 @@ class Audit:
 
             self.fd = open_log(path)  # (no link followed: see open_log)
         self.denied: dict[DenyKey, int] = {}  # (host, port, rule, reason, ...) -> count
+        self.looked_up: dict[str, str] = {}  # name the resolver answered -> an address
+        self.asked: set[str] = set()  # hosts asked of the proxy (connections, requests)
         self.errors = 0  # unexpected exceptions inside the proxy (bugs), each one line here
         self.requests = 0
         self._buffer: list[bytes] = []
@@ -60,6 +67,9 @@ class Audit:
 
     def record(self, entry: dict[str, object]) -> None:
         self.requests += 1
+        host = entry.get("host")
+        if isinstance(host, str):
+            self._usage(host, entry)
         if entry.get("decision") == "deny" or entry.get("status") == UNREACHABLE:
             key = deny_key(entry)
             if key not in self.denied and len(self.denied) >= TALLY_MAX:
@@ -91,6 +101,15 @@ class Audit:
             or entry.get("decision") == "deny"
         ):
             self.flush()
+
+    def _usage(self, host: str, entry: dict[str, object]) -> None:
+        if entry.get("scheme") != "dns":
+            if len(self.asked) < ASKED_MAX:
+                self.asked.add(host)
+            return
+        answered = entry.get("decision") == "allow" and entry.get("address")
+        if answered and len(self.looked_up) < LOOKED_MAX:
+            self.looked_up.setdefault(host, str(entry["address"]).split(",")[0])
 
     def internal_error(self, run_id: str, where: str, exc: BaseException | None) -> None:
         """One line for an exception nothing expected, written at once, and counted:
@@ -207,6 +226,24 @@ def tally_lines(denied: dict[DenyKey, int]) -> str:
     return "".join(
         "deny\t" + "\t".join(_field(str(v)) for v in key) + f"\t{n}\n" for key, n in denied.items()
     )
+
+
+def usage_lines(audit: Audit) -> str:
+    """``looked NAME ADDRESS`` and ``asked HOST`` lines for the tally pipe: every
+    worker answers lookups and connections of its own, so only corral, adding
+    them up, can tell a name looked up that no worker was asked for."""
+    looked = "".join(f"looked\t{_field(h)}\t{_field(a)}\n" for h, a in audit.looked_up.items())
+    return looked + "".join(f"asked\t{_field(h)}\n" for h in audit.asked)
+
+
+def unproxied_entries(looked: dict[str, str], asked: set[str]) -> list[dict[str, object]]:
+    """Names the run looked up (allowed, answered) but never asked the proxy for:
+    as report entries (``unproxied``), which corral.report says after the run."""
+    return [
+        {"host": h, "address": a, "unproxied": True, "count": 1}
+        for h, a in looked.items()
+        if h not in asked
+    ]
 
 
 def read_tally_line(rest: str) -> tuple[DenyKey, int] | None:

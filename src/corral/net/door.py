@@ -219,6 +219,8 @@ class Door:
         self.pids: list[int] = []
         self.errors = 0  # the proxy's own unexpected exceptions, known after close()
         self.crashes: list[str] = []  # one line per worker that failed outright
+        self._looked: dict[str, str] = {}  # the workers' usage lines (audit.usage_lines)
+        self._asked: set[str] = set()
         self._life_r = self._life_w = -1  # the proxy watches for its end: the run's
         self._tally_r = self._tally_w = -1  # the proxy's report, read by close()
         self._started = False
@@ -412,11 +414,12 @@ class Door:
                 pass
             self.ask_sock.close()
             self.ask_sock = None
-        if not tally:
+        unproxied = [h for h in self._looked if h not in self._asked]
+        if not tally and not unproxied:
             return []
-        from corral.net.audit import denial_entries
+        from corral.net.audit import denial_entries, unproxied_entries
 
-        return denial_entries(tally)
+        return denial_entries(tally) + unproxied_entries(self._looked, self._asked)
 
     def forget_grants(self) -> None:
         """Drop the grants of this run's asks (a reset between jobs).  A proxy
@@ -457,6 +460,11 @@ class Door:
             elif kind == "crash":
                 self.errors += 1
                 self.crashes.append(rest)
+            elif kind == "looked":
+                name, _, address = rest.partition("\t")
+                self._looked.setdefault(name, address)
+            elif kind == "asked":
+                self._asked.add(rest)
         return tally
 
     def remove_files(self) -> None:
@@ -856,9 +864,9 @@ def _serve(
     try:
         run_loop(main())
     finally:
-        from corral.net.audit import tally_lines
+        from corral.net.audit import tally_lines, usage_lines
 
-        report = tally_lines(audit.denied) + f"errors\t{audit.errors}\n"
+        report = tally_lines(audit.denied) + usage_lines(audit) + f"errors\t{audit.errors}\n"
         try:
             os.write(tally_w, report.encode())
         except OSError:
