@@ -86,6 +86,6 @@ def test_approvals_load_only_for_a_policy_that_asks(tmp_path: Path) -> None:
         )
         found.append(out.stdout.split())
     assert found[0] == ["0"], found
-    # the control directory's check only: the proxy's side (asyncio) is the worker's,
-    # and without a terminal there is no prompt
-    assert found[1] == ["0", "corral.net.asking"], found
+    # the control directory's check, and the answerer that says what is held (without
+    # a terminal, one line each): the proxy's side (asyncio) is the worker's
+    assert found[1] == ["0", "corral.net.asking", "corral.prompt"], found
