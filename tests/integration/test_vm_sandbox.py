@@ -285,6 +285,37 @@ def raw_frame(
     return (struct.pack("!II", length, sent) + header + payload).hex()
 
 
+# Frames the guest's root forges onto the agent's channel, each of which must end
+# that VM as malformed.  The default run tries the last (the newest finding); the
+# others boot a VM each (some 15 s here) and are marked slow.
+FORGED = {
+    "not-an-object": ["raw", raw_frame(b"[]")],
+    "no-number": ["raw", raw_frame(b'{"ev":"done","id":"x"}')],
+    "deep": ["deep"],
+    "2GiB-header": ["raw", raw_frame(b"{", size=1 << 31)],
+    # a reply to no request, announcing 4 GiB (once read whole: 8 GiB held)
+    "4GiB-reply": ["raw", raw_frame(b'{"ev":"done","id":99999}', announce=0xFFFFFFFF)],
+}
+
+
+def _forging_sandbox(ws: Path) -> Sandbox:
+    if os.geteuid() != 0:
+        pytest.skip("taking the agent's channel needs the guest's root (corral run as root)")
+    (ws / "inject.py").write_text(INJECT)
+    policy = pol.load(str(ws))
+    policy.limits.output = 1 << 20
+    return Sandbox(policy, tier="microvm", log=False)
+
+
+def _forged_frames_end_the_vm(sb: Sandbox, frames: list[list[str]]) -> None:
+    for bad in frames:
+        errors = len(sb.errors)
+        inject = sb.spawn(["python3", "inject.py", *bad])
+        assert inject.wait(timeout=60).exit_code == 128 + signal.SIGKILL  # its VM ended
+        assert len(sb.errors) == errors + 1 and "malformed" in sb.errors[-1], sb.errors
+        assert sb.exec("echo after").stdout == b"after\n"  # a fresh VM
+
+
 def test_frames_the_guests_root_forges_cannot_hang_crash_or_flood_the_host(
     home_ws: tuple[Path, Path],
 ) -> None:
@@ -293,13 +324,7 @@ def test_frames_the_guests_root_forges_cannot_hang_crash_or_flood_the_host(
     command's output than the policy's limit: a malformed frame ends that VM, one
     line in ``errors``, and the next call starts a fresh one.  Twins: the command's
     own output arrives, and the sandbox goes on."""
-    if os.geteuid() != 0:
-        pytest.skip("taking the agent's channel needs the guest's root (corral run as root)")
-    _, ws = home_ws
-    (ws / "inject.py").write_text(INJECT)
-    policy = pol.load(str(ws))
-    policy.limits.output = 1 << 20
-    with Sandbox(policy, tier="microvm", log=False) as sb:
+    with _forging_sandbox(home_ws[1]) as sb:
         proc = sb.spawn("echo mine; sleep 100")
         assert wait_for(lambda: proc.read_output()[0] == b"mine\n", 30)
         flood = sb.exec(["python3", "inject.py", "out", str(proc.id), "40"])
@@ -307,19 +332,15 @@ def test_frames_the_guests_root_forges_cannot_hang_crash_or_flood_the_host(
         proc.kill()
         r = proc.wait(timeout=30)
         assert r.stdout.startswith(b"mine\n") and len(r.stdout) <= 1 << 20 and r.truncated
-        for bad in (
-            ["raw", raw_frame(b"[]")],  # not an object
-            ["raw", raw_frame(b'{"ev":"done","id":"x"}')],  # no number
-            ["deep"],
-            ["raw", raw_frame(b"{", size=1 << 31)],  # 2 GiB of header announced
-            # a reply to no request, announcing 4 GiB (once read whole: 8 GiB held)
-            ["raw", raw_frame(b'{"ev":"done","id":99999}', announce=0xFFFFFFFF)],
-        ):
-            errors = len(sb.errors)
-            inject = sb.spawn(["python3", "inject.py", *bad])
-            assert inject.wait(timeout=60).exit_code == 128 + signal.SIGKILL  # its VM ended
-            assert len(sb.errors) == errors + 1 and "malformed" in sb.errors[-1], sb.errors
-            assert sb.exec("echo after").stdout == b"after\n"  # a fresh VM
+        _forged_frames_end_the_vm(sb, [FORGED["4GiB-reply"]])
+    assert wait_for(lambda: not our_qemus(), 10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in FORGED if n != "4GiB-reply"])
+def test_every_malformed_frame_ends_only_its_vm(home_ws: tuple[Path, Path], name: str) -> None:
+    with _forging_sandbox(home_ws[1]) as sb:
+        _forged_frames_end_the_vm(sb, [FORGED[name]])
     assert wait_for(lambda: not our_qemus(), 10)
 
 
