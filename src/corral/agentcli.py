@@ -50,7 +50,7 @@ def agent_dir(opts: dict[str, object]) -> str:
 
 def _runtime(opts: dict[str, object], listeners: list[object]) -> object:
     from corral.brain import BrainConfig
-    from corral.runtime import MAX_TURNS, Runtime
+    from corral.runtime import MAX_TURNS, Runtime, keep_dir_out
 
     try:
         max_turns = int(str(opts.get("max_turns", MAX_TURNS)))
@@ -59,6 +59,8 @@ def _runtime(opts: dict[str, object], listeners: list[object]) -> object:
     if max_turns < 1:
         raise CorralError("--max-turns needs a whole number, 1 or more")
     directory = agent_dir(opts)
+    policy = build_policy(opts)
+    keep_dir_out(policy, directory)  # before its config is read: the sandbox's to plant
     config = BrainConfig.load(
         os.path.join(directory, "config.toml"),
         str(opts["base_url"]) if opts.get("base_url") else None,
@@ -66,7 +68,6 @@ def _runtime(opts: dict[str, object], listeners: list[object]) -> object:
         dict(os.environ),
     )
     brain = config.brain()
-    policy = build_policy(opts)
     return Runtime(
         brain,
         policy,

@@ -136,6 +136,7 @@ class Runtime:
             workspace = self._sandbox_options.get("workspace")
             policy = pol.load(str(workspace) if workspace else None)
         _keep_key_out(policy)
+        keep_dir_out(policy, self.directory)
         try:
             made = self.memory.ensure()
         except OSError as exc:
@@ -313,6 +314,30 @@ def _keep_key_out(policy: object) -> None:
             f"the policy passes {', '.join(leaked)} into the sandbox; the agent runtime keeps "
             "the model's key on the host: remove it from [env] pass"
         )
+
+
+def keep_dir_out(policy: object, directory: str | os.PathLike[str]) -> None:
+    """The agent's own directory (its config with the model's address, its memory,
+    its activity log) must be out of the sandbox's reach: inside a writable place
+    the sandbox could link its memory to a host file the runtime then reads, point
+    the next run's model (and key) at another server, or turn the log into a link
+    to anywhere.  Refused, as is a directory holding a writable place."""
+    paths = getattr(policy, "writable_paths", None)
+    if paths is None:
+        return
+    mine = os.path.realpath(os.path.expanduser(os.fspath(directory)))
+    for place in paths():
+        real = os.path.realpath(place)
+        if _within(mine, real) or _within(real, mine):
+            raise CorralError(
+                f"the agent's directory {mine} overlaps the sandbox's writable place {real}: "
+                "the sandbox could rewrite its config, memory and log; "
+                "choose a directory outside it (--dir)"
+            )
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _line(exc: BaseException) -> str:

@@ -28,6 +28,7 @@ from test_approvals import Origin
 
 from corral import policy as pol
 from corral.brain import ChatBrain, Reply, ScriptedBrain, ToolCall, call
+from corral.errors import CorralError
 from corral.runtime import Answer, Event, FileWatch, Runtime, StdinLines, Timer, Webhook
 from corral.tools import TOOLS
 from tests.model_server import ModelServer, completion
@@ -361,6 +362,18 @@ def test_network_asks_reach_the_approval_callback(
         assert asks[0]["decision"] == "deny" and asks[0]["why"] == "no approval callback"
 
 
+def test_the_agents_own_directory_is_never_the_sandboxs(api_ws: Path) -> None:
+    """Inside the workspace, the sandbox linked the memory to /etc/shadow (read on the
+    host by read_memory), rewrote config.toml's base_url (the key went to another
+    server) and swapped the directory for a link (the log went anywhere)."""
+    policy = pol.load(str(api_ws))
+    for inside in (api_ws / ".agent", api_ws.parent):  # in it, or holding it
+        with pytest.raises(CorralError, match="overlaps the sandbox's writable place"):
+            asyncio.run(Runtime(ScriptedBrain([]), policy, directory=inside).start())
+    answer, _ = run_one(ScriptedBrain([Reply("ok")]), policy, api_ws, "x", tier="namespace")
+    assert answer.text == "ok"  # the twin: beside the workspace (run_one's)
+
+
 def test_the_key_is_never_passed_into_the_sandbox(api_ws: Path) -> None:
     policy = pol.load(str(api_ws))
     policy.env.pass_names.append("OPENAI_API_KEY")
@@ -474,8 +487,17 @@ def test_cli_agent_run_and_log(sandbox: tuple[Corral, Path], model: ModelServer)
         ("no-model", 2, "corral: no model: give --model, or set CORRAL_AGENT_MODEL"),
         ("bad-turns", 2, "corral: --max-turns needs a whole number, 1 or more"),
         ("key-passed", 2, "corral: the policy passes OPENAI_API_KEY into the sandbox;"),
+        ("dir-inside", 2, "corral: the agent's directory "),
     ],
-    ids=["unreachable", "malformed", "max-turns", "no-model", "bad-turns", "key-passed"],
+    ids=[
+        "unreachable",
+        "malformed",
+        "max-turns",
+        "no-model",
+        "bad-turns",
+        "key-passed",
+        "dir-inside",
+    ],
 )
 def test_cli_agent_errors_are_one_line(
     sandbox: tuple[Corral, Path], model: ModelServer, case: str, code: int, line: str
@@ -495,6 +517,8 @@ def test_cli_agent_errors_are_one_line(
         args += ["--max-turns", "0"]
     elif case == "key-passed":
         args += ["--env", "OPENAI_API_KEY"]
+    elif case == "dir-inside":  # the sandbox could plant its config, memory links, log
+        args[args.index("--dir") + 1] = str(ws / ".agent")
     r = agent(c, ws, *args)
     err = r.stderr.decode()
     assert r.returncode == code and err.startswith(line) and err.count("\n") == 1, err
