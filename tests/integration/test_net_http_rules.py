@@ -766,6 +766,8 @@ def test_git_over_https_clone_works_push_is_refused(
         assert "hello from the origin" in out, (out, err)
         assert "push=0" not in out
         assert "remote: corral: denied by the sandbox's policy" in err, err
+        # named as a push, not as the GET of /info/refs that clone is allowed
+        assert 'git push to git.test: no rule allows it (git = "read" allows' in err, err
         assert origin.head() == before
         assert any(e.get("scheme") == "https" and e["decision"] == "allow" for e in net_log(c))
     finally:

@@ -292,6 +292,14 @@ def test_git_read_preset_allows_clone_and_fetch_only() -> None:
     assert decide("GET", b"/o/r.git/info/refs?service=git-upload-pack", host)[1] == (
         "network.rules[6] (git read)"
     )
+    # a refused push says so: its path alone reads as clone's /info/refs
+    for method, target in (
+        ("GET", b"/o/r.git/info/refs?service=git-receive-pack"),
+        ("POST", b"/o/r.git/git-receive-pack"),
+    ):
+        reason = decide(method, target, host)[2]
+        assert reason.startswith("git push to code.git.test: no rule allows it (git = "), reason
+    assert decide("GET", b"/o/r.git/HEAD", host)[2].startswith("no rule for code.git.test allows")
 
 
 def test_git_write_preset_allows_push_too() -> None:

@@ -83,6 +83,7 @@ GIT_WRITE = (
     ("GET", "/**/info/refs?service=git-receive-pack"),
     ("POST", "/**/git-receive-pack"),
 )
+GIT_PUSH_HINT = 'git = "read" allows clone and fetch; git = "write" allows push too'
 ASK_REASON = "a rule asks a person to approve this request"  # see corral.net.approvals
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")
@@ -519,10 +520,10 @@ class RuledHost:
             return Verdict(False, ask.name, ASK_REASON, ask=True), None
         if allow is not None:
             return Verdict(True, allow.name), limit
-        return (
-            Verdict(False, "network.rules", f"no rule for {self.host} allows {method} {path}"),
-            None,
-        )
+        why = f"no rule for {self.host} allows {method} {path}"
+        if "git-receive-pack" in target:  # the path alone reads as clone's /info/refs
+            why = f"git push to {self.host}: no rule allows it ({GIT_PUSH_HINT})"
+        return Verdict(False, "network.rules", why), None
 
 
 class HttpRulesHook(Hook):
