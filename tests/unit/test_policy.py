@@ -568,6 +568,37 @@ def test_explain_lists_the_network_rules(tmp_path: Path) -> None:
     assert "  deny: *.internal.test" in lines
     assert "  pinned: mirror.test = 10.0.0.5 (no DNS)" in lines
     assert any("rebinding" in line or "private" in line for line in lines)
+    assert not any("intercepted" in line for line in lines)  # nothing governed: no TLS
+
+
+def test_explain_shows_what_the_proxy_governs_and_never_a_secrets_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.tiers.base import network_lines
+
+    monkeypatch.setenv("MY_KEY", "sk-real-value")
+    (tmp_path / "corral.toml").write_text(
+        '[network]\nmode = "proxy"\nallow = ["api.test", "git.test"]\n'
+        '[[network.rules]]\nhost = "api.test"\nmethods = ["GET"]\npaths = ["/v1/**"]\n'
+        'action = "allow"\n'
+        '[[network.rules]]\nhost = "api.test"\nmethods = ["DELETE"]\naction = "ask"\n'
+        '[[network.rules]]\nhost = "git.test"\ngit = "read"\n'
+        '[secrets.API_KEY]\nfrom = "env:MY_KEY"\nhosts = ["api.test"]\n'
+        'header = "Authorization"\nformat = "Bearer {value}"\n'
+        '[tls]\npassthrough = ["db.test"]\n'
+    )
+    lines = network_lines(policy.load(str(tmp_path)))
+    assert "  rule network.rules[1]: allow: host api.test; methods GET; paths /v1/**" in lines
+    assert "  rule network.rules[2]: ask: host api.test; methods DELETE" in lines
+    assert "  rule network.rules[3]: allow: host git.test; git read" in lines
+    assert "  asks wait at most 30s for corral approve / deny" in lines
+    assert (
+        "  secret API_KEY: $API_KEY holds a placeholder; the proxy puts the value from "
+        "env:MY_KEY into authorization: Bearer {value} on requests to api.test only"
+    ) in lines
+    assert "  tls passthrough (never intercepted): db.test" in lines
+    assert any("intercepted with corral's CA" in line for line in lines)
+    assert "sk-real-value" not in "\n".join(lines)
 
 
 def test_a_sandbox_takes_a_workspace_directory_or_a_policy_file(tmp_path: Path) -> None:

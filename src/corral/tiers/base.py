@@ -405,7 +405,54 @@ def network_lines(policy: Policy) -> list[str]:
     )
     if net.transparent:
         lines.append("  transparent: every TCP connection and DNS query is captured")
+    return lines + governing_lines(policy)
+
+
+def governing_lines(policy: Policy) -> list[str]:
+    """What the proxy governs beyond hosts, as ``--explain`` prints it: method and
+    path rules, secrets (where each real value comes from and goes, never the
+    value), guardrails and TLS inspection."""
+    net = policy.network
+    lines = [f"  rule network.rules[{i}]: {_rule_text(e)}" for i, e in enumerate(net.rules, 1)]
+    if any(e.get("action") == "ask" for e in net.rules) or policy.guardrails.dirs:
+        lines.append(f"  asks wait at most {net.ask_timeout:g}s for corral approve / deny")
+    for name, secret in sorted(policy.secrets.items()):
+        into = f"into {secret.header}: {secret.format}" if secret.header else "where it is"
+        lines.append(
+            f"  secret {name}: ${name} holds a placeholder; the proxy puts the value from "
+            f"{secret.source} {into} on requests to {', '.join(secret.hosts)} only"
+        )
+    guard = policy.guardrails
+    for directory in guard.dirs:
+        count = "" if guard.files is None else f" ({len(guard.files)} files read)"
+        lines.append(f"  guardrails: {directory}{count}")
+    if guard.dirs:
+        lines.append("  guardrail tiers: " + ", ".join(f"{k} {v}" for k, v in guard.tiers.items()))
+    tls = policy.tls
+    if tls.inspect:
+        lines.append(f"  tls inspect: {', '.join(tls.inspect)}")
+    if tls.passthrough:
+        lines.append(f"  tls passthrough (never intercepted): {', '.join(tls.passthrough)}")
+    if net.rules or policy.secrets or guard.dirs or tls.inspect:
+        lines.append(
+            "  HTTPS to a host these name is intercepted with corral's CA; any other stays "
+            "an opaque tunnel"
+        )
     return lines
+
+
+def _rule_text(entry: dict[str, object]) -> str:
+    """One [[network.rules]] entry in a line: host, then what it allows or refuses."""
+    parts = [f"host {entry.get('host')}"]
+    if entry.get("git"):
+        parts.append(f"git {entry['git']}")
+    for key in ("methods", "paths"):
+        value = entry.get(key)
+        if isinstance(value, list) and value:
+            parts.append(f"{key} {', '.join(map(str, value))}")
+    if entry.get("max_body") is not None:
+        parts.append(f"max_body {entry['max_body']}")
+    return f"{entry.get('action', 'allow')}: " + "; ".join(parts)
 
 
 class Tier:
