@@ -269,7 +269,7 @@ LOG_OPTIONS: Options = {
         "with --net: the audit log (default: $XDG_STATE_HOME/corral/net.jsonl)",
     ),
     "--host": ("host", "value", "H", "with --net: only this host"),
-    "--decision": ("decision", "value", "D", "with --net: only allow, deny or error"),
+    "--decision": ("decision", "value", "D", "with --net: only allow, deny, ask or error"),
 }
 SERVE_OPTIONS: Options = {
     "--listen": (

@@ -477,8 +477,8 @@ def _log_net(opts: dict[str, object], count: int) -> int:
 
     path = str(opts["net_log"]) if opts.get("net_log") else default_path()
     decision = opts.get("decision")
-    if decision not in (None, "allow", "deny", "error"):
-        raise CorralError("--decision: expected allow, deny or error")
+    if decision not in (None, "allow", "deny", "ask", "error"):
+        raise CorralError("--decision: expected allow, deny, ask or error")
     records = [
         r
         for r in runlog.read(path)

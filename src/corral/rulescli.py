@@ -86,7 +86,8 @@ def cmd_list(opts: dict[str, object], rest: list[str]) -> int:
             )
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)), row[5])
+        cells = [cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)]
+        print("  ".join([*cells, row[5]]))
     return 0
 
 
