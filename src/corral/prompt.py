@@ -272,7 +272,10 @@ def _what(ask: AskInfo) -> str:
 
     where = f"{ask.host}:{ask.port}{ask.path}"
     also = f", also served as {', '.join(a[:60] for a in ask.also[:4])}" if ask.also else ""
-    return plain(f"{ask.method} {where[:120]} ({ask.rule}{also})")
+    # a guardrail's reason names what a person decides on: its title, risk tier, version
+    _, marked, guarded = str(ask.reason or "").partition("needs approval: ")
+    rule = f"{ask.rule}: {guarded[:120]}" if marked and guarded else ask.rule
+    return plain(f"{ask.method} {where[:120]} ({rule}{also})")
 
 
 def _write(fd: int, data: bytes) -> None:

@@ -476,6 +476,25 @@ def test_without_a_terminal_each_held_request_is_one_line_naming_the_answers() -
         hub_end.close()
 
 
+def test_a_guardrails_ask_shows_its_title_and_risk_tier() -> None:
+    from corral.prompt import _what
+
+    base = {"id": "x", "run": "r", "host": "api.test", "port": 443, "method": "POST", "path": "/d"}
+    guarded = AskInfo(
+        {
+            **base,
+            "rule": "guardrail deploy.md",
+            "reason": "ask: POST /d needs approval: Deploys need a person (risk HIGH, version 2)",
+        }
+    )
+    assert _what(guarded) == (
+        "POST api.test:443/d (guardrail deploy.md: Deploys need a person (risk HIGH, version 2))"
+    )
+    # the twin: a rule's ask keeps its rule's name alone
+    ruled = AskInfo({**base, "rule": "network.rules[2]", "reason": "a rule asks a person"})
+    assert _what(ruled) == "POST api.test:443/d (network.rules[2])"
+
+
 def test_ask_info_reads_what_the_hub_sends() -> None:
     info = AskInfo({"id": "x", "run": "r", "host": "h", "port": 1, "method": "GET", "path": "/"})
     assert (info.id, info.run_id, info.host, info.port) == ("x", "r", "h", 1)
