@@ -722,8 +722,30 @@ def read_file(path: str) -> bytes:
 
 def _stat_fields(pid: int) -> list[str]:
     """/proc/PID/stat after the command name: state, parent, ... ([] if gone)."""
+    return _stat_fields_of(f"/proc/{pid}/stat")
+
+
+def _alive(pid: int) -> bool:
+    """Is ``pid`` still running anything?  A zombie is dead, unless only its main
+    thread exited: /proc shows such a process as "Z" while its other threads run
+    on (found by attacking corral: one outlived a reset into the next job)."""
+    fields = _stat_fields(pid)
+    if not fields:
+        return False
+    if fields[0] not in ("Z", "X"):
+        return True
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    return any(
+        _stat_fields_of(f"/proc/{pid}/task/{t}/stat")[:1] not in (["Z"], ["X"], []) for t in threads
+    )
+
+
+def _stat_fields_of(path: str) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
             return fh.read().rsplit(b")", 1)[1].decode().split()
     except (OSError, IndexError):
         return []
@@ -748,10 +770,8 @@ def kill_all_but_us() -> int:
     for attempt in range(50):
         alive = []
         for name in os.listdir("/proc"):
-            if name.isdigit() and int(name) not in keep:
-                fields = _stat_fields(int(name))
-                if fields and fields[0] not in ("Z", "X"):  # a zombie is already dead
-                    alive.append(int(name))
+            if name.isdigit() and int(name) not in keep and _alive(int(name)):
+                alive.append(int(name))
         if not alive:
             break
         for victim in alive:

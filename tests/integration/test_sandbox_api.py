@@ -456,6 +456,52 @@ def test_exec_alone_ends_leftovers_and_empties_private_tmp_not_the_workspace(
         assert box.exec("ls -A /dev/shm; ps -e -o comm | grep -c '^sleep'").text == "0\n"
 
 
+# A process whose main thread exits alone (pthread_exit) while another runs on: /proc
+# shows it as a zombie ("Z"), and the reset took it for one and left it running.
+GHOST = """
+import ctypes, os, threading, time
+if os.fork():
+    os._exit(0)  # the job's own process ends; the ghost is its child
+def haunt():
+    while True:
+        open("/tmp/ghost", "w").write(str(os.getpid()))
+        time.sleep(0.05)
+threading.Thread(target=haunt, daemon=True).start()
+time.sleep(0.2)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_a_process_whose_main_thread_exited_does_not_outlive_the_job(
+    home_ws: tuple[Path, Path],
+) -> None:
+    _, ws = home_ws
+    (ws / "ghost_bg.py").write_text(GHOST)
+
+    def hung(*_: object) -> None:  # the ghost left running held the sandbox up
+        raise TimeoutError("the sandbox hung with a job's process left in it")
+
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        _ghost_does_not_outlive_its_job(ws)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
+def _ghost_does_not_outlive_its_job(ws: Path) -> None:
+    with Sandbox(pol.load(str(ws))) as box:
+        # the twin first: within its job the ghost runs, shown as a zombie
+        seen = box.exec_alone(
+            "python3 ghost_bg.py; sleep 0.5; cut -d' ' -f3 /proc/$(cat /tmp/ghost)/stat; "
+            "ps -e -o args | grep -c '[g]host_bg'"
+        ).text
+        assert seen.split() == ["Z", "1"], seen
+        after = box.exec_alone("sleep 0.5; ls /tmp; ps -e -o args | grep -c '[g]host_bg'")
+        assert after.text == "0\n", after.text  # gone, and its file with it
+
+
 POSIX_QUEUE = (
     "import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True); "
     "fd = libc.mq_open(b'/corral-left', os.O_RDWR | (os.O_CREAT if sys.argv[1] == 'make' else 0),"
