@@ -182,10 +182,55 @@ def run_flags(job: Job) -> list[str]:
         flags += ["--env", name]
     for path in job.get(PROTECTED, []):
         flags += ["--write-deny", path]
+    if PINNED in job:
+        flags += ["--policy-sha256", str(job[PINNED])]
     return flags
 
 
 PROTECTED = "_protected"  # (not keys a jobs file can set: check_job refuses them)
+PINNED = "_policy_sha256"  # the content of the job's policy, read when the batch began
+
+
+def pin_policies(items: list[Job | Result]) -> list[Job | Result]:
+    """Each job's policy, read once when the batch begins, on this machine: the job
+    runs only if its file still holds that (``--policy-sha256``), wherever it
+    runs.  A job with no ``policy`` gets its workspace's corral.toml, checked here
+    as corral run checks one it finds (corral.liveruns), or none (/dev/null):
+    left to find one itself, a Ray node loaded a corral.toml another job had
+    just planted (this machine's record of live runs is not the node's), and a
+    job allowed to write another's policy file made that job run unconfined.
+    A job whose policy cannot be pinned becomes its error result."""
+    out: list[Job | Result] = []
+    for item in items:
+        if "argv" in item and PINNED not in item:
+            try:
+                _pin(item)
+            except (OSError, CorralError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+                item = error_result(item["id"], f"policy: {reason}", item.get("line"))
+        out.append(item)
+    return out
+
+
+def _pin(job: Job) -> None:
+    import hashlib
+
+    from corral import policy as pol
+
+    workspace = os.path.realpath(str(job.get("workspace") or os.getcwd()))
+    path = job.get("policy")
+    if path is None:
+        found = pol.find_policy_file(workspace)
+        if found is not None:
+            pol.check_found(found)
+        path = found or os.devnull
+    # (relative to the workspace, where corral run starts: as an unpinned job read it)
+    path = os.path.join(workspace, str(path))
+    with open(path, "rb") as fh:
+        job[PINNED] = hashlib.sha256(fh.read()).hexdigest()
+    job["policy"] = path
+
+
 PLACES = "_places"  # every job's workspace, as real paths ending in "/"
 
 
@@ -530,8 +575,13 @@ def run(
                 yield item
             continue
         job = item if "argv" in item else check_job(item, number)
-        if job["id"] not in skip:
-            todo.append(job)
+        if job["id"] in skip:
+            continue
+        pinned = pin_policies([job])[0]  # (a jobs file's were pinned already)
+        if "argv" in pinned:
+            todo.append(pinned)
+        else:
+            yield pinned
     if placement == "ray":
         from corral import batch_ray
 
@@ -656,6 +706,7 @@ def main(opts: dict[str, object], jobs_file: str) -> int:
         batch_ray.connect(address)  # one line and 122 if it cannot
     log = str(opts.get("log") or "") or None
     net_log = str(opts.get("net_log") or "") or None
+    items = pin_policies(items)
     protect(items, jobs_file)
     done = finished_ids(out)
     todo = [i for i in items if i["id"] not in done]

@@ -58,6 +58,12 @@ RUN_OPTIONS: Options = {
         "FILE",
         "policy file (default: corral.toml in the workspace, if any)",
     ),
+    "--policy-sha256": (
+        "policy_sha256",
+        "value",
+        "HEX",
+        "run only if the policy file still holds what has this SHA-256 (corral batch pins so)",
+    ),
     "--settings": (
         "settings",
         "value",
@@ -524,8 +530,13 @@ def build_policy(opts: dict[str, object]) -> Policy:
     if "settings" in opts:  # even --settings= : a file named, however badly, is never ignored
         policy = _settings_policy(str(opts["settings"]), "policy" in opts, workspace)
     else:
+        pinned = str(opts["policy_sha256"]) if opts.get("policy_sha256") else None
+        if pinned and not policy_path:
+            raise CorralError("--policy-sha256: only with --policy FILE")
         policy = pol.load(
-            str(workspace) if workspace else None, str(policy_path) if policy_path else None
+            str(workspace) if workspace else None,
+            str(policy_path) if policy_path else None,
+            sha256=pinned,
         )
     _limit_flags(policy, opts)
     _filesystem_flags(policy, opts)

@@ -885,8 +885,11 @@ def check_workspace(ws: str, homes: list[str]) -> None:
         )
 
 
-def load(workspace: str | None = None, path: str | None = None) -> Policy:
-    """Defaults, then ``path`` (or the workspace's corral.toml if present)."""
+def load(
+    workspace: str | None = None, path: str | None = None, sha256: str | None = None
+) -> Policy:
+    """Defaults, then ``path`` (or the workspace's corral.toml if present);
+    ``sha256``: the content ``path`` must hold (corral batch pins each job's)."""
     ws = os.path.realpath(workspace or os.getcwd())
     check_workspace(ws, home_dirs())
     policy = Policy(ws)
@@ -905,7 +908,7 @@ def load(workspace: str | None = None, path: str | None = None) -> Policy:
     if chosen is not None:
         from corral.policyfile import load_file
 
-        load_file(chosen, policy)
+        load_file(chosen, policy, sha256)
         if policy.network.mode == "none" and policy.network.allow:
             raise PolicyError(
                 f'{chosen}: network.allow has no effect with mode = "none": '

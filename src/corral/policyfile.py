@@ -378,8 +378,9 @@ def where_set(path: str, section: str, key: str, value: str) -> str:
     return f"{path}:{line}: {section}.{key}" if line else f"{path}: {section}.{key}"
 
 
-def load_file(path: str, policy: Policy) -> None:
-    """Apply a TOML policy file on top of ``policy``; PolicyError names file, line, key."""
+def load_file(path: str, policy: Policy, sha256: str | None = None) -> None:
+    """Apply a TOML policy file on top of ``policy``; PolicyError names file, line, key.
+    ``sha256``: what the file must hold (read once: what is checked is what is used)."""
     import tomllib
 
     try:
@@ -387,6 +388,14 @@ def load_file(path: str, policy: Policy) -> None:
             raw = fh.read()
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read policy file: {exc.strerror}") from None
+    if sha256 is not None:
+        import hashlib
+
+        if hashlib.sha256(raw).hexdigest() != sha256.lower():
+            raise PolicyError(
+                f"{path}: the policy file changed since it was pinned (a job may have "
+                "rewritten it); not run"
+            )
     try:
         text = raw.decode("utf-8")
         data = tomllib.loads(text)

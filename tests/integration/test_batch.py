@@ -267,3 +267,53 @@ def test_a_job_cannot_reach_outside_through_copy_in_or_rewrite_the_batch(
     assert (ws / "mine.txt").read_text() == "mine\n"
     _batch(c, ws, jobs, out, "-j", "1")  # resumed: nothing new to run
     assert "later" not in _results(out)
+
+
+def test_a_jobs_policy_is_the_one_read_when_the_batch_began(
+    sandbox: tuple[Corral, Path], tmp_path_factory: Any
+) -> None:
+    """Found by attacking batches: a job allowed to write a shared directory rewrote
+    another job's policy there (tier = "none"), and that job ran unconfined; a
+    job planted a corral.toml in a workspace whose job named no policy, and on
+    another Ray node that job loaded it.  Each job's policy is now read once,
+    when the batch begins (its workspace's corral.toml, or none), and a job runs
+    only if the file still holds that.  The twins: an untouched policy runs, and
+    a job whose workspace had no corral.toml runs under the defaults."""
+    c, ws = sandbox
+    shared = ws.parent / "shared"  # outside the writer's workspace, writable by its policy
+    shared.mkdir()
+    (shared / "x.toml").write_text("[limits]\ntimeout = 30\n")
+    (shared / "y.toml").write_text("[limits]\ntimeout = 30\n")
+    (ws / "writer.toml").write_text(f'[filesystem]\nwritable = ["{shared}"]\n')
+    other = ws / "other"  # a workspace of its own, with no corral.toml at the start
+    other.mkdir()
+    c.chown(ws)
+    c.chown(shared)
+    outside = ws.parent / "ESCAPED"
+    evil = f'tier = \\"none\\"\\n[filesystem]\\nwritable = [\\"{ws.parent}\\"]\\n'
+    jobs = _write_jobs(
+        c,
+        ws,
+        [
+            {
+                "id": "writer",
+                "command": f'printf "{evil}" > {shared}/x.toml; '
+                f'printf "{evil}" > other/corral.toml',
+                "policy": "writer.toml",
+            },
+            {"id": "x", "command": f"touch {outside}", "policy": str(shared / "x.toml")},
+            {"id": "y", "command": "echo fine", "policy": str(shared / "y.toml")},
+            {"id": "planted", "command": f"touch {outside}; echo ran", "workspace": "other"},
+        ],
+    )
+    out = ws / "results.jsonl"
+    _batch(c, ws, jobs, out, "-j", "1")
+    results = _results(out)
+    assert results["writer"]["exit"] == 0, results["writer"]
+    assert "tier" in (shared / "x.toml").read_text()  # the rewrite happened
+    assert results["x"]["exit"] != 0 and "changed since it was pinned" in results["x"]["output"]
+    assert results["y"]["exit"] == 0 and results["y"]["output"] == "fine\n"
+    assert not outside.exists()
+    # ran under the defaults it had when the batch began (no corral.toml then):
+    # its write outside the workspace refused, the run itself fine
+    assert results["planted"]["output"].endswith("ran\n"), results["planted"]

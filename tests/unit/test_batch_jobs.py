@@ -77,6 +77,45 @@ def test_corral_argv_is_a_normal_corral_run() -> None:
     assert tail[-2:] == ["--", "make"] and tail[tail.index("--report") + 1] == "/r"
 
 
+def test_each_jobs_policy_is_pinned_when_the_batch_begins(tmp_path: Path) -> None:
+    import hashlib
+
+    named, found, bare = (tmp_path / d for d in ("named", "found", "bare"))
+    for d in (named, found, bare):
+        d.mkdir()
+    (named / "p.toml").write_text("[limits]\ntimeout = 30\n")
+    (found / "corral.toml").write_text("[limits]\npids = 77\n")
+    jobs = [
+        batch.check_job({"command": ["x"], "policy": "p.toml", "workspace": str(named)}, 1),
+        batch.check_job({"command": ["x"], "workspace": str(found)}, 2),
+        batch.check_job({"command": ["x"], "workspace": str(bare)}, 3),
+        batch.check_job({"command": ["x"], "policy": "gone.toml", "workspace": str(bare)}, 4),
+    ]
+    one, two, three, four = batch.pin_policies(jobs)  # type: ignore[misc]
+    assert one["policy"] == str(named / "p.toml")  # relative: to the workspace
+    sha = hashlib.sha256(b"[limits]\ntimeout = 30\n").hexdigest()
+    assert batch.run_flags(one)[-2:] == ["--policy-sha256", sha]
+    assert two["policy"] == str(found / "corral.toml")  # found now, not by the node later
+    assert three["policy"] == os.devnull  # none then: the defaults, whatever appears
+    assert three[batch.PINNED] == hashlib.sha256(b"").hexdigest()
+    assert four["error"] == "policy: No such file or directory" and four["line"] == 4
+
+
+def test_a_pinned_policy_that_changed_is_refused(tmp_path: Path) -> None:
+    import hashlib
+
+    from corral import policy as pol
+    from corral.errors import PolicyError
+
+    path = tmp_path / "p.toml"
+    path.write_text("[limits]\npids = 77\n")
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert pol.load(str(tmp_path), str(path), sha256=sha).limits.pids == 77  # the twin
+    path.write_text('tier = "none"\n')
+    with pytest.raises(PolicyError, match="changed since it was pinned"):
+        pol.load(str(tmp_path), str(path), sha256=sha)
+
+
 def test_finished_ids_drops_a_line_cut_short(tmp_path: Path) -> None:
     out = tmp_path / "r.jsonl"
     out.write_text(
