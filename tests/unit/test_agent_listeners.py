@@ -1,13 +1,16 @@
 """The agent runtime's listeners, bounded: the file watcher's walk (iterative, a
-depth bound, directories counted toward its limit).  Each with its twin."""
+depth bound, directories counted toward its limit) and the timer's ticks (one
+queued or being handled at a time).  Each with its twin."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
 
-from corral.runtime import FileWatch
+from corral.brain import ScriptedBrain
+from corral.runtime import Event, FileWatch, Runtime, Timer
 
 
 def test_file_watch_walks_a_deep_tree_without_recursion(tmp_path: Path) -> None:
@@ -52,3 +55,33 @@ def test_file_watch_counts_directories_toward_its_limit(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "f.txt").write_text("x")
     assert {"zz.txt", "sub/f.txt"} <= set(FileWatch().scan(str(tmp_path)))  # the twin
+
+
+def test_timer_skips_ticks_while_its_event_waits(tmp_path: Path) -> None:
+    async def go() -> tuple[int, int, int]:
+        rt = Runtime(
+            ScriptedBrain([]), directory=tmp_path / "agent"
+        )  # not started: nothing handled
+        timer = Timer(0.01)
+        task = asyncio.create_task(timer(rt))
+        await asyncio.sleep(0.3)
+        queued = rt.queue.qsize()
+        # the twin: once its event is answered, the next tick fires again
+        _, future = rt.queue.get_nowait()
+        future.set_result(None)  # type: ignore[arg-type]
+        await asyncio.sleep(0.1)
+        task.cancel()
+        return queued, rt.queue.qsize(), timer.skipped
+
+    queued, after, skipped = asyncio.run(go())
+    assert queued == 1 and after == 1 and skipped > 5
+
+
+def test_events_fired_by_hand_still_queue(tmp_path: Path) -> None:
+    async def go() -> int:
+        rt = Runtime(ScriptedBrain([]), directory=tmp_path / "agent")
+        for n in range(3):
+            rt.fire(Event("task", f"t{n}"))
+        return rt.queue.qsize()
+
+    assert asyncio.run(go()) == 3
