@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,12 +71,23 @@ class Answer:
     error: str | None = None
 
 
+# What one log record holds: each string cut to LOG_TEXT characters, each list to
+# LOG_ITEMS items (a command's output went into the log three times per call, and
+# 20 calls made 130 MB of it: found by attacking the agent runtime); past LOG_BYTES
+# the log is renamed activity.jsonl.1 (the one before is dropped) and begun again
+LOG_TEXT = 2000
+LOG_ITEMS = 20
+LOG_BYTES = 64 << 20
+
+
 class ActivityLog:
     """One JSON line per step (wake, model, tool, answer, error, ask, start,
     stop), written and flushed as it happens: ``<directory>/activity.jsonl``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_bytes: int = LOG_BYTES) -> None:
         self.path = path
+        self.max_bytes = max_bytes
+        self.failed = False  # a write failed already (said once on stderr)
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600))
@@ -83,7 +95,45 @@ class ActivityLog:
             raise CorralError(f"the agent's log {path}: {exc.strerror or exc}") from None
 
     def write(self, kind: str, **fields: object) -> None:
-        runlog.append({"t": runlog.iso(time.time()), "kind": kind, **fields}, str(self.path))
+        """Append one record, bounded; a write that fails (a full disk) is said once
+        on stderr and the runtime goes on: it killed the route loop, and
+        ``corral agent run`` waited for ever (found by attacking it)."""
+        record = {"t": runlog.iso(time.time()), "kind": kind, **fields}
+        try:
+            self._rotate()
+            runlog.append(bounded(record), str(self.path))  # type: ignore[arg-type]
+        except OSError as exc:
+            if not self.failed:
+                self.failed = True
+                why = exc.strerror or str(exc)
+                sys.stderr.write(f"corral: agent: cannot write its log {self.path}: {why}\n")
+
+    def _rotate(self) -> None:
+        try:
+            size = os.stat(self.path).st_size
+        except FileNotFoundError:
+            return
+        if size >= self.max_bytes:
+            os.replace(self.path, f"{self.path}.1")
+
+
+def bounded(value: object, depth: int = 0) -> object:
+    """``value`` with every string cut to LOG_TEXT and every list to LOG_ITEMS
+    (each cut says how much went), nested at most 6 deep."""
+    if isinstance(value, str):
+        if len(value) <= LOG_TEXT:
+            return value
+        return value[:LOG_TEXT] + f"...[corral: {len(value) - LOG_TEXT} more characters]"
+    if depth >= 6 and isinstance(value, list | tuple | dict):
+        return bounded(str(value)[: LOG_TEXT + 1], depth)
+    if isinstance(value, list | tuple):
+        items = [bounded(v, depth + 1) for v in value[:LOG_ITEMS]]
+        if len(value) > LOG_ITEMS:
+            items.append(f"[corral: {len(value) - LOG_ITEMS} more items]")
+        return items
+    if isinstance(value, dict):
+        return {str(k)[:LOG_TEXT]: bounded(v, depth + 1) for k, v in value.items()}
+    return value
 
 
 # a listener runs as a task of its own while the runtime runs: it calls rt.fire()
@@ -197,16 +247,19 @@ class Runtime:
         while True:
             event, future = await self.queue.get()
             self.busy = True
+            answer = Answer("", "error", 0, "the runtime stopped")
             try:
                 answer = await self.handle(event)
             except Exception as exc:  # a bug of ours: logged, and the loop goes on
-                self.log.write("error", where="route", message=_line(exc))
                 answer = Answer("", "error", 0, _line(exc))
+                self.log.write("error", where="route", message=_line(exc))
             finally:
+                # always resolved: whoever waits for this event (corral agent run) must
+                # not wait for ever, whatever went wrong (cancelled: stop() runs)
                 self.busy = False
                 self.handled += 1
-            if not future.done():
-                future.set_result(answer)
+                if not future.done():
+                    future.set_result(answer)
 
     async def _listen(self, listener: Listener) -> None:
         try:
@@ -256,8 +309,11 @@ class Runtime:
             arguments=arguments,
             exit_code=outcome.exit_code,
             seconds=round(time.monotonic() - began, 4),
-            error=outcome.error,
+            # its first lines: the whole answer (the command's output) goes to the
+            # model, not into the log
+            error=None if outcome.error is None else summary(outcome.error),
             denials=outcome.denials,
+            denied=outcome.denied,
         )
         return {"role": "tool", "tool_call_id": ident, "content": outcome.text()}
 
@@ -302,6 +358,15 @@ class Runtime:
             return Decision.deny()
         self.log.write("ask", request=where, decision="allow" if decision.allow else "deny")
         return decision
+
+
+def summary(text: str, lines: int = 5, width: int = 200) -> str:
+    """The first ``lines`` lines of ``text``, each cut to ``width``, and a count of the rest."""
+    parts = text.split("\n", lines)
+    shown = [p[:width] + ("..." if len(p) > width else "") for p in parts[:lines]]
+    if len(parts) > lines:
+        shown.append(f"[corral: {parts[lines].count(chr(10)) + 1} more lines]")
+    return "\n".join(shown)
 
 
 def _keep_key_out(policy: object) -> None:

@@ -1,10 +1,13 @@
 """The agent runtime's bounds with real parts (a namespace sandbox for every tool
 call, the scripted brain in-process), each found by attacking it and each with
-its twin: a command's timeout, deep JSON in a call's arguments."""
+its twin: what the log holds of a command's output, a command's timeout, a full
+disk under the log, deep JSON in a call's arguments."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -15,10 +18,32 @@ from test_runtime import run_one, tool_records, turn
 
 from corral import policy as pol
 from corral import tools
-from corral.brain import Reply, ScriptedBrain, ToolCall
+from corral.brain import Reply, ScriptedBrain, ToolCall, call
+from corral.runtime import Event, Runtime
 
 JSON = dict[str, object]
 api_ws = test_runtime.api_ws  # (the fixture: a workspace and state of its own, as root)
+
+
+def test_forged_refusals_leave_a_bounded_log(api_ws: Path) -> None:
+    line = '{"decision":"deny","host":"h","port":1,"rule":"r","reason":"' + "z" * 100 + '"}'
+    forge = call("run_command", command=f"yes '{line}' | head -n 5000")
+    brain = ScriptedBrain([turn(forge), Reply("ok")])
+    run_one(brain, pol.load(str(api_ws)), api_ws, "x", tier="namespace")
+    record = tool_records(api_ws)[0]
+    assert record["denied"] == 5000 and len(record["denials"]) == tools.DENIAL_LINES
+    log = api_ws.parent / "agent" / "activity.jsonl"
+    assert log.stat().st_size < 40_000  # (850 KB of output; the log had it three times)
+    told = str(brain.seen[-1][-1]["content"])  # the model is told the count, and the output
+    assert told.startswith("error: denied by the sandbox's policy (r): h:1: ")
+    assert "[corral: 4995 more refusal lines in the output]" in told
+    # the twin: one refusal is said whole
+    brain = ScriptedBrain([turn(call("run_command", command=f"echo '{line}'")), Reply("ok")])
+    run_one(brain, pol.load(str(api_ws)), api_ws, "x", tier="namespace")
+    record = tool_records(api_ws)[-1]
+    assert record["denied"] == 1 and record["denials"] == [
+        "denied by the sandbox's policy (r): h:1: " + "z" * 100
+    ]
 
 
 def test_deep_json_arguments_are_a_tool_error_not_the_models(api_ws: Path) -> None:
@@ -47,3 +72,41 @@ def test_a_models_timeout_cannot_lift_the_runtimes_cap(api_ws: Path, asked: floa
             assert quick.error is None and cast(dict[str, Any], quick.value)["stdout"] == "hi\n"
 
     asyncio.run(go())
+
+
+def test_a_full_disk_under_the_log_does_not_stop_the_runtime(
+    api_ws: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = api_ws.parent / "agent"
+    directory.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(directory)], check=True)
+    brain = ScriptedBrain([turn(call("run_command", command="echo hi")), Reply("ok")])
+
+    async def go() -> list[str]:
+        rt = Runtime(brain, pol.load(str(api_ws)), directory=directory, tier="namespace")
+        async with rt:
+            first = await asyncio.wait_for(rt.fire(Event("task", "before")), 30)  # the twin
+            fill(directory / "filler", 65536)  # the disk fills up
+            fill(directory / "activity.jsonl", 64)  # and the log's last page
+            second = await asyncio.wait_for(rt.fire(Event("task", "after")), 30)
+            return [first.text, second.text]
+
+    try:
+        assert asyncio.run(go()) == ["ok", "done"]
+    finally:
+        subprocess.run(["umount", str(directory)], check=False)
+    err = capsys.readouterr().err
+    assert err.count("corral: agent: cannot write its log") == 1
+    assert "No space left on device" in err
+
+
+def fill(path: Path, piece: int) -> None:
+    """Append to ``path`` until its filesystem is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"\n" * piece):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
