@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import sys
 import time
@@ -41,6 +42,16 @@ JSON = dict[str, object]
 MAX_TURNS = 10
 COMMAND_TIMEOUT = 300.0  # seconds for a command the model gave no timeout (the loop never hangs)
 HISTORY_EVENTS = 5  # the events whose messages the model sees again
+# What one request to the model carries, bounded: a reply's tool calls past
+# MAX_CALLS are not run (each is answered with a tool error saying so), a tool's
+# answer keeps its first and last TOOL_ANSWER/2 characters, and the history is cut
+# to HISTORY_CHARS (the oldest tool answers and arguments shortened first, then
+# the oldest events dropped).  80 calls in one reply, each printing 1 MiB, held
+# the host at 1.84 GB (found by attacking the agent runtime).
+MAX_CALLS = 16
+TOOL_ANSWER = 128 << 10
+HISTORY_CHARS = 2 << 20
+SHORT = 200  # what is left of a shortened message (its start)
 
 SYSTEM = (
     "You are an agent run by corral. You act only through the tools you are given; "
@@ -148,6 +159,8 @@ class Runtime:
         *,
         directory: str | os.PathLike[str],
         max_turns: int = MAX_TURNS,
+        max_calls: int = MAX_CALLS,
+        history_chars: int = HISTORY_CHARS,
         on_ask: Callable[[object], object] | None = None,
         listeners: Sequence[Listener] = (),
         **sandbox: object,
@@ -160,6 +173,8 @@ class Runtime:
         self.directory = Path(directory).expanduser()
         self.log = ActivityLog(self.directory / "activity.jsonl")
         self.max_turns = max_turns
+        self.max_calls = max_calls
+        self.history_chars = history_chars
         self.listeners = list(listeners)
         self._on_ask = on_ask
         self._policy = policy
@@ -281,6 +296,7 @@ class Runtime:
         del self.history[:-HISTORY_EVENTS]
         system: JSON = {"role": "system", "content": self.system_prompt()}
         for turn in range(1, self.max_turns + 1):
+            bound_history(self.history, self.history_chars)
             messages = [system, *(m for msgs in self.history for m in msgs)]
             began = time.monotonic()
             try:
@@ -292,8 +308,18 @@ class Runtime:
             mine.append(reply.message())
             if not reply.tool_calls:
                 return self._answer(Answer(reply.content or "", "stop", turn))
-            for tool_call in reply.tool_calls:
-                mine.append(await self._run_tool(tool_call.id, tool_call.name, tool_call.arguments))
+            for n, tool_call in enumerate(reply.tool_calls):
+                if n < self.max_calls:
+                    mine.append(
+                        await self._run_tool(tool_call.id, tool_call.name, tool_call.arguments)
+                    )
+                else:  # every call gets an answer (the chat API wants one per id)
+                    mine.append(self._not_run(tool_call.id, len(reply.tool_calls)))
+            if len(reply.tool_calls) > self.max_calls:
+                self.log.write(
+                    "error", where="max_calls", turn=turn, calls=len(reply.tool_calls),
+                    message=f"{len(reply.tool_calls) - self.max_calls} tool calls not run",
+                )  # fmt: skip
         message = f"stopped after max_turns={self.max_turns} turns without a final answer"
         self.log.write("error", where="max_turns", message=message)
         return self._answer(Answer("", "max_turns", self.max_turns, message))
@@ -315,7 +341,14 @@ class Runtime:
             denials=outcome.denials,
             denied=outcome.denied,
         )
-        return {"role": "tool", "tool_call_id": ident, "content": outcome.text()}
+        return {"role": "tool", "tool_call_id": ident, "content": cut(outcome.text(), TOOL_ANSWER)}
+
+    def _not_run(self, ident: str, calls: int) -> JSON:
+        text = (
+            f"error: not run: corral runs at most {self.max_calls} tool calls of one reply "
+            f"and this one had {calls}; ask for the rest in the next turn"
+        )
+        return {"role": "tool", "tool_call_id": ident, "content": text}
 
     def _log_reply(self, turn: int, reply: Reply, seconds: float) -> None:
         self.log.write(
@@ -367,6 +400,55 @@ def summary(text: str, lines: int = 5, width: int = 200) -> str:
     if len(parts) > lines:
         shown.append(f"[corral: {parts[lines].count(chr(10)) + 1} more lines]")
     return "\n".join(shown)
+
+
+def cut(text: str, limit: int) -> str:
+    """``text``, or its first and last ``limit // 2`` characters with a line
+    saying how many were left out between."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return (
+        f"{text[:half]}\n[corral: {len(text) - 2 * half} characters left out here]\n{text[-half:]}"
+    )
+
+
+def _size(message: JSON) -> int:
+    return len(json.dumps(message, ensure_ascii=False))
+
+
+def bound_history(history: list[list[JSON]], limit: int) -> None:
+    """Cut the messages of ``history`` (the recent events', oldest first; the last
+    is the current one) to ``limit`` characters as JSON: the oldest tool answers
+    and tool-call arguments are shortened first, then old events dropped."""
+    total = sum(_size(m) for msgs in history for m in msgs)
+    for message in (m for msgs in history for m in msgs):
+        if total <= limit:
+            return
+        before = _size(message)
+        _shorten(message)
+        total -= before - _size(message)
+    while total > limit and len(history) > 1:  # shortened all, still over: drop the oldest
+        total -= sum(_size(m) for m in history.pop(0))
+
+
+def _shorten(message: JSON) -> None:
+    """A message of the history made short: the start of its text, and a note."""
+
+    def short(text: object) -> object:
+        if not isinstance(text, str) or len(text) <= SHORT:
+            return text
+        return f"{text[:SHORT]}...[corral: {len(text) - SHORT} characters left out of the history]"
+
+    if message.get("role") in ("tool", "assistant"):
+        message["content"] = short(message.get("content"))
+    calls = message.get("tool_calls")
+    for tool_call in calls if isinstance(calls, list) else []:
+        fn = tool_call.get("function") if isinstance(tool_call, dict) else None
+        if isinstance(fn, dict) and len(str(fn.get("arguments"))) > SHORT:
+            # still JSON: a server may parse the arguments of the history's calls
+            left = f"{len(str(fn.get('arguments')))} characters left out of the history"
+            fn["arguments"] = json.dumps({"corral": left})
 
 
 def _keep_key_out(policy: object) -> None:

@@ -1,28 +1,84 @@
 """The agent runtime's bounds with real parts (a namespace sandbox for every tool
 call, the scripted brain in-process), each found by attacking it and each with
-its twin: what the log holds of a command's output, a command's timeout, a full
-disk under the log, deep JSON in a call's arguments."""
+its twin: tool calls per reply, what a tool answers and the history carries,
+what the log holds of a command's output, a command's timeout, a full disk
+under the log, deep JSON in a call's arguments."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 import test_runtime
-from test_runtime import run_one, tool_records, turn
+from test_runtime import log_of, run_one, tool_records, turn
 
 from corral import policy as pol
 from corral import tools
 from corral.brain import Reply, ScriptedBrain, ToolCall, call
-from corral.runtime import Event, Runtime
+from corral.runtime import TOOL_ANSWER, Event, Runtime
 
 JSON = dict[str, object]
 api_ws = test_runtime.api_ws  # (the fixture: a workspace and state of its own, as root)
+
+
+def test_tool_calls_past_the_cap_are_tool_errors(api_ws: Path) -> None:
+    many = [call("run_command", f"c{n}", command=f"echo {n} >> ran.txt") for n in range(5)]
+    brain = ScriptedBrain([turn(*many), turn(*many[:2]), Reply("ok")])
+    answer, _ = run_one(brain, pol.load(str(api_ws)), api_ws, "x", tier="namespace", max_calls=2)
+    assert answer.finish == "stop"
+    # 2 of the first reply's 5 ran, then both of the second's (the twin: at the cap, all run)
+    assert (api_ws / "ran.txt").read_text() == "0\n1\n0\n1\n"
+    answers = [m for m in brain.seen[1] if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in answers] == ["c0", "c1", "c2", "c3", "c4"]
+    assert all(str(m["content"]).startswith('{"exit_code": 0') for m in answers[:2])
+    assert answers[4]["content"] == (
+        "error: not run: corral runs at most 2 tool calls of one reply and this one had 5; "
+        "ask for the rest in the next turn"
+    )
+    errors = [r for r in log_of(api_ws) if r["kind"] == "error"]
+    assert [(r["where"], r["calls"]) for r in errors] == [("max_calls", 5)]
+
+
+def test_tool_answers_and_the_history_are_bounded(api_ws: Path) -> None:
+    big = call("run_command", command="head -c 600000 /dev/zero | tr '\\0' a")
+    limit = 300_000
+    sizes: list[int] = []
+    newest: list[str] = []
+
+    def measure(then: Reply) -> Callable[[list[JSON]], Reply]:
+        def step(messages: list[JSON]) -> Reply:  # what this request carries, as it is sent
+            history = messages[1:]  # (after the system prompt)
+            sizes.append(sum(len(json.dumps(m, ensure_ascii=False)) for m in history))
+            newest.append(str(history[-1]["content"]))
+            return then
+
+        return step
+
+    brain = ScriptedBrain([turn(big), *(measure(r) for r in (turn(big), turn(big), Reply("ok")))])
+    answer, _ = run_one(
+        brain, pol.load(str(api_ws)), api_ws, "x", tier="namespace", history_chars=limit
+    )
+    assert answer.finish == "stop" and len(sizes) == 3
+    assert all(size <= limit for size in sizes)
+    for last in newest:  # the newest answer: its start and end
+        assert len(last) <= TOOL_ANSWER + 100 and "characters left out here" in last
+        assert last.startswith('{"exit_code": 0, "stdout": "aaaa')
+    older = [str(m["content"]) for m in brain.seen[-1] if m["role"] == "tool"][:-1]
+    assert "left out of the history" in older[0]  # the oldest shortened first
+
+
+def test_a_small_answer_reaches_the_model_whole(api_ws: Path) -> None:
+    brain = ScriptedBrain([turn(call("run_command", command="seq 1 5000")), Reply("ok")])
+    run_one(brain, pol.load(str(api_ws)), api_ws, "x", tier="namespace")
+    last = json.loads(str(brain.seen[-1][-1]["content"]))
+    assert last["stdout"] == "".join(f"{n}\n" for n in range(1, 5001))
 
 
 def test_forged_refusals_leave_a_bounded_log(api_ws: Path) -> None:

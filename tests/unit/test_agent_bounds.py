@@ -1,5 +1,6 @@
-"""The agent runtime's activity log, bounded, each with its twin (the normal
-thing still works): what one record holds, the log's rotation, a failed write."""
+"""The agent runtime's bounds on its pure parts, each with its twin (the normal
+thing still works): the history's size, a tool answer's and a log record's,
+the log's rotation and a failed write."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from corral.runtime import (
     LOG_ITEMS,
     LOG_TEXT,
     ActivityLog,
+    bound_history,
     bounded,
+    cut,
     summary,
 )
 
@@ -33,7 +36,46 @@ def size(history: list[list[JSON]]) -> int:
     return sum(len(json.dumps(m, ensure_ascii=False)) for msgs in history for m in msgs)
 
 
-def test_summary() -> None:
+def test_history_is_cut_oldest_tool_answers_first() -> None:
+    old: list[JSON] = [
+        {"role": "user", "content": "[task] old"},
+        call_message("{}"),
+        tool_answer("a" * 50_000),
+    ]
+    now: list[JSON] = [
+        {"role": "user", "content": "[task] now"},
+        call_message(json.dumps({"content": "b" * 30_000})),
+        tool_answer("c" * 30_000),
+    ]
+    history: list[list[JSON]] = [old, now]
+    bound_history(history, 70_000)
+    assert size(history) <= 70_000
+    assert len(history) == 2  # shortening was enough: no event dropped
+    assert str(old[2]["content"]).startswith("a" * 200 + "...[corral: 49800 characters left out")
+    assert now[2]["content"] == "c" * 30_000  # the newest answer kept whole
+    # a call's arguments shortened stay JSON
+    bound_history(history, 10_000)
+    args = now[1]["tool_calls"][0]["function"]["arguments"]  # type: ignore[index]
+    assert json.loads(args) == {"corral": "30015 characters left out of the history"}
+
+
+def test_history_drops_old_events_when_shortening_is_not_enough() -> None:
+    history: list[list[JSON]] = [[{"role": "user", "content": "u" * 5000}] for _ in range(4)]
+    bound_history(history, 12_000)
+    assert len(history) == 2 and size(history) <= 12_000
+
+
+def test_a_small_history_is_left_as_it_is() -> None:
+    history: list[list[JSON]] = [[{"role": "user", "content": "hi"}, tool_answer("x" * 1000)]]
+    copy = json.loads(json.dumps(history))
+    bound_history(history, 100_000)
+    assert history == copy
+
+
+def test_cut_and_summary() -> None:
+    assert cut("short", 100) == "short"
+    long = cut("a" * 100 + "b" * 100, 20)
+    assert long == "a" * 10 + "\n[corral: 180 characters left out here]\n" + "b" * 10
     assert summary("one\ntwo") == "one\ntwo"
     text = "\n".join(f"line {n} " + "x" * 300 for n in range(1000))
     short = summary(text)
