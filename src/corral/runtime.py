@@ -45,12 +45,12 @@ HISTORY_EVENTS = 5  # the events whose messages the model sees again
 # What one request to the model carries, bounded: a reply's tool calls past
 # MAX_CALLS are not run (each is answered with a tool error saying so), a tool's
 # answer keeps its first and last TOOL_ANSWER/2 characters, and the history is cut
-# to HISTORY_CHARS (the oldest tool answers and arguments shortened first, then
+# to HISTORY_BYTES (the oldest tool answers and arguments shortened first, then
 # the oldest events dropped).  80 calls in one reply, each printing 1 MiB, held
 # the host at 1.84 GB (found by attacking the agent runtime).
 MAX_CALLS = 16
 TOOL_ANSWER = 128 << 10
-HISTORY_CHARS = 2 << 20
+HISTORY_BYTES = 2 << 20
 SHORT = 200  # what is left of a shortened message (its start)
 
 SYSTEM = (
@@ -160,7 +160,7 @@ class Runtime:
         directory: str | os.PathLike[str],
         max_turns: int = MAX_TURNS,
         max_calls: int = MAX_CALLS,
-        history_chars: int = HISTORY_CHARS,
+        history_bytes: int = HISTORY_BYTES,
         on_ask: Callable[[object], object] | None = None,
         listeners: Sequence[Listener] = (),
         **sandbox: object,
@@ -174,7 +174,7 @@ class Runtime:
         self.log = ActivityLog(self.directory / "activity.jsonl")
         self.max_turns = max_turns
         self.max_calls = max_calls
-        self.history_chars = history_chars
+        self.history_bytes = history_bytes
         self.listeners = list(listeners)
         self._on_ask = on_ask
         self._policy = policy
@@ -296,7 +296,7 @@ class Runtime:
         del self.history[:-HISTORY_EVENTS]
         system: JSON = {"role": "system", "content": self.system_prompt()}
         for turn in range(1, self.max_turns + 1):
-            bound_history(self.history, self.history_chars)
+            bound_history(self.history, self.history_bytes)
             messages = [system, *(m for msgs in self.history for m in msgs)]
             began = time.monotonic()
             try:
@@ -414,12 +414,14 @@ def cut(text: str, limit: int) -> str:
 
 
 def _size(message: JSON) -> int:
-    return len(json.dumps(message, ensure_ascii=False))
+    """At least the bytes ``message`` takes in a request (escaped to ASCII, each
+    character is at least as long as in UTF-8)."""
+    return len(json.dumps(message))
 
 
 def bound_history(history: list[list[JSON]], limit: int) -> None:
     """Cut the messages of ``history`` (the recent events', oldest first; the last
-    is the current one) to ``limit`` characters as JSON: the oldest tool answers
+    is the current one) to ``limit`` bytes of JSON: the oldest tool answers
     and tool-call arguments are shortened first, then old events dropped."""
     total = sum(_size(m) for msgs in history for m in msgs)
     for message in (m for msgs in history for m in msgs):

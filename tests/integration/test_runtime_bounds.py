@@ -55,7 +55,8 @@ def test_tool_answers_and_the_history_are_bounded(api_ws: Path) -> None:
     def measure(then: Reply) -> Callable[[list[JSON]], Reply]:
         def step(messages: list[JSON]) -> Reply:  # what this request carries, as it is sent
             history = messages[1:]  # (after the system prompt)
-            sizes.append(sum(len(json.dumps(m, ensure_ascii=False)) for m in history))
+            sent = (json.dumps(m, ensure_ascii=False, separators=(",", ":")) for m in history)
+            sizes.append(sum(len(text.encode()) for text in sent))
             newest.append(str(history[-1]["content"]))
             return then
 
@@ -63,7 +64,7 @@ def test_tool_answers_and_the_history_are_bounded(api_ws: Path) -> None:
 
     brain = ScriptedBrain([turn(big), *(measure(r) for r in (turn(big), turn(big), Reply("ok")))])
     answer, _ = run_one(
-        brain, pol.load(str(api_ws)), api_ws, "x", tier="namespace", history_chars=limit
+        brain, pol.load(str(api_ws)), api_ws, "x", tier="namespace", history_bytes=limit
     )
     assert answer.finish == "stop" and len(sizes) == 3
     assert all(size <= limit for size in sizes)

@@ -33,7 +33,11 @@ def call_message(arguments: str) -> JSON:
 
 
 def size(history: list[list[JSON]]) -> int:
-    return sum(len(json.dumps(m, ensure_ascii=False)) for msgs in history for m in msgs)
+    """The bytes these messages take in a request, as httpx sends them."""
+    sent = (
+        json.dumps(m, ensure_ascii=False, separators=(",", ":")) for msgs in history for m in msgs
+    )
+    return sum(len(text.encode()) for text in sent)
 
 
 def test_history_is_cut_oldest_tool_answers_first() -> None:
@@ -63,6 +67,15 @@ def test_history_drops_old_events_when_shortening_is_not_enough() -> None:
     history: list[list[JSON]] = [[{"role": "user", "content": "u" * 5000}] for _ in range(4)]
     bound_history(history, 12_000)
     assert len(history) == 2 and size(history) <= 12_000
+
+
+def test_history_is_bounded_in_bytes_not_characters() -> None:
+    history: list[list[JSON]] = [
+        [{"role": "user", "content": "[task] x"}, tool_answer("é" * 40_000)],
+        [{"role": "user", "content": "[task] y"}, tool_answer("€" * 40_000)],
+    ]
+    bound_history(history, 130_000)  # 200,000 bytes of UTF-8 in 80,000 characters
+    assert size(history) <= 130_000
 
 
 def test_a_small_history_is_left_as_it_is() -> None:
