@@ -183,9 +183,9 @@ def show_log(opts: dict[str, object]) -> int:
         count = -1
     if count < 0:
         raise CorralError("-n needs a whole number, 0 or more")
-    records = list(runlog.read(os.path.join(agent_dir(opts), "activity.jsonl")))
-    if count:
-        records = records[-count:]
+    path = os.path.join(agent_dir(opts), "activity.jsonl")
+    # -n N reads only the log's end; -n 0 (all of it) a record at a time
+    records = runlog.tail(path, count) if count else runlog.read(path)
     for r in records:
         print(runlog.dumps(r) if opts.get("json") else line_of(r))
     return 0

@@ -8,8 +8,10 @@ list of turns, for tests and demos.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -89,6 +91,15 @@ def parse_reply(data: object) -> Reply:
         raise BrainError(f"malformed model response: {text}") from None
 
 
+# A model's answer, bounded: at most MAX_RESPONSE bytes of body once decoded
+# (gzip is read a bounded piece at a time), and all of it within DEADLINE seconds.
+# An endless answer held the host at 1.5 GB, an 815 KB gzip bomb at 3.3 GB, and
+# a byte every 10 s kept a turn going past the 120 s timeout (found by attacking
+# the agent runtime).
+MAX_RESPONSE = 16 << 20
+DEADLINE = 300.0
+
+
 class ChatBrain(Brain):
     """An OpenAI-compatible ``/chat/completions`` endpoint."""
 
@@ -99,12 +110,21 @@ class ChatBrain(Brain):
         api_key: str | None = None,
         timeout: float = 120.0,
         extra: JSON | None = None,
+        max_response: int = MAX_RESPONSE,
+        deadline: float = DEADLINE,
     ) -> None:
+        """``timeout``: for each step (connect, each read); ``deadline``: for the
+        whole request, answer included; ``max_response``: bytes of decoded body."""
         import httpx
 
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.max_response = max_response
+        self.deadline = deadline
+        # identity: a compressed body is decoded here, bounded, but need not be
+        headers = {"Accept-Encoding": "identity"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
         self.extra = extra or {}
         # trust_env=False: the runtime's own requests do not go through whatever
         # proxy the host's environment names
@@ -117,21 +137,59 @@ class ChatBrain(Brain):
         if tools:
             body["tools"] = tools
         try:
-            resp = await self.client.post(self.url, json=body)
+            status, raw = await asyncio.wait_for(self._post(body), self.deadline)
+        except TimeoutError:
+            raise BrainError(
+                f"model server {self.url} did not answer within {self.deadline:g}s"
+            ) from None
         except httpx.HTTPError as exc:
             why = str(exc) or type(exc).__name__
             raise BrainError(f"model server {self.url} unreachable: {why}") from None
-        if resp.status_code != 200:
-            text = resp.text.strip().replace("\n", " ")[:200]
-            raise BrainError(f"model server {self.url} answered {resp.status_code}: {text}")
+        text = raw.decode("utf-8", "replace")
+        if status != 200:
+            line = text.strip().replace("\n", " ")[:200]
+            raise BrainError(f"model server {self.url} answered {status}: {line}")
         try:
-            data = resp.json()
-        except ValueError:
-            raise BrainError(f"malformed model response (not JSON): {resp.text[:200]!r}") from None
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            raise BrainError(f"malformed model response (not JSON): {text[:200]!r}") from None
         return parse_reply(data)
+
+    async def _post(self, body: JSON) -> tuple[int, bytes]:
+        """POST ``body``; the status and the decoded body, at most max_response bytes
+        of it (past that: BrainError; an error status's first 4 KiB only)."""
+        async with self.client.stream("POST", self.url, json=body) as resp:
+            cap = self.max_response if resp.status_code == 200 else 4096
+            inflate = _inflater(resp.headers.get("content-encoding", ""), self.url)
+            got = bytearray()
+            async for chunk in resp.aiter_raw():
+                room = cap - len(got)
+                # max_length: a bomb's chunk never grows past the room left (+1 to see it)
+                part = inflate.decompress(chunk, room + 1) if inflate else chunk
+                if len(part) > room:
+                    if resp.status_code != 200:
+                        got += part[:room]
+                        break
+                    raise BrainError(
+                        f"model server {self.url} answered more than {cap} bytes: not read"
+                    )
+                got += part
+            return resp.status_code, bytes(got)
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def _inflater(encoding: str, url: str) -> zlib._Decompress | None:
+    """A decoder for a body's Content-Encoding (none for identity)."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if encoding == "deflate":
+        return zlib.decompressobj()
+    raise BrainError(f"model server {url} answered in an encoding corral does not read: {encoding}")
 
 
 Turn = Reply | Callable[[list[JSON]], Reply]

@@ -174,3 +174,33 @@ def read(path: str | None = None) -> Iterator[dict[str, object]]:
                     yield record
     except FileNotFoundError:
         return
+
+
+def tail(path: str, count: int, block: int = 1 << 16) -> list[dict[str, object]]:
+    """The last ``count`` records of the log at ``path``, read from its end a
+    block at a time: a big log (an agent's, after days) is not read whole."""
+    import json
+
+    data, end = b"", 0
+    try:
+        with open(path, "rb") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            while end > 0 and data.count(b"\n") <= count:
+                start = max(0, end - block)
+                fh.seek(start)
+                data = fh.read(end - start) + data
+                end = start
+    except FileNotFoundError:
+        return []
+    lines = data.split(b"\n")
+    if end > 0:
+        lines = lines[1:]  # the first may be the end of a line before
+    records: list[dict[str, object]] = []
+    for line in lines:
+        try:
+            record = json.loads(line.decode("utf-8", "replace"))
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records[-count:]

@@ -22,7 +22,10 @@ sandbox.  Named differently from :mod:`corral.agent`, the process inside it.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +42,16 @@ JSON = dict[str, object]
 MAX_TURNS = 10
 COMMAND_TIMEOUT = 300.0  # seconds for a command the model gave no timeout (the loop never hangs)
 HISTORY_EVENTS = 5  # the events whose messages the model sees again
+# What one request to the model carries, bounded: a reply's tool calls past
+# MAX_CALLS are not run (each is answered with a tool error saying so), a tool's
+# answer keeps its first and last TOOL_ANSWER/2 characters, and the history is cut
+# to HISTORY_BYTES (the oldest tool answers and arguments shortened first, then
+# the oldest events dropped).  80 calls in one reply, each printing 1 MiB, held
+# the host at 1.84 GB (found by attacking the agent runtime).
+MAX_CALLS = 16
+TOOL_ANSWER = 128 << 10
+HISTORY_BYTES = 2 << 20
+SHORT = 200  # what is left of a shortened message (its start)
 
 SYSTEM = (
     "You are an agent run by corral. You act only through the tools you are given; "
@@ -69,12 +82,23 @@ class Answer:
     error: str | None = None
 
 
+# What one log record holds: each string cut to LOG_TEXT characters, each list to
+# LOG_ITEMS items (a command's output went into the log three times per call, and
+# 20 calls made 130 MB of it: found by attacking the agent runtime); past LOG_BYTES
+# the log is renamed activity.jsonl.1 (the one before is dropped) and begun again
+LOG_TEXT = 2000
+LOG_ITEMS = 20
+LOG_BYTES = 64 << 20
+
+
 class ActivityLog:
     """One JSON line per step (wake, model, tool, answer, error, ask, start,
     stop), written and flushed as it happens: ``<directory>/activity.jsonl``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_bytes: int = LOG_BYTES) -> None:
         self.path = path
+        self.max_bytes = max_bytes
+        self.failed = False  # a write failed already (said once on stderr)
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600))
@@ -82,7 +106,45 @@ class ActivityLog:
             raise CorralError(f"the agent's log {path}: {exc.strerror or exc}") from None
 
     def write(self, kind: str, **fields: object) -> None:
-        runlog.append({"t": runlog.iso(time.time()), "kind": kind, **fields}, str(self.path))
+        """Append one record, bounded; a write that fails (a full disk) is said once
+        on stderr and the runtime goes on: it killed the route loop, and
+        ``corral agent run`` waited for ever (found by attacking it)."""
+        record = {"t": runlog.iso(time.time()), "kind": kind, **fields}
+        try:
+            self._rotate()
+            runlog.append(bounded(record), str(self.path))  # type: ignore[arg-type]
+        except OSError as exc:
+            if not self.failed:
+                self.failed = True
+                why = exc.strerror or str(exc)
+                sys.stderr.write(f"corral: agent: cannot write its log {self.path}: {why}\n")
+
+    def _rotate(self) -> None:
+        try:
+            size = os.stat(self.path).st_size
+        except FileNotFoundError:
+            return
+        if size >= self.max_bytes:
+            os.replace(self.path, f"{self.path}.1")
+
+
+def bounded(value: object, depth: int = 0) -> object:
+    """``value`` with every string cut to LOG_TEXT and every list to LOG_ITEMS
+    (each cut says how much went), nested at most 6 deep."""
+    if isinstance(value, str):
+        if len(value) <= LOG_TEXT:
+            return value
+        return value[:LOG_TEXT] + f"...[corral: {len(value) - LOG_TEXT} more characters]"
+    if depth >= 6 and isinstance(value, list | tuple | dict):
+        return bounded(str(value)[: LOG_TEXT + 1], depth)
+    if isinstance(value, list | tuple):
+        items = [bounded(v, depth + 1) for v in value[:LOG_ITEMS]]
+        if len(value) > LOG_ITEMS:
+            items.append(f"[corral: {len(value) - LOG_ITEMS} more items]")
+        return items
+    if isinstance(value, dict):
+        return {str(k)[:LOG_TEXT]: bounded(v, depth + 1) for k, v in value.items()}
+    return value
 
 
 # a listener runs as a task of its own while the runtime runs: it calls rt.fire()
@@ -97,6 +159,8 @@ class Runtime:
         *,
         directory: str | os.PathLike[str],
         max_turns: int = MAX_TURNS,
+        max_calls: int = MAX_CALLS,
+        history_bytes: int = HISTORY_BYTES,
         on_ask: Callable[[object], object] | None = None,
         listeners: Sequence[Listener] = (),
         **sandbox: object,
@@ -109,6 +173,8 @@ class Runtime:
         self.directory = Path(directory).expanduser()
         self.log = ActivityLog(self.directory / "activity.jsonl")
         self.max_turns = max_turns
+        self.max_calls = max_calls
+        self.history_bytes = history_bytes
         self.listeners = list(listeners)
         self._on_ask = on_ask
         self._policy = policy
@@ -196,16 +262,19 @@ class Runtime:
         while True:
             event, future = await self.queue.get()
             self.busy = True
+            answer = Answer("", "error", 0, "the runtime stopped")
             try:
                 answer = await self.handle(event)
             except Exception as exc:  # a bug of ours: logged, and the loop goes on
-                self.log.write("error", where="route", message=_line(exc))
                 answer = Answer("", "error", 0, _line(exc))
+                self.log.write("error", where="route", message=_line(exc))
             finally:
+                # always resolved: whoever waits for this event (corral agent run) must
+                # not wait for ever, whatever went wrong (cancelled: stop() runs)
                 self.busy = False
                 self.handled += 1
-            if not future.done():
-                future.set_result(answer)
+                if not future.done():
+                    future.set_result(answer)
 
     async def _listen(self, listener: Listener) -> None:
         try:
@@ -227,6 +296,7 @@ class Runtime:
         del self.history[:-HISTORY_EVENTS]
         system: JSON = {"role": "system", "content": self.system_prompt()}
         for turn in range(1, self.max_turns + 1):
+            bound_history(self.history, self.history_bytes)
             messages = [system, *(m for msgs in self.history for m in msgs)]
             began = time.monotonic()
             try:
@@ -238,8 +308,18 @@ class Runtime:
             mine.append(reply.message())
             if not reply.tool_calls:
                 return self._answer(Answer(reply.content or "", "stop", turn))
-            for tool_call in reply.tool_calls:
-                mine.append(await self._run_tool(tool_call.id, tool_call.name, tool_call.arguments))
+            for n, tool_call in enumerate(reply.tool_calls):
+                if n < self.max_calls:
+                    mine.append(
+                        await self._run_tool(tool_call.id, tool_call.name, tool_call.arguments)
+                    )
+                else:  # every call gets an answer (the chat API wants one per id)
+                    mine.append(self._not_run(tool_call.id, len(reply.tool_calls)))
+            if len(reply.tool_calls) > self.max_calls:
+                self.log.write(
+                    "error", where="max_calls", turn=turn, calls=len(reply.tool_calls),
+                    message=f"{len(reply.tool_calls) - self.max_calls} tool calls not run",
+                )  # fmt: skip
         message = f"stopped after max_turns={self.max_turns} turns without a final answer"
         self.log.write("error", where="max_turns", message=message)
         return self._answer(Answer("", "max_turns", self.max_turns, message))
@@ -255,10 +335,20 @@ class Runtime:
             arguments=arguments,
             exit_code=outcome.exit_code,
             seconds=round(time.monotonic() - began, 4),
-            error=outcome.error,
+            # its first lines: the whole answer (the command's output) goes to the
+            # model, not into the log
+            error=None if outcome.error is None else summary(outcome.error),
             denials=outcome.denials,
+            denied=outcome.denied,
         )
-        return {"role": "tool", "tool_call_id": ident, "content": outcome.text()}
+        return {"role": "tool", "tool_call_id": ident, "content": cut(outcome.text(), TOOL_ANSWER)}
+
+    def _not_run(self, ident: str, calls: int) -> JSON:
+        text = (
+            f"error: not run: corral runs at most {self.max_calls} tool calls of one reply "
+            f"and this one had {calls}; ask for the rest in the next turn"
+        )
+        return {"role": "tool", "tool_call_id": ident, "content": text}
 
     def _log_reply(self, turn: int, reply: Reply, seconds: float) -> None:
         self.log.write(
@@ -301,6 +391,66 @@ class Runtime:
             return Decision.deny()
         self.log.write("ask", request=where, decision="allow" if decision.allow else "deny")
         return decision
+
+
+def summary(text: str, lines: int = 5, width: int = 200) -> str:
+    """The first ``lines`` lines of ``text``, each cut to ``width``, and a count of the rest."""
+    parts = text.split("\n", lines)
+    shown = [p[:width] + ("..." if len(p) > width else "") for p in parts[:lines]]
+    if len(parts) > lines:
+        shown.append(f"[corral: {parts[lines].count(chr(10)) + 1} more lines]")
+    return "\n".join(shown)
+
+
+def cut(text: str, limit: int) -> str:
+    """``text``, or its first and last ``limit // 2`` characters with a line
+    saying how many were left out between."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return (
+        f"{text[:half]}\n[corral: {len(text) - 2 * half} characters left out here]\n{text[-half:]}"
+    )
+
+
+def _size(message: JSON) -> int:
+    """At least the bytes ``message`` takes in a request (escaped to ASCII, each
+    character is at least as long as in UTF-8)."""
+    return len(json.dumps(message))
+
+
+def bound_history(history: list[list[JSON]], limit: int) -> None:
+    """Cut the messages of ``history`` (the recent events', oldest first; the last
+    is the current one) to ``limit`` bytes of JSON: the oldest tool answers
+    and tool-call arguments are shortened first, then old events dropped."""
+    total = sum(_size(m) for msgs in history for m in msgs)
+    for message in (m for msgs in history for m in msgs):
+        if total <= limit:
+            return
+        before = _size(message)
+        _shorten(message)
+        total -= before - _size(message)
+    while total > limit and len(history) > 1:  # shortened all, still over: drop the oldest
+        total -= sum(_size(m) for m in history.pop(0))
+
+
+def _shorten(message: JSON) -> None:
+    """A message of the history made short: the start of its text, and a note."""
+
+    def short(text: object) -> object:
+        if not isinstance(text, str) or len(text) <= SHORT:
+            return text
+        return f"{text[:SHORT]}...[corral: {len(text) - SHORT} characters left out of the history]"
+
+    if message.get("role") in ("tool", "assistant"):
+        message["content"] = short(message.get("content"))
+    calls = message.get("tool_calls")
+    for tool_call in calls if isinstance(calls, list) else []:
+        fn = tool_call.get("function") if isinstance(tool_call, dict) else None
+        if isinstance(fn, dict) and len(str(fn.get("arguments"))) > SHORT:
+            # still JSON: a server may parse the arguments of the history's calls
+            left = f"{len(str(fn.get('arguments')))} characters left out of the history"
+            fn["arguments"] = json.dumps({"corral": left})
 
 
 def _keep_key_out(policy: object) -> None:
@@ -349,18 +499,25 @@ def _line(exc: BaseException) -> str:
 
 
 class Timer:
-    """An event every ``interval`` seconds."""
+    """An event every ``interval`` seconds; a tick whose last event is still
+    queued or being handled is skipped (ticks queued without bound behind a slow
+    event: found by attacking the agent runtime)."""
 
     def __init__(self, interval: float, text: str = "timer tick") -> None:
         self.interval = interval
         self.text = text
+        self.skipped = 0
 
     async def __call__(self, rt: Runtime) -> None:
         n = 0
+        pending: asyncio.Future[Answer] | None = None
         while True:
             await asyncio.sleep(self.interval)
             n += 1
-            rt.fire(Event("timer", self.text, {"n": n}))
+            if pending is not None and not pending.done():
+                self.skipped += 1
+                continue
+            pending = rt.fire(Event("timer", self.text, {"n": n}))
 
 
 class StdinLines:
@@ -401,25 +558,42 @@ class FileWatch:
     silently, so an agent does not wake itself."""
 
     SKIP = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".tox"})
-    LIMIT = 20_000  # entries looked at per scan
+    # entries (files and directories) looked at per scan, and how deep: a tree 1,100
+    # deep stopped the watcher (RecursionError), and 300,000 empty directories, not
+    # counted, made a 1 s scan take 13-58 s (found by attacking the agent runtime)
+    LIMIT = 20_000
+    DEPTH = 32
 
     def __init__(self, root: str | None = None, interval: float = 1.0) -> None:
         self.root = root
         self.interval = interval
 
     def scan(self, root: str) -> dict[str, tuple[int, int]]:
+        """Files under ``root`` by relative path: (mtime, size); at most LIMIT
+        entries looked at, DEPTH directories deep, iteratively."""
         seen: dict[str, tuple[int, int]] = {}
-        for top, dirs, files in os.walk(root):
-            dirs[:] = [d for d in dirs if d not in self.SKIP]
-            for name in files:
-                path = os.path.join(top, name)
+        entries = 0
+        stack: list[tuple[str, int]] = [(root, 0)]
+        while stack:
+            top, depth = stack.pop()
+            try:
+                with os.scandir(top) as listing:
+                    found = list(itertools.islice(listing, self.LIMIT - entries))
+            except OSError:
+                continue
+            entries += len(found)
+            for entry in found:
                 try:
-                    st = os.lstat(path)
+                    if entry.is_dir(follow_symlinks=False):
+                        if entry.name not in self.SKIP and depth + 1 < self.DEPTH:
+                            stack.append((entry.path, depth + 1))
+                        continue
+                    st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                seen[os.path.relpath(path, root)] = (st.st_mtime_ns, st.st_size)
-                if len(seen) >= self.LIMIT:
-                    return seen
+                seen[os.path.relpath(entry.path, root)] = (st.st_mtime_ns, st.st_size)
+            if entries >= self.LIMIT:
+                break
         return seen
 
     async def __call__(self, rt: Runtime) -> None:

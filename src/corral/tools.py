@@ -61,6 +61,7 @@ class Outcome:
     error: str | None = None
     denials: list[str] = field(default_factory=list)
     exit_code: int | None = None
+    denied: int = 0  # refusal marks in a command's output; ``denials`` holds the first few
 
     def text(self) -> str:
         """The result as the model reads it."""
@@ -115,9 +116,9 @@ class Toolbox:
         outcome = Outcome(value=_text_only(value))
         if isinstance(value, dict) and isinstance(value.get("exit_code"), int):
             outcome.exit_code = int(str(value["exit_code"]))
-            outcome.denials = proxy_denials(value)
+            outcome.denials, outcome.denied = scan_denials(value)
             if outcome.denials:  # the command ran, but corral refused what it asked for
-                outcome.error = "; ".join(outcome.denials) + "\n" + json.dumps(value)
+                outcome.error = denial_summary(outcome) + "\n" + json.dumps(value)
             elif value.get("timed_out"):
                 outcome.error = (
                     f"timed out after {value.get('duration')}s: corral stopped the command "
@@ -158,6 +159,8 @@ def check_arguments(tool: Tool, arguments: object) -> JSON:
             arguments = json.loads(text or "{}")
         except ValueError:
             raise ToolError(f"{tool.name}: arguments are not JSON: {text[:80]!r}") from None
+        except RecursionError:  # the model's text, not the model server's fault
+            raise ToolError(f"{tool.name}: arguments nest too deeply") from None
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
@@ -251,17 +254,44 @@ def _answer_text(data: bytes) -> tuple[str, bool]:
 _DENY_MARKS = ('"decision":"deny"', '"decision": "deny"', "denied by the sandbox's policy")
 
 
+# The refusal lines kept per call, and each one's length: the marks are text a
+# command printed, so it can print a million of them (902,000 forged "denials",
+# each copied into the log three times, made 6.5 MB of log per call: found by
+# attacking the agent runtime); a count says how many there were
+DENIAL_LINES = 5
+DENIAL_LINE_CHARS = 300
+
+
 def proxy_denials(result: JSON) -> list[str]:
-    """corral's refusals that a command printed (a denied host, a refused request)."""
+    """corral's refusals that a command printed (a denied host, a refused
+    request): the first DENIAL_LINES of them."""
+    return scan_denials(result)[0]
+
+
+def scan_denials(result: JSON) -> tuple[list[str], int]:
+    """The first DENIAL_LINES refusal lines in a command's output (each cut to
+    DENIAL_LINE_CHARS), and how many there were.  corral's proxy tells the
+    sandbox its refusals only when the sandbox closes, so during a run the
+    command's output is what there is to read; it is the command's to forge."""
     found: list[str] = []
+    count = 0
     for stream in ("stdout", "stderr"):
         text = result.get(stream)
         if not isinstance(text, str):
             continue
         for line in text.splitlines():
             if any(mark in line for mark in _DENY_MARKS):
-                found.append(_denial_line(line))
-    return found
+                count += 1
+                if len(found) < DENIAL_LINES:
+                    found.append(_denial_line(line)[:DENIAL_LINE_CHARS])
+    return found, count
+
+
+def denial_summary(outcome: Outcome) -> str:
+    """The refusals of one call in a few lines: the first ones and a count."""
+    more = outcome.denied - len(outcome.denials)
+    tail = [f"[corral: {more} more refusal lines in the output]"] if more > 0 else []
+    return "; ".join([*outcome.denials, *tail])
 
 
 def _denial_line(line: str) -> str:
@@ -297,13 +327,17 @@ async def _run_command(box: Toolbox, a: JSON) -> object:
 
 
 def _call_timeout(box: Toolbox, asked: object) -> float | None:
-    """The timeout a tool call gets: what it asked for (checked: ValueError), else
-    the toolbox's; never past the policy's, which the operator set for every
-    command the caller (a model, an MCP client) runs: 0 or a huge value lifted it."""
+    """The timeout a tool call gets: what it asked for (checked: ValueError; 0 is
+    "the default"), else the toolbox's; never past the policy's, which the
+    operator set for every command the caller (a model, an MCP client) runs, nor,
+    where the policy sets none, past the toolbox's: 0 or 1e7 lifted the agent
+    runtime's 300 s cap and a command held its loop for as long as it liked
+    (found by attacking the agent runtime)."""
     from corral.sandbox import check_timeout
 
-    own = check_timeout(asked) if isinstance(asked, int | float) else box.command_timeout
-    limit = box.sb.policy.limits.timeout
+    own = check_timeout(asked) if isinstance(asked, int | float) else None
+    own = own or box.command_timeout
+    limit = box.sb.policy.limits.timeout or box.command_timeout
     if limit and (not own or own > limit):
         return limit
     return own
