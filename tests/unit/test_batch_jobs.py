@@ -91,7 +91,7 @@ def test_each_jobs_policy_is_pinned_when_the_batch_begins(tmp_path: Path) -> Non
         batch.check_job({"command": ["x"], "workspace": str(bare)}, 3),
         batch.check_job({"command": ["x"], "policy": "gone.toml", "workspace": str(bare)}, 4),
     ]
-    one, two, three, four = batch.pin_policies(jobs)  # type: ignore[misc]
+    one, two, three, four = batch.pin_policies(jobs)
     assert one["policy"] == str(named / "p.toml")  # relative: to the workspace
     sha = hashlib.sha256(b"[limits]\ntimeout = 30\n").hexdigest()
     assert batch.run_flags(one)[-2:] == ["--policy-sha256", sha]
