@@ -383,11 +383,19 @@ def _limits_dict(lim: Limits) -> dict[str, object]:
 
 
 def _expand_keep_slash(policy: Policy, items: Iterable[str]) -> list[str]:
+    """Absolute paths; a ``~/`` item once for each of the user's homes: $HOME and
+    the password database's, when they differ (a corral run with another HOME,
+    as a Ray node or a service may start it, left the account's real ~/.ssh
+    and shell history readable: found by attacking corral)."""
     out = []
     home = os.path.expanduser("~").rstrip("/")  # once: the defaults hold some sixty ~ paths
+    homes = [home, *(h for h in home_dirs() if h != os.path.realpath(home))]
     for item in items:
-        full = os.path.normpath(home + item[1:]) if item.startswith("~/") else policy.expand(item)
-        out.append(full + "/" if item.endswith("/") and full != "/" else full)
+        if item.startswith("~/"):
+            fulls = [os.path.normpath(h + item[1:]) for h in homes]
+        else:
+            fulls = [policy.expand(item)]
+        out += [f + "/" if item.endswith("/") and f != "/" else f for f in fulls]
     return out
 
 

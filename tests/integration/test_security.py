@@ -336,3 +336,34 @@ fcntl.ioctl(0, termios.TCGETS, bytes(64)); print("tcgets=ok")
     finally:
         os.close(master)
         os.close(slave)
+
+
+def test_the_accounts_own_home_is_masked_under_another_home(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """corral runs here with HOME set to a directory of the test's (as a Ray node or
+    a service may start it).  The default masks followed $HOME alone, and the
+    account's real ~/.ssh, shell history and tokens were readable.  Both homes
+    are masked now.  The twin: a file of the same name in the workspace reads."""
+    import pwd
+
+    c, ws = tsandbox
+    home = Path(pwd.getpwuid(c.uid).pw_dir)
+    assert home != c.home  # the case under test
+    token = home / ".vault-token"
+    made = []
+    if not home.exists():
+        home.mkdir(parents=True)
+        made.append(home)
+    if not token.exists():
+        token.write_text("s.not-a-real-token\n")
+        os.chown(token, c.uid, c.gid)
+        made.append(token)
+    try:
+        (ws / ".vault-token").write_text("mine\n")
+        c.chown(ws)
+        r = c.sh(ws, f"cat {token} >/dev/null 2>&1 && echo read || echo refused; cat .vault-token")
+        assert r.stdout.decode().split() == ["refused", "mine"], r
+    finally:
+        for path in reversed(made):
+            path.unlink() if path.is_file() else path.rmdir()
