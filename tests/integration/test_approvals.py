@@ -643,6 +643,34 @@ def test_a_guardrail_ask_is_answered_too(sandbox: tuple[Corral, Path], origin: O
 
 
 @pytest.mark.tiers("namespace", why="only a namespace sandbox can be reset between jobs")
+def test_a_request_its_job_left_held_is_denied_at_the_reset(
+    api_ws: Path, tier: TierCase, origin: Origin
+) -> None:
+    """A job left a request held (its curl in the background) and ended; approved
+    while the next job ran, it went out, tagged as that job's.  The reset now
+    denies what its job left held.  The twin: the next job's own ask, approved,
+    passes."""
+    import threading
+
+    release = threading.Event()
+    asked: list[str] = []
+
+    def on_ask(info: AskInfo) -> Decision:
+        asked.append(info.path)
+        release.wait(20)  # answered late: after the job that asked has ended
+        return Decision.once()
+
+    with Sandbox(api_policy(api_ws, origin), on_ask=on_ask, **tier.api) as sb:
+        left = f"({CURL} {origin.url('/held/left')} >/dev/null 2>&1 &); sleep 1; echo ended"
+        assert sb.exec_alone(left).stdout == b"ended\n"
+        assert asked == ["/held/left"]  # it was held when its job ended
+        release.set()
+        twin = sb.exec_alone(gets(origin, "/held/next"))
+    assert b"/held/next=200" in twin.stdout, twin.stdout
+    assert origin.seen == ["/held/next"]  # the left one never went out
+
+
+@pytest.mark.tiers("namespace", why="only a namespace sandbox can be reset between jobs")
 def test_a_reset_drops_the_grants_one_job_was_given(
     api_ws: Path, tier: TierCase, origin: Origin
 ) -> None:

@@ -185,6 +185,9 @@ class _Held:
         self.since = time.monotonic()
 
 
+RESET_BY = "reset: its job ended"  # who denied the asks a job left held (forget_grants)
+
+
 class Hub(Asker):
     """The run's :class:`~corral.net.hooks.Asker`: holds asks, takes answers, keeps grants."""
 
@@ -438,11 +441,15 @@ class Hub(Asker):
         return None
 
     def forget_grants(self) -> int:
-        """Drop every grant (a sandbox reset between jobs: one job's answers must
-        not answer the next job's asks); how many there were."""
+        """Drop every grant and deny every held request (a sandbox reset between
+        jobs: one job's answers must not answer the next job's asks, and a request
+        its job left held must not go out, approved, while the next job runs:
+        found by attacking warm sandboxes); how many grants there were."""
         gone, self.grants = self.grants, []
         for grant in gone:
             self._event({"event": "grant-revoked", "grant": grant.id, "scope": grant.scope()})
+        for ask_id in list(self.pending):
+            self.answer(ask_id, Decision.deny(), RESET_BY)
         return len(gone)
 
     def _expire(self, grant: Grant) -> None:
