@@ -119,6 +119,7 @@ def check(policy: Policy, opts: Options) -> None:
             "network.transparent cannot be rendered: a pod's traffic is not captured; "
             "the NetworkPolicy lets it reach the proxy only (drop transparent)"
         )
+    _check_limits(policy)
     if not opts.image:
         raise PolicyError("give --image REF (or [container] image): the sandbox's image")
     if policy.network.mode == "proxy" and not opts.proxy_image:
@@ -146,6 +147,21 @@ def check(policy: Policy, opts: Options) -> None:
             "this policy inspects TLS: in Kubernetes the proxy signs with the user CA from "
             f'the Secret {opts.name}-ca; drop [tls] ca_cert, ca_key and ca = "ephemeral"'
         )
+
+
+# [limits] a pod spec has no field for: refused, never dropped (a render without the
+# process limit the policy sets was a pod that could fork without bound)
+POD_UNLIMITED = {
+    "pids": "a pod's process limit is the node's (the kubelet's --pod-max-pids)",
+}
+
+
+def _check_limits(policy: Policy) -> None:
+    for key, why in POD_UNLIMITED.items():
+        if getattr(policy.limits, key) is not None:
+            raise RefusedError(
+                f"[limits] {key} cannot be rendered: {why}; drop it to render this policy"
+            )
 
 
 def inspects(policy: Policy) -> bool:

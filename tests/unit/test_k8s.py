@@ -488,6 +488,15 @@ def test_files_of_this_machine_are_refused(tmp_path: Path, table: str) -> None:
     assert err.value.code == EXIT_REFUSED and table in err.value.message
 
 
+def test_limits_a_pod_has_no_field_for_are_refused(tmp_path: Path) -> None:
+    """A render dropped [limits] pids silently: the pod could fork without bound."""
+    with pytest.raises(CorralError) as err:
+        render(tmp_path, PROXY + "pids = 64\n")  # (PROXY ends in its [limits] table)
+    assert err.value.code == EXIT_REFUSED
+    assert "[limits] pids cannot be rendered" in str(err.value.message)
+    validate(render(tmp_path, PROXY)[-1])  # the twin: the limits a pod spec holds render
+
+
 def test_missing_images_are_usage_errors(tmp_path: Path) -> None:
     policy = load(tmp_path, PROXY)
     with pytest.raises(CorralError) as err:
