@@ -384,6 +384,44 @@ def run_job(job: Job, output_bytes: int = OUTPUT_BYTES) -> Result:
 # -- warm sandboxes: corral batch --reuse -------------------------------------------
 
 
+WARM_SCRATCH = "corral-batch-warm-"
+
+
+def sweep() -> None:
+    """Remove what killed batches on this machine left: empty run cgroups
+    (corral.cgroups.sweep_stale), stale live-run markers (corral.liveruns) and
+    warm scratch directories whose process is gone."""
+    from corral import cgroups, liveruns
+
+    cgroups.sweep_stale()
+    liveruns.live_runs()  # (removes the markers no process holds any more)
+    base = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(WARM_SCRATCH)]
+    except OSError:
+        return
+    for name in names:
+        owner = name[len(WARM_SCRATCH) :].split("-", 1)[0]
+        path = os.path.join(base, name)
+        try:
+            mine = os.lstat(path).st_uid == os.geteuid()
+            if not owner.isdigit() or not mine or _alive(int(owner)):
+                continue
+            shutil.rmtree(path)  # (never follows a link: rmtree refuses one at the top)
+        except OSError:
+            continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 class Warm:
     """Long-lived sandboxes, one per distinct set of a job's options, each reset
     after every job (corral.sandbox.Sandbox.reset: the processes a command left
@@ -395,7 +433,9 @@ class Warm:
         self.output_bytes = output_bytes
         self.boxes: dict[tuple[str, ...], _Box] = {}  # a job's flags -> its warm sandbox
         self.cold: set[tuple[str, ...]] = set()  # flags whose tier cannot be reset
-        self.scratch = tempfile.mkdtemp(prefix="corral-batch-warm-")
+        sweep()  # what a killed batch here left (a Ray actor's children are killed with it)
+        # named with its owner: a sweep removes the scratch of a process that is gone
+        self.scratch = tempfile.mkdtemp(prefix=f"{WARM_SCRATCH}{os.getpid()}-")
 
     def run(self, job: Job) -> Result:
         key = tuple(run_flags(job))

@@ -385,3 +385,52 @@ def _counter(text: str, key: str) -> int:
         if name == key and value.strip().isdigit():
             return int(value)
     return 0
+
+
+STALE_AFTER = 60.0  # seconds an empty run cgroup may stand before a sweep removes it
+
+
+def sweep_stale(root: str = "/sys/fs/cgroup", depth: int = 5, now: float | None = None) -> int:
+    """Remove corral's empty run cgroups (``corral-<run id>``) older than
+    STALE_AFTER, of this user, anywhere under ``root``; how many went.
+
+    A run's guardian removes its cgroups when corral is killed, but a process
+    manager may kill the guardian too: Ray, when a batch's driver dies, kills
+    the actor's children, and its warm sandbox's cgroups stayed.  Called where a
+    batch starts (off every run's path).  Safe beside live runs: a cgroup with a
+    process in it, or a child, cannot be removed, and one empty because its run
+    is only starting is younger than STALE_AFTER."""
+    import time
+
+    now = time.time() if now is None else now
+    removed = 0
+    level = [root]
+    for _ in range(depth):
+        below = []
+        for parent in level:
+            try:
+                entries = list(os.scandir(parent))
+            except OSError:
+                continue
+            for entry in entries:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                if entry.name.startswith("corral-"):
+                    removed += _remove_if_stale(entry, now)
+                else:
+                    below.append(entry.path)
+        level = below
+    return removed
+
+
+def _remove_if_stale(entry: os.DirEntry[str], now: float) -> int:
+    try:
+        info = entry.stat(follow_symlinks=False)
+        if info.st_uid != os.geteuid() or now - info.st_ctime < STALE_AFTER:
+            return 0
+        if _read(os.path.join(entry.path, "cgroup.procs")).strip():
+            return 0
+        os.rmdir(entry.path)
+    except OSError:
+        return 0
+    return 1
