@@ -1086,6 +1086,14 @@ class _Planner:
         # in its place.
         cache = runlog.cache_dir() + "/"
         self.add_read_deny(cache, "corral's own cache (the VM's)", if_present=True)
+        # corral's default places in each of the user's homes too: run with another
+        # HOME or XDG_STATE_HOME, corral left the account's own activity log,
+        # audit log and other workspaces' home layers readable (found by attacking it)
+        for home in self.policy.homes():
+            for place in (".local/state/corral/", ".cache/corral/"):
+                other = os.path.join(home, place)
+                if other not in (state + "/", cache):
+                    self.add_read_deny(other, "corral's own state (another HOME's)", True)
 
     def add_read_deny(self, entry: str, why: str, if_present: bool = False) -> None:
         path = entry.rstrip("/") or "/"

@@ -271,6 +271,10 @@ class Policy:
     def writable_paths(self) -> list[str]:
         return [self.workspace, *(self.expand(p) for p in self.filesystem.writable)]
 
+    def homes(self) -> list[str]:
+        """The user's homes: $HOME and the password database's (see home_dirs)."""
+        return home_dirs()
+
     def read_deny_paths(self) -> list[str]:
         """Absolute read-deny paths; entries ending in ``/`` stay marked as directories."""
         items = list(defaults.READ_DENY_HOME) if self.filesystem.use_defaults else []

@@ -351,19 +351,28 @@ def test_the_accounts_own_home_is_masked_under_another_home(
     home = Path(pwd.getpwuid(c.uid).pw_dir)
     assert home != c.home  # the case under test
     token = home / ".vault-token"
-    made = []
-    if not home.exists():
-        home.mkdir(parents=True)
-        made.append(home)
-    if not token.exists():
-        token.write_text("s.not-a-real-token\n")
-        os.chown(token, c.uid, c.gid)
-        made.append(token)
+    # corral's own state there (another run's activity log, home layers): masked too
+    log = home / ".local" / "state" / "corral" / "runs.jsonl"
+    made: list[Path] = []
+    for directory in (home, *reversed(log.parents[:4])):
+        if not directory.exists():
+            directory.mkdir()
+            os.chown(directory, c.uid, c.gid)
+            made.append(directory)
+    for path in (token, log):
+        if not path.exists():
+            path.write_text("not for this sandbox\n")
+            os.chown(path, c.uid, c.gid)
+            made.append(path)
     try:
         (ws / ".vault-token").write_text("mine\n")
         c.chown(ws)
-        r = c.sh(ws, f"cat {token} >/dev/null 2>&1 && echo read || echo refused; cat .vault-token")
-        assert r.stdout.decode().split() == ["refused", "mine"], r
+        r = c.sh(
+            ws,
+            f"for f in {token} {log}; do cat $f >/dev/null 2>&1 && echo read || echo refused; "
+            "done; cat .vault-token",
+        )
+        assert r.stdout.decode().split() == ["refused", "refused", "mine"], r
     finally:
         for path in reversed(made):
             path.unlink() if path.is_file() else path.rmdir()
