@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from homes import one_home  # noqa: F401  (fixture)
 
 from corral import bounds, cgroups, fsplan
 from corral import policy as pol
@@ -20,6 +21,8 @@ from corral.policy import Limits, Policy
 from corral.tiers.landlock import LandlockTier
 from corral.tiers.namespace import NamespaceTier, mount_args
 from corral.tiers.none import NoneTier
+
+pytestmark = pytest.mark.usefixtures("one_home")
 
 # -- the values -----------------------------------------------------------------------
 

@@ -12,11 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from homes import one_home  # noqa: F401  (fixture)
 
 from corral import defaults, fsplan
 from corral.errors import PolicyError
 from corral.fsplan import FsPlan, Mount, plan_filesystem
 from corral.policy import Policy
+
+pytestmark = pytest.mark.usefixtures("one_home")
 
 REAL_PRIVATE_TMP = fsplan.PRIVATE_TMP
 

@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from homes import one_home  # noqa: F401  (fixture)
 
 from corral import fsplan
 from corral.fsplan import Mount
@@ -22,6 +23,8 @@ from corral.tiers.namespace import (
     mount_args,
     source_spec,
 )
+
+pytestmark = pytest.mark.usefixtures("one_home")
 
 SET_VALUE = "set-value-7d1c0e9b"
 PASSED_VALUE = "passed-value-52aa41f3"

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from homes import one_home  # noqa: F401  (fixture)
 
 from corral import defaults, policy, policyfile
 from corral.errors import EXIT_USAGE, PolicyError
@@ -137,6 +138,7 @@ def test_workspace_corral_toml_is_found(tmp_path: Path) -> None:
     assert pol.source == str(tmp_path / "corral.toml")
 
 
+@pytest.mark.usefixtures("one_home")
 def test_full_policy_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path.parent / f"{tmp_path.name}-home"  # beside the workspace: not in it
     monkeypatch.setenv("HOME", str(home))
@@ -433,6 +435,7 @@ def test_expand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert pol.expand("/etc//passwd") == "/etc/passwd"
 
 
+@pytest.mark.usefixtures("one_home")
 def test_read_deny_paths_keep_trailing_slash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -549,6 +552,21 @@ def test_allow_without_a_network_mode_is_an_error_in_code_too(tmp_path: Path) ->
     pol.network.mode, pol.network.transparent = "none", True
     with pytest.raises(PolicyError, match=r"network\.transparent has no effect"):
         policy.check_network(pol, python=True)
+
+
+def test_home_paths_are_masked_in_every_home_of_the_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run with another HOME (a Ray node, a service), corral masked $HOME's secrets
+    and left the account's own readable."""
+    import pwd
+
+    own = os.path.realpath(pwd.getpwuid(os.geteuid()).pw_dir)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    paths = Policy(str(tmp_path / "ws")).read_deny_paths()
+    assert f"{tmp_path}/.ssh/" in paths and f"{own}/.ssh/" in paths
+    monkeypatch.setenv("HOME", own)  # the twin: one home, each path once
+    assert Policy(str(tmp_path / "ws")).read_deny_paths().count(f"{own}/.ssh/") == 1
 
 
 def test_explain_lists_the_network_rules(tmp_path: Path) -> None:
