@@ -502,6 +502,56 @@ def _ghost_does_not_outlive_its_job(ws: Path) -> None:
         assert after.text == "0\n", after.text  # gone, and its file with it
 
 
+# A process that forks and exits in a loop: its pid changes faster than a listing
+# of /proc can be acted on (each child notes its pid in the file it is given).
+HOPPER = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    long last = 0;
+    for (;;) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long ms = now.tv_sec * 1000 + now.tv_nsec / 1000000;
+        if (ms - last >= 50) {
+            last = ms;
+            int fd = open(argv[1], O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            if (fd >= 0) { dprintf(fd, "%d\n", getpid()); close(fd); }
+        }
+        if (fork() > 0) _exit(0);
+    }
+}
+"""
+
+
+def test_a_process_hopping_from_pid_to_pid_does_not_outlive_its_job(
+    home_ws: tuple[Path, Path],
+) -> None:
+    """Found by attacking warm sandboxes: the reset listed /proc and killed what it
+    listed, and a process forking and exiting in a loop was always one pid ahead;
+    it ran on into the next job.  The twin: within its job, it hops."""
+    import shutil
+    import subprocess
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed (.ci/run installs it)")
+    _, ws = home_ws
+    (ws / "hopper.c").write_text(HOPPER)
+    subprocess.run(["gcc", "-O2", "-o", str(ws / "hopper"), str(ws / "hopper.c")], check=True)
+    beats = " ".join(f"beat{i}" for i in range(6))
+    with Sandbox(pol.load(str(ws))) as box:
+        compare = f"cat {beats} > a 2>&1; sleep 0.5; cat {beats} > b 2>&1; cmp -s a b"
+        hop = f"for b in {beats}; do ./hopper $b </dev/null >/dev/null 2>&1 & done"
+        started = box.exec_alone(f"{hop}; sleep 0.3; {compare} || echo hopping")
+        assert started.text == "hopping\n", started.text
+        for _ in range(5):  # the job ends as they start: the reset meets them young
+            box.exec_alone(hop)
+            after = box.exec_alone(f"{compare} && echo still")
+            assert after.text == "still\n", after.text  # none moved after the reset
+
+
 POSIX_QUEUE = (
     "import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True); "
     "fd = libc.mq_open(b'/corral-left', os.O_RDWR | (os.O_CREAT if sys.argv[1] == 'make' else 0),"
