@@ -552,6 +552,24 @@ def test_a_process_hopping_from_pid_to_pid_does_not_outlive_its_job(
             assert after.text == "still\n", after.text  # none moved after the reset
 
 
+def test_a_job_cannot_leave_files_in_dev_or_sys_for_the_next(home_ws: tuple[Path, Path]) -> None:
+    """Found by attacking warm sandboxes: /dev and the tmpfs over the host's
+    interfaces were writable and the reset does not empty them; a job pointed
+    /dev/stderr at a file of its own, and the next job's errors went there.  Both
+    are read-only now.  The twins: /dev/shm and a new pty work as ever."""
+    _, ws = home_ws
+    with Sandbox(pol.load(str(ws))) as box:
+        plant = box.exec_alone(
+            "ln -sf $PWD/caught /dev/stderr 2>&1; touch /sys/class/net/note 2>&1; "
+            "echo x > /dev/shm/mine && cat /dev/shm/mine; "
+            "python3 -c 'import os; os.openpty(); print(\"pty\")'"
+        )
+        assert plant.text.count("Read-only file system") == 2, plant.text
+        assert plant.text.endswith("x\npty\n"), plant.text
+        box.exec_alone("echo secret > /dev/stderr")
+    assert not (ws / "caught").exists()
+
+
 POSIX_QUEUE = (
     "import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True); "
     "fd = libc.mq_open(b'/corral-left', os.O_RDWR | (os.O_CREAT if sys.argv[1] == 'make' else 0),"

@@ -242,6 +242,7 @@ def test_own_mounts_add_queues_and_seal_run_corral() -> None:
         Mount("ro-bind", "/run/corral/agent.py", "/src/agent.py"),
         Mount("ro-bind", "/run/corral/ca-bundle.pem", "/state/bundle.pem"),
         Mount("remount-ro", "/home/u"),
+        Mount("tmpfs", "/sys/class/net"),
     ]
     got = [(m.kind, m.dest) for m in namespace.own_mounts(mounts)]
     assert got == [
@@ -253,7 +254,11 @@ def test_own_mounts_add_queues_and_seal_run_corral() -> None:
         ("ro-bind", "/run/corral/agent.py"),
         ("ro-bind", "/run/corral/ca-bundle.pem"),
         ("remount-ro", "/home/u"),
+        ("tmpfs", "/sys/class/net"),
         ("remount-ro", "/run/corral"),  # after every bind
+        # a job's files in /dev or over the host's interfaces would outlive its reset
+        ("remount-ro", "/dev"),
+        ("remount-ro", "/sys/class/net"),
     ]
     # nothing bound in /run/corral (a one-shot run): no tmpfs for it
     plain = [(m.kind, m.dest) for m in namespace.own_mounts(mounts[:3])]
@@ -262,6 +267,7 @@ def test_own_mounts_add_queues_and_seal_run_corral() -> None:
         ("dev", "/dev"),
         ("mqueue", "/dev/mqueue"),
         ("tmpfs", "/run"),
+        ("remount-ro", "/dev"),
     ]
 
 

@@ -258,6 +258,15 @@ def own_mounts(mounts: list[Mount]) -> list[Mount]:
             out.append(Mount("mqueue", "/dev/mqueue", why="the sandbox's own POSIX queues"))
     if sealed:
         out.append(Mount("remount-ro", OWN_RUN, why="corral's own files"))
+    # /dev and the tmpfs over the host's interfaces, read-only once everything is
+    # mounted: a reset empties the scratch mounts only, and a job replaced /dev/fd and
+    # /dev/stderr with its own for the next job to use (found by attacking warm
+    # sandboxes).  /dev/shm, /dev/mqueue and /dev/pts are mounts of their own: writable.
+    for m in mounts:
+        if (m.kind == "dev" and m.dest == "/dev") or (
+            m.kind == "tmpfs" and m.dest.startswith("/sys/")
+        ):
+            out.append(Mount("remount-ro", m.dest, why="no file a job leaves here stays"))
     return out
 
 
