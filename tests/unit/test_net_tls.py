@@ -276,6 +276,33 @@ def test_a_bundle_the_caller_names_joins_corrals_certificates_only(tmp_path: Pat
     ) - company.cert_pem.count(b"BEGIN CERTIFICATE")
 
 
+def test_a_named_bundle_the_sandbox_could_plant_or_a_masked_one_adds_nothing(
+    tmp_path: Path,
+) -> None:
+    """Found by attacking corral: a bundle in the workspace, linked by the sandbox to
+    a masked file or to corral's audit log, carried them into the next run's
+    bundle, text between the markers included.  Only certificates that parse are
+    written, and only from files outside the places named."""
+    ca = calib.create("bundle CA", 1, "ephemeral")
+    company = calib.create("a company's CA", 1, "ephemeral")
+    workspace, secret, outside = tmp_path / "ws", tmp_path / "secret", tmp_path / "etc"
+    for d in (workspace, secret, outside):
+        d.mkdir()
+    fake = trust.PEM_BEGIN + b"\ndb_password=hunter2\n" + trust.PEM_END + b"\n"
+    (secret / "client.pem").write_bytes(company.cert_pem + fake)
+    (workspace / "ca.pem").symlink_to(secret / "client.pem")  # planted by a sandbox
+    (outside / "corp.pem").write_bytes(fake + company.cert_pem)
+    bounds = (str(workspace), str(secret))
+    named = (str(workspace / "ca.pem"), str(secret / "client.pem"), str(outside / "corp.pem"))
+    out = tmp_path / "out"
+    out.mkdir()
+    data = Path(trust.write_bundle(str(out), ca.cert_pem, (), named, bounds)).read_bytes()
+    assert b"hunter2" not in data  # not a certificate: dropped
+    # the one from outside the bounds (the twin) joins; the planted link and the
+    # masked file add nothing (else the company's certificate would be there twice)
+    assert data.count(company.cert_pem.strip()) == 1 and data.endswith(ca.cert_pem)
+
+
 def test_with_inspection_passed_bundle_variables_name_corrals_and_set_ones_win() -> None:
     extras = trust.NetExtras("/door/ca-bundle.pem", (), {"API_KEY": "placeholder"})
     env = {

@@ -146,6 +146,17 @@ def proxy_env(
     return env
 
 
+def _out_of_bounds(policy: Policy) -> tuple[str, ...]:
+    """Where a CA bundle the caller's variables name is not read from: what the
+    sandbox can write (it could have linked or filled it), what the policy keeps
+    unreadable, and corral's own state and cache (trust.write_bundle)."""
+    from corral import runlog
+
+    places = [*policy.writable_paths(), *policy.read_deny_paths()]
+    places += [runlog.state_dir(), runlog.cache_dir()]
+    return tuple(os.path.realpath(p.rstrip("/") or "/") for p in places)
+
+
 def may_ask(policy: Policy) -> bool:
     """Can this policy's rules hold a request for a person's answer?  A rule type
     whose hooks can ask adds its policy key here (see :mod:`corral.net.approvals`)."""
@@ -336,7 +347,9 @@ class Door:
 
             found = trust.system_bundles()
             named = tuple(dict.fromkeys(trust.bundle_variables(os.environ).values()))
-            bundle = trust.write_bundle(self.dir, self.ca.cert_pem, found, named)
+            bundle = trust.write_bundle(
+                self.dir, self.ca.cert_pem, found, named, _out_of_bounds(self.policy)
+            )
             self.extras.ca_bundle = bundle
             self.extras.system_bundles = found
 

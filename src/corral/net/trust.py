@@ -92,13 +92,19 @@ def bundle_variables(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def write_bundle(
-    directory: str, ca_pem: bytes, found: tuple[str, ...], named: tuple[str, ...] = ()
+    directory: str,
+    ca_pem: bytes,
+    found: tuple[str, ...],
+    named: tuple[str, ...] = (),
+    out_of_bounds: tuple[str, ...] = (),
 ) -> str:
     """The host's system bundle (the first of ``found``), the certificates of the
     bundles ``named`` by the caller's variables (a company's CA: see
     :func:`sandbox_env`), then corral's CA, as a world-readable file in
-    ``directory``; returns its path.  The system part is copied inside the
-    kernel (some 200 KB on every intercepting run)."""
+    ``directory``; returns its path.  A named file that is, once opened, under
+    one of ``out_of_bounds`` (what a sandbox can write, what the policy keeps
+    unreadable, corral's own state) adds nothing.  The system part is copied
+    inside the kernel (some 200 KB on every intercepting run)."""
     path = os.path.join(directory, BUNDLE_NAME)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
@@ -106,7 +112,7 @@ def write_bundle(
         tail = b"" if last == b"\n" else b"\n"
         for other in named:
             if system is None or not _same_file(other, system):
-                tail += _certificates(other)
+                tail += _certificates(other, out_of_bounds)
         note = b"# corral: the CA that signs intercepted connections\n"
         os.write(fd, tail + note + ca_pem)
     finally:
@@ -143,10 +149,16 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def _certificates(path: str) -> bytes:
-    """The PEM certificate blocks of ``path`` and nothing else (whatever else a
-    mistaken variable's file holds, a key, never reaches the sandbox); empty
-    if it cannot be read.  Read at most NAMED_BUNDLE_MAX bytes."""
+def _certificates(path: str, out_of_bounds: tuple[str, ...] = ()) -> bytes:
+    """The certificates of ``path``, each parsed and written anew, and nothing else:
+    whatever else the file holds (a key, text between the markers) never
+    reaches the sandbox.  Empty if it cannot be read, is not a regular file, or
+    is, once opened (links followed), under one of ``out_of_bounds``: a sandbox
+    linked a bundle in the workspace to a masked file and to corral's audit
+    log, and read them in the next run's bundle (found by attacking corral).
+    Read at most NAMED_BUNDLE_MAX bytes."""
+    from corral.paths import inside
+
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
@@ -154,6 +166,9 @@ def _certificates(path: str) -> bytes:
     try:
         import stat
 
+        real = os.readlink(f"/proc/self/fd/{fd}")  # what was opened, whatever the path
+        if any(inside(real, root) for root in out_of_bounds):
+            return b""
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device: nothing
             return b""
         data = os.read(fd, NAMED_BUNDLE_MAX)
@@ -161,12 +176,25 @@ def _certificates(path: str) -> bytes:
         return b""
     finally:
         os.close(fd)
-    blocks = []
+    return _reencoded(data)
+
+
+def _reencoded(data: bytes) -> bytes:
+    """Each PEM block of ``data`` that parses as an X.509 certificate, re-encoded."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    out = []
     for piece in data.split(PEM_BEGIN)[1:]:
         end = piece.find(PEM_END)
-        if end >= 0:
-            blocks.append(PEM_BEGIN + piece[: end + len(PEM_END)] + b"\n")
-    return b"".join(blocks)
+        if end < 0:
+            continue
+        try:
+            cert = x509.load_pem_x509_certificate(PEM_BEGIN + piece[: end + len(PEM_END)])
+        except ValueError:
+            continue
+        out.append(cert.public_bytes(Encoding.PEM))
+    return b"".join(out)
 
 
 def check_upstream_ca(paths: list[str]) -> str | None:
