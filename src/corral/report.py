@@ -358,7 +358,10 @@ def _why(d: Denial, offline: bool) -> str:
         reason = str(f.get("reason") or "")
         parts.append(f"rule {f.get('rule')}" + (f": {reason}" if reason else ""))
     if f.get("allow_with"):
-        parts.append(f"allow with {f['allow_with']}")
+        # the name is allowed already: its address is needed as well, not instead
+        # (read as "instead", the two hints sent a new user round in circles)
+        also = "also " if f.get("rule") == "rebinding" else ""
+        parts.append(f"{also}allow with {f['allow_with']}")
     return "; ".join(parts)
 
 

@@ -527,3 +527,38 @@ def test_a_long_lived_sandbox_reaches_the_service_and_records_lookups(
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.tiers("namespace", why="a host service at its own address needs the sandbox's netns")
+def test_pip_reaches_an_allowed_local_index_by_localhost(
+    tsandbox: tuple[Corral, Path], tmp_path: Path
+) -> None:
+    """Found by trying corral as a new user: with --allow 127.0.0.1:PORT, curl and
+    urllib reached http://localhost:PORT, but pip went to the proxy (PIP_PROXY
+    overrides NO_PROXY) and was refused as localhost; the hints then sent the user
+    round in circles.  pip now keeps loopback local like the rest.  The twin: an
+    index that is not allowed stays out of reach."""
+    from test_tls import tiny_wheel
+
+    c, ws = tsandbox
+    simple = tmp_path / "simple" / "tinypkg"
+    simple.mkdir(parents=True)
+    wheel = tiny_wheel(simple)
+    (simple / "index.html").write_text(f'<a href="{wheel.name}">{wheel.name}</a>\n')
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    pip = (
+        "PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 python3 -m pip download "
+        f"-q --retries 0 --timeout 5 --no-deps --no-cache-dir -d dl "
+        f"--index-url http://localhost:{port}/simple/ tinypkg"
+    )
+    try:
+        r = c.sh(ws, f"{pip} && ls dl", "--allow", f"127.0.0.1:{port}")
+        assert r.returncode == 0 and wheel.name in r.stdout.decode(), r
+        denied = c.sh(ws, f"{pip} 2>/dev/null || echo refused")
+        assert denied.stdout.decode().strip() == "refused"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -69,7 +69,7 @@ def test_the_blocked_line_names_hosts_rules_reasons_and_flags(tmp_path: Path) ->
     assert line == (
         "blocked: example.org:443 (2 requests; rule default: host not in the allow list; "
         "allow with --allow example.org:443), svc.test:8080 (rule rebinding: svc.test "
-        "resolved to 127.0.0.1; allow with --allow [::1]:8080)"
+        "resolved to 127.0.0.1; also allow with --allow [::1]:8080)"
     )
     assert report.blocked_line([], pol) == ""
 

@@ -140,8 +140,7 @@ def proxy_env(
         "npm_config_https_proxy",
         "YARN_HTTP_PROXY",
         "YARN_HTTPS_PROXY",
-        "PIP_PROXY",
-    ):
+    ):  # (not PIP_PROXY: pip's --proxy overrides NO_PROXY, and loopback went to the proxy)
         env[name] = http
     return env
 
