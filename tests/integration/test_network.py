@@ -96,7 +96,9 @@ def test_http_forwarding_allowed_and_denied(
     )
     out = r.stdout.decode()
     assert "hello from origin" in out  # allow twin
-    assert "403 Forbidden" in out and "x-corral-decision: deny" in out.lower()
+    # the status line says who refused and why: what an agent reading a client's error sees
+    assert "403 Blocked by corral (default: address not in the allow list)" in out
+    assert "x-corral-decision: deny" in out.lower()
     body = json.loads(out.strip().splitlines()[-1])
     assert body["decision"] == "deny" and body["port"] == bad.port and body["rule"] == "default"
     assert ok.hits == [("GET", "/hello")]

@@ -1793,7 +1793,9 @@ class _Pump(aio.BufferedProtocol):
         self.refused = verdict
         if sniff.is_http_request(hold.data):
             body = _denial_record(verdict, hold.name, hold.port)
-            self.transport.write(_denial(403, verdict.rule, body, b"application/json"))
+            self.transport.write(
+                _denial(403, verdict.rule, body, b"application/json", verdict.reason)
+            )
         self.finish()
 
     def expire(self) -> None:
@@ -2005,14 +2007,18 @@ async def _send_denial(
         body, kind = text.encode("utf-8", "replace"), b"text/plain; charset=utf-8"
     else:
         body, kind = _denial_record(verdict, host, port), b"application/json"
-    writer.write(_denial(status, verdict.rule, body, kind))
+    writer.write(_denial(status, verdict.rule, body, kind, verdict.reason))
     try:
         await writer.drain()
     except ConnectionError:
         pass
 
 
-def _denial(status: int, rule: str, body: bytes, kind: bytes) -> bytes:
+def _denial(status: int, rule: str, body: bytes, kind: bytes, reason: str = "") -> bytes:
+    """A refusal's response; its status line says corral refused it and why, the
+    one part of it every client shows (curl's "CONNECT tunnel failed, response
+    403", Python's "Tunnel connection failed: 403 ..."): an agent told only 403
+    could not tell the policy's no from the server's."""
     headers = [
         (b"content-type", kind),
         (b"content-length", str(len(body)).encode()),
@@ -2020,7 +2026,11 @@ def _denial(status: int, rule: str, body: bytes, kind: bytes) -> bytes:
     ]
     if status != 403:
         headers.append((b"connection", b"close"))
-    first = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}".encode()
+    phrase = _REASONS.get(status, "Error")
+    if status == 403:
+        said = "".join(c if " " <= c <= "~" else "?" for c in f"{rule}: {reason}"[:200])
+        phrase = f"Blocked by corral ({said})" if reason else f"Blocked by corral ({rule})"
+    first = f"HTTP/1.1 {status} {phrase}".encode()
     return http1.serialize_head(first, headers) + body
 
 
