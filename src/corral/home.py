@@ -174,7 +174,11 @@ def prepare(layer: HomeLayer) -> None:
         homeseed.refresh(layer)
     except OSError as exc:
         why = exc.strerror or str(exc)
-        raise HomeError(f"cannot prepare the home layer {layer.path}: {why}") from None
+        raise HomeError(
+            f"cannot prepare the home layer {layer.path}: {why} (corral keeps it in its "
+            "state directory: set XDG_STATE_HOME to a directory you can write, or run with "
+            "--home read-only)"
+        ) from None
 
 
 def put(layer: str, name: str, data: bytes) -> None:

@@ -506,3 +506,17 @@ def test_a_layer_nested_deeper_than_a_recursion_is_sized_and_removed(tmp_path: P
     assert homeseed.size_of(str(layer)) >= 5000
     home.remove(str(layer))
     assert not layer.exists() and outside.read_text() == "keep"
+
+
+def test_a_layer_that_cannot_be_made_names_what_to_do(tmp_path: Path) -> None:
+    """A service account whose home does not exist could not run anything, and the
+    message said only "Permission denied" (found by trying corral as a new user)."""
+    (tmp_path / "not-a-dir").write_text("")
+    layer = home.HomeLayer(str(tmp_path / "not-a-dir" / "ws-1"), "persist", "host", "/ws", None)
+    with pytest.raises(home.HomeError) as err:
+        home.prepare(layer)
+    assert "set XDG_STATE_HOME to a directory you can write" in str(err.value)
+    assert "--home read-only" in str(err.value)
+    ok = home.HomeLayer(str(tmp_path / "homes" / "ws-1"), "persist", "host", "/ws", None)
+    home.prepare(ok)  # the twin: a writable place works
+    assert os.path.isdir(ok.path)
