@@ -1403,15 +1403,20 @@ def host_tmp_args(
     (found by trying corral as a new user: the clone failed with git's "does not
     exist", and nothing said why)."""
     notes = []
-    for arg in command[1:]:
+    for n, arg in enumerate(command):
         path = arg.partition("=")[2] if arg.startswith("-") else arg
         if not path.startswith(("/tmp/", "/var/tmp/")) or not exists(path):
             continue
         if any(inside(os.path.realpath(path), w) for w in writable):
             continue
         root = "/var/tmp" if path.startswith("/var/tmp/") else "/tmp"
+        give = path
+        if n == 0:  # the program itself: what it comes with too (a venv's bin/python)
+            give = os.path.dirname(path)
+            if os.path.basename(give) == "bin":
+                give = os.path.dirname(give)
         notes.append(
             f"{path}: the sandbox has a {root} of its own and does not see the host's; "
-            f"--writable {path} gives it this path"
+            f"--writable {give} gives it this path"
         )
     return notes

@@ -1188,3 +1188,9 @@ def test_a_host_path_under_tmp_the_sandbox_cannot_see_is_named(tmp_path: Path) -
         "--writable /var/tmp/out gives it this path",
     ]
     assert fsplan.host_tmp_args(["cat", "/etc/hosts"], ["/ws"], there.__contains__) == []
+    # the program itself (it was left out): a venv's python gives the venv
+    venv = {"/tmp/venv/bin/python"}
+    assert fsplan.host_tmp_args(["/tmp/venv/bin/python", "-V"], ["/ws"], venv.__contains__) == [
+        "/tmp/venv/bin/python: the sandbox has a /tmp of its own and does not see the host's; "
+        "--writable /tmp/venv gives it this path"
+    ]
