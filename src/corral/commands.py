@@ -102,6 +102,10 @@ def cmd_home(args: list[str]) -> int:
     if opts.get("container") and args[0] not in ("path", "put"):
         raise CorralError("--container is for corral home path and put")
     workspace = os.path.realpath(str(opts.get("workspace") or os.getcwd()))
+    if args[0] in ("path", "put"):  # a layer no run could use: refused, as corral run is
+        from corral.policy import check_workspace, home_dirs
+
+        check_workspace(workspace, home_dirs())
     layer = home.layer_path(workspace, "container" if opts.get("container") else "host")
     if args[0] == "path":
         print(layer)

@@ -146,6 +146,9 @@ def test_parse_errors(args: list[str], positional: bool, fragment: str) -> None:
         (["run", "--tier", "nosuchtier", "--", "true"], "unknown tier 'nosuchtier'"),
         (["run", "--workspace", "/", "--", "true"], "workspace cannot be /"),
         (["run", "--workspace", os.path.expanduser("~"), "--", "true"], "your home directory"),
+        # a layer no run could use (found by trying corral as a new user: put in ~ said 0)
+        (["home", "path", "--workspace", os.path.expanduser("~")], "your home directory"),
+        (["home", "put", ".npmrc", "--workspace", "/"], "workspace cannot be /"),
         (["run", "--tier"], "needs a value"),
         (["doctor", "extra"], "unexpected argument"),
         (["doctor", "--tier", "x"], "unknown option"),
