@@ -413,6 +413,9 @@ def cmd_log(args: list[str]) -> int:
     records = records[-count:] if count else []
     if opts.get("json"):
         return _print_json_lines(records)
+    if not records and count:  # (a new user saw nothing at all, and wondered)
+        where = str(opts["log"]) if opts.get("log") else runlog.default_path()
+        _err(f"corral: no run{' ' + run if run else ''} recorded in {where}")
     for r in records:
         command = _shown_command(r)
         hits = r.get("limits_hit") or []

@@ -38,6 +38,15 @@ def test_log_text_last_n(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "r4" in lines[1]
 
 
+def test_an_empty_log_says_so(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["log", "--log", str(log.parent / "none.jsonl")]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"corral: no run recorded in {log.parent / 'none.jsonl'}\n"
+    assert cli.main(["log", "--log", str(log), "--run", "r4"]) == 0  # the twin
+    out, err = capsys.readouterr()
+    assert "r4" in out and err == ""
+
+
 def test_log_json(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["log", "--json", "--log", str(log)]) == 0
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == RECORDS
