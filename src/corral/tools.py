@@ -120,9 +120,10 @@ class Toolbox:
             if outcome.denials:  # the command ran, but corral refused what it asked for
                 outcome.error = denial_summary(outcome) + "\n" + json.dumps(value)
             elif value.get("timed_out"):
+                capped = f" ({value['timeout_capped']})" if value.get("timeout_capped") else ""
                 outcome.error = (
-                    f"timed out after {value.get('duration')}s: corral stopped the command "
-                    "and everything it started\n" + json.dumps(value)
+                    f"timed out after {value.get('duration')}s{capped}: corral stopped the "
+                    "command and everything it started\n" + json.dumps(value)
                 )
         return outcome
 
@@ -317,13 +318,16 @@ def _opt_str(a: JSON, key: str) -> str | None:
 
 
 async def _run_command(box: Toolbox, a: JSON) -> object:
+    timeout = _call_timeout(box, a.get("timeout"))
     r = await box.sb.exec(
-        str(a["command"]),
-        timeout=_call_timeout(box, a.get("timeout")),
-        cwd=_opt_str(a, "cwd"),
-        stdin=_opt_str(a, "stdin"),
+        str(a["command"]), timeout=timeout, cwd=_opt_str(a, "cwd"), stdin=_opt_str(a, "stdin")
     )
-    return exec_result(r)
+    value = exec_result(r)
+    asked = a.get("timeout")
+    if r.timed_out and isinstance(asked, int | float) and timeout and asked > timeout:
+        # said, or the caller takes its own timeout for the one that fired
+        value["timeout_capped"] = f"asked for {asked:g}s; capped at {timeout:g}s"
+    return value
 
 
 def _call_timeout(box: Toolbox, asked: object) -> float | None:

@@ -121,6 +121,8 @@ def test_a_models_timeout_cannot_lift_the_runtimes_cap(api_ws: Path, asked: floa
             began = time.monotonic()
             out = await box.call("run_command", {"command": "sleep 5", "timeout": asked})
             assert out.error and out.error.startswith("timed out after 0.5")
+            if asked:  # said: a caller took its own timeout for the one that fired
+                assert f"(asked for {asked:g}s; capped at 0.5s)" in out.error, out.error
             assert time.monotonic() - began < 3
             # the twins: a shorter timeout is the model's to give; a quick command ends
             short = await box.call("run_command", {"command": "sleep 5", "timeout": 0.2})
