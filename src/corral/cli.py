@@ -865,10 +865,8 @@ def _run_plan(
     quiet = bool(opts.get("quiet"))
     if attempt == 1:  # said once, not again for a run planned again
         _say_plan(plan, policy.tier == "auto", quiet)
-        if not quiet and any(a.startswith(("/tmp/", "/var/tmp/"), a.find("/")) for a in command):
-            from corral.fsplan import host_tmp_args
-
-            for note in host_tmp_args(command, policy.writable_paths()):
+        if not quiet:
+            for note in _host_notes(command, policy):
                 _err(f"corral: note: {note}")
     record = _record(plan, run_id, "run", command)
     if passed:
@@ -895,6 +893,28 @@ def _run_plan(
         if not quiet:
             _err(f"corral: note: {late}")
     return _finish(opts, plan, record, result.exit_code, result.denials, door, result)
+
+
+LOOPBACK_SPELLINGS = ("127.0.0.1:", "localhost:", "[::1]:")
+
+
+def _host_notes(command: list[str], policy: Policy) -> list[str]:
+    """Host paths under /tmp and host services on loopback the command names, which
+    the sandbox will not see (its /tmp and its loopback are its own); each with
+    the flag that gives it.  Looked for only when an argument could name one."""
+    notes = []
+    if any(a.startswith(("/tmp/", "/var/tmp/"), a.find("/")) for a in command):
+        from corral.fsplan import host_tmp_args
+
+        notes += host_tmp_args(command, policy.writable_paths())
+    if any(s in a for a in command for s in LOOPBACK_SPELLINGS):
+        from corral.netns import host_loopback_args, listening
+
+        allow = policy.network.allow if policy.network.mode == "proxy" else []
+        notes += host_loopback_args(
+            command, listening, lambda flag: flag in allow or flag.rsplit(":", 1)[0] in allow
+        )
+    return notes
 
 
 def _say_plan(plan: Plan, auto: bool, quiet: bool) -> None:

@@ -157,6 +157,57 @@ def loopback_services(allow: list[str], deny: list[str]) -> tuple[list[tuple[str
     return found, notes
 
 
+_LOOPBACK_SPELLINGS = (("127.0.0.1", "127.0.0.1"), ("localhost", "127.0.0.1"), ("[::1]", "[::1]"))
+
+
+def host_loopback_args(
+    command: list[str], served: Callable[[str, int], bool], allowed: Callable[[str], bool]
+) -> list[str]:
+    """The host services the command names on loopback (``--index-url
+    http://127.0.0.1:8765/simple``) that the sandbox will not reach: it has a
+    loopback of its own.  Only those ``served`` on the host (address, port) and
+    not ``allowed`` (the flag's text): for each, a note with the --allow that
+    reaches it (found by trying corral as a new user: pip retried five times
+    against the sandbox's own loopback, and nothing said why).  Pure."""
+    notes: list[str] = []
+    for arg in command:
+        for spelled, address in _LOOPBACK_SPELLINGS:
+            at = arg.find(spelled + ":")
+            if at < 0 or (at and arg[at - 1] not in "/=@ "):
+                continue
+            digits = ""
+            for char in arg[at + len(spelled) + 1 :]:
+                if not char.isdigit():
+                    break
+                digits += char
+            if not digits or int(digits) > 65535:
+                continue
+            flag = f"{address}:{int(digits)}"
+            note = (
+                f"{spelled}:{digits}: the sandbox has a loopback of its own; --allow {flag} "
+                "reaches the service on the host"
+            )
+            if served(address.strip("[]"), int(digits)) and not allowed(flag) and note not in notes:
+                notes.append(note)
+    return notes
+
+
+def listening(address: str, port: int) -> bool:
+    """Does a host process listen on TCP ``address``:``port``?  (A connect that is
+    refused says no; the host fact behind :func:`host_loopback_args`.)"""
+    import _socket
+
+    family = _socket.AF_INET6 if ":" in address else _socket.AF_INET
+    sock = _socket.socket(family, _socket.SOCK_STREAM)
+    sock.settimeout(0.2)
+    try:
+        return sock.connect_ex((address, port)) == 0
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
 def plan_for(policy: Policy, handoff: str) -> tuple[NetPlan, list[str]]:
     """The namespace a networked run gets, and notes for the user.  Pure."""
     net = policy.network

@@ -562,3 +562,21 @@ def test_pip_reaches_an_allowed_local_index_by_localhost(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_host_service_named_but_not_allowed_gets_a_note(
+    tsandbox: tuple[Corral, Path],
+    origins: tuple[Origin, Origin],  # noqa: F811
+) -> None:
+    """Found by trying corral as a new user: a command aimed at a host service on
+    loopback met the sandbox's own, and nothing said why.  The twin: allowed, the
+    same command reaches it and no note is said."""
+    c, ws = tsandbox
+    ok, _ = origins
+    url = f"http://127.0.0.1:{ok.port}/named"
+    r = c.run(["run", "--", "curl", "-sS", "--max-time", "5", url], cwd=ws)
+    note = f"corral: note: 127.0.0.1:{ok.port}: the sandbox has a loopback of its own; "
+    assert note + f"--allow 127.0.0.1:{ok.port} reaches" in r.stderr.decode(), r.stderr
+    assert ok.hits == []
+    allowed = c.run(["run", "--allow", f"127.0.0.1:{ok.port}", "--", "curl", "-sS", url], cwd=ws)
+    assert b"hello from origin" in allowed.stdout and note.encode() not in allowed.stderr

@@ -357,3 +357,26 @@ def test_a_users_namespaces_are_made_ahead_and_joined_only_at_enter() -> None:
 
     assert _in_child(lambda: child(False)) == 0
     assert _in_child(lambda: child(True)) == 0
+
+
+def test_a_host_service_on_loopback_the_sandbox_cannot_reach_is_named() -> None:
+    """pip retried five times against the sandbox's own loopback and nothing said
+    why (found by trying corral as a new user).  Twins: a service allowed, one
+    nothing serves, and a loopback-like text inside another word get no note."""
+    from corral.netns import host_loopback_args
+
+    served = {("127.0.0.1", 8765), ("::1", 5432), ("127.0.0.1", 9000)}
+    command = [
+        "pip", "install", "--index-url", "http://localhost:8765/simple/", "x",
+        "--db=[::1]:5432", "http://127.0.0.1:9000/", "http://127.0.0.1:9999/",
+        "not127.0.0.1:8765",
+    ]  # fmt: skip
+    notes = host_loopback_args(
+        command, lambda a, p: (a, p) in served, {"127.0.0.1:9000"}.__contains__
+    )
+    assert notes == [
+        "localhost:8765: the sandbox has a loopback of its own; --allow 127.0.0.1:8765 "
+        "reaches the service on the host",
+        "[::1]:5432: the sandbox has a loopback of its own; --allow [::1]:5432 "
+        "reaches the service on the host",
+    ]
