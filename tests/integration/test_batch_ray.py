@@ -86,6 +86,7 @@ def _batch(
     return r, results
 
 
+@pytest.mark.slow  # (a three-node cluster starts in a minute here: the default run's largest cost)
 def test_ray_smoke_jobs_spread_over_the_workers(cluster: Cluster, tmp_path: Path) -> None:
     """The default run's one Ray test: sandboxed jobs on two worker nodes."""
     ws = tmp_path / "ws"
@@ -101,6 +102,7 @@ def test_ray_smoke_jobs_spread_over_the_workers(cluster: Cluster, tmp_path: Path
     assert len({x["node"] for x in res.values()}) == 2  # both workers ran jobs
 
 
+@pytest.mark.slow
 def test_ray_reuse_warm_sandboxes_on_each_node_hold_the_policy(
     cluster: Cluster, tmp_path: Path
 ) -> None:

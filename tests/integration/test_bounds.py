@@ -70,6 +70,11 @@ print('spawned', n, flush=True)
 """
 
 
+@pytest.mark.tiers(
+    "namespace",
+    why="the default pids limit is one cgroup setting on every tier, some 13 s a bomb; "
+    "the conformance matrix forks one on each tier",
+)
 def test_fork_bomb_stops_at_the_default_pids(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     # allow twin: a -j64 build's worth of processes at once, under the defaults

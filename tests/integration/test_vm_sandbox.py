@@ -381,6 +381,7 @@ def test_the_unused_stdout_port_does_not_reach_the_agents_channel(
         assert proc.wait(timeout=30).stdout == b"mine\n" and not sb.errors
 
 
+@pytest.mark.slow  # (some 20 s: its VM waits out a timeout)
 def test_a_stopped_agent_does_not_hold_exec_past_its_timeout(
     home_ws: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
