@@ -1160,7 +1160,13 @@ class Sandbox:
         proc, header, fds = self._prepare(command, cwd, None, None, False, on_output, None)
         header.update(scrub, alone=True, merge=True)
         self._send(header, fds=fds)
-        return proc.wait()
+        result = proc.wait()
+        if self._door is not None:  # what the job left held is denied as it ends, not
+            try:  # only when the next begins: approved between jobs, it went out
+                self._door.forget_grants()
+            except (OSError, RuntimeError):
+                pass  # (the next job's reset refuses with the reason)
+        return result
 
     def _reset_request(self) -> dict[str, object]:
         """What the agent removes in a reset, once the commands still running are
