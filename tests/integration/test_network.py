@@ -551,6 +551,8 @@ def test_audit_lines_match_what_was_sent(
     run_id = json.loads(c.run(["log", "--json", "-n", "1"], cwd=ws).stdout)["run_id"]
     entries = [e for e in net_log(c) if e["run_id"] == run_id]
     assert len(entries) == 2
+    # the proxy's rehearsal (corral.net.rehearsal) writes nothing to the log
+    assert [e for e in net_log(c) if "rehearsal" in (e["run_id"], e.get("address"))] == []
     # two proxy workers flush their own buffers: lines are complete but not in time order
     (post,) = [e for e in entries if e["method"] == "POST"]
     (denied,) = [e for e in entries if e["method"] == "GET"]

@@ -664,6 +664,9 @@ def _settle(tls: bool = False) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # corral decides when the proxy stops
     _warm(tls)
+    from corral.net.rehearsal import rehearse
+
+    rehearse()  # the first request's page copies and cold code, paid while idle
 
 
 def _chain(door: Door) -> Chain:

@@ -1,0 +1,43 @@
+"""The proxy worker's rehearsal: one exchange it plays to itself, inside itself."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from corral.net import aio, rehearsal
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_the_rehearsal_is_answered_by_its_stand_in() -> None:
+    answer = rehearsal.rehearse()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"\r\n\r\nok\n")
+
+
+def test_the_rehearsal_leaves_no_descriptor_open() -> None:
+    rehearsal.rehearse(1)  # (imports and the first loop's lazy parts, once)
+    before = open_fds()
+    assert rehearsal.rehearse(3)
+    assert open_fds() == before
+
+
+def test_its_proxy_goes_nowhere_but_its_stand_in() -> None:
+    """Its chain allows only its own made-up host: a request for any other is
+    refused by the proxy itself, and no stand-in origin is ever started."""
+    elsewhere = b"GET http://127.0.0.1:9/ HTTP/1.1\r\nHost: 127.0.0.1:9\r\n\r\n"
+    refused = aio.run(rehearsal._play(elsewhere))
+    assert refused.startswith(b"HTTP/1.1 403 ")
+    allowed = aio.run(rehearsal._play())  # the twin: its own host, same proxy setup
+    assert allowed.startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_failed_rehearsal_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken(request: bytes = b"") -> bytes:
+        raise OSError("no socket pairs today")
+
+    monkeypatch.setattr(rehearsal, "_play", broken)
+    assert rehearsal.rehearse() == b""
