@@ -7,6 +7,8 @@ import os
 import pytest
 
 from corral.net import aio, rehearsal
+from corral.net.hooks import Chain, Destination, Hook, HostRulesHook
+from corral.net.rules import HostRules, Verdict
 
 
 def open_fds() -> set[str]:
@@ -41,3 +43,25 @@ def test_a_failed_rehearsal_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(rehearsal, "_play", broken)
     assert rehearsal.rehearse() == b""
+
+
+class Counting(Hook):
+    """A hook that remembers being asked (so asking it is not free)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def on_connect(self, dest: Destination) -> Verdict | None:
+        self.asked.append(dest.host)
+        return None
+
+
+def test_only_a_chain_whose_answers_are_pure_is_asked_ahead() -> None:
+    hosts = HostRulesHook(HostRules.parse(["127.0.0.1:8080"], []))
+    pure = Chain([hosts])
+    rehearsal.ask_once(pure)
+    assert pure.connect(Destination("r", "http", "127.0.0.1", 8080)).allowed  # (unchanged)
+    assert not pure.connect(Destination("r", "http", rehearsal.HOST, 80)).allowed
+    counting = Counting()
+    rehearsal.ask_once(Chain([hosts, counting]))
+    assert counting.asked == []

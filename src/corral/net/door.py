@@ -824,10 +824,12 @@ def _serve(
     from corral.net import aio
     from corral.net.audit import Audit, guard_process
     from corral.net.proxy import Proxy, run_loop
+    from corral.net.rehearsal import ask_once
 
     run_id = door.run_id
     audit = Audit(door.audit_path)
     guard_process(audit, run_id)
+    ask_once(chain)
 
     async def main() -> None:
         loop = aio.get_running_loop()

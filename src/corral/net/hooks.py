@@ -428,6 +428,12 @@ class Chain:
         self.sees_requests = bool(self._on_request or self._rewrite or self._on_response)
 
     @property
+    def pure_connect(self) -> bool:
+        """Does every hook's connect decision depend on the host and port alone
+        (so asking one changes nothing but the chain's cache)?"""
+        return self._cacheable
+
+    @property
     def may_inspect(self) -> bool:
         """Can any destination of this run be intercepted (so the sandbox needs the CA)?"""
         return bool(self._inspecting)
