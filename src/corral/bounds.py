@@ -201,9 +201,15 @@ def notice(plan: Plan) -> str:
         return ""
     why = plan.bounds[names[0]].how
     listed = " and ".join(f"{n} ({value_text(n, plan.bounds[n].value)})" for n in names)
+    remedy = (
+        "root or a delegated cgroup v2 subtree enforces them; "
+        if all(n in CGROUP_NAMES for n in names)
+        else ""
+    )
+    lift = " ".join(f"--{n} none" for n in names)
     return (
         f"the default {listed} limit{'s are' if len(names) > 1 else ' is'} not enforced "
-        f"for this user here: {why}"
+        f"for this user here: {why} ({remedy}{lift} goes without, and without this line)"
     )
 
 

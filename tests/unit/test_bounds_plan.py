@@ -341,6 +341,8 @@ def test_namespace_defaults_not_enforceable_give_one_note(
     assert notes == [
         "the default memory (8G) and pids (4096) limits are not enforced for this user here: "
         + plan.bounds["memory"].how
+        + " (root or a delegated cgroup v2 subtree enforces them;"
+        + " --memory none --pids none goes without, and without this line)"
     ]
     record = bounds.record(plan)
     assert record["memory"] == {"value": 8 * GiB, "source": "default", "enforced": False}
