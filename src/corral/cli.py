@@ -544,21 +544,29 @@ def build_policy(opts: dict[str, object]) -> Policy:
     _container_flags(policy, opts)
     _network_flags(policy, opts)
     pol.check_network(policy)
-    if opts.get("log") or opts.get("net_log"):
+    report = _report_file(opts)
+    if opts.get("log") or opts.get("net_log") or report:
         from corral import runlog
         from corral.errors import PolicyError
 
-        try:
+        try:  # (a report file too: the run must not plant a link or a FIFO there)
             runlog.keep_out(
                 policy.filesystem.read_deny,
                 opts.get("log"),
                 opts.get("net_log"),
+                report,
                 writable=policy.writable_paths(),
             )
         except OSError as exc:  # (ELOOP: a symlink there; logs are plain files only)
-            why = f"{exc.filename} as a log: {exc.strerror}" if exc.filename else f"the log: {exc}"
-            raise PolicyError(f"cannot write {why}") from None
+            why = f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc)
+            raise PolicyError(f"cannot write a log or report file {why}") from None
     return policy
+
+
+def _report_file(opts: dict[str, object]) -> str | None:
+    """``--report FILE``'s file (None for ``--report json`` or no report)."""
+    target = opts.get("report")
+    return target if isinstance(target, str) and target not in ("", "json") else None
 
 
 def _limit_flags(policy: Policy, opts: dict[str, object]) -> None:
@@ -1029,14 +1037,12 @@ def _write_report(target: str, doc: dict[str, object]) -> None:
         sys.stderr.write(text)
         sys.stderr.flush()
         return
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, text.encode("utf-8", "backslashreplace"))
-        finally:
-            os.close(fd)
+    from corral.runlog import write_whole
+
+    try:  # on a log's terms: the sandbox may have had the run's time to plant something
+        write_whole(target, text.encode("utf-8", "backslashreplace"))
     except OSError as exc:
-        _err(f"corral: warning: could not write the report to {target}: {exc.strerror}")
+        _err(f"corral: warning: could not write the report to {target}: {exc.strerror or exc}")
 
 
 def _log(record: dict[str, object], path: object) -> None:

@@ -118,6 +118,18 @@ def open_log(path: str) -> int:
     return fd
 
 
+def write_whole(path: str, data: bytes) -> None:
+    """A file the caller named (``--report FILE``) replaced by ``data``, on a log's
+    terms (:func:`open_log`): never through a symlink, never a FIFO or a device,
+    only a plain file of one link, not in a directory changed during the run."""
+    fd = open_log(path)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, data)  # (appended: at the start of the emptied file)
+    finally:
+        os.close(fd)
+
+
 def link_in(directory: str, places: list[str]) -> bool:
     """Whether a directory on the way to ``directory`` (itself included) is a symlink
     that lies in one of ``places`` (real paths ending in "/"): the sandbox's to

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,30 @@ def test_report_file_and_limits(tsandbox: tuple[Corral, Path]) -> None:
     quiet = c.sh(ws, "true", "--report", str(target))  # the allow twin: nothing refused
     assert quiet.returncode == 0
     assert [d for d in json.loads(target.read_text())["denials"] if d["kind"] != "bound"] == []
+
+
+@pytest.mark.parametrize("plant", ["ln -s {victim} report.json", "mkfifo report.json"])
+def test_a_report_file_the_run_replaced_is_not_written_through(
+    tsandbox: tuple[Corral, Path], plant: str
+) -> None:
+    """--report FILE in the workspace is made and masked before the run, and
+    written after it on a log's terms: a link the run left there is not followed
+    (the file it points to outside stays as it was), a FIFO does not hang corral."""
+    c, ws = tsandbox
+    victim = c.state / "victim.conf"
+    victim.write_text("precious\n")
+    (ws / "report.json").unlink(missing_ok=True)
+    twin = c.sh(ws, "true", "--report", "report.json")  # the allow twin: a plain report
+    assert twin.returncode == 0 and json.loads((ws / "report.json").read_text())["exit"] == 0
+    script = f"rm -f report.json; {plant.format(victim=victim)}; true"
+    r = c.sh(ws, script, "--report", "report.json")
+    assert r.returncode == 0, r.stderr
+    assert victim.read_text() == "precious\n"
+    kind = (ws / "report.json").lstat().st_mode
+    if stat.S_ISREG(kind):  # the mask held inside: the report is there, whole
+        assert json.loads((ws / "report.json").read_text())["exit"] == 0
+    else:  # replaced (a tier that restores after the run): refused, and said
+        assert b"could not write the report to report.json" in r.stderr
 
 
 # What git does to write .git/config: a lock file beside it, renamed over it.
