@@ -490,3 +490,47 @@ def test_a_head_passes_only_where_a_get_would_pass_too() -> None:
     assert verdict("POST", "/v1/users", override) == "allow"
     assert verdict("HEAD", "/get-only/x") == "deny"  # as before: no rule allows HEAD
     assert verdict("GET", "/get-only/x") == "allow"
+
+
+GIT_POST = [(b"content-type", b"application/x-git-upload-pack-request")]
+
+
+def git_request(target: str, headers: list[tuple[bytes, bytes]]) -> Verdict | None:
+    dest = Destination("run", "https", "code.git.test", 443)
+    return chain().request(dest, Request("POST", target, headers, 100))
+
+
+def test_a_git_preset_passes_a_fetch_only_as_git_sends_it() -> None:
+    """A forge's API on the git host: a POST whose path merely ends in
+    git-upload-pack (Gitea's create-a-file endpoint, a commit) was let through
+    by `git = "read"` with the token (found by attacking the proxy)."""
+    fetch = git_request("/o/r.git/git-upload-pack", GIT_POST)  # the allow twin
+    assert fetch is not None and fetch.allowed
+    json_body = [(b"content-type", b"application/json")]
+    for target, headers in (
+        ("/api/v1/repos/o/r/contents/git-upload-pack", json_body),
+        ("/api/v1/repos/o/r/contents/git-upload-pack", []),
+        ("/api/v4/projects/o%2Fr/repository/files/src%2Fgit-upload-pack", GIT_POST),
+        ("/api/v4/projects/7/repository/files/git-upload-pack?branch=main", GIT_POST),
+    ):
+        verdict = git_request(target, headers)
+        assert verdict is not None and not verdict.allowed, target
+    refused = git_request("/api/v1/repos/o/r/contents/git-upload-pack", json_body)
+    assert refused is not None and "git's content type" in refused.reason
+
+
+def test_a_rule_of_the_users_own_allows_beyond_the_preset() -> None:
+    entries = [
+        {"host": "code.git.test", "git": "read"},
+        {"host": "code.git.test", "methods": ["POST"], "paths": ["/api/**"], "action": "allow"},
+    ]
+    rules = HttpRulesHook.from_policy(entries)
+    c = Chain([HostRulesHook(HostRules.parse(["*"], [])), rules])
+    dest = Destination("run", "https", "code.git.test", 443)
+    json_body = [(b"content-type", b"application/json")]
+    api = c.request(
+        dest, Request("POST", "/api/v1/repos/o/r/contents/git-upload-pack", json_body, 0)
+    )
+    assert api is not None and api.allowed and api.rule == "network.rules[2]"
+    other = c.request(dest, Request("POST", "/o/r/contents/git-upload-pack", json_body, 0))
+    assert other is not None and not other.allowed

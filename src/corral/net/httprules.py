@@ -75,6 +75,12 @@ GIT_MODES = ("read", "write")
 KEYS = ("host", "methods", "paths", "max_body", "action", "git")
 # What each git preset allows: smart HTTP only (the dumb protocol reads files
 # such as /objects/... and /HEAD that no preset can tell from anything else).
+# A path alone is not enough: a forge that serves its API on the same host took
+# ``POST /api/v1/repos/o/r/contents/git-upload-pack`` (Gitea: create a file, a
+# commit) as a fetch (found by attacking the proxy).  So a preset's POST passes
+# only as git sends it (:meth:`HttpRule.as_git_sends`): no query, no escaped
+# slash in the path, and git's own content type, which no forge's API parses
+# into the parameters it needs.
 GIT_READ = (
     ("GET", "/**/info/refs?service=git-upload-pack"),
     ("POST", "/**/git-upload-pack"),
@@ -83,6 +89,10 @@ GIT_WRITE = (
     ("GET", "/**/info/refs?service=git-receive-pack"),
     ("POST", "/**/git-receive-pack"),
 )
+GIT_CONTENT = {  # the POST's last path segment -> the only content type it may carry
+    "git-upload-pack": b"application/x-git-upload-pack-request",
+    "git-receive-pack": b"application/x-git-receive-pack-request",
+}
 GIT_PUSH_HINT = 'git = "read" allows clone and fetch; git = "write" allows push too'
 ASK_REASON = "a rule asks a person to approve this request"  # see corral.net.approvals
 
@@ -337,7 +347,7 @@ def covers(rule: Rule, host: str, port: int) -> bool:
 class HttpRule:
     """One compiled entry (a git preset compiles to several, each with the entry's name)."""
 
-    __slots__ = ("action", "host", "max_body", "methods", "name", "path_match", "paths")
+    __slots__ = ("action", "git", "host", "max_body", "methods", "name", "path_match", "paths")
 
     def __init__(
         self,
@@ -347,10 +357,12 @@ class HttpRule:
         methods: frozenset[str] | None,
         paths: list[PathGlob],
         max_body: int | None = None,
+        git: bool = False,
     ) -> None:
         self.name = name
         self.host = host
         self.action = action
+        self.git = git  # a git preset's: see as_git_sends
         self.methods = methods  # None: any method
         fold = action != "allow"  # a deny or ask holds in any case (see readings)
         self.paths = [PathGlob(g.text, fold) for g in paths] if fold else paths  # empty: any
@@ -373,6 +385,13 @@ class HttpRule:
             return self.path_match(path) is not None
         return any(glob.matches(path, query) for glob in self.paths)
 
+    def as_git_sends(self, method: str, raw_path: bytes, query: Query | None) -> bool:
+        """A git preset's POST: no query and no escaped slash, as git sends it (its
+        content type is checked per request: :func:`git_content_refusal`)."""
+        if not self.git or method != "POST":
+            return True
+        return query is None and b"%2f" not in raw_path.lower()
+
 
 def compile_entry(index: int, entry: dict[str, object]) -> list[HttpRule]:
     """A validated entry (see :func:`corral.policy._expect_http_rules`) -> rules.
@@ -385,7 +404,7 @@ def compile_entry(index: int, entry: dict[str, object]) -> list[HttpRule]:
         name = f"network.rules[{index}] (git {git})"
         pairs = GIT_READ + (GIT_WRITE if git == "write" else ())
         return [
-            HttpRule(name, host, "allow", frozenset({method}), [PathGlob(path)])
+            HttpRule(name, host, "allow", frozenset({method}), [PathGlob(path)], git=True)
             for method, path in pairs
         ]
     methods = entry.get("methods")
@@ -421,6 +440,7 @@ class HttpRules:
 
     def __init__(self, rules: list[HttpRule]) -> None:
         self.rules = rules
+        self.git_names = frozenset(r.name for r in rules if r.git)  # (allowed by a preset)
         self._by_host: dict[tuple[str, int], RuledHost] = {}
         self.decided: dict[tuple[str, int, str, str], Decision] = {}
 
@@ -506,6 +526,8 @@ class RuledHost:
             if rule.action == "allow":
                 if not rule.matches_path(path, query):
                     continue
+                if not rule.as_git_sends(method, raw.partition(b"?")[0], query):
+                    continue
             elif not any(rule.matches_path(reading, query) for reading in lenient):
                 continue
             if rule.action == "deny":
@@ -513,7 +535,8 @@ class RuledHost:
             if rule.action == "ask":
                 ask = ask or rule
                 continue
-            allow = allow or rule
+            if allow is None or (allow.git and not rule.git):  # a rule of the user's first
+                allow = rule
             if rule.max_body is not None and (limit is None or rule.max_body < limit_size):
                 limit, limit_size = rule, rule.max_body
         if ask is not None:
@@ -561,6 +584,8 @@ class HttpRulesHook(Hook):
         verdict, limit = found
         if limit is not None and limit.max_body is not None:
             request.limit_body(limit.max_body, limit.name)
+        if verdict.allowed and verdict.rule in rules.git_names and request.method == "POST":
+            verdict = git_content_refusal(request) or verdict
         if not verdict.allowed and not verdict.ask:
             return verdict  # (an ask still looks at the alternates: a deny there wins)
         if (
@@ -578,6 +603,19 @@ class HttpRulesHook(Hook):
         if request.body_length != 0 and is_post(request.method):
             verdict = _strongest(verdict, _form_override(rules, dest, request))
         return verdict
+
+
+def git_content_refusal(request: Request) -> Verdict | None:
+    """A POST a git preset allowed by its path, refused unless it carries the
+    content type git sends with it (see GIT_CONTENT)."""
+    service = request.target.partition("?")[0].rpartition("/")[2]
+    wanted = GIT_CONTENT.get(service)
+    got = request.get(b"content-type")
+    if wanted is not None and got is not None and got.strip().lower() == wanted:
+        return None
+    kind = (wanted or b"").decode()
+    why = f"a git preset allows POST {service} only with git's content type ({kind})"
+    return Verdict(False, "network.rules", why)
 
 
 def _strongest(verdict: Verdict, other: Verdict | None) -> Verdict:
