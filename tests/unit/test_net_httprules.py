@@ -16,7 +16,7 @@ from corral.net.httprules import (
     readings,
     slash_kept,
 )
-from corral.net.rules import HostRules
+from corral.net.rules import HostRules, Verdict
 
 # -- normalization ------------------------------------------------------------------------------
 
