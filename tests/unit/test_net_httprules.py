@@ -520,7 +520,7 @@ def test_a_git_preset_passes_a_fetch_only_as_git_sends_it() -> None:
 
 
 def test_a_rule_of_the_users_own_allows_beyond_the_preset() -> None:
-    entries = [
+    entries: list[dict[str, object]] = [
         {"host": "code.git.test", "git": "read"},
         {"host": "code.git.test", "methods": ["POST"], "paths": ["/api/**"], "action": "allow"},
     ]
