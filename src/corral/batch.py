@@ -219,6 +219,7 @@ def _pin(job: Job) -> None:
 
     workspace = os.path.realpath(str(job.get("workspace") or os.getcwd()))
     path = job.get("policy")
+    named = path is not None
     if path is None:
         found = pol.find_policy_file(workspace)
         if found is not None:
@@ -226,6 +227,8 @@ def _pin(job: Job) -> None:
         path = found or os.devnull
     # (relative to the workspace, where corral run starts: as an unpinned job read it)
     path = os.path.join(workspace, str(path))
+    if named:  # checked too: a batch file does not review what a run wrote there since
+        pol.check_found(path, named=True)
     with open(path, "rb") as fh:
         job[PINNED] = hashlib.sha256(fh.read()).hexdigest()
     job["policy"] = path

@@ -527,12 +527,12 @@ def build_policy(opts: dict[str, object]) -> Policy:
 
     workspace = opts.get("workspace")
     policy_path = opts.get("policy")
+    pinned = str(opts["policy_sha256"]) if opts.get("policy_sha256") else None
     if "settings" in opts:  # even --settings= : a file named, however badly, is never ignored
-        policy = _settings_policy(str(opts["settings"]), "policy" in opts, workspace)
+        policy = _settings_policy(str(opts["settings"]), "policy" in opts, workspace, pinned)
     else:
-        pinned = str(opts["policy_sha256"]) if opts.get("policy_sha256") else None
         if pinned and not policy_path:
-            raise CorralError("--policy-sha256: only with --policy FILE")
+            raise CorralError("--policy-sha256: only with --policy FILE or --settings FILE")
         policy = pol.load(
             str(workspace) if workspace else None,
             str(policy_path) if policy_path else None,
@@ -680,13 +680,13 @@ def pass_fds(opts: dict[str, object]) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
-def _settings_policy(path: str, with_policy: bool, workspace: object) -> Policy:
+def _settings_policy(path: str, with_policy: bool, workspace: object, pinned: str | None) -> Policy:
     """srt's settings JSON in place of a policy file; flags still apply on top."""
     if with_policy:
         raise CorralError("--settings and --policy both give the policy: pass one of them")
     from corral import srt_settings
 
-    return srt_settings.load(path, str(workspace) if workspace else None)
+    return srt_settings.load(path, str(workspace) if workspace else None, pinned)
 
 
 # A run whose setup raced a host change (a unix socket removed between the plan

@@ -335,13 +335,20 @@ def planted_by(path: str) -> tuple[LiveRun, str] | None:
     return None
 
 
-def refusal(path: str, run: LiveRun, where: str = "") -> str:
+def refusal(path: str, run: LiveRun, where: str = "", named: bool = False) -> str:
     """The one line that says why ``path`` is not loaded, and what to do
-    (``where``: the file that run could have changed, the link or its target)."""
+    (``where``: the file that run could have changed, the link or its target;
+    ``named``: a file the caller named, whose content it may pin instead)."""
 
     def clock(ns: int) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
 
+    name_it = "name it (--policy FILE, or Sandbox(policy=FILE))"
+    if named:  # named already: what is left is to vouch for what it holds
+        name_it = (
+            f"pin what it holds (--policy-sha256 HEX, or Policy.load(FILE, sha256=HEX);"
+            f" HEX: sha256sum {path})"
+        )
     since = time.strftime("%H:%M:%S", time.localtime(run.start / 1e9))
     if run.end is not None:
         where = where or path
@@ -352,11 +359,11 @@ def refusal(path: str, run: LiveRun, where: str = "") -> str:
             f"{clock(run.end)}, where run {run.run_id} (corral pid {run.pid}), since "
             "ended, could write: that run may have written it, so it is not loaded; "
             f"if it is yours, review it, then `{touch}` (its change time is then after "
-            "that run) or name it (--policy FILE, or Sandbox(policy=FILE))"
+            f"that run) or {name_it}"
         )
     return (
         f"{path} was made or changed after {since}, where the run in progress since "
         f"then (corral pid {run.pid}) can write: that run may have written it, so it "
-        "is not loaded; if it is yours, review it and name it (--policy FILE, or "
-        "Sandbox(policy=FILE)), or wait for that run to end"
+        f"is not loaded; if it is yours, review it and {name_it}, or wait for that "
+        "run to end"
     )

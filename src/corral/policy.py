@@ -251,9 +251,13 @@ class Policy:
         self.guardrails = GuardrailsPolicy()
 
     @classmethod
-    def load(cls, path: str | None = None, workspace: str | None = None) -> Policy:
-        """Defaults, then ``path`` (or the workspace's corral.toml if there is one)."""
-        return load(workspace, path)
+    def load(
+        cls, path: str | None = None, workspace: str | None = None, sha256: str | None = None
+    ) -> Policy:
+        """Defaults, then ``path`` (or the workspace's corral.toml if there is one);
+        ``sha256``: what ``path`` must hold (then loaded even if a run could have
+        written it: you vouch for that content)."""
+        return load(workspace, path, sha256)
 
     # -- derived views -------------------------------------------------------
 
@@ -796,14 +800,16 @@ def find_policy_file(workspace: str) -> str | None:
     return candidate if os.path.isfile(candidate) else None
 
 
-def check_found(path: str) -> None:
-    """A policy file corral found itself (not one named): PolicyError if a run in
-    progress, or one that has ended, could have written it (corral.liveruns)."""
+def check_found(path: str, named: bool = False) -> None:
+    """A policy file: PolicyError if a run in progress, or one that has ended,
+    could have written it (corral.liveruns).  ``named``: the caller named it, and
+    may pin what it holds instead (a file named in a script written before an
+    agent rewrote it was loaded as it found it: found by attacking corral)."""
     from corral import liveruns
 
     planted = liveruns.planted_by(path)
     if planted is not None:
-        raise PolicyError(liveruns.refusal(path, *planted))
+        raise PolicyError(liveruns.refusal(path, *planted, named=named))
 
 
 def unchecked_place(path: str) -> str | None:
@@ -909,8 +915,9 @@ def load(
 
     policy.limits.defaults = bounds.defaults_for(bounds.host_facts())
     chosen = path if path is not None else find_policy_file(ws)
+    if chosen is not None and sha256 is None:  # (pinned: its content was vouched for)
+        check_found(chosen, named=path is not None)
     if chosen is not None and path is None:
-        check_found(chosen)
         notice = unchecked_place(chosen)
         if notice:
             import sys

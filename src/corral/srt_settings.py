@@ -543,8 +543,9 @@ def apply(tr: Translation, policy: Policy) -> None:
     net.mode, net.allow, net.deny = tr.mode, list(tr.allow), list(tr.deny)
 
 
-def read(path: str) -> object:
-    """The JSON in ``path``; PolicyError names the file and, for bad JSON, the place."""
+def read(path: str, sha256: str | None = None) -> object:
+    """The JSON in ``path``; PolicyError names the file and, for bad JSON, the place.
+    ``sha256``: what the file must hold (read once: what is checked is what is used)."""
     import json
 
     try:
@@ -552,6 +553,11 @@ def read(path: str) -> object:
             raw = fh.read()
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read settings file: {exc.strerror}") from None
+    if sha256 is not None:
+        import hashlib
+
+        if hashlib.sha256(raw).hexdigest() != sha256.lower():
+            raise PolicyError(f"{path}: the settings file does not hold what was pinned; not run")
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -570,12 +576,16 @@ def _workspace(workspace: str | None) -> str:
     return ws
 
 
-def load(path: str, workspace: str | None = None) -> Policy:
-    """corral's defaults plus the settings in ``path`` (srt's JSON), for ``workspace``."""
-    from corral.policy import Policy
+def load(path: str, workspace: str | None = None, sha256: str | None = None) -> Policy:
+    """corral's defaults plus the settings in ``path`` (srt's JSON), for ``workspace``
+    (``sha256``: what the file must hold; without it, a file a sandboxed run could
+    have rewritten is refused, as a policy file is)."""
+    from corral.policy import Policy, check_found
 
     ws = _workspace(workspace)
-    tr = translate(read(path), path, ws, os.path.expanduser("~"))
+    if sha256 is None:
+        check_found(path, named=True)
+    tr = translate(read(path, sha256), path, ws, os.path.expanduser("~"))
     policy = Policy(ws)
     policy.source = os.path.realpath(path)  # write-protected when inside the workspace
     apply(tr, policy)

@@ -4,6 +4,7 @@ where corral's check after a run does not look (policy.unchecked_place)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -47,9 +48,13 @@ def test_a_policy_file_a_live_run_wrote_is_refused(sandbox: tuple[Corral, Path])
         err = out.stderr.decode()
         assert out.stdout == b"" and err.count("\n") == 1, err
         assert policy in err and f"pid {proc.pid}" in err and "--policy" in err, err
-        # named by the user after review, it loads
+        # named, it is refused as well; pinned by the user after review, it loads
         named = c.run(["run", "-q", "--policy", policy, "--", "true"], cwd=ws)
-        assert named.returncode == 0, named
+        assert named.returncode == 2 and "--policy-sha256 HEX" in named.stderr.decode(), named
+        digest = hashlib.sha256(Path(policy).read_bytes()).hexdigest()
+        pin = ["--policy", policy, "--policy-sha256", digest]
+        pinned = c.run(["run", "-q", *pin, "--", "true"], cwd=ws)
+        assert pinned.returncode == 0, pinned
     finally:
         _end(proc)
     assert not (ws / "corral.toml").exists()  # the run's end quarantined it
@@ -121,3 +126,34 @@ def test_a_policy_file_the_check_after_a_run_missed_is_said(
     c.chown(ws / "corral.toml")
     out = c.sh(ws, "echo ran")
     assert out.returncode == 0 and b"warning" not in out.stderr, out
+
+
+def test_a_named_policy_file_a_run_rewrote_is_refused_until_pinned(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """A run under one named policy file rewrote another one beside it (a CI
+    script names both): the next run naming the rewritten file loaded it, and
+    wrote where the agent had put (found by attacking corral).  Now a named file
+    is checked as a found one is; pinning what it holds vouches for it."""
+    c, ws = tsandbox
+    for name in ("a.toml", "b.toml"):
+        (ws / name).write_text(POLICY)
+        c.chown(ws / name)
+    time.sleep(0.02)  # past the file system clock's tick
+    untouched = c.run(["run", "-q", "--policy", "a.toml", "--", "echo", "ran"], cwd=ws)
+    assert untouched.returncode == 0 and untouched.stdout == b"ran\n", untouched  # the twin
+    wrote = c.run(
+        ["run", "-q", "--policy", "a.toml", "--", "sh", "-c", "echo '# widened' >> b.toml"],
+        cwd=ws,
+    )
+    assert wrote.returncode == 0, wrote
+    refused = c.run(["run", "-q", "--policy", "b.toml", "--", "echo", "ran"], cwd=ws)
+    assert refused.returncode == 2 and refused.stdout == b"", refused
+    err = refused.stderr.decode()
+    assert err.count("\n") == 1 and "b.toml" in err and "--policy-sha256 HEX" in err, err
+    digest = hashlib.sha256((ws / "b.toml").read_bytes()).hexdigest()
+    pinned = c.run(
+        ["run", "-q", "--policy", "b.toml", "--policy-sha256", digest, "--", "echo", "ran"],
+        cwd=ws,
+    )
+    assert pinned.returncode == 0 and pinned.stdout == b"ran\n", pinned

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import threading
@@ -112,7 +113,10 @@ def test_a_policy_file_the_sandbox_writes_is_refused_while_it_lives(
         with pytest.raises(PolicyError) as refused:
             pol.load(str(ws))
         assert policy in str(refused.value) and f"pid {os.getpid()}" in str(refused.value)
-        assert pol.load(str(ws), policy).source == policy  # named after review: loaded
+        with pytest.raises(PolicyError):  # named, checked just as well
+            pol.load(str(ws), policy)
+        digest = hashlib.sha256((ws / "corral.toml").read_bytes()).hexdigest()
+        assert pol.load(str(ws), policy, digest).source == policy  # pinned after review
     assert not (ws / "corral.toml").exists()  # quarantined as the sandbox closed
     time.sleep(0.02)  # past the sandbox's end on the file system's clock
     (ws / "corral.toml").write_text("[filesystem]\ndefaults = false\n")

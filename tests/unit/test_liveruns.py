@@ -3,6 +3,7 @@ policy.unchecked_place: the ones said on stderr."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -41,7 +42,13 @@ def test_a_policy_file_made_during_a_live_run_is_refused(ws: Path) -> None:
         said = str(refused.value)
         assert str(ws / "corral.toml") in said and f"pid {os.getpid()}" in said
         assert "\n" not in said
-        named = pol.load(str(ws), str(ws / "corral.toml"))  # named: the user's choice
+        # named, it is checked just as well (a script names a file an agent then
+        # rewrote), and says how to vouch for it: pin what it holds
+        with pytest.raises(PolicyError) as refused:
+            pol.load(str(ws), str(ws / "corral.toml"))
+        assert "--policy-sha256 HEX" in str(refused.value)
+        digest = hashlib.sha256(POLICY.encode()).hexdigest()
+        named = pol.load(str(ws), str(ws / "corral.toml"), sha256=digest)  # the user's choice
         assert named.source == str(ws / "corral.toml")
     finally:
         marker.remove()
@@ -162,7 +169,10 @@ def test_a_policy_file_changed_while_an_ended_run_could_write_there_is_refused(
     assert said.startswith(f"{planted}: it was made or changed between ") and "\n" not in said
     assert "run run-6" in said and f"pid {os.getpid()}" in said
     assert f"`touch {planted}`" in said and "--policy FILE" in said
-    assert pol.load(str(ws / "during"), str(planted)).source == str(planted)  # named
+    with pytest.raises(PolicyError):  # named: checked too
+        pol.load(str(ws / "during"), str(planted))
+    digest = hashlib.sha256(planted.read_bytes()).hexdigest()
+    assert pol.load(str(ws / "during"), str(planted), sha256=digest).source == str(planted)
     for d in (ws / "before", ws / "after", other):
         assert pol.load(str(d)).source == str(d / "corral.toml")
     os.utime(planted)  # reviewed and touched: after every ended run
