@@ -769,8 +769,11 @@ def _explain(tier: Tier, policy: Policy, command: list[str], passed: tuple[int, 
     if policy.network.mode == "proxy":
         door_path = "127.0.0.1:3128" if tier.door_transport == "tcp" else "/DOOR"
         net = _explained_extras(policy)
+    from corral.errors import visible
+
     host = tier.gather(policy)
-    print(tier.plan(policy, command, door_path, pass_fds=passed, net=net, host=host).describe())
+    plan = tier.plan(policy, command, door_path, pass_fds=passed, net=net, host=host)
+    print(visible(plan.describe()))  # (names the sandbox chose: terminal controls escaped)
     return 0
 
 

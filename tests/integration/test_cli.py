@@ -152,3 +152,19 @@ def test_the_home_directory_is_refused_as_the_workspace(sandbox: tuple[Corral, P
     assert not (c.home / ".local").exists() and r.stdout == b""
     ok = c.run(["run", "-q", "--", "sh", "-c", "echo ran"], cwd=ws)
     assert ok.returncode == 0 and ok.stdout == b"ran\n", ok.stderr
+
+
+def test_explain_shows_names_the_sandbox_chose_escaped(sandbox: tuple[Corral, Path]) -> None:
+    """--explain lists masked files by name: a name an earlier run chose, with
+    terminal controls in it, cleared the screen and forged a line of corral's
+    (found by attacking corral); shown escaped now, like every after-run line."""
+    c, ws = sandbox
+    forged = ".env.\x1b[1A\x1b[2Kcorral: all clear"
+    for name in (".env.local", forged):
+        (ws / name).write_text("KEY=1\n")
+        c.chown(ws / name)
+    r = c.run(["run", "--explain", "--", "true"], cwd=ws)
+    assert r.returncode == 0, r
+    out = r.stdout.decode()
+    assert str(ws / ".env.local") in out  # the twin: a plain name, as it is
+    assert "\x1b" not in out and ".env.\\x1b[1A\\x1b[2Kcorral: all clear" in out
