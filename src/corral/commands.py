@@ -546,17 +546,20 @@ def cmd_pending(args: list[str]) -> int:
     if not held:
         _err("corral: no request is waiting for an answer")
         return 0
-    print(f"{'ID':<9} {'RUN':<19} {'AGE':>5}  {'METHOD':<7} {'HOST':<24} {'PATH':<28} RULE")
+    from corral.net.asking import cut, served_as
+
+    print(f"{'ID':<9} {'RUN':<19} {'AGE':>5}  {'METHOD':<7} {'HOST':<24} {'TARGET':<28} RULE")
     for item in held:
         host = f"{item.get('host')}:{item.get('port')}"
         age = f"{float(item.get('age', 0) or 0):.0f}s"  # type: ignore[arg-type]
-        line = (  # the method and path are the sandbox's: plain text only
+        target = str(item.get("target") or item.get("path"))  # as sent: its query too
+        line = (  # the method and target are the sandbox's: plain text only
             f"{item.get('id')!s:<9} {item.get('run')!s:<19} {age:>5}  {item.get('method')!s:<7} "
-            f"{host:<24} {str(item.get('path'))[:60]:<28} {item.get('rule')}"
+            f"{host:<24} {cut(target, 100):<28} {item.get('rule')}"
         )
         also = item.get("also")
         if isinstance(also, list) and also:  # served as these too (override headers...)
-            line += f"  (also served as: {', '.join(str(a)[:60] for a in also[:4])})"
+            line += f"  (also served as: {served_as([str(a) for a in also])})"
         print(plain(line))
     return 0
 

@@ -269,13 +269,14 @@ def _what(ask: AskInfo) -> str:
     """The held request as the person deciding reads it: plain text only (the
     method and path are the sandbox's; a control in them could redraw the line)."""
     from corral.errors import plain
+    from corral.net.asking import cut, served_as
 
-    where = f"{ask.host}:{ask.port}{ask.path}"
-    also = f", also served as {', '.join(a[:60] for a in ask.also[:4])}" if ask.also else ""
+    where = f"{ask.host}:{ask.port}{ask.target}"  # (as sent: its query too)
+    also = f", also served as {served_as(ask.also)}" if ask.also else ""
     # a guardrail's reason names what a person decides on: its title, risk tier, version
     _, marked, guarded = str(ask.reason or "").partition("needs approval: ")
-    rule = f"{ask.rule}: {guarded[:120]}" if marked and guarded else ask.rule
-    return plain(f"{ask.method} {where[:120]} ({rule}{also})")
+    rule = f"{ask.rule}: {cut(guarded, 120)}" if marked and guarded else ask.rule
+    return plain(f"{ask.method} {cut(where, 200)} ({rule}{also})")
 
 
 def _write(fd: int, data: bytes) -> None:

@@ -249,6 +249,33 @@ def test_the_approval_prompt_shows_the_request_as_plain_text() -> None:
     assert shown == "DELETE api.test:443/x\\x9b2K\\x85 ()" and shown.isprintable()
 
 
+def test_the_approval_prompt_hides_no_method_and_shows_the_query() -> None:
+    """Five override headers: the fifth (DELETE) was cut from the screen, and the
+    query the origin gets was not shown (found by attacking the proxy)."""
+    from corral.net.asking import AskInfo
+    from corral.prompt import _what
+
+    also = ["OPTIONS /v1/x", "PATCH /v1/x", "PUT /v1/x", "GET /v1/x", "DELETE /v1/x"]
+    ask = AskInfo(
+        {
+            "id": "a1",
+            "host": "api.test",
+            "port": 443,
+            "method": "POST",
+            "path": "/v1/docs/_all/_delete_by_query",
+            "target": "/v1/docs%2F_all/_delete_by_query?q=*&refresh=true",
+            "rule": "network.rules[1]",
+            "also": also,
+        }
+    )
+    shown = _what(ask)
+    assert "/v1/docs%2F_all/_delete_by_query?q=*&refresh=true" in shown
+    assert "and 1 more (DELETE; corral pending --json lists them)" in shown
+    few = AskInfo({"id": "a2", "host": "api.test", "port": 443, "method": "POST",
+                   "path": "/v1/x", "also": also[:4]})  # fmt: skip
+    assert _what(few).endswith("also served as OPTIONS /v1/x, PATCH /v1/x, PUT /v1/x, GET /v1/x)")
+
+
 def test_a_host_a_tool_goes_on_to_is_named_with_the_first(tmp_path: Path) -> None:
     """pip asks pypi.org, then files.pythonhosted.org: each was found one blocked run
     (and pip's five retries) at a time (found by trying corral as a new user); the

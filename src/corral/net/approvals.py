@@ -297,6 +297,8 @@ class Hub(Asker):
         }
         if also:  # what the person is asked about, besides the request line
             base["also"] = [f"{m} {p}" for m, p, _ in also]
+        if request is not None and request.target != path:  # as sent (query, escapes)
+            base["target"] = request.target
         if grant is not None:
             self._event({"event": "ask", **base, "answer": "grant", "grant": grant.id})
             return Verdict(True, verdict.rule, f"ask: allowed by grant {grant.id}")

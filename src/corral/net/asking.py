@@ -119,6 +119,7 @@ class AskInfo:
         "rule",
         "run_id",
         "since",
+        "target",
     )
 
     def __init__(self, data: dict[str, object]) -> None:
@@ -131,6 +132,9 @@ class AskInfo:
         self.path = str(data.get("path", ""))
         self.rule = str(data.get("rule", ""))
         self.reason = str(data.get("reason", ""))
+        # the target as the client sent it (its query, escapes as written): what
+        # the origin gets, where ``path`` is the decoded path grants match
+        self.target = str(data.get("target", "") or self.path)
         # what an origin may serve it as besides (override headers, _method): a
         # person approving GET /x must see that it is also DELETE /x
         also = data.get("also")
@@ -140,6 +144,24 @@ class AskInfo:
 
     def __repr__(self) -> str:
         return f"<ask {self.id}: {self.method} {self.host}:{self.port}{self.path} ({self.rule})>"
+
+
+def cut(text: str, most: int) -> str:
+    """``text``, or its first ``most`` characters and an ellipsis: a cut is shown."""
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
+def served_as(also: list[str], most: int = 4) -> str:
+    """What a held request is also served as, for a person to read: the first
+    ``most`` in full (each cut at 60 characters, shown), then how many more and
+    each method among them, so that no method an origin would run goes unseen
+    (a fifth override header named DELETE, and the screen showed four)."""
+    shown = [cut(a, 60) for a in also[:most]]
+    rest = also[most:]
+    if rest:
+        methods = ", ".join(sorted({a.split(" ", 1)[0] for a in rest}))
+        shown.append(f"and {len(rest)} more ({methods}; corral pending --json lists them)")
+    return ", ".join(shown)
 
 
 def check_glob(text: str) -> str:
