@@ -1098,11 +1098,20 @@ class _Planner:
     def add_read_deny(self, entry: str, why: str, if_present: bool = False) -> None:
         path = entry.rstrip("/") or "/"
         if self.present(path):
-            for target in {path, os.path.realpath(path)}:
+            real = os.path.realpath(path)
+            for target in {path, real}:
                 kind = _kind(target)
-                if kind != "missing":
-                    self.add_mask(target, kind == "dir", why)
+                if kind == "missing":
+                    continue
+                # a mount onto a path through a link lands on what it leads to: masking
+                # that masks the path (both: bwrap failed, or a linked directory on
+                # the way read as changed during setup: a file: secret through a link
+                # broke every run, found by attacking corral)
+                if target != real and _kind(real) != "missing":
                     self.plan.read_deny.append(target)
+                    continue
+                self.add_mask(target, kind == "dir", why)
+                self.plan.read_deny.append(target)
             return
         if if_present or self.in_writable(path) or self.in_private_tmp(path):
             return  # only the sandbox itself could create it in a writable place

@@ -18,6 +18,7 @@ import os
 import ssl
 import subprocess
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -772,3 +773,27 @@ def test_git_over_https_clone_works_push_is_refused(
         assert any(e.get("scheme") == "https" and e["decision"] == "allow" for e in net_log(c))
     finally:
         origin.close()
+
+
+@pytest.mark.parametrize("named", ["link", "dirlink/token"])
+def test_a_secret_file_reached_through_a_link_is_masked_and_the_run_starts(
+    tsandbox: tuple[Corral, Path], named: str
+) -> None:
+    """``from = "file:link"`` (a link to the token, or a path through a linked
+    directory): every run failed to start, bwrap mounting the mask twice or the
+    linked directory read as changed during setup (found by attacking the proxy).
+    Now it runs, the token unreadable by every name; a file beside it reads (the twin)."""
+    c, ws = tsandbox
+    (ws / "real").mkdir()
+    (ws / "real" / "token").write_text("tok-" + uuid.uuid4().hex + "\n")
+    (ws / "real" / "notes").write_text("readable\n")
+    (ws / "link").symlink_to("real/token")
+    (ws / "dirlink").symlink_to("real")
+    write_policy(ws, c, f'[secrets.TOK]\nfrom = "file:{named}"\nhosts = ["127.0.0.1:9"]\n')
+    c.chown(ws)
+    script = "cat real/notes; for f in real/token link dirlink/token; do cat $f || echo no-$f; done"
+    r = c.run(["run", "-q", "--", "sh", "-c", script], cwd=ws)
+    assert r.returncode == 0, r
+    out = r.stdout.decode()
+    assert out.startswith("readable\n") and "tok-" not in out, out
+    assert out.count("no-") == 3, out
