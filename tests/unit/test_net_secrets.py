@@ -679,3 +679,31 @@ def test_a_stream_goes_on_as_it_comes_but_for_what_could_start_an_echo(
     assert echo_filter.feed(b"ed\n\n") == b"sk-red\n\n"  # ... and was not
     assert echo_filter.feed(b"q=%73%6B") == b"q="  # the value percent-encoded, cut short
     assert echo_filter.end() == b"%73%6B"
+
+
+def _respelled(ph: str) -> list[tuple[str, list[tuple[bytes, bytes]]]]:
+    """A placeholder as an origin still reads it: each spelling got through to
+    another host (found by attacking the proxy)."""
+    once = "".join(f"%{b:02X}" for b in ph.encode())
+    creds = base64.b64encode(f"u:{ph}".encode())
+    return [
+        ("/", [(b"x-api-key", ph.upper().encode())]),
+        (f"/x?k={ph.upper()}", []),
+        ("/", [(b"x-api-key", once.encode())]),
+        (f"/x?k={once.replace('%', '%25')}", []),  # encoded twice
+        ("/", [(b"authorization", b"Basic " + creds.rstrip(b"="))]),
+        ("/", [(b"authorization", b"Basic\t" + creds)]),
+        ("/", [(b"authorization", b"Basic " + base64.urlsafe_b64encode(f"u:{ph}?>".encode()))]),
+    ]
+
+
+def test_a_placeholder_respelled_for_another_host_is_denied(hook: SecretsHook) -> None:
+    ph = placeholder(hook, "API_KEY")
+    for target, headers in _respelled(ph):
+        allowed, req, _ = exchange(hook, "evil.test", target, headers)
+        assert allowed is False, (target, headers)
+        assert req.audit == {"secrets": ["API_KEY"]}
+        # the twin: the same request to the secret's own host goes through
+        assert exchange(hook, "api.test", target, headers)[0] is None, (target, headers)
+    plain = exchange(hook, "evil.test", "/x?k=corral-secret-elsewhere%41", [])  # no placeholder
+    assert plain[0] is None

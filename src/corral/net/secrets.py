@@ -56,6 +56,10 @@ if TYPE_CHECKING:
 
 PREFIX = b"corral-secret-"
 PREFIX_TEXT = PREFIX.decode()
+# the prefix in any case: an origin reads a placeholder upper-cased as well as
+# lower-cased (the placeholder got through so, found by attacking the proxy)
+_PREFIX_ANY = re.compile(re.escape(PREFIX_TEXT), re.IGNORECASE).search
+UNESCAPE_DEPTH = 3  # percent-decodings tried in turn (%2563 is %63 is c)
 MAX_VALUE = 8 * 1024  # a credential, not a document; it has to fit in a header
 WRONG_HOST = "secret-wrong-host"
 PLAIN_HTTP = "secret-plain-http"
@@ -227,6 +231,18 @@ def read_value(secret: Secret, policy: Policy) -> bytes:
     return raw
 
 
+def _unescapings(text: str) -> str:
+    """``text`` and its percent-decodings, each decoded again while that changes
+    it (at most UNESCAPE_DEPTH), one per line: where to look for a placeholder."""
+    out = [text]
+    while "%" in out[-1] and len(out) <= UNESCAPE_DEPTH:
+        decoded = _decoded(out[-1].encode("latin-1")).decode("latin-1")
+        if decoded == out[-1]:
+            break
+        out.append(decoded)
+    return "\n".join(out)
+
+
 def _decoded(target: bytes) -> bytes:
     """The target with percent-escapes decoded (leniently: only to look for
     placeholders, never to send)."""
@@ -244,12 +260,21 @@ def _decoded(target: bytes) -> bytes:
 
 
 def _basic(value: bytes) -> bytes | None:
-    """The decoded credentials of ``Basic <base64>`` (the scheme in any case), or None."""
-    scheme, _, token = value.partition(b" ")
+    """The decoded credentials of ``Basic <base64>`` (the scheme in any case, any
+    blank after it, padding or not, either base64 alphabet: as lenient servers
+    read them), or None."""
+    scheme, _, token = value.strip().partition(b" ")
+    if b"\t" in scheme:
+        scheme, _, rest = scheme.partition(b"\t")
+        token = rest + token
     if scheme.lower() != b"basic":
         return None
+    token = token.strip()
+    token += b"=" * (-len(token) % 4)
     try:
-        return base64.b64decode(token.strip(), validate=True)
+        if b"-" in token or b"_" in token:
+            return base64.urlsafe_b64decode(token)
+        return base64.b64decode(token, validate=True)
     except (binascii.Error, ValueError):
         return None
 
@@ -373,8 +398,8 @@ class SecretsHook(Hook):
         seen = self._seen(dest, request.headers)
         self._last = (request, seen)
         target = request.target
-        if PREFIX_TEXT in target or "%" in target or PREFIX_TEXT in request.method:
-            in_target = self._in_target(target) + tuple(self._find(request.method))
+        if "%" in target or _PREFIX_ANY(target) or _PREFIX_ANY(request.method):
+            in_target = self._in_target(target) + self._any_case(request.method)
             if in_target:
                 names, verdict = seen.plan.carrying(dest.host, seen.found + in_target)
                 request.audit["secrets"] = names
@@ -453,21 +478,24 @@ class SecretsHook(Hook):
     def _in_headers(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, ...]:
         """This run's placeholders in header values and names, Basic credentials
         included."""
-        parts = [_values_text(headers)]
-        names = b"\n".join(k for k, _ in headers).decode("latin-1")  # (lower-cased)
-        in_names = tuple(self._by_lower[f.lower()] for f in self._find_any_case(names))
+        values = _values_text(headers)
+        parts = [_unescapings(values) if "%" in values else values]
+        parts.append(b"\n".join(k for k, _ in headers).decode("latin-1"))  # (lower-cased)
         for key, value in headers:
-            if key == b"authorization":
+            if key in (b"authorization", b"proxy-authorization"):
                 decoded = _basic(value)
                 if decoded is not None:
                     parts.append(decoded.decode("latin-1"))
         # (no placeholder holds a newline: none is made of two parts joined here)
-        return tuple(self._find("\n".join(parts))) + in_names
+        return self._any_case("\n".join(parts))
 
     def _in_target(self, target: str) -> tuple[str, ...]:
         """This run's placeholders in a target, as it is and percent-decoded."""
-        decoded = _decoded(target.encode("latin-1")).decode("latin-1")
-        return tuple(self._find(target + "\n" + decoded))
+        return self._any_case(_unescapings(target))
+
+    def _any_case(self, text: str) -> tuple[str, ...]:
+        """This run's placeholders in ``text``, in any case (each as it is made)."""
+        return tuple(self._by_lower[f.lower()] for f in self._find_any_case(text))
 
 
 def _names_sharing_a_pin(policy: Policy) -> frozenset[str]:
