@@ -279,3 +279,22 @@ def test_a_networked_sandboxs_waiting_agent_is_given_its_relays_arguments(
     policy.network.mode = "none"
     offline = agent_plan(policy, facts).strategy.vm.launch  # type: ignore[attr-defined]
     assert offline.waiting and "relay" not in json.loads(bytes.fromhex(guest.go(offline)))
+
+
+def test_a_first_run_says_it_boots_and_saves_a_state(
+    policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first microvm run took 7 s in silence (booting, then saving the state later
+    runs restore): it says so, once; a run whose state is saved says nothing."""
+    monkeypatch.delenv("CORRAL_VM_WARM", raising=False)
+    facts = facts_for(policy)
+    first = MicroVMTier().plan(policy, ["true"], host=facts)
+    assert isinstance(first.strategy, VmStrategy)
+    key = first.strategy.vm.warm_key
+    said = [n for n in first.notes if n.startswith("no saved state of this machine yet")]
+    assert len(said) == 1
+    assert facts.vm is not None
+    facts.vm.saved = frozenset({key})
+    later = MicroVMTier().plan(policy, ["true"], host=facts)
+    assert isinstance(later.strategy, VmStrategy) and later.strategy.vm.warm_key == key
+    assert not [n for n in later.notes if n.startswith("no saved state")]

@@ -190,6 +190,7 @@ class VmHost:
         "initrd",
         "owner",
         "qemu",
+        "saved",
         "state_inputs",
         "uid",
     )
@@ -222,6 +223,7 @@ class VmHost:
         self.cache = cache  # this user's VM cache: the saved states
         # what a saved state depends on besides QEMU's argv (corral.vm.snapshot)
         self.state_inputs = list(state_inputs)
+        self.saved: frozenset[str] = frozenset()  # the keys of the states in the cache
         # a Sandbox's machine: its initramfs (with the agent's Python) and state
         # inputs, or why it has none (its agent then starts as any command)
         self.agent: AgentMachine | str = "not gathered"
@@ -266,6 +268,7 @@ def gather(probe_now: bool = True, agent: bool = False) -> VmHost:
         cache,
         inputs,
     )
+    host.saved = snapshot.saved_keys(cache)
     if agent:
         host.agent = _agent_machine(assets, busybox, cache, inputs)
     return host
@@ -373,6 +376,12 @@ def build(
     plan.request = guest.request(plan.shares, plan.guest_mounts, plan.launch)
     machine = _machine(host, vcpus, memory_mib, plan.shares, name, console)
     _sandbox(plan, host, machine, ready)
+    if snapshot.enabled(console) and plan.warm_key not in host.saved:
+        # (a first run took 7 s here in silence: say why, once)
+        plan.notes.append(
+            "no saved state of this machine yet: this run boots the guest and saves "
+            "its state (some seconds, once); later runs restore it"
+        )
     return plan
 
 

@@ -103,6 +103,15 @@ def state_path(cache: str, key: str) -> str:
     return os.path.join(cache, f"{PREFIX}{key}")
 
 
+def saved_keys(cache: str) -> frozenset[str]:
+    """The keys of the states saved in ``cache`` (a host fact a plan reads)."""
+    try:
+        names = os.listdir(cache)
+    except OSError:
+        return frozenset()
+    return frozenset(n[len(PREFIX) :] for n in names if n.startswith(PREFIX))
+
+
 class Warm:
     """How one start goes: ``restore`` the state at ``path``, or boot (and
     ``save`` one there); ``why``: why it does not restore ("" when it does)."""
