@@ -261,6 +261,7 @@ LOG_OPTIONS: Options = {
     "-n": ("n", "value", "N", "how many records (default 20; 0: none)"),
     "--json": ("json", "flag", "", "the raw JSON lines"),
     "--run": ("run", "value", "ID", "only the run whose id starts with ID"),
+    "--workspace": ("workspace", "value", "DIR", "only the runs in workspace DIR (. for here)"),
     "--log": (
         "log",
         "value",

@@ -405,17 +405,20 @@ def cmd_log(args: list[str]) -> int:
             flag = "--" + name.replace("_", "-")
             raise CorralError(f"{flag} filters the network audit log: use it with --net")
     run = str(opts.get("run") or "")
+    workspace = os.path.realpath(str(opts["workspace"])) if opts.get("workspace") else None
     records = [
         r
         for r in runlog.read(str(opts["log"]) if opts.get("log") else None)
         if str(r.get("run_id", "")).startswith(run)
+        and (workspace is None or r.get("workspace") == workspace)
     ]
     records = records[-count:] if count else []
     if opts.get("json"):
         return _print_json_lines(records)
     if not records and count:  # (a new user saw nothing at all, and wondered)
         where = str(opts["log"]) if opts.get("log") else runlog.default_path()
-        _err(f"corral: no run{' ' + run if run else ''} recorded in {where}")
+        there = f" in workspace {workspace}" if workspace else ""
+        _err(f"corral: no run{' ' + run if run else ''}{there} recorded in {where}")
     for r in records:
         command = _shown_command(r)
         hits = r.get("limits_hit") or []

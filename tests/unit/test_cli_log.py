@@ -132,3 +132,18 @@ def test_one_run_asked_for_shows_what_it_refused(
     assert capsys.readouterr().out.splitlines()[1] == '    {"kind": "file", "path": "/x"}'
     assert cli.main(["log", "--log", str(path)]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_log_of_one_workspace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new user with several projects could not tell whose runs were whose."""
+    path = tmp_path / "runs.jsonl"
+    here, there = tmp_path / "here", tmp_path / "there"
+    for i, ws in enumerate((here, there, here)):
+        ws.mkdir(exist_ok=True)
+        runlog.append({**RECORDS[i], "workspace": str(ws)}, str(path))
+    assert cli.main(["log", "--log", str(path), "--workspace", str(here)]) == 0
+    shown = [line.split()[1] for line in capsys.readouterr().out.splitlines()]
+    assert shown == ["r0", "r2"]
+    assert cli.main(["log", "--log", str(path), "--workspace", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and f"no run in workspace {tmp_path} recorded" in out.err
