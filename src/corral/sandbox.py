@@ -716,8 +716,11 @@ class Sandbox:
             os.close(self._stderr_r)
             self._stderr_r = -1
         for proc in list(self._procs.values()):
-            if proc.running:
+            if proc.running:  # killed with the sandbox: its time so far, its output
                 proc.result.exit_code = 128 + signal.SIGKILL
+                proc.result.duration = time.monotonic() - proc._began
+                with proc._lock:
+                    proc.result.stdout, proc.result.stderr = bytes(proc._out), bytes(proc._err)
                 proc._done.set()
                 self._note(proc)
         refused: list[dict[str, object]] = []

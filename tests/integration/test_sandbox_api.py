@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT_BASE, pids_matching, wait_for
 
+from corral import ExecResult
 from corral import policy as pol
 from corral.sandbox import (
     AsyncSandbox,
@@ -678,3 +679,28 @@ def test_async_exec_alone_and_reset(home_ws: tuple[Path, Path]) -> None:
     out, gone, left = asyncio.run(main())
     assert out == b"a\nb\n"  # one stream, in order
     assert gone["removed"] == 1 and "t\n" not in left and "u" not in left, left
+
+
+def test_a_command_the_close_killed_keeps_its_time_and_output(
+    home_ws: tuple[Path, Path], tier: TierCase
+) -> None:
+    """An exec still running (in another thread) at close() was reported with
+    duration 0.000 and no output (found by trying corral as a new user); the
+    twin, one that finished first, keeps both as before."""
+    _, ws = home_ws
+    box = Sandbox(pol.load(str(ws)), **tier.api)
+    done = box.exec("echo early")
+    said = threading.Event()
+    got: list[ExecResult] = []
+    worker = threading.Thread(
+        target=lambda: got.append(box.exec("echo hi; sleep 30", on_stdout=lambda _: said.set()))
+    )
+    worker.start()
+    assert said.wait(30)
+    time.sleep(0.5)
+    box.close()
+    worker.join(30)
+    assert done.exit_code == 0 and done.stdout == b"early\n" and done.duration > 0
+    (r,) = got
+    assert r.exit_code == 128 + signal.SIGKILL and r.stdout == b"hi\n", r
+    assert 0.4 < r.duration < 30
