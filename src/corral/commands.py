@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from corral.net.ca import CA
     from corral.net.door import Door
     from corral.net.hooks import Chain
+    from corral.net.trust import UpstreamTrust
     from corral.policy import Policy
     from corral.tiers.base import Health, Tier
 
@@ -742,9 +743,9 @@ def cmd_k8s(args: list[str]) -> int:
     return 0
 
 
-def _serve_ca(policy: Policy) -> CA | None:
+def _serve_ca(policy: Policy) -> tuple[CA, UpstreamTrust] | None:
     """``proxy serve``'s CA when its policy intercepts (its clients must trust the
-    certificate file named on stderr), else None."""
+    certificate file named on stderr), and what it trusts upstream; else None."""
     from corral.net.hooks import chain_for
 
     if not chain_for(policy).may_inspect:
@@ -756,7 +757,7 @@ def _serve_ca(policy: Policy) -> CA | None:
         )
     from corral.net.door import _open_ca
 
-    ca = _open_ca(policy)
+    ca, trust = _open_ca(policy)
     if ca.origin == "user":
         from corral.net.ca import user_ca_cert
         from corral.runlog import state_dir
@@ -765,7 +766,7 @@ def _serve_ca(policy: Policy) -> CA | None:
     else:
         shown = policy.tls.ca_cert
     _err(f"corral: TLS inspection on: clients must trust {shown}")
-    return ca
+    return ca, trust
 
 
 def _listeners(listen: str, count: int) -> list[socket.socket]:
@@ -810,7 +811,7 @@ def _proxy_worker(
     run_id: str,
     audit_path: str,
     life_r: int | None,
-    ca: CA | None = None,
+    ca: tuple[CA, UpstreamTrust] | None = None,
 ) -> None:
     """One proxy process serving pre-bound sockets until a signal (or, for the extra
     workers, until the first worker closes the life pipe)."""
@@ -829,7 +830,7 @@ def _proxy_worker(
         if ca is not None:
             from corral.net.tls import Interceptor
 
-            tls = Interceptor(ca, policy.tls.upstream_ca)
+            tls = Interceptor(*ca)
         proxy = Proxy(chain, audit, policy.network.hosts, tls=tls)
         proxy.guard(run_id)  # an unexpected exception: one audit line, not a traceback
         for sock in sockets:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import time
 
-from corral import defaults, runlog
+from corral import runlog
 from corral.paths import inside
 
 LIVE = "live"
@@ -149,15 +149,15 @@ class Marker:
         self.kept: dict[str, int] = {}  # see keep()
 
     def keep(self, restored: list[str]) -> None:
-        """Of the paths corral put back after the run (landlock's write-deny paths:
-        their content as at launch), the policy files, with their change times now:
-        the restore changed them, within the run's window, and they are the user's."""
+        """The paths corral put back after the run (landlock's write-deny paths:
+        their content as at launch), with their change times now: the restore
+        changed them, within the run's window, and they are the user's (a policy
+        file, a named one, a ``[tls]`` file: each is checked when loaded)."""
         for path in restored:
-            if os.path.basename(path) == defaults.POLICY_FILENAME:
-                try:
-                    self.kept[os.path.realpath(path)] = os.stat(path).st_ctime_ns
-                except OSError:
-                    pass
+            try:
+                self.kept[os.path.realpath(path)] = os.stat(path).st_ctime_ns
+            except OSError:
+                pass
 
     def remove(self) -> None:
         """The run is over (and its quarantine done): no longer live, journaled
@@ -335,10 +335,13 @@ def planted_by(path: str) -> tuple[LiveRun, str] | None:
     return None
 
 
-def refusal(path: str, run: LiveRun, where: str = "", named: bool = False) -> str:
+def refusal(
+    path: str, run: LiveRun, where: str = "", named: bool = False, pinned: bool = True
+) -> str:
     """The one line that says why ``path`` is not loaded, and what to do
     (``where``: the file that run could have changed, the link or its target;
-    ``named``: a file the caller named, whose content it may pin instead)."""
+    ``named``: a file the caller named, whose content it may pin instead, if
+    ``pinned``: a policy file; a ``[tls]`` file it names cannot be)."""
 
     def clock(ns: int) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
@@ -348,6 +351,8 @@ def refusal(path: str, run: LiveRun, where: str = "", named: bool = False) -> st
         name_it = (
             f"pin what it holds (--policy-sha256 HEX, or Policy.load(FILE, sha256=HEX);"
             f" HEX: sha256sum {path})"
+            if pinned
+            else ""
         )
     since = time.strftime("%H:%M:%S", time.localtime(run.start / 1e9))
     if run.end is not None:
@@ -359,11 +364,11 @@ def refusal(path: str, run: LiveRun, where: str = "", named: bool = False) -> st
             f"{clock(run.end)}, where run {run.run_id} (corral pid {run.pid}), since "
             "ended, could write: that run may have written it, so it is not loaded; "
             f"if it is yours, review it, then `{touch}` (its change time is then after "
-            f"that run) or {name_it}"
+            f"that run){' or ' + name_it if name_it else ''}"
         )
     return (
         f"{path} was made or changed after {since}, where the run in progress since "
         f"then (corral pid {run.pid}) can write: that run may have written it, so it "
-        f"is not loaded; if it is yours, review it and {name_it}, or wait for that "
-        "run to end"
+        f"is not loaded; if it is yours, review it{' and ' + name_it if name_it else ''}, "
+        "or wait for that run to end"
     )

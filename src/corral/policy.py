@@ -305,6 +305,9 @@ class Policy:
         items += self.filesystem.write_deny
         # guardrail files are policy too: what the next run enforces
         items += [d.rstrip("/") + "/" for d in self.guardrails.dirs]
+        # and so are the [tls] files: what the proxy trusts upstream, and the CA
+        # certificate clients are told to trust (the key is masked: read_deny_paths)
+        items += [p for p in (self.tls.ca_cert, *self.tls.upstream_ca) if p]
         return items
 
     def to_dict(self) -> dict[str, object]:
@@ -765,17 +768,38 @@ def check_tls(policy: Policy) -> None:
         *(("upstream_ca", p) for p in tls.upstream_ca),
     ):
         if path:
-            try:
-                with open(path, "rb") as fh:
-                    fh.read(1)
-            except OSError as exc:
-                raise PolicyError(f"{where}.{key}: cannot read {path}: {exc.strerror}") from None
+            _check_tls_file(f"{where}.{key}", path)
     if tls.passthrough:
         from corral.net.hooks import hooks_for, passthrough_conflict
 
         conflict = passthrough_conflict(tls.passthrough, hooks_for(policy))
         if conflict:
             raise PolicyError(f"{policy.source}: {conflict}" if policy.source else conflict)
+
+
+def _check_tls_file(key: str, path: str) -> None:
+    """A ``[tls]`` file is policy too (what the proxy trusts, or signs with): a
+    plain file that is readable (a FIFO is never waited on), and not one a
+    sandboxed run could have written (corral.liveruns): one rewritten with the
+    sandbox's own CA made the proxy trust an origin it refused (found by
+    attacking corral).  PolicyError naming ``key`` otherwise."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            plain = stat.S_ISREG(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise PolicyError(f"{key}: cannot read {path}: {exc.strerror}") from None
+    if not plain:
+        raise PolicyError(f"{key}: {path} is not a plain file")
+    from corral import liveruns
+
+    planted = liveruns.planted_by(path)
+    if planted is not None:
+        raise PolicyError(f"{key}: " + liveruns.refusal(path, *planted, True, pinned=False))
 
 
 def check_guardrails(policy: Policy) -> list[Guardrail]:

@@ -308,6 +308,37 @@ def test_untrusted_origin_is_a_502_with_reason_and_audit(tls_setup: Setup) -> No
     assert line["status"] == 502 and line["decision"] == "deny" and line["rule"] == "upstream-tls"
 
 
+def test_an_upstream_ca_file_in_the_workspace_is_not_the_sandboxs_to_change(
+    tls_setup: Setup,
+) -> None:
+    """``[tls] upstream_ca`` in the workspace: a run copied its own CA over it and
+    the proxy (reading it later, in a worker) trusted an origin it refused, in
+    that run and every run after (found by attacking corral).  Now the file is
+    read before the sandbox starts and write-protected like the policy; the
+    origin the real CA vouches for stays reachable (the twin)."""
+    s = tls_setup
+    certs = s.ws / "certs"
+    certs.mkdir()
+    shutil.copy(s.ca.cert_path, certs / "registry.pem")
+    shutil.copy(s.dir / "stranger" / "test-ca.pem", s.ws / "payload.pem")
+    s.c.chown(s.ws)
+    s.policy()
+    policy = s.ws / "corral.toml"
+    policy.write_text(policy.read_text().replace(str(s.ca.cert_path), "certs/registry.pem"))
+    s.c.chown(policy)
+    bad = s.url("/echo/bad", "bad.test", s.untrusted)
+    probe = f"""
+        {CURL} -o /dev/null -w 'bad=%{{http_code}}\n' {bad}
+        {CURL} -o /dev/null -w 'good=%{{http_code}}\n' {s.url("/echo/good")}
+    """
+    out, err, code = s.run(f"cp payload.pem certs/registry.pem 2>/dev/null; {probe}")
+    assert "bad=502" in out and "good=200" in out, (out, err, code)
+    out, err, code = s.run(probe)  # the next run: the file as the user left it
+    assert code == 0 and "bad=502" in out and "good=200" in out, (out, err, code)
+    assert s.untrusted.requests == []
+    assert (certs / "registry.pem").read_bytes() == s.ca.cert_path.read_bytes()
+
+
 def test_ca_key_stays_outside_and_ephemeral_leaves_nothing(tls_setup: Setup) -> None:
     s = tls_setup
     s.policy()

@@ -577,6 +577,7 @@ def _address_world(
     audit, the placeholder and name.test:PORT."""
     from corral.net import ca as calib
     from corral.net.tls import Interceptor
+    from corral.net.trust import UpstreamTrust
 
     policy = Policy(str(tmp_path))
     policy.network.mode = "proxy"
@@ -589,7 +590,9 @@ def _address_world(
     allowed = [name, f"alias.test:{origin.port}", f"127.0.0.1:{origin.port}"]
     chain = Chain([HostRulesHook(HostRules.parse(allowed, []), pins), hook], passthrough)
     audit = Audit(str(tmp_path / "net.jsonl"))
-    interceptor = Interceptor(calib.create("corral test CA", 1, "ephemeral"), [])
+    interceptor = Interceptor(
+        calib.create("corral test CA", 1, "ephemeral"), UpstreamTrust([], None)
+    )
     proxy = Proxy(chain, audit, pinned=pins, tls=interceptor)
     return ProxyThread(proxy, "r"), audit, hook.sandbox_env()["K"], name
 

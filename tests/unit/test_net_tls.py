@@ -39,6 +39,7 @@ from corral.net.hooks import (
 from corral.net.proxy import Proxy
 from corral.net.rules import HostRules, Verdict
 from corral.net.tls import Interceptor
+from corral.net.trust import UpstreamTrust
 from tests.tls_origin import NODE_CONNECT_CLIENT, Origin, OriginCA, ProxyThread
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -109,7 +110,8 @@ class Harness:
         chain = Chain([HostRulesHook(HostRules.parse(allow, [])), *hooks], passthrough)
         self.audit_path = tmp / "net.jsonl"
         self.audit = Audit(str(self.audit_path))
-        self.interceptor = Interceptor(self.ca, [str(self.test_ca.cert_path)])
+        upstream = UpstreamTrust([self.test_ca.cert_path.read_text()], None)
+        self.interceptor = Interceptor(self.ca, upstream)
         pinned = {"origin.test": "127.0.0.1", "other.test": "127.0.0.1"}
         self.proxy = Proxy(chain, self.audit, pinned, tls=self.interceptor, asker=asker)
         self.served = ProxyThread(self.proxy, "run-tls")
@@ -167,7 +169,7 @@ def status(out: subprocess.CompletedProcess[str]) -> int:
 
 
 def test_leaf_for_a_new_host_within_15ms_and_cached_within_0_2ms() -> None:
-    interceptor = Interceptor(calib.create("timing CA", 1, "ephemeral"), [])
+    interceptor = Interceptor(calib.create("timing CA", 1, "ephemeral"), UpstreamTrust([], None))
     interceptor.server_context("warm.test")  # the worker's leaf key is made once
     fresh = []
     for n in range(20):
@@ -666,3 +668,31 @@ def test_an_idle_upstream_serves_the_runs_next_connection_then_expires(
     time.sleep(0.1)
     assert curl(h, h.url("/echo/later")).returncode == 0
     assert len(h.origin.alpn) == 2  # kept no longer than PARK_IDLE: a new one
+
+
+def test_tls_files_are_read_once_plain_files_only(tmp_path: Path) -> None:
+    """What the proxy trusts upstream is read before the sandbox starts (a file
+    the sandbox rewrote later was trusted); a FIFO there is refused, never
+    waited on (it hung every run); SSL_CERT_FILE is read with them."""
+    from corral.errors import PolicyError
+    from corral.net.trust import upstream_trust
+    from corral.policy import Policy, check_tls
+
+    ca = calib.create("upstream test CA", 1, "ephemeral")
+    good = tmp_path / "good.pem"
+    good.write_bytes(ca.cert_pem)
+    fifo = tmp_path / "fifo.pem"
+    os.mkfifo(fifo)
+    read = upstream_trust([str(good)], {"SSL_CERT_FILE": str(good)})
+    assert read.extra == [ca.cert_pem.decode()] and read.store == ca.cert_pem.decode()
+    good.write_bytes(b"rewritten later\n")  # (what a worker would have read then)
+    assert read.extra == [ca.cert_pem.decode()]
+    assert upstream_trust([], {}).store is None  # the host's own store
+    with pytest.raises(PolicyError, match="no PEM CA certificate"):
+        upstream_trust([str(fifo)], {})
+    policy = Policy(str(tmp_path))
+    policy.tls.upstream_ca = [str(fifo)]
+    with pytest.raises(PolicyError, match="is not a plain file"):
+        check_tls(policy)
+    policy.tls.upstream_ca = [str(tmp_path / "good.pem")]  # the twin: a plain file passes
+    check_tls(policy)

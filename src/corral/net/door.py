@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from corral.net.ca import CA
     from corral.net.hooks import Chain
     from corral.net.proxy import Proxy
-    from corral.net.trust import NetExtras
+    from corral.net.trust import NetExtras, UpstreamTrust
     from corral.netns import Listener
     from corral.policy import Policy
 
@@ -239,6 +239,7 @@ class Door:
         self._ending: tuple[list[int], bytes] | None = None
         self._fds: list[int] = []  # bound, not yet handed to a proxy
         self.ca: CA | None = None  # corral's CA, when this run can intercept TLS
+        self.trust: UpstreamTrust | None = None  # ... and what it trusts upstream
         self.extras: NetExtras | None = None  # what the sandbox gets beside the address
         self.chain: Chain | None = None  # built (and its hooks opened) here, when they act here
 
@@ -341,7 +342,7 @@ class Door:
         chain.open()  # the workers get this chain, opened, by fork
         self.extras = NetExtras(env=chain.sandbox_env())
         if chain.may_inspect:
-            self.ca = _open_ca(self.policy)
+            self.ca, self.trust = _open_ca(self.policy)
             from corral.net import trust
 
             found = trust.system_bundles()
@@ -581,18 +582,15 @@ def _hooks_act_here(policy: Policy) -> bool:
     )
 
 
-def _open_ca(policy: Policy) -> CA:
+def _open_ca(policy: Policy) -> tuple[CA, UpstreamTrust]:
     """This run's CA (PolicyError naming the key when the user's own cannot be
-    used), after checking the ``upstream_ca`` files the workers will load."""
-    from corral.errors import PolicyError
+    used), and what its workers trust upstream, read now (corral.net.trust)."""
     from corral.net.ca import ca_for
-    from corral.net.trust import check_upstream_ca
+    from corral.net.trust import upstream_trust
     from corral.runlog import state_dir
 
-    problem = check_upstream_ca(policy.tls.upstream_ca)
-    if problem:
-        raise PolicyError(problem)
-    return ca_for(policy.tls, state_dir())
+    trust = upstream_trust(policy.tls.upstream_ca)
+    return ca_for(policy.tls, state_dir()), trust
 
 
 def _private_dir(prefix: str) -> str:
@@ -838,7 +836,8 @@ def _serve(
         if door.ca is not None:
             from corral.net.tls import Interceptor
 
-            tls = Interceptor(door.ca, door.policy.tls.upstream_ca)
+            assert door.trust is not None  # (read with the CA)
+            tls = Interceptor(door.ca, door.trust)
         hub = None
         if door.asks:
             from corral.net.approvals import Hub

@@ -31,6 +31,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from corral.net.hooks import Destination
     from corral.net.proxy import Proxy, Upstream
+    from corral.net.trust import UpstreamTrust
 
 HANDSHAKE_TIMEOUT = 30.0  # as a request head (proxy.HEAD_TIMEOUT)
 PEEK_LIMIT = 16 * 1024
@@ -44,9 +45,9 @@ class Interceptor:
     """One per proxy worker: the leaf key, the leaf contexts per host, and the
     context that verifies origins."""
 
-    def __init__(self, ca: CA, upstream_ca: list[str]) -> None:
+    def __init__(self, ca: CA, trust: UpstreamTrust) -> None:
         self.ca = ca
-        self.upstream_ca = upstream_ca
+        self.trust = trust
         self._issuer: Issuer | None = None  # made on first use: after the fork
         self._upstream: ssl.SSLContext | None = None
         self._servers: dict[str, tuple[ssl.SSLContext, float]] = {}
@@ -54,7 +55,7 @@ class Interceptor:
     @property
     def upstream(self) -> ssl.SSLContext:
         if self._upstream is None:
-            self._upstream = upstream_context(self.upstream_ca)
+            self._upstream = upstream_context(self.trust)
         return self._upstream
 
     def server_context(self, host: str) -> ssl.SSLContext:
@@ -75,11 +76,12 @@ class Interceptor:
         return context
 
 
-def upstream_context(extra_cas: list[str]) -> ssl.SSLContext:
-    """Verifies origins: the host's trust store, always, plus ``[tls] upstream_ca``."""
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    for path in extra_cas:
-        context.load_verify_locations(cafile=path)
+def upstream_context(trust: UpstreamTrust) -> ssl.SSLContext:
+    """Verifies origins: the host's trust store (or the SSL_CERT_FILE corral was
+    started with), always, plus ``[tls] upstream_ca``; all read before the run."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=trust.store)
+    for text in trust.extra:
+        context.load_verify_locations(cadata=text)
     context.set_alpn_protocols(ALPN)
     return context
 

@@ -18,6 +18,7 @@ and the one file), so tier plans stay unit-testable.
 from __future__ import annotations
 
 import os
+import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ INSIDE_BUNDLE = "/run/corral/ca-bundle.pem"
 USER_CA = os.path.join("ca", "corral-ca.pem")
 USER_CA_CERT = os.path.join("ca", "corral-ca.crt")
 BUNDLE_NAME = "ca-bundle.pem"
+PEM_MAX = 16 << 20  # a certificate file larger than this is no CA file
 # Where distributions keep the bundle most TLS libraries read (OpenSSL's default
 # file, Go, curl, Python's ssl, Node with --use-openssl-ca, rustls-native-certs).
 SYSTEM_BUNDLES = (
@@ -197,19 +199,64 @@ def _reencoded(data: bytes) -> bytes:
     return b"".join(out)
 
 
-def check_upstream_ca(paths: list[str]) -> str | None:
-    """Why an ``upstream_ca`` file cannot be used (checked before a run starts)."""
-    if not paths:
-        return None
+class UpstreamTrust:
+    """What the proxy trusts for origins, read once in corral's process before
+    the sandbox starts (the workers get it by fork): the ``[tls] upstream_ca``
+    files' certificates, and those of an ``SSL_CERT_FILE`` corral was started
+    with (which replaces the host's store, as OpenSSL has it).  Read later, in a
+    worker, a file the sandbox could write was rewritten with its own CA during
+    the run, and the proxy then trusted an origin it should refuse (found by
+    attacking corral)."""
+
+    __slots__ = ("extra", "store")
+
+    def __init__(self, extra: list[str], store: str | None) -> None:
+        self.extra = extra  # PEM text of each upstream_ca file
+        self.store = store  # PEM text of SSL_CERT_FILE, or None: the host's own store
+
+
+def read_pem(path: str) -> str:
+    """A certificate file's text: a plain file only (never waited on: a FIFO there
+    hung every run), read once.  OSError or ValueError says why not."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a plain file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+            if sum(map(len, chunks)) > PEM_MAX:
+                raise ValueError(f"larger than {PEM_MAX >> 20} MiB")
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("ascii", "replace")
+
+
+def upstream_trust(paths: list[str], environ: Mapping[str, str] | None = None) -> UpstreamTrust:
+    """The origins' trust, read now; PolicyError naming the file that cannot be used."""
     import ssl
 
+    from corral.errors import PolicyError
+
+    extra = []
     for path in paths:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         try:
-            context.load_verify_locations(cafile=path)
-        except (ssl.SSLError, OSError, ValueError):
-            return f"tls.upstream_ca: {path} holds no PEM CA certificate"
-    return None
+            text = read_pem(path)
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=text)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            why = f"tls.upstream_ca: {path} holds no PEM CA certificate ({why})"
+            raise PolicyError(why) from None
+        extra.append(text)
+    env = os.environ if environ is None else environ
+    store = None
+    if env.get("SSL_CERT_FILE"):
+        try:
+            store = read_pem(env["SSL_CERT_FILE"])
+        except (OSError, ValueError) as exc:
+            why = f"SSL_CERT_FILE: cannot read {env['SSL_CERT_FILE']}: {exc}"
+            raise PolicyError(why) from None
+    return UpstreamTrust(extra, store)
 
 
 def trust_env(bundle: str) -> dict[str, str]:
