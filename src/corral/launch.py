@@ -379,7 +379,7 @@ class Aftercare:
     def _emergency(self, pid: int) -> None:
         # what outlives corral (an engine's container outlives its client) goes
         # first, then wait as for any sandbox
-        self.plan.strategy.cleanup(self.plan, False)
+        self.plan.strategy.cleanup(self.plan, False, pid)
         self.done = True
         # let the sandbox go first (die-with-parent, or the reaper's sweep)
         deadline = time.monotonic() + 5

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,6 +137,60 @@ def test_nothing_left_after_a_run_or_a_sigkill(root_sandbox: tuple[Corral, Path]
     assert wait_for(lambda: not (corral_containers(ws) - before), 15), corral_containers(ws)
     assert wait_for(lambda: not pids_matching(f"sleep {marker}"), 5)
     assert wait_for(lambda: not own_scratch(ws), 5)
+
+
+def _engine_client(parent: int, within: float = 30) -> int | None:
+    """corral's child that runs the container (the engine's `run` client), caught
+    as soon as it is exec'd: polled in a tight loop, before it makes the container."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{parent}/task/{parent}/children") as fh:
+                children = [int(p) for p in fh.read().split()]
+        except OSError:
+            return None
+        for pid in children:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if b"\0run\0--rm\0--name\0corral-" in fh.read():
+                        return pid
+            except OSError:
+                continue
+        time.sleep(0.002)
+    return None
+
+
+@pytest.mark.slow  # (12 s of waiting out the guardian, per runtime)
+def test_a_container_made_after_corral_was_killed_is_removed_too(
+    root_sandbox: tuple[Corral, Path],
+) -> None:
+    """corral SIGKILLed while its engine client had not yet made the container
+    (paused here, as a slow engine is): the guardian removed nothing, the client
+    then made it, and it ran on with the workspace writable after the checks
+    (found by attacking corral).  Now the guardian ends the client and removes
+    again.  The twin: a run left alone ends and leaves nothing either."""
+    c, ws = root_sandbox
+    before = corral_containers(ws)
+    ok = c.sh(ws, "echo done")
+    assert ok.returncode == 0 and ok.stdout == b"done\n"
+    proc = c.popen(["run", "-q", "--", "sleep", "1000"], cwd=ws)
+    client = _engine_client(proc.pid)
+    assert client is not None
+    os.kill(client, signal.SIGSTOP)  # (before it has made the container)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        time.sleep(3)  # the guardian's first removal done, its wait for the client not
+    finally:
+        try:
+            os.kill(client, signal.SIGCONT)  # (a client left alive makes it now)
+        except OSError:
+            pass
+    time.sleep(8)
+    left = corral_containers(ws) - before
+    for name in left:  # (not this test's to leave, whatever it shows)
+        subprocess.run(["podman", "rm", "-f", name], capture_output=True)
+    assert not left
 
 
 @pytest.fixture

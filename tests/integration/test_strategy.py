@@ -52,7 +52,7 @@ class Recording(LaunchStrategy):
     def needs_guardian(self) -> bool:
         return bool(self.marker)
 
-    def cleanup(self, plan: Plan, clean: bool) -> None:
+    def cleanup(self, plan: Plan, clean: bool, pid: int = 0) -> None:
         self.calls.append(f"cleanup clean={clean}")
         if self.marker:
             with open(self.marker, "a", encoding="utf-8") as fh:

@@ -260,9 +260,10 @@ class LaunchStrategy:
         that outlives corral's process: a container, a VM)."""
         return False
 
-    def cleanup(self, plan: Plan, clean: bool) -> None:
+    def cleanup(self, plan: Plan, clean: bool, pid: int = 0) -> None:
         """Remove what only this kind of sandbox made, once the pid is gone (or, from
-        the guardian after corral was killed, before waiting for it).  ``clean``:
+        the guardian after corral was killed, before waiting for it: then ``pid``
+        is the launched process, if the guardian had heard of it).  ``clean``:
         the sandbox ended on its own, nothing is left to remove by force.  Runs in
         the guardian too, so: idempotent, bounded in time, never raises."""
 

@@ -144,12 +144,21 @@ class EngineLaunch(LaunchStrategy):
     def needs_guardian(self) -> bool:
         return True  # the container outlives a killed client
 
-    def cleanup(self, plan: Plan, clean: bool) -> None:
+    def cleanup(self, plan: Plan, clean: bool, pid: int = 0) -> None:
         """A killed client leaves its container behind: remove it, quietly, bounded.
         A runtime that hung before the container started outlives the engine's
-        removal: its processes are ended by the container's ID (see leftovers)."""
+        removal: its processes are ended by the container's ID (see leftovers).
+        ``pid``: the engine's client, when corral was killed: it is not tied to
+        corral's death, and one that had not made the container yet made it after
+        the removal, which then ran with nothing left to remove it (found by
+        attacking corral); so it is killed, waited for, and the removal repeated."""
         if clean:
             return
+        self._remove()
+        if pid and _end_client(pid):
+            self._remove()
+
+    def _remove(self) -> None:
         import subprocess
 
         from corral.container import leftovers
@@ -169,6 +178,29 @@ class EngineLaunch(LaunchStrategy):
 
     def describe(self) -> list[str]:
         return ["if killed: " + " ".join(self.remove)]
+
+
+def _end_client(pid: int, within: float = 5.0) -> bool:
+    """SIGKILL the engine's client and wait (bounded) until it is gone; whether it
+    was there to kill."""
+    import time
+
+    try:
+        os.kill(pid, 9)  # SIGKILL (the signal module imports enum)
+    except OSError:
+        return False
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            break
+        try:  # (ours to reap when the guardian is its parent)
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.02)
+    return True
 
 
 class ContainerFacts(HostFacts):
