@@ -222,3 +222,20 @@ def test_boot_runs_nothing_over_a_bind_that_is_not_what_corral_found(tmp_path: P
     checks.write_text("")
     assert boot.changed_mounts(str(checks), set()) == [str(checks)]  # unreadable: refused
     assert boot._unescape("/a\\040b\\134c") == "/a b\\c"
+
+
+def test_one_mount_per_destination_the_last() -> None:
+    """A link a run left (pkg/.vscode -> ../sec) made the pin of sec/ and its
+    write-deny land on one place: podman refused every later run ("duplicate mount
+    destination").  The last one stays, as bwrap's stack; others are untouched."""
+    mounts = [
+        Mount("bind", "/ws", "/ws", "workspace"),
+        Mount("bind", "/ws/sec", "/ws/sec", "pinned"),
+        Mount("ro-bind", "/ws/sec", "/ws/sec", "write-deny"),
+        Mount("mask-file", "/ws/sec/.env", "", "secret"),
+    ]
+    args = envelope.mount_args(mounts, ["/ws"], "/m")
+    assert [a for a in args if "dst=/ws/sec," in a or a.endswith("dst=/ws/sec")] == [
+        "type=bind,src=/ws/sec,dst=/ws/sec,ro"
+    ]
+    assert "type=bind,src=/ws,dst=/ws" in args and "type=bind,src=/m,dst=/ws/sec/.env,ro" in args

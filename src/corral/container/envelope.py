@@ -129,9 +129,10 @@ def mount_args(
     the policy's masks; the rest of fsplan's list covers host paths the
     container never sees.  ``mask_file`` is an empty mode-000 file on the host.
     """
-    out: list[str] = []
+    placed: list[tuple[str, list[str]]] = []  # (destination, its engine arguments)
     for m in mounts:
         dest = _check_path(m.dest)
+        out: list[str] = []
         if m.kind in ("dev", "proc", "symlink", "remount-ro"):
             # the engine makes its own /dev and /proc; a shadow's read-only remount
             # is dropped: its tmpfs stays private to the container, so what a
@@ -146,6 +147,7 @@ def mount_args(
                 continue  # the engine's own private /dev/shm (--shm-size)
             elif any(inside(dest, r) for r in roots):
                 out += ["--tmpfs", f"{dest}:rw,{NO_COPY}nosuid,nodev,{_size(tmp)}".rstrip(",")]
+            placed.append((dest, out))
             continue
         if not any(inside(dest, r) for r in roots):
             continue
@@ -161,7 +163,18 @@ def mount_args(
             out += ["--mount", f"type=bind,src={_check_path(mask_file)},dst={dest},ro"]
         else:
             raise ValueError(f"unknown mount kind {m.kind!r}")
-    return out
+        placed.append((dest, out))
+    return _last_per_destination(placed)
+
+
+def _last_per_destination(placed: list[tuple[str, list[str]]]) -> list[str]:
+    """The engine's arguments, one mount per destination: the last (as bwrap's
+    mounts stack, the last wins).  Two at one place is an error to podman: a link
+    a run left made the pin of a directory and its write-deny both land on it,
+    and every later container run failed with the engine's words (found by
+    attacking corral)."""
+    last = {dest: i for i, (dest, _) in enumerate(placed)}
+    return [arg for i, (dest, args) in enumerate(placed) if last[dest] == i for arg in args]
 
 
 def global_args(spec: Spec) -> list[str]:
