@@ -268,6 +268,20 @@ def test_gvisor_plan_drops_a_masked_socket_the_facts_name() -> None:
     assert Mount("mask-dir", f"{HOME}/.ssh") in plan.mounts
 
 
+def test_only_runc_gets_the_report_file_from_the_host() -> None:
+    """gVisor's boot reports nothing (no cgroup files inside), yet the host file
+    was bound writable: the command filled it, on the host's /tmp (found by
+    attacking corral).  runc's boot writes it (the twin)."""
+    from corral.tiers.container import REPORT
+
+    gvisor = GVisorTier().plan(
+        policy(), ["true"], host=container_facts(engine=fake_engine("runsc"))
+    )
+    assert all(m.dest != REPORT for m in gvisor.mounts) and REPORT not in gvisor.argv
+    runc = ContainerTier().plan(policy(), ["true"], host=container_facts())
+    assert any(m.dest == REPORT and m.kind == "bind" for m in runc.mounts)
+
+
 def test_gvisor_refuses_to_mount_over_a_fifo_the_facts_name() -> None:
     """gVisor's gofer would wait for ever on the FIFO; leaving the mount out would
     leave the path unprotected.  Twin: the same plan on runc keeps the mount."""

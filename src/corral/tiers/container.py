@@ -429,17 +429,21 @@ class ContainerTier(Tier):
         scratch = os.path.join(facts.tmpdir, f"corral-ctr-{suffix}")
         bundle = facts.bundle
         boot = os.path.join(os.path.dirname(os.path.dirname(__file__)), "container", "boot.py")
+        # gVisor shows the container no cgroup files: nothing for boot to report,
+        # and no host file the command could fill either (one was bound anyway)
+        report = "-" if eng.runtime == "runsc" else REPORT
         own = [
             *bundle.mounts,
             Mount("ro-bind", BOOT, boot, "corral's first process inside"),
             Mount("ro-bind", ENV_FILE, f"{scratch}/env", "the command's environment"),
-            Mount("bind", REPORT, f"{scratch}/report", "limits hit, written after the command"),
         ]
+        if report != "-":
+            own.append(
+                Mount("bind", REPORT, f"{scratch}/report", "limits hit, written after the command")
+            )
         inner = list(command)
         if policy.network.mode == "proxy":
             inner = self._through_door(plan, policy, bundle.argv, inner, own, door, net)
-        # gVisor shows the container no cgroup files: nothing for boot to report
-        report = "-" if eng.runtime == "runsc" else REPORT
         plan.argv = []
         keep = ",".join(str(n) for n in sorted(pass_fds)) or "-"
         roots = self._lay_out(plan, policy, facts, [*own, *extra])
