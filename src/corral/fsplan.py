@@ -1158,8 +1158,7 @@ class _Planner:
             )
         plan.repositories = Repositories(scan, cutoff, skip)
         for secret in scan.secret_files:
-            self.add_mask(secret, False, "secret file in workspace")
-            plan.read_deny.append(secret)
+            self._mask_secret(secret)
         plan.hardlinks = [p for p in scan.hardlinks if p not in self.masks]
         # a link to a secret is the secret: masked like one, not merely read-only; its
         # other name may be in the workspace too (a .env linked to sub/notes.txt)
@@ -1179,6 +1178,21 @@ class _Planner:
                 plan.notes.append(farm_decision(linked, self.policy.filesystem.hardlinks))
                 plan.hardlinks += linked
         return scan
+
+    def _mask_secret(self, secret: str) -> None:
+        """A secret file the workspace walk found: masked, and denied by every name.
+        One that is a link is masked at what it leads to (a mount onto the link
+        lands there anyway; masked at the link too, bwrap failed, and landlock,
+        which denies by name, left the target readable: found by attacking corral)."""
+        real = os.path.realpath(secret)
+        if real != secret and os.path.isfile(real):
+            self.plan.read_deny.append(secret)
+            if real not in self.masks:
+                self.add_mask(real, False, "secret file in workspace (a link's target)")
+            self.plan.read_deny.append(real)
+            return
+        self.add_mask(secret, False, "secret file in workspace")
+        self.plan.read_deny.append(secret)
 
     # -- write-deny -------------------------------------------------------------------
 

@@ -342,6 +342,8 @@ class Aftercare:
             from corral import liveruns
 
             places = [os.path.realpath(p) for p in plan.policy.writable_paths()]
+            if plan.home is not None:  # the home layer too: a run writes there as well
+                places.append(os.path.realpath(plan.home.path))
             self.marker = liveruns.register(run_id, places)
         if (
             self.cg is not None

@@ -312,17 +312,22 @@ def ended_runs(changed: list[int]) -> list[LiveRun]:
     return found
 
 
-def planted_by(path: str) -> tuple[LiveRun, str] | None:
+def planted_by(path: str, read: int | None = None) -> tuple[LiveRun, str] | None:
     """The run, live or ended, that could have written the policy file ``path``
     (the file itself, or what it leads to, made or changed in its writable
     places since it started, and before it ended), and which of the two it
-    wrote; or None."""
+    wrote; or None.  ``read``: the change time of the file the caller read
+    (fstat of its descriptor): a run swapping directories made the path name
+    the user's file when checked and its own when read (found by attacking
+    corral), so what was read is checked too."""
     seen = []
     try:
         seen.append((os.path.abspath(path), os.lstat(path).st_ctime_ns))
         seen.append((os.path.realpath(path), os.stat(path).st_ctime_ns))
     except OSError:
         pass
+    if read is not None:
+        seen.append((os.path.abspath(path), read))
     runs = live_runs()  # first: a stale marker found on the way is journaled
     runs += ended_runs([changed for _, changed in seen])
     for run in runs:

@@ -824,16 +824,43 @@ def find_policy_file(workspace: str) -> str | None:
     return candidate if os.path.isfile(candidate) else None
 
 
-def check_found(path: str, named: bool = False) -> None:
+def check_found(path: str, named: bool = False, read: int | None = None) -> None:
     """A policy file: PolicyError if a run in progress, or one that has ended,
     could have written it (corral.liveruns).  ``named``: the caller named it, and
     may pin what it holds instead (a file named in a script written before an
-    agent rewrote it was loaded as it found it: found by attacking corral)."""
+    agent rewrote it was loaded as it found it: found by attacking corral).
+    ``read``: the change time of what the caller read (see read_policy)."""
     from corral import liveruns
 
-    planted = liveruns.planted_by(path)
+    planted = liveruns.planted_by(path, read)
     if planted is not None:
         raise PolicyError(liveruns.refusal(path, *planted, named=named))
+
+
+def read_policy(path: str, what: str = "policy file") -> tuple[bytes, int]:
+    """A policy (or settings) file's bytes and the change time of the file they
+    came from, read once through one descriptor: what is checked is what is used.
+    A plain file only (a FIFO is refused, never waited on)."""
+    import stat
+
+    if path == os.devnull:  # no policy at all (corral batch pins a job that has none so)
+        return b"", 0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PolicyError(f"{path}: the {what} is not a plain file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks), st.st_ctime_ns
 
 
 def unchecked_place(path: str) -> str | None:
@@ -939,8 +966,11 @@ def load(
 
     policy.limits.defaults = bounds.defaults_for(bounds.host_facts())
     chosen = path if path is not None else find_policy_file(ws)
-    if chosen is not None and sha256 is None:  # (pinned: its content was vouched for)
-        check_found(chosen, named=path is not None)
+    raw = b""
+    if chosen is not None:
+        raw, changed = read_policy(chosen)
+        if sha256 is None:  # (pinned: its content was vouched for)
+            check_found(chosen, named=path is not None, read=changed)
     if chosen is not None and path is None:
         notice = unchecked_place(chosen)
         if notice:
@@ -951,7 +981,7 @@ def load(
     if chosen is not None:
         from corral.policyfile import load_file
 
-        load_file(chosen, policy, sha256)
+        load_file(chosen, policy, sha256, raw)
         if policy.network.mode == "none" and policy.network.allow:
             raise PolicyError(
                 f'{chosen}: network.allow has no effect with mode = "none": '

@@ -378,16 +378,18 @@ def where_set(path: str, section: str, key: str, value: str) -> str:
     return f"{path}:{line}: {section}.{key}" if line else f"{path}: {section}.{key}"
 
 
-def load_file(path: str, policy: Policy, sha256: str | None = None) -> None:
+def load_file(
+    path: str, policy: Policy, sha256: str | None = None, raw: bytes | None = None
+) -> None:
     """Apply a TOML policy file on top of ``policy``; PolicyError names file, line, key.
-    ``sha256``: what the file must hold (read once: what is checked is what is used)."""
+    ``sha256``: what the file must hold (read once: what is checked is what is used);
+    ``raw``: its bytes, read already (corral.policy.read_policy)."""
     import tomllib
 
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise PolicyError(f"{path}: cannot read policy file: {exc.strerror}") from None
+    if raw is None:
+        from corral.policy import read_policy
+
+        raw, _ = read_policy(path)
     if sha256 is not None:
         import hashlib
 

@@ -543,16 +543,16 @@ def apply(tr: Translation, policy: Policy) -> None:
     net.mode, net.allow, net.deny = tr.mode, list(tr.allow), list(tr.deny)
 
 
-def read(path: str, sha256: str | None = None) -> object:
+def read(path: str, sha256: str | None = None, raw: bytes | None = None) -> object:
     """The JSON in ``path``; PolicyError names the file and, for bad JSON, the place.
-    ``sha256``: what the file must hold (read once: what is checked is what is used)."""
+    ``sha256``: what the file must hold (read once: what is checked is what is used);
+    ``raw``: its bytes, read already (corral.policy.read_policy)."""
     import json
 
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise PolicyError(f"{path}: cannot read settings file: {exc.strerror}") from None
+    if raw is None:
+        from corral.policy import read_policy
+
+        raw, _ = read_policy(path, "settings file")
     if sha256 is not None:
         import hashlib
 
@@ -580,12 +580,13 @@ def load(path: str, workspace: str | None = None, sha256: str | None = None) -> 
     """corral's defaults plus the settings in ``path`` (srt's JSON), for ``workspace``
     (``sha256``: what the file must hold; without it, a file a sandboxed run could
     have rewritten is refused, as a policy file is)."""
-    from corral.policy import Policy, check_found
+    from corral.policy import Policy, check_found, read_policy
 
     ws = _workspace(workspace)
+    raw, changed = read_policy(path, "settings file")
     if sha256 is None:
-        check_found(path, named=True)
-    tr = translate(read(path, sha256), path, ws, os.path.expanduser("~"))
+        check_found(path, named=True, read=changed)
+    tr = translate(read(path, sha256, raw), path, ws, os.path.expanduser("~"))
     policy = Policy(ws)
     policy.source = os.path.realpath(path)  # write-protected when inside the workspace
     apply(tr, policy)

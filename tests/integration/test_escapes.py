@@ -1266,3 +1266,33 @@ def test_the_logs_are_out_of_the_sandboxs_reach(tsandbox: tuple[Corral, Path]) -
         assert r.returncode == 0, r
         runs = state / "corral" / "runs.jsonl"
         assert not runs.is_symlink() and len(runs.read_text().splitlines()) == 1
+
+
+def test_a_dotenv_that_is_a_link_is_unreadable_by_every_name(tsandbox: tuple[Corral, Path]) -> None:
+    """``.env -> config/dev-values``: landlock, which denies by name, left the
+    target readable (found by attacking corral); masked at what it leads to on
+    every tier now.  The twin: a plain file beside it reads."""
+    c, ws = tsandbox
+    (ws / "config").mkdir()
+    (ws / "config" / "dev-values").write_text("TOKEN=FAKE-SECRET\n")
+    (ws / "config" / "notes").write_text("readable\n")
+    (ws / ".env").symlink_to("config/dev-values")
+    c.chown(ws)
+    r = c.sh(ws, "cat config/notes; cat .env; cat config/dev-values; true")
+    assert r.returncode == 0, r
+    assert r.stdout == b"readable\n" and b"FAKE-SECRET" not in r.stderr, r
+
+
+def test_a_dotenv_link_a_run_planted_does_not_stop_the_next_runs(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """A run planted ``.env -> .git/config``: the mask on the link and the
+    write-deny bind both landed on .git/config, and every later namespace run
+    failed to start (found by attacking corral).  The twin: the first run."""
+    c, ws = tsandbox
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    c.chown(ws)
+    first = c.sh(ws, "ln -s .git/config .env && echo planted")
+    assert first.returncode == 0 and first.stdout == b"planted\n", first
+    again = c.sh(ws, "echo next")
+    assert again.returncode == 0 and again.stdout == b"next\n", again

@@ -157,3 +157,22 @@ def test_a_named_policy_file_a_run_rewrote_is_refused_until_pinned(
         cwd=ws,
     )
     assert pinned.returncode == 0 and pinned.stdout == b"ran\n", pinned
+
+
+def test_a_policy_file_a_run_left_in_its_home_layer_is_refused(
+    sandbox: tuple[Corral, Path],
+) -> None:
+    """The home layer is a place a run writes too: a policy file it left there
+    and the user named later was loaded (found by attacking corral).  The twin:
+    one the user wrote there after the run loads."""
+    c, ws = sandbox
+    layer = c.run(["home", "path"], cwd=ws).stdout.decode().strip()
+    wrote = c.sh(ws, f"printf '{POLICY}' > \"$HOME/ci.toml\"")
+    assert wrote.returncode == 0, wrote
+    refused = c.run(["run", "-q", "--policy", f"{layer}/ci.toml", "--", "true"], cwd=ws)
+    assert refused.returncode == 2 and "ci.toml" in refused.stderr.decode(), refused
+    time.sleep(0.02)  # past the run's end on the file system's clock
+    (Path(layer) / "mine.toml").write_text(POLICY)
+    c.chown(Path(layer) / "mine.toml")
+    mine = c.run(["run", "-q", "--policy", f"{layer}/mine.toml", "--", "true"], cwd=ws)
+    assert mine.returncode == 0, mine

@@ -300,3 +300,26 @@ def test_a_policy_file_corral_put_back_after_the_run_is_the_users(ws: Path) -> N
     with pytest.raises(PolicyError) as refused:
         pol.load(str(ws))
     assert "run-3" in str(refused.value)
+
+
+def test_what_was_read_is_checked_not_only_what_the_path_names(ws: Path) -> None:
+    """A run swapping two directories made the path name the user's file when it
+    was checked and the run's own when it was read (found by attacking corral):
+    the change time of what was read is checked too."""
+    (ws / "ci.toml").write_text(POLICY)  # the user's, from before the run
+    _tick()
+    marker = liveruns.register("run-swap", [str(ws)])
+    assert marker is not None
+    try:
+        _tick()
+        (ws / "planted.toml").write_text(POLICY)  # the run's, read in the swap's window
+        planted_ctime = os.stat(ws / "planted.toml").st_ctime_ns
+        path = str(ws / "ci.toml")
+        assert liveruns.planted_by(path) is None  # the path alone: the user's (the twin)
+        assert liveruns.planted_by(path, planted_ctime) is not None
+        with pytest.raises(PolicyError):
+            pol.check_found(path, named=True, read=planted_ctime)
+        raw, changed = pol.read_policy(path)  # one descriptor: bytes and change time
+        assert raw == POLICY.encode() and changed == os.stat(path).st_ctime_ns
+    finally:
+        marker.remove()

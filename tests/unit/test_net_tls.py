@@ -696,3 +696,12 @@ def test_tls_files_are_read_once_plain_files_only(tmp_path: Path) -> None:
         check_tls(policy)
     policy.tls.upstream_ca = [str(tmp_path / "good.pem")]  # the twin: a plain file passes
     check_tls(policy)
+    # an SSL_CERT_FILE where the sandbox can write is not trusted for origins: a
+    # run rewrote a company bundle kept in the workspace (found by attacking corral)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "corp.pem").write_bytes(ca.cert_pem)
+    with pytest.raises(PolicyError, match=r"SSL_CERT_FILE: cannot use .* lies where the sandbox"):
+        upstream_trust([], {"SSL_CERT_FILE": str(ws / "corp.pem")}, (str(ws),))
+    outside = upstream_trust([], {"SSL_CERT_FILE": str(ws / "corp.pem")}, (str(tmp_path / "x"),))
+    assert outside.store == ca.cert_pem.decode()

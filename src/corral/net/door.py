@@ -589,7 +589,7 @@ def _open_ca(policy: Policy) -> tuple[CA, UpstreamTrust]:
     from corral.net.trust import upstream_trust
     from corral.runlog import state_dir
 
-    trust = upstream_trust(policy.tls.upstream_ca)
+    trust = upstream_trust(policy.tls.upstream_ca, out_of_bounds=_out_of_bounds(policy))
     return ca_for(policy.tls, state_dir()), trust
 
 

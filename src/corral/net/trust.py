@@ -215,12 +215,22 @@ class UpstreamTrust:
         self.store = store  # PEM text of SSL_CERT_FILE, or None: the host's own store
 
 
-def read_pem(path: str) -> str:
+def read_pem(path: str, out_of_bounds: tuple[str, ...] = ()) -> str:
     """A certificate file's text: a plain file only (never waited on: a FIFO there
-    hung every run), read once.  OSError or ValueError says why not."""
+    hung every run), read once, and one no sandboxed run could have written: not
+    under ``out_of_bounds`` once opened (links followed), nor changed in a run's
+    writable places while it lived (corral.liveruns, on what was read).
+    OSError or ValueError says why not."""
+    from corral import liveruns
+    from corral.paths import inside
+
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        real = os.readlink(f"/proc/self/fd/{fd}")  # what was opened, whatever the path
+        if any(inside(real, root) for root in out_of_bounds):
+            raise ValueError(f"{real} lies where the sandbox can write, or cannot read")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise ValueError("not a plain file")
         chunks = []
         while chunk := os.read(fd, 1 << 16):
@@ -229,11 +239,21 @@ def read_pem(path: str) -> str:
                 raise ValueError(f"larger than {PEM_MAX >> 20} MiB")
     finally:
         os.close(fd)
+    planted = liveruns.planted_by(path, st.st_ctime_ns)
+    if planted is not None:
+        raise ValueError(liveruns.refusal(path, *planted, True, pinned=False))
     return b"".join(chunks).decode("ascii", "replace")
 
 
-def upstream_trust(paths: list[str], environ: Mapping[str, str] | None = None) -> UpstreamTrust:
-    """The origins' trust, read now; PolicyError naming the file that cannot be used."""
+def upstream_trust(
+    paths: list[str],
+    environ: Mapping[str, str] | None = None,
+    out_of_bounds: tuple[str, ...] = (),
+) -> UpstreamTrust:
+    """The origins' trust, read now; PolicyError naming the file that cannot be
+    used.  ``out_of_bounds``: where an ``SSL_CERT_FILE`` is not taken from (what
+    the sandbox can write: a run rewrote a company bundle kept in the workspace,
+    and the next run's proxy trusted its origin; found by attacking corral)."""
     import ssl
 
     from corral.errors import PolicyError
@@ -252,9 +272,12 @@ def upstream_trust(paths: list[str], environ: Mapping[str, str] | None = None) -
     store = None
     if env.get("SSL_CERT_FILE"):
         try:
-            store = read_pem(env["SSL_CERT_FILE"])
+            store = read_pem(env["SSL_CERT_FILE"], out_of_bounds)
         except (OSError, ValueError) as exc:
-            why = f"SSL_CERT_FILE: cannot read {env['SSL_CERT_FILE']}: {exc}"
+            why = (
+                f"SSL_CERT_FILE: cannot use {env['SSL_CERT_FILE']} to check origins: {exc} "
+                "(keep it outside the workspace, or name it in [tls] upstream_ca)"
+            )
             raise PolicyError(why) from None
     return UpstreamTrust(extra, store)
 
