@@ -131,6 +131,7 @@ def _proxy(variant: str, port: int, origin_ca: str, out: str) -> None:
     from corral.net.hooks import chain_for
     from corral.net.proxy import Proxy
     from corral.net.tls import Interceptor
+    from corral.net.trust import UpstreamTrust
 
     policy = _policy(variant, origin_ca)
     chain = chain_for(policy)  # type: ignore[arg-type]
@@ -144,7 +145,7 @@ def _proxy(variant: str, port: int, origin_ca: str, out: str) -> None:
     from corral.net import aio
 
     async def main() -> None:  # on the proxy's own event loop, as in a run
-        tls = Interceptor(ca, [origin_ca])
+        tls = Interceptor(ca, UpstreamTrust([Path(origin_ca).read_text()], None))
         proxy = Proxy(chain, Audit(None), policy.network.hosts, tls=tls)  # type: ignore[attr-defined]
         await proxy.serve_tcp("127.0.0.1", port, "bench")
         await aio.Event().wait()

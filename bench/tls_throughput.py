@@ -384,8 +384,11 @@ def leaf_timings(samples: int = 50) -> tuple[float, float]:
     sys.path.insert(0, str(REPO / "src"))
     from corral.net import ca as calib
     from corral.net.tls import Interceptor
+    from corral.net.trust import UpstreamTrust
 
-    interceptor = Interceptor(calib.create("bench leaf CA", 1, "ephemeral"), [])
+    interceptor = Interceptor(
+        calib.create("bench leaf CA", 1, "ephemeral"), UpstreamTrust([], None)
+    )
     interceptor.server_context("warm.example")  # the worker's one leaf key
     fresh, cached = [], []
     for n in range(samples):

@@ -24,7 +24,7 @@ def test_the_rehearsal_leaves_no_descriptor_open() -> None:
     rehearsal.rehearse(1)  # (imports and the first loop's lazy parts, once)
     before = open_fds()
     assert rehearsal.rehearse(3)
-    assert open_fds() == before
+    assert open_fds() <= before  # (another test's descriptor may close meanwhile)
 
 
 def test_its_proxy_goes_nowhere_but_its_stand_in() -> None:
