@@ -55,10 +55,12 @@ if TYPE_CHECKING:
 
     from corral.fsplan import Mount
     from corral.net import aio
-    from corral.net.audit import DenyKey
+    from corral.net.approvals import Hub
+    from corral.net.audit import Audit, DenyKey
     from corral.net.ca import CA
     from corral.net.hooks import Chain
     from corral.net.proxy import Proxy
+    from corral.net.tls import Interceptor
     from corral.net.trust import NetExtras, UpstreamTrust
     from corral.netns import Listener
     from corral.policy import Policy
@@ -832,20 +834,7 @@ def _serve(
     async def main() -> None:
         loop = aio.get_running_loop()
         net = door.policy.network
-        tls = None
-        if door.ca is not None:
-            from corral.net.tls import Interceptor
-
-            assert door.trust is not None  # (read with the CA)
-            tls = Interceptor(door.ca, door.trust)
-        hub = None
-        if door.asks:
-            from corral.net.approvals import Hub
-
-            hub = Hub(audit, run_id, net.ask_timeout)
-            await hub.serve_control(door.control_dir)
-            if door._hub_sock is not None:
-                await hub.attach_local(door._hub_sock)
+        tls, hub = await _interceptor_and_hub(door, audit)
         proxy = Proxy(chain, audit, net.hosts, stand_ins=net.transparent, tls=tls, asker=hub)
         proxy.guard(run_id)
 
@@ -890,6 +879,26 @@ def _serve(
         audit.close()  # every line written before corral returns (corral log --net)
         _let_go(tally_w)
         door.remove_files()
+
+
+async def _interceptor_and_hub(door: Door, audit: Audit) -> tuple[Interceptor | None, Hub | None]:
+    """A worker's TLS interception (when the run's CA is open) and its approvals
+    hub (when the rules can ask), each serving already."""
+    tls = None
+    if door.ca is not None:
+        from corral.net.tls import Interceptor
+
+        assert door.trust is not None  # (read with the CA)
+        tls = Interceptor(door.ca, door.trust)
+    hub = None
+    if door.asks:
+        from corral.net.approvals import Hub
+
+        hub = Hub(audit, door.run_id, door.policy.network.ask_timeout)
+        await hub.serve_control(door.control_dir)
+        if door._hub_sock is not None:
+            await hub.attach_local(door._hub_sock)
+    return tls, hub
 
 
 async def _serve_one(
