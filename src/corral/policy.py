@@ -778,26 +778,20 @@ def check_tls(policy: Policy) -> None:
 
 
 def _check_tls_file(key: str, path: str) -> None:
-    """A ``[tls]`` file is policy too (what the proxy trusts, or signs with): a
-    plain file that is readable (a FIFO is never waited on), and not one a
-    sandboxed run could have written (corral.liveruns): one rewritten with the
-    sandbox's own CA made the proxy trust an origin it refused (found by
+    """A ``[tls]`` file is policy too (what the proxy trusts, or signs with): read
+    as a policy file is (a plain file; a FIFO is never waited on), and refused if
+    a sandboxed run could have written it (corral.liveruns): one rewritten with
+    the sandbox's own CA made the proxy trust an origin it refused (found by
     attacking corral).  PolicyError naming ``key`` otherwise."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            plain = stat.S_ISREG(os.fstat(fd).st_mode)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise PolicyError(f"{key}: cannot read {path}: {exc.strerror}") from None
-    if not plain:
-        raise PolicyError(f"{key}: {path} is not a plain file")
     from corral import liveruns
 
-    planted = liveruns.planted_by(path)
+    try:
+        _, changed = read_plain(path)
+    except OSError as exc:
+        raise PolicyError(f"{key}: cannot read {path}: {exc.strerror}") from None
+    except ValueError:
+        raise PolicyError(f"{key}: {path} is not a plain file") from None
+    planted = liveruns.planted_by(path, changed)
     if planted is not None:
         raise PolicyError(f"{key}: " + liveruns.refusal(path, *planted, True, pinned=False))
 
@@ -841,23 +835,29 @@ def read_policy(path: str, what: str = "policy file") -> tuple[bytes, int]:
     """A policy (or settings) file's bytes and the change time of the file they
     came from, read once through one descriptor: what is checked is what is used.
     A plain file only (a FIFO is refused, never waited on)."""
+    try:
+        return read_plain(path)
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    except ValueError:
+        raise PolicyError(f"{path}: the {what} is not a plain file") from None
+
+
+def read_plain(path: str) -> tuple[bytes, int]:
+    """A plain file's bytes and its change time, through one descriptor; OSError,
+    or ValueError for anything but a plain file (never waited on)."""
     import stat
 
     if path == os.devnull:  # no policy at all (corral batch pins a job that has none so)
         return b"", 0
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise PolicyError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise PolicyError(f"{path}: the {what} is not a plain file")
+            raise ValueError(path)
         chunks = []
         while chunk := os.read(fd, 1 << 16):
             chunks.append(chunk)
-    except OSError as exc:
-        raise PolicyError(f"{path}: cannot read {what}: {exc.strerror}") from None
     finally:
         os.close(fd)
     return b"".join(chunks), st.st_ctime_ns
