@@ -436,17 +436,22 @@ def secret_names(policy: Policy) -> list[str]:
     return sorted(s.ref if s.kind == "env" else s.name for s in policy.secrets.values())
 
 
-def proxy_objects(policy: Policy, policy_text: str, opts: Options) -> list[dict[str, object]]:
-    name = f"{opts.name}-proxy"
-    env: list[dict[str, object]] = [
+Objects = list[dict[str, object]]
+
+
+def _proxy_inputs(policy: Policy, opts: Options) -> tuple[Objects, Objects, Objects]:
+    """The proxy container's environment, mounts and the pod's volumes: the policy,
+    its state, each secret's source (a reference: values stay in the Secret) and
+    the CA where inspection needs one."""
+    env: Objects = [
         {"name": "HOME", "value": PROXY_STATE},
         {"name": "XDG_STATE_HOME", "value": PROXY_STATE},
     ]
-    mounts: list[dict[str, object]] = [
+    mounts: Objects = [
         {"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
         {"name": "state", "mountPath": PROXY_STATE},
     ]
-    volumes: list[dict[str, object]] = [
+    volumes: Objects = [
         {"name": "policy", "configMap": {"name": f"{opts.name}-policy"}},
         {"name": "state", "emptyDir": {}},
     ]
@@ -477,6 +482,12 @@ def proxy_objects(policy: Policy, policy_text: str, opts: Options) -> list[dict[
             }
         )
         mounts.append({"name": "ca", "mountPath": PROXY_CA_DIR, "readOnly": True})
+    return env, mounts, volumes
+
+
+def proxy_objects(policy: Policy, policy_text: str, opts: Options) -> Objects:
+    name = f"{opts.name}-proxy"
+    env, mounts, volumes = _proxy_inputs(policy, opts)
     container = {
         "name": "proxy",
         "image": opts.proxy_image,
