@@ -705,3 +705,32 @@ def test_tls_files_are_read_once_plain_files_only(tmp_path: Path) -> None:
         upstream_trust([], {"SSL_CERT_FILE": str(ws / "corp.pem")}, (str(ws),))
     outside = upstream_trust([], {"SSL_CERT_FILE": str(ws / "corp.pem")}, (str(tmp_path / "x"),))
     assert outside.store == ca.cert_pem.decode()
+
+
+def test_ssl_cert_dir_where_the_sandbox_can_write_is_refused(tmp_path: Path) -> None:
+    """OpenSSL reads SSL_CERT_DIR when it verifies, not when the proxy starts: a
+    CA the sandbox put there during the run was trusted (found by attacking
+    corral).  The directory, or an entry leading into a writable place, is
+    refused; one outside them is used as it is (the twin)."""
+    from corral.errors import PolicyError
+    from corral.net.trust import upstream_trust
+
+    ws, certs = tmp_path / "ws", tmp_path / "certs"
+    ws.mkdir()
+    certs.mkdir()
+    (certs / "corp.pem").write_text("a company CA\n")
+    bounds = (str(ws),)
+    assert upstream_trust([], {"SSL_CERT_DIR": str(certs)}, bounds).store is None
+    for refused in (ws / "certs", ws / "not-made-yet"):
+        if refused.name == "certs":
+            refused.mkdir()
+        with pytest.raises(PolicyError, match=r"SSL_CERT_DIR: cannot use .* lies where"):
+            upstream_trust([], {"SSL_CERT_DIR": f"{certs}:{refused}"}, bounds)
+    (ws / "theirs.pem").write_text("the sandbox's CA\n")
+    (certs / "1234abcd.0").symlink_to(ws / "theirs.pem")
+    with pytest.raises(PolicyError, match=r"theirs.pem lies where the sandbox can write"):
+        upstream_trust([], {"SSL_CERT_DIR": str(certs)}, bounds)
+    # with SSL_CERT_FILE, OpenSSL never reads the directory: nothing to refuse
+    (certs / "bundle.pem").write_bytes(calib.create("upstream test CA", 1, "ephemeral").cert_pem)
+    env = {"SSL_CERT_FILE": str(certs / "bundle.pem"), "SSL_CERT_DIR": str(certs)}
+    assert upstream_trust([], env, bounds).store

@@ -45,6 +45,7 @@ SYSTEM_BUNDLES = (
 # Caller's variables naming a directory of hashed certificates, not a bundle: passed
 # as they are (OpenSSL reads SSL_CERT_FILE's bundle too).
 CA_DIR_VARIABLES = ("SSL_CERT_DIR", "GIT_SSL_CAPATH")
+HEX = frozenset("0123456789abcdef")
 NAMED_BUNDLE_MAX = 8 << 20  # a system bundle is some 200 KB
 PEM_BEGIN = b"-----BEGIN CERTIFICATE-----"
 PEM_END = b"-----END CERTIFICATE-----"
@@ -279,7 +280,72 @@ def upstream_trust(
                 "(keep it outside the workspace, or name it in [tls] upstream_ca)"
             )
             raise PolicyError(why) from None
+    if store is None and env.get("SSL_CERT_DIR"):
+        for directory in filter(None, env["SSL_CERT_DIR"].split(":")):
+            refused = cert_dir_refusal(directory, out_of_bounds)
+            if refused:
+                raise PolicyError(
+                    f"SSL_CERT_DIR: cannot use {directory} to check origins: {refused} (keep it "
+                    "outside the workspace, or name its CA files in [tls] upstream_ca)"
+                )
     return UpstreamTrust(extra, store)
+
+
+def cert_dir_refusal(directory: str, out_of_bounds: tuple[str, ...]) -> str | None:
+    """Why an ``SSL_CERT_DIR`` directory cannot be trusted for origins, or None.
+    OpenSSL reads such a directory when it verifies a certificate, not when the
+    proxy starts: a CA the sandbox put there during the run was trusted (found
+    by attacking corral).  So the directory, and what each certificate entry
+    leads to, must lie outside what the sandbox can write, and no run may have
+    added to it.  (Only the host's own store, no SSL_CERT_FILE, reads it.)"""
+    from corral import liveruns
+
+    roots = frozenset(out_of_bounds)
+    found = [os.path.realpath(directory)]
+    try:
+        changed: int | None = os.stat(directory).st_ctime_ns
+        with os.scandir(directory) as entries:
+            found += [_leads_to(e.path) for e in entries if _hashed_name(e.name)]
+    except OSError:
+        changed = None  # (missing: OpenSSL skips it; made later, it is under a root or not)
+    for real in found:
+        if _under(real, roots):
+            return f"{real} lies where the sandbox can write, or cannot read"
+    planted = liveruns.planted_by(directory, changed) if changed is not None else None
+    if planted is not None:
+        return liveruns.refusal(directory, *planted, True, pinned=False)
+    return None
+
+
+def _hashed_name(name: str) -> bool:
+    """A name OpenSSL looks up in a certificate directory: HASH.N or HASH.rN."""
+    head, dot, tail = name.partition(".")
+    tail = tail[1:] if tail.startswith("r") else tail
+    return len(head) == 8 and bool(dot) and tail.isdigit() and all(c in HEX for c in head)
+
+
+def _leads_to(path: str) -> str:
+    """What ``path`` names once every link is followed, resolved by the kernel
+    (os.path.realpath took 24 ms for /etc/ssl/certs' 290 links); a dangling
+    link's target, which could be made later, as realpath has it."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(path)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
+def _under(path: str, roots: frozenset[str]) -> bool:
+    """Is ``path`` one of ``roots`` or inside one (all of them resolved)?"""
+    while path not in roots:
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
+    return True
 
 
 def trust_env(bundle: str) -> dict[str, str]:
