@@ -508,6 +508,40 @@ def test_a_layer_nested_deeper_than_a_recursion_is_sized_and_removed(tmp_path: P
     assert not layer.exists() and outside.read_text() == "keep"
 
 
+def test_clean_during_a_run_never_follows_a_directory_swapped_for_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run still alive swapped a directory of its layer for a link to the
+    user's files once `corral home clean` had begun, and the walk by path
+    deleted them (found by attacking corral).  Here the swap happens at the
+    first removal; the user's files stay, and the layer and its link go.  The
+    twin: with no swap, every file of the layer goes."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "v1").write_text("precious")
+    real_unlink = os.unlink
+    for swap in (True, False):
+        layer = tmp_path / f"layer-{swap}"
+        (layer / "d").mkdir(parents=True)
+        (layer / "d" / "v1").write_text("the layer's own")
+        (layer / "f0").write_text("")
+        pending = [swap]  # (the run swaps once, when removal has begun)
+
+        def unlink(
+            name: str, *, dir_fd: int | None = None, at: Path = layer, pending: list[bool] = pending
+        ) -> None:
+            if pending and pending.pop():
+                os.rename(at / "d", at.with_name(at.name + "-moved"))
+                os.symlink(victim, at / "d")
+            real_unlink(name, dir_fd=dir_fd)
+
+        monkeypatch.setattr(os, "unlink", unlink)
+        home.remove(str(layer))
+        monkeypatch.setattr(os, "unlink", real_unlink)
+        assert (victim / "v1").read_text() == "precious"
+        assert not os.path.lexists(layer)
+
+
 def test_a_layer_that_cannot_be_made_names_what_to_do(tmp_path: Path) -> None:
     """A service account whose home does not exist could not run anything, and the
     message said only "Permission denied" (found by trying corral as a new user)."""
