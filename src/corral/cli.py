@@ -996,6 +996,10 @@ def _finish(
             plan, result.limits_hit, result.timed_out, result.truncated, result.output_bytes
         )
         denials += report.hardlinks(plan.hardlinks)
+    if len(denials) > 100:  # (report.LISTED: no import for the usual run)
+        from corral.report import bounded
+
+        denials = bounded(denials)
     record.update(
         end=runlog.iso(time.time()),
         exit=code,
@@ -1021,7 +1025,7 @@ def closing_lines(denials: list[Denial], policy: Policy, signum: int | None) -> 
     """What corral says on stderr after a run: limits, files, then one line for the
     network, then a signal it acted on."""
     lines = [d.text for d in denials if d.kind == "limit" and d.text]
-    said = ("file", "unreachable", "unproxied", "bound")
+    said = ("file", "unreachable", "unproxied", "bound", "more")
     lines += [d.text for d in denials if d.kind in said and d.text]
     if any(d.kind == "network" for d in denials):
         from corral.report import blocked_line

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 # Destinations named on the one "blocked" line; the rest are counted.
 BLOCKED_SHOWN = 5
+# Denials of one kind listed for a run (log, report, stderr); the rest are counted
+# in one more.  A run made 20,000 hard links of a secret: 23 MB in the activity
+# log and as many lines on stderr (found by attacking corral).
+LISTED = 100
 
 
 class Denial:
@@ -60,7 +64,8 @@ class Denial:
     @property
     def refused(self) -> bool:
         """Something refused (what the run record lists), not a bound or a note."""
-        return self.kind in ("file", "network") and self.fields.get("action") != "read-only"
+        refusals = ("file", "network", "more")
+        return self.kind in refusals and self.fields.get("action") != "read-only"
 
     def __str__(self) -> str:
         """corral's line for it: the one said after the run, or (a refused destination,
@@ -379,6 +384,8 @@ def blocked_line(denials: list[Denial], policy: Policy) -> str:
         shown.append(f"{dest} ({_why(d, offline)})")
     more = len(net) - BLOCKED_SHOWN
     tail = f", and {more} more (corral run --report json lists them)" if more > 0 else ""
+    if unlisted(denials, "network"):
+        tail = f", and {more + unlisted(denials, 'network')} more (--report json lists {LISTED})"
     return "blocked: " + ", ".join(shown) + tail
 
 
@@ -407,6 +414,31 @@ def limits(
         if b.enforced is False:  # said before the run (bounds.notice)
             out.append(Denial("bound", name=b.name, value=b.value, source=b.source, reason=b.how))
     return out
+
+
+def bounded(denials: list[Denial]) -> list[Denial]:
+    """``denials`` with at most LISTED of each kind, and for a kind cut short one
+    more that counts the rest (what was done about each was done all the same)."""
+    seen: dict[str, int] = {}
+    kept = []
+    for d in denials:
+        seen[d.kind] = seen.get(d.kind, 0) + 1
+        if seen[d.kind] <= LISTED:
+            kept.append(d)
+    for kind, n in seen.items():
+        if n > LISTED:
+            said = "" if kind == "network" else f"and {n - LISTED} more like those, not listed"
+            kept.append(Denial("more", said, of=kind, count=n - LISTED))
+    return kept
+
+
+def unlisted(denials: list[Denial], kind: str) -> int:
+    """How many denials of ``kind`` :func:`bounded` left out."""
+    return sum(
+        int(str(d.fields["count"]))
+        for d in denials
+        if d.kind == "more" and d.fields.get("of") == kind
+    )
 
 
 def document(run_id: str, tier: str, exit_code: int, denials: list[Denial]) -> dict[str, object]:

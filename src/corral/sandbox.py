@@ -751,7 +751,7 @@ class Sandbox:
         with the commands it ran (how many, and the last HISTORY of them)."""
         if self._log is False:
             return
-        from corral import bounds, runlog
+        from corral import bounds, report, runlog
 
         record: dict[str, object] = {
             "run_id": self.run_id,
@@ -768,7 +768,7 @@ class Sandbox:
             "execs": self._execs,
             "commands": list(self._history),
             "starts": self._instance,
-            "denials": [d.recorded() for d in self.denials if d.refused],
+            "denials": [d.recorded() for d in report.bounded(self.denials) if d.refused],
             "errors": list(self.errors),
         }
         if self.plan.notes:

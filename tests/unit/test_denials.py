@@ -292,3 +292,22 @@ def test_a_host_a_tool_goes_on_to_is_named_with_the_first(tmp_path: Path) -> Non
     pol.network.allow = ["files.pythonhosted.org"]
     (only,) = report.network([entry("pypi.org", 443, "default")], pol)
     assert only.fields["allow_with"] == "--allow pypi.org:443"
+
+
+def test_denials_by_the_thousand_are_listed_up_to_a_bound_and_counted(tmp_path: Path) -> None:
+    """20,000 hard links of a secret made a 23 MB activity-log line and 20,000
+    lines on stderr (found by attacking corral): each kind lists report.LISTED,
+    one more counts the rest.  The twin: a few are listed, each its own line."""
+    links = [report.secret_copy("/ws/.env", f"/ws/d/{i}") for i in range(20_000)]
+    net = report.network(
+        [entry(f"h{i}.test", 443, "not-allowed") for i in range(300)],
+        proxy_policy(tmp_path, []),
+    )
+    kept = report.bounded(links + net)
+    lines = closing_lines(kept, proxy_policy(tmp_path, []), None)
+    assert len(kept) == 2 * report.LISTED + 2 and len(lines) == report.LISTED + 2
+    assert lines[report.LISTED] == f"and {20_000 - report.LISTED} more like those, not listed"
+    assert lines[-1].endswith(f", and {300 - report.BLOCKED_SHOWN} more (--report json lists 100)")
+    assert [d.recorded()["count"] for d in kept if d.kind == "more"] == [19_900, 200]
+    few = report.bounded(links[:3])
+    assert few == links[:3] and len(closing_lines(few, proxy_policy(tmp_path, []), None)) == 3
