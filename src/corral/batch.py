@@ -30,6 +30,7 @@ from typing import Any
 from corral.errors import EXIT_INTERNAL, EXIT_SETUP, CorralError
 from corral.paths import inside
 from corral.runlog import link_in
+from corral.trees import remove_tree
 
 OUTPUT_BYTES = 64 * 1024  # each result keeps at most this much of the job's output
 RETRIES = 2  # further attempts of a job whose machine failed
@@ -410,7 +411,7 @@ def sweep() -> None:
             mine = os.lstat(path).st_uid == os.geteuid()
             if not owner.isdigit() or not mine or _alive(int(owner)):
                 continue
-            shutil.rmtree(path)  # (never follows a link: rmtree refuses one at the top)
+            remove_tree(path)  # (corral.trees: never follows a link, any depth)
         except OSError:
             continue
 
@@ -518,7 +519,7 @@ class Warm:
             box.sandbox.close(settle=5.0)
             rest += box.new_lines()
         self.boxes.clear()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        remove_tree(self.scratch)
         return rest
 
 

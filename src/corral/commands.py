@@ -128,9 +128,14 @@ def cmd_home(args: list[str]) -> int:
         found, what = homeseed.gone_layers(), "a workspace that is gone"
     else:
         found, what = homeseed.layers_of(workspace), workspace
+    left = []
     for path in found:
-        home.remove(path)
-        print(f"removed {path}")
+        if home.remove(path):
+            print(f"removed {path}")
+        else:
+            left.append(path)
+    if left:  # (never "removed" for a layer a run made hard to remove: it kept its plants)
+        raise CorralError(f"could not remove all of {', '.join(left)}: look at what is left")
     if not found:
         _err(f"corral: no home layer for {what}")
     return 0

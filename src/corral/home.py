@@ -240,97 +240,18 @@ def _write_file(directory: int, base: str, data: bytes, name: str) -> None:
         os.close(out)
 
 
-# A directory deeper than this is moved up to the top of the layer and emptied
-# from there, so the descriptors held stay few (a run nested its layer 1,500
-# directories deep; not a recursion either: 3.11's shutil.rmtree ended in
-# RecursionError and left the layer, found by attacking corral).
-FLATTEN_AT = 64
-DIRECTORY_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+def remove(path: str) -> bool:
+    """Remove a layer, its manifest and lock (corral.trees: through descriptors
+    only, never following a link a run left); True once the layer is gone."""
+    from corral.trees import remove_tree
 
-
-def remove(path: str) -> None:
-    """Remove a layer, its manifest and lock.  Every step is taken relative to a
-    descriptor of the directory it is in, opened without following a link: a
-    run still alive swapped a directory of its layer for a link to the user's
-    files while a walk by path went on, and ``corral home clean`` deleted them
-    (found by attacking corral)."""
-    try:
-        top = os.open(path, DIRECTORY_NOFOLLOW)
-    except OSError:
-        top = -1
-    if top >= 0:
-        try:
-            _empty(top)
-        finally:
-            os.close(top)
-        _remove_entry(None, path)
+    gone = remove_tree(path)
     for beside in (".seed", ".lock"):
         try:
             os.unlink(path + beside)
         except FileNotFoundError:
             pass
-
-
-def _empty(top: int) -> None:
-    """Remove everything in the directory open as ``top``, depth first, one
-    descriptor per level held."""
-    stack = [(top, _entries(top))]
-    names: list[str] = []  # each stacked directory's name in the one above it
-    moved = 0
-    while stack:
-        fd, entries = stack[-1]
-        if not entries:  # emptied: close it and remove it from its parent
-            stack.pop()
-            if stack:
-                os.close(fd)
-                _remove_entry(stack[-1][0], names.pop())
-            continue
-        name, is_dir = entries.pop()
-        if not is_dir:
-            try:
-                os.unlink(name, dir_fd=fd)
-            except OSError:
-                pass
-        elif len(stack) > FLATTEN_AT:
-            moved += 1
-            flat = f".corral-flat-{os.getpid()}-{moved}"
-            try:
-                os.rename(name, flat, src_dir_fd=fd, dst_dir_fd=top)
-                stack[0][1].append((flat, True))
-            except OSError:
-                pass
-        else:
-            try:
-                sub = os.open(name, DIRECTORY_NOFOLLOW, dir_fd=fd)
-            except OSError:  # a link or a file now: it goes, what it names stays
-                _remove_entry(fd, name)
-                continue
-            names.append(name)
-            stack.append((sub, _entries(sub)))
-
-
-def _entries(fd: int) -> list[tuple[str, bool]]:
-    """The names in the directory open as ``fd``, and whether each is a directory
-    (a link is not)."""
-    try:
-        with os.scandir(fd) as found:
-            return [(e.name, e.is_dir(follow_symlinks=False)) for e in found]
-    except OSError:
-        return []
-
-
-def _remove_entry(fd: int | None, name: str) -> None:
-    """Remove the entry ``name`` of the directory open as ``fd``: a directory if
-    it is one (and empty), else the entry itself, never what a link names."""
-    try:
-        os.rmdir(name, dir_fd=fd)
-    except NotADirectoryError:
-        try:
-            os.unlink(name, dir_fd=fd)
-        except OSError:
-            pass
-    except OSError:
-        pass
+    return gone
 
 
 # -- skipping the seeding when nothing it looks at changed ---------------------

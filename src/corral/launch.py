@@ -450,9 +450,9 @@ class Aftercare:
         except FileNotFoundError:
             pass
         except OSError:
-            import shutil
+            from corral.trees import remove_tree
 
-            shutil.rmtree(self.plan.scratch, ignore_errors=True)
+            remove_tree(self.plan.scratch)
 
     def _remove_ephemeral_home(self) -> None:
         if self.plan.home is not None and self.plan.home.mode == "ephemeral":
@@ -635,9 +635,9 @@ def prepare_home(plan: Plan) -> None:
 def remove_scratch(plan: Plan) -> None:
     if plan.scratch is None:
         return
-    import shutil
+    from corral.trees import remove_tree
 
-    shutil.rmtree(plan.scratch, ignore_errors=True)
+    remove_tree(plan.scratch)
 
 
 def _plan_fds(

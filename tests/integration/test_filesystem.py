@@ -73,6 +73,27 @@ def test_workspace_is_writable_and_outside_is_not(tsandbox: tuple[Corral, Path])
     assert ("hosttmp=WROTE" in out) == c.has("private-tmp"), out
 
 
+def test_a_scratch_nested_deeper_than_a_recursion_is_removed(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """A run nested its TMPDIR 3,000 directories deep (1,500 here): removing the scratch ended
+    in RecursionError, exit 123, no record of the run and the scratch left on
+    the host (found by attacking corral).  Now the command's exit passes through
+    and the run is logged; the twin is a shallow one, the same way."""
+    c, ws = tsandbox
+    for depth in (1500, 10):  # (1,500: past the recursion limit, within PATH_MAX)
+        script = (
+            f'cd "${{TMPDIR:-/tmp}}" && i=0 && while [ $i -lt {depth} ]; do '
+            "mkdir d && cd d || exit 9; i=$((i+1)); done; echo x > f"
+        )
+        before = set(Path("/tmp").glob("corral-scratch-*"))
+        r = sh(c, ws, script, timeout=300)
+        assert r.returncode == 0, r.stderr.decode()[-500:]
+        assert set(Path("/tmp").glob("corral-scratch-*")) <= before
+        log = c.run(["log", "--json", "-n", "1"], cwd=ws).stdout.decode()
+        assert '"exit": 0' in log and "mkdir d" in log, log[-500:]
+
+
 def test_symlink_out_of_workspace_is_read_only(tsandbox: tuple[Corral, Path]) -> None:
     c, ws = tsandbox
     outside = c.base / "outside"

@@ -527,3 +527,19 @@ def test_home_put_follows_no_link_a_run_left_in_the_layer(box: tuple[Corral, Pat
         assert host_sh(c, ws, command).returncode == 0
     assert out(run(c, ws, "cat ~/.npmrc ~/.config/pip/precious")) == "registry=x\n[global]\n"
     assert precious.read_text() == "ORIGINAL\n"
+
+
+def test_home_clean_removes_a_layer_the_run_made_unwritable(box: tuple[Corral, Path]) -> None:
+    """A run planted ~/.bashrc, then made its layer unwritable (chmod 500): as a
+    user, `corral home clean` said "removed" and kept the plants, which the next
+    run read (found by attacking corral).  Now the layer's owner gets its rights
+    back and the layer goes; the twin is the plain clean above."""
+    c, ws = box
+    r = run(c, ws, "echo planted > ~/.bashrc && mkdir -p ~/d/e && chmod 500 ~/d/e ~/d ~")
+    assert r.returncode == 0, out(r)
+    layer = layer_of(c, ws)
+    r = c.run(["home", "clean"], cwd=ws)
+    assert r.returncode == 0 and f"removed {layer}" in r.stdout.decode(), out(r)
+    assert not layer.exists()
+    r = run(c, ws, "cat ~/.bashrc 2>/dev/null; echo done")
+    assert "planted" not in r.stdout.decode() and "done" in r.stdout.decode(), out(r)
