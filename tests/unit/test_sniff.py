@@ -174,3 +174,28 @@ def test_a_line_a_server_could_read_as_http_is_unreadable_not_none(data: bytes) 
 def test_nothing_sent_waits_until_final() -> None:
     assert claim(b"").state == "wait"
     assert claim(b"", final=True).state == "none"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"PROXY TCP4 10.9.8.7 10.0.0.1 4444 80\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n",
+        b"\r\n\r\n\x00\r\nQUIT\n\x21\x11\x00\x0c" + bytes(12) + b"GET / HTTP/1.1\r\n",
+        b"PROXY UNKNOWN\r\n\x16\x03\x01",
+    ],
+)
+def test_a_proxy_protocol_header_is_unreadable_not_none(data: bytes) -> None:
+    """A PROXY protocol header before a request for another host went through an
+    opaque tunnel unread, as "another protocol" (found by attacking corral): an
+    origin that reads one routes by what follows.  The twins: the same request
+    alone names its host, and a request after empty lines is still read."""
+    found = claim(data)
+    assert (found.state, found.reason) == (
+        "unreadable",
+        "a PROXY protocol header before the client's bytes",
+    )
+    assert claim(b"\r\n\r\n"[:3]).state == "wait"
+    assert claim(b"\r\n\r\n\x00", final=True).state == "unreadable"
+    request = b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n"
+    assert claim(request).names == ("other.test",)
+    assert claim(b"\r\n\r\n" + request).names == ("other.test",)

@@ -46,6 +46,13 @@ class Claim:
 
 WAIT = Claim("wait")
 NONE = Claim("none")
+# A PROXY protocol header (v1 text, v2 binary) before the client's own bytes: an
+# origin that reads one (nginx proxy_protocol, HAProxy, Envoy) takes the address
+# it names and routes by what follows, which the "none" of another protocol let
+# through unread (a fronted request for another host, found by attacking corral).
+PROXY_V1 = b"PROXY "
+PROXY_V2 = b"\r\n\r\n\x00\r\nQUIT\n"
+_PROXY_HEADER = Claim("unreadable", reason="a PROXY protocol header before the client's bytes")
 
 
 def claim(data: bytes, final: bool = False) -> Claim:
@@ -53,6 +60,10 @@ def claim(data: bytes, final: bool = False) -> Claim:
     (then an unfinished ClientHello or request head is unreadable, not a wait)."""
     if not data:
         return NONE if final else WAIT
+    if data[:6] == PROXY_V1 or data[:12] == PROXY_V2:
+        return _PROXY_HEADER
+    if len(data) < 12 and PROXY_V2.startswith(data):
+        return Claim("unreadable", reason="an unfinished PROXY protocol header") if final else WAIT
     found = _tls_claim(data) if data[0] == TLS_HANDSHAKE else _http_claim(data)
     if found.state == "wait" and final:
         what = "ClientHello" if data[0] == TLS_HANDSHAKE else "HTTP request head"
