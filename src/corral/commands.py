@@ -495,16 +495,19 @@ def _log_net(opts: dict[str, object], count: int) -> int:
     decision = opts.get("decision")
     if decision not in (None, "allow", "deny", "ask", "error"):
         raise CorralError("--decision: expected allow, deny, ask or error")
-    records = [
-        r
-        for r in runlog.read(path)
+    import heapq
+
+    wanted = (
+        (str(r.get("time", "")), n, r)
+        for n, r in enumerate(runlog.read(path))
         if (not opts.get("run") or str(r.get("run_id", "")).startswith(str(opts["run"])))
         and (not opts.get("host") or r.get("host") == opts["host"])
         and (decision is None or r.get("decision") == decision)
-    ]
-    # each proxy worker writes its own batches: order by the time of each request
-    records.sort(key=lambda r: str(r.get("time", "")))
-    records = records[-count:] if count else []
+    )
+    # each proxy worker writes its own batches: the last by the time of each request,
+    # holding no more than those (a sandbox can write hundreds of MB of lines: 455 MB
+    # of memory for a 60 MB log once, found by attacking corral)
+    records = [r for _, _, r in sorted(heapq.nlargest(count, wanted, key=lambda t: t[:2]))]
     if opts.get("json"):
         return _print_json_lines(records)
     for r in records:

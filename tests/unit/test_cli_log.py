@@ -147,3 +147,35 @@ def test_log_of_one_workspace(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert cli.main(["log", "--log", str(path), "--workspace", str(tmp_path)]) == 0
     out = capsys.readouterr()
     assert out.out == "" and f"no run in workspace {tmp_path} recorded" in out.err
+
+
+def test_the_net_log_is_read_holding_only_the_lines_shown_and_moved_aside_when_big(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sandbox flooding refused lookups grew net.jsonl without end, and `corral
+    log --net` held every line in memory to print 20 (455 MB for a 60 MB log;
+    found by attacking corral).  The last N by time are kept as the log is read,
+    in time order (two workers' batches interleave), and a log past KEEP_BYTES is
+    moved aside by the next run that opens it.  The twin: a small log stays."""
+    from corral.net import audit
+
+    path = tmp_path / "net.jsonl"
+    times = [5, 1, 4, 2, 3, 9, 7]  # (as two workers' batches land)
+    for t in times:
+        line = {
+            "time": f"2024-01-01T00:00:0{t}Z",
+            "run_id": "r",
+            "decision": "deny",
+            "host": f"h{t}",
+        }
+        runlog.append(line, str(path))
+    assert cli.main(["log", "--net", "--net-log", str(path), "-n", "3", "--json"]) == 0
+    shown = [json.loads(x)["host"] for x in capsys.readouterr().out.splitlines()]
+    assert shown == ["h5", "h7", "h9"]
+    size = path.stat().st_size
+    monkeypatch.setattr(audit, "KEEP_BYTES", size + 1)
+    audit.Audit(str(path)).close()  # the twin: under the bound, kept
+    assert path.stat().st_size == size and not Path(f"{path}.1").exists()
+    monkeypatch.setattr(audit, "KEEP_BYTES", size - 1)
+    audit.Audit(str(path)).close()
+    assert Path(f"{path}.1").stat().st_size == size and path.stat().st_size == 0

@@ -31,6 +31,9 @@ FLUSH_SECONDS = 0.05
 # proxy's memory through the tally (one entry per distinct destination).
 # Beyond them requests are counted, and the log says so.
 RUN_MAX_BYTES = 256 << 20
+# A log that grew past this is moved aside (to NAME.1, replacing the one there) by
+# the next run that opens it: every run is bounded, and so is the log of all runs.
+KEEP_BYTES = 256 << 20
 TALLY_MAX = 10_000
 # Names a run's resolver answered and hosts it asked the proxy for, kept to tell a
 # tool that ignores the proxy variables (it looks a name up, then connects
@@ -52,6 +55,8 @@ class Audit:
             from corral.runlog import open_log
 
             self.fd = open_log(path)  # (no link followed: see open_log)
+            if os.fstat(self.fd).st_size > KEEP_BYTES:
+                self.fd = _moved_aside(path, self.fd)
         self.denied: dict[DenyKey, int] = {}  # (host, port, rule, reason, ...) -> count
         self.looked_up: dict[str, str] = {}  # name the resolver answered -> an address
         self.asked: set[str] = set()  # hosts asked of the proxy (connections, requests)
@@ -154,6 +159,20 @@ class Audit:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _moved_aside(path: str, fd: int) -> int:
+    """A fresh log at ``path``, the full one kept as ``path``.1."""
+    from corral.runlog import open_log
+
+    try:
+        if not os.path.samestat(os.stat(path), os.fstat(fd)):
+            return fd  # (another run moved it first: this one is fresh)
+        os.replace(path, path + ".1")
+    except OSError:
+        return fd  # (it cannot be: go on writing)
+    os.close(fd)
+    return open_log(path)
 
 
 def _encoder() -> Callable[[dict[str, object]], str]:
