@@ -162,7 +162,7 @@ def test_the_net_log_is_read_holding_only_the_lines_shown_and_moved_aside_when_b
     path = tmp_path / "net.jsonl"
     times = [5, 1, 4, 2, 3, 9, 7]  # (as two workers' batches land)
     for t in times:
-        line = {
+        line: dict[str, object] = {
             "time": f"2024-01-01T00:00:0{t}Z",
             "run_id": "r",
             "decision": "deny",
