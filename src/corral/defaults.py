@@ -71,6 +71,7 @@ READ_DENY_HOME = (
     "~/.config/doctl/",
     "~/.kube/",
     "~/.docker/",
+    "~/.dockercfg",  # docker's older registry credentials (copied into the home layer)
     "~/.gnupg/",
     "~/.password-store/",
     "~/.vault-token",
@@ -113,8 +114,12 @@ READ_DENY_HOME = (
     "~/.fly/",  # fly.io: access token
     "~/.databrickscfg",
     "~/.huggingface/",  # (Hugging Face's older token place)
+    "~/.config/solana/",  # Solana CLI keypairs (id.json)
+    "~/.electrum/",  # Electrum wallets
+    "~/.Xauthority",  # the X server's cookie: a program holding it controls the display
     # browser profiles hold session cookies
     "~/.mozilla/",
+    "~/.thunderbird/",  # mail profiles: account passwords and session cookies
     "~/.config/google-chrome/",
     "~/.config/chromium/",
     # shell history often holds pasted tokens
@@ -142,6 +147,8 @@ READ_DENY_IF_PRESENT = (
     "~/.nuget/NuGet/NuGet.Config",
     "~/.local/share/keyrings/",
     "~/.cache/huggingface/token",  # Hugging Face's access token
+    "~/.pulumi/credentials.json",  # Pulumi's access tokens
+    "~/.ethereum/keystore/",  # geth's encrypted account keys (the chain data stays readable)
     "~/.config/sops/age/keys.txt",  # age private keys sops decrypts with
     "/etc/shadow",
     "/etc/gshadow",

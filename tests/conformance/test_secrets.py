@@ -29,6 +29,9 @@ SECRET_FILES = [
     ".gemini/oauth_creds.json",
     ".config/github-copilot/apps.json",
     ".cache/huggingface/token",
+    ".dockercfg",
+    ".config/solana/id.json",
+    ".pulumi/credentials.json",
 ]
 
 
