@@ -135,7 +135,7 @@ def cmd_home(args: list[str]) -> int:
         else:
             left.append(path)
     if left:  # (never "removed" for a layer a run made hard to remove: it kept its plants)
-        raise CorralError(f"could not remove all of {', '.join(left)}: look at what is left")
+        raise CorralError(f"could not remove all of {', '.join(left)}: look at what is left", 1)
     if not found:
         _err(f"corral: no home layer for {what}")
     return 0
