@@ -554,3 +554,29 @@ def test_a_layer_that_cannot_be_made_names_what_to_do(tmp_path: Path) -> None:
     ok = home.HomeLayer(str(tmp_path / "homes" / "ws-1"), "persist", "host", "/ws", None)
     home.prepare(ok)  # the twin: a writable place works
     assert os.path.isdir(ok.path)
+
+
+def test_clean_says_what_it_could_not_remove(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`corral home clean` printed "removed" whatever was left (found by attacking
+    corral): a layer not removed entirely is named on stderr, exit 1.  The twin:
+    one that goes is said removed, exit 0."""
+    from corral import cli
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for gone in (False, True):
+        layer = Path(home.layer_path(str(ws), "host"))
+        (layer / "d").mkdir(parents=True)
+        monkeypatch.setattr(home, "remove", lambda path, gone=gone: gone)
+        code = cli.main(["home", "clean", "--workspace", str(ws)])
+        said = capsys.readouterr()
+        if gone:
+            assert code == 0 and said.out == f"removed {layer}\n"
+        else:
+            assert code == 1 and f"could not remove all of {layer}" in said.err and not said.out
+        monkeypatch.undo()
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+        home.remove(str(layer))
