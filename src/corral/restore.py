@@ -149,8 +149,8 @@ def _write(parent: int, name: str, tree: Tree) -> None:
         for rel in sorted(tree):  # parents sort before their entries
             kind, mode, data = tree[rel][:3]
             at, entry = dirs.holding(rel)
-            if kind == "d":
-                os.mkdir(entry, mode, dir_fd=at)
+            if kind == "d":  # its own mode last: a read-only one would keep us out
+                os.mkdir(entry, 0o700, dir_fd=at)
             elif kind == "l":
                 os.symlink(os.fsdecode(data), entry, dir_fd=at)
             elif kind == "p":
@@ -174,6 +174,38 @@ def _write(parent: int, name: str, tree: Tree) -> None:
                 os.utime(entry, ns=(atime, mtime), dir_fd=at, follow_symlinks=False)
     finally:
         dirs.close()
+
+
+def _exists(at: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=at, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _why(moved: list[Denial]) -> str:
+    """Why the quarantine left a path where it was (its denial's error)."""
+    return str(moved[0].fields.get("error") or "") if moved else "it could not be moved"
+
+
+def _write_owned(held: int, name: str, tree: Tree) -> str:
+    """:func:`_write`; "" or why it failed.  A directory holding the path that the
+    run made read-only (``chmod 555 .git``) gets its owner's rights back and the
+    write is tried once more (the run's hook or ``core.fsmonitor`` stayed, and ran
+    on the host at the next commit: found by attacking corral)."""
+    try:
+        try:
+            _write(held, name, tree)
+        except PermissionError:
+            from corral.paths import give_back
+
+            if not give_back(held):
+                raise
+            _write(held, name, tree)
+    except OSError as exc:
+        return str(exc)
+    return ""
 
 
 def _chmod(at: int, entry: str, kind: str, mode: int) -> None:
@@ -253,11 +285,10 @@ def restore(
         try:
             left = os.fstat(held)  # as the run left it: the undo must not show there
             moved = quarantine([path], run_id) if os.path.lexists(path) else []
-            error = ""
-            try:
-                _write(held, name, before)
-            except OSError as exc:
-                error = str(exc)
+            # what the quarantine could neither move nor remove stays as the run left
+            # it: said so, never "removed" (and no write to fail on it)
+            stays = _exists(held, name)
+            error = _why(moved) if stays else _write_owned(held, name, before)
             try:
                 os.utime(held, ns=(left.st_atime_ns, left.st_mtime_ns))
             except OSError:
@@ -265,7 +296,7 @@ def restore(
         finally:
             os.close(held)
         moved_to = str(moved[0].fields.get("moved_to") or "") if moved else ""
-        said.append(restored(path, moved_to, error, rule=rule))
+        said.append(restored(path, "" if stays else moved_to, error, rule=rule, stays=stays))
     if carried:
         said += _put_back(carried, roots, run_id)
     if strays:
@@ -374,7 +405,14 @@ def _unlink(path: str) -> None:
 
     parent, name = open_parent(path)
     try:
-        os.unlink(name, dir_fd=parent)
+        try:
+            os.unlink(name, dir_fd=parent)
+        except PermissionError:  # a directory the run made read-only: see give_back
+            from corral.paths import give_back
+
+            if not give_back(parent):
+                raise
+            os.unlink(name, dir_fd=parent)
     finally:
         os.close(parent)
 
