@@ -23,7 +23,9 @@ back where it was (what the run made at its old path goes to the quarantine).
 Restoring happens when nothing of this run's sandbox is left running; another
 sandbox in the same workspace may still be, and swap a directory on the way for
 a symlink to a host directory between a check and a write (it once had corral
-create ``~/.config/git/config``: found by attacking corral).  So everything is
+create ``~/.config/git/config``: found by attacking corral), or do it while a
+launcher takes its snapshot (which then read a host file the sandbox could not,
+for the restore to write into the workspace).  So everything is read and
 written through directory descriptors walked without following a symlink
 (:func:`corral.paths.open_dir`), never through a path string.
 
@@ -63,54 +65,95 @@ class TooLarge(Exception):
 
 
 def _walk(path: str) -> Tree | None:
-    """The tree at ``path`` without following symlinks; None if nothing is there."""
-    tree: Tree = {}
-    total = 0
+    """The tree at ``path`` without following symlinks; None if nothing is there.
 
-    def visit(full: str, rel: str, depth: int = 0) -> None:
-        nonlocal total
-        st = os.lstat(full)
-        if len(tree) >= MAX_ENTRIES:
-            raise TooLarge(f"{path} has more than {MAX_ENTRIES} entries")
-        if depth > MAX_DEPTH:
-            raise TooLarge(f"{path} is more than {MAX_DEPTH} directories deep")
-        times = (st.st_mtime_ns, st.st_atime_ns, (st.st_dev, st.st_ino, st.st_nlink))
-        if stat.S_ISLNK(st.st_mode):
-            tree[rel] = ("l", 0, os.fsencode(os.readlink(full)), *times)  # (any bytes)
-        elif stat.S_ISDIR(st.st_mode):
-            tree[rel] = ("d", stat.S_IMODE(st.st_mode), b"", *times)
-            for name in sorted(os.listdir(full)):
-                visit(os.path.join(full, name), os.path.join(rel, name) if rel else name, depth + 1)
-        elif stat.S_ISREG(st.st_mode):
-            total += st.st_size
-            if total > MAX_BYTES:
-                raise TooLarge(f"{path} holds more than {MAX_BYTES >> 20} MiB")
-            # (a process of the run still alive could swap in a FIFO or keep the
-            # file growing: the open never waits, and the read is bounded)
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise TooLarge(f"{full} is no longer a regular file")
-                data = b""
-                room = MAX_BYTES - total + st.st_size + 1
-                while len(data) < room and (chunk := os.read(fd, min(1 << 20, room))):
-                    data += chunk
-            finally:
-                os.close(fd)
-            total += len(data) - st.st_size
-            if total > MAX_BYTES:
-                raise TooLarge(f"{path} holds more than {MAX_BYTES >> 20} MiB")
-            tree[rel] = ("f", stat.S_IMODE(st.st_mode), data, *times)
-        elif stat.S_ISFIFO(st.st_mode):  # made again on restore (empty, like any FIFO)
-            tree[rel] = ("p", stat.S_IMODE(st.st_mode), b"", *times)
-        else:  # socket/device
-            tree[rel] = ("o", stat.S_IMODE(st.st_mode), b"", *times)
+    Read through directory descriptors walked from ``/`` without following a
+    symlink (:func:`corral.paths.open_dir`), each entry opened relative to the
+    descriptor of the directory holding it, never by a path: another sandbox
+    still running in the workspace swapped a directory of the tree for a link to
+    a host directory while this walk was in it, and the snapshot read a file the
+    sandbox could not (the restore then wrote it into the workspace: found by
+    attacking corral).  A symlink on the way to ``path`` is an OSError (ELOOP or
+    ENOTDIR), as is an entry swapped for one between its look and its open."""
+    from corral.paths import open_parent
 
     try:
-        visit(path, "")
+        parent, name = open_parent(path)
     except FileNotFoundError:
-        return tree or None
-    return tree
+        return None
+    walk = _Walk(path)
+    try:
+        walk.visit(parent, name, "", 0)
+    except FileNotFoundError:
+        return walk.tree or None
+    finally:
+        os.close(parent)
+    return walk.tree
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _Walk:
+    """One walk of :func:`_walk`: the tree so far and the bytes read."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.tree: Tree = {}
+        self.total = 0
+
+    def visit(self, at: int, name: str, rel: str, depth: int) -> None:
+        """Note ``name`` (in the directory ``at``) as ``rel``, and what it holds."""
+        if len(self.tree) >= MAX_ENTRIES:
+            raise TooLarge(f"{self.path} has more than {MAX_ENTRIES} entries")
+        if depth > MAX_DEPTH:
+            raise TooLarge(f"{self.path} is more than {MAX_DEPTH} directories deep")
+        st = os.stat(name, dir_fd=at, follow_symlinks=False)
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISLNK(st.st_mode):  # (any bytes)
+            self.tree[rel] = ("l", 0, os.fsencode(os.readlink(name, dir_fd=at)), *_times(st))
+        elif stat.S_ISDIR(st.st_mode):
+            fd = os.open(name, _DIR, dir_fd=at)  # (a link swapped in since: ELOOP)
+            try:
+                st = os.fstat(fd)  # what is noted is what is read
+                self.tree[rel] = ("d", stat.S_IMODE(st.st_mode), b"", *_times(st))
+                for child in sorted(os.listdir(fd)):
+                    self.visit(fd, child, os.path.join(rel, child) if rel else child, depth + 1)
+            finally:
+                os.close(fd)
+        elif stat.S_ISREG(st.st_mode):
+            self._file(at, name, rel)
+        elif stat.S_ISFIFO(st.st_mode):  # made again on restore (empty, like any FIFO)
+            self.tree[rel] = ("p", mode, b"", *_times(st))
+        else:  # socket/device
+            self.tree[rel] = ("o", mode, b"", *_times(st))
+
+    def _file(self, at: int, name: str, rel: str) -> None:
+        # (a process of the run still alive could swap in a FIFO or keep the file
+        # growing: the open never waits, and the read is bounded)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(name, flags, dir_fd=at)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise TooLarge(f"{os.path.join(self.path, rel)} is no longer a regular file")
+            if self.total + st.st_size > MAX_BYTES:
+                raise TooLarge(f"{self.path} holds more than {MAX_BYTES >> 20} MiB")
+            data = b""
+            room = MAX_BYTES - self.total + 1
+            while len(data) < room and (chunk := os.read(fd, min(1 << 20, room - len(data)))):
+                data += chunk
+        finally:
+            os.close(fd)
+        self.total += len(data)
+        if self.total > MAX_BYTES:
+            raise TooLarge(f"{self.path} holds more than {MAX_BYTES >> 20} MiB")
+        self.tree[rel] = ("f", stat.S_IMODE(st.st_mode), data, *_times(st))
+
+
+def _times(st: os.stat_result) -> tuple[int, int, tuple[int, int, int]]:
+    """A tree entry's mtime, atime and (dev, inode, links)."""
+    return st.st_mtime_ns, st.st_atime_ns, (st.st_dev, st.st_ino, st.st_nlink)
 
 
 def snapshot(paths: Iterable[str], rules: Mapping[str, str] | None = None) -> dict[str, Tree]:

@@ -6,6 +6,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,7 +71,7 @@ def test_a_fifo_swapped_in_after_the_look_never_holds_the_walk(
     fifo = tmp_path / "config"
     os.mkfifo(fifo)
     regular = os.stat(tmp_path)  # its times; the mode is made regular below
-    real_lstat = os.lstat
+    real_stat = os.stat
 
     class Regular:
         st_mode = stat.S_IFREG | 0o644
@@ -79,10 +80,10 @@ def test_a_fifo_swapped_in_after_the_look_never_holds_the_walk(
         st_atime_ns = regular.st_atime_ns
         st_dev, st_ino, st_nlink = regular.st_dev, 1, 1
 
-    def lstat(path: object) -> object:
-        return Regular() if str(path) == str(fifo) else real_lstat(path)  # type: ignore[arg-type]
+    def look(path: Any, **kw: Any) -> object:  # the walk's look, by its directory
+        return Regular() if str(path) == fifo.name and "dir_fd" in kw else real_stat(path, **kw)
 
-    monkeypatch.setattr(os, "lstat", lstat)
+    monkeypatch.setattr(os, "stat", look)
     with pytest.raises(restore.TooLarge, match="no longer a regular file"):
         restore._walk(str(fifo))
 
