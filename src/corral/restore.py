@@ -40,6 +40,8 @@ from __future__ import annotations
 import os
 import stat
 
+from corral.paths import inside
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -57,7 +59,9 @@ MAX_DEPTH = 64
 # links)); a change is anything but the access time, which reading alone moves
 Tree = dict[str, tuple[str, int, bytes, int, int, tuple[int, int, int]]]
 Inode = tuple[int, int]
-MAX_SEARCH = 500_000  # entries looked at for a secret's other names (only if it moved)
+# entries looked at for a secret's other names (only if it moved): about a second
+# for 1,000,000 here (a listing's entries carry their inodes: no stat each)
+MAX_SEARCH = 2_000_000
 
 
 class TooLarge(Exception):
@@ -506,49 +510,95 @@ def _take_out_copies(
         else:
             dest, error = move_out(copy, run_id)
         said.append(secret_copy(min(strays[inode]), copy, dest, error))
-    if not complete:
+    if not complete:  # (corral.unfinished refuses later runs there until it is found)
+        import shlex
+
+        where = " ".join(shlex.quote(r) for r in _outermost(roots))
         for inode, names in strays.items():
-            why = f"more than {MAX_SEARCH} entries; look for inode {inode[1]}"
+            why = f"more than {MAX_SEARCH} entries; look for inode {inode[1]}: "
+            why += f"find {where} -xdev -inum {inode[1]}"
             said.append(secret_copy(min(names), "", "", why))
     return said
 
 
 def _still_at(names: set[str], inode: Inode) -> bool:
     """The secret's inode is still at one of the names it had at launch."""
-    for name in names:
-        try:
-            st = os.lstat(name)
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == inode:
-            return True
-    return False
+    return any(_is(name, inode) for name in names)
 
 
 def _find_inodes(
     strays: dict[Inode, set[str]], roots: Sequence[str]
 ) -> tuple[list[tuple[str, Inode]], bool]:
     """Paths under ``roots`` (not following symlinks) whose inode is a stray and
-    that are not one of its names at launch; and whether the search was complete."""
+    that are not one of its names at launch; and whether the search was complete.
+
+    The roots in their order, each searched whole before the next: the workspace
+    first, the home layer last (a run filled its home layer with 510,000 empty
+    files, searched first, and the bound stopped the search before it reached
+    the ``notes.txt`` the run had renamed ``.env`` to: found by attacking corral).
+    Each directory is read once, as a stream, its entries' inodes from the
+    listing itself (no stat but for a match); the search ends as soon as every
+    stray's names are all accounted for (:class:`_Names`)."""
     inodes = {ino for _, ino in strays}
     known = {name for names in strays.values() for name in names}
+    names = _Names(strays)
     found: list[tuple[str, Inode]] = []
     seen = 0
-    pending = [r for r in dict.fromkeys(roots) if os.path.isdir(r)]
-    while pending:
-        try:
-            entries = list(os.scandir(pending.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            seen += 1
-            if seen > MAX_SEARCH:
-                return found, False
-            if entry.inode() in inodes and entry.path not in known:
-                st = entry.stat(follow_symlinks=False)
-                if (st.st_dev, st.st_ino) in strays:
-                    found.append((entry.path, (st.st_dev, st.st_ino)))
-                    continue  # a whole directory goes: nothing beneath to look at
-            if entry.is_dir(follow_symlinks=False):
-                pending.append(entry.path)
+    for root in _outermost(roots):
+        pending = [root]
+        while pending:
+            try:
+                listing = os.scandir(pending.pop())
+            except OSError:
+                continue
+            with listing:
+                for entry in listing:
+                    seen += 1
+                    if seen > MAX_SEARCH:
+                        return found, False
+                    if entry.inode() in inodes and entry.path not in known:
+                        st = entry.stat(follow_symlinks=False)
+                        if (st.st_dev, st.st_ino) in strays:
+                            found.append((entry.path, (st.st_dev, st.st_ino)))
+                            if names.found(st):
+                                return found, True
+                            continue  # a whole directory goes: nothing beneath to look at
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(entry.path)
     return found, True
+
+
+def _outermost(roots: Sequence[str]) -> list[str]:
+    """The directories among ``roots``, in order, but those inside one before them
+    (searched there already: a copy found twice would be moved out twice)."""
+    kept: list[str] = []
+    for root in dict.fromkeys(roots):
+        if os.path.isdir(root) and not any(inside(root, k) for k in kept):
+            kept.append(root)
+    return kept
+
+
+class _Names:
+    """How many other names of each stray are still to be found: a directory has
+    one; a file as many as its links but those it still has at launch names."""
+
+    def __init__(self, strays: dict[Inode, set[str]]) -> None:
+        self.strays = strays
+        self.left: dict[Inode, int] = {}
+
+    def found(self, st: os.stat_result) -> bool:
+        """One more name of the stray ``st`` found; whether every stray's are."""
+        inode = (st.st_dev, st.st_ino)
+        if inode not in self.left:
+            at_launch = sum(_is(name, inode) for name in self.strays[inode])
+            self.left[inode] = 1 if stat.S_ISDIR(st.st_mode) else st.st_nlink - at_launch
+        self.left[inode] -= 1
+        return len(self.left) == len(self.strays) and max(self.left.values()) <= 0
+
+
+def _is(name: str, inode: Inode) -> bool:
+    try:
+        st = os.lstat(name)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == inode
