@@ -10,6 +10,7 @@ what is left to remove) is the plan's
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import time
@@ -303,6 +304,11 @@ class Aftercare:
         self.done = False  # the strategy's cleanup ran
         self.companion_forked = False
         self.marker: Marker | None = None
+        if plan.strategy.confines:
+            from corral import unfinished
+
+            # nothing set up yet: a refusal leaves nothing behind
+            unfinished.check(self._places())
         if plan.cgroup is not None:
             from corral.cgroups import CgroupRun
 
@@ -341,10 +347,7 @@ class Aftercare:
             # is refused by any run started then (corral.liveruns)
             from corral import liveruns
 
-            places = [os.path.realpath(p) for p in plan.policy.writable_paths()]
-            if plan.home is not None:  # the home layer too: a run writes there as well
-                places.append(os.path.realpath(plan.home.path))
-            self.marker = liveruns.register(run_id, places)
+            self.marker = liveruns.register(run_id, self._places())
         if (
             self.cg is not None
             or plan.quarantine
@@ -369,6 +372,13 @@ class Aftercare:
                     self.marker.remove()
                 raise
             self.companion_forked = first is not None
+
+    def _places(self) -> list[str]:
+        """Where the run can write (real paths), the home layer too."""
+        places = [os.path.realpath(p) for p in self.plan.policy.writable_paths()]
+        if self.plan.home is not None:  # the home layer too: a run writes there as well
+            places.append(os.path.realpath(self.plan.home.path))
+        return places
 
     def launched(self, pid: int) -> None:
         if self.guardian is not None:
@@ -412,6 +422,9 @@ class Aftercare:
             lambda: created_repositories(self.plan, self.run_id),
             self._remove_scratch,
             self._remove_ephemeral_home,
+            # what could not be undone refuses later runs there, before the run
+            # stops being live (a policy file it left is refused meanwhile)
+            functools.partial(self._hold, said),  # (the list itself: it grows)
             self._unmark,  # last: what it made is quarantined now
         ):
             try:
@@ -421,6 +434,16 @@ class Aftercare:
         if failed:
             raise failed[0]
         return said
+
+    def _hold(self, said: list[Denial]) -> list[Denial]:
+        """Refuse later runs where this one left what corral could not undo
+        (corral.unfinished); the line that says so, if any."""
+        from corral import unfinished
+
+        lines = unfinished.left(said)
+        if not lines:
+            return []
+        return [unfinished.record(self.run_id, self._places(), lines)]
 
     def _stop(self) -> None:
         if not self.done:

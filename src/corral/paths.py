@@ -59,3 +59,50 @@ def errno_einval() -> int:
     import errno
 
     return errno.EINVAL
+
+
+def give_back(fd: int) -> bool:
+    """Give the owner read, write and search again on the directory ``fd`` (opened
+    without following a symlink) if it is ours and lacks one: a run can ``chmod
+    555`` a directory of its workspace, and the aftercare, acting as the same user,
+    could then neither take out nor put back what the run left in it (found by
+    attacking corral).  The workspace is the user's: its directories are theirs to
+    write.  Whether the mode changed."""
+    import os
+    import stat
+
+    st = os.fstat(fd)
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or mode & 0o700 == 0o700:
+        return False
+    try:
+        os.fchmod(fd, mode | 0o700)
+    except OSError:
+        return False
+    return True
+
+
+def give_back_entry(at: int, name: str) -> bool:
+    """:func:`give_back` for the directory ``name`` in the directory ``at``, which
+    may refuse to be opened for reading (mode 0): pinned by an ``O_PATH``
+    descriptor opened without following, changed through that descriptor's
+    ``/proc/self/fd`` name (fchmod refuses an ``O_PATH`` descriptor).  False for
+    anything but a directory."""
+    import os
+    import stat
+
+    try:
+        fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid != os.geteuid() or mode & 0o700 == 0o700:
+            return False
+        os.chmod(f"/proc/self/fd/{fd}", mode | 0o700)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True

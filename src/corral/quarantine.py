@@ -79,7 +79,7 @@ def _move_out(parent: int, name: str, dest: str, run_id: str) -> tuple[str, str]
         return "", _removed(parent, name, str(exc))
     try:
         try:
-            os.rename(name, os.path.basename(dest), src_dir_fd=parent, dst_dir_fd=into)
+            _rename(parent, name, into, os.path.basename(dest))
             return dest, ""
         except OSError as exc:
             if exc.errno != errno.EXDEV:
@@ -91,6 +91,19 @@ def _move_out(parent: int, name: str, dest: str, run_id: str) -> tuple[str, str]
         return "", _removed(parent, name, why)
     ok = _remove(parent, name)
     return dest, ("" if ok else "copied, but it could not be removed from the workspace")
+
+
+def _rename(parent: int, name: str, into: int, dname: str) -> None:
+    """Rename ``name`` (in ``parent``) to ``dname`` (in ``into``).  Refused (EACCES,
+    EPERM) when the run took the write bit off ``parent``, or off ``name`` itself
+    if it is a directory (its ``..`` changes): the owner's rights are given back
+    through descriptors (:func:`corral.paths.give_back`) and it is tried once more."""
+    try:
+        os.rename(name, dname, src_dir_fd=parent, dst_dir_fd=into)
+    except PermissionError:
+        if not (paths.give_back(parent) | paths.give_back_entry(parent, name)):
+            raise
+        os.rename(name, dname, src_dir_fd=parent, dst_dir_fd=into)
 
 
 class _Refused(Exception):
@@ -196,23 +209,51 @@ def _copy_file(src: int, name: str, dst: int, dname: str, room: int) -> int:
 
 def _remove(parent: int, name: str) -> bool:
     """Remove ``name`` in the directory ``parent`` (a tree: through descriptors, no
-    symlink followed, no recursion, however deep); whether it is gone."""
+    symlink followed, no recursion, however deep); whether it is gone.  A
+    directory the run made read-only (``chmod 555``) gets its owner's rights back
+    first (:func:`corral.paths.give_back`): it leaves the workspace anyway."""
     try:
-        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        if not stat.S_ISDIR(st.st_mode):
-            os.unlink(name, dir_fd=parent)
-            return True
-        top = os.open(name, _DIR, dir_fd=parent)
         try:
-            _empty(top)
-        finally:
-            os.close(top)
-        os.rmdir(name, dir_fd=parent)
+            _remove_once(parent, name)
+        except PermissionError:
+            if not paths.give_back(parent):
+                raise
+            _remove_once(parent, name)
     except FileNotFoundError:
         return True
     except OSError:
         return False
     return True
+
+
+def _remove_once(parent: int, name: str) -> None:
+    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=parent)
+        return
+    top = _open_owned(parent, name)
+    try:
+        _empty(top)
+    finally:
+        os.close(top)
+    os.rmdir(name, dir_fd=parent)
+
+
+def _open_owned(at: int, name: str) -> int:
+    """The directory ``name`` in ``at``, opened without following, with its owner's
+    rights given back if the run took them (to be listed and emptied)."""
+    try:
+        fd = os.open(name, _DIR, dir_fd=at)
+    except PermissionError:  # (no read bit: it cannot even be opened)
+        if not paths.give_back_entry(at, name):
+            raise
+        fd = os.open(name, _DIR, dir_fd=at)
+    try:
+        paths.give_back(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _empty(top: int) -> None:
@@ -240,9 +281,10 @@ def _empty(top: int) -> None:
                 flat += 1
                 while _exists(top, f".corral-flat-{flat}"):
                     flat += 1
+                paths.give_back_entry(fd, sub)  # (its ".." changes: its write bit)
                 os.rename(sub, f".corral-flat-{flat}", src_dir_fd=fd, dst_dir_fd=top)
                 continue
-            frames.append((os.open(sub, _DIR, dir_fd=fd), sub, []))
+            frames.append((_open_owned(fd, sub), sub, []))
     finally:
         for fd, _, _ in frames[1:]:
             os.close(fd)

@@ -138,11 +138,20 @@ def repositories_unchecked(limit: int) -> Denial:
 
 
 def restored(
-    path: str, moved_to: str = "", error: str = "", parent: str = "", rule: str = "write-deny"
+    path: str,
+    moved_to: str = "",
+    error: str = "",
+    parent: str = "",
+    rule: str = "write-deny",
+    stays: bool = False,
 ) -> Denial:
     """A write-deny path or a secret changed during the run and put back (tiers without
-    mounts).  ``parent``: the directory holding it was replaced, so nothing was put back."""
-    if parent:
+    mounts).  ``parent``: the directory holding it was replaced, so nothing was put back;
+    ``stays``: what the run left there could not be taken out (``error`` says why)."""
+    if stays:
+        text = f"denied write: {path} ({rule}) was changed; what the run left there could "
+        text += f"not be taken out ({error}): it stays as the run left it, not restored"
+    elif parent:
         text = f"denied write: {path} ({rule}) was changed, and {parent} was replaced; "
         text += "not restored"
         error = f"{parent} was replaced"

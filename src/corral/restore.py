@@ -23,7 +23,9 @@ back where it was (what the run made at its old path goes to the quarantine).
 Restoring happens when nothing of this run's sandbox is left running; another
 sandbox in the same workspace may still be, and swap a directory on the way for
 a symlink to a host directory between a check and a write (it once had corral
-create ``~/.config/git/config``: found by attacking corral).  So everything is
+create ``~/.config/git/config``: found by attacking corral), or do it while a
+launcher takes its snapshot (which then read a host file the sandbox could not,
+for the restore to write into the workspace).  So everything is read and
 written through directory descriptors walked without following a symlink
 (:func:`corral.paths.open_dir`), never through a path string.
 
@@ -37,6 +39,8 @@ from __future__ import annotations
 
 import os
 import stat
+
+from corral.paths import inside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -55,7 +59,9 @@ MAX_DEPTH = 64
 # links)); a change is anything but the access time, which reading alone moves
 Tree = dict[str, tuple[str, int, bytes, int, int, tuple[int, int, int]]]
 Inode = tuple[int, int]
-MAX_SEARCH = 500_000  # entries looked at for a secret's other names (only if it moved)
+# entries looked at for a secret's other names (only if it moved): about a second
+# for 1,000,000 here (a listing's entries carry their inodes: no stat each)
+MAX_SEARCH = 2_000_000
 
 
 class TooLarge(Exception):
@@ -63,54 +69,95 @@ class TooLarge(Exception):
 
 
 def _walk(path: str) -> Tree | None:
-    """The tree at ``path`` without following symlinks; None if nothing is there."""
-    tree: Tree = {}
-    total = 0
+    """The tree at ``path`` without following symlinks; None if nothing is there.
 
-    def visit(full: str, rel: str, depth: int = 0) -> None:
-        nonlocal total
-        st = os.lstat(full)
-        if len(tree) >= MAX_ENTRIES:
-            raise TooLarge(f"{path} has more than {MAX_ENTRIES} entries")
-        if depth > MAX_DEPTH:
-            raise TooLarge(f"{path} is more than {MAX_DEPTH} directories deep")
-        times = (st.st_mtime_ns, st.st_atime_ns, (st.st_dev, st.st_ino, st.st_nlink))
-        if stat.S_ISLNK(st.st_mode):
-            tree[rel] = ("l", 0, os.fsencode(os.readlink(full)), *times)  # (any bytes)
-        elif stat.S_ISDIR(st.st_mode):
-            tree[rel] = ("d", stat.S_IMODE(st.st_mode), b"", *times)
-            for name in sorted(os.listdir(full)):
-                visit(os.path.join(full, name), os.path.join(rel, name) if rel else name, depth + 1)
-        elif stat.S_ISREG(st.st_mode):
-            total += st.st_size
-            if total > MAX_BYTES:
-                raise TooLarge(f"{path} holds more than {MAX_BYTES >> 20} MiB")
-            # (a process of the run still alive could swap in a FIFO or keep the
-            # file growing: the open never waits, and the read is bounded)
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise TooLarge(f"{full} is no longer a regular file")
-                data = b""
-                room = MAX_BYTES - total + st.st_size + 1
-                while len(data) < room and (chunk := os.read(fd, min(1 << 20, room))):
-                    data += chunk
-            finally:
-                os.close(fd)
-            total += len(data) - st.st_size
-            if total > MAX_BYTES:
-                raise TooLarge(f"{path} holds more than {MAX_BYTES >> 20} MiB")
-            tree[rel] = ("f", stat.S_IMODE(st.st_mode), data, *times)
-        elif stat.S_ISFIFO(st.st_mode):  # made again on restore (empty, like any FIFO)
-            tree[rel] = ("p", stat.S_IMODE(st.st_mode), b"", *times)
-        else:  # socket/device
-            tree[rel] = ("o", stat.S_IMODE(st.st_mode), b"", *times)
+    Read through directory descriptors walked from ``/`` without following a
+    symlink (:func:`corral.paths.open_dir`), each entry opened relative to the
+    descriptor of the directory holding it, never by a path: another sandbox
+    still running in the workspace swapped a directory of the tree for a link to
+    a host directory while this walk was in it, and the snapshot read a file the
+    sandbox could not (the restore then wrote it into the workspace: found by
+    attacking corral).  A symlink on the way to ``path`` is an OSError (ELOOP or
+    ENOTDIR), as is an entry swapped for one between its look and its open."""
+    from corral.paths import open_parent
 
     try:
-        visit(path, "")
+        parent, name = open_parent(path)
     except FileNotFoundError:
-        return tree or None
-    return tree
+        return None
+    walk = _Walk(path)
+    try:
+        walk.visit(parent, name, "", 0)
+    except FileNotFoundError:
+        return walk.tree or None
+    finally:
+        os.close(parent)
+    return walk.tree
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _Walk:
+    """One walk of :func:`_walk`: the tree so far and the bytes read."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.tree: Tree = {}
+        self.total = 0
+
+    def visit(self, at: int, name: str, rel: str, depth: int) -> None:
+        """Note ``name`` (in the directory ``at``) as ``rel``, and what it holds."""
+        if len(self.tree) >= MAX_ENTRIES:
+            raise TooLarge(f"{self.path} has more than {MAX_ENTRIES} entries")
+        if depth > MAX_DEPTH:
+            raise TooLarge(f"{self.path} is more than {MAX_DEPTH} directories deep")
+        st = os.stat(name, dir_fd=at, follow_symlinks=False)
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISLNK(st.st_mode):  # (any bytes)
+            self.tree[rel] = ("l", 0, os.fsencode(os.readlink(name, dir_fd=at)), *_times(st))
+        elif stat.S_ISDIR(st.st_mode):
+            fd = os.open(name, _DIR, dir_fd=at)  # (a link swapped in since: ELOOP)
+            try:
+                st = os.fstat(fd)  # what is noted is what is read
+                self.tree[rel] = ("d", stat.S_IMODE(st.st_mode), b"", *_times(st))
+                for child in sorted(os.listdir(fd)):
+                    self.visit(fd, child, os.path.join(rel, child) if rel else child, depth + 1)
+            finally:
+                os.close(fd)
+        elif stat.S_ISREG(st.st_mode):
+            self._file(at, name, rel)
+        elif stat.S_ISFIFO(st.st_mode):  # made again on restore (empty, like any FIFO)
+            self.tree[rel] = ("p", mode, b"", *_times(st))
+        else:  # socket/device
+            self.tree[rel] = ("o", mode, b"", *_times(st))
+
+    def _file(self, at: int, name: str, rel: str) -> None:
+        # (a process of the run still alive could swap in a FIFO or keep the file
+        # growing: the open never waits, and the read is bounded)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(name, flags, dir_fd=at)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise TooLarge(f"{os.path.join(self.path, rel)} is no longer a regular file")
+            if self.total + st.st_size > MAX_BYTES:
+                raise TooLarge(f"{self.path} holds more than {MAX_BYTES >> 20} MiB")
+            data = b""
+            room = MAX_BYTES - self.total + 1
+            while len(data) < room and (chunk := os.read(fd, min(1 << 20, room - len(data)))):
+                data += chunk
+        finally:
+            os.close(fd)
+        self.total += len(data)
+        if self.total > MAX_BYTES:
+            raise TooLarge(f"{self.path} holds more than {MAX_BYTES >> 20} MiB")
+        self.tree[rel] = ("f", stat.S_IMODE(st.st_mode), data, *_times(st))
+
+
+def _times(st: os.stat_result) -> tuple[int, int, tuple[int, int, int]]:
+    """A tree entry's mtime, atime and (dev, inode, links)."""
+    return st.st_mtime_ns, st.st_atime_ns, (st.st_dev, st.st_ino, st.st_nlink)
 
 
 def snapshot(paths: Iterable[str], rules: Mapping[str, str] | None = None) -> dict[str, Tree]:
@@ -149,8 +196,8 @@ def _write(parent: int, name: str, tree: Tree) -> None:
         for rel in sorted(tree):  # parents sort before their entries
             kind, mode, data = tree[rel][:3]
             at, entry = dirs.holding(rel)
-            if kind == "d":
-                os.mkdir(entry, mode, dir_fd=at)
+            if kind == "d":  # its own mode last: a read-only one would keep us out
+                os.mkdir(entry, 0o700, dir_fd=at)
             elif kind == "l":
                 os.symlink(os.fsdecode(data), entry, dir_fd=at)
             elif kind == "p":
@@ -174,6 +221,38 @@ def _write(parent: int, name: str, tree: Tree) -> None:
                 os.utime(entry, ns=(atime, mtime), dir_fd=at, follow_symlinks=False)
     finally:
         dirs.close()
+
+
+def _exists(at: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=at, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _why(moved: list[Denial]) -> str:
+    """Why the quarantine left a path where it was (its denial's error)."""
+    return str(moved[0].fields.get("error") or "") if moved else "it could not be moved"
+
+
+def _write_owned(held: int, name: str, tree: Tree) -> str:
+    """:func:`_write`; "" or why it failed.  A directory holding the path that the
+    run made read-only (``chmod 555 .git``) gets its owner's rights back and the
+    write is tried once more (the run's hook or ``core.fsmonitor`` stayed, and ran
+    on the host at the next commit: found by attacking corral)."""
+    try:
+        try:
+            _write(held, name, tree)
+        except PermissionError:
+            from corral.paths import give_back
+
+            if not give_back(held):
+                raise
+            _write(held, name, tree)
+    except OSError as exc:
+        return str(exc)
+    return ""
 
 
 def _chmod(at: int, entry: str, kind: str, mode: int) -> None:
@@ -253,11 +332,10 @@ def restore(
         try:
             left = os.fstat(held)  # as the run left it: the undo must not show there
             moved = quarantine([path], run_id) if os.path.lexists(path) else []
-            error = ""
-            try:
-                _write(held, name, before)
-            except OSError as exc:
-                error = str(exc)
+            # what the quarantine could neither move nor remove stays as the run left
+            # it: said so, never "removed" (and no write to fail on it)
+            stays = _exists(held, name)
+            error = _why(moved) if stays else _write_owned(held, name, before)
             try:
                 os.utime(held, ns=(left.st_atime_ns, left.st_mtime_ns))
             except OSError:
@@ -265,7 +343,7 @@ def restore(
         finally:
             os.close(held)
         moved_to = str(moved[0].fields.get("moved_to") or "") if moved else ""
-        said.append(restored(path, moved_to, error, rule=rule))
+        said.append(restored(path, "" if stays else moved_to, error, rule=rule, stays=stays))
     if carried:
         said += _put_back(carried, roots, run_id)
     if strays:
@@ -374,7 +452,14 @@ def _unlink(path: str) -> None:
 
     parent, name = open_parent(path)
     try:
-        os.unlink(name, dir_fd=parent)
+        try:
+            os.unlink(name, dir_fd=parent)
+        except PermissionError:  # a directory the run made read-only: see give_back
+            from corral.paths import give_back
+
+            if not give_back(parent):
+                raise
+            os.unlink(name, dir_fd=parent)
     finally:
         os.close(parent)
 
@@ -425,49 +510,95 @@ def _take_out_copies(
         else:
             dest, error = move_out(copy, run_id)
         said.append(secret_copy(min(strays[inode]), copy, dest, error))
-    if not complete:
+    if not complete:  # (corral.unfinished refuses later runs there until it is found)
+        import shlex
+
+        where = " ".join(shlex.quote(r) for r in _outermost(roots))
         for inode, names in strays.items():
-            why = f"more than {MAX_SEARCH} entries; look for inode {inode[1]}"
+            why = f"more than {MAX_SEARCH} entries; look for inode {inode[1]}: "
+            why += f"find {where} -xdev -inum {inode[1]}"
             said.append(secret_copy(min(names), "", "", why))
     return said
 
 
 def _still_at(names: set[str], inode: Inode) -> bool:
     """The secret's inode is still at one of the names it had at launch."""
-    for name in names:
-        try:
-            st = os.lstat(name)
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == inode:
-            return True
-    return False
+    return any(_is(name, inode) for name in names)
 
 
 def _find_inodes(
     strays: dict[Inode, set[str]], roots: Sequence[str]
 ) -> tuple[list[tuple[str, Inode]], bool]:
     """Paths under ``roots`` (not following symlinks) whose inode is a stray and
-    that are not one of its names at launch; and whether the search was complete."""
+    that are not one of its names at launch; and whether the search was complete.
+
+    The roots in their order, each searched whole before the next: the workspace
+    first, the home layer last (a run filled its home layer with 510,000 empty
+    files, searched first, and the bound stopped the search before it reached
+    the ``notes.txt`` the run had renamed ``.env`` to: found by attacking corral).
+    Each directory is read once, as a stream, its entries' inodes from the
+    listing itself (no stat but for a match); the search ends as soon as every
+    stray's names are all accounted for (:class:`_Names`)."""
     inodes = {ino for _, ino in strays}
     known = {name for names in strays.values() for name in names}
+    names = _Names(strays)
     found: list[tuple[str, Inode]] = []
     seen = 0
-    pending = [r for r in dict.fromkeys(roots) if os.path.isdir(r)]
-    while pending:
-        try:
-            entries = list(os.scandir(pending.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            seen += 1
-            if seen > MAX_SEARCH:
-                return found, False
-            if entry.inode() in inodes and entry.path not in known:
-                st = entry.stat(follow_symlinks=False)
-                if (st.st_dev, st.st_ino) in strays:
-                    found.append((entry.path, (st.st_dev, st.st_ino)))
-                    continue  # a whole directory goes: nothing beneath to look at
-            if entry.is_dir(follow_symlinks=False):
-                pending.append(entry.path)
+    for root in _outermost(roots):
+        pending = [root]
+        while pending:
+            try:
+                listing = os.scandir(pending.pop())
+            except OSError:
+                continue
+            with listing:
+                for entry in listing:
+                    seen += 1
+                    if seen > MAX_SEARCH:
+                        return found, False
+                    if entry.inode() in inodes and entry.path not in known:
+                        st = entry.stat(follow_symlinks=False)
+                        if (st.st_dev, st.st_ino) in strays:
+                            found.append((entry.path, (st.st_dev, st.st_ino)))
+                            if names.found(st):
+                                return found, True
+                            continue  # a whole directory goes: nothing beneath to look at
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(entry.path)
     return found, True
+
+
+def _outermost(roots: Sequence[str]) -> list[str]:
+    """The directories among ``roots``, in order, but those inside one before them
+    (searched there already: a copy found twice would be moved out twice)."""
+    kept: list[str] = []
+    for root in dict.fromkeys(roots):
+        if os.path.isdir(root) and not any(inside(root, k) for k in kept):
+            kept.append(root)
+    return kept
+
+
+class _Names:
+    """How many other names of each stray are still to be found: a directory has
+    one; a file as many as its links but those it still has at launch names."""
+
+    def __init__(self, strays: dict[Inode, set[str]]) -> None:
+        self.strays = strays
+        self.left: dict[Inode, int] = {}
+
+    def found(self, st: os.stat_result) -> bool:
+        """One more name of the stray ``st`` found; whether every stray's are."""
+        inode = (st.st_dev, st.st_ino)
+        if inode not in self.left:
+            at_launch = sum(_is(name, inode) for name in self.strays[inode])
+            self.left[inode] = 1 if stat.S_ISDIR(st.st_mode) else st.st_nlink - at_launch
+        self.left[inode] -= 1
+        return len(self.left) == len(self.strays) and max(self.left.values()) <= 0
+
+
+def _is(name: str, inode: Inode) -> bool:
+    try:
+        st = os.lstat(name)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == inode

@@ -118,6 +118,70 @@ def test_a_restore_refuses_a_parent_that_is_a_symlink_when_walked(
     assert said[0].fields["action"] == "not restored"
 
 
+# --- snapshot: .git/hooks/p swapped for a link to a host directory mid-walk
+
+
+def snapshot_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, race: bool
+) -> dict[str, restore.Tree]:
+    """Another run plants hooks/p/{a/big, secret} and, when this launcher opens
+    p/a/big for its snapshot, swaps p for a link to a host directory holding an
+    unreadable ``secret``."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "secret").write_text("TOPSECRET\n")
+    (host / "secret").chmod(0o600)
+    hooks = repository(tmp_path / "ws") / "hooks"
+    (hooks / "p" / "a").mkdir(parents=True)
+    (hooks / "p" / "a" / "big").write_bytes(b"\0" * 4096)
+    (hooks / "p" / "secret").write_text("decoy\n")
+    real_open = os.open
+
+    def open_then_swap(path: Any, *args: Any, **kw: Any) -> int:
+        fd = real_open(path, *args, **kw)
+        if race and os.path.basename(str(path)) == "big" and not (hooks / "p").is_symlink():
+            swap_for_link(hooks / "p", host)
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_swap)
+    snap = restore.snapshot([str(hooks)])
+    monkeypatch.undo()
+    return snap
+
+
+def test_a_snapshot_never_reads_through_a_directory_swapped_mid_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = snapshot_with(tmp_path, monkeypatch, race=True)
+    (tree,) = snap.values()
+    assert all(b"TOPSECRET" not in entry[2] for entry in tree.values()), tree
+    assert tree["p/secret"][2] == b"decoy\n"  # read in the directory walked to
+
+
+def test_twin_a_snapshot_unraced_holds_the_whole_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = snapshot_with(tmp_path, monkeypatch, race=False)
+    (tree,) = snap.values()
+    assert sorted(tree) == ["", "p", "p/a", "p/a/big", "p/secret"]
+    assert tree["p/secret"][2] == b"decoy\n" and tree["p/a/big"][2] == b"\0" * 4096
+
+
+def test_a_snapshot_refuses_a_symlink_on_the_way(tmp_path: Path) -> None:
+    """Swapped before the launcher looked: not read through, and the launch is
+    refused (corral.launch turns the OSError into a refusal); the twin: the
+    directory walked to snapshots as ever."""
+    host = tmp_path / "host"
+    (host / "hooks").mkdir(parents=True)
+    (host / "hooks" / "secret").write_text("TOPSECRET\n")
+    git = repository(tmp_path / "ws")
+    parked = swap_for_link(git, host)
+    with pytest.raises(OSError):
+        restore.snapshot([str(git / "hooks")])
+    snap = restore.snapshot([str(parked / "config")])
+    assert snap[str(parked / "config")][""][2] == b"[core]\n\tbare = false\n"
+
+
 # --- quarantine: a new repository's hook moved out through a swapped hooks/
 
 

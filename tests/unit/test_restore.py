@@ -6,10 +6,12 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from corral import restore
+from corral.report import Denial
 
 OLD = 1_000_000_000_123_456_789
 
@@ -70,7 +72,7 @@ def test_a_fifo_swapped_in_after_the_look_never_holds_the_walk(
     fifo = tmp_path / "config"
     os.mkfifo(fifo)
     regular = os.stat(tmp_path)  # its times; the mode is made regular below
-    real_lstat = os.lstat
+    real_stat = os.stat
 
     class Regular:
         st_mode = stat.S_IFREG | 0o644
@@ -79,10 +81,10 @@ def test_a_fifo_swapped_in_after_the_look_never_holds_the_walk(
         st_atime_ns = regular.st_atime_ns
         st_dev, st_ino, st_nlink = regular.st_dev, 1, 1
 
-    def lstat(path: object) -> object:
-        return Regular() if str(path) == str(fifo) else real_lstat(path)  # type: ignore[arg-type]
+    def look(path: Any, **kw: Any) -> object:  # the walk's look, by its directory
+        return Regular() if str(path) == fifo.name and "dir_fd" in kw else real_stat(path, **kw)
 
-    monkeypatch.setattr(os, "lstat", lstat)
+    monkeypatch.setattr(os, "stat", look)
     with pytest.raises(restore.TooLarge, match="no longer a regular file"):
         restore._walk(str(fifo))
 
@@ -165,8 +167,99 @@ def test_a_search_cut_short_says_so(secrets: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(restore, "MAX_SEARCH", 2)
     for n in range(5):
         (ws / f"f{n}").write_text("x")
-    said = _settle(ws, lambda: (ws / ".env").rename(ws / "f9"))
+    (ws / "sub").mkdir()  # (listed after every entry above it: past the bound)
+    said = _settle(ws, lambda: (ws / ".env").rename(ws / "sub" / "f9"))
     assert any("could not look everywhere for it: more than 2 entries" in s for s in said), said
+
+
+def _home_filled(ws: Path, entries: int) -> Path:
+    """A home layer beside the workspace holding ``entries`` empty files."""
+    junk = ws.parent / "layer" / ".cache" / "junk"
+    junk.mkdir(parents=True)
+    for n in range(entries):
+        (junk / f"{n:07d}").touch()
+    return ws.parent / "layer"
+
+
+def _settle_with_home(ws: Path, layer: Path, run: Callable[[], object]) -> list[Denial]:
+    """As :func:`_settle`, with the roots corral.launch passes: the workspace, then
+    the home layer."""
+    rules = {str(ws / ".env"): "read-deny", str(ws / "private"): "read-deny"}
+    snap = restore.snapshot(rules)
+    run()
+    return restore.restore(snap, "run-h", rules, [str(ws), str(layer)])
+
+
+def test_a_home_layer_filled_to_the_bound_never_hides_a_renamed_secret(
+    secrets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run made 510,000 files in its home layer, searched first, then ``mv .env
+    notes.txt``: the search gave up before the workspace (found by attacking
+    corral).  The workspace is searched first now; the home layer is not even
+    listed once the copy is found."""
+    ws = secrets
+    monkeypatch.setattr(restore, "MAX_SEARCH", 50)
+    layer = _home_filled(ws, 80)
+    listed: list[str] = []
+    real = os.scandir
+
+    def scandir(path: Any) -> Any:
+        listed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    said = _settle_with_home(ws, layer, lambda: (ws / ".env").rename(ws / "notes.txt"))
+    assert not (ws / "notes.txt").exists() and _holders(ws) == {".env", "private/id"}
+    assert [d.fields["action"] for d in said if d.fields.get("copy")] == ["quarantined"]
+    assert not [p for p in listed if p.startswith(str(layer))], listed
+
+
+def test_twin_a_secret_renamed_into_the_home_layer_is_found_there(secrets: Path) -> None:
+    ws = secrets
+    layer = _home_filled(ws, 5)
+    said = _settle_with_home(ws, layer, lambda: (ws / ".env").rename(layer / "notes.txt"))
+    assert not (layer / "notes.txt").exists(), said
+    assert [d.fields["copy"] for d in said if d.fields.get("copy")] == [str(layer / "notes.txt")]
+
+
+def test_every_link_of_a_secret_is_found_before_the_search_ends(secrets: Path) -> None:
+    """The search stops once each stray's links are all found, not at the first."""
+    ws = secrets
+
+    def run() -> None:
+        (ws / "a").mkdir()
+        os.link(ws / ".env", ws / "a" / "one")
+        os.link(ws / ".env", ws / "two")
+        (ws / ".env").rename(ws / "three")
+
+    said = _settle(ws, run)
+    assert _holders(ws) == {".env", "private/id"}, said
+    assert sum("moved or linked to" in s for s in said) == 3, said
+
+
+def test_a_search_that_cannot_finish_says_how_to_finish_it_and_holds_later_runs(
+    secrets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the bound the next run is refused (corral.unfinished) with the inode
+    and the command that finds it; the twin: within it, nothing holds."""
+    from corral import unfinished
+
+    ws = secrets
+    monkeypatch.setattr(restore, "MAX_SEARCH", 20)
+    for n in range(30):
+        (ws / f"f{n}").touch()
+    ino = os.stat(ws / ".env").st_ino
+    (ws / "sub").mkdir()  # (listed after the 30 entries above it: past the bound)
+    said = _settle_with_home(
+        ws, ws.parent / "none", lambda: (ws / ".env").rename(ws / "sub" / "f99")
+    )
+    left = unfinished.left(said)
+    assert len(left) == 1 and f"find {ws} -xdev -inum {ino}" in left[0], said
+    monkeypatch.setattr(restore, "MAX_SEARCH", 200)
+    (ws / "sub" / "f99").unlink()
+    (ws / ".env").write_text("KEY=secret\n")
+    said = _settle_with_home(ws, ws.parent / "none", lambda: (ws / ".env").rename(ws / "f98"))
+    assert unfinished.left(said) == [] and not (ws / "f98").exists(), said
 
 
 def _keep(ws: Path, run: Callable[[], None]) -> list[str]:
