@@ -82,7 +82,7 @@ def give_back(fd: int) -> bool:
     return True
 
 
-def give_back_entry(at: int, name: str) -> bool:
+def give_back_entry(at: int | None, name: str) -> bool:
     """:func:`give_back` for the directory ``name`` in the directory ``at``, which
     may refuse to be opened for reading (mode 0): pinned by an ``O_PATH``
     descriptor opened without following, changed through that descriptor's

@@ -14,13 +14,11 @@ and a run that did so kept what it had planted in its layer.
 from __future__ import annotations
 
 import os
-import stat
 
 # A directory deeper than this is moved up to the top of the tree and emptied
 # from there, so the descriptors held stay few.
 FLATTEN_AT = 64
 DIRECTORY_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-OWNER_RWX = stat.S_IRWXU
 
 
 def remove_tree(path: str) -> bool:
@@ -77,33 +75,23 @@ def _empty(top: int) -> None:
 def _open_dir(at: int | None, name: str) -> int:
     """The directory ``name`` (in the one open as ``at``), never through a link;
     one its owner cannot read is given back the owner's rights first."""
+    from corral.paths import give_back_entry
+
     try:
         return os.open(name, DIRECTORY_NOFOLLOW, dir_fd=at)
     except PermissionError:
-        _give_back(at, name)
+        give_back_entry(at, name)
         return os.open(name, DIRECTORY_NOFOLLOW, dir_fd=at)
-
-
-def _give_back(at: int | None, name: str) -> None:
-    """The owner's rwx on the directory ``name``, through a descriptor of that very
-    directory (O_PATH, no link followed): chmod by path could follow a link
-    swapped in meanwhile.  Fails for a directory that is not the caller's."""
-    fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at)
-    try:
-        mode = os.stat(fd).st_mode
-        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(mode) | OWNER_RWX)
-    finally:
-        os.close(fd)
 
 
 def _entries(fd: int) -> list[tuple[str, bool]]:
     """The names in the directory open as ``fd``, and whether each is a directory
     (a link is not).  A directory the run made unwritable is made writable for
     its owner here, before its entries are removed."""
+    from corral.paths import give_back
+
     try:
-        st = os.fstat(fd)
-        if st.st_mode & OWNER_RWX != OWNER_RWX and st.st_uid == os.geteuid():
-            os.fchmod(fd, stat.S_IMODE(st.st_mode) | OWNER_RWX)
+        give_back(fd)
         with os.scandir(fd) as found:
             return [(e.name, e.is_dir(follow_symlinks=False)) for e in found]
     except OSError:
