@@ -471,6 +471,50 @@ def test_base64_cut_short_is_replaced_whole(hook: SecretsHook) -> None:
     assert hidden(hook, [(b"x-token", whole)]) == [(b"x-token", base64.b64encode(b"ke=" + ph))]
 
 
+def echoed_from(
+    h: SecretsHook, host: str, port: int, body: bytes, scheme: str = "https"
+) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """A response from (host, port) echoing ``body`` in a header and as its body, as
+    the client gets it (after a request that carried nothing)."""
+    chain = Chain([h])
+    dest = Destination("run", scheme, host, port)
+    req = Request("GET", "/", [], 0)
+    chain.request(dest, req)
+    response = Response(200, [(b"x-echo", body)])
+    assert chain.response(dest, req, response) is None
+    out = b"".join(f.feed(body) + f.end() for f in response.filters) if response.filters else body
+    return response.headers, out
+
+
+def test_two_secret_hosts_pinned_to_one_address_hide_each_others_echo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """api.test and bearer.test (each the host of one secret) pinned to one gateway:
+    the value sent to bearer.test came back by api.test, which hid only its own
+    (found by attacking the proxy).  Every name pinned there hides every secret's
+    echo, a secret host's own name included; the twins, an unruled name pinned
+    there and bearer.test itself, hid it before too.  Unpinned, a secret's host is
+    a server of its own, hiding only its own value."""
+    monkeypatch.setenv("CORRAL_TEST_REAL", REAL.decode())
+    policy = make_policy(tmp_path)
+    policy.network.hosts = {
+        "api.test": "127.0.0.1",
+        "bearer.test": "127.0.0.1",
+        "alias.test": "127.0.0.1",
+    }
+    h = SecretsHook(policy)
+    h.open()
+    ph, other_ph = placeholder(h, "API_KEY").encode(), placeholder(h, "BEARER").encode()
+    echo = b"k=" + REAL + b" o=" + OTHER_REAL + b" b=" + base64.b64encode(OTHER_REAL)
+    want = b"k=" + ph + b" o=" + other_ph + b" b=" + base64.b64encode(other_ph)
+    for host in ("api.test", "bearer.test", "alias.test"):
+        assert echoed_from(h, host, 443, echo) == ([(b"x-echo", want)], want), host
+    alone = SecretsHook(make_policy(tmp_path))
+    alone.open()
+    _, body = echoed_from(alone, "api.test", 443, b"o=" + OTHER_REAL)
+    assert body == b"o=" + OTHER_REAL
+
+
 def test_a_secret_goes_over_plain_http_only_where_its_hosts_name_a_port(
     hook: SecretsHook, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -389,8 +389,11 @@ class SecretsHook(Hook):
             ]
             # An address may be a secret host's server by another name (its address,
             # allowed beside its name): what every secret sent there could echo is
-            # hidden in its responses, though none is sent to the address itself
-            hidden = mine or (self.secrets if self._shared(host) else [])
+            # hidden in its responses, though none is sent to the address itself.  A
+            # shared name hides every secret's echo even when it is some secret's host
+            # itself: two secrets' hosts pinned to one gateway are one server, which
+            # may name either value under either name (found by attacking the proxy)
+            hidden = self.secrets if self._shared(host) else mine
             found = self._by_host[key] = _HostPlan(mine, self.secrets, https_only, hidden)
         return found
 
