@@ -105,7 +105,8 @@ def test_header_is_set_on_every_request_to_its_hosts(hook: SecretsHook) -> None:
     assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL), WHOLE]
     assert req.audit == {"secrets": ["BEARER"]}
     _, other, _ = exchange(hook, "bearer.test", "/", [], port=8443)  # not its port
-    assert other.headers == [] and other.audit == {}
+    # (no header set; asked for plain, as on every port of its name: echoes are hidden there)
+    assert other.headers == [WHOLE] and other.audit == {}
 
 
 @pytest.mark.parametrize(
@@ -515,6 +516,31 @@ def test_two_secret_hosts_pinned_to_one_address_hide_each_others_echo(
     assert body == b"o=" + OTHER_REAL
 
 
+def test_a_secret_hosts_echo_is_hidden_on_every_port_of_its_name(hook: SecretsHook) -> None:
+    """BEARER goes to bearer.test:443 only, API_KEY to api.test over HTTPS only: an
+    origin keeps what was sent to one port and names it on another, plain HTTP
+    too, and a response from bearer.test:8080 carried the value in clear (found
+    by attacking the proxy).  Every port of a secret's host name is read (and
+    intercepted) and hides its echo; the twins, the port the value goes to and
+    the address, hid it before too.  A name no secret's host entry names
+    hides nothing (no value goes there, and it shares no pin)."""
+    ph, other_ph = placeholder(hook, "API_KEY").encode(), placeholder(hook, "BEARER").encode()
+    for host, port, scheme, value, hidden_as in (
+        ("bearer.test", 8080, "http", OTHER_REAL, other_ph),
+        ("bearer.test", 8443, "https", OTHER_REAL, other_ph),
+        ("api.test", 80, "http", REAL, ph),
+        ("bearer.test", 443, "https", OTHER_REAL, other_ph),
+        ("127.0.0.1", 8080, "http", OTHER_REAL, other_ph),
+    ):
+        echo = b"v=" + value + b" b=" + base64.b64encode(value)
+        want = b"v=" + hidden_as + b" b=" + base64.b64encode(hidden_as)
+        got = echoed_from(hook, host, port, echo, scheme)
+        assert got == ([(b"x-echo", want)], want), (host, port)
+        assert hook.needs_inspection(host, port), (host, port)
+    assert echoed_from(hook, "elsewhere.test", 8080, REAL, "http")[1] == REAL
+    assert not hook.needs_inspection("elsewhere.test", 8080)
+
+
 def test_a_secret_goes_over_plain_http_only_where_its_hosts_name_a_port(
     hook: SecretsHook, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -544,7 +570,7 @@ def test_a_secret_goes_over_plain_http_only_where_its_hosts_name_a_port(
     req = Request("GET", "/", [], 0)
     assert both.request(Destination("run", "http", "bearer.test", 80), req) is None
     both.rewrite(Destination("run", "http", "bearer.test", 80), req)
-    assert req.headers == [] and req.audit == {}
+    assert req.headers == [WHOLE] and req.audit == {}  # (asked for plain: read for echoes)
     req = Request("GET", "/", [], 0)
     both.request(Destination("run", "https", "bearer.test", 443), req)
     both.rewrite(Destination("run", "https", "bearer.test", 443), req)

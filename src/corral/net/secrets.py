@@ -141,6 +141,11 @@ class Loaded:
             for rule in self.hosts
         )
 
+    def names(self, host: str) -> bool:
+        """Whether one of the secret's host entries names (normalized) ``host``, on
+        any port: where its echo is hidden."""
+        return any(_names(rule, host) for rule in self.hosts)
+
     def __repr__(self) -> str:
         return f"<secret {self.name}>"
 
@@ -353,7 +358,9 @@ class SecretsHook(Hook):
         echoes to be hidden (:meth:`for_host`); an opaque tunnel there brought the
         value back (found by attacking the proxy).  ``[tls] passthrough`` still
         wins: an address passed through is the user's choice, unread."""
-        return self._shared(host) or super().needs_inspection(host, port)
+        # a secret's host name on any port: one server, which may name on one port
+        # what was sent to another (found by attacking the proxy)
+        return self._shared(host) or any(_names(rule, host) for rule in self._inspected())
 
     def _shared(self, host: str) -> bool:
         """Whether (normalized) ``host`` may be a secret host's server by another
@@ -393,7 +400,10 @@ class SecretsHook(Hook):
             # shared name hides every secret's echo even when it is some secret's host
             # itself: two secrets' hosts pinned to one gateway are one server, which
             # may name either value under either name (found by attacking the proxy)
-            hidden = self.secrets if self._shared(host) else mine
+            # ... and the port does not matter: a secret whose host entry names one port
+            # (or HTTPS only) is hidden on every port of that name, plain HTTP too
+            named = [s for s in self.secrets if s.names(host)]
+            hidden = self.secrets if self._shared(host) else named
             found = self._by_host[key] = _HostPlan(mine, self.secrets, https_only, hidden)
         return found
 
