@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import os
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -679,13 +680,112 @@ def test_a_body_cut_short_or_corrupt_is_an_error_not_a_pass(hook: SecretsHook) -
         body_through(hook, packed[:12] + b"\0" * 20, [], [(b"content-encoding", b"gzip")])
 
 
-def _stream_filter(hook: SecretsHook) -> BodyFilter:
+class _SlowClient:
+    """A client that reads only when the proxy waits for it (drain): what the
+    proxy's connection holds is what it wrote since its last wait."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.buffered = 0
+        self.most = 0  # the most held at once
+        self.transport = self
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+        self.buffered += len(data)
+        self.most = max(self.most, self.buffered)
+
+    async def drain(self) -> None:
+        self.buffered = 0
+
+
+def _copied_gzip(hook: SecretsHook, body: bytes, pieces: int) -> tuple[_SlowClient, bytes]:
+    """``body`` gzip-compressed by api.test unasked, chunked upstream in ``pieces``
+    chunks, copied to the client as the proxy copies it (http1.copy_filtered);
+    the client, and the body it read (de-chunked)."""
+    import gzip
+
+    from corral.net import aio, http1
+
+    packed = gzip.compress(body, 9)
+    step = -(-len(packed) // pieces)
+    upstream = b"".join(
+        b"%x\r\n%b\r\n" % (len(part), part)
+        for part in (packed[at : at + step] for at in range(0, len(packed), step))
+    )
+    chain = Chain([hook])
+    dest = Destination("run", "https", "api.test", 443)
+    req = Request("GET", "/", [], 0)
+    chain.request(dest, req)
+    response = Response(200, [(b"content-encoding", b"gzip")])
+    assert chain.response(dest, req, response) is None
+    client = _SlowClient()
+
+    async def copy() -> None:
+        reader = aio.StreamReader(limit=http1.MAX_HEAD)
+        reader.feed_data(upstream + b"0\r\n\r\n")
+        reader.feed_eof()
+        writer = cast(aio.StreamWriter, client)
+        head = b"HTTP/1.1 200 OK"
+        await http1.copy_filtered(reader, writer, "chunked", 0, head, [], response.filters, True)
+
+    aio.run(copy())
+    out, rest = bytearray(), bytes(client.data).split(b"\r\n\r\n", 1)[1]
+    while not rest.startswith(b"0\r\n"):
+        size, rest = rest.split(b"\r\n", 1)
+        out += rest[: int(size, 16)]
+        rest = rest[int(size, 16) + 2 :]
+    return client, bytes(out)
+
+
+def test_a_gzip_bomb_is_inflated_in_steps_the_client_drains(hook: SecretsHook) -> None:
+    """24 MiB of zeros in 24 kB of gzip: inflated up to 64 MiB per piece read and
+    written to the client at once, a connection whose client read nothing held it
+    all (six held 385 MiB: found by attacking the proxy).  The filter gives what a
+    piece inflates to in steps of INFLATE_STEP and the copy waits for the client
+    between them: a connection holds at most a write buffer and a step.  The
+    twins: the echo after the bomb, and a plain-sized body with an echo across a
+    step's end, still come back with the placeholder."""
+    from corral.net import http1
+    from corral.net.secrets import INFLATE_STEP
+
+    ph = placeholder(hook, "API_KEY").encode()
+    bomb = bytes(24 << 20) + b"token " + REAL
+    client, out = _copied_gzip(hook, bomb, 1)
+    assert out == bomb.replace(REAL, ph)
+    assert client.most <= http1.CHUNK + INFLATE_STEP + 64, client.most
+    body = b"".join(b"line %d of a log\n" % i for i in range(150_000))  # ~3 MB, 1 MB a step
+    at = INFLATE_STEP - 7  # the value cut by the first step's end
+    body = body[:at] + REAL + body[at:]
+    client, out = _copied_gzip(hook, body, 3)
+    assert out == body.replace(REAL, ph)
+    assert client.most <= http1.CHUNK + INFLATE_STEP + 64, client.most
+    small = b"token " + REAL + b" end"  # (short: streamed too, a step is the whole of it)
+    assert _copied_gzip(hook, small, 1)[1] == small.replace(REAL, ph)
+    # by the filter's own API: never more than a step at a time
+    import gzip
+
+    echo_filter = _stream_filter(hook, [(b"content-encoding", b"gzip")])
+    steps = [echo_filter.feed(gzip.compress(bytes(8 << 20)))]
+    while echo_filter.pending():
+        steps.append(echo_filter.feed(b""))
+    steps.append(echo_filter.end())
+    assert max(map(len, steps)) <= INFLATE_STEP + hook.for_host("api.test", 443).echo_window
+    assert sum(map(len, steps)) == 8 << 20 and len(steps) >= 8
+
+
+def _stream_filter(
+    hook: SecretsHook, headers: list[tuple[bytes, bytes]] | None = None
+) -> BodyFilter:
     """The filter a response body from the secret's host streams through."""
     chain = Chain([hook])
     dest = Destination("run", "https", "api.test", 443)
     req = Request("GET", "/", [], 0)
     chain.request(dest, req)
-    response = Response(200, [])
+    response = Response(200, list(headers or []))
     chain.response(dest, req, response)
     (echo_filter,) = response.filters
     return echo_filter

@@ -69,6 +69,11 @@ _WHOLE = frozenset((b"accept-encoding", b"range", b"if-range"))
 # a compressed body (its origin compressed it unasked) is decoded up to this
 # much per piece read: more is a bomb, not an API's answer
 MAX_INFLATED = 64 * 1024 * 1024
+# ... and at most this much at a time: the copy waits for the client to drain
+# between steps (BodyFilter.pending), so a connection holds a few steps at most
+# whatever the compression ratio (64 MiB at once was held per connection, a few
+# connections' worth outside the run's limits: found by attacking the proxy)
+INFLATE_STEP = 4 * http1.CHUNK
 # bytes a value keeps when it goes into a path or a query; the rest is percent-encoded
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 # Headers costing more than this to keep (hooks.kept_size) are worked out afresh for
@@ -771,7 +776,8 @@ def _codings(encodings: bytes) -> tuple[bytes, ...]:
 
 class _Inflate:
     """gzip or zlib-wrapped deflate (told apart by their header), else raw deflate
-    (what some servers send as "deflate")."""
+    (what some servers send as "deflate"), at most INFLATE_STEP bytes a call: what
+    a piece holds beyond that waits in ``tail`` for the next call (``feed(b"")``)."""
 
     def __init__(self) -> None:
         import zlib
@@ -780,10 +786,15 @@ class _Inflate:
         self.stream = zlib.decompressobj(32 + zlib.MAX_WBITS)
         self.started = False  # some output came: the format is settled
         self.raw = False
+        self.tail = b""  # compressed bytes not decoded yet (the step was full)
+        self.made = 0  # bytes decoded from the piece last fed
 
     def feed(self, data: bytes) -> bytes:
+        if data:
+            self.made = 0  # (a piece comes once the last one's tail is decoded)
+        data = self.tail + data if self.tail else data
         try:
-            out = self.stream.decompress(data, MAX_INFLATED)
+            out = self.stream.decompress(data, INFLATE_STEP)
         except self._zlib.error:
             if self.started or self.raw:
                 raise http1.HttpError(502, "a compressed response body is corrupt") from None
@@ -791,7 +802,9 @@ class _Inflate:
             self.stream = self._zlib.decompressobj(-self._zlib.MAX_WBITS)
             return self.feed(data)
         self.started = self.started or bool(out)
-        if self.stream.unconsumed_tail:
+        self.tail = self.stream.unconsumed_tail
+        self.made += len(out)
+        if self.made > MAX_INFLATED:
             raise http1.HttpError(502, "a compressed response body expands too far")
         return out
 
@@ -817,8 +830,12 @@ class _EchoFilter(BodyFilter):
         self.openers = plan.echo_openers  # the bytes an echo can start with
         self.audit = audit
         self.inflate = inflate
+        self.grows = inflate is not None  # (see BodyFilter: then its output comes in steps)
         self.held = b""
         self.hidden: set[str] = set()
+
+    def pending(self) -> bool:
+        return self.inflate is not None and bool(self.inflate.tail)
 
     def feed(self, data: bytes) -> bytes:
         if self.inflate is not None:
@@ -829,9 +846,14 @@ class _EchoFilter(BodyFilter):
         return data[:keep]
 
     def end(self) -> bytes:
+        # (a caller that did not take every step gets the rest at once, bounded by
+        # MAX_INFLATED: the proxy takes them, copy_filtered)
+        out = b""
+        while self.pending():
+            out += self.feed(b"")
         data = self.held + (self.inflate.end() if self.inflate is not None else b"")
         self.held = b""
-        out = self._hide(data)
+        out += self._hide(data)
         if self.hidden:
             self.audit["echoes_hidden"] = sorted(self.hidden)
         return out
