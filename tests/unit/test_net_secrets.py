@@ -777,6 +777,112 @@ def test_a_gzip_bomb_is_inflated_in_steps_the_client_drains(hook: SecretsHook) -
     assert sum(map(len, steps)) == 8 << 20 and len(steps) >= 8
 
 
+# a value whose base64 holds '/' and '+' at every offset (found by attacking the proxy)
+SLASHED = b"sk-proj-Zq9?xY3>wT8~kL2?mN5>pR7~vB4?cD6>"
+
+
+def _leaked(out: bytes, value: bytes) -> bool:
+    """Whether ``out`` holds most of ``value`` in base64 a lenient client decodes:
+    JSON and percent escapes read, white space skipped, at any alignment."""
+    import json
+    import urllib.parse
+
+    text = out.decode("latin-1")
+    try:
+        text = json.dumps(json.loads(text), ensure_ascii=False)  # (its escapes read)
+    except ValueError:
+        pass
+    text = urllib.parse.unquote(text.replace("\\n", "").replace("\\/", "/"))
+    flat = "".join(c for c in text if c.isalnum() or c in "+/-_").encode()
+    for shift in range(4):
+        part = flat[shift:][: (len(flat) - shift) // 4 * 4]
+        for alphabet in (b"+/", b"-_"):
+            decoded = base64.b64decode(part, altchars=alphabet)
+            if value[2:-2] in decoded:
+                return True
+    return value[2:-2] in out
+
+
+def _json_escaped(value: bytes) -> list[tuple[str, bytes]]:
+    """Documents holding ``value`` in base64, JSON-escaped as servers write them,
+    at each offset: wrapped at 60 and 76 with escaped line breaks (GitHub's
+    contents API, and Python's encodebytes in json.dumps), '/' escaped as PHP's
+    json_encode writes it and as \\u002f, and both."""
+    import json
+
+    out = []
+    for pad in range(4):
+        doc = json.dumps({"x-key": "x" * pad + value.decode(), "n": pad}).encode()
+        flat = base64.b64encode(doc).decode()
+        at60 = "\n".join(flat[i : i + 60] for i in range(0, len(flat), 60))
+        out += [
+            ("json \\n 60", json.dumps({"content": at60 + "\n"}).encode()),
+            ("json \\n 76", json.dumps({"content": base64.encodebytes(doc).decode()}).encode()),
+            ("php \\/", json.dumps({"token": flat}).encode().replace(b"/", b"\\/")),
+            ("\\u002f", json.dumps({"token": flat}).encode().replace(b"/", b"\\u002f")),
+            ("both", json.dumps({"c": at60}).encode().replace(b"/", b"\\/")),
+        ]
+    return out
+
+
+def test_base64_under_a_second_encoding_is_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Base64 of the value JSON-escaped (line breaks as the two characters \\n, as
+    GitHub's contents API wraps it; '/' as \\/, as PHP writes it) reached the
+    client whole: the escapes cut the value's encoding (found by attacking the
+    proxy).  They are read as what they stand for, in every cut of the body
+    into two pieces; whole, the document decodes to the placeholder.  The twins:
+    the same base64 wrapped by real line breaks and on one line, hidden before
+    too, and escaped base64 holding no value, which goes on as it came."""
+    import json
+
+    monkeypatch.setenv("CORRAL_TEST_REAL", SLASHED.decode())
+    h = SecretsHook(make_policy(tmp_path))
+    h.open()
+    ph = placeholder(h, "API_KEY").encode()
+    for name, body in _json_escaped(SLASHED):
+        out = body_through(h, body, [])[0]
+        assert not _leaked(out, SLASHED), (name, out)
+        content = next(iter(json.loads(out).values()))  # whole: it decodes, to the placeholder
+        assert ph in base64.b64decode(content.replace("\n", "")), (name, out)
+        for cut in range(len(body)):  # wherever a piece ends
+            assert not _leaked(body_through(h, body, [cut])[0], SLASHED), (name, cut)
+    doc = b'{"x-key": "' + SLASHED + b'"}'
+    for twin in (base64.encodebytes(doc), base64.b64encode(doc)):
+        assert not _leaked(body_through(h, twin, [])[0], SLASHED)
+    for name, body in _json_escaped(b"nothing secret here, not at all/+?>~"):
+        assert body_through(h, body, [len(body) // 2])[0] == body, name
+
+
+def test_base64_percent_encoded_in_a_header_is_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redirect whose query holds base64 of the value percent-encoded ('+' '/'
+    '=' as %2B %2F %3D: OAuth's state, a "return to") kept the value (found by
+    attacking the proxy).  It is hidden as the base64 itself would be: the query
+    decodes to the placeholder.  The twins: the base64 unencoded, hidden before
+    too, and percent-encoded base64 of another value, left as it was."""
+    import urllib.parse
+
+    monkeypatch.setenv("CORRAL_TEST_REAL", SLASHED.decode())
+    h = SecretsHook(make_policy(tmp_path))
+    h.open()
+    ph = placeholder(h, "API_KEY").encode()
+    for pad in range(3):
+        state = base64.b64encode(b'{"key": "' + b"x" * pad + SLASHED + b'"}')
+        for spelled in (urllib.parse.quote(state, safe="").encode(), state):
+            location = b"https://app.test/cb?state=" + spelled + b"&n=1"
+            ((_, got),) = hidden(h, [(b"location", location)])
+            query = urllib.parse.parse_qs(got.decode().partition("?")[2])
+            back = base64.b64decode(query["state"][0])
+            assert SLASHED not in back and ph in back, (pad, got)
+    other = urllib.parse.quote(base64.b64encode(b"x" * 40 + b"/+?>~" * 8), safe="").encode()
+    assert hidden(h, [(b"location", b"/cb?state=" + other)]) == [
+        (b"location", b"/cb?state=" + other)
+    ]
+
+
 def _stream_filter(
     hook: SecretsHook, headers: list[tuple[bytes, bytes]] | None = None
 ) -> BodyFilter:
