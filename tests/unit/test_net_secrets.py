@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import os
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -105,7 +106,8 @@ def test_header_is_set_on_every_request_to_its_hosts(hook: SecretsHook) -> None:
     assert req.headers == [(b"authorization", b"Bearer " + OTHER_REAL), WHOLE]
     assert req.audit == {"secrets": ["BEARER"]}
     _, other, _ = exchange(hook, "bearer.test", "/", [], port=8443)  # not its port
-    assert other.headers == [] and other.audit == {}
+    # (no header set; asked for plain, as on every port of its name: echoes are hidden there)
+    assert other.headers == [WHOLE] and other.audit == {}
 
 
 @pytest.mark.parametrize(
@@ -471,6 +473,75 @@ def test_base64_cut_short_is_replaced_whole(hook: SecretsHook) -> None:
     assert hidden(hook, [(b"x-token", whole)]) == [(b"x-token", base64.b64encode(b"ke=" + ph))]
 
 
+def echoed_from(
+    h: SecretsHook, host: str, port: int, body: bytes, scheme: str = "https"
+) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """A response from (host, port) echoing ``body`` in a header and as its body, as
+    the client gets it (after a request that carried nothing)."""
+    chain = Chain([h])
+    dest = Destination("run", scheme, host, port)
+    req = Request("GET", "/", [], 0)
+    chain.request(dest, req)
+    response = Response(200, [(b"x-echo", body)])
+    assert chain.response(dest, req, response) is None
+    out = b"".join(f.feed(body) + f.end() for f in response.filters) if response.filters else body
+    return response.headers, out
+
+
+def test_two_secret_hosts_pinned_to_one_address_hide_each_others_echo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """api.test and bearer.test (each the host of one secret) pinned to one gateway:
+    the value sent to bearer.test came back by api.test, which hid only its own
+    (found by attacking the proxy).  Every name pinned there hides every secret's
+    echo, a secret host's own name included; the twins, an unruled name pinned
+    there and bearer.test itself, hid it before too.  Unpinned, a secret's host is
+    a server of its own, hiding only its own value."""
+    monkeypatch.setenv("CORRAL_TEST_REAL", REAL.decode())
+    policy = make_policy(tmp_path)
+    policy.network.hosts = {
+        "api.test": "127.0.0.1",
+        "bearer.test": "127.0.0.1",
+        "alias.test": "127.0.0.1",
+    }
+    h = SecretsHook(policy)
+    h.open()
+    ph, other_ph = placeholder(h, "API_KEY").encode(), placeholder(h, "BEARER").encode()
+    echo = b"k=" + REAL + b" o=" + OTHER_REAL + b" b=" + base64.b64encode(OTHER_REAL)
+    want = b"k=" + ph + b" o=" + other_ph + b" b=" + base64.b64encode(other_ph)
+    for host in ("api.test", "bearer.test", "alias.test"):
+        assert echoed_from(h, host, 443, echo) == ([(b"x-echo", want)], want), host
+    alone = SecretsHook(make_policy(tmp_path))
+    alone.open()
+    _, body = echoed_from(alone, "api.test", 443, b"o=" + OTHER_REAL)
+    assert body == b"o=" + OTHER_REAL
+
+
+def test_a_secret_hosts_echo_is_hidden_on_every_port_of_its_name(hook: SecretsHook) -> None:
+    """BEARER goes to bearer.test:443 only, API_KEY to api.test over HTTPS only: an
+    origin keeps what was sent to one port and names it on another, plain HTTP
+    too, and a response from bearer.test:8080 carried the value in clear (found
+    by attacking the proxy).  Every port of a secret's host name is read (and
+    intercepted) and hides its echo; the twins, the port the value goes to and
+    the address, hid it before too.  A name no secret's host entry names
+    hides nothing (no value goes there, and it shares no pin)."""
+    ph, other_ph = placeholder(hook, "API_KEY").encode(), placeholder(hook, "BEARER").encode()
+    for host, port, scheme, value, hidden_as in (
+        ("bearer.test", 8080, "http", OTHER_REAL, other_ph),
+        ("bearer.test", 8443, "https", OTHER_REAL, other_ph),
+        ("api.test", 80, "http", REAL, ph),
+        ("bearer.test", 443, "https", OTHER_REAL, other_ph),
+        ("127.0.0.1", 8080, "http", OTHER_REAL, other_ph),
+    ):
+        echo = b"v=" + value + b" b=" + base64.b64encode(value)
+        want = b"v=" + hidden_as + b" b=" + base64.b64encode(hidden_as)
+        got = echoed_from(hook, host, port, echo, scheme)
+        assert got == ([(b"x-echo", want)], want), (host, port)
+        assert hook.needs_inspection(host, port), (host, port)
+    assert echoed_from(hook, "elsewhere.test", 8080, REAL, "http")[1] == REAL
+    assert not hook.needs_inspection("elsewhere.test", 8080)
+
+
 def test_a_secret_goes_over_plain_http_only_where_its_hosts_name_a_port(
     hook: SecretsHook, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -500,7 +571,7 @@ def test_a_secret_goes_over_plain_http_only_where_its_hosts_name_a_port(
     req = Request("GET", "/", [], 0)
     assert both.request(Destination("run", "http", "bearer.test", 80), req) is None
     both.rewrite(Destination("run", "http", "bearer.test", 80), req)
-    assert req.headers == [] and req.audit == {}
+    assert req.headers == [WHOLE] and req.audit == {}  # (asked for plain: read for echoes)
     req = Request("GET", "/", [], 0)
     both.request(Destination("run", "https", "bearer.test", 443), req)
     both.rewrite(Destination("run", "https", "bearer.test", 443), req)
@@ -609,13 +680,218 @@ def test_a_body_cut_short_or_corrupt_is_an_error_not_a_pass(hook: SecretsHook) -
         body_through(hook, packed[:12] + b"\0" * 20, [], [(b"content-encoding", b"gzip")])
 
 
-def _stream_filter(hook: SecretsHook) -> BodyFilter:
+class _SlowClient:
+    """A client that reads only when the proxy waits for it (drain): what the
+    proxy's connection holds is what it wrote since its last wait."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.buffered = 0
+        self.most = 0  # the most held at once
+        self.transport = self
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+        self.buffered += len(data)
+        self.most = max(self.most, self.buffered)
+
+    async def drain(self) -> None:
+        self.buffered = 0
+
+
+def _copied_gzip(hook: SecretsHook, body: bytes, pieces: int) -> tuple[_SlowClient, bytes]:
+    """``body`` gzip-compressed by api.test unasked, chunked upstream in ``pieces``
+    chunks, copied to the client as the proxy copies it (http1.copy_filtered);
+    the client, and the body it read (de-chunked)."""
+    import gzip
+
+    from corral.net import aio, http1
+
+    packed = gzip.compress(body, 9)
+    step = -(-len(packed) // pieces)
+    upstream = b"".join(
+        b"%x\r\n%b\r\n" % (len(part), part)
+        for part in (packed[at : at + step] for at in range(0, len(packed), step))
+    )
+    chain = Chain([hook])
+    dest = Destination("run", "https", "api.test", 443)
+    req = Request("GET", "/", [], 0)
+    chain.request(dest, req)
+    response = Response(200, [(b"content-encoding", b"gzip")])
+    assert chain.response(dest, req, response) is None
+    client = _SlowClient()
+
+    async def copy() -> None:
+        reader = aio.StreamReader(limit=http1.MAX_HEAD)
+        reader.feed_data(upstream + b"0\r\n\r\n")
+        reader.feed_eof()
+        writer = cast(aio.StreamWriter, client)
+        head = b"HTTP/1.1 200 OK"
+        await http1.copy_filtered(reader, writer, "chunked", 0, head, [], response.filters, True)
+
+    aio.run(copy())
+    out, rest = bytearray(), bytes(client.data).split(b"\r\n\r\n", 1)[1]
+    while not rest.startswith(b"0\r\n"):
+        size, rest = rest.split(b"\r\n", 1)
+        out += rest[: int(size, 16)]
+        rest = rest[int(size, 16) + 2 :]
+    return client, bytes(out)
+
+
+def test_a_gzip_bomb_is_inflated_in_steps_the_client_drains(hook: SecretsHook) -> None:
+    """24 MiB of zeros in 24 kB of gzip: inflated up to 64 MiB per piece read and
+    written to the client at once, a connection whose client read nothing held it
+    all (six held 385 MiB: found by attacking the proxy).  The filter gives what a
+    piece inflates to in steps of INFLATE_STEP and the copy waits for the client
+    between them: a connection holds at most a write buffer and a step.  The
+    twins: the echo after the bomb, and a plain-sized body with an echo across a
+    step's end, still come back with the placeholder."""
+    from corral.net import http1
+    from corral.net.secrets import INFLATE_STEP
+
+    ph = placeholder(hook, "API_KEY").encode()
+    bomb = bytes(24 << 20) + b"token " + REAL
+    client, out = _copied_gzip(hook, bomb, 1)
+    assert out == bomb.replace(REAL, ph)
+    assert client.most <= http1.CHUNK + INFLATE_STEP + 64, client.most
+    body = b"".join(b"line %d of a log\n" % i for i in range(150_000))  # ~3 MB, 1 MB a step
+    at = INFLATE_STEP - 7  # the value cut by the first step's end
+    body = body[:at] + REAL + body[at:]
+    client, out = _copied_gzip(hook, body, 3)
+    assert out == body.replace(REAL, ph)
+    assert client.most <= http1.CHUNK + INFLATE_STEP + 64, client.most
+    small = b"token " + REAL + b" end"  # (short: streamed too, a step is the whole of it)
+    assert _copied_gzip(hook, small, 1)[1] == small.replace(REAL, ph)
+    # by the filter's own API: never more than a step at a time
+    import gzip
+
+    echo_filter = _stream_filter(hook, [(b"content-encoding", b"gzip")])
+    steps = [echo_filter.feed(gzip.compress(bytes(8 << 20)))]
+    while echo_filter.pending():
+        steps.append(echo_filter.feed(b""))
+    steps.append(echo_filter.end())
+    assert max(map(len, steps)) <= INFLATE_STEP + hook.for_host("api.test", 443).echo_window
+    assert sum(map(len, steps)) == 8 << 20 and len(steps) >= 8
+
+
+# a value whose base64 holds '/' and '+' at every offset (found by attacking the proxy)
+SLASHED = b"sk-proj-Zq9?xY3>wT8~kL2?mN5>pR7~vB4?cD6>"
+
+
+def _leaked(out: bytes, value: bytes) -> bool:
+    """Whether ``out`` holds most of ``value`` in base64 a lenient client decodes:
+    JSON and percent escapes read, white space skipped, at any alignment."""
+    import json
+    import urllib.parse
+
+    text = out.decode("latin-1")
+    try:
+        text = json.dumps(json.loads(text), ensure_ascii=False)  # (its escapes read)
+    except ValueError:
+        pass
+    text = urllib.parse.unquote(text.replace("\\n", "").replace("\\/", "/"))
+    flat = "".join(c for c in text if c.isalnum() or c in "+/-_").encode()
+    for shift in range(4):
+        part = flat[shift:][: (len(flat) - shift) // 4 * 4]
+        for alphabet in (b"+/", b"-_"):
+            decoded = base64.b64decode(part, altchars=alphabet)
+            if value[2:-2] in decoded:
+                return True
+    return value[2:-2] in out
+
+
+def _json_escaped(value: bytes) -> list[tuple[str, bytes]]:
+    """Documents holding ``value`` in base64, JSON-escaped as servers write them,
+    at each offset: wrapped at 60 and 76 with escaped line breaks (GitHub's
+    contents API, and Python's encodebytes in json.dumps), '/' escaped as PHP's
+    json_encode writes it and as \\u002f, and both."""
+    import json
+
+    out = []
+    for pad in range(4):
+        doc = json.dumps({"x-key": "x" * pad + value.decode(), "n": pad}).encode()
+        flat = base64.b64encode(doc).decode()
+        at60 = "\n".join(flat[i : i + 60] for i in range(0, len(flat), 60))
+        out += [
+            ("json \\n 60", json.dumps({"content": at60 + "\n"}).encode()),
+            ("json \\n 76", json.dumps({"content": base64.encodebytes(doc).decode()}).encode()),
+            ("php \\/", json.dumps({"token": flat}).encode().replace(b"/", b"\\/")),
+            ("\\u002f", json.dumps({"token": flat}).encode().replace(b"/", b"\\u002f")),
+            ("both", json.dumps({"c": at60}).encode().replace(b"/", b"\\/")),
+        ]
+    return out
+
+
+def test_base64_under_a_second_encoding_is_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Base64 of the value JSON-escaped (line breaks as the two characters \\n, as
+    GitHub's contents API wraps it; '/' as \\/, as PHP writes it) reached the
+    client whole: the escapes cut the value's encoding (found by attacking the
+    proxy).  They are read as what they stand for, in every cut of the body
+    into two pieces; whole, the document decodes to the placeholder.  The twins:
+    the same base64 wrapped by real line breaks and on one line, hidden before
+    too, and escaped base64 holding no value, which goes on as it came."""
+    import json
+
+    monkeypatch.setenv("CORRAL_TEST_REAL", SLASHED.decode())
+    h = SecretsHook(make_policy(tmp_path))
+    h.open()
+    ph = placeholder(h, "API_KEY").encode()
+    for name, body in _json_escaped(SLASHED):
+        out = body_through(h, body, [])[0]
+        assert not _leaked(out, SLASHED), (name, out)
+        content = next(iter(json.loads(out).values()))  # whole: it decodes, to the placeholder
+        assert ph in base64.b64decode(content.replace("\n", "")), (name, out)
+        for cut in range(len(body)):  # wherever a piece ends
+            assert not _leaked(body_through(h, body, [cut])[0], SLASHED), (name, cut)
+    doc = b'{"x-key": "' + SLASHED + b'"}'
+    for twin in (base64.encodebytes(doc), base64.b64encode(doc)):
+        assert not _leaked(body_through(h, twin, [])[0], SLASHED)
+    for name, body in _json_escaped(b"nothing secret here, not at all/+?>~"):
+        assert body_through(h, body, [len(body) // 2])[0] == body, name
+
+
+def test_base64_percent_encoded_in_a_header_is_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redirect whose query holds base64 of the value percent-encoded ('+' '/'
+    '=' as %2B %2F %3D: OAuth's state, a "return to") kept the value (found by
+    attacking the proxy).  It is hidden as the base64 itself would be: the query
+    decodes to the placeholder.  The twins: the base64 unencoded, hidden before
+    too, and percent-encoded base64 of another value, left as it was."""
+    import urllib.parse
+
+    monkeypatch.setenv("CORRAL_TEST_REAL", SLASHED.decode())
+    h = SecretsHook(make_policy(tmp_path))
+    h.open()
+    ph = placeholder(h, "API_KEY").encode()
+    for pad in range(3):
+        state = base64.b64encode(b'{"key": "' + b"x" * pad + SLASHED + b'"}')
+        for spelled in (urllib.parse.quote(state, safe="").encode(), state):
+            location = b"https://app.test/cb?state=" + spelled + b"&n=1"
+            ((_, got),) = hidden(h, [(b"location", location)])
+            query = urllib.parse.parse_qs(got.decode().partition("?")[2])
+            back = base64.b64decode(query["state"][0])
+            assert SLASHED not in back and ph in back, (pad, got)
+    other = urllib.parse.quote(base64.b64encode(b"x" * 40 + b"/+?>~" * 8), safe="").encode()
+    assert hidden(h, [(b"location", b"/cb?state=" + other)]) == [
+        (b"location", b"/cb?state=" + other)
+    ]
+
+
+def _stream_filter(
+    hook: SecretsHook, headers: list[tuple[bytes, bytes]] | None = None
+) -> BodyFilter:
     """The filter a response body from the secret's host streams through."""
     chain = Chain([hook])
     dest = Destination("run", "https", "api.test", 443)
     req = Request("GET", "/", [], 0)
     chain.request(dest, req)
-    response = Response(200, [])
+    response = Response(200, list(headers or []))
     chain.response(dest, req, response)
     (echo_filter,) = response.filters
     return echo_filter

@@ -240,10 +240,22 @@ class BodyFilter:
     some back, e.g. what could be the start of a match); :meth:`end` returns
     what it still holds once the body is complete.  Either may raise
     :class:`corral.net.http1.HttpError` (a body it cannot read): the client's
-    connection is then cut, as for an origin that breaks off."""
+    connection is then cut, as for an origin that breaks off.
+
+    A filter whose output may be many times its input (``grows``: a body it
+    decompresses) returns it in bounded steps: while :meth:`pending` says more
+    is ready, the copy calls ``feed(b"")`` for the next, waiting for the client
+    to drain between steps.  Such a body is never read whole (its size is not
+    known from the compressed one's)."""
+
+    grows = False
 
     def feed(self, data: bytes) -> bytes:
         return data
+
+    def pending(self) -> bool:
+        """Whether ``feed(b"")`` would give more of what is already fed."""
+        return False
 
     def end(self) -> bytes:
         return b""

@@ -457,11 +457,13 @@ def split_absolute(target: bytes, schemes: tuple[str, ...] = ("http",)) -> tuple
 WHOLE = CHUNK  # a filtered body of at most this many bytes is read whole
 
 
-def filtered_keeps_framing(kind: str, length: int) -> bool:
+def filtered_keeps_framing(kind: str, length: int, filters: list[BodyFilter]) -> bool:
     """Whether a body framed as ``kind`` goes through filters read whole (and then
     out with a Content-Length, to any client); else it is re-framed chunked for
-    an HTTP/1.1 client, or runs until the connection closes for an older one."""
-    return kind == "length" and length <= WHOLE
+    an HTTP/1.1 client, or runs until the connection closes for an older one.
+    A filter that grows its input (decompresses it) streams: read whole, a small
+    body could become a huge one, held at once."""
+    return kind == "length" and length <= WHOLE and not any(f.grows for f in filters)
 
 
 async def copy_filtered(
@@ -478,7 +480,7 @@ async def copy_filtered(
     ``filters``, re-framed: see :func:`filtered_keeps_framing`; ``chunked``: the
     client reads chunked bodies.  ``headers`` hold no framing field.  Returns
     the bytes written."""
-    if filtered_keeps_framing(kind, length):
+    if filtered_keeps_framing(kind, length, filters):
         body = _through(filters, await _read_exactly(reader, length), True)
         head = serialize_head(first_line, [*headers, (b"content-length", b"%d" % len(body))])
         writer.write(head + body)
@@ -491,9 +493,13 @@ async def copy_filtered(
     sent = len(head)
     try:
         async for piece in _pieces(reader, kind, length):
-            sent += _write_piece(writer, _through(filters, piece, False), chunked)
-            if writer.transport.get_write_buffer_size() > CHUNK:
-                await writer.drain()
+            while True:  # (once, but for a filter that gives what it grew in steps)
+                sent += _write_piece(writer, _through(filters, piece, False), chunked)
+                if writer.transport.get_write_buffer_size() > CHUNK:
+                    await writer.drain()
+                if not _pending(filters):
+                    break
+                piece = b""
         sent += _write_piece(writer, _through(filters, b"", True), chunked)
     except HttpError as exc:  # the head is out: no other response may follow it
         exc.sent = sent
@@ -509,6 +515,13 @@ def _through(filters: list[BodyFilter], data: bytes, last: bool) -> bytes:
     for body_filter in filters:
         data = body_filter.feed(data) + body_filter.end() if last else body_filter.feed(data)
     return data
+
+
+def _pending(filters: list[BodyFilter]) -> bool:
+    """Whether a filter has more ready of what it was fed (BodyFilter.pending): a
+    decompressed body comes in steps, for the client to drain between them, so
+    what a connection holds does not grow with the compression ratio."""
+    return any(body_filter.pending() for body_filter in filters)
 
 
 def _write_piece(writer: aio.StreamWriter, data: bytes, chunked: bool) -> int:

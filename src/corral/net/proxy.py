@@ -1129,7 +1129,8 @@ class Proxy:
             filters = []  # no body to filter (HEAD, 204, 304)
         elif filters:
             out_headers = [(k, v) for k, v in out_headers if k not in http1.FRAMING_FIELDS]
-            if not http1.filtered_keeps_framing(kind, length) and request.version != b"HTTP/1.1":
+            framed = http1.filtered_keeps_framing(kind, length, filters)
+            if not framed and request.version != b"HTTP/1.1":
                 keep = False  # re-framed as "until the connection closes"
         if not keep and status != 101:  # say so: a client must not reuse it
             out_headers.append((b"connection", b"close"))

@@ -14,7 +14,8 @@ bits, new for each run).  The proxy, on the host, holds the real value:
 * a response header (of an interim 1xx head too), reason phrase or body that
   echoes the value reaches the client with the placeholder instead: the value
   as it is, percent-encoded however an origin spells it, or inside base64 at
-  any offset (:func:`_hide`).  For the body to be read whole, a request to a
+  any offset (:func:`_hide`), that base64 wrapped, JSON-escaped or
+  percent-encoded too (:func:`_hide_wrapped`).  For the body to be read whole, a request to a
   secret's host asks for no compression and no range; a body compressed anyway
   is decompressed (gzip, deflate) or, in any other encoding, refused
   (``secret-echo``).  The body streams through :class:`_EchoFilter`, re-framed
@@ -69,6 +70,11 @@ _WHOLE = frozenset((b"accept-encoding", b"range", b"if-range"))
 # a compressed body (its origin compressed it unasked) is decoded up to this
 # much per piece read: more is a bomb, not an API's answer
 MAX_INFLATED = 64 * 1024 * 1024
+# ... and at most this much at a time: the copy waits for the client to drain
+# between steps (BodyFilter.pending), so a connection holds a few steps at most
+# whatever the compression ratio (64 MiB at once was held per connection, a few
+# connections' worth outside the run's limits: found by attacking the proxy)
+INFLATE_STEP = 4 * http1.CHUNK
 # bytes a value keeps when it goes into a path or a query; the rest is percent-encoded
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 # Headers costing more than this to keep (hooks.kept_size) are worked out afresh for
@@ -98,6 +104,7 @@ class Loaded:
         "hosts",
         "name",
         "placeholder",
+        "stripped",
         "value",
     )
 
@@ -112,6 +119,7 @@ class Loaded:
         self.cores = _base64_cores(value)
         self._spelled: re.Pattern[bytes] | None = None  # made where it is used: a worker
         self._wrapped: re.Pattern[bytes] | None = None
+        self.stripped = _stripped_cores(self.cores)
         _check_fit(self)
 
     def spelled(self) -> re.Pattern[bytes]:
@@ -124,11 +132,13 @@ class Loaded:
         """The base64 cores with white space allowed between any two characters:
         MIME and PEM wrap base64 at 76 or 64 characters (LF, CRLF, a CR alone),
         YAML and folded headers indent the next line, and some print it in groups
-        split by spaces or tabs; a break may fall inside the value's core.  In
-        bodies (see _EchoFilter)."""
+        split by spaces or tabs; a break may fall inside the value's core.  The
+        line breaks JSON-escaped too (GitHub's contents API), and '/' and '+'
+        escaped as JSON writers (PHP's ``\\/``) and URL encoders write them (see
+        _unescaped).  In bodies (see _EchoFilter) and response heads."""
         if self._wrapped is None:
-            gap = b"[\t\n\r ]{0,%d}" % MAX_GAP
-            cores = (gap.join(re.escape(bytes([c])) for c in core) for core in self.cores)
+            gap = rb"(?:[\t\n\r ]|\\[nrt]){0,%d}" % MAX_GAP
+            cores = (gap.join(_spelled_char(c) for c in core) for core in self.cores)
             self._wrapped = re.compile(b"|".join(cores))
         return self._wrapped
 
@@ -140,6 +150,11 @@ class Loaded:
             covers(rule, host, port) and (not plain or rule.ports is not None)
             for rule in self.hosts
         )
+
+    def names(self, host: str) -> bool:
+        """Whether one of the secret's host entries names (normalized) ``host``, on
+        any port: where its echo is hidden."""
+        return any(_names(rule, host) for rule in self.hosts)
 
     def __repr__(self) -> str:
         return f"<secret {self.name}>"
@@ -353,7 +368,9 @@ class SecretsHook(Hook):
         echoes to be hidden (:meth:`for_host`); an opaque tunnel there brought the
         value back (found by attacking the proxy).  ``[tls] passthrough`` still
         wins: an address passed through is the user's choice, unread."""
-        return self._shared(host) or super().needs_inspection(host, port)
+        # a secret's host name on any port: one server, which may name on one port
+        # what was sent to another (found by attacking the proxy)
+        return self._shared(host) or any(_names(rule, host) for rule in self._inspected())
 
     def _shared(self, host: str) -> bool:
         """Whether (normalized) ``host`` may be a secret host's server by another
@@ -389,8 +406,14 @@ class SecretsHook(Hook):
             ]
             # An address may be a secret host's server by another name (its address,
             # allowed beside its name): what every secret sent there could echo is
-            # hidden in its responses, though none is sent to the address itself
-            hidden = mine or (self.secrets if self._shared(host) else [])
+            # hidden in its responses, though none is sent to the address itself.  A
+            # shared name hides every secret's echo even when it is some secret's host
+            # itself: two secrets' hosts pinned to one gateway are one server, which
+            # may name either value under either name (found by attacking the proxy)
+            # ... and the port does not matter: a secret whose host entry names one port
+            # (or HTTPS only) is hidden on every port of that name, plain HTTP too
+            named = [s for s in self.secrets if s.names(host)]
+            hidden = self.secrets if self._shared(host) else named
             found = self._by_host[key] = _HostPlan(mine, self.secrets, https_only, hidden)
         return found
 
@@ -439,7 +462,7 @@ class SecretsHook(Hook):
             if refused is not None:
                 return refused
         if len(response.reason) >= plan.shortest:  # "401 bad key ..." echoes too
-            response.reason = _hide(response.reason, plan.hidden)
+            response.reason = _hide_head(response.reason, plan.hidden)
         for name, value in response.headers:
             if len(value) >= plan.shortest or len(name) >= plan.shortest:
                 break
@@ -450,7 +473,7 @@ class SecretsHook(Hook):
         if any(map(text.__contains__, plan.echoes)) or _names_echo(names, plan):
             # a header named after the value is no header a client needs: dropped
             response.headers[:] = [
-                (k, _hide(v, plan.hidden))
+                (k, _hide_head(v, plan.hidden))
                 for k, v in response.headers
                 if _hide(k, plan.hidden) == k and not _names_echo(k, plan)
             ]
@@ -594,6 +617,7 @@ class _HostPlan:
         self.name_echoes = sorted({e.lower() for e in echoes})
         if hide:
             echoes |= {b"%", b"+"} if any(b" " in s.value for s in hide) else {b"%"}
+            echoes.add(b"\\")  # (base64 JSON-escaped: _hide_head)
         self.echoes = [e.decode("latin-1") for e in sorted(echoes)]
 
     def rewrite(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -667,9 +691,92 @@ def _hide(value: bytes, secrets: list[Loaded]) -> bytes:
     return value
 
 
+def _hide_head(value: bytes, secrets: list[Loaded]) -> bytes:
+    """:func:`_hide`, and base64 escaped (a redirect's query holding it
+    percent-encoded, JSON in a header) or split by white space: as in bodies."""
+    value = _hide(value, secrets)
+    for secret in secrets:
+        if secret.cores:
+            value = _hide_wrapped(value, secret)
+    return value
+
+
 MAX_GAP = 32  # the most white space between two characters of wrapped base64
 _SPACES = b"\t\n\r "
 _BLANK_LINE = re.compile(rb"\n[\t ]*\n")
+# base64 characters as a second encoding writes them: JSON ("\/" by PHP's
+# json_encode, "\u002f"), a URL's query (percent-encoded); found by attacking the proxy
+_ESCAPED = {
+    ord("/"): (b"\\/", b"\\u002f", b"\\u002F", b"%2f", b"%2F"),
+    ord("+"): (b"\\u002b", b"\\u002B", b"%2b", b"%2B"),
+}
+_ESCAPED_GAPS = (b"\\n", b"\\r", b"\\t")  # line breaks in a JSON string
+_ALL_ESCAPES = (*_ESCAPED_GAPS, *_ESCAPED[ord("/")], *_ESCAPED[ord("+")], b"%3D", b"%3d")
+
+
+def _spelled_char(char: int) -> bytes:
+    """A pattern for one base64 character, as it is or escaped (_ESCAPED)."""
+    spellings = [re.escape(bytes([char])), *map(re.escape, _ESCAPED.get(char, ()))]
+    return spellings[0] if len(spellings) == 1 else b"(?:" + b"|".join(spellings) + b")"
+
+
+# Bytes a wrapped or escaped core may hold beside its own characters, left out
+# of both it and the text it is looked for in (_hide_wrapped): white space, the
+# escapes' first bytes, and the letters of a JSON-escaped line break (the cores
+# lose theirs too).  Then an escaped '/' or '+' is itself ("\\/"), or leaves
+# "2F" ("%2F") or "u002f" ("\\u002f").
+_MARKS = (b" ", b"\n", b"\r", b"\t", b"\\", b"%")
+_STRIPPED = _SPACES + b"\\%nrt"
+# ... and the rest folded to one case and one base64 alphabet, in the same pass: a
+# hex digit's case no longer matters, and a core and its URL-safe twin are one
+# (fewer scans; only to look: the pattern then finds the core exactly)
+_FOLDED = bytes.maketrans(b"abcdefghijklmnopqrstuvwxyz-_", b"ABCDEFGHIJKLMNOPQRSTUVWXYZ+/")
+
+
+def _stripped_cores(cores: list[bytes]) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    """The cores as _hide_wrapped looks for them (_STRIPPED, _FOLDED): as they are,
+    and with '/' and '+' as a percent-encoded or JSON \\u escape leaves them."""
+
+    def spelled(slash: bytes, plus: bytes) -> set[bytes]:
+        made = (core.replace(b"/", slash).replace(b"+", plus) for core in cores)
+        return {core.translate(_FOLDED, _STRIPPED) for core in made}
+
+    plain = spelled(b"/", b"+")
+    return (
+        sorted(plain),
+        sorted(spelled(b"2F", b"2B") - plain),
+        sorted(spelled(b"u002F", b"u002B") - plain),
+    )
+
+
+def _unescaped(text: bytes) -> bytes:
+    """``text`` without white space and JSON-escaped line breaks, and with escaped
+    base64 characters as themselves: a wrapped or escaped core is a core in
+    this (leniently: only to look for one).  For a match or a piece's tail: a
+    whole body is looked at through _stripped_cores, in one pass."""
+    text = text.translate(None, _SPACES)
+    if b"\\" in text:
+        for gap in _ESCAPED_GAPS:
+            if gap in text:  # (a scan costs less than a replace that finds nothing)
+                text = text.replace(gap, b"")
+    if b"\\" in text or b"%" in text:
+        for char, spellings in _ESCAPED.items():
+            for spelling in spellings:
+                if spelling in text:
+                    text = text.replace(spelling, bytes([char]))
+    return text
+
+
+def _unescaped_tail(tail: bytes) -> bytes:
+    """The end of a piece as _unescaped reads it, an escape cut short at its very
+    end left out (the next piece holds the rest of it)."""
+    for mark in (b"\\", b"%"):
+        at = tail.rfind(mark)
+        if at >= 0 and len(tail) - at < 6:
+            cut = tail[at:]
+            if any(e.startswith(cut) and e != cut for e in _ALL_ESCAPES):
+                tail = tail[:at]
+    return _unescaped(tail)
 
 
 def _hide_wrapped(value: bytes, secret: Loaded) -> bytes:
@@ -678,35 +785,57 @@ def _hide_wrapped(value: bytes, secret: Loaded) -> bytes:
     what it split, and the joined run is hidden as an unbroken one is.  A byte
     or two of the value in a group before the core, before the break, stays
     there (as in a run cut short)."""
-    flat = value.translate(None, _SPACES)  # (a wrapped core is a core in this: fast)
-    if flat == value or not any(core in flat for core in secret.cores):
+    if not any(map(value.__contains__, _MARKS)):
+        return value  # (unbroken and unescaped, each core was hidden by _hide)
+    # what white space, escapes and JSON-escaped breaks leave of a wrapped or escaped
+    # core is in this (one pass; checked against as few cores as escapes are there)
+    flat = value.translate(_FOLDED, _STRIPPED)
+    plain, percent, unicode = secret.stripped
+    if b"%" in value:
+        plain = plain + percent
+    if b"\\" in value:  # (one byte: a fast scan; a core is long: so are its)
+        plain = plain + unicode
+    if not any(map(flat.__contains__, plain)):
         return value
     pattern = secret.wrapped()
     for _ in range(len(value) // MIN_CORE + 1):  # each pass joins one match
         found = pattern.search(value)
         if found is None:
             break
-        core = found.group().translate(None, _SPACES)
+        text = found.group()
+        core = _unescaped(text)
+        if core not in secret.cores:  # (cannot be: each escape stands for its character)
+            value = value[: found.start()] + secret.placeholder + value[found.end() :]
+            continue
         value = value[: found.start()] + core + value[found.end() :]
-        value = _hide_in_base64(value, found.start(), core, secret)
+        value = _hide_in_base64(value, found.start(), core, secret, b"%" in text)
     return value
 
 
-def _hide_in_base64(value: bytes, at: int, core: bytes, secret: Loaded) -> bytes:
+def _hide_in_base64(
+    value: bytes, at: int, core: bytes, secret: Loaded, percent: bool = False
+) -> bytes:
     """``value`` with the base64 run holding ``core`` at ``at`` decoded, the secret
     replaced by its placeholder and encoded again in the run's own alphabet; a run
-    that does not hold the whole value (cut short) becomes the placeholder."""
+    that does not hold the whole value (cut short) becomes the placeholder.  A run
+    ``percent``-encoded (its core found escaped: _hide_wrapped) gets its '+', '/'
+    and '=' percent-encoded again."""
     start, end = at, at + len(core)
     while start and value[start - 1] in _BASE64:
         start -= 1
+    # the rest of an escape just before the run ("n" of a JSON "\\n") is not base64
+    start = min(start + _escape_rest(value, start), at)
     start += (at - start) % 4  # a word glued before it is not part of its groups
     while end < len(value) and value[end] in _BASE64:
         end += 1
     body = value[start:end]
     body = body[: len(body) - (len(body) % 4 == 1)]  # a lone last character holds no byte
-    padding = len(value[end : end + 2]) - len(value[end : end + 2].lstrip(b"="))
+    pad = b"%3D" if percent and value[end : end + 3].upper() == b"%3D" else b"="
+    padding = 0
+    while padding < 2 and value[end + padding * len(pad) :][: len(pad)].upper() == pad:
+        padding += 1
     padded = padding > 0 and start + len(body) == end
-    stop = end + padding if padded else start + len(body)
+    stop = end + padding * len(pad) if padded else start + len(body)
     standard = body.translate(_STANDARD)
     decoded = base64.b64decode(standard + b"=" * (-len(standard) % 4))
     hidden = secret.spelled().sub(secret.placeholder, decoded)
@@ -717,7 +846,20 @@ def _hide_in_base64(value: bytes, at: int, core: bytes, secret: Loaded) -> bytes
         out = out.translate(_URLSAFE)
         if not padded:
             out = out.rstrip(b"=")
+    if percent:
+        out = out.replace(b"+", b"%2B").replace(b"/", b"%2F").replace(b"=", b"%3D")
     return value[:start] + out + value[stop:]
+
+
+def _escape_rest(value: bytes, start: int) -> int:
+    """How many bytes from ``start`` are the rest of an escape (_ALL_ESCAPES) whose
+    backslash or percent sign is just before it: 0 for none."""
+    if not start or value[start - 1] not in _ESCAPE_MARKS:
+        return 0
+    for escape in _ALL_ESCAPES:
+        if escape[0] == value[start - 1] and value.startswith(escape[1:], start):
+            return len(escape) - 1
+    return 0
 
 
 # -- response bodies ---------------------------------------------------------------------
@@ -758,7 +900,8 @@ def _codings(encodings: bytes) -> tuple[bytes, ...]:
 
 class _Inflate:
     """gzip or zlib-wrapped deflate (told apart by their header), else raw deflate
-    (what some servers send as "deflate")."""
+    (what some servers send as "deflate"), at most INFLATE_STEP bytes a call: what
+    a piece holds beyond that waits in ``tail`` for the next call (``feed(b"")``)."""
 
     def __init__(self) -> None:
         import zlib
@@ -767,10 +910,15 @@ class _Inflate:
         self.stream = zlib.decompressobj(32 + zlib.MAX_WBITS)
         self.started = False  # some output came: the format is settled
         self.raw = False
+        self.tail = b""  # compressed bytes not decoded yet (the step was full)
+        self.made = 0  # bytes decoded from the piece last fed
 
     def feed(self, data: bytes) -> bytes:
+        if data:
+            self.made = 0  # (a piece comes once the last one's tail is decoded)
+        data = self.tail + data if self.tail else data
         try:
-            out = self.stream.decompress(data, MAX_INFLATED)
+            out = self.stream.decompress(data, INFLATE_STEP)
         except self._zlib.error:
             if self.started or self.raw:
                 raise http1.HttpError(502, "a compressed response body is corrupt") from None
@@ -778,7 +926,9 @@ class _Inflate:
             self.stream = self._zlib.decompressobj(-self._zlib.MAX_WBITS)
             return self.feed(data)
         self.started = self.started or bool(out)
-        if self.stream.unconsumed_tail:
+        self.tail = self.stream.unconsumed_tail
+        self.made += len(out)
+        if self.made > MAX_INFLATED:
             raise http1.HttpError(502, "a compressed response body expands too far")
         return out
 
@@ -804,8 +954,12 @@ class _EchoFilter(BodyFilter):
         self.openers = plan.echo_openers  # the bytes an echo can start with
         self.audit = audit
         self.inflate = inflate
+        self.grows = inflate is not None  # (see BodyFilter: then its output comes in steps)
         self.held = b""
         self.hidden: set[str] = set()
+
+    def pending(self) -> bool:
+        return self.inflate is not None and bool(self.inflate.tail)
 
     def feed(self, data: bytes) -> bytes:
         if self.inflate is not None:
@@ -816,9 +970,14 @@ class _EchoFilter(BodyFilter):
         return data[:keep]
 
     def end(self) -> bytes:
+        # (a caller that did not take every step gets the rest at once, bounded by
+        # MAX_INFLATED: the proxy takes them, copy_filtered)
+        out = b""
+        while self.pending():
+            out += self.feed(b"")
         data = self.held + (self.inflate.end() if self.inflate is not None else b"")
         self.held = b""
-        out = self._hide(data)
+        out += self._hide(data)
         if self.hidden:
             self.audit["echoes_hidden"] = sorted(self.hidden)
         return out
@@ -858,17 +1017,20 @@ def _wrapped_start(data: bytes, secret: Loaded) -> int:
     wrapped by white space and cut short begins (``len(data)``: none is).  Only
     the tail's last characters but white space can start one: fewer than a core
     holds, each at most MAX_GAP white space from the next, none across a blank
-    line (see _starts_echo)."""
+    line (see _starts_echo).  Escaped characters (_ESCAPED) count as theirs, and
+    a JSON-escaped line break as white space (:func:`_escaped_start`)."""
     longest = max(map(len, secret.cores), default=0)
     at, gap = len(data), 0
     starts: list[int] = []
-    while at and len(starts) < longest:
+    while at and len(starts) < longest * _WIDEST:
         byte = data[at - 1]
-        if byte in _SPACE_BYTES:
+        if byte in _SPACE_BYTES or (byte in _GAP_LETTERS and data[at - 2 : at - 1] == b"\\"):
             gap += 1
             if gap > MAX_GAP:
                 break
-        elif byte in _BASE64:
+            at -= 1 if byte in _SPACE_BYTES else 2
+            continue
+        if byte in _BASE64 or byte in _ESCAPE_MARKS:
             gap = 0
             starts.append(at - 1)
         else:
@@ -876,6 +1038,8 @@ def _wrapped_start(data: bytes, secret: Loaded) -> int:
         at -= 1
     if not starts:
         return len(data)
+    if _ESCAPE_MARKS.intersection(data[starts[-1] :]):
+        return _escaped_start(data, starts, secret)
     # the tail's characters but white space, once (the i-th of them is at starts[-1 - i]);
     # a core cut short starts at one holding its first character, fewer than it from the end
     flat = data[starts[-1] :].translate(None, _SPACES)
@@ -896,6 +1060,26 @@ def _wrapped_start(data: bytes, secret: Loaded) -> int:
 
 
 _SPACE_BYTES = frozenset(_SPACES)
+_ESCAPE_MARKS = frozenset(b"\\%")  # what starts an escaped base64 character
+_GAP_LETTERS = frozenset(b"nrt")  # after a backslash: a JSON-escaped line break
+_WIDEST = max(map(len, _ALL_ESCAPES))  # the most bytes one base64 character takes
+
+
+def _escaped_start(data: bytes, starts: list[int], secret: Loaded) -> int:
+    """_wrapped_start for a tail holding escapes: the earliest of ``starts`` (the
+    tail's bytes but white space, last first) from which the tail, unescaped,
+    is one of the secret's cores cut short.  Only bytes that can begin a core
+    are tried (its first character, or an escape), each unescaping what follows:
+    a few hundred bytes at most, only where an escape ends a piece."""
+    firsts = {core[0] for core in secret.cores} | _ESCAPE_MARKS
+    for start in reversed(starts):
+        if data[start] not in firsts:
+            continue
+        flat = _unescaped_tail(data[start:])
+        if flat and any(len(flat) < len(core) and core.startswith(flat) for core in secret.cores):
+            tail = data[start:].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            return len(data) if _BLANK_LINE.search(tail) else start
+    return len(data)
 
 
 def _starts_echo(secret: Loaded, tail: bytes) -> bool:
