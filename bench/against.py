@@ -103,7 +103,7 @@ class Tree:
         ``script`` (the entry script it ships, as an installed ``corral`` runs)."""
         if how == "script" and self.script is not None:
             return [self.python, self.script]
-        return [self.python, "-c", ENTRY]
+        return [self.python, "-P", "-c", ENTRY]  # (-P: not importing from the workspace)
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         return {**base, "PYTHONPATH": self.src}
@@ -164,7 +164,7 @@ def warm(
     """Warm execs per tree, in alternating batches of 20; µs per call."""
     workers = [
         subprocess.Popen(
-            [t.python, "-c", worker, ws],
+            [t.python, "-P", "-c", worker, ws],
             env=t.env(env),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

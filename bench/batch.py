@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL = 1.3
-CORRAL = [sys.executable, "-m", "corral"]
+CORRAL = [sys.executable, "-P", "-m", "corral"]
 PLAIN_RAY = """
 import subprocess, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)

@@ -242,7 +242,7 @@ def start_nginx(s: Setup) -> None:
 
 def corral_argv(python: str, src: str) -> tuple[list[str], dict[str, str]]:
     """How to run one source tree's ``corral``: its interpreter and PYTHONPATH."""
-    return [python, "-c", ENTRY], {**os.environ, "PYTHONPATH": src}
+    return [python, "-P", "-c", ENTRY], {**os.environ, "PYTHONPATH": src}
 
 
 def start_corral_tls(s: Setup, python: str, src: str) -> None:

@@ -88,7 +88,7 @@ def raw_argv(qemu_path: str, vmlinux: str, initrd: str, accel: str, mode: str) -
 
 
 def _runner(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "corral", "run", "--tier", "microvm", "-q", *args]
+    return [sys.executable, "-P", "-m", "corral", "run", "--tier", "microvm", "-q", *args]
 
 
 def _run_env(**extra: str) -> dict[str, str]:

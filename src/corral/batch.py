@@ -162,7 +162,7 @@ def _corral() -> list[str]:
     script = os.path.join(os.path.dirname(sys.executable), "corral")
     if os.access(script, os.X_OK):
         return [script]
-    return [sys.executable, "-m", "corral"]
+    return [sys.executable, "-P", "-m", "corral"]  # (-P: the job's directory is not imported from)
 
 
 def corral_argv(job: Job, report: str, log: str, net_log: str) -> list[str]:

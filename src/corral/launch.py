@@ -305,10 +305,14 @@ class Aftercare:
         self.companion_forked = False
         self.marker: Marker | None = None
         if plan.strategy.confines:
-            from corral import unfinished
+            from corral import selfguard, unfinished
+            from corral.errors import RefusedError
 
             # nothing set up yet: a refusal leaves nothing behind
             unfinished.check(self._places())
+            why = selfguard.refusal(self._places(), plan.argv)
+            if why:
+                raise RefusedError(why)
         if plan.cgroup is not None:
             from corral.cgroups import CgroupRun
 

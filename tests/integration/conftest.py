@@ -82,7 +82,7 @@ class Corral:
     def argv(self, args: list[str]) -> list[str]:
         if self.tier is not None and args[:1] in (["run"], ["shell"]) and "--tier" not in args:
             args = [args[0], *self.tier.flags, *args[1:]]
-        return self.python_argv(["-m", "corral", *args])
+        return self.python_argv(["-P", "-m", "corral", *args])
 
     def python_argv(self, args: list[str]) -> list[str]:
         """This user's Python (with corral importable) and ``args``, as that user."""

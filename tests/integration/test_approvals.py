@@ -596,14 +596,14 @@ def test_sandbox_without_on_ask_waits_for_corral_approve(
 
         def held() -> bool:
             r = subprocess.run(
-                [sys.executable, "-m", "corral", "pending", "--json"], capture_output=True
+                [sys.executable, "-P", "-m", "corral", "pending", "--json"], capture_output=True
             )
             found[:] = [json.loads(x) for x in r.stdout.decode().splitlines()]
             return any(f["path"] == path for f in found)
 
         assert wait_for(held, 30)
         ask_id = next(str(f["id"]) for f in found if f["path"] == path)
-        done = subprocess.run([sys.executable, "-m", "corral", command, *flags, ask_id])
+        done = subprocess.run([sys.executable, "-P", "-m", "corral", command, *flags, ask_id])
         assert done.returncode == 0
 
     with Sandbox(api_policy(api_ws, origin), **tier.api) as sb:

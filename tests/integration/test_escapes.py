@@ -1296,3 +1296,39 @@ def test_a_dotenv_link_a_run_planted_does_not_stop_the_next_runs(
     assert first.returncode == 0 and first.stdout == b"planted\n", first
     again = c.sh(ws, "echo next")
     assert again.returncode == 0 and again.stdout == b"next\n", again
+
+
+# --- what corral runs on the host, planted where the sandbox can write -----------------
+
+
+def test_a_run_never_starts_what_an_earlier_run_could_have_planted(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """A run wrote a wrapper bwrap (or podman) into the workspace's .venv/bin, on
+    PATH in an activated venv, and the next run started it on the host; so did
+    a module beside `python -m corral` run in the workspace, which imports from
+    the current directory (found by attacking corral).  Both are refused with
+    one line, exit 122, before anything starts; the twins, the same PATH without
+    that entry and `python -P -m corral`, run."""
+    c, ws = tsandbox
+    bin_dir = ws / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    marker = c.base / "ran-on-the-host"
+    for name in ("bwrap", "podman", "qemu-system-x86_64"):
+        wrapper = bin_dir / name
+        wrapper.write_text(f'#!/bin/sh\ntouch {marker}\nexec /usr/bin/{name} "$@"\n')
+        wrapper.chmod(0o755)
+    c.chown(ws / ".venv", bin_dir, *bin_dir.iterdir())
+    planted = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"}
+    r = c.run(["run", "-q", "--", "true"], cwd=ws, env=planted)
+    assert not marker.exists(), r.stderr.decode()
+    if c.has("mounts"):  # (landlock starts no host program of PATH's: it runs)
+        assert r.returncode == 122, r.stderr.decode()
+        assert "lies where the sandbox can write" in r.stderr.decode()
+    assert c.run(["run", "-q", "--", "true"], cwd=ws).returncode == 0  # the twin
+    argv = c.python_argv(
+        ["-m", "corral", "run", "-q", *(c.tier.flags if c.tier else []), "--", "true"]
+    )
+    r = subprocess.run(argv, cwd=ws, env=c.env(), capture_output=True, timeout=60)
+    assert r.returncode == 122, r.stderr.decode()
+    assert "a directory on its import path, " in r.stderr.decode()

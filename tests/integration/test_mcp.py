@@ -49,7 +49,7 @@ def server(ws: Path) -> StdioServerParameters:
     """`corral mcp --workspace ws` as a client starts it, with a home of its own."""
     return StdioServerParameters(
         command=sys.executable,
-        args=["-m", "corral", "mcp", "--workspace", str(ws)],
+        args=["-P", "-m", "corral", "mcp", "--workspace", str(ws)],
         env={
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": str(ws.parent / "home"),
@@ -107,7 +107,7 @@ def test_mcp_applies_the_run_options_and_is_recorded(ws: Path) -> None:
     state = ws.parent / "state"
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "corral", "mcp", "--workspace", str(ws), "--timeout", "1", "-q"],
+        args=["-P", "-m", "corral", "mcp", "--workspace", str(ws), "--timeout", "1", "-q"],
         env={
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": str(ws.parent / "home"),
@@ -140,7 +140,7 @@ def test_a_server_started_in_the_root_directory_is_told_about_workspace(ws: Path
     import subprocess
 
     env = {**os.environ, "HOME": str(ws.parent / "home"), "XDG_STATE_HOME": str(ws.parent)}
-    command = [sys.executable, "-m", "corral", "mcp"]
+    command = [sys.executable, "-P", "-m", "corral", "mcp"]
     done = subprocess.run(command, cwd="/", env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().endswith("give the server --workspace DIR"), done.stderr
@@ -149,7 +149,7 @@ def test_a_server_started_in_the_root_directory_is_told_about_workspace(ws: Path
     async def listed() -> list[str]:
         server = StdioServerParameters(
             command=sys.executable,
-            args=["-m", "corral", "mcp", "--workspace", str(ws)],
+            args=["-P", "-m", "corral", "mcp", "--workspace", str(ws)],
             env=env,
             cwd="/",
         )

@@ -392,7 +392,7 @@ def test_mcp_serves_the_same_tools(api_ws: Path) -> None:
 
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "corral", "mcp", "-q", "--workspace", str(api_ws)],
+        args=["-P", "-m", "corral", "mcp", "-q", "--workspace", str(api_ws)],
         env={
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": os.environ["HOME"],

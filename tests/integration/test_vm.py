@@ -80,7 +80,7 @@ def vm_env(c: Corral, ws: Path) -> dict[str, str]:
 
 
 def vm_argv(c: Corral, args: list[str]) -> list[str]:
-    return c.python_argv(["-m", "corral", "run", "--tier", "microvm", "-q", *args])
+    return c.python_argv(["-P", "-m", "corral", "run", "--tier", "microvm", "-q", *args])
 
 
 def vm(
@@ -137,7 +137,9 @@ def test_corral_shell_runs_on_the_guests_own_terminal(sandbox: tuple[Corral, Pat
         os.setsid()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    argv = c.python_argv(["-m", "corral", "shell", "--tier", "microvm", "-q", "--", "sh", "-i"])
+    argv = c.python_argv(
+        ["-P", "-m", "corral", "shell", "--tier", "microvm", "-q", "--", "sh", "-i"]
+    )
     proc = subprocess.Popen(
         argv, cwd=ws, env=vm_env(c, ws), stdin=slave, stdout=slave, stderr=slave,
         preexec_fn=own_terminal,
@@ -170,7 +172,9 @@ def test_corral_shell_runs_on_the_guests_own_terminal(sandbox: tuple[Corral, Pat
     assert (ws / "made-in-shell").read_text() == "x\n"
     assert not Path("/usr/corral-shell-test").exists()
     missing = subprocess.run(
-        c.python_argv(["-m", "corral", "shell", "--tier", "microvm", "-q", "--", "no-such-sh"]),
+        c.python_argv(
+            ["-P", "-m", "corral", "shell", "--tier", "microvm", "-q", "--", "no-such-sh"]
+        ),
         cwd=ws, env=vm_env(c, ws), capture_output=True, input=b"", timeout=120,
     )  # fmt: skip
     assert missing.returncode == 127, missing

@@ -225,7 +225,7 @@ def test_corrals_words_when_corral_itself_is_out_of_the_commands_reach(tmp_path:
         "PYTHONPATH": str(tmp_path / "src"),
         "PYTHONDONTWRITEBYTECODE": "1",  # nothing compiled ahead: every import reads source
     }
-    argv = [sys.executable, "-m", "corral", "run", "--tier", "landlock", "-q", "--"]
+    argv = [sys.executable, "-P", "-m", "corral", "run", "--tier", "landlock", "-q", "--"]
     r = subprocess.run([*argv, "no-such-command"], cwd=ws, env=env, capture_output=True)
     assert r.returncode == 127 and b"corral: no-such-command" in r.stderr, r
     ok = subprocess.run([*argv, "sh", "-c", "echo ran"], cwd=ws, env=env, capture_output=True)

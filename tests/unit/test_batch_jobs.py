@@ -70,7 +70,10 @@ def test_corral_argv_is_a_normal_corral_run() -> None:
     )
     argv = batch.corral_argv(job, "/r", "/l", "/n")
     head = argv[: argv.index("run") + 1]
-    assert head in ([sys.executable, "-m", "corral", "run"], [f"{sys.prefix}/bin/corral", "run"])
+    assert head in (
+        [sys.executable, "-P", "-m", "corral", "run"],
+        [f"{sys.prefix}/bin/corral", "run"],
+    )
     tail = argv[len(head) :]
     assert tail[tail.index("--policy") + 1] == "p.toml"
     assert tail[tail.index("--timeout") + 1] == "10m" and tail[tail.index("--env") + 1] == "CI"
