@@ -8,6 +8,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 import subprocess
 import uuid
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Corral
+from conftest import Corral, sees_host_root
 
 # --- 1. descriptors --------------------------------------------------------------
 
@@ -1332,3 +1333,45 @@ def test_a_run_never_starts_what_an_earlier_run_could_have_planted(
     r = subprocess.run(argv, cwd=ws, env=c.env(), capture_output=True, timeout=60)
     assert r.returncode == 122, r.stderr.decode()
     assert "a directory on its import path, " in r.stderr.decode()
+
+
+PRELOAD_C = r"""
+#include <fcntl.h>
+#include <unistd.h>
+__attribute__((constructor)) static void mark(void) {
+    int fd = open(HOST_MARKER, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) { write(fd, "host\n", 5); close(fd); }
+    fd = open(INSIDE_MARKER, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) { write(fd, "inside\n", 7); close(fd); }
+}
+"""
+
+
+def test_the_loaders_variables_reach_the_command_never_bwrap(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """bwrap was started with the sandbox's environment, so an LD_PRELOAD the
+    policy passed made it load, on the host, a library a run had built in the
+    workspace (found by attacking corral).  The library's constructor marks a
+    file only the host can write: never made; the twin: it is loaded by the
+    command inside (it marks the workspace) on the tiers that run the host's
+    programs."""
+    c, ws = tsandbox
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc here to build the library (apt-get install gcc)")
+    host_marker, inside_marker = c.base / "host-marker", ws / "inside-marker"
+    source = ws / "mark.c"
+    source.write_text(PRELOAD_C)
+    library = ws / "libmark.so"
+    subprocess.run(
+        [gcc, "-shared", "-fPIC", f'-DHOST_MARKER="{host_marker}"',
+         f'-DINSIDE_MARKER="{inside_marker}"', "-o", str(library), str(source)],
+        check=True,
+    )  # fmt: skip
+    c.chown(source, library)
+    r = c.run(["run", "-q", "--env", f"LD_PRELOAD={library}", "--", "true"], cwd=ws)
+    assert r.returncode == 0, r.stderr.decode()
+    assert not host_marker.exists()
+    if c.has("mounts") and sees_host_root(c):
+        assert inside_marker.read_text().startswith("inside"), r.stderr.decode()

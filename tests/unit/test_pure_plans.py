@@ -116,6 +116,26 @@ def test_namespace_plan_from_facts() -> None:
     assert sorted(plan.fds.values()).count("empty") == 1  # the one masked file
 
 
+def test_namespace_plan_gives_the_loaders_variables_to_the_command_not_to_bwrap() -> None:
+    """bwrap was started with the sandbox's environment: an LD_PRELOAD or
+    LD_LIBRARY_PATH the policy set made it load, on the host, a library an
+    earlier run had put in the workspace (found by attacking corral).  They go
+    to the command through --setenv; the twin: another variable stays in the
+    environment bwrap passes on, and no --setenv is added without one."""
+    pol = policy()
+    pol.env.set_values = {"LD_PRELOAD": f"{WS}/x.so", "GCONV_PATH": f"{WS}/g", "CC": "gcc"}
+    plan = NamespaceTier().plan(pol, ["true"], host=NamespaceFacts(fs=fs_plan(), **common()))
+    assert "LD_PRELOAD" not in plan.env and "GCONV_PATH" not in plan.env
+    assert plan.env["CC"] == "gcc"
+    at = plan.argv.index("--chdir")
+    assert plan.argv[at - 6 : at] == [
+        *("--setenv", "GCONV_PATH", f"{WS}/g"),
+        *("--setenv", "LD_PRELOAD", f"{WS}/x.so"),
+    ]
+    plain = NamespaceTier().plan(policy(), ["true"], host=NamespaceFacts(fs=fs_plan(), **common()))
+    assert "--setenv" not in plain.argv
+
+
 def test_namespace_plan_without_bwrap_or_resolv_conf() -> None:
     facts = NamespaceFacts(bwrap=None, resolv_conf=None, fs=fs_plan(), **common())
     plan = NamespaceTier().plan(policy(), ["true"], host=facts)

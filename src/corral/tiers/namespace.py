@@ -65,6 +65,40 @@ def find_bwrap(path: str | None = None) -> str | None:
     return None
 
 
+# Variables the dynamic loader and libc act on in any program they start (glibc's
+# "unsecure" list, which a set-ID program ignores; bwrap is not one here).
+LOADER_NAMES = frozenset(
+    [
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "GLIBC_TUNABLES",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "MALLOC_TRACE",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+        "TZDIR",
+    ]
+)
+
+
+def loader_settings(env: dict[str, str]) -> list[str]:
+    """Take the loader's variables (LD_*, LOADER_NAMES) out of ``env``, the
+    environment bwrap is started with, and give them to the command through
+    bwrap's ``--setenv``: bwrap runs on the host before any namespace exists,
+    and an ``LD_PRELOAD`` or ``LD_LIBRARY_PATH`` the policy set or passed made it
+    load a library an earlier run had put in the workspace (found by attacking
+    corral).  Their values, paths, are then in bwrap's argv."""
+    names = sorted(n for n in env if n.startswith("LD_") or n in LOADER_NAMES)
+    args: list[str] = []
+    for name in names:
+        args += ["--setenv", name, env.pop(name)]
+    return args
+
+
 def own_fd_numbers(pass_fds: Collection[int] = ()) -> Iterator[int]:
     """Numbers for bwrap's own descriptors, from 3 up, around those the user passes
     through: status, seccomp, then one per file mask."""
@@ -531,6 +565,7 @@ class NamespaceTier(Tier):
         plan.lock_watch = fs.lock_watch
         plan.hardlinks = fs.hardlinks
         plan.env = environ.sandbox_env(policy, facts.environ)
+        loader = loader_settings(plan.env)
         if layer is not None:
             layer.secrets = frozenset(fs.read_deny)
             plan.home = layer
@@ -561,6 +596,7 @@ class NamespaceTier(Tier):
             "--seccomp",
             str(seccomp_fd),
             *mounts,
+            *loader,
             "--chdir",
             plan.cwd,
             "--",
