@@ -954,6 +954,50 @@ def check_workspace(ws: str, homes: list[str]) -> None:
         )
 
 
+# Under a home, what runs later outside the sandbox: a writable path that is one
+# of these, lies in one, or holds one is refused as a workspace there would be
+# (--writable ~ let a run plant ~/.aws/config's credential_process and a unit
+# under ~/.config/systemd; found by attacking corral).
+RUNS_LATER = (
+    ".config",
+    ".local/bin",
+    ".local/share/applications",
+    ".cargo/bin",
+    ".ssh",
+    ".aws",
+    ".gitconfig",
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".profile",
+    ".zshrc",
+    ".zshenv",
+    ".zprofile",
+    ".zlogin",
+)
+
+
+def check_writable(path: str, homes: list[str]) -> None:
+    """Refuse a writable path (a real path, not the workspace) that the workspace
+    rule refuses, or that is, holds or lies in a place under a home whose files
+    run later outside the sandbox (RUNS_LATER).  Pure."""
+    try:
+        check_workspace(path, homes)
+    except PolicyError as exc:
+        said = str(exc).replace("the workspace", f"filesystem.writable {path}", 1)
+        raise PolicyError(said) from None
+    for home in homes:
+        for name in RUNS_LATER:
+            place = os.path.join(home, name)
+            if path == place or path.startswith(place + "/") or place.startswith(path + "/"):
+                raise PolicyError(
+                    f"filesystem.writable cannot name {path}: {place} is read by programs "
+                    "that run later outside the sandbox (give the command a copy in the "
+                    "workspace, or use its home layer: $HOME inside)"
+                )
+
+
 def load(
     workspace: str | None = None, path: str | None = None, sha256: str | None = None
 ) -> Policy:

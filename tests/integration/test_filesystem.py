@@ -1023,3 +1023,20 @@ def test_modes_and_owners_outside_cannot_change(tsandbox: tuple[Corral, Path]) -
         assert "mine" not in out
         assert c.sh(ws, "echo inside > mine.txt && echo write=ok").stdout == b"write=ok\n"
     assert os.stat(target).st_mode & 0o777 == 0o600
+
+
+def test_a_writable_home_is_refused_like_a_workspace_there(tsandbox: tuple[Corral, Path]) -> None:
+    """`--writable ~` let a run plant files that run later outside the sandbox
+    (~/.aws/config's credential_process, a systemd unit), though the home is
+    refused as a workspace (found by attacking corral): exit 2, one line, and
+    nothing planted.  The twin: a writable directory elsewhere works."""
+    c, ws = tsandbox
+    for refused in (c.home, c.home / ".config"):
+        r = sh(c, ws, f"echo planted > {c.home}/.planted", "--writable", str(refused))
+        assert r.returncode == 2 and b"filesystem.writable" in r.stderr, r.stderr
+        assert not (c.home / ".planted").exists()
+    data = c.base / "data"
+    data.mkdir()
+    c.chown(data)
+    r = sh(c, ws, f"echo ok > {data}/out", "--writable", str(data))
+    assert r.returncode == 0 and (data / "out").read_text() == "ok\n", r.stderr

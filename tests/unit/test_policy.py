@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,33 @@ def test_a_home_directory_or_one_holding_it_is_no_workspace(
 )
 def test_a_project_directory_is_a_workspace(ws: str, homes: list[str]) -> None:
     policy.check_workspace(ws, homes)
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("/home/alice", "filesystem.writable /home/alice cannot be your home directory"),
+        ("/home", "a directory holding your home /home/alice"),
+        ("/home/alice/.config", "/home/alice/.config is read by programs that run later"),
+        ("/home/alice/.config/systemd/user", "/home/alice/.config is read by"),
+        ("/home/alice/.local", "/home/alice/.local/bin is read by"),
+        ("/home/alice/.bashrc", "/home/alice/.bashrc is read by"),
+    ],
+)
+def test_a_writable_path_that_runs_later_is_refused(path: str, says: str) -> None:
+    """`--writable ~` (or srt's allowWrite ["~"]) let a run plant ~/.aws/config's
+    credential_process, ~/.local/bin/git and a systemd unit, though the same
+    directory is refused as a workspace (found by attacking corral)."""
+    with pytest.raises(PolicyError, match=re.escape(says)):
+        policy.check_writable(path, ["/home/alice"])
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/home/alice/.cache/pip", "/home/alice/datasets", "/srv/data", "/home/alice/.local/share/x"],
+)
+def test_a_writable_path_elsewhere_is_accepted(path: str) -> None:
+    policy.check_writable(path, ["/home/alice"])  # the twin
 
 
 def test_a_policy_made_in_code_on_the_home_directory_is_refused_at_planning(
