@@ -602,9 +602,12 @@ def _filesystem_flags(policy: Policy, opts: dict[str, object]) -> None:
             policy.filesystem.home = pol._expect_home(opts["home"])
         except ValueError as exc:
             raise CorralError(f"--home: {exc}") from None
+    here = os.getcwd()
     for attr in ("writable", "read_deny", "write_deny"):
         extra = opts.get(attr)
-        if isinstance(extra, list):
+        if isinstance(extra, list):  # (a relative flag is the shell's: its directory's,
+            # not the workspace's, which --workspace may name elsewhere)
+            extra = [p if p.startswith(("/", "~")) else os.path.join(here, p) for p in extra]
             getattr(policy.filesystem, attr).extend(extra)
 
 

@@ -906,10 +906,11 @@ def plan_filesystem(
     writable root (repositories, secret files, hard links); write-deny paths
     (read-only binds, or quarantine of a missing one); then, for the tiers that
     mount, host sockets and the layout."""
-    from corral.policy import check_workspace, check_writable, home_dirs
+    from corral.policy import check_no_patterns, check_workspace, check_writable, home_dirs
 
     homes = home_dirs()
     check_workspace(os.path.realpath(policy.workspace), homes)  # a Policy made in code
+    check_no_patterns(policy)
     for path in policy.writable_paths()[1:]:  # (from a file, a flag, srt's or code)
         check_writable(os.path.realpath(path), homes)
     steps = _Planner(policy, mounts, homes)

@@ -978,6 +978,23 @@ RUNS_LATER = (
 )
 
 
+def check_no_patterns(policy: Policy) -> None:
+    """Refuse a pattern where corral takes paths: ``read_deny = ["*.pem"]`` was
+    taken as a file named ``*.pem`` and protected nothing, with no word said
+    (found by attacking corral; srt's settings refused it already).  Pure."""
+    fs = policy.filesystem
+    for key, paths in (("read_deny", fs.read_deny), ("write_deny", fs.write_deny)):
+        for path in paths:
+            if any(c in path for c in "*?["):
+                raise PolicyError(
+                    f"filesystem.{key}: {path!r} is a pattern, and corral takes paths: "
+                    "name each file, or the directory that holds them"
+                )
+    for path in fs.writable:
+        if any(c in path for c in "*?["):
+            raise PolicyError(f"filesystem.writable: {path!r} is a pattern; name a directory")
+
+
 def check_writable(path: str, homes: list[str]) -> None:
     """Refuse a writable path (a real path, not the workspace) that the workspace
     rule refuses, or that is, holds or lies in a place under a home whose files

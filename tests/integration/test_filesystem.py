@@ -1040,3 +1040,37 @@ def test_a_writable_home_is_refused_like_a_workspace_there(tsandbox: tuple[Corra
     c.chown(data)
     r = sh(c, ws, f"echo ok > {data}/out", "--writable", str(data))
     assert r.returncode == 0 and (data / "out").read_text() == "ok\n", r.stderr
+
+
+def test_a_pattern_where_corral_takes_paths_is_refused(tsandbox: tuple[Corral, Path]) -> None:
+    """read_deny = ["*.pem"] was taken as a file named *.pem: every .pem stayed
+    readable and nothing was said (found by attacking corral).  Now exit 2 with
+    the key named; the twin: the file named by its path is denied."""
+    c, ws = tsandbox
+    (ws / "key.pem").write_text("PRIVATE")
+    c.chown(ws / "key.pem")
+    for flag in ("--read-deny", "--write-deny"):
+        r = sh(c, ws, "cat key.pem", flag, "*.pem")
+        assert r.returncode == 2 and b"is a pattern, and corral takes paths" in r.stderr
+    r = sh(c, ws, "cat key.pem || echo denied", "--read-deny", str(ws / "key.pem"))
+    assert b"PRIVATE" not in r.stdout and b"denied" in r.stdout, r.stderr
+
+
+def test_a_relative_flag_is_the_shells_directory_not_the_workspace(
+    tsandbox: tuple[Corral, Path],
+) -> None:
+    """`cd sub; corral run --workspace .. --read-deny ./secret.txt` denied
+    ../secret.txt, and sub/secret.txt stayed readable (found by attacking
+    corral).  The twin: without --workspace, the same spelling as before."""
+    c, ws = tsandbox
+    sub = ws / "sub"
+    sub.mkdir()
+    (sub / "secret.txt").write_text("SUB-SECRET")
+    c.chown(sub, sub / "secret.txt")
+    for extra in (["--workspace", str(ws)], []):
+        r = c.run(
+            ["run", "-q", *extra, "--read-deny", "./secret.txt", "--", "sh", "-c",
+             "cat secret.txt || echo denied"],
+            cwd=sub,
+        )  # fmt: skip
+        assert b"SUB-SECRET" not in r.stdout and b"denied" in r.stdout, (extra, r.stderr)
