@@ -43,7 +43,7 @@ print(code, " ".join(m for m in {heavy!r} if m in sys.modules))
 
 def test_default_run_imports_nothing_heavy(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-c", PROBE.format(heavy=HEAVY)],
+        [sys.executable, "-P", "-c", PROBE.format(heavy=HEAVY)],  # (-P: no import from cwd)
         cwd=tmp_path,
         env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")},  # not the user's own
         capture_output=True,
@@ -72,7 +72,7 @@ def test_approvals_load_only_for_a_policy_that_asks(tmp_path: Path) -> None:
         policy = tmp_path / f"{name}.toml"
         policy.write_text(text)
         out = subprocess.run(
-            [sys.executable, "-c", PROBE_NET.format(policy=str(policy), asking=ASKING)],
+            [sys.executable, "-P", "-c", PROBE_NET.format(policy=str(policy), asking=ASKING)],
             cwd=tmp_path,
             env={
                 **os.environ,
