@@ -43,6 +43,7 @@ from corral.cli import (
     pass_fds,
     plan_with_door,
     planned_again,
+    refuse_unpassable,
     refuse_unused_flags,
 )
 from corral.errors import CorralError, PolicyError, SetupRaced, plain
@@ -178,6 +179,7 @@ def cmd_shell(args: list[str]) -> int:
     refuse_unused_flags(opts, tier)
     if not tier.strategy.confines:
         raise CorralError(f"corral shell needs a sandbox tier, not {tier.name}")
+    refuse_unpassable(passed, tier)
     if tier.strategy.shell:
         from corral.errors import RefusedError
 
