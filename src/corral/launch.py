@@ -10,6 +10,7 @@ what is left to remove) is the plan's
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import select
@@ -26,7 +27,7 @@ from corral.errors import EXIT_TIMEOUT, SetupError, SetupRaced
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Protocol
+    from typing import Any, Protocol
 
     from corral.cgroups import CgroupRun
     from corral.liveruns import Marker
@@ -603,8 +604,10 @@ def run(
     sandbox (no fork needed: bwrap is still spawned), and answers the resolver
     of a sandbox without a network itself.  :func:`start` forks for it instead."""
     result = RunResult()
-    # stdin a file: the command gets a pipe corral fills instead (see stdin_feed)
+    # stdin is the one descriptor of the caller's the command gets as it is (see
+    # stdin_feed); a terminal there is the user's own: its state is put back after
     stdin_st = fd_stat(in_fd) if plan.strategy.confines else None
+    tty = TtyState.save(in_fd, stdin_st)
     care = Aftercare(plan, run_id, companion)
     beside = companion
     if companion is not None and care.companion_forked:
@@ -625,6 +628,8 @@ def run(
             result.limits_hit = care.cg.limits_hit()
         result.limits_hit += plan.strategy.limits_hit(plan)
         result.denials += care.finish()
+        if tty is not None:  # the sandbox is gone: nothing can change it again
+            tty.restore()
     if result.timed_out:
         result.limits_hit.append("timeout")
     return result
@@ -769,6 +774,72 @@ def _plan_fds(
                 raise SetupError(f"--pass-fd {number} {why}")
             child_fds[number] = number
     return status_r
+
+
+# ioctls Python's termios module does not name (asm-generic/ioctls.h)
+TIOCNXCL = 0x540D
+TIOCGEXCL = 0x80045440
+
+
+class TtyState:
+    """What a command handed the user's terminal as stdin could change on it and
+    leave changed after the run: its termios settings (``stty -echo -icanon``),
+    its line discipline (TIOCSETD to n_null swallows everything written to it
+    since), its exclusive mode (TIOCEXCL: no one else may open it) and its
+    stopped output (TCOOFF).  Saved before the command starts, put back once
+    the sandbox is gone: a normal end, a timeout, a forwarded signal."""
+
+    def __init__(self, fd: int, attrs: list[Any], ldisc: bytes, excl: bytes | None) -> None:
+        self.fd, self.attrs, self.ldisc, self.excl = fd, attrs, ldisc, excl
+
+    @classmethod
+    def save(cls, fd: int, st: os.stat_result | None) -> TtyState | None:
+        """None unless ``fd`` is a terminal; a pipe or a file costs nothing more
+        than the fstat the caller made, /dev/null (a memory device) neither."""
+        if st is None or not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) == 1:
+            return None
+        import fcntl
+        import termios
+
+        try:
+            attrs = termios.tcgetattr(fd)
+            ldisc = fcntl.ioctl(fd, termios.TIOCGETD, b"\0" * 4)
+        except (termios.error, OSError):
+            return None  # a character device that is not a terminal
+        try:
+            excl: bytes | None = fcntl.ioctl(fd, TIOCGEXCL, b"\0" * 4)
+        except OSError:
+            excl = None  # (a kernel before 3.8: not known, left alone)
+        return cls(fd, attrs, ldisc, excl)
+
+    def restore(self) -> None:
+        """Put back what changed.  Only while corral's process group is the
+        terminal's foreground (or the terminal is not corral's controlling
+        one): a job sent to the background must not undo what the foreground
+        job (an editor) set meanwhile; SIGTTOU held across, for the race."""
+        import fcntl
+        import termios
+
+        fd = self.fd
+        try:
+            if os.tcgetpgrp(fd) != os.getpgrp():
+                return
+        except OSError:
+            pass  # not our controlling terminal: nobody else's to protect
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTTOU,))
+        try:
+            # the line discipline first: setting one resets the terminal's settings
+            if fcntl.ioctl(fd, termios.TIOCGETD, b"\0" * 4) != self.ldisc:
+                fcntl.ioctl(fd, termios.TIOCSETD, self.ldisc)
+            if termios.tcgetattr(fd) != self.attrs:
+                termios.tcsetattr(fd, termios.TCSANOW, self.attrs)
+            if self.excl == b"\0" * 4 and fcntl.ioctl(fd, TIOCGEXCL, b"\0" * 4) != self.excl:
+                fcntl.ioctl(fd, TIOCNXCL)
+            termios.tcflow(fd, termios.TCOON)  # output stopped by the command: resumed
+        except (termios.error, OSError):
+            pass  # the terminal went away (hung up): nothing left to put back
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class Started:
@@ -1385,13 +1456,19 @@ class _Pump:
 
 
 def _write_all(fd: int, data: bytes) -> bool:
-    """Write everything; False if the reader went away."""
+    """Write everything; False if the reader went away (a pipe's reader gone, a
+    terminal hung up, or set by the command to a line discipline that takes no
+    writes: n_null's EOPNOTSUPP, until the run ends and TtyState puts it back)."""
     view = memoryview(data)
     while view:
         try:
             n = os.write(fd, view)
         except BrokenPipeError:
             return False
+        except OSError as exc:
+            if exc.errno in (errno.EIO, errno.EOPNOTSUPP):
+                return False
+            raise
         except BlockingIOError:
             select.select([], [fd], [])
             continue

@@ -147,3 +147,26 @@ def test_stdin_from_a_file_becomes_a_pipe_and_the_usual_stdin_stays(tmp_path: Pa
     assert os.path.samestat(os.fstat(feed[0]), os.stat(os.devnull))
     os.close(fd)
     os.close(feed[0])
+
+
+def test_a_terminal_set_to_swallow_writes_is_a_reader_gone() -> None:
+    """A command may set its terminal's line discipline to n_null during the run:
+    corral's relay of its output then stops as for a closed pipe, not with an
+    internal error; a terminal as it should be takes the bytes (the twin)."""
+    import fcntl
+    import struct
+    import termios
+
+    from corral.launch import _write_all
+
+    master, slave = os.openpty()
+    try:
+        assert _write_all(slave, b"x") is True
+        try:
+            fcntl.ioctl(slave, termios.TIOCSETD, struct.pack("i", 27))
+        except OSError:
+            pytest.skip("n_null is not available on this kernel")
+        assert _write_all(slave, b"x") is False
+    finally:
+        os.close(master)
+        os.close(slave)
