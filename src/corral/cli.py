@@ -778,7 +778,15 @@ def planned_again(attempt: Callable[[int], int]) -> int:
     return attempt(SETUP_ATTEMPTS)
 
 
-def _explain(tier: Tier, policy: Policy, command: list[str], passed: tuple[int, ...]) -> int:
+def _explain(
+    tier: Tier,
+    policy: Policy,
+    command: list[str],
+    passed: tuple[int, ...],
+    adjust: Callable[[Plan], object] | None = None,
+) -> int:
+    """Print the plan; ``adjust``: what the command changes in it (corral shell's
+    timeout, not enforced) before it is described."""
     door_path = None
     net = None
     if policy.network.mode == "proxy":
@@ -788,6 +796,8 @@ def _explain(tier: Tier, policy: Policy, command: list[str], passed: tuple[int, 
 
     host = tier.gather(policy)
     plan = tier.plan(policy, command, door_path, pass_fds=passed, net=net, host=host)
+    if adjust is not None:
+        adjust(plan)
     print(visible(plan.describe()))  # (names the sandbox chose: terminal controls escaped)
     return 0
 
