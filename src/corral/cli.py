@@ -684,6 +684,19 @@ def pass_fds(opts: dict[str, object]) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
+def refuse_unpassable(passed: tuple[int, ...], tier: Tier) -> None:
+    """A passed directory or host file is refused on a sandbox tier (see
+    corral.launch.unpassable); tier none confines nothing, so it keeps them."""
+    if not passed or not tier.strategy.confines:
+        return
+    from corral.launch import unpassable
+
+    for number in passed:
+        why = unpassable(number)
+        if why is not None:
+            raise CorralError(f"--pass-fd {number} {why}")
+
+
 def _settings_policy(path: str, with_policy: bool, workspace: object, pinned: str | None) -> Policy:
     """srt's settings JSON in place of a policy file; flags still apply on top."""
     if with_policy:
@@ -717,6 +730,7 @@ def cmd_run(args: list[str]) -> int:
 
     tier, _health = tiers.select(policy.tier, policy)
     refuse_unused_flags(opts, tier)
+    refuse_unpassable(passed, tier)
     run_id = launch.new_run_id()
     if opts.get("explain"):
         return _explain(tier, policy, command, passed)
@@ -767,7 +781,15 @@ def planned_again(attempt: Callable[[int], int]) -> int:
     return attempt(SETUP_ATTEMPTS)
 
 
-def _explain(tier: Tier, policy: Policy, command: list[str], passed: tuple[int, ...]) -> int:
+def _explain(
+    tier: Tier,
+    policy: Policy,
+    command: list[str],
+    passed: tuple[int, ...],
+    adjust: Callable[[Plan], object] | None = None,
+) -> int:
+    """Print the plan; ``adjust``: what the command changes in it (corral shell's
+    timeout, not enforced) before it is described."""
     door_path = None
     net = None
     if policy.network.mode == "proxy":
@@ -777,6 +799,8 @@ def _explain(tier: Tier, policy: Policy, command: list[str], passed: tuple[int, 
 
     host = tier.gather(policy)
     plan = tier.plan(policy, command, door_path, pass_fds=passed, net=net, host=host)
+    if adjust is not None:
+        adjust(plan)
     print(visible(plan.describe()))  # (names the sandbox chose: terminal controls escaped)
     return 0
 

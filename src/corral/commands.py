@@ -43,6 +43,7 @@ from corral.cli import (
     pass_fds,
     plan_with_door,
     planned_again,
+    refuse_unpassable,
     refuse_unused_flags,
 )
 from corral.errors import CorralError, PolicyError, SetupRaced, plain
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from corral.net.hooks import Chain
     from corral.net.trust import UpstreamTrust
     from corral.policy import Policy
-    from corral.tiers.base import Health, Tier
+    from corral.tiers.base import Health, Plan, Tier
 
 
 # exit codes of commands that answer (usage text); CorralError carries them
@@ -178,6 +179,7 @@ def cmd_shell(args: list[str]) -> int:
     refuse_unused_flags(opts, tier)
     if not tier.strategy.confines:
         raise CorralError(f"corral shell needs a sandbox tier, not {tier.name}")
+    refuse_unpassable(passed, tier)
     if tier.strategy.shell:
         from corral.errors import RefusedError
 
@@ -185,7 +187,7 @@ def cmd_shell(args: list[str]) -> int:
     argv = shell or [os.environ.get("SHELL") or "/bin/sh", "-i"]
     shell_argv = tier.strategy.shell_command(argv, tier.python_argv())
     if opts.get("explain"):
-        return _explain(tier, policy, shell_argv, passed)
+        return _explain(tier, policy, shell_argv, passed, shell_timeout)
     run_id = launch.new_run_id()
 
     def attempt(number: int) -> int:
@@ -198,6 +200,29 @@ def cmd_shell(args: list[str]) -> int:
                 door.close()
 
     return planned_again(attempt)
+
+
+def shell_timeout(plan: Plan) -> str:
+    """A policy's ``[limits] timeout`` is not applied to a shell, as ``--timeout``
+    is refused there: an interactive session ends when its user leaves it, and
+    one killed mid-command by a wall clock loses what was typed.  The policy
+    file is shared by corral run, shell and mcp, so its value is no mistake to
+    refuse (as ``[container]`` stays config for other tiers): the plan's bound
+    is marked not enforced (the activity log and --explain say so) and the
+    line to say once on stderr is returned ("" without a timeout)."""
+    timeout = plan.policy.limits.timeout
+    if not timeout:
+        return ""
+    from corral.bounds import value_text
+
+    why = "an interactive shell ends when you leave it"
+    bound = plan.bounds.get("timeout")
+    if bound is not None:
+        bound.enforced, bound.how = False, why
+    return (
+        f"the policy's [limits] timeout ({value_text('timeout', timeout)}) does not apply "
+        f"to corral shell: {why} (corral run applies it)"
+    )
 
 
 def _shell_once(
@@ -220,6 +245,9 @@ def _shell_once(
 
         if notice(plan):  # the defaults this host cannot enforce for this user
             _err(f"corral: note: {notice(plan)}")
+    unapplied = shell_timeout(plan)
+    if unapplied and not opts.get("quiet") and attempt == 1:
+        _err(f"corral: note: {unapplied}")
     record = _record(plan, run_id, "shell", argv)
     import time
 

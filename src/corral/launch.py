@@ -10,9 +10,11 @@ what is left to remove) is the plan's
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import select
+import stat
 import time
 
 try:  # the C module: `signal` itself imports enum (~2 ms on every run)
@@ -25,7 +27,7 @@ from corral.errors import EXIT_TIMEOUT, SetupError, SetupRaced
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Protocol
+    from typing import Any, Protocol
 
     from corral.cgroups import CgroupRun
     from corral.liveruns import Marker
@@ -602,6 +604,10 @@ def run(
     sandbox (no fork needed: bwrap is still spawned), and answers the resolver
     of a sandbox without a network itself.  :func:`start` forks for it instead."""
     result = RunResult()
+    # stdin is the one descriptor of the caller's the command gets as it is (see
+    # stdin_feed); a terminal there is the user's own: its state is put back after
+    stdin_st = fd_stat(in_fd) if plan.strategy.confines else None
+    tty = TtyState.save(in_fd, stdin_st)
     care = Aftercare(plan, run_id, companion)
     beside = companion
     if companion is not None and care.companion_forked:
@@ -609,7 +615,9 @@ def run(
         companion = None
     start = time.monotonic()
     try:
-        _launch_and_pump(plan, result, care, out_fd, err_fd, in_fd, on_output, asks, companion)
+        _launch_and_pump(
+            plan, result, care, out_fd, err_fd, in_fd, on_output, asks, companion, stdin_st
+        )
         if beside is not None:  # it may begin to stop while the aftercare runs
             beside.sandbox_ended()
         # a killed engine client leaves its container behind; a clean exit does not
@@ -620,6 +628,8 @@ def run(
             result.limits_hit = care.cg.limits_hit()
         result.limits_hit += plan.strategy.limits_hit(plan)
         result.denials += care.finish()
+        if tty is not None:  # the sandbox is gone: nothing can change it again
+            tty.restore()
     if result.timed_out:
         result.limits_hit.append("timeout")
     return result
@@ -667,6 +677,65 @@ def remove_scratch(plan: Plan) -> None:
     remove_tree(plan.scratch)
 
 
+def unpassable(fd: int) -> str | None:
+    """Why the caller's descriptor ``fd`` may not be handed to a sandboxed command
+    (words to follow "descriptor N"), or None.  A descriptor is the host's own
+    open file, met by no mount, mask or read-only bind of the sandbox: a
+    directory (or an O_PATH) opens its whole tree by openat, and a regular file
+    opens again through /proc/self/fd/N with any mode the user may have
+    (written though passed read-only) and takes fchmod and futimens.  A pipe,
+    a socket or a device such as /dev/null gives nothing beyond itself.  Not
+    replaced by a pipe as stdin is: a passed file is asked for when a stream is
+    not enough (seek, size, mmap, writing back), and a pipe would change that
+    silently; the refusal names the stream to pass instead."""
+    import fcntl
+
+    st = os.fstat(fd)
+    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
+        return "is an O_PATH descriptor: a handle on a host path, not a stream"
+    if stat.S_ISDIR(st.st_mode):
+        return (
+            "is a directory: the command would open the host's tree under it through "
+            "it, past every mask and read-only mount of the sandbox"
+        )
+    if (stat.S_ISREG(st.st_mode) and st.st_nlink) or stat.S_ISBLK(st.st_mode):
+        # (nlink 0: a memfd or a deleted file; reopened it is itself, no host path)
+        return (
+            "is a file on the host: the command could reopen it for writing through "
+            f"/proc/self/fd/{fd}; pass a pipe instead ({fd}< <(cat FILE))"
+        )
+    return None
+
+
+def fd_stat(fd: int) -> os.stat_result | None:
+    try:
+        return os.fstat(fd)
+    except OSError:
+        return None
+
+
+def stdin_feed(in_fd: int, st: os.stat_result | None = None) -> tuple[int, int] | None:
+    """For a confined run: when ``in_fd`` is a file behind which lies the host's
+    tree (a regular file, a block device, a directory: see :func:`unpassable`),
+    (the descriptor the command gets as stdin, the pipe's write end corral fills
+    from ``in_fd``, or -1: nothing to fill); None when ``in_fd`` can go as it is
+    (a terminal, a pipe, /dev/null: the usual case costs one fstat).  ``st``:
+    ``in_fd``'s fstat, when the caller has it."""
+    st = st or fd_stat(in_fd)
+    if st is None:
+        return None
+    mode = st.st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISBLK(mode) or stat.S_ISDIR(mode)):
+        return None
+    import fcntl
+
+    if stat.S_ISDIR(mode) or fcntl.fcntl(in_fd, fcntl.F_GETFL) & os.O_PATH:
+        # nothing to read from it anyway (EISDIR, EBADF): the command reads an end
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
+    read_end, write_end = os.pipe()
+    return read_end, write_end
+
+
 def _plan_fds(
     plan: Plan, child_fds: dict[int, int], parent_only: list[int], to_close: list[int]
 ) -> int:
@@ -698,11 +767,79 @@ def _plan_fds(
             to_close.append(source)
         elif what == "pass":  # the caller's own descriptor of that number, asked for
             try:
-                os.fstat(number)
+                why = unpassable(number) if plan.strategy.confines else None
             except OSError:
                 raise SetupError(f"--pass-fd {number}: not an open descriptor") from None
+            if why is not None:  # (the CLI said so before: a caller of launch may not)
+                raise SetupError(f"--pass-fd {number} {why}")
             child_fds[number] = number
     return status_r
+
+
+# ioctls Python's termios module does not name (asm-generic/ioctls.h)
+TIOCNXCL = 0x540D
+TIOCGEXCL = 0x80045440
+
+
+class TtyState:
+    """What a command handed the user's terminal as stdin could change on it and
+    leave changed after the run: its termios settings (``stty -echo -icanon``),
+    its line discipline (TIOCSETD to n_null swallows everything written to it
+    since), its exclusive mode (TIOCEXCL: no one else may open it) and its
+    stopped output (TCOOFF).  Saved before the command starts, put back once
+    the sandbox is gone: a normal end, a timeout, a forwarded signal."""
+
+    def __init__(self, fd: int, attrs: list[Any], ldisc: bytes, excl: bytes | None) -> None:
+        self.fd, self.attrs, self.ldisc, self.excl = fd, attrs, ldisc, excl
+
+    @classmethod
+    def save(cls, fd: int, st: os.stat_result | None) -> TtyState | None:
+        """None unless ``fd`` is a terminal; a pipe or a file costs nothing more
+        than the fstat the caller made, /dev/null (a memory device) neither."""
+        if st is None or not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) == 1:
+            return None
+        import fcntl
+        import termios
+
+        try:
+            attrs = termios.tcgetattr(fd)
+            ldisc = fcntl.ioctl(fd, termios.TIOCGETD, b"\0" * 4)
+        except (termios.error, OSError):
+            return None  # a character device that is not a terminal
+        try:
+            excl: bytes | None = fcntl.ioctl(fd, TIOCGEXCL, b"\0" * 4)
+        except OSError:
+            excl = None  # (a kernel before 3.8: not known, left alone)
+        return cls(fd, attrs, ldisc, excl)
+
+    def restore(self) -> None:
+        """Put back what changed.  Only while corral's process group is the
+        terminal's foreground (or the terminal is not corral's controlling
+        one): a job sent to the background must not undo what the foreground
+        job (an editor) set meanwhile; SIGTTOU held across, for the race."""
+        import fcntl
+        import termios
+
+        fd = self.fd
+        try:
+            if os.tcgetpgrp(fd) != os.getpgrp():
+                return
+        except OSError:
+            pass  # not our controlling terminal: nobody else's to protect
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTTOU,))
+        try:
+            # the line discipline first: setting one resets the terminal's settings
+            if fcntl.ioctl(fd, termios.TIOCGETD, b"\0" * 4) != self.ldisc:
+                fcntl.ioctl(fd, termios.TIOCSETD, self.ldisc)
+            if termios.tcgetattr(fd) != self.attrs:
+                termios.tcsetattr(fd, termios.TCSANOW, self.attrs)
+            if self.excl == b"\0" * 4 and fcntl.ioctl(fd, TIOCGEXCL, b"\0" * 4) != self.excl:
+                fcntl.ioctl(fd, TIOCNXCL)
+            termios.tcflow(fd, termios.TCOON)  # output stopped by the command: resumed
+        except (termios.error, OSError):
+            pass  # the terminal went away (hung up): nothing left to put back
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class Started:
@@ -780,15 +917,24 @@ def _launch_and_pump(
     on_output: Callable[[int, bytes], None] | None,
     asks: TerminalPrompt | None = None,
     companion: Companion | None = None,
+    stdin_st: os.stat_result | None = None,
 ) -> None:
     if companion is not None:  # before any pipe or handler of the sandbox's exists
         companion.fork()
         companion.forked()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    child_fds: dict[int, int] = {0: in_fd, 1: out_w, 2: err_w}
     parent_only = [out_r, err_r]
     to_close = [out_w, err_w]
+    # stdin a file: the command gets a pipe corral fills (see stdin_feed)
+    feed = stdin_feed(in_fd, stdin_st) if stdin_st is not None else None
+    feed_w = -1
+    if feed is not None:
+        to_close.append(feed[0])
+        if feed[1] >= 0:
+            feed_w = feed[1]
+            parent_only.append(feed_w)
+    child_fds: dict[int, int] = {0: in_fd if feed is None else feed[0], 1: out_w, 2: err_w}
     status_r = _plan_fds(plan, child_fds, parent_only, to_close)
 
     procs_files = care.cg.procs_files() if care.cg is not None else []
@@ -822,6 +968,7 @@ def _launch_and_pump(
             resolver,
             asks,
             care,
+            (in_fd, feed_w),
         )
     finally:
         if asks is not None:
@@ -1002,12 +1149,16 @@ def _pump(
     resolver: Resolver | None = None,
     asks: TerminalPrompt | None = None,
     care: Aftercare | None = None,
+    feed: tuple[int, int] = (-1, -1),
 ) -> None:
     """Relay the sandbox's output until it is gone, then set ``result``'s exit code
-    (SetupError or SetupRaced when the sandbox never started)."""
+    (SetupError or SetupRaced when the sandbox never started).  ``feed``: (a
+    file, the command's stdin pipe to fill from it), or -1s."""
     pump = _Pump(plan, result, pid, out_fd, err_fd, on_output, resolver, asks)
     pump.care = care
     pump.watch(out_r, err_r, status_r, wake_r)
+    if feed[1] >= 0:
+        pump.feed(*feed)
     pump.loop(received)
     pump.finish()
 
@@ -1055,6 +1206,8 @@ class _Pump:
         self.open_fds: dict[int, int] = {}  # pipe -> where its output goes
         self.err_r = self.wake_r = -1
         self.lookups: set[int] = set()
+        self.feed_src = self.feed_w = -1  # a file, and the command's stdin pipe it fills
+        self.feed_buf = b""
 
     def watch(self, out_r: int, err_r: int, status_r: int, wake_r: int) -> None:
         self.open_fds = {out_r: self.out_fd, err_r: self.err_fd}
@@ -1071,6 +1224,31 @@ class _Pump:
             self.poller.register(fd, select.POLLIN)
         if self.asks is not None:
             self.asks.attach(self.poller)  # it (un)registers the terminal while a prompt is up
+
+    def feed(self, src: int, pipe_w: int) -> None:
+        self.feed_src, self.feed_w = src, pipe_w
+        os.set_blocking(pipe_w, False)
+        self.poller.register(pipe_w, select.POLLOUT)
+
+    def _feed(self) -> None:
+        """The command's stdin pipe has room: the next piece of the file."""
+        try:
+            if not self.feed_buf:
+                self.feed_buf = os.read(self.feed_src, CHUNK)
+            if self.feed_buf:
+                self.feed_buf = self.feed_buf[os.write(self.feed_w, self.feed_buf) :]
+                return
+        except BlockingIOError:
+            return
+        except OSError:
+            pass  # the command closed its stdin (EPIPE), or the file cannot be read
+        # the end: the command reads EOF (dup2 over the write end, not close: the
+        # number stays ours until the launcher's final cleanup closes it)
+        self.poller.unregister(self.feed_w)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, self.feed_w, inheritable=False)
+        os.close(null)
+        self.feed_w, self.feed_buf = -1, b""
 
     def kill(self) -> None:
         if not self.killed:
@@ -1148,6 +1326,8 @@ class _Pump:
             self.poller.unregister(self.pidfd)
         elif fd == self.status_r:
             self._status()
+        elif fd == self.feed_w:
+            self._feed()
         else:
             self._output(fd)
 
@@ -1276,13 +1456,19 @@ class _Pump:
 
 
 def _write_all(fd: int, data: bytes) -> bool:
-    """Write everything; False if the reader went away."""
+    """Write everything; False if the reader went away (a pipe's reader gone, a
+    terminal hung up, or set by the command to a line discipline that takes no
+    writes: n_null's EOPNOTSUPP, until the run ends and TtyState puts it back)."""
     view = memoryview(data)
     while view:
         try:
             n = os.write(fd, view)
         except BrokenPipeError:
             return False
+        except OSError as exc:
+            if exc.errno in (errno.EIO, errno.EOPNOTSUPP):
+                return False
+            raise
         except BlockingIOError:
             select.select([], [fd], [])
             continue

@@ -1073,10 +1073,14 @@ class Sandbox:
         for fd in fds:
             if not isinstance(fd, int) or fd < 3:
                 raise SandboxError(f"pass_fds: {fd!r} is not a descriptor number above 2")
+            from corral.launch import unpassable
+
             try:
-                os.fstat(fd)
+                why = unpassable(fd)
             except OSError:
                 raise SandboxError(f"pass_fds: {fd} is not an open descriptor") from None
+            if why is not None:
+                raise SandboxError(f"pass_fds: {fd} {why}")
         return fds
 
     def exec(

@@ -140,18 +140,13 @@ def assert_nothing_crossed(h: Held, out: bytes, tag: str) -> None:
 
 
 def assert_passed(c: Corral, h: Held, out: bytes, tag: str) -> None:
+    """The socket asked for crossed; the directory, never passable, did not."""
     d, s = h.numbers
     got = lines(out)
     assert got.get(f"sock{s}") == "ok", out
     assert f"{tag}-{s};".encode() in h.arrived()
-    if c.tier is not None and c.tier.id == "landlock":
-        # the descriptor is there, and Landlock still judges what is made through
-        # it by its path: outside the workspace, no file is created
-        assert got.get(f"dir{d}") == f"err:{errno.EACCES}", out
-        assert not (h.outside / f"{tag}-{d}").exists()
-    else:
-        assert got.get(f"dir{d}") == "ok", out
-        assert (h.outside / f"{tag}-{d}").exists()
+    assert got.get(f"dir{d}") == f"err:{errno.EBADF}", out
+    assert not (h.outside / f"{tag}-{d}").exists()
 
 
 def refuses_pass_fd(c: Corral) -> bool:
@@ -170,8 +165,8 @@ def test_run_inherits_no_descriptor(
         r = run_holding(c, ws, h, ["run", "-q", "--", "python3", name, "leak", pair])
         assert r.returncode == 0, r
         assert_nothing_crossed(h, r.stdout, "leak")
-    with held(c, numbers) as h:  # allow twin: asked for by flag, they cross
-        flags = ["--pass-fd", str(numbers[0]), "--pass-fd", str(numbers[1])]
+    with held(c, numbers) as h:  # allow twin: asked for by flag, the socket crosses
+        flags = ["--pass-fd", str(numbers[1])]
         r = run_holding(c, ws, h, ["run", "-q", *flags, "--", "python3", name, "pass", pair])
         if refuses_pass_fd(c):
             assert r.returncode == 122 and b"cannot pass a descriptor" in r.stderr, r
@@ -213,7 +208,7 @@ def test_run_with_limits_inherits_no_descriptor(tsandbox: tuple[Corral, Path]) -
         assert r.returncode == 0, r
         assert_nothing_crossed(h, r.stdout, "leak")
     with held(c, (40, 41)) as h:  # twin
-        flags = ["--pids", "300", "--pass-fd", "40", "--pass-fd", "41"]
+        flags = ["--pids", "300", "--pass-fd", "41"]
         r = run_holding(c, ws, h, ["run", "-q", *flags, "--", "python3", name, "pass", "40,41"])
         if refuses_pass_fd(c):
             assert r.returncode == 122, r
@@ -249,6 +244,73 @@ def test_run_pass_fd_is_checked(tsandbox: tuple[Corral, Path]) -> None:
     assert c.run(["run", "-q", "--", "true"], cwd=ws).returncode == 0  # twin
 
 
+def host_file(c: Corral) -> Path:
+    """A file outside the workspace the user under test may write: a write that
+    does not happen is corral's doing."""
+    outside = c.base / f"outside-{uuid.uuid4().hex[:6]}"
+    outside.mkdir()
+    (outside / "input.txt").write_text("ORIGINAL\n")
+    c.chown(outside)
+    return outside / "input.txt"
+
+
+# Reopened through its magic link, a descriptor is a new open of the host's inode,
+# with any mode the user may have: stdin redirected from a file was written.
+REOPEN = "echo TAMPERED > /proc/self/fd/{n}; cat <&{n}"
+
+
+def run_from(
+    c: Corral, ws: Path, path: Path, args: list[str], fd: int = 0
+) -> subprocess.CompletedProcess[bytes]:
+    """``corral ARGS`` with ``path`` open read-only at ``fd`` (0: ``corral ... < path``)."""
+    opened = os.open(path, os.O_RDONLY)
+    try:
+        return subprocess.run(
+            c.argv(args),
+            cwd=ws,
+            env=c.env(),
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            close_fds=False,  # only ``fd`` is inheritable: os.open's are not
+            preexec_fn=lambda: os.dup2(opened, fd),
+        )
+    finally:
+        os.close(opened)
+
+
+def test_run_stdin_from_a_file_cannot_write_it(tsandbox: tuple[Corral, Path]) -> None:
+    c, ws = tsandbox
+    path = host_file(c)
+    r = run_from(c, ws, path, ["run", "-q", "--", "sh", "-c", REOPEN.format(n=0)])
+    assert path.read_text() == "ORIGINAL\n", r
+    assert b"ORIGINAL" in r.stdout, r  # twin: the command still reads the file on stdin
+    path.write_bytes(b"x" * 1_000_000)  # a large one arrives whole (the pipe is refilled)
+    r = run_from(c, ws, path, ["run", "-q", "--", "wc", "-c"])
+    assert r.returncode == 0 and r.stdout.strip() == b"1000000", r
+    r = run_from(c, ws, path, ["run", "-q", "--", "head", "-c", "3"])  # or read in part
+    assert r.returncode == 0 and r.stdout == b"xxx", r
+
+
+def test_run_pass_fd_refuses_a_file_or_directory(tsandbox: tuple[Corral, Path]) -> None:
+    """A passed regular file or directory is refused in one line (exit 2): through
+    it the command reached the host's inode, or tree, past the sandbox's mounts."""
+    c, ws = tsandbox
+    path = host_file(c)
+    argv = ["run", "-q", "--pass-fd", "3", "--", "sh", "-c", REOPEN.format(n=3)]
+    for what, words in (
+        (path, b"--pass-fd 3 is a file on the host"),
+        (path.parent, b"--pass-fd 3 is a directory"),
+    ):
+        r = run_from(c, ws, what, argv, fd=3)
+        assert r.returncode == 2 and words in r.stderr, r
+        assert len(r.stderr.splitlines()) == 1, r
+    assert path.read_text() == "ORIGINAL\n"
+    # twin: a pipe crosses, and reads as before
+    r = c.run(["run", "-q", "--", "sh", "-c", "cat <&0"], cwd=ws, input=b"piped\n")
+    assert r.returncode == 0 and r.stdout == b"piped\n", r
+
+
 @pytest.mark.tiers(
     "namespace", "landlock", "container", why="--pass-fd is refused with podman and runsc"
 )
@@ -264,7 +326,7 @@ def test_shell_inherits_no_descriptor(
         assert r.returncode == 0, r
         assert_nothing_crossed(h, r.stdout, "leak")
     with held(c, numbers) as h:
-        flags = ["--pass-fd", str(numbers[0]), "--pass-fd", str(numbers[1])]
+        flags = ["--pass-fd", str(numbers[1])]
         r = run_holding(c, ws, h, ["shell", "-q", *flags, "--", "python3", name, "pass", pair])
         assert r.returncode == 0, r
         assert_passed(c, h, r.stdout, "pass")
@@ -283,10 +345,15 @@ with Sandbox(policy.load(os.getcwd()), **api) as sb:
     r = sb.exec(["python3", "fdprobe.py", "leak", pair])
     print("deny:" + r.stdout.decode().replace("\n", " "), flush=True)
     try:
-        r = sb.exec(["python3", "fdprobe.py", "pass", pair], pass_fds=(d, s))
+        r = sb.exec(["python3", "fdprobe.py", "pass", pair], pass_fds=(s,))
         print("pass:" + r.stdout.decode().replace("\n", " "), flush=True)
     except SandboxError as exc:
         print("refused:" + str(exc), flush=True)
+    try:
+        sb.exec(["python3", "fdprobe.py", "pass", pair], pass_fds=(d, s))
+        print("dir:passed", flush=True)
+    except SandboxError as exc:
+        print("dir:" + str(exc), flush=True)
     r = sb.exec(["sh", "-c", "ls /proc/self/fd/ | sort -n | tr '\n' ' '"])
     print("listing:" + r.stdout.decode(), flush=True)
 print("flags-kept=" + str(flags == {fd: os.get_inheritable(fd) for fd in (d, s)}))
@@ -331,6 +398,8 @@ def test_sandbox_exec_inherits_no_descriptor(
             assert h.arrived() == b""
         else:  # allow twin
             assert_passed(c, h, out["pass"].replace(" ", "\n").encode(), "pass")
+            assert f"pass_fds: {numbers[0]} is a directory" in out["dir"], r
+        assert not (h.outside / f"pass-{numbers[0]}").exists()
 
 
 @pytest.mark.tiers("namespace", why="corral mcp runs one Sandbox: the tier changes nothing here")

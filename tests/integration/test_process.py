@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT_BASE, Corral, is_gvisor, pids_matching, wait_for
@@ -506,3 +507,68 @@ def test_a_networked_sandbox_starts_when_a_socket_goes_during_its_setup(
     assert got.stdout == b"hello\n", got.stderr  # through the second attempt's door
     assert refused.exit_code != 0 and b"PermissionError" in refused.stderr
     assert again.exit_code != 0 and b"PermissionError" in again.stderr
+
+
+# --- the user's terminal, handed to the command as stdin ---------------------------
+
+# Changes a command may make to the terminal it has as stdin that outlived it: echo
+# and canonical mode off, the n_null line discipline (all output swallowed), the
+# terminal opened exclusively.  Then the state, seen from inside, for the twin.
+TTY_CHANGES = r"""
+import fcntl, struct, subprocess, sys, termios
+subprocess.run(["stty", "-echo", "-icanon"], check=True)
+lflag = termios.tcgetattr(0)[3]
+print("inside echo=%d icanon=%d" % (bool(lflag & termios.ECHO), bool(lflag & termios.ICANON)))
+fcntl.ioctl(0, termios.TIOCEXCL)
+try:  # last: the terminal takes no other settings under n_null
+    fcntl.ioctl(0, termios.TIOCSETD, struct.pack("i", 27))
+    print("ldisc=set")
+except OSError as e:
+    print(f"ldisc=err:{e.errno}")  # n_null not available on this kernel
+sys.stdout.flush()
+if len(sys.argv) > 1:
+    import time; time.sleep(60)  # until the timeout or the signal
+"""
+
+
+def tty_state(fd: int) -> tuple[list[Any], bytes, bytes]:
+    import fcntl
+    import termios
+
+    return (
+        termios.tcgetattr(fd),
+        fcntl.ioctl(fd, termios.TIOCGETD, b"\0" * 4),
+        fcntl.ioctl(fd, 0x80045440, b"\0" * 4),  # TIOCGEXCL
+    )
+
+
+@pytest.mark.tiers(
+    "namespace", "landlock", why="a container's command has the engine's terminal, not the user's"
+)
+@pytest.mark.parametrize("end", ["exit", "timeout", "signal"])
+def test_terminal_state_is_put_back_after_the_run(tsandbox: tuple[Corral, Path], end: str) -> None:
+    """`corral run` on a terminal: what the command changed on it is put back when
+    the run ends, however it ends; inside, the change held (the twin)."""
+    c, ws = tsandbox
+    (ws / "ttyprobe.py").write_text(TTY_CHANGES)
+    c.chown(ws / "ttyprobe.py")
+    master, slave = os.openpty()
+    try:
+        before = tty_state(slave)
+        flags = ["--timeout", "2"] if end == "timeout" else []
+        wait = [end] if end != "exit" else []
+        args = ["run", "-q", *flags, "--", "python3", "ttyprobe.py", *wait]
+        proc = c.popen(args, cwd=ws, stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None
+        inside = proc.stdout.readline()
+        first = proc.stdout.readline()
+        if end == "signal":
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=60)
+        assert first.startswith(b"ldisc="), (first, inside, proc.returncode)
+        assert inside == b"inside echo=0 icanon=0\n", (first, inside)  # twin: it applied inside
+        assert proc.returncode == {"exit": 0, "timeout": 124, "signal": 128 + 15}[end]
+        assert tty_state(slave) == before, first
+    finally:
+        os.close(master)
+        os.close(slave)

@@ -245,3 +245,26 @@ def test_closing_corral_shells_terminal_kills_the_sandbox_and_is_recorded(
         ("shell", 5),
         ("shell", 128 + signal.SIGHUP),
     ]
+
+
+def test_a_policy_timeout_is_said_not_to_apply_to_a_shell(tsandbox: tuple[Corral, Path]) -> None:
+    """`--timeout` is refused by corral shell; a policy file's [limits] timeout (the
+    file is corral run's too) is not applied either, and that is said once on
+    stderr and in the shell's record, not passed over in silence."""
+    c, ws = tsandbox
+    (ws / "corral.toml").write_text('[limits]\ntimeout = "1s"\n')
+    c.chown(ws / "corral.toml")
+    script = ["sh", "-c", "sleep 2; echo past-the-timeout"]
+    r = c.run(["shell", "--", *script], cwd=ws, input=b"", timeout=60)
+    assert r.returncode == 0 and b"past-the-timeout" in r.stdout, r
+    said = b"corral: note: the policy's [limits] timeout (1s) does not apply to corral shell"
+    assert r.stderr.count(said) == 1, r
+    record = json.loads(c.run(["log", "--json"], cwd=ws).stdout.splitlines()[-1])
+    assert record["kind"] == "shell" and record["bounds"]["timeout"]["enforced"] is False
+    explained = c.run(["shell", "--explain"], cwd=ws)
+    assert b"NOT enforced: an interactive shell ends when you leave it" in explained.stdout
+    # twins: corral run applies the same policy's timeout; without one, no word
+    assert c.run(["run", "-q", "--", *script], cwd=ws).returncode == 124
+    (ws / "corral.toml").unlink()
+    r = c.run(["shell", "--", "true"], cwd=ws, input=b"", timeout=60)
+    assert r.returncode == 0 and b"does not apply" not in r.stderr, r

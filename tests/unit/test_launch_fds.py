@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import random
+import socket
+import stat
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +84,89 @@ def test_a_forked_child_gets_exactly_the_descriptors_asked_for() -> None:
     kept = {"0", "1", "2", str(a), str(b), str(c), "60"}
     listed = set(left.split(","))
     assert kept <= listed and len(listed - kept) <= 1, listed
+
+
+# --- what may cross to a sandboxed command (corral.launch.unpassable, stdin_feed) ---
+
+
+def test_a_directory_a_host_file_or_an_o_path_may_not_be_passed(tmp_path: Path) -> None:
+    """Each is a way to the host's tree or inode past the sandbox's mounts."""
+    from corral.launch import unpassable
+
+    (tmp_path / "f").write_text("x")
+    for path, flags, words in (
+        (tmp_path, os.O_RDONLY | os.O_DIRECTORY, "is a directory"),
+        (tmp_path / "f", os.O_RDONLY, "is a file on the host"),
+        (tmp_path / "f", os.O_PATH, "is an O_PATH descriptor"),
+        (tmp_path, os.O_PATH, "is an O_PATH descriptor"),
+    ):
+        fd = os.open(path, flags)
+        try:
+            why = unpassable(fd)
+        finally:
+            os.close(fd)
+        assert why is not None and why.startswith(words), (path, flags, why)
+
+
+def test_a_pipe_a_socket_a_device_or_a_memfd_may_be_passed() -> None:
+    """The twin: nothing behind them but themselves."""
+    from corral.launch import unpassable
+
+    r, w = os.pipe()
+    a, b = socket.socketpair()
+    null = os.open(os.devnull, os.O_RDWR)
+    mem = os.memfd_create("corral-test")  # a regular file with no name on the host
+    try:
+        assert [unpassable(fd) for fd in (r, w, a.fileno(), null, mem)] == [None] * 5
+    finally:
+        for fd in (r, w, null, mem):
+            os.close(fd)
+        a.close()
+        b.close()
+
+
+def test_stdin_from_a_file_becomes_a_pipe_and_the_usual_stdin_stays(tmp_path: Path) -> None:
+    from corral.launch import stdin_feed
+
+    (tmp_path / "f").write_text("x")
+    r, w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY)
+    assert stdin_feed(r) is None and stdin_feed(null) is None  # no work: passed as they are
+    os.close(r)
+    os.close(w)
+    os.close(null)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    feed = stdin_feed(fd)
+    assert feed is not None and feed[1] >= 0
+    assert stat.S_ISFIFO(os.fstat(feed[0]).st_mode)  # the command's end: a pipe
+    for n in (fd, *feed):
+        os.close(n)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    feed = stdin_feed(fd)  # a directory: nothing to read, /dev/null instead of its tree
+    assert feed is not None and feed[1] == -1
+    assert os.path.samestat(os.fstat(feed[0]), os.stat(os.devnull))
+    os.close(fd)
+    os.close(feed[0])
+
+
+def test_a_terminal_set_to_swallow_writes_is_a_reader_gone() -> None:
+    """A command may set its terminal's line discipline to n_null during the run:
+    corral's relay of its output then stops as for a closed pipe, not with an
+    internal error; a terminal as it should be takes the bytes (the twin)."""
+    import fcntl
+    import struct
+    import termios
+
+    from corral.launch import _write_all
+
+    master, slave = os.openpty()
+    try:
+        assert _write_all(slave, b"x") is True
+        try:
+            fcntl.ioctl(slave, termios.TIOCSETD, struct.pack("i", 27))
+        except OSError:
+            pytest.skip("n_null is not available on this kernel")
+        assert _write_all(slave, b"x") is False
+    finally:
+        os.close(master)
+        os.close(slave)
