@@ -306,15 +306,8 @@ class Aftercare:
         self.done = False  # the strategy's cleanup ran
         self.companion_forked = False
         self.marker: Marker | None = None
-        if plan.strategy.confines:
-            from corral import selfguard, unfinished
-            from corral.errors import RefusedError
-
-            # nothing set up yet: a refusal leaves nothing behind
-            unfinished.check(self._places())
-            why = selfguard.refusal(self._places(), plan.argv)
-            if why:
-                raise RefusedError(why)
+        if plan.strategy.confines:  # nothing set up yet: a refusal leaves nothing behind
+            self._refuse_unsafe()
         if plan.cgroup is not None:
             from corral.cgroups import CgroupRun
 
@@ -378,6 +371,19 @@ class Aftercare:
                     self.marker.remove()
                 raise
             self.companion_forked = first is not None
+
+    def _refuse_unsafe(self) -> None:
+        """RefusedError when this run must not start where it would: an earlier
+        run's aftercare was left unfinished there (corral.unfinished), or what
+        corral runs on the host lies where the run can write (corral.selfguard)."""
+        from corral import selfguard, unfinished
+        from corral.errors import RefusedError
+
+        places = self._places()
+        unfinished.check(places)
+        why = selfguard.refusal(places, self.plan.argv)
+        if why:
+            raise RefusedError(why)
 
     def _places(self) -> list[str]:
         """Where the run can write (real paths), the home layer too."""
