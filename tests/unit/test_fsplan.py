@@ -1194,3 +1194,78 @@ def test_a_host_path_under_tmp_the_sandbox_cannot_see_is_named(tmp_path: Path) -
         "/tmp/venv/bin/python: the sandbox has a /tmp of its own and does not see the host's; "
         "--writable /tmp/venv gives it this path"
     ]
+
+
+def _stowed(lay: Layout) -> tuple[Path, Path]:
+    """GNU stow's unfolded layout: ~/.ssh and ~/.aws real, their files links into
+    ~/dotfiles (one of them a level down, as stow unfolds ~/.aws/sso/)."""
+    key = lay.home / "dotfiles" / "ssh" / "id_ed25519"
+    cred = lay.home / "dotfiles" / "aws" / "sso" / "token.json"
+    cred.parent.mkdir(parents=True)
+    key.parent.mkdir(parents=True)
+    key.write_text("key")
+    cred.write_text("token")
+    (lay.home / ".ssh").mkdir()
+    (lay.home / ".ssh" / "id_ed25519").symlink_to("../dotfiles/ssh/id_ed25519")
+    (lay.home / ".ssh" / "known_hosts").write_text("kh")
+    (lay.home / ".aws" / "sso").mkdir(parents=True)
+    (lay.home / ".aws" / "sso" / "token.json").symlink_to(cred)
+    return key, cred
+
+
+@pytest.mark.parametrize("mounts", [True, False])  # (False: the landlock tier's plan)
+def test_links_in_a_secret_directory_are_denied_where_they_lead(lay: Layout, mounts: bool) -> None:
+    key, cred = _stowed(lay)
+    plan = plan_filesystem(policy_for(lay, ["~/.ssh/", "~/.aws/"]), mounts=mounts)
+    assert {str(key), str(cred)} <= set(plan.read_deny)
+    if mounts:
+        assert Mount("mask-file", str(key)) in plan.mounts
+        assert Mount("mask-file", str(cred)) in plan.mounts
+    # what is no secret's link stays readable
+    assert not any(p.endswith("/dotfiles") or p.endswith("/ssh") for p in plan.read_deny)
+
+
+def test_links_deep_in_a_secret_directory_with_many_subdirs_are_not_sought(
+    lay: Layout,
+) -> None:
+    """The bound on the per-run cost: one level down only in a directory with a few
+    subdirectories (a browser profile has dozens); its direct links still count."""
+    key, cred = _stowed(lay)
+    for n in range(fsplan.SECRET_SUBDIRS_MAX):
+        (lay.home / ".aws" / f"d{n}").mkdir()
+    (lay.home / ".aws" / "direct").symlink_to(key)
+    plan = plan_filesystem(policy_for(lay, ["~/.aws/"]))
+    assert str(key) in plan.read_deny and str(cred) not in plan.read_deny
+
+
+def test_a_secret_link_into_the_workspace_is_masked_there(lay: Layout) -> None:
+    key = lay.ws / "ssh" / "id_ed25519"
+    key.parent.mkdir()
+    key.write_text("key")
+    (lay.home / ".ssh").mkdir()
+    (lay.home / ".ssh" / "id_ed25519").symlink_to(key)
+    plan = plan_filesystem(policy_for(lay, ["~/.ssh/"]))
+    assert Mount("mask-file", str(key)) in plan.mounts
+    assert str(key) in plan.secrets_inside
+
+
+def test_a_linked_secret_directory_is_masked_where_it_leads(lay: Layout) -> None:
+    key, _ = _stowed(lay)
+    (lay.home / ".ssh" / "id_ed25519").unlink()
+    (lay.home / ".ssh" / "known_hosts").unlink()
+    (lay.home / ".ssh").rmdir()
+    (lay.home / ".ssh").symlink_to("dotfiles/ssh")
+    plan = plan_filesystem(policy_for(lay, ["~/.ssh/"]))
+    assert Mount("mask-dir", str(key.parent)) in plan.mounts
+    assert str(key.parent) in plan.read_deny
+
+
+def test_a_link_in_a_secret_directory_to_a_wide_place_is_a_note(lay: Layout) -> None:
+    (lay.home / ".ssh").mkdir()
+    (lay.home / ".ssh" / "home").symlink_to(lay.home)
+    (lay.home / ".ssh" / "bin").symlink_to("/usr/bin")
+    (lay.home / ".ssh" / "null").symlink_to("/dev/null")
+    plan = plan_filesystem(policy_for(lay, ["~/.ssh/"]))
+    masked = {m.dest for m in plan.mounts if m.kind.startswith("mask")}
+    assert not masked & {str(lay.home), "/usr/bin", "/dev/null"}
+    assert any(str(lay.home / ".ssh" / "home") in n for n in plan.notes)
