@@ -43,7 +43,7 @@ from corral.paths import inside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+    from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
     from corral.policy import Policy
 
@@ -895,7 +895,11 @@ def home_link_decision(
 
 
 def plan_filesystem(
-    policy: Policy, mounts: bool = True, home: str | None = None, capless_uid: int | None = None
+    policy: Policy,
+    mounts: bool = True,
+    home: str | None = None,
+    capless_uid: int | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> FsPlan:
     """The filesystem decisions for ``policy``; with ``mounts=False`` (tiers that do
     not mount) only the decisions, without the mount list and what only it needs.
@@ -903,6 +907,8 @@ def plan_filesystem(
     ``capless_uid``: the host uid a tier's sandbox runs as with no capability over
     other owners' files (bwrap in its own user namespace); host sockets it could
     not reach get no mask (see :func:`beyond_reach`).
+    ``environ``: the launcher's environment (the host facts'; this process's when
+    None), for the secrets it moves out of ~ (GNUPGHOME, KUBECONFIG...).
 
     The steps, in order: the writable roots; the base (host read-only, own /dev,
     /proc, private tmp); read-deny paths (masks, or snapshots of the nearest
@@ -915,7 +921,7 @@ def plan_filesystem(
     homes = home_dirs()
     check_workspace(os.path.realpath(policy.workspace), homes)  # a Policy made in code
     steps = _Planner(policy, mounts, homes)
-    steps.read_deny()
+    steps.read_deny(os.environ if environ is None else environ)
     scan = steps.workspace()
     steps.write_deny(scan)
     plan = steps.plan
@@ -1074,11 +1080,12 @@ class _Planner:
 
     # -- read-deny -------------------------------------------------------------------
 
-    def read_deny(self) -> None:
+    def read_deny(self, environ: Mapping[str, str]) -> None:
         for entry in self.policy.read_deny_paths():
             self.add_read_deny(entry, "read-deny")
         for entry in self.policy.read_deny_if_present():
             self.add_read_deny(entry, "read-deny (when present)", if_present=True)
+        self._read_deny_from_env(environ)
         # corral's own activity log and quarantine: history of other runs
         from corral import runlog
 
@@ -1117,6 +1124,24 @@ class _Planner:
                 if other not in (state + "/", cache):
                     why = "corral's own state (another HOME's)"
                     self.add_read_deny(other, why, True, links=False)
+
+    def _read_deny_from_env(self, environ: Mapping[str, str]) -> None:
+        """The built-in secrets the launcher's environment moved out of ~, masked
+        when present (a value naming a system directory, a home or a writable root,
+        /dev/null too, is a note: masking it would hide what every run needs)."""
+        denied = set(self.plan.read_deny)
+        for name, entry in self.policy.read_deny_from_env(environ):
+            path = entry.rstrip("/") or "/"
+            if path in denied or path.startswith("/dev/"):
+                # (XDG_CONFIG_HOME=~/.config: the defaults already; PIP_CONFIG_FILE=
+                # /dev/null, CI's way to ignore a config: no secret, and no note)
+                continue
+            if self._too_wide(path) or self._too_wide(os.path.realpath(path)):
+                note = f"${name} names {path}; too wide to mask, left readable"
+                if note not in self.plan.notes:
+                    self.plan.notes.append(note)
+                continue
+            self.add_read_deny(entry, f"read-deny (${name})", if_present=True)
 
     def add_read_deny(
         self, entry: str, why: str, if_present: bool = False, links: bool = True
@@ -1174,8 +1199,10 @@ class _Planner:
     def _too_wide(self, target: str) -> bool:
         """A link in a secret directory to a system directory, or to one holding a
         home or a writable root: masking it would hide what every run needs."""
-        if target in NEVER_SHADOW or target.startswith(("/usr/", "/proc/", "/sys/", "/dev/")):
+        if target in NEVER_SHADOW or target.startswith(("/proc/", "/sys/", "/dev/")):
             return True
+        if target.startswith("/usr/") and _depth(target) <= 2 and _kind(target) == "dir":
+            return True  # (/usr/bin; a file deeper is masked: CARGO_HOME=/usr/local/cargo)
         held = (*self.homes, *self.plan.writable)
         return any(inside(h, target) for h in held)
 

@@ -17,6 +17,7 @@ from homes import one_home  # noqa: F401  (fixture)
 from corral import defaults, fsplan
 from corral.errors import PolicyError
 from corral.fsplan import FsPlan, Mount, plan_filesystem
+from corral.paths import inside
 from corral.policy import Policy
 
 pytestmark = pytest.mark.usefixtures("one_home")
@@ -1269,3 +1270,63 @@ def test_a_link_in_a_secret_directory_to_a_wide_place_is_a_note(lay: Layout) -> 
     masked = {m.dest for m in plan.mounts if m.kind.startswith("mask")}
     assert not masked & {str(lay.home), "/usr/bin", "/dev/null"}
     assert any(str(lay.home / ".ssh" / "home") in n for n in plan.notes)
+
+
+def _relocated(lay: Layout) -> tuple[dict[str, str], list[Path]]:
+    """Secrets where the launcher's environment moved them, and that environment."""
+    base = lay.root / "elsewhere"
+    env = {
+        "XDG_CONFIG_HOME": str(base / "xdg"),
+        "GNUPGHOME": str(base / "gpg"),
+        "KUBECONFIG": f"{base / 'kube-a.yaml'}:relative.yaml:{base / 'kube-b.yaml'}",
+        "AWS_SHARED_CREDENTIALS_FILE": str(base / "aws-creds"),
+        "DOCKER_CONFIG": str(base / "docker"),
+        "CARGO_HOME": str(base / "cargo"),
+    }
+    secrets = [
+        base / "xdg" / "gh" / "hosts.yml",
+        base / "gpg" / "private.key",
+        base / "kube-a.yaml",
+        base / "kube-b.yaml",
+        base / "aws-creds",
+        base / "docker" / "config.json",
+        base / "cargo" / "credentials.toml",
+    ]
+    for path in secrets:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("secret")
+    (base / "cargo" / "config.toml").write_text("not a secret")
+    return env, secrets
+
+
+@pytest.mark.parametrize("mounts", [True, False])  # (False: the landlock tier's plan)
+def test_secrets_the_environment_moves_are_denied_there(lay: Layout, mounts: bool) -> None:
+    env, secrets = _relocated(lay)
+    plan = plan_filesystem(policy_for(lay), mounts=mounts, environ=env)
+    for secret in secrets:
+        assert any(str(secret) == p or inside(str(secret), p) for p in plan.read_deny), secret
+    base = lay.root / "elsewhere"
+    assert str(base / "cargo" / "config.toml") not in plan.read_deny
+    if mounts:
+        masked = {m.dest for m in plan.mounts if m.kind.startswith("mask")}
+        assert {str(base / "gpg"), str(base / "xdg" / "gh"), str(base / "aws-creds")} <= masked
+    # the twin: the default place stays denied, and nothing without the variables
+    assert str(lay.home / ".config" / "gh") in plan.read_deny
+    plain = plan_filesystem(policy_for(lay), mounts=mounts, environ={})
+    assert not any(inside(p, str(base)) for p in plain.read_deny)
+
+
+def test_a_moved_secret_is_not_denied_with_the_defaults_off(lay: Layout) -> None:
+    env, _ = _relocated(lay)
+    plan = plan_filesystem(policy_for(lay, []), environ=env)
+    assert not any(inside(p, str(lay.root / "elsewhere")) for p in plan.read_deny)
+
+
+def test_a_variable_naming_a_wide_place_is_a_note(lay: Layout) -> None:
+    env = {"DOCKER_CONFIG": str(lay.home), "GNUPGHOME": str(lay.ws), "PIP_CONFIG_FILE": "/dev/null"}
+    plan = plan_filesystem(policy_for(lay), environ=env)
+    masked = {m.dest for m in plan.mounts if m.kind.startswith("mask")}
+    assert not masked & {str(lay.home), str(lay.ws), "/dev/null"}
+    assert any("$DOCKER_CONFIG" in n for n in plan.notes)
+    assert any("$GNUPGHOME" in n for n in plan.notes)
+    assert not any("/dev/null" in n for n in plan.notes)  # (a way to ignore a config)
