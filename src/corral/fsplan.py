@@ -1360,6 +1360,15 @@ class _Planner:
             self.add_write_deny(path, f"write-deny: git config included by {config}")
 
     def add_write_deny(self, path: str, why: str) -> None:
+        if not self.in_writable(path):
+            # the writable roots are real paths: a write-deny path spelled through a
+            # link the user also wrote the root by (``writable = ["~/datasets"]``, a
+            # link) compared as outside them and was dropped, silently (found by
+            # attacking corral).  Resolved, with the user's spelling kept in the why.
+            real = os.path.realpath(path)
+            if real != path and self.in_writable(real):
+                why = f"{why}: {path}"
+                path = real
         kind = _lkind(path)
         if kind == "link":
             real = os.path.realpath(path)

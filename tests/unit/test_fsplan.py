@@ -1330,3 +1330,28 @@ def test_a_variable_naming_a_wide_place_is_a_note(lay: Layout) -> None:
     assert any("$DOCKER_CONFIG" in n for n in plan.notes)
     assert any("$GNUPGHOME" in n for n in plan.notes)
     assert not any("/dev/null" in n for n in plan.notes)  # (a way to ignore a config)
+
+
+@pytest.mark.parametrize("spelled", ["~/datasets/raw/", "{real}/raw/"])
+@pytest.mark.parametrize("mounts", [True, False])  # (False: the landlock tier's plan)
+def test_write_deny_spelled_through_a_linked_writable_path(
+    lay: Layout, mounts: bool, spelled: str
+) -> None:
+    """``writable = ["~/datasets"]``, a link: a write-deny path spelled through it was
+    dropped (compared unresolved with the real roots); spelled by its real path
+    (the twin) it was always protected."""
+    real = lay.root / "data"
+    (real / "raw").mkdir(parents=True)
+    (lay.home / "datasets").symlink_to(real)
+    pol = policy_for(lay, [])
+    pol.filesystem.writable = ["~/datasets"]
+    raw = spelled.format(real=real)
+    pol.filesystem.write_deny = [raw, raw.replace("/raw/", "/new/")]
+    plan = plan_filesystem(pol, mounts=mounts)
+    assert str(real / "raw") in plan.write_protect
+    assert str(real / "new") in plan.quarantine  # (missing: quarantined if made)
+    if mounts:
+        bind = next(m for m in plan.mounts if m.dest == str(real / "raw"))
+        assert bind.kind == "ro-bind" and bind.why.startswith("write-deny")
+        if spelled.startswith("~"):  # the user's spelling, in --explain
+            assert str(lay.home / "datasets" / "raw") in bind.why
