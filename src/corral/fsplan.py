@@ -1167,8 +1167,10 @@ class _Planner:
             if links and _kind(real) == "dir":
                 self._deny_link_targets(real, why)
             return
+        if not if_present and self.in_writable(path):
+            self._uncovered(path)
         if if_present or self.in_writable(path) or self.in_private_tmp(path):
-            return  # only the sandbox itself could create it in a writable place
+            return
         self.plan.read_deny.append(path)
         if self.mounts:  # (a tier without mounts, landlock, needs no snapshot)
             self._snapshot_for(path, "dir" if entry.endswith("/") else "file")
@@ -1205,6 +1207,22 @@ class _Planner:
             return True  # (/usr/bin; a file deeper is masked: CARGO_HOME=/usr/local/cargo)
         held = (*self.homes, *self.plan.writable)
         return any(inside(h, target) for h in held)
+
+    def _uncovered(self, path: str) -> None:
+        """A read-deny path missing at launch inside a writable place has nothing over
+        it: a mount needs it to exist (corral would have to make it in your workspace,
+        left there after the run), and on landlock denying it would make every new
+        file beside it unreadable.  What the host (or the run) makes there during the
+        run is readable to the run: said, with the path, rather than taken as covered
+        (the README claimed it was: found by attacking corral)."""
+        root = next((r for r in self.plan.writable if inside(path, r)), path)
+        note = (
+            f"{path} (read-deny) does not exist and lies in the writable {root}: what "
+            "is made there during the run is readable to it; create it before the run, "
+            "or keep it outside the writable places"
+        )
+        if note not in self.plan.notes:
+            self.plan.notes.append(note)
 
     def _snapshot_for(self, path: str, kind: str) -> None:
         """A missing secret: its nearest existing parent is snapshotted, so what is

@@ -1355,3 +1355,20 @@ def test_write_deny_spelled_through_a_linked_writable_path(
         assert bind.kind == "ro-bind" and bind.why.startswith("write-deny")
         if spelled.startswith("~"):  # the user's spelling, in --explain
             assert str(lay.home / "datasets" / "raw") in bind.why
+
+
+@pytest.mark.parametrize("mounts", [True, False])  # (False: the landlock tier's plan)
+def test_an_absent_read_deny_path_in_the_workspace_is_named_as_uncovered(
+    lay: Layout, mounts: bool
+) -> None:
+    """Nothing can be laid over a missing path inside the workspace: a file made there
+    during the run is readable to it.  Said in a note (the README said it was
+    covered); the twin, present at launch, is masked and not in a note."""
+    (lay.ws / "present.key").write_text("key")
+    plan = plan_filesystem(policy_for(lay, ["secrets/", "deploy.key", "present.key"]), mounts)
+    for name in ("secrets", "deploy.key"):
+        assert any(n.startswith(f"{lay.ws / name} (read-deny) does not exist") for n in plan.notes)
+    assert not any(str(lay.ws / "present.key") in n for n in plan.notes)
+    assert str(lay.ws / "present.key") in plan.read_deny
+    if mounts:
+        assert Mount("mask-file", str(lay.ws / "present.key")) in plan.mounts
