@@ -160,6 +160,33 @@ READ_DENY_IF_PRESENT = (
     "/etc/ssh/ssh_host_dsa_key",
 )
 
+# Where the launcher's environment moves a secret the lists above name under ~
+# (a tool reads its credentials from there instead): each variable, and what is
+# denied at its value when present.  "" is the path itself (a file), "/" the path
+# itself as a directory, anything else a file under it.  KUBECONFIG is a list
+# (``:``).  XDG_CONFIG_HOME moves every ``~/.config/`` entry above (corral.policy).
+READ_DENY_ENV: dict[str, tuple[str, ...]] = {
+    "GNUPGHOME": ("/",),  # gpg's private keys
+    "PASSWORD_STORE_DIR": ("/",),  # pass
+    "DOCKER_CONFIG": ("/",),  # config.json: registry auths
+    "AZURE_CONFIG_DIR": ("/",),  # az's tokens
+    "CLOUDSDK_CONFIG": ("/",),  # gcloud's credentials
+    "GH_CONFIG_DIR": ("/",),  # gh's hosts.yml: OAuth token
+    "KUBECONFIG": ("",),  # cluster credentials
+    "AWS_SHARED_CREDENTIALS_FILE": ("",),
+    "AWS_CONFIG_FILE": ("",),  # (may hold keys and a credential_process)
+    "GOOGLE_APPLICATION_CREDENTIALS": ("",),  # a service account's private key
+    "NPM_CONFIG_USERCONFIG": ("",),  # the user's .npmrc: _authToken
+    "npm_config_userconfig": ("",),
+    "PIP_CONFIG_FILE": ("",),  # index-url with a token
+    "RCLONE_CONFIG": ("",),  # remotes' credentials
+    "SOPS_AGE_KEY_FILE": ("",),  # age private keys
+    "HF_TOKEN_PATH": ("",),  # Hugging Face's access token
+    "HF_HOME": ("token",),
+    "CARGO_HOME": ("credentials", "credentials.toml"),  # crates.io token
+    "GRADLE_USER_HOME": ("gradle.properties",),  # repository passwords
+}
+
 # Secrets inside the workspace, found by name at launch (nested directories too).
 READ_DENY_WORKSPACE_NAMES = (".env", ".envrc.local", ".netrc", ".npmrc", ".pypirc")
 # ``.env.<anything>`` is a secret too, except these templates that are meant to be read.

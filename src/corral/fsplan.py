@@ -43,7 +43,7 @@ from corral.paths import inside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+    from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
     from corral.policy import Policy
 
@@ -59,6 +59,10 @@ SOCKET_MASK = "host unix socket"  # the reason a host socket's mask gives
 # tests/integration/test_escapes.py checks file by file.
 PROC_HOST_STATE = ("sys", "fs", "acpi", "scsi")
 SYS_CLASS_NET = "/sys/class/net"
+# A secret directory's subdirectories are looked into for links (stow's per-file
+# links) only when there are at most this many (_Planner._deny_link_targets): a
+# browser profile's 40, each of 100 entries, took 3 ms a run; ~/.gnupg has three.
+SECRET_SUBDIRS_MAX = 8
 NEVER_SHADOW = frozenset({"/", "/usr", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/proc", "/sys"})
 # Names write-protected in every directory the walk reaches below a writable root
 # (the workspace's own are the policy's write-deny patterns, another root's these
@@ -891,7 +895,11 @@ def home_link_decision(
 
 
 def plan_filesystem(
-    policy: Policy, mounts: bool = True, home: str | None = None, capless_uid: int | None = None
+    policy: Policy,
+    mounts: bool = True,
+    home: str | None = None,
+    capless_uid: int | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> FsPlan:
     """The filesystem decisions for ``policy``; with ``mounts=False`` (tiers that do
     not mount) only the decisions, without the mount list and what only it needs.
@@ -899,6 +907,8 @@ def plan_filesystem(
     ``capless_uid``: the host uid a tier's sandbox runs as with no capability over
     other owners' files (bwrap in its own user namespace); host sockets it could
     not reach get no mask (see :func:`beyond_reach`).
+    ``environ``: the launcher's environment (the host facts'; this process's when
+    None), for the secrets it moves out of ~ (GNUPGHOME, KUBECONFIG...).
 
     The steps, in order: the writable roots; the base (host read-only, own /dev,
     /proc, private tmp); read-deny paths (masks, or snapshots of the nearest
@@ -914,7 +924,7 @@ def plan_filesystem(
     for path in policy.writable_paths()[1:]:  # (from a file, a flag, srt's or code)
         check_writable(os.path.realpath(path), homes)
     steps = _Planner(policy, mounts, homes)
-    steps.read_deny()
+    steps.read_deny(os.environ if environ is None else environ)
     scan = steps.workspace()
     steps.write_deny(scan)
     plan = steps.plan
@@ -928,6 +938,23 @@ def plan_filesystem(
     if mounts:
         steps.lay_out(home, capless_uid)
     return plan
+
+
+def _links_and_subdirs(directory: str) -> tuple[list[str], list[str]]:
+    """The symlinks and the subdirectories (not through a link) in ``directory``: one
+    readdir, the entries' types from it."""
+    links: list[str] = []
+    subs: list[str] = []
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                if entry.is_symlink():
+                    links.append(entry.path)
+                elif entry.is_dir(follow_symlinks=False):
+                    subs.append(entry.path)
+    except OSError:
+        pass
+    return links, subs
 
 
 class _Planner:
@@ -1056,11 +1083,12 @@ class _Planner:
 
     # -- read-deny -------------------------------------------------------------------
 
-    def read_deny(self) -> None:
+    def read_deny(self, environ: Mapping[str, str]) -> None:
         for entry in self.policy.read_deny_paths():
             self.add_read_deny(entry, "read-deny")
         for entry in self.policy.read_deny_if_present():
             self.add_read_deny(entry, "read-deny (when present)", if_present=True)
+        self._read_deny_from_env(environ)
         # corral's own activity log and quarantine: history of other runs
         from corral import runlog
 
@@ -1081,14 +1109,15 @@ class _Planner:
             # be masked like one that was there, not left for the sandbox to fill
             os.makedirs(state, mode=0o700, exist_ok=True)
             self.listings.clear()  # (present() answers from listings made before)
-        self.add_read_deny(state + "/", "corral's own state")
+        # (corral's own directories hold no links to secrets: not looked into)
+        self.add_read_deny(state + "/", "corral's own state", links=False)
         # the VM cache: an initramfs or saved state a run rewrote there would be what
         # every later microvm run boots or restores (a missing one shadows nothing:
         # most hosts never make it).  Its parent, corral's cache, is what is masked:
         # a mask is a mount, so nothing can rename it away and put a planted one
         # in its place.
         cache = runlog.cache_dir() + "/"
-        self.add_read_deny(cache, "corral's own cache (the VM's)", if_present=True)
+        self.add_read_deny(cache, "corral's own cache (the VM's)", True, links=False)
         # corral's default places in each of the user's homes too: run with another
         # HOME or XDG_STATE_HOME, corral left the account's own activity log,
         # audit log and other workspaces' home layers readable (found by attacking it)
@@ -1096,9 +1125,32 @@ class _Planner:
             for place in (".local/state/corral/", ".cache/corral/"):
                 other = os.path.join(home, place)
                 if other not in (state + "/", cache):
-                    self.add_read_deny(other, "corral's own state (another HOME's)", True)
+                    why = "corral's own state (another HOME's)"
+                    self.add_read_deny(other, why, True, links=False)
 
-    def add_read_deny(self, entry: str, why: str, if_present: bool = False) -> None:
+    def _read_deny_from_env(self, environ: Mapping[str, str]) -> None:
+        """The built-in secrets the launcher's environment moved out of ~, masked
+        when present (a value naming a system directory, a home or a writable root,
+        /dev/null too, is a note: masking it would hide what every run needs)."""
+        denied = set(self.plan.read_deny)
+        for name, entry in self.policy.read_deny_from_env(environ):
+            path = entry.rstrip("/") or "/"
+            if path in denied or path.startswith("/dev/"):
+                # (XDG_CONFIG_HOME=~/.config: the defaults already; PIP_CONFIG_FILE=
+                # /dev/null, CI's way to ignore a config: no secret, and no note)
+                continue
+            if self._too_wide(path) or self._too_wide(os.path.realpath(path)):
+                note = f"${name} names {path}; too wide to mask, left readable"
+                if note not in self.plan.notes:
+                    self.plan.notes.append(note)
+                continue
+            self.add_read_deny(entry, f"read-deny (${name})", if_present=True)
+
+    def add_read_deny(
+        self, entry: str, why: str, if_present: bool = False, links: bool = True
+    ) -> None:
+        """``links``: also deny what links in the directory (and one level below)
+        lead to, when ``entry`` is a directory."""
         path = entry.rstrip("/") or "/"
         if self.present(path):
             real = os.path.realpath(path)
@@ -1115,12 +1167,65 @@ class _Planner:
                     continue
                 self.add_mask(target, kind == "dir", why)
                 self.plan.read_deny.append(target)
+            if links and _kind(real) == "dir":
+                self._deny_link_targets(real, why)
             return
+        if not if_present and self.in_writable(path):
+            self._uncovered(path)
         if if_present or self.in_writable(path) or self.in_private_tmp(path):
-            return  # only the sandbox itself could create it in a writable place
+            return
         self.plan.read_deny.append(path)
         if self.mounts:  # (a tier without mounts, landlock, needs no snapshot)
             self._snapshot_for(path, "dir" if entry.endswith("/") else "file")
+
+    def _deny_link_targets(self, directory: str, why: str) -> None:
+        """A secret directory holding links to its files elsewhere (GNU stow unfolds a
+        package into per-file links when ~/.ssh already exists): a mask on the
+        directory hides the link, not the key at its target, readable there (and on
+        landlock, which follows the link, even by the link's name): found by
+        attacking corral.  The targets are denied too; links directly in the
+        directory and in its subdirectories, one level down (stow's unfolding of
+        ~/.aws/sso/...): a listing of a few small directories, no walk."""
+        links, subs = _links_and_subdirs(directory)
+        if len(subs) <= SECRET_SUBDIRS_MAX:
+            for sub in subs:
+                links += _links_and_subdirs(sub)[0]
+        for link in links:
+            target = os.path.realpath(link)
+            if inside(target, directory) or _kind(target) == "missing":
+                continue  # (a dangling link: nothing to read through it now)
+            if self._too_wide(target):
+                note = f"{link} leads to {target}; too wide to mask, left readable"
+                if note not in self.plan.notes:
+                    self.plan.notes.append(note)
+                continue
+            self.add_read_deny(target, f"{why} (what {link} leads to)", links=False)
+
+    def _too_wide(self, target: str) -> bool:
+        """A link in a secret directory to a system directory, or to one holding a
+        home or a writable root: masking it would hide what every run needs."""
+        if target in NEVER_SHADOW or target.startswith(("/proc/", "/sys/", "/dev/")):
+            return True
+        if target.startswith("/usr/") and _depth(target) <= 2 and _kind(target) == "dir":
+            return True  # (/usr/bin; a file deeper is masked: CARGO_HOME=/usr/local/cargo)
+        held = (*self.homes, *self.plan.writable)
+        return any(inside(h, target) for h in held)
+
+    def _uncovered(self, path: str) -> None:
+        """A read-deny path missing at launch inside a writable place has nothing over
+        it: a mount needs it to exist (corral would have to make it in your workspace,
+        left there after the run), and on landlock denying it would make every new
+        file beside it unreadable.  What the host (or the run) makes there during the
+        run is readable to the run: said, with the path, rather than taken as covered
+        (the README claimed it was: found by attacking corral)."""
+        root = next((r for r in self.plan.writable if inside(path, r)), path)
+        note = (
+            f"{path} (read-deny) does not exist and lies in the writable {root}: what "
+            "is made there during the run is readable to it; create it before the run, "
+            "or keep it outside the writable places"
+        )
+        if note not in self.plan.notes:
+            self.plan.notes.append(note)
 
     def _snapshot_for(self, path: str, kind: str) -> None:
         """A missing secret: its nearest existing parent is snapshotted, so what is
@@ -1276,6 +1381,15 @@ class _Planner:
             self.add_write_deny(path, f"write-deny: git config included by {config}")
 
     def add_write_deny(self, path: str, why: str) -> None:
+        if not self.in_writable(path):
+            # the writable roots are real paths: a write-deny path spelled through a
+            # link the user also wrote the root by (``writable = ["~/datasets"]``, a
+            # link) compared as outside them and was dropped, silently (found by
+            # attacking corral).  Resolved, with the user's spelling kept in the why.
+            real = os.path.realpath(path)
+            if real != path and self.in_writable(real):
+                why = f"{why}: {path}"
+                path = real
         kind = _lkind(path)
         if kind == "link":
             real = os.path.realpath(path)

@@ -19,7 +19,7 @@ from corral.paths import inside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
     from corral.net.guardrails import Guardrail
 
@@ -293,6 +293,31 @@ class Policy:
         """Built-in read-deny paths that are masked only when they exist at launch."""
         items = list(defaults.READ_DENY_IF_PRESENT) if self.filesystem.use_defaults else []
         return _expand_keep_slash(self, items)
+
+    def read_deny_from_env(self, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+        """(variable, absolute path) for the built-in secrets ``environ`` (the
+        launcher's) moves out of ~ (defaults.READ_DENY_ENV): with GNUPGHOME or
+        KUBECONFIG set, ~/.gnupg is not where the keys are (found by attacking
+        corral).  Directories end in ``/``; relative values are skipped (relative
+        to a directory corral does not know).  None when the defaults are off."""
+        if not self.filesystem.use_defaults:
+            return []
+        found: list[tuple[str, str]] = []
+        config = environ.get("XDG_CONFIG_HOME", "")
+        if os.path.isabs(config):
+            lists = (*defaults.READ_DENY_HOME, *defaults.READ_DENY_IF_PRESENT)
+            moved = [e[len("~/.config/") :] for e in lists if e.startswith("~/.config/")]
+            found += [("XDG_CONFIG_HOME", os.path.join(config, rel)) for rel in moved]
+        for name, rels in defaults.READ_DENY_ENV.items():
+            raw = environ.get(name, "")
+            for value in raw.split(":") if name == "KUBECONFIG" else [raw]:
+                if not os.path.isabs(value):
+                    continue
+                value = os.path.normpath(value)
+                for rel in rels:
+                    path = value + rel if rel in ("", "/") else os.path.join(value, rel)
+                    found.append((name, path if path != "//" else "/"))
+        return found
 
     def write_deny_patterns(self) -> list[str]:
         """Write-deny names relative to every repository/workspace root, plus absolutes."""

@@ -17,6 +17,7 @@ from homes import one_home  # noqa: F401  (fixture)
 from corral import defaults, fsplan
 from corral.errors import PolicyError
 from corral.fsplan import FsPlan, Mount, plan_filesystem
+from corral.paths import inside
 from corral.policy import Policy
 
 pytestmark = pytest.mark.usefixtures("one_home")
@@ -1194,3 +1195,180 @@ def test_a_host_path_under_tmp_the_sandbox_cannot_see_is_named(tmp_path: Path) -
         "/tmp/venv/bin/python: the sandbox has a /tmp of its own and does not see the host's; "
         "--writable /tmp/venv gives it this path"
     ]
+
+
+def _stowed(lay: Layout) -> tuple[Path, Path]:
+    """GNU stow's unfolded layout: ~/.ssh and ~/.aws real, their files links into
+    ~/dotfiles (one of them a level down, as stow unfolds ~/.aws/sso/)."""
+    key = lay.home / "dotfiles" / "ssh" / "id_ed25519"
+    cred = lay.home / "dotfiles" / "aws" / "sso" / "token.json"
+    cred.parent.mkdir(parents=True)
+    key.parent.mkdir(parents=True)
+    key.write_text("key")
+    cred.write_text("token")
+    (lay.home / ".ssh").mkdir()
+    (lay.home / ".ssh" / "id_ed25519").symlink_to("../dotfiles/ssh/id_ed25519")
+    (lay.home / ".ssh" / "known_hosts").write_text("kh")
+    (lay.home / ".aws" / "sso").mkdir(parents=True)
+    (lay.home / ".aws" / "sso" / "token.json").symlink_to(cred)
+    return key, cred
+
+
+@pytest.mark.parametrize("mounts", [True, False])  # (False: the landlock tier's plan)
+def test_links_in_a_secret_directory_are_denied_where_they_lead(lay: Layout, mounts: bool) -> None:
+    key, cred = _stowed(lay)
+    plan = plan_filesystem(policy_for(lay, ["~/.ssh/", "~/.aws/"]), mounts=mounts)
+    assert {str(key), str(cred)} <= set(plan.read_deny)
+    if mounts:
+        assert Mount("mask-file", str(key)) in plan.mounts
+        assert Mount("mask-file", str(cred)) in plan.mounts
+    # what is no secret's link stays readable
+    assert not any(p.endswith("/dotfiles") or p.endswith("/ssh") for p in plan.read_deny)
+
+
+def test_links_deep_in_a_secret_directory_with_many_subdirs_are_not_sought(
+    lay: Layout,
+) -> None:
+    """The bound on the per-run cost: one level down only in a directory with a few
+    subdirectories (a browser profile has dozens); its direct links still count."""
+    key, cred = _stowed(lay)
+    for n in range(fsplan.SECRET_SUBDIRS_MAX):
+        (lay.home / ".aws" / f"d{n}").mkdir()
+    (lay.home / ".aws" / "direct").symlink_to(key)
+    plan = plan_filesystem(policy_for(lay, ["~/.aws/"]))
+    assert str(key) in plan.read_deny and str(cred) not in plan.read_deny
+
+
+def test_a_secret_link_into_the_workspace_is_masked_there(lay: Layout) -> None:
+    key = lay.ws / "ssh" / "id_ed25519"
+    key.parent.mkdir()
+    key.write_text("key")
+    (lay.home / ".ssh").mkdir()
+    (lay.home / ".ssh" / "id_ed25519").symlink_to(key)
+    plan = plan_filesystem(policy_for(lay, ["~/.ssh/"]))
+    assert Mount("mask-file", str(key)) in plan.mounts
+    assert str(key) in plan.secrets_inside
+
+
+def test_a_linked_secret_directory_is_masked_where_it_leads(lay: Layout) -> None:
+    key, _ = _stowed(lay)
+    (lay.home / ".ssh" / "id_ed25519").unlink()
+    (lay.home / ".ssh" / "known_hosts").unlink()
+    (lay.home / ".ssh").rmdir()
+    (lay.home / ".ssh").symlink_to("dotfiles/ssh")
+    plan = plan_filesystem(policy_for(lay, ["~/.ssh/"]))
+    assert Mount("mask-dir", str(key.parent)) in plan.mounts
+    assert str(key.parent) in plan.read_deny
+
+
+def test_a_link_in_a_secret_directory_to_a_wide_place_is_a_note(lay: Layout) -> None:
+    (lay.home / ".ssh").mkdir()
+    (lay.home / ".ssh" / "home").symlink_to(lay.home)
+    (lay.home / ".ssh" / "bin").symlink_to("/usr/bin")
+    (lay.home / ".ssh" / "null").symlink_to("/dev/null")
+    plan = plan_filesystem(policy_for(lay, ["~/.ssh/"]))
+    masked = {m.dest for m in plan.mounts if m.kind.startswith("mask")}
+    assert not masked & {str(lay.home), "/usr/bin", "/dev/null"}
+    assert any(str(lay.home / ".ssh" / "home") in n for n in plan.notes)
+
+
+def _relocated(lay: Layout) -> tuple[dict[str, str], list[Path]]:
+    """Secrets where the launcher's environment moved them, and that environment."""
+    base = lay.root / "elsewhere"
+    env = {
+        "XDG_CONFIG_HOME": str(base / "xdg"),
+        "GNUPGHOME": str(base / "gpg"),
+        "KUBECONFIG": f"{base / 'kube-a.yaml'}:relative.yaml:{base / 'kube-b.yaml'}",
+        "AWS_SHARED_CREDENTIALS_FILE": str(base / "aws-creds"),
+        "DOCKER_CONFIG": str(base / "docker"),
+        "CARGO_HOME": str(base / "cargo"),
+    }
+    secrets = [
+        base / "xdg" / "gh" / "hosts.yml",
+        base / "gpg" / "private.key",
+        base / "kube-a.yaml",
+        base / "kube-b.yaml",
+        base / "aws-creds",
+        base / "docker" / "config.json",
+        base / "cargo" / "credentials.toml",
+    ]
+    for path in secrets:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("secret")
+    (base / "cargo" / "config.toml").write_text("not a secret")
+    return env, secrets
+
+
+@pytest.mark.parametrize("mounts", [True, False])  # (False: the landlock tier's plan)
+def test_secrets_the_environment_moves_are_denied_there(lay: Layout, mounts: bool) -> None:
+    env, secrets = _relocated(lay)
+    plan = plan_filesystem(policy_for(lay), mounts=mounts, environ=env)
+    for secret in secrets:
+        assert any(str(secret) == p or inside(str(secret), p) for p in plan.read_deny), secret
+    base = lay.root / "elsewhere"
+    assert str(base / "cargo" / "config.toml") not in plan.read_deny
+    if mounts:
+        masked = {m.dest for m in plan.mounts if m.kind.startswith("mask")}
+        assert {str(base / "gpg"), str(base / "xdg" / "gh"), str(base / "aws-creds")} <= masked
+    # the twin: the default place stays denied, and nothing without the variables
+    assert str(lay.home / ".config" / "gh") in plan.read_deny
+    plain = plan_filesystem(policy_for(lay), mounts=mounts, environ={})
+    assert not any(inside(p, str(base)) for p in plain.read_deny)
+
+
+def test_a_moved_secret_is_not_denied_with_the_defaults_off(lay: Layout) -> None:
+    env, _ = _relocated(lay)
+    plan = plan_filesystem(policy_for(lay, []), environ=env)
+    assert not any(inside(p, str(lay.root / "elsewhere")) for p in plan.read_deny)
+
+
+def test_a_variable_naming_a_wide_place_is_a_note(lay: Layout) -> None:
+    env = {"DOCKER_CONFIG": str(lay.home), "GNUPGHOME": str(lay.ws), "PIP_CONFIG_FILE": "/dev/null"}
+    plan = plan_filesystem(policy_for(lay), environ=env)
+    masked = {m.dest for m in plan.mounts if m.kind.startswith("mask")}
+    assert not masked & {str(lay.home), str(lay.ws), "/dev/null"}
+    assert any("$DOCKER_CONFIG" in n for n in plan.notes)
+    assert any("$GNUPGHOME" in n for n in plan.notes)
+    assert not any("/dev/null" in n for n in plan.notes)  # (a way to ignore a config)
+
+
+@pytest.mark.parametrize("spelled", ["~/datasets/raw/", "{real}/raw/"])
+@pytest.mark.parametrize("mounts", [True, False])  # (False: the landlock tier's plan)
+def test_write_deny_spelled_through_a_linked_writable_path(
+    lay: Layout, mounts: bool, spelled: str
+) -> None:
+    """``writable = ["~/datasets"]``, a link: a write-deny path spelled through it was
+    dropped (compared unresolved with the real roots); spelled by its real path
+    (the twin) it was always protected."""
+    real = lay.root / "data"
+    (real / "raw").mkdir(parents=True)
+    (lay.home / "datasets").symlink_to(real)
+    pol = policy_for(lay, [])
+    pol.filesystem.writable = ["~/datasets"]
+    raw = spelled.format(real=real)
+    pol.filesystem.write_deny = [raw, raw.replace("/raw/", "/new/")]
+    plan = plan_filesystem(pol, mounts=mounts)
+    assert str(real / "raw") in plan.write_protect
+    assert str(real / "new") in plan.quarantine  # (missing: quarantined if made)
+    if mounts:
+        bind = next(m for m in plan.mounts if m.dest == str(real / "raw"))
+        assert bind.kind == "ro-bind" and bind.why.startswith("write-deny")
+        if spelled.startswith("~"):  # the user's spelling, in --explain
+            assert str(lay.home / "datasets" / "raw") in bind.why
+
+
+@pytest.mark.parametrize("mounts", [True, False])  # (False: the landlock tier's plan)
+def test_an_absent_read_deny_path_in_the_workspace_is_named_as_uncovered(
+    lay: Layout, mounts: bool
+) -> None:
+    """Nothing can be laid over a missing path inside the workspace: a file made there
+    during the run is readable to it.  Said in a note (the README said it was
+    covered); the twin, present at launch, is masked and not in a note."""
+    (lay.ws / "present.key").write_text("key")
+    plan = plan_filesystem(policy_for(lay, ["secrets/", "deploy.key", "present.key"]), mounts)
+    for name in ("secrets", "deploy.key"):
+        assert any(n.startswith(f"{lay.ws / name} (read-deny) does not exist") for n in plan.notes)
+    assert not any(str(lay.ws / "present.key") in n for n in plan.notes)
+    assert str(lay.ws / "present.key") in plan.read_deny
+    if mounts:
+        assert Mount("mask-file", str(lay.ws / "present.key")) in plan.mounts

@@ -373,7 +373,7 @@ class ContainerTier(Tier):
         if facts.engine is None:
             return facts
         facts.home = home.plan_home(policy, kind="container")
-        facts.fs = fsplan.plan_filesystem(policy)
+        facts.fs = fsplan.plan_filesystem(policy, environ=facts.environ)
         facts.binds = bind_identities(facts.fs.mounts, facts.fs.writable)
         need = [c for n, c in cgroups.CONTROLLERS.items() if policy.limits.get(n) is not None]
         facts.limits_problem = limits_problem(facts.engine, need)

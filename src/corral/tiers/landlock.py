@@ -502,7 +502,7 @@ class LandlockTier(Tier):
         facts = LandlockFacts()
         gather_common(policy, facts)
         facts.abi = abi_version()
-        facts.fs = fsplan.plan_filesystem(policy, mounts=False)
+        facts.fs = fsplan.plan_filesystem(policy, mounts=False, environ=facts.environ)
         facts.home = home.plan_home(policy)
         facts.groups = tuple(os.getgroups())
         fs = facts.fs

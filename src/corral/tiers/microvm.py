@@ -178,7 +178,9 @@ class MicroVMTier(Tier):
         gather_common(policy, facts)
         facts.home = home.plan_home(policy)
         layer = facts.home
-        facts.fs = fsplan.plan_filesystem(policy, home=layer.path if layer else None)
+        facts.fs = fsplan.plan_filesystem(
+            policy, home=layer.path if layer else None, environ=facts.environ
+        )
         return facts
 
     def plan(

@@ -434,7 +434,10 @@ class NamespaceTier(Tier):
         facts.home = home.plan_home(policy)
         layer = facts.home
         facts.fs = fsplan.plan_filesystem(
-            policy, home=layer.path if layer else None, capless_uid=os.geteuid()
+            policy,
+            home=layer.path if layer else None,
+            capless_uid=os.geteuid(),
+            environ=facts.environ,
         )
         facts.bwrap = find_bwrap(facts.environ.get("PATH", ""))
         if policy.network.mode == "proxy" and policy.network.transparent:
