@@ -192,6 +192,19 @@ READ_DENY_WORKSPACE_NAMES = (".env", ".envrc.local", ".netrc", ".npmrc", ".pypir
 # ``.env.<anything>`` is a secret too, except these templates that are meant to be read.
 ENV_TEMPLATES = (".env.example", ".env.sample", ".env.template", ".env.dist", ".env.defaults")
 
+# Files a login or interactive shell reads (and runs) when it starts.
+SHELL_STARTUP = (
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".profile",
+    ".zshrc",
+    ".zshenv",
+    ".zprofile",
+    ".zlogin",
+)
+
 # Relative to the workspace root.  Every git directory found in the workspace
 # (nested repositories and submodules under .git/modules included) also gets
 # GITDIR_WRITE_DENY.  Writing
@@ -211,15 +224,7 @@ WRITE_DENY_WORKSPACE = (
     # (not .gitmodules, .gitconfig or .ripgreprc, which srt also protects: content a
     # clone brings, read only when included or named; a translated srt policy adds them)
     ".envrc",
-    ".bashrc",
-    ".bash_profile",
-    ".bash_login",
-    ".bash_logout",
-    ".profile",
-    ".zshrc",
-    ".zshenv",
-    ".zprofile",
-    ".zlogin",
+    *SHELL_STARTUP,
 )
 
 # (commondir: a file there makes git read config and hooks from the directory it

@@ -991,15 +991,7 @@ RUNS_LATER = (
     ".ssh",
     ".aws",
     ".gitconfig",
-    ".bashrc",
-    ".bash_profile",
-    ".bash_login",
-    ".bash_logout",
-    ".profile",
-    ".zshrc",
-    ".zshenv",
-    ".zprofile",
-    ".zlogin",
+    *defaults.SHELL_STARTUP,
 )
 
 
