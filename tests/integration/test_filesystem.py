@@ -73,6 +73,7 @@ def test_workspace_is_writable_and_outside_is_not(tsandbox: tuple[Corral, Path])
     assert ("hosttmp=WROTE" in out) == c.has("private-tmp"), out
 
 
+@pytest.mark.slow  # (20 s across the tiers; corral.trees' depth is unit-tested too)
 def test_a_scratch_nested_deeper_than_a_recursion_is_removed(
     tsandbox: tuple[Corral, Path],
 ) -> None:
