@@ -1196,6 +1196,7 @@ print(sorted(said))
     why="Landlock cannot make a directory a mount: a landlock sandbox can still rename "
     "a secret's directory (README, What it does not do)",
 )
+@pytest.mark.slow  # (27 s across its cases: the default run stays under CI's bound)
 def test_a_secrets_directory_cannot_be_renamed_while_another_run_starts(
     tsandbox: tuple[Corral, Path],
 ) -> None:

@@ -329,6 +329,7 @@ def test_bad_limit_values_are_usage_errors(tsandbox: tuple[Corral, Path], flag: 
     assert r.stderr.count(b"\n") == 1 and r.stderr.startswith(b"corral: ")
 
 
+@pytest.mark.slow  # (40 s across its cases: the default run stays under CI's bound)
 @pytest.mark.tiers("namespace", "landlock", why="a container's root is its image: no host sockets")
 @pytest.mark.parametrize("face", ["run", "shell"])
 def test_sockets_coming_and_going_on_the_host_do_not_fail_runs(
